@@ -1,0 +1,89 @@
+"""The environment contract: one small module that every text environment implements.
+
+Gymnasium-shaped, but observations and actions are text. An environment hands out reproducible task
+ids per split ("train" / "eval"), is reset onto one of them (or onto a seed), and is stepped with the
+agent's action string. Rewards are per step: adapters for games that keep a cumulative score turn it
+into differences. `info` has reserved keys every consumer may rely on:
+
+- ``admissible_actions``: list[str], when the game knows them (absent otherwise)
+- ``won``: bool, set on the terminal step (True only on success)
+- ``score``: the game's own cumulative score, when it has one
+- ``goal``: the task's goal text, when it has one
+
+`check_env` (environments/checker.py) enforces this contract; plugin authors run it through
+``agent-runtime envs check``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Sequence
+
+RESERVED_INFO_KEYS = ("admissible_actions", "won", "score", "goal")
+SPLITS = ("train", "eval")
+
+
+class StepResult(NamedTuple):
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What the registry and the runtime know about an environment without instantiating games."""
+
+    id: str
+    version: str = "0"
+    max_steps: int = 50
+    family: str = "text"  # "text" (command games), "arena" (bracketed moves), "math" (one-step answers)
+    description: str = ""
+    kwargs: dict = field(default_factory=dict)
+
+
+class EnvError(Exception):
+    """Base class for environment errors that users or plugin authors can act on."""
+
+
+class UnknownEnvironmentError(EnvError, KeyError):
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class ResetNeededError(EnvError, RuntimeError):
+    """step() was called before reset() or after the episode ended."""
+
+
+class TextEnv(ABC):
+    """A text environment. Subclasses set `spec` and implement tasks/reset/step."""
+
+    spec: EnvSpec
+
+    @abstractmethod
+    def tasks(self, split: str) -> Sequence[str]:
+        """Reproducible task ids of a split ("train" or "eval"); the two splits are disjoint."""
+
+    @abstractmethod
+    def reset(self, *, seed: int | None = None, task_id: str | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode on `task_id` (or a task chosen by `seed`); return (observation, info)."""
+
+    @abstractmethod
+    def step(self, action: str) -> StepResult:
+        """Apply one action. Raises ResetNeededError before reset or after the episode ended."""
+
+    def close(self) -> None:
+        """Release resources. Calling it twice is harmless."""
+
+    def __enter__(self) -> "TextEnv":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; accepted: {', '.join(SPLITS)}")

@@ -1,0 +1,23 @@
+"""Registrations of the built-in environments (imported by the registry on first use).
+
+Entry points are lazy "module:attr" strings so that listing environments imports none of the game
+libraries. Every built-in accepts `max_steps=None` (override of spec.max_steps) and `cache_dir=None`
+(where generated games are cached; default ~/.cache/agent-runtime/games).
+"""
+
+from environments.registry import register
+
+_TW = "environments.textworld_games"
+register("textworld/coin_collector", f"{_TW}:coin_collector",
+         description="TextWorld Coin Collector: walk a chain of rooms and take the coin")
+register("textworld/treasure_hunter", f"{_TW}:treasure_hunter",
+         description="TextWorld Treasure Hunter: find the named object among distractors")
+register("textworld/cooking", f"{_TW}:cooking",
+         description="TextWorld cooking: read the cookbook, prepare and eat the meal")
+register("textworld/simple", f"{_TW}:simple",
+         description="TextWorld simple: a fixed house, bring the food to the stove")
+register("textworld/custom", f"{_TW}:custom",
+         description="TextWorld custom: a generated world with a quest of a given length")
+
+register("math/gsm_symbolic", "environments.math.gsm_symbolic:GsmSymbolicEnv",
+         description="GSM-Symbolic: fresh grade-school word problems by seed (offline)")

