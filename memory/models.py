@@ -1,0 +1,295 @@
+"""The experience memory's SQL schema, as typed SQLAlchemy 2 ORM classes.
+
+What: one class per table -- runs, episodes, steps, lessons, lesson-set versions (and their members),
+extractions, OPCD cycles, adapters, evaluations, and the embedding vectors that the FAISS indexes cache.
+
+Why this shape:
+- Every table has an integer surrogate key, so rows can be exported and re-imported with the same ids
+  (the JSONL round trip is exact) and referenced from JSON lists (an episode's `lessons_in_context`,
+  a lesson's `source_episode_ids`) without join tables on the hot path.
+- Lesson-set membership is a real join table with foreign keys: which lessons were in context is
+  provenance we must never lose, so the database itself guards it.
+- Timestamps are stored as UTC and always come back timezone-aware (`UTCDateTime`), on SQLite too.
+- JSON columns are `JSON` (JSONB on PostgreSQL); an attribute may not be called `metadata` on a
+  declarative class, so those columns are named `metadata` in SQL but `meta` in Python.
+- The schema is created and evolved only by the Alembic migrations in `memory/migrations/`;
+  `tests/test_memory_schema.py` checks that these classes and the migrations agree.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+EPISODE_OUTCOMES = ("won", "lost", "truncated", "error")
+LESSON_STATUSES = ("proposed", "active", "consolidated", "retired")
+ADAPTER_STATUSES = ("candidate", "active", "rejected", "retired")
+CYCLE_STATUSES = ("running", "succeeded", "failed", "promoted", "rolled_back")
+EMBEDDING_KINDS = ("episode", "lesson")
+
+
+def utcnow() -> dt.datetime:
+    """The current time, timezone-aware UTC (the only kind of datetime this package stores)."""
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """A datetime stored as UTC and returned timezone-aware, whatever the backend keeps.
+
+    Naive datetimes given to the store are taken to be UTC already (the runtime only makes UTC times).
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.timezone.utc)
+        value = value.astimezone(dt.timezone.utc)
+        # SQLite has no time zones: keep a naive UTC value there so ordering and comparison are textual.
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dt.datetime: UTCDateTime(), dict[str, Any]: JSONType, list[Any]: JSONType}
+
+
+class Run(Base):
+    """One long-lived run of the loop: its resolved config and the persisted state machine cursor."""
+
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    phase: Mapped[str] = mapped_column(String(40), default="PLAY")
+    state: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    status: Mapped[str] = mapped_column(String(40), default="running")
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Adapter(Base):
+    """A LoRA adapter on disk: where it is, what it was trained from, and whether it is in use."""
+
+    __tablename__ = "adapters"
+    __table_args__ = (CheckConstraint(f"status IN {ADAPTER_STATUSES}", name="status"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    path: Mapped[str] = mapped_column(Text)
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"))
+    base_model: Mapped[str | None] = mapped_column(String(300))
+    status: Mapped[str] = mapped_column(String(20), default="candidate")
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+
+
+class Episode(Base):
+    """One played episode: what was played, by which policy and context, and how it ended."""
+
+    __tablename__ = "episodes"
+    __table_args__ = (
+        CheckConstraint(f"outcome IN {EPISODE_OUTCOMES}", name="outcome"),
+        Index("ix_episodes_run_id_id", "run_id", "id"),
+        Index("ix_episodes_env_id_outcome", "env_id", "outcome"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    env_id: Mapped[str] = mapped_column(String(200))
+    task_id: Mapped[str] = mapped_column(String(500))
+    seed: Mapped[int | None] = mapped_column(Integer)
+    policy: Mapped[str] = mapped_column(String(300))
+    adapter_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"))
+    lesson_set_version: Mapped[int | None] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(20))
+    won: Mapped[bool] = mapped_column(Boolean)
+    total_return: Mapped[float] = mapped_column(Float)
+    num_steps: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[dt.datetime]
+    ended_at: Mapped[dt.datetime]
+    error: Mapped[str | None] = mapped_column(Text)
+    goal: Mapped[str | None] = mapped_column(Text)
+    summary: Mapped[str] = mapped_column(Text, default="")
+    lessons_in_context: Mapped[list[Any]] = mapped_column(default=list)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+
+
+class Step(Base):
+    """One turn of an episode: what the agent saw, was prompted with, answered, and what it earned."""
+
+    __tablename__ = "steps"
+    __table_args__ = (UniqueConstraint("episode_id", "step_index", name="uq_steps_episode_index"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    episode_id: Mapped[int] = mapped_column(ForeignKey("episodes.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column("step_index", Integer)
+    observation: Mapped[str] = mapped_column(Text)
+    prompt: Mapped[str] = mapped_column(Text)
+    response: Mapped[str] = mapped_column(Text)
+    action: Mapped[str | None] = mapped_column(Text)
+    valid_action: Mapped[bool] = mapped_column(Boolean)
+    reward: Mapped[float] = mapped_column(Float)
+    admissible_actions: Mapped[list[Any] | None] = mapped_column(JSONType)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    latency_s: Mapped[float] = mapped_column(Float, default=0.0)
+    info: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class Extraction(Base):
+    """One lesson-extraction call: which episodes were read, by which model, and what it answered."""
+
+    __tablename__ = "extractions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
+    extractor: Mapped[str] = mapped_column(String(300))
+    episode_ids: Mapped[list[Any]] = mapped_column(default=list)
+    prompt: Mapped[str] = mapped_column(Text, default="")
+    response: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+
+
+class Cycle(Base):
+    """One OPCD consolidation cycle: its config, the adapter it started from and made, metrics, curves."""
+
+    __tablename__ = "opcd_cycles"
+    __table_args__ = (CheckConstraint(f"status IN {CYCLE_STATUSES}", name="status"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
+    status: Mapped[str] = mapped_column(String(20), default="running")
+    config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    lesson_set_version: Mapped[int | None] = mapped_column(Integer)
+    base_adapter_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"))
+    adapter_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"))
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    curves: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    ended_at: Mapped[dt.datetime | None]
+
+
+class Lesson(Base):
+    """One experience item: its text, life-cycle status, pool, provenance and usage statistics."""
+
+    __tablename__ = "lessons"
+    __table_args__ = (
+        CheckConstraint(f"status IN {LESSON_STATUSES}", name="status"),
+        Index("ix_lessons_run_id_status", "run_id", "status"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    text: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(20), default="proposed")
+    pool: Mapped[int] = mapped_column(Integer, default=0)
+    env_id: Mapped[str | None] = mapped_column(String(200))
+    source_episode_ids: Mapped[list[Any]] = mapped_column(default=list)
+    extraction_id: Mapped[int | None] = mapped_column(ForeignKey("extractions.id"))
+    consolidated_cycle_id: Mapped[int | None] = mapped_column(ForeignKey("opcd_cycles.id"))
+    token_count: Mapped[int] = mapped_column(Integer, default=0)
+    times_in_context: Mapped[int] = mapped_column(Integer, default=0)
+    wins_in_context: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+
+
+class LessonSet(Base):
+    """A numbered, immutable version of the lessons in context (per run); episodes cite its number."""
+
+    __tablename__ = "lesson_sets"
+    __table_args__ = (UniqueConstraint("run_id", "version", name="uq_lesson_sets_run_version"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    version: Mapped[int] = mapped_column(Integer)
+    token_count: Mapped[int] = mapped_column(Integer, default=0)
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class LessonSetMember(Base):
+    """A lesson's membership (and position) in one lesson-set version."""
+
+    __tablename__ = "lesson_set_members"
+    lesson_set_id: Mapped[int] = mapped_column(
+        ForeignKey("lesson_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    lesson_id: Mapped[int] = mapped_column(ForeignKey("lessons.id"), primary_key=True, index=True)
+    position: Mapped[int] = mapped_column(Integer)
+
+
+class Evaluation(Base):
+    """One evaluation of a policy (optionally an adapter, lesson set or cycle) on an environment split."""
+
+    __tablename__ = "evaluations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
+    adapter_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"), index=True)
+    cycle_id: Mapped[int | None] = mapped_column(ForeignKey("opcd_cycles.id"), index=True)
+    lesson_set_version: Mapped[int | None] = mapped_column(Integer)
+    env_id: Mapped[str] = mapped_column(String(200))
+    split: Mapped[str] = mapped_column(String(40), default="eval")
+    policy: Mapped[str] = mapped_column(String(300), default="")
+    num_episodes: Mapped[int] = mapped_column(Integer, default=0)
+    success_rate: Mapped[float | None] = mapped_column(Float)
+    mean_return: Mapped[float | None] = mapped_column(Float)
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Embedding(Base):
+    """The vector of one episode summary or lesson under one embedder: the truth FAISS indexes cache."""
+
+    __tablename__ = "embeddings"
+    __table_args__ = (
+        CheckConstraint(f"kind IN {EMBEDDING_KINDS}", name="kind"),
+        UniqueConstraint("kind", "model", "item_id", name="uq_embeddings_kind_model_item"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(20))
+    model: Mapped[str] = mapped_column(String(300))
+    item_id: Mapped[int] = mapped_column(Integer)
+    dim: Mapped[int] = mapped_column(Integer)
+    vector: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
