@@ -21,3 +21,8 @@ register("textworld/custom", f"{_TW}:custom",
 
 register("math/gsm_symbolic", "environments.math.gsm_symbolic:GsmSymbolicEnv",
          description="GSM-Symbolic: fresh grade-school word problems by seed (offline)")
+
+register("textarena/frozenlake", "environments.textarena_games:frozenlake",
+         description="TextArena FrozenLake 3x3 with 2 holes, at most 5 turns (OPCD paper setting)")
+register("textarena/sokoban", "environments.textarena_games:sokoban",
+         description="TextArena Sokoban 6x6 with 1 box, at most 5 turns (OPCD paper setting)")

@@ -8,8 +8,8 @@ only loads the file. Games are generated through TextWorld's Python API (`textwo
 never read half-written games.
 
 Splits: train task "train-i" is game seed i, eval task "eval-i" is game seed 1_000_000 + i, so the
-splits never share a game. (The cooking challenge also has its own recipe splits; we map train to its
-"train" recipes and eval to its "test" recipes, as TextWorld intends.)
+splits never share a game. (The cooking and simple challenges also have held-out ingredients; eval
+tasks use them: cooking's "test" recipe split and simple's test foods.)
 
 Rewards are differences of the game's cumulative score; `info` carries admissible_actions, won,
 score, max_score and goal. `expert_actions()` returns the game's walkthrough (for tests and oracle
@@ -136,6 +136,8 @@ class TextWorldEnv(EpisodicEnv):
             settings = dict(self.settings)
             if self.challenge == "tw-cooking":
                 settings["split"] = "train" if self._split_of(task_id) == "train" else "test"
+            if self.challenge == "tw-simple":  # test=True draws the food from held-out names
+                settings["test"] = self._split_of(task_id) == "eval"
             game = CHALLENGES[self.challenge][1](settings, options)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".gen-", dir=path.parent))
@@ -238,7 +240,7 @@ def simple(*, rewards: str = "balanced", goal: str = "detailed", max_steps: int 
     if rewards not in ("dense", "balanced", "sparse") or goal not in ("detailed", "brief", "none"):
         raise ValueError("rewards must be dense|balanced|sparse and goal detailed|brief|none, "
                          f"got rewards={rewards!r}, goal={goal!r}")
-    return TextWorldEnv("textworld/simple", "tw-simple", {"rewards": rewards, "goal": goal, "test": False},
+    return TextWorldEnv("textworld/simple", "tw-simple", {"rewards": rewards, "goal": goal},
                         description="TextWorld simple: a fixed house, fetch the food to the stove",
                         max_steps=max_steps, default_max_steps=50,
                         cache_dir=cache_dir, n_train=n_train, n_eval=n_eval)
