@@ -26,3 +26,12 @@ register("textarena/frozenlake", "environments.textarena_games:frozenlake",
          description="TextArena FrozenLake 3x3 with 2 holes, at most 5 turns (OPCD paper setting)")
 register("textarena/sokoban", "environments.textarena_games:sokoban",
          description="TextArena Sokoban 6x6 with 1 box, at most 5 turns (OPCD paper setting)")
+
+_MATH = "environments.math.sources"
+register("math/gsm8k", f"{_MATH}:gsm8k",
+         description="GSM8K word problems (Hugging Face `datasets`, or a local JSONL/Parquet via path=)")
+register("math/math", f"{_MATH}:competition_math",
+         description="MATH competition problems (Hugging Face `datasets`, or a local file via path=)")
+register("math/dapo", f"{_MATH}:dapo",
+         description="DAPO-Math-17k (Hugging Face `datasets`, or a local file via path=)")
+register("math/champ", f"{_MATH}:champ", description="CHAMP competition math problems (offline)")
