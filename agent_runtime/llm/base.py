@@ -1,0 +1,83 @@
+"""The policy backend protocol: one small, batched interface that every way of generating text implements.
+
+`generate(prompts, params)` takes a batch of chats (lists of `{"role", "content"}` messages) and returns one
+`Completion` per chat, in order. A completion carries the text, the generated token ids, the token counts and,
+when asked for and the backend can, per-token log-probabilities. Batching is the runtime's job (the episode
+runner sends every live environment slot's prompt in one call); a backend is free to split a batch further.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+Message = dict[str, str]
+Chat = list[Message]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 32
+    temperature: float = 0.7  # 0 means greedy
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str = "stop"  # "stop" (EOS or a stop string) or "length"
+    logprobs: list[float] | None = None
+    prompt_text: str = ""  # the prompt as the model saw it (chat template applied), for the experience store
+    latency_s: float = 0.0
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class BackendError(RuntimeError):
+    """A backend cannot be built or cannot serve a request; the message says what to change."""
+
+
+@runtime_checkable
+class PolicyBackend(Protocol):
+    name: str
+
+    @property
+    def context_window(self) -> int: ...
+
+    def count_tokens(self, chat: Chat) -> int:
+        """Tokens the chat takes as a prompt (chat template included)."""
+
+    def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Completion]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class BackendStats:
+    """Cumulative counters a backend keeps; the loop reports tokens/s from them."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    batch_sizes: list[int] = field(default_factory=list)
+
+    def record(self, completions: list[Completion], seconds: float) -> None:
+        self.calls += 1
+        self.prompt_tokens += sum(c.prompt_tokens for c in completions)
+        self.completion_tokens += sum(c.completion_tokens for c in completions)
+        self.seconds += seconds
+        self.batch_sizes.append(len(completions))
+
+
+def apply_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
+    """Cut `text` at the first stop string; say whether one was found."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)

@@ -1,0 +1,87 @@
+"""A scripted policy backend, shipped in the package for tests, demos and smoke runs.
+
+It reads the last user message the agent wrote and answers without a model, hundreds of episodes a minute:
+
+- `random-admissible` (default): a command game's prompt lists "Admissible actions: a | b | c"; the backend
+  picks one at random (seeded, so runs repeat). A TextArena prompt lists bracketed moves; it picks one. A math
+  prompt gets `fixed_answer` ("The answer is 42" unless set).
+- `fixed`: always `fixed_answer`.
+- `sequence`: replies from the `replies` list in turn (cycling), for tests that need exact control.
+
+Token counts are whitespace words, which is all a smoke test needs.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+
+from agent_runtime.llm.base import BackendStats, Chat, Completion, SamplingParams
+
+ADMISSIBLE_PREFIX = "Admissible actions:"
+ADMISSIBLE_SEPARATOR = " | "
+_BRACKETED = re.compile(r"\[([a-z]+)\]")
+
+
+class ScriptedBackend:
+    name = "scripted"
+
+    def __init__(self, mode: str = "random-admissible", fixed_answer: str = "The answer is 42.",
+                 replies: list[str] | None = None, seed: int = 0, context_window: int = 8192):
+        modes = ("random-admissible", "fixed", "sequence")
+        if mode not in modes:
+            raise ValueError(f"unknown scripted mode {mode!r}; accepted: {', '.join(modes)}")
+        if mode == "sequence" and not replies:
+            raise ValueError("scripted mode 'sequence' needs a non-empty `replies` list")
+        self.mode = mode
+        self.fixed_answer = fixed_answer
+        self.replies = list(replies or [])
+        self._next_reply = 0
+        self._rng = random.Random(seed)
+        self._context_window = context_window
+        self.stats = BackendStats()
+
+    @property
+    def context_window(self) -> int:
+        return self._context_window
+
+    def count_tokens(self, chat: Chat) -> int:
+        return sum(len(m["content"].split()) + 2 for m in chat)
+
+    def _reply(self, chat: Chat) -> str:
+        if self.mode == "fixed":
+            return self.fixed_answer
+        if self.mode == "sequence":
+            reply = self.replies[self._next_reply % len(self.replies)]
+            self._next_reply += 1
+            return reply
+        last = next((m["content"] for m in reversed(chat) if m["role"] == "user"), "")
+        for line in reversed(last.splitlines()):
+            if line.startswith(ADMISSIBLE_PREFIX):
+                options = [a for a in line[len(ADMISSIBLE_PREFIX):].strip().split(ADMISSIBLE_SEPARATOR) if a]
+                if options:
+                    return self._rng.choice(options)
+        moves = _BRACKETED.findall(last)
+        if moves:
+            return f"[{self._rng.choice(sorted(set(moves)))}]"
+        return self.fixed_answer
+
+    def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Completion]:
+        start = time.perf_counter()
+        out = []
+        for chat in prompts:
+            text = self._reply(chat)
+            words = text.split()
+            out.append(Completion(
+                text=text,
+                token_ids=list(range(len(words))),
+                prompt_tokens=self.count_tokens(chat),
+                logprobs=[0.0] * len(words) if params.logprobs else None,
+                prompt_text="\n".join(f"<{m['role']}> {m['content']}" for m in chat),
+            ))
+        self.stats.record(out, time.perf_counter() - start)
+        return out
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,218 @@
+"""The episode runner: N environment slots stepped together, one batched generate per turn.
+
+Every live slot contributes one prompt to a single `backend.generate` call per turn, so the model sees a
+batch as wide as the number of slots (this is where the throughput comes from on both CPU and GPU). When an
+episode ends, its slot is refilled with the next task from the sampler; the finished episode is handed to
+`on_episode` at once, so the loop can commit it before anything else happens.
+
+Tasks come from a `TaskSampler` that is a pure function of (run seed, draw index): draw k is always the same
+environment, task and seed. The loop persists only counters (the next draw index and the draws still in
+flight), which makes `--resume` exact without pickling random-number generators.
+
+Failures inside an episode are data: an environment that raises in reset or step ends that episode with
+outcome "error" and the message, and the run goes on with a fresh environment instance in that slot.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Sequence
+
+from agent_runtime.agent import PromptBuilder, Turn, parse_action
+from agent_runtime.llm.base import PolicyBackend, SamplingParams
+from memory import EpisodeRecord, StepRecord
+
+INVALID_ACTION_FEEDBACK = "That reply did not contain a valid action. Reply with one command."
+
+
+@dataclass(frozen=True)
+class Draw:
+    index: int
+    env_index: int
+    task_id: str
+    seed: int
+
+
+class TaskSampler:
+    """Draw k = (environment by mixing weight, task uniformly from its train split, episode seed)."""
+
+    def __init__(self, weights: Sequence[float], task_lists: Sequence[Sequence[str]], seed: int):
+        assert len(weights) == len(task_lists) and weights, "one weight per environment"
+        empty = [i for i, tasks in enumerate(task_lists) if not tasks]
+        if empty:
+            raise ValueError(f"environment #{empty[0]} has no train tasks")
+        self.weights = list(weights)
+        self.task_lists = [list(t) for t in task_lists]
+        self.seed = seed
+
+    def draw(self, index: int) -> Draw:
+        rng = random.Random(f"{self.seed}:{index}")
+        env_index = rng.choices(range(len(self.weights)), weights=self.weights)[0]
+        tasks = self.task_lists[env_index]
+        return Draw(index, env_index, tasks[rng.randrange(len(tasks))], rng.randrange(2**31))
+
+
+@dataclass
+class EnvSlotSpec:
+    """How to build an environment instance of one mixture entry, and how to talk to it."""
+
+    env_id: str
+    factory: Callable[[], object]
+    family: str
+    max_steps: int
+
+
+@dataclass
+class _Episode:
+    draw: Draw
+    env: object
+    observation: str
+    info: dict
+    started_at: datetime
+    history: list[Turn] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    total_return: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class EpisodeRunner:
+    def __init__(self, backend: PolicyBackend, envs: list[EnvSlotSpec], builders: list[PromptBuilder],
+                 params: SamplingParams, *, slots: int = 1, policy_name: str = "",
+                 adapter_id: int | None = None, lesson_set_version: int | None = None):
+        assert len(envs) == len(builders), "one prompt builder per environment"
+        self.backend = backend
+        self.envs = envs
+        self.builders = builders
+        self.params = params
+        self.slots = slots
+        self.policy_name = policy_name
+        self.adapter_id = adapter_id
+        self.lesson_set_version = lesson_set_version
+        self._instances: list[dict[int, object]] = [dict() for _ in range(slots)]
+        self._live: list[_Episode | None] = [None] * slots
+
+    def in_flight(self) -> list[int]:
+        return sorted(ep.draw.index for ep in self._live if ep is not None)
+
+    def _env(self, slot: int, env_index: int):
+        if env_index not in self._instances[slot]:
+            self._instances[slot][env_index] = self.envs[env_index].factory()
+        return self._instances[slot][env_index]
+
+    def _drop_env(self, slot: int, env_index: int) -> None:
+        env = self._instances[slot].pop(env_index, None)
+        if env is not None:
+            try:
+                env.close()
+            except Exception:  # a broken env's close must not take the run down; the episode already says why
+                pass
+
+    def _record(self, ep: _Episode, outcome: str, won: bool, error: str | None = None) -> EpisodeRecord:
+        spec = self.envs[ep.draw.env_index]
+        return EpisodeRecord(
+            env_id=spec.env_id, task_id=ep.draw.task_id, seed=ep.draw.seed, policy=self.policy_name,
+            adapter_id=self.adapter_id, lesson_set_version=self.lesson_set_version, outcome=outcome, won=won,
+            total_return=ep.total_return, prompt_tokens=ep.prompt_tokens, completion_tokens=ep.completion_tokens,
+            started_at=ep.started_at, ended_at=_now(), error=error, goal=ep.info.get("goal"),
+            metadata={"draw": ep.draw.index}, steps=ep.steps,
+        )
+
+    def _start(self, slot: int, draw: Draw) -> EpisodeRecord | None:
+        """Reset an environment onto the draw; a failing reset is returned as an errored episode."""
+        started = _now()
+        try:
+            env = self._env(slot, draw.env_index)
+            observation, info = env.reset(seed=draw.seed, task_id=draw.task_id)
+        except Exception as exc:
+            self._drop_env(slot, draw.env_index)
+            ep = _Episode(draw, None, "", {}, started)
+            return self._record(ep, "error", False, f"reset failed: {type(exc).__name__}: {exc}")
+        self._live[slot] = _Episode(draw, env, observation, dict(info or {}), started)
+        return None
+
+    def run(self, next_draw: Callable[[], Draw | None], on_episode: Callable[[EpisodeRecord], None],
+            should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Play until `next_draw` runs dry and every slot is idle, or until `should_stop` says so.
+
+        On a stop request the current turn is finished and its ended episodes are handed over; episodes
+        still in flight are abandoned (their draws stay in `in_flight()` for the caller to persist).
+        """
+        while True:
+            stopping = should_stop()
+            if not stopping:
+                for slot in range(self.slots):
+                    while self._live[slot] is None:
+                        draw = next_draw()
+                        if draw is None:
+                            break
+                        errored = self._start(slot, draw)
+                        if errored is not None:
+                            on_episode(errored)
+            live = [s for s in range(self.slots) if self._live[s] is not None]
+            if not live or stopping:
+                return
+            self._turn(live, on_episode)
+
+    def _turn(self, live: list[int], on_episode: Callable[[EpisodeRecord], None]) -> None:
+        chats = []
+        for slot in live:
+            ep = self._live[slot]
+            builder = self.builders[ep.draw.env_index]
+            chats.append(builder.build(ep.history, ep.observation, ep.info.get("admissible_actions")))
+        completions = self.backend.generate(chats, self.params)
+        for slot, completion in zip(live, completions):
+            ep = self._live[slot]
+            spec = self.envs[ep.draw.env_index]
+            admissible = ep.info.get("admissible_actions")
+            action = parse_action(spec.family, completion.text, admissible)
+            ep.prompt_tokens += completion.prompt_tokens
+            ep.completion_tokens += completion.completion_tokens
+            error = None
+            if action is None:
+                observation, reward, terminated, truncated, info = (
+                    INVALID_ACTION_FEEDBACK, 0.0, False, False, dict(ep.info))
+            else:
+                try:
+                    observation, reward, terminated, truncated, info = ep.env.step(action)
+                except Exception as exc:
+                    error = f"step failed: {type(exc).__name__}: {exc}"
+                    observation, reward, terminated, truncated, info = "", 0.0, False, False, {}
+            ep.steps.append(StepRecord(
+                index=len(ep.steps), observation=ep.observation, prompt=completion.prompt_text,
+                response=completion.text, action=action, valid_action=action is not None, reward=float(reward),
+                admissible_actions=list(admissible) if admissible is not None else None,
+                prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
+                latency_s=completion.latency_s, info={k: v for k, v in (info or {}).items()
+                                                      if k in ("won", "score")},
+            ))
+            ep.total_return += float(reward)
+            ep.history.append(Turn(ep.observation, completion.text))
+            ep.observation, ep.info = observation, dict(info or {})
+            if error is not None:
+                self._live[slot] = None
+                self._drop_env(slot, ep.draw.env_index)
+                on_episode(self._record(ep, "error", False, error))
+            elif terminated:
+                won = bool(ep.info.get("won", False))
+                self._live[slot] = None
+                on_episode(self._record(ep, "won" if won else "lost", won))
+            elif truncated or len(ep.steps) >= spec.max_steps:
+                self._live[slot] = None
+                on_episode(self._record(ep, "truncated", False))
+
+    def close(self) -> None:
+        for instances in self._instances:
+            for env in instances.values():
+                try:
+                    env.close()
+                except Exception:
+                    pass
+        self._instances = [dict() for _ in range(self.slots)]

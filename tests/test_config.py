@@ -1,0 +1,76 @@
+"""Config loading: errors name the file, the key and what is accepted; --set overrides any field."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from agent_runtime.config import ConfigError, load_config, save_resolved
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_unknown_key_names_file_key_and_accepted(tmp_path):
+    path = write(tmp_path, "envs: [{id: a}]\nmodel: {temprature: 0.5}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert str(path) in msg and "model.temprature" in msg and "unknown key" in msg
+    assert "temperature" in msg.split("accepted:")[1]
+
+
+def test_wrong_type_names_key_and_value(tmp_path):
+    path = write(tmp_path, "envs: [{id: a}]\nruntime: {slots: many}\n")
+    with pytest.raises(ConfigError, match=r"runtime\.slots.*integer.*'many'"):
+        load_config(path)
+
+
+def test_missing_envs_and_bad_backend(tmp_path):
+    with pytest.raises(ConfigError, match="envs"):
+        load_config(write(tmp_path, "model: {name: x}\n"))
+    with pytest.raises(ConfigError, match=r"model\.backend.*'transformers'"):
+        load_config(write(tmp_path, "envs: [{id: a}]\nmodel: {backend: tensorflow}\n"))
+
+
+def test_set_overrides_nested_fields_and_lists(tmp_path):
+    path = write(tmp_path, "envs: [{id: a, kwargs: {level: 1}}]\n")
+    config = load_config(path, ["runtime.slots=4", "model.temperature=0", "envs.0.kwargs.level=3",
+                                "model.name=some/model"])
+    assert config.name == "c"  # defaults to the file's stem
+    assert config.runtime.slots == 4 and config.model.temperature == 0.0
+    assert config.envs[0].kwargs == {"level": 3}
+    assert config.model.name == "some/model"
+
+
+def test_set_errors(tmp_path):
+    path = write(tmp_path, "envs: [{id: a}]\n")
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        load_config(path, ["runtime.slots"])
+    with pytest.raises(ConfigError, match="runtime.slotz"):
+        load_config(path, ["runtime.slotz=3"])
+    with pytest.raises(ConfigError, match="no such list element"):
+        load_config(path, ["envs.5.id=b"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "envs: [\n"))
+
+
+def test_resolved_config_round_trips(tmp_path):
+    config = load_config(write(tmp_path, "envs: [{id: a}]\n"), ["runtime.episodes=3"])
+    out = save_resolved(config, tmp_path / "run")
+    again = yaml.safe_load(out.read_text())
+    assert again["runtime"]["episodes"] == 3 and again["envs"][0]["id"] == "a"
+
+
+def test_shipped_configs_validate():
+    for name in ("quickstart", "smoke"):
+        config = load_config(f"configs/{name}.yaml")
+        assert config.name == name
