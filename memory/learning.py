@@ -27,10 +27,9 @@ Why a mixin: `ExperienceStore` stays one object for callers while each module st
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Select, func, insert, select, update
 from sqlalchemy.orm import Session
@@ -57,21 +56,8 @@ from memory.records import (
     ExtractionInfo,
     LessonInfo,
     LessonSetInfo,
+    to_info,
 )
-
-InfoT = TypeVar("InfoT")
-
-
-def to_info(cls: type[InfoT], row: Base) -> InfoT:
-    """Copy an ORM row into its dataclass (`meta` attributes become `metadata` fields)."""
-    values = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name == "metadata":
-            values["metadata"] = row.meta  # type: ignore[attr-defined]
-        elif hasattr(row, f.name):
-            values[f.name] = getattr(row, f.name)
-    return cls(**values)
-
 
 def same_run(column: Any, run_id: int | None) -> Any:
     """`column = run_id`, where a None run id matches rows that belong to no run."""

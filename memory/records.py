@@ -11,8 +11,11 @@ the `*Info` classes are what reads return (they carry the database ids and deriv
 from __future__ import annotations
 
 import datetime as dt
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+InfoT = TypeVar("InfoT")
 
 
 @dataclass
@@ -212,3 +215,15 @@ class SearchHit:
     id: int
     score: float
     item: Any
+
+
+def to_info(cls: type[InfoT], row: Any) -> InfoT:
+    """Copy an ORM row into the dataclass `cls` (a `meta` attribute becomes the `metadata` field;
+    fields the row lacks, like an episode's `steps`, keep their defaults)."""
+    values = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name == "metadata":
+            values["metadata"] = row.meta
+        elif hasattr(row, f.name):
+            values[f.name] = getattr(row, f.name)
+    return cls(**values)

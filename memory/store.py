@@ -43,9 +43,12 @@ from memory.errors import (
     ReadOnlyStoreError,
     StoreUnavailableError,
 )
+from memory.embeddings import Embedder
 from memory.learning import LearningMixin
 from memory.models import EPISODE_OUTCOMES, Episode, Lesson, Run, Step, utcnow
-from memory.records import EpisodeInfo, EpisodeRecord, RunInfo, StepInfo
+from memory.records import EpisodeInfo, EpisodeRecord, RunInfo, StepInfo, to_info
+from memory.retrieval import RetrievalMixin
+from memory.transfer import TransferMixin
 
 SUMMARY_CHARS = 1000
 
@@ -58,65 +61,7 @@ def episode_summary(record: EpisodeRecord) -> str:
     return text[:SUMMARY_CHARS]
 
 
-def _run_info(row: Run) -> RunInfo:
-    return RunInfo(
-        id=row.id,
-        name=row.name,
-        config=row.config,
-        phase=row.phase,
-        state=row.state,
-        status=row.status,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
-
-
-def _episode_info(row: Episode) -> EpisodeInfo:
-    return EpisodeInfo(
-        id=row.id,
-        run_id=row.run_id,
-        env_id=row.env_id,
-        task_id=row.task_id,
-        seed=row.seed,
-        policy=row.policy,
-        adapter_id=row.adapter_id,
-        lesson_set_version=row.lesson_set_version,
-        outcome=row.outcome,
-        won=row.won,
-        total_return=row.total_return,
-        num_steps=row.num_steps,
-        prompt_tokens=row.prompt_tokens,
-        completion_tokens=row.completion_tokens,
-        started_at=row.started_at,
-        ended_at=row.ended_at,
-        error=row.error,
-        goal=row.goal,
-        summary=row.summary,
-        lessons_in_context=list(row.lessons_in_context),
-        metadata=row.meta,
-    )
-
-
-def _step_info(row: Step) -> StepInfo:
-    return StepInfo(
-        id=row.id,
-        episode_id=row.episode_id,
-        index=row.index,
-        observation=row.observation,
-        prompt=row.prompt,
-        response=row.response,
-        action=row.action,
-        valid_action=row.valid_action,
-        reward=row.reward,
-        admissible_actions=row.admissible_actions,
-        prompt_tokens=row.prompt_tokens,
-        completion_tokens=row.completion_tokens,
-        latency_s=row.latency_s,
-        info=row.info,
-    )
-
-
-class ExperienceStore(LearningMixin):
+class ExperienceStore(LearningMixin, RetrievalMixin, TransferMixin):
     """The experience memory. Create with `ExperienceStore.open(target)`; thread-safe for reads."""
 
     def __init__(
@@ -125,7 +70,7 @@ class ExperienceStore(LearningMixin):
         *,
         read_only: bool,
         index_dir: Path,
-        embedder: object,
+        embedder: Embedder | str | None,
         approx_threshold: int,
     ) -> None:
         self.engine = engine
@@ -133,7 +78,9 @@ class ExperienceStore(LearningMixin):
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._write_engine = engine.execution_options(sqlite_immediate=True)
         self._write_sessions = sessionmaker(self._write_engine, expire_on_commit=False)
-        self.index_dir = index_dir
+        self._init_retrieval(
+            index_dir=index_dir, embedder=embedder, approx_threshold=approx_threshold
+        )
 
     @classmethod
     def open(
@@ -142,7 +89,7 @@ class ExperienceStore(LearningMixin):
         *,
         read_only: bool = False,
         index_dir: str | os.PathLike[str] | None = None,
-        embedder: object = None,
+        embedder: Embedder | str | None = None,
         approx_threshold: int = 100_000,
     ) -> ExperienceStore:
         """Open (creating and migrating if needed) the store at `target`.
@@ -249,7 +196,7 @@ class ExperienceStore(LearningMixin):
             row = session.get(Run, run_id)
             if row is None:
                 raise NotFoundError(f"no run with id {run_id} in {self.url}")
-            return _run_info(row)
+            return to_info(RunInfo, row)
 
     def find_run(self, name: str) -> RunInfo | None:
         """The most recent run called `name`, or None."""
@@ -257,12 +204,12 @@ class ExperienceStore(LearningMixin):
             row = session.scalars(
                 select(Run).where(Run.name == name).order_by(Run.id.desc()).limit(1)
             ).first()
-            return _run_info(row) if row is not None else None
+            return to_info(RunInfo, row) if row is not None else None
 
     def runs(self) -> list[RunInfo]:
         """All runs, oldest first."""
         with self._read() as session:
-            return [_run_info(r) for r in session.scalars(select(Run).order_by(Run.id))]
+            return [to_info(RunInfo, r) for r in session.scalars(select(Run).order_by(Run.id))]
 
     def update_run(
         self,
@@ -337,11 +284,11 @@ class ExperienceStore(LearningMixin):
             row = session.get(Episode, episode_id)
             if row is None:
                 raise NotFoundError(f"no episode with id {episode_id} in {self.url}")
-            info = _episode_info(row)
+            info = to_info(EpisodeInfo, row)
             steps = session.scalars(
                 select(Step).where(Step.episode_id == episode_id).order_by(Step.index)
             )
-            info.steps = [_step_info(s) for s in steps]
+            info.steps = [to_info(StepInfo, s) for s in steps]
             return info
 
     def episodes(
@@ -365,7 +312,7 @@ class ExperienceStore(LearningMixin):
         order = Episode.id.desc() if newest_first else Episode.id
         with self._read() as session:
             rows = session.scalars(query.order_by(order).limit(limit).offset(offset))
-            return [_episode_info(r) for r in rows]
+            return [to_info(EpisodeInfo, r) for r in rows]
 
     def count_episodes(
         self, run_id: int | None = None, *, env_id: str | None = None, outcome: str | None = None
