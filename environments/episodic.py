@@ -10,6 +10,7 @@ error for a task id the environment never handed out. Subclasses implement `_res
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from abc import abstractmethod
 from pathlib import Path
@@ -17,7 +18,6 @@ from typing import Any, Sequence
 
 from environments.base import EnvError, EnvSpec, ResetNeededError, StepResult, TextEnv, check_split
 
-DEFAULT_CACHE_DIR = Path("~/.cache/agent-runtime/games")
 
 
 class UnknownTaskError(EnvError, ValueError):
@@ -25,9 +25,11 @@ class UnknownTaskError(EnvError, ValueError):
 
 
 def resolve_cache_dir(cache_dir: str | Path | None) -> Path:
-    """Where generated games live: the given directory or ~/.cache/agent-runtime/games."""
-    path = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
-    return path.expanduser()
+    """Where generated games live: the given directory, else $AGENT_RUNTIME_CACHE/games, else
+    ~/.cache/agent-runtime/games."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    return Path(os.environ.get("AGENT_RUNTIME_CACHE", "~/.cache/agent-runtime")).expanduser() / "games"
 
 
 class IndexedTasks(Sequence[str]):

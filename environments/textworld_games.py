@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -160,7 +161,9 @@ class TextWorldEnv(EpisodicEnv):
             admissible_commands=True, won=True, lost=True, score=True, max_score=True, objective=True,
             policy_commands=True, extras=["walkthrough"],
         )
-        self._env = textworld.start(str(path), request_infos=infos)
+        with warnings.catch_warnings():  # jericho: "not fully supported" is about its own score tracking
+            warnings.simplefilter("ignore")
+            self._env = textworld.start(str(path), request_infos=infos)
         self._loaded_path = path
 
     def _info(self, state: Any) -> dict[str, Any]:
