@@ -6,8 +6,17 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
-from memory import EpisodeRecord, ExperienceStore, InvalidRecordError, NotFoundError
+from memory import (
+    EpisodeRecord,
+    ExperienceStore,
+    InvalidRecordError,
+    NotFoundError,
+    ReadOnlyStoreError,
+    StoreUnavailableError,
+)
 from tests.fixtures_memory import make_episode, memory_url, store  # noqa: F401
 
 
@@ -92,3 +101,32 @@ def test_failed_batch_leaves_nothing(store: ExperienceStore) -> None:
         store.add_episode(run_id + 100, make_episode(1))
     assert store.stats()["episodes"] == 0 and store.stats()["steps"] == 0
     assert store.get_run(run_id).state == {}
+
+
+def test_read_only_store_reads_and_the_database_refuses_writes(memory_url: str) -> None:
+    with ExperienceStore.open(memory_url) as writer:
+        run_id = writer.create_run("r", {})
+        writer.add_episode(run_id, make_episode(2))
+    with ExperienceStore.open(memory_url, read_only=True) as reader:
+        assert reader.stats()["steps"] == 2 and reader.get_run(run_id).name == "r"
+        with pytest.raises(ReadOnlyStoreError, match="opened read-only"):
+            reader.create_run("x", {})
+        with pytest.raises(DBAPIError):  # the database itself refuses, not only our check
+            with reader.engine.begin() as conn:
+                conn.execute(text("UPDATE runs SET name = 'hacked'"))
+    with ExperienceStore.open(memory_url) as again:
+        assert again.get_run(run_id).name == "r"
+
+
+def test_read_only_open_of_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreUnavailableError, match="no memory database at"):
+        ExperienceStore.open(tmp_path / "nothing", read_only=True)
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_unreachable_server_is_a_clear_error() -> None:
+    with pytest.raises(StoreUnavailableError, match="cannot open the memory at postgresql") as err:
+        ExperienceStore.open("postgresql+psycopg://u:secret@127.0.0.1:1/none")
+    assert "secret" not in str(err.value)
+    with pytest.raises(StoreUnavailableError, match="unsupported database backend 'mysql'"):
+        ExperienceStore.open("mysql://u@localhost/db")
