@@ -1,0 +1,161 @@
+"""Distillation losses for OPCD and its off-policy baseline, exact and memory-conscious.
+
+OPCD's objective (arXiv 2602.12275, DESIGN.md "The method"): at every response position t, with
+p = softmax(logits / tau) and S_t the student's top-k token ids (picked without gradient from the student's
+own tempered distribution),
+
+    L_t = sum_{v in S_t} p_s(v) * (log p_s(v) - log p_t(v))
+
+with the exact gradient through p_s and log p_s and the teacher held constant; the batch loss is the mean of
+L_t over all response tokens of the batch (a token-level mean, not a mean of per-sequence means). With
+k >= vocabulary size this is the exact reverse KL(p_s || p_t). `renormalize=True` renormalises both
+distributions over S_t first (what TRL's SDFT does), which is a different objective; the default follows
+the paper.
+
+The off-policy baseline uses the forward KL on the *teacher's* top-k:
+`sum_{v in T_t} p_t(v) * (log p_t(v) - log p_s(v))`.
+
+Memory: the log-probabilities are taken as `gather(logits) - logsumexp(logits)`, so no (B, T, V) log-softmax
+tensor is materialised next to the logits. `chunked_topk_divergence` goes further: it takes final hidden
+states and the output heads, and computes logits chunk by chunk along the sequence, back-propagating each
+chunk into the hidden states before the next one, so that the (B, T, V) logits of the two models never
+exist at once in full. The gradient is the same as the unchunked loss's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import torch
+
+Divergence = Literal["reverse", "forward"]
+
+
+def _topk_log_probs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / tau) at `ids`, in at least float32, without materialising the full log-softmax."""
+    scaled = (logits if logits.dtype == torch.float64 else logits.float()) / temperature
+    return scaled.gather(-1, ids) - torch.logsumexp(scaled, dim=-1, keepdim=True)
+
+
+def topk_divergence_per_token(student_logits: torch.Tensor, teacher_logits: torch.Tensor, *,
+                              divergence: Divergence = "reverse", k: int = 256, temperature: float = 1.0,
+                              renormalize: bool = False) -> torch.Tensor:
+    """Per-position top-k divergence, shape (B, T) (or the logits' leading shape).
+
+    `divergence="reverse"`: OPCD's loss on the student's top-k. `divergence="forward"`: the forward KL on the
+    teacher's top-k (the off-policy baseline). The teacher is always treated as a constant.
+    """
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(f"student logits {tuple(student_logits.shape)} and teacher logits "
+                         f"{tuple(teacher_logits.shape)} differ; both models must share the tokenizer's vocabulary")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    teacher_logits = teacher_logits.detach()
+    k = min(k, student_logits.shape[-1])
+    with torch.no_grad():
+        source = student_logits if divergence == "reverse" else teacher_logits
+        ids = source.topk(k, dim=-1).indices  # tempering is monotone: the top-k of the logits is the top-k of p
+    log_ps = _topk_log_probs(student_logits, ids, temperature)
+    log_pt = _topk_log_probs(teacher_logits, ids, temperature)
+    if renormalize:
+        log_ps = log_ps - torch.logsumexp(log_ps, dim=-1, keepdim=True)
+        log_pt = log_pt - torch.logsumexp(log_pt, dim=-1, keepdim=True)
+    if divergence == "reverse":
+        return (log_ps.exp() * (log_ps - log_pt)).sum(-1)
+    if divergence == "forward":
+        return (log_pt.exp() * (log_pt - log_ps)).sum(-1)
+    raise ValueError(f"unknown divergence {divergence!r}; accepted: reverse, forward")
+
+
+def masked_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `values` over the positions where `mask` is set, across the whole batch (0 when empty)."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def topk_reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, *,
+                    k: int = 256, temperature: float = 1.0, renormalize: bool = False) -> torch.Tensor:
+    """OPCD's loss: the student-top-k reverse KL, averaged over all response tokens of the batch.
+
+    `student_logits`, `teacher_logits`: (B, T, V) at the response positions (position t predicts response
+    token t); `mask`: (B, T), 1 on response tokens up to and including the first EOS.
+    """
+    per_token = topk_divergence_per_token(student_logits, teacher_logits, divergence="reverse", k=k,
+                                          temperature=temperature, renormalize=renormalize)
+    return masked_token_mean(per_token, mask)
+
+
+def topk_forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, *,
+                    k: int = 256, temperature: float = 1.0, renormalize: bool = False) -> torch.Tensor:
+    """The off-policy baseline's loss: forward KL on the teacher's top-k, averaged over response tokens."""
+    per_token = topk_divergence_per_token(student_logits, teacher_logits, divergence="forward", k=k,
+                                          temperature=temperature, renormalize=renormalize)
+    return masked_token_mean(per_token, mask)
+
+
+@dataclass(frozen=True)
+class ChunkedLoss:
+    """What `chunked_topk_divergence` measured: the batch loss and, for on-policy samples, the
+    sampled-token estimate of the full reverse KL (mean of log p_s(y) - log p_t(y))."""
+
+    loss: float
+    sampled_kl: float
+    tokens: int
+
+
+Head = Callable[[torch.Tensor], torch.Tensor]
+
+
+def chunked_topk_divergence(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, mask: torch.Tensor, *,
+                            student_head: Head, teacher_head: Head, targets: torch.Tensor | None = None,
+                            divergence: Divergence | Literal["cross_entropy"] = "reverse", k: int = 256,
+                            temperature: float = 1.0, renormalize: bool = False, chunk_size: int = 128,
+                            backward: bool = True) -> ChunkedLoss:
+    """The token-mean loss over (B, T) response positions, computed `chunk_size` positions at a time.
+
+    `student_hidden`, `teacher_hidden`: final hidden states (B, T, H) at the response positions; the heads map
+    them to logits. When `backward` is set and `student_hidden` requires grad, each chunk's share of the
+    loss is back-propagated into the hidden states (and the student head) as soon as it is computed, then the
+    accumulated hidden-state gradient is pushed through the rest of the student in one call, so only one
+    chunk of logits per model is alive at a time. `divergence="cross_entropy"` is plain SFT on `targets`
+    (the teacher is not used). `targets` (the response token ids) also enable the sampled-token KL estimate.
+    """
+    assert student_hidden.shape[:2] == mask.shape, (student_hidden.shape, mask.shape)
+    if divergence == "cross_entropy" and targets is None:
+        raise ValueError("divergence='cross_entropy' needs the target token ids")
+    tokens = int(mask.sum().item())
+    normaliser = max(tokens, 1)
+    grad_wanted = backward and student_hidden.requires_grad and torch.is_grad_enabled()
+    leaf = student_hidden.detach().requires_grad_(grad_wanted)
+    loss_total = torch.zeros((), dtype=torch.float64)
+    kl_total = torch.zeros((), dtype=torch.float64)
+    for start in range(0, student_hidden.shape[1], chunk_size):
+        span = slice(start, start + chunk_size)
+        chunk_mask = mask[:, span].float()
+        if not chunk_mask.any():
+            continue
+        with torch.set_grad_enabled(grad_wanted):
+            s_logits = student_head(leaf[:, span])
+            t_logits = None
+            if divergence == "cross_entropy":
+                per_token = -_topk_log_probs(s_logits, targets[:, span, None], temperature).squeeze(-1)
+            else:
+                with torch.no_grad():
+                    t_logits = teacher_head(teacher_hidden[:, span])
+                per_token = topk_divergence_per_token(s_logits, t_logits, divergence=divergence, k=k,
+                                                      temperature=temperature, renormalize=renormalize)
+            chunk_loss = (per_token * chunk_mask).sum() / normaliser
+            if grad_wanted:
+                chunk_loss.backward()
+        loss_total += chunk_loss.detach().double()
+        if targets is not None and t_logits is not None:
+            with torch.no_grad():
+                ids = targets[:, span, None]
+                gap = (_topk_log_probs(s_logits.detach(), ids, temperature)
+                       - _topk_log_probs(t_logits, ids, temperature)).squeeze(-1)
+                kl_total += (gap * chunk_mask).sum().double() / normaliser
+        del s_logits, t_logits, per_token
+    if grad_wanted:
+        student_hidden.backward(leaf.grad)
+    return ChunkedLoss(loss=float(loss_total), sampled_kl=float(kl_total), tokens=tokens)

@@ -1,0 +1,127 @@
+"""The OPCD losses against a direct float64 computation: values, gradients, the k = V limit, chunking."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distill.opcd.losses import chunked_topk_divergence, topk_forward_kl, topk_reverse_kl
+
+
+def _direct(student, teacher, mask, k, tau, renormalize, divergence="reverse"):
+    """The objective written out naively in float64: full log-softmax, explicit top-k loop-free gather."""
+    log_ps = torch.log_softmax(student.double() / tau, dim=-1)
+    log_pt = torch.log_softmax(teacher.double().detach() / tau, dim=-1)
+    ids = (log_ps if divergence == "reverse" else log_pt).detach().topk(k, dim=-1).indices
+    a, b = log_ps.gather(-1, ids), log_pt.gather(-1, ids)
+    if renormalize:
+        a, b = a - a.logsumexp(-1, keepdim=True), b - b.logsumexp(-1, keepdim=True)
+    per = (a.exp() * (a - b)).sum(-1) if divergence == "reverse" else (b.exp() * (b - a)).sum(-1)
+    m = mask.double()
+    return (per * m).sum() / m.sum()
+
+
+def _inputs(seed=0, b=3, t=5, v=40):
+    g = torch.Generator().manual_seed(seed)
+    student = (torch.randn(b, t, v, generator=g, dtype=torch.float64) * 3).requires_grad_()
+    teacher = torch.randn(b, t, v, generator=g, dtype=torch.float64) * 3
+    mask = torch.ones(b, t)
+    mask[0, 3:] = 0
+    mask[2, 1:] = 0
+    return student, teacher, mask
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("tau", [1.0, 0.7])
+def test_reverse_kl_matches_direct_float64_value_and_gradient(renormalize, tau):
+    student, teacher, mask = _inputs()
+    ours = topk_reverse_kl(student, teacher, mask, k=7, temperature=tau, renormalize=renormalize)
+    (grad_ours,) = torch.autograd.grad(ours, student)
+    ref = _direct(student, teacher, mask, 7, tau, renormalize)
+    (grad_ref,) = torch.autograd.grad(ref, student)
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad_ours, grad_ref, rtol=1e-9, atol=1e-12)
+    assert grad_ours[0, 3:].abs().max() == 0  # masked positions get no gradient
+
+
+def test_float32_logits_agree_with_float64():
+    student, teacher, mask = _inputs(seed=1)
+    ours = topk_reverse_kl(student.detach().float(), teacher.float(), mask, k=7)
+    torch.testing.assert_close(ours.double(), _direct(student, teacher, mask, 7, 1.0, False), rtol=1e-5, atol=1e-6)
+
+
+def test_k_equal_to_vocab_is_the_exact_reverse_kl():
+    student, teacher, mask = _inputs(seed=2)
+    ps, pt = torch.softmax(student.detach() / 0.6, -1), torch.softmax(teacher / 0.6, -1)
+    exact = torch.nn.functional.kl_div(pt.log(), ps, reduction="none").sum(-1)  # KL(p_s || p_t)
+    exact = (exact * mask).sum() / mask.sum()
+    ours = topk_reverse_kl(student, teacher, mask, k=student.shape[-1], temperature=0.6)
+    torch.testing.assert_close(ours, exact, rtol=1e-10, atol=1e-12)
+    assert ours > 0
+
+
+def test_teacher_gets_no_gradient_and_identical_models_give_zero():
+    student, _, mask = _inputs(seed=3)
+    teacher = student.detach().clone().requires_grad_()
+    loss = topk_reverse_kl(student, teacher, mask, k=5)
+    loss.backward()
+    assert teacher.grad is None
+    assert abs(loss.item()) < 1e-12
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_forward_kl_uses_the_teachers_topk(renormalize):
+    student, teacher, mask = _inputs(seed=4)
+    ours = topk_forward_kl(student, teacher, mask, k=6, renormalize=renormalize)
+    (grad_ours,) = torch.autograd.grad(ours, student)
+    ref = _direct(student, teacher, mask, 6, 1.0, renormalize, divergence="forward")
+    (grad_ref,) = torch.autograd.grad(ref, student)
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad_ours, grad_ref, rtol=1e-9, atol=1e-12)
+    # on the student's own top-k the reverse loss differs: the two objectives are not the same number
+    assert not torch.isclose(ours, topk_reverse_kl(student, teacher, mask, k=6, renormalize=renormalize))
+
+
+@pytest.mark.parametrize("divergence", ["reverse", "forward"])
+def test_chunked_loss_equals_unchunked_with_the_same_gradients(divergence):
+    torch.manual_seed(0)
+    b, t, h, v = 2, 9, 8, 30
+    head = torch.nn.Linear(h, v, bias=False).double()
+    teacher_head = torch.nn.Linear(h, v, bias=False).double()
+    trunk = torch.randn(b, t, h, dtype=torch.float64, requires_grad=True)
+    teacher_hidden = torch.randn(b, t, h, dtype=torch.float64)
+    mask = torch.ones(b, t)
+    mask[1, 4:] = 0
+    fn = topk_reverse_kl if divergence == "reverse" else topk_forward_kl
+
+    hidden = trunk * 2.0  # a non-leaf, like a model's output
+    full = fn(head(hidden), teacher_head(teacher_hidden), mask, k=5, temperature=0.8)
+    full.backward()
+    grads_full = trunk.grad.clone(), head.weight.grad.clone()
+    trunk.grad, head.weight.grad = None, None
+
+    result = chunked_topk_divergence(trunk * 2.0, teacher_hidden, mask, student_head=head, teacher_head=teacher_head,
+                                     divergence=divergence, k=5, temperature=0.8, chunk_size=2)
+    assert result.tokens == int(mask.sum())
+    assert result.loss == pytest.approx(full.item(), rel=1e-10)
+    torch.testing.assert_close(trunk.grad, grads_full[0], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(head.weight.grad, grads_full[1], rtol=1e-9, atol=1e-12)
+    assert teacher_head.weight.grad is None
+
+
+def test_chunked_sampled_kl_and_cross_entropy():
+    torch.manual_seed(1)
+    b, t, h, v = 2, 6, 4, 12
+    head, teacher_head = torch.nn.Linear(h, v).double(), torch.nn.Linear(h, v).double()
+    hidden, teacher_hidden = torch.randn(b, t, h, dtype=torch.float64), torch.randn(b, t, h, dtype=torch.float64)
+    targets = torch.randint(0, v, (b, t))
+    mask = torch.ones(b, t)
+    with torch.no_grad():
+        ls, lt = torch.log_softmax(head(hidden), -1), torch.log_softmax(teacher_head(teacher_hidden), -1)
+    gap = ls.gather(-1, targets[..., None]) - lt.gather(-1, targets[..., None])
+    result = chunked_topk_divergence(hidden, teacher_hidden, mask, student_head=head, teacher_head=teacher_head,
+                                     targets=targets, chunk_size=4, backward=False)
+    assert result.sampled_kl == pytest.approx(gap.mean().item(), rel=1e-10)
+    ce = chunked_topk_divergence(hidden, teacher_hidden, mask, student_head=head, teacher_head=teacher_head,
+                                 targets=targets, divergence="cross_entropy", chunk_size=4, backward=False)
+    assert ce.loss == pytest.approx(-ls.gather(-1, targets[..., None]).mean().item(), rel=1e-10)
