@@ -1,0 +1,95 @@
+"""Lessons: experience items extracted from trajectories, curated under a token budget, versioned, gated.
+
+The pieces (each module's docstring has the details):
+- `distill.lessons.extract`: the extraction prompt, `parse_items`, `LessonExtractor`, `record_extraction`.
+- `distill.lessons.safety`: cleaning and rejecting items (control tokens, injections, secrets, length).
+- `distill.lessons.curate`: `LessonCurator` (add / merge / update / delete, budget, pools), `render_lessons`.
+- `distill.lessons.versions`: live and candidate versions, promote, reject, restore, diff.
+- `distill.lessons.gate`: `decide_gate` (promote or block, with its numbers) and per-lesson utility.
+- `distill.lessons.phase`: `extract_phase`, one EXTRACT phase end to end.
+- `distill.lessons.config`: `LessonsSettings`, every knob.
+
+Storage is the experience memory (`memory.ExperienceStore`); this package never imports agent_runtime.
+"""
+
+from distill.lessons.config import LessonsSettings
+from distill.lessons.curate import Change, CurationResult, LessonCurator, render_lessons
+from distill.lessons.errors import GateInputError, LessonsError, UnknownVersionError
+from distill.lessons.extract import (
+    ExtractionOutcome,
+    ExtractionRequest,
+    LessonExtractor,
+    Proposal,
+    RecordedExtraction,
+    build_prompt,
+    parse_free_text,
+    parse_items,
+    parse_operation,
+    record_extraction,
+)
+from distill.lessons.gate import (
+    GateDecision,
+    LessonUtility,
+    decide_gate,
+    lesson_utilities,
+    load_utilities,
+    measure_utilities,
+    store_gate_decision,
+    store_utilities,
+)
+from distill.lessons.phase import PhaseResult, extract_phase
+from distill.lessons.safety import Rejection, redact_secrets, screen_item, screen_items, strip_control
+from distill.lessons.versions import (
+    LessonSetDiff,
+    diff_versions,
+    live_version,
+    pending_candidate,
+    promote_candidate,
+    reject_candidate,
+    restore_version,
+    sync_statuses,
+)
+
+__all__ = [
+    "Change",
+    "CurationResult",
+    "ExtractionOutcome",
+    "ExtractionRequest",
+    "GateDecision",
+    "GateInputError",
+    "LessonCurator",
+    "LessonExtractor",
+    "LessonSetDiff",
+    "LessonUtility",
+    "LessonsError",
+    "LessonsSettings",
+    "PhaseResult",
+    "Proposal",
+    "RecordedExtraction",
+    "Rejection",
+    "UnknownVersionError",
+    "build_prompt",
+    "decide_gate",
+    "diff_versions",
+    "extract_phase",
+    "lesson_utilities",
+    "live_version",
+    "load_utilities",
+    "measure_utilities",
+    "parse_free_text",
+    "parse_items",
+    "parse_operation",
+    "pending_candidate",
+    "promote_candidate",
+    "record_extraction",
+    "redact_secrets",
+    "reject_candidate",
+    "render_lessons",
+    "restore_version",
+    "screen_item",
+    "screen_items",
+    "store_gate_decision",
+    "store_utilities",
+    "strip_control",
+    "sync_statuses",
+]

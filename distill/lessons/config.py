@@ -1,0 +1,81 @@
+"""`LessonsSettings`: every knob of lesson extraction, curation and the validation gate, in one model.
+
+What: a strict pydantic model (unknown keys are errors, assignments are validated) that the run config
+embeds as its `lessons:` section. Defaults suit the quickstart (a 135M model with a short context: a
+256-token lesson budget); the paper's settings are `budget_tokens: 8192` for games and `16384` for
+math, with `pools: 10`.
+
+Why one model: the extractor, the curator and the gate read their knobs from it, the run stores it
+resolved with every run, and a typo in a YAML file fails loudly instead of silently using a default.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class LessonsSettings(BaseModel):
+    """Lesson extraction (EXTRACT phase), curation under a budget, and the validation gate."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    enabled: bool = Field(False, description="run the EXTRACT phase at all")
+    extract_every: int = Field(8, gt=0, description="episodes between two EXTRACT phases")
+    recent_episodes: int | None = Field(
+        None, gt=0, description="episodes read per EXTRACT phase (default: extract_every, the new ones)"
+    )
+    extractor: str = Field(
+        "policy", description="'policy' (the acting model itself) or a chat-model spec for the runtime"
+    )
+    style: Literal["structured", "free"] = Field(
+        "structured", description="extraction prompt: '- EXPERIENCE ITEM:' lines, or free text"
+    )
+    max_items: int = Field(2, ge=1, le=10, description="items kept per extraction (the paper: 1-2)")
+    max_item_chars: int = Field(300, ge=20, description="longer items are cut at a word boundary")
+    temperature: float = Field(0.7, ge=0.0, description="extractor sampling temperature (paper: 0.7)")
+    max_new_tokens: int = Field(384, gt=0, description="extractor response budget")
+    max_step_chars: int = Field(600, gt=0, description="per-turn cap when a trajectory is rendered")
+    max_trajectory_chars: int = Field(
+        6000, gt=0, description="cap on the rendered trajectory (middle turns are elided)"
+    )
+    extract_batch: int = Field(
+        1, ge=1, description="episodes per pool extracted against the same lessons (1: strictly sequential)"
+    )
+    budget_tokens: int = Field(
+        256, ge=0, description="tokens of the rendered lesson block per pool (paper: 8192 games, 16384 math)"
+    )
+    pools: int = Field(1, ge=1, description="independent lesson pools (paper: 10); one is drawn per prompt")
+    seed: int = Field(1, description="pool p uses seed + p")
+    embedder: str | None = Field(None, description="embedder spec for similarity; None: the store's")
+    merge_threshold: float = Field(
+        0.9, gt=0.0, le=1.0, description="cosine at or above which a new item merges into an existing one"
+    )
+    conflict_threshold: float = Field(
+        0.75, gt=0.0, le=1.0, description="cosine at or above which opposite polarity means a conflict"
+    )
+    utility_min_episodes: int = Field(
+        3, ge=1, description="episodes with a lesson in context before its measured utility counts"
+    )
+    gate_episodes: int = Field(
+        8, ge=0, description="held-out episodes per lesson set for the gate (0: promote without a gate)"
+    )
+    gate_split: str = Field("eval", description="the task split the gate plays")
+    gate_margin: float = Field(
+        0.05, ge=0.0, le=1.0, description="block a candidate whose success rate is lower by more than this"
+    )
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> LessonsSettings:
+        if self.conflict_threshold > self.merge_threshold:
+            raise ValueError(
+                f"conflict_threshold ({self.conflict_threshold}) must not exceed merge_threshold "
+                f"({self.merge_threshold}): a near-duplicate is merged before a conflict is considered"
+            )
+        return self
+
+    @property
+    def episodes_per_extraction(self) -> int:
+        """How many recent episodes one EXTRACT phase reads."""
+        return self.recent_episodes or self.extract_every

@@ -1,0 +1,498 @@
+"""Lesson extraction: one trajectory + the current lessons -> a prompt -> 1-2 `- EXPERIENCE ITEM:` lines.
+
+What:
+- `build_prompt(episode, current, *, style, max_items, ...) -> list[dict]`: the extraction chat (one
+  user message) for one stored episode (`memory.EpisodeInfo` with its steps) and the pool's current
+  lessons (`LessonInfo`s, shown with their ids so the extractor may correct one).
+- `parse_items(text) -> list[str]`: the items of a structured answer, tolerant of thinking blocks,
+  markdown, numbering, echoed placeholders and junk; `parse_free_text(text)` for the free-text style.
+- `parse_operation(item) -> Operation`: an item is an addition, or an explicit correction of an existing
+  lesson: "UPDATE #12: <new text>" or "DELETE #12" (see `distill.lessons.curate` for how they apply).
+- `LessonExtractor(complete, *, style="structured", max_items=2, ...)`, where
+  `complete(chats: list[list[dict]]) -> list[str]` is any batched chat completion (the runtime wraps
+  the policy backend or a chat model in it); `extract(episodes, current_lessons, pool=0)` returns one
+  `ExtractionOutcome` per episode: the screened items (see `distill.lessons.safety`), the rejections
+  with reasons, the prompt and the raw answer. An answer with nothing parseable is an empty outcome,
+  and it is still recorded.
+- `record_extraction(store, outcome, run_id=...) -> RecordedExtraction`: writes the extraction and its
+  proposed lessons in one transaction, each lesson with its provenance (source episode id, extraction
+  id, pool); rejections and DELETE operations go into the extraction's metadata. Secrets are redacted
+  from the stored prompt and answer.
+
+Why this prompt: it follows the OPCD/OEL reference prompts in spirit (read the whole interaction and its
+final outcome, infer the rules and why it was won or lost, append a few general items to the existing
+experience, one `- EXPERIENCE ITEM:` per line; a free-text variant without the line format), in our own
+words, plus two things the runtime needs: item ids, so that a wrong lesson can be corrected instead of
+contradicted, and a length limit, because items enter every later prompt. The trajectory is cleaned of
+chat-template control tokens before it is shown: environment text is untrusted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from distill.lessons.safety import Rejection, redact_secrets, screen_items, strip_control
+
+if TYPE_CHECKING:
+    from memory import EpisodeInfo, ExperienceStore, LessonInfo
+
+Chat = list[dict[str, str]]
+Complete = Callable[[list[Chat]], list[str]]
+Style = Literal["structured", "free"]
+STYLES = ("structured", "free")
+ITEM_PREFIX = "- EXPERIENCE ITEM:"
+
+_THINK_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.IGNORECASE | re.DOTALL)
+_THINK_OPEN = re.compile(r"<(?:think|thinking|reasoning)>", re.IGNORECASE)
+_THINK_CLOSE = re.compile(r"</(?:think|thinking|reasoning)>", re.IGNORECASE)
+_MARKER = re.compile(r"\bexperience[\s_-]*item\b(?:\s*#?\d+)?\s*\**\s*[:：]", re.IGNORECASE)
+_LINE_LEAD = re.compile(r"^(?:[\s>*_`#•·-]|\d{1,3}[.)]\s|\(\d{1,3}\)\s)+")
+_PLACEHOLDER = re.compile(r"^[\s.…<>\[\]()_-]*(?:\.\.\.|…|item|text|none|n/?a|nothing( new)?)?[\s.…<>\[\]()_-]*$", re.IGNORECASE)
+_BULLET = re.compile(r"^\s*(?:[-*•]|\d{1,3}[.)])\s+(.*\S)")
+_OPERATION = re.compile(
+    r"^(?P<op>update|replace|delete|remove)\s*(?:lesson|item)?\s*\[?#?(?P<id>\d+)\]?\s*[:\-–]?\s*(?P<text>.*)$",
+    re.IGNORECASE,
+)
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+
+def _clip(text: str, limit: int) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
+def _clean(text: str | None, limit: int) -> str:
+    return _clip(strip_control(text or ""), limit)
+
+
+def describe_outcome(episode: EpisodeInfo) -> str:
+    """One line: how the episode ended, in the terms the extractor should learn from."""
+    verdict = {
+        "won": "WON (the goal was reached)",
+        "lost": "LOST (the episode ended without reaching the goal)",
+        "truncated": "NOT FINISHED (the turn limit was reached before the goal)",
+        "error": "FAILED WITH AN ERROR",
+    }.get(episode.outcome, episode.outcome.upper())
+    line = f"{verdict} after {episode.num_steps} turn(s), total reward {episode.total_return:g}."
+    if episode.error:
+        line += f" Error: {_clean(episode.error, 300)}"
+    return line
+
+
+def render_trajectory(episode: EpisodeInfo, *, max_step_chars: int = 600, max_chars: int = 6000) -> str:
+    """The episode as the extractor reads it: task, turns, final outcome and feedback.
+
+    Each turn shows the observation, the model's response, the parsed action and the reward. If the
+    whole exceeds `max_chars`, middle turns are elided (the start and the end carry the most signal).
+    """
+    head = [f"Environment: {episode.env_id}", f"Task: {_clean(episode.goal or episode.task_id, 500)}"]
+    turns = []
+    for step in episode.steps:
+        action = step.action if step.action is not None else "(no valid action could be read)"
+        turns.append(
+            f"Turn {step.index + 1}\n"
+            f"Observation: {_clean(step.observation, max_step_chars)}\n"
+            f"Your response: {_clean(step.response, max_step_chars)}\n"
+            f"Action: {_clean(action, 200)} (reward {step.reward:g})"
+        )
+    feedback = episode.metadata.get("final_observation") or episode.metadata.get("feedback")
+    tail = [f"Final outcome: {describe_outcome(episode)}"]
+    if feedback:
+        tail.append(f"Final feedback from the environment: {_clean(str(feedback), max_step_chars)}")
+    budget = max_chars - sum(len(x) + 1 for x in head + tail)
+    kept = list(turns)
+    while kept and sum(len(t) + 2 for t in kept) > budget and len(kept) > 2:
+        del kept[len(kept) // 2]
+    if len(kept) < len(turns):
+        middle = len(kept) // 2
+        kept.insert(middle, f"[... {len(turns) - len(kept)} turn(s) omitted ...]")
+    body = "\n\n".join(kept) if kept else "(no turns were played)"
+    return "\n".join(head) + "\n\n" + _clip(body, max(budget, 200)) + "\n\n" + "\n".join(tail)
+
+
+def render_current(current: Sequence[LessonInfo | str]) -> str:
+    """The pool's lessons as the extractor sees them: `[#id] text`, or a note that there are none."""
+    if not current:
+        return "No experience yet."
+    lines = []
+    for lesson in current:
+        if isinstance(lesson, str):
+            lines.append(f"{ITEM_PREFIX} {lesson}")
+        else:
+            lines.append(f"{ITEM_PREFIX} [#{lesson.id}] {lesson.text}")
+    return "\n".join(lines)
+
+
+_INTRO = (
+    "You keep a short list of experience: general lessons that help you do better in this kind of "
+    "task. Below is one of your own past attempts, from the first observation to the final outcome, "
+    "followed by the experience you had at the time.\n\n"
+    "## The attempt\n{trajectory}\n\n"
+    "## Your current experience\n# Experience\n{current}\n\n"
+)
+_STRUCTURED = (
+    "## What to do\n"
+    "Study the attempt closely. Compare what you did with how the environment reacted, work out the "
+    "rules of the environment, and find the real reasons the attempt succeeded or failed. Then write "
+    "at most {max_items} NEW experience item(s) that would help in future attempts at other tasks of "
+    "this kind.\n\n"
+    "Rules:\n"
+    '- Each item is one line that starts with "{prefix}".\n'
+    "- An item is a general rule, instruction or strategy in one sentence of at most {max_chars} "
+    "characters. Do not mention details that only hold for this particular task (exact positions, "
+    "names, numbers).\n"
+    "- Do not repeat an item that is already in your experience.\n"
+    '- If an existing item is wrong, correct it with "{prefix} UPDATE #<id>: <corrected item>" or '
+    'remove it with "{prefix} DELETE #<id>".\n\n'
+    "Reason briefly, then finish with:\n"
+    "New experience:\n{prefix} ...\n"
+)
+_FREE = (
+    "## What to do\n"
+    "Study the attempt closely: infer the rules of the environment and the principles behind winning "
+    "and losing. Then write additional experience for future attempts at other tasks of this kind, to "
+    "be appended to your current experience: at most {max_items} short, general point(s), without "
+    "repeating what you already know.\n\n"
+    "Reason briefly, then finish with:\n"
+    "New experience:\n"
+)
+
+
+def build_prompt(
+    episode: EpisodeInfo,
+    current: Sequence[LessonInfo | str] = (),
+    *,
+    style: Style = "structured",
+    max_items: int = 2,
+    max_item_chars: int = 300,
+    max_step_chars: int = 600,
+    max_trajectory_chars: int = 6000,
+) -> Chat:
+    """The extraction chat for one episode (a single user message, which every chat template accepts)."""
+    if style not in STYLES:
+        raise ValueError(f"unknown extraction style {style!r}; known: {', '.join(STYLES)}")
+    trajectory = render_trajectory(
+        episode, max_step_chars=max_step_chars, max_chars=max_trajectory_chars
+    )
+    text = _INTRO.format(trajectory=trajectory, current=render_current(current))
+    task = _STRUCTURED if style == "structured" else _FREE
+    text += task.format(max_items=max_items, max_chars=max_item_chars, prefix=ITEM_PREFIX)
+    return [{"role": "user", "content": text}]
+
+
+# -- parsing -----------------------------------------------------------------------------------
+
+
+def strip_thinking(text: str) -> str:
+    """`text` without reasoning blocks; an unclosed block runs to the end, an unopened one from the start."""
+    text = _THINK_BLOCK.sub("\n", text)
+    close = list(_THINK_CLOSE.finditer(text))
+    if close:
+        text = text[close[-1].end() :]
+    opened = _THINK_OPEN.search(text)
+    if opened:
+        text = text[: opened.start()]
+    return text
+
+
+def _tidy(item: str) -> str | None:
+    item = re.sub(r"\*\*|__|`", "", item).strip().strip("\"'").strip()
+    item = re.sub(r"^\[#\d+\]\s*", "", item)  # an id echoed from the current-experience listing
+    item = re.sub(r"\s+", " ", item)
+    if not item or _PLACEHOLDER.match(item):
+        return None
+    return item
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for item in items:
+        key = re.sub(r"\W+", " ", item.lower()).strip()
+        if key and key not in seen:
+            seen.add(key)
+            out.append(item)
+    return out
+
+
+def parse_items(text: str) -> list[str]:
+    """The `- EXPERIENCE ITEM:` items of an answer, in order, without duplicates.
+
+    Tolerates: thinking blocks (closed, unclosed or unopened), markdown bullets, bold and code marks,
+    numbering ("1. ", "2) "), "Experience item 3:" variants, several items on one line, echoed
+    placeholders ("- EXPERIENCE ITEM: ...") and any junk around them. No marker -> an empty list.
+    """
+    items: list[str] = []
+    for line in strip_thinking(text).splitlines():
+        markers = list(_MARKER.finditer(line))
+        if not markers:
+            continue
+        before = line[: markers[0].start()]
+        if _LINE_LEAD.sub("", before).strip() and not before.rstrip().endswith("-"):
+            continue  # the marker sits inside prose ("the EXPERIENCE ITEM: format"), not an item
+        for i, marker in enumerate(markers):
+            end = markers[i + 1].start() if i + 1 < len(markers) else len(line)
+            body = line[marker.end() : end].strip()
+            body = re.sub(r"\s*[-*•]\s*$", "", body)  # the bullet of a following item on the same line
+            tidy = _tidy(body)
+            if tidy:
+                items.append(tidy)
+    return _dedupe(items)
+
+
+def parse_free_text(text: str) -> list[str]:
+    """Items of a free-text answer: marker lines if any, else the bullets (or paragraphs) after the
+    last "New experience:" / "Additional experience" heading (or of the whole answer)."""
+    marked = parse_items(text)
+    if marked:
+        return marked
+    body = strip_thinking(text)
+    heading = list(re.finditer(r"(?:new|additional)\s+experience[^\n:]*:?", body, re.IGNORECASE))
+    if heading:
+        body = body[heading[-1].end() :]
+    bullets = [m.group(1) for m in map(_BULLET.match, body.splitlines()) if m]
+    chunks = bullets or [p for p in re.split(r"\n\s*\n", body) if p.strip()]
+    return _dedupe([t for t in (_tidy(_LINE_LEAD.sub("", c)) for c in chunks) if t])
+
+
+@dataclass(frozen=True)
+class Operation:
+    """What an item asks for: "add" `text`, "update" lesson `target` to `text`, or "delete" `target`."""
+
+    op: Literal["add", "update", "delete"]
+    text: str
+    target: int | None = None
+
+
+def parse_operation(item: str) -> Operation:
+    """Read an item as an addition, or an explicit "UPDATE #id: text" / "DELETE #id" correction."""
+    match = _OPERATION.match(item.strip())
+    if not match:
+        return Operation("add", item)
+    verb = match.group("op").lower()
+    target = int(match.group("id"))
+    rest = match.group("text").strip()
+    if verb in ("delete", "remove"):
+        return Operation("delete", rest, target)
+    if not rest:
+        return Operation("add", item)  # "UPDATE #3" without a new text is not a usable correction
+    return Operation("update", rest, target)
+
+
+# -- the extractor -----------------------------------------------------------------------------
+
+
+@dataclass
+class ExtractionOutcome:
+    """The result of extracting from one episode (empty `items` when nothing parseable was written)."""
+
+    episode_id: int
+    env_id: str
+    pool: int
+    style: str
+    extractor: str
+    prompt: str
+    raw: str
+    items: list[str]
+    rejected: list[Rejection] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.items
+
+
+@dataclass(frozen=True)
+class ExtractionRequest:
+    """One extraction to run: an episode (with steps), the lessons shown with it, and the pool."""
+
+    episode: EpisodeInfo
+    current: Sequence[LessonInfo | str]
+    pool: int = 0
+
+
+class LessonExtractor:
+    """Extracts experience items from trajectories with any batched chat completion (see module doc)."""
+
+    def __init__(
+        self,
+        complete: Complete,
+        *,
+        style: Style = "structured",
+        max_items: int = 2,
+        max_item_chars: int = 300,
+        max_step_chars: int = 600,
+        max_trajectory_chars: int = 6000,
+        name: str = "policy",
+    ) -> None:
+        if style not in STYLES:
+            raise ValueError(f"unknown extraction style {style!r}; known: {', '.join(STYLES)}")
+        assert max_items >= 1, f"max_items must be at least 1, got {max_items}"
+        self.complete = complete
+        self.style: Style = style
+        self.max_items = max_items
+        self.max_item_chars = max_item_chars
+        self.max_step_chars = max_step_chars
+        self.max_trajectory_chars = max_trajectory_chars
+        self.name = name
+
+    @classmethod
+    def from_settings(cls, complete: Complete, settings: Any, *, name: str | None = None) -> LessonExtractor:
+        """An extractor configured by a `LessonsSettings`."""
+        return cls(
+            complete,
+            style=settings.style,
+            max_items=settings.max_items,
+            max_item_chars=settings.max_item_chars,
+            max_step_chars=settings.max_step_chars,
+            max_trajectory_chars=settings.max_trajectory_chars,
+            name=name or settings.extractor,
+        )
+
+    def prompt(self, episode: EpisodeInfo, current: Sequence[LessonInfo | str] = ()) -> Chat:
+        return build_prompt(
+            episode,
+            current,
+            style=self.style,
+            max_items=self.max_items,
+            max_item_chars=self.max_item_chars,
+            max_step_chars=self.max_step_chars,
+            max_trajectory_chars=self.max_trajectory_chars,
+        )
+
+    def parse(self, raw: str) -> tuple[list[str], list[Rejection]]:
+        """Items of one answer after parsing and screening, at most `max_items`, plus rejections."""
+        found = parse_items(raw) if self.style == "structured" else parse_free_text(raw)
+        accepted, rejected = screen_items(found, self.max_item_chars)
+        for extra in accepted[self.max_items :]:
+            rejected.append(Rejection(redact_secrets(extra)[:200], f"over max_items={self.max_items}"))
+        return accepted[: self.max_items], rejected
+
+    def extract(
+        self,
+        episodes: Sequence[EpisodeInfo],
+        current_lessons: Sequence[LessonInfo | str] = (),
+        *,
+        pool: int = 0,
+    ) -> list[ExtractionOutcome]:
+        """One outcome per episode, all extracted in one batch against the same current lessons."""
+        return self.run([ExtractionRequest(e, current_lessons, pool) for e in episodes])
+
+    def run(self, requests: Sequence[ExtractionRequest]) -> list[ExtractionOutcome]:
+        """One batched completion call for all requests; one outcome per request, in order."""
+        if not requests:
+            return []
+        for request in requests:
+            if request.episode.num_steps and not request.episode.steps:
+                raise ValueError(
+                    f"episode {request.episode.id} was read without its steps; read it with "
+                    "ExperienceStore.episode(id) (lists leave steps empty)"
+                )
+        chats = [self.prompt(r.episode, r.current) for r in requests]
+        answers = self.complete(chats)
+        if len(answers) != len(chats):
+            raise ValueError(
+                f"the completion function returned {len(answers)} answers for {len(chats)} chats"
+            )
+        outcomes = []
+        for request, chat, raw in zip(requests, chats, answers):
+            items, rejected = self.parse(raw or "")
+            outcomes.append(
+                ExtractionOutcome(
+                    episode_id=request.episode.id,
+                    env_id=request.episode.env_id,
+                    pool=request.pool,
+                    style=self.style,
+                    extractor=self.name,
+                    prompt=chat[-1]["content"],
+                    raw=raw or "",
+                    items=items,
+                    rejected=rejected,
+                )
+            )
+        return outcomes
+
+
+# -- recording ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One recorded item, ready for curation: an addition/update (with its lesson row) or a deletion."""
+
+    op: Literal["add", "update", "delete"]
+    text: str
+    pool: int
+    extraction_id: int
+    source_episode_ids: tuple[int, ...]
+    lesson_id: int | None = None
+    target: int | None = None
+
+
+@dataclass(frozen=True)
+class RecordedExtraction:
+    extraction_id: int
+    proposals: list[Proposal]
+
+
+def record_extraction(
+    store: ExperienceStore,
+    outcome: ExtractionOutcome,
+    *,
+    run_id: int | None,
+    count_tokens: Callable[[str], int] | None = None,
+) -> RecordedExtraction:
+    """Store the extraction and its proposed lessons (status "proposed") in one transaction.
+
+    Each lesson carries its provenance: the source episode, this extraction, the pool, the env; an
+    UPDATE also names its target in the lesson metadata. DELETEs and rejections are kept in the
+    extraction's metadata. An empty outcome is recorded too (with `metadata["empty"] = True`).
+    """
+    operations = [parse_operation(item) for item in outcome.items]
+    lessons: list[dict[str, Any]] = []
+    for operation in operations:
+        if operation.op == "delete":
+            continue
+        spec: dict[str, Any] = {"text": operation.text}
+        if operation.op == "update":
+            spec["metadata"] = {"op": "update", "target": operation.target}
+        if count_tokens is not None:
+            spec["token_count"] = count_tokens(operation.text)
+        lessons.append(spec)
+    metadata = {
+        "style": outcome.style,
+        "empty": outcome.empty,
+        "items": list(outcome.items),
+        "rejected": [{"text": r.text, "reason": r.reason} for r in outcome.rejected],
+        "deletes": [o.target for o in operations if o.op == "delete"],
+    }
+    extraction_id, lesson_ids = store.record_extraction(
+        outcome.extractor,
+        lessons,
+        run_id=run_id,
+        episode_ids=[outcome.episode_id],
+        prompt=redact_secrets(outcome.prompt),
+        response=redact_secrets(outcome.raw),
+        env_id=outcome.env_id,
+        pool=outcome.pool,
+        metadata=metadata,
+    )
+    ids = iter(lesson_ids)
+    sources = (outcome.episode_id,)
+    proposals = [
+        Proposal(
+            op=o.op,
+            text=o.text,
+            pool=outcome.pool,
+            extraction_id=extraction_id,
+            source_episode_ids=sources,
+            lesson_id=None if o.op == "delete" else next(ids),
+            target=o.target,
+        )
+        for o in operations
+    ]
+    return RecordedExtraction(extraction_id, proposals)

@@ -1,0 +1,211 @@
+"""Lesson-set versions: which set is live, candidates, promotion, rollback (restore), and diffs.
+
+What (all functions take the store and the run id; none needs a model or a tokenizer, so the CLI's
+`lessons list|show|diff|rollback` can call them directly):
+- `live_version(store, run_id) -> LessonSetInfo | None`: the set in context now.
+- `pending_candidate(store, run_id)`: a candidate newer than the live set, awaiting the gate.
+- `create_version(store, run_id, lesson_ids, candidate=, note=, token_count=)`: a new version.
+- `promote_candidate(store, run_id, version, note=)`, `reject_candidate(store, run_id, version, note=)`.
+- `restore_version(store, run_id, version, note=)`: make an old version's exact lessons live again
+  (`agent-runtime lessons rollback VERSION`).
+- `diff_versions(store, run_id, v1, v2) -> LessonSetDiff` (added, removed, kept, and which added
+  lessons merged or updated which removed ones), with `to_dict()` for `--json`.
+- `sync_statuses(store, run_id)`: lesson statuses follow the versions (idempotent; safe on resume).
+
+Why this design:
+- Lesson rows are immutable: a merge or a correction writes a new row that names its predecessors in
+  its metadata (`merged_from`, `target`/`replaces`). So a version, which lists lesson ids, is an exact
+  snapshot forever, and restoring version 3 brings back exactly the texts that were live in version 3.
+- Every version is a new row and nothing is edited in place, so history is complete: a candidate that
+  the gate blocked stays visible, followed by a live version that keeps the previous set.
+- A version's kind is the prefix of its note: "candidate: ..." or "live: ..." (a version without a
+  prefix, written by another tool, counts as live). The live set is the newest live version. Writing
+  the version row is the single commit point; statuses are derived from the versions afterwards
+  (`sync_statuses`), so a crash between the two is repaired by calling it again.
+- Statuses: members of the live set are "active"; members of a pending candidate stay "proposed";
+  everything else is "retired". "consolidated" belongs to the OPCD phase and is never changed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from distill.lessons.errors import UnknownVersionError
+
+if TYPE_CHECKING:
+    from memory import ExperienceStore, LessonInfo, LessonSetInfo
+
+CANDIDATE = "candidate:"
+LIVE = "live:"
+
+
+def is_candidate(info: LessonSetInfo) -> bool:
+    return info.note.startswith(CANDIDATE)
+
+
+def live_version(store: ExperienceStore, run_id: int | None) -> LessonSetInfo | None:
+    """The newest non-candidate version of the run (the lessons in context now), or None."""
+    for info in reversed(store.lesson_sets(run_id)):
+        if not is_candidate(info):
+            return info
+    return None
+
+
+def pending_candidate(store: ExperienceStore, run_id: int | None) -> LessonSetInfo | None:
+    """The newest candidate if it is newer than the live version (awaiting its gate), else None."""
+    sets = store.lesson_sets(run_id)
+    if sets and is_candidate(sets[-1]):
+        return sets[-1]
+    return None
+
+
+def get_version(store: ExperienceStore, run_id: int | None, version: int) -> LessonSetInfo:
+    """Version `version` of the run, or a typed error that lists the versions there are."""
+    info = store.lesson_set(run_id, version)
+    if info is None:
+        known = [s.version for s in store.lesson_sets(run_id)]
+        shown = ", ".join(map(str, known)) if known else "none yet"
+        raise UnknownVersionError(f"no lesson-set version {version} in run {run_id}; known: {shown}")
+    return info
+
+
+def create_version(
+    store: ExperienceStore,
+    run_id: int | None,
+    lesson_ids: Sequence[int],
+    *,
+    candidate: bool = False,
+    note: str = "",
+    token_count: int = 0,
+) -> LessonSetInfo:
+    """Write a new version (live or candidate); a live one also brings the statuses in line."""
+    prefix = CANDIDATE if candidate else LIVE
+    info = store.create_lesson_set(
+        run_id, list(lesson_ids), token_count=token_count, note=f"{prefix} {note}".strip()
+    )
+    sync_statuses(store, run_id)
+    return info
+
+
+def promote_candidate(
+    store: ExperienceStore, run_id: int | None, version: int, *, note: str = ""
+) -> LessonSetInfo:
+    """Make candidate `version` live (as a new live version with the same lessons)."""
+    info = get_version(store, run_id, version)
+    text = f"promoted candidate v{version}" + (f"; {note}" if note else "")
+    return create_version(store, run_id, info.lesson_ids, note=text, token_count=info.token_count)
+
+
+def reject_candidate(
+    store: ExperienceStore, run_id: int | None, version: int, *, note: str = ""
+) -> LessonSetInfo | None:
+    """Block candidate `version`: a new live version keeps the current live lessons (None if the run
+    never had a live set: then the candidate's lessons are simply retired)."""
+    get_version(store, run_id, version)
+    live = live_version(store, run_id)
+    text = f"blocked candidate v{version}" + (f"; {note}" if note else "")
+    if live is None:
+        store.create_lesson_set(run_id, [], note=f"{LIVE} {text}")
+        sync_statuses(store, run_id)
+        return None
+    return create_version(
+        store, run_id, live.lesson_ids, note=f"kept v{live.version}; {text}", token_count=live.token_count
+    )
+
+
+def restore_version(
+    store: ExperienceStore, run_id: int | None, version: int, *, note: str = ""
+) -> LessonSetInfo:
+    """Make the exact lessons of `version` live again, as a new live version (history is kept)."""
+    info = get_version(store, run_id, version)
+    text = f"restored v{version}" + (f"; {note}" if note else "")
+    return create_version(store, run_id, info.lesson_ids, note=text, token_count=info.token_count)
+
+
+def sync_statuses(store: ExperienceStore, run_id: int | None) -> None:
+    """Statuses follow the versions: live members active, pending-candidate members proposed, other
+    proposed/active lessons retired. Consolidated lessons are left alone. Idempotent."""
+    live = live_version(store, run_id)
+    live_ids = set(live.lesson_ids) if live else set()
+    pending = pending_candidate(store, run_id)
+    pending_ids = set(pending.lesson_ids) if pending else set()
+    lessons = store.lessons(run_id, status=["proposed", "active", "retired"])
+    to_active = [x.id for x in lessons if x.id in live_ids and x.status != "active"]
+    to_proposed = [
+        x.id for x in lessons if x.id in pending_ids - live_ids and x.status != "proposed"
+    ]
+    to_retired = [
+        x.id for x in lessons if x.id not in live_ids | pending_ids and x.status != "retired"
+    ]
+    for ids, status in ((to_active, "active"), (to_proposed, "proposed"), (to_retired, "retired")):
+        if ids:
+            store.set_lesson_status(ids, status)
+
+
+@dataclass
+class LessonSetDiff:
+    """What changed from version `old` to version `new`."""
+
+    old: int
+    new: int
+    added: list[LessonInfo] = field(default_factory=list)
+    removed: list[LessonInfo] = field(default_factory=list)
+    kept: list[LessonInfo] = field(default_factory=list)
+    merged: list[tuple[int, int]] = field(default_factory=list)  # (removed id, added id)
+    updated: list[tuple[int, int]] = field(default_factory=list)  # (removed id, added id)
+
+    def to_dict(self) -> dict[str, Any]:
+        def brief(x: LessonInfo) -> dict[str, Any]:
+            return {
+                "id": x.id,
+                "pool": x.pool,
+                "text": x.text,
+                "source_episode_ids": x.source_episode_ids,
+                "extraction_id": x.extraction_id,
+            }
+
+        return {
+            "old": self.old,
+            "new": self.new,
+            "added": [brief(x) for x in self.added],
+            "removed": [brief(x) for x in self.removed],
+            "kept": [x.id for x in self.kept],
+            "merged": [list(p) for p in self.merged],
+            "updated": [list(p) for p in self.updated],
+        }
+
+
+def predecessors(lesson: LessonInfo) -> tuple[list[int], list[int]]:
+    """(ids this lesson merged, ids it updated/replaced), from its metadata."""
+    merged = [int(i) for i in lesson.metadata.get("merged_from", [])]
+    updated = [
+        int(i)
+        for i in (lesson.metadata.get("target"), lesson.metadata.get("replaces"))
+        if i is not None
+    ]
+    return merged, updated
+
+
+def diff_versions(store: ExperienceStore, run_id: int | None, old: int, new: int) -> LessonSetDiff:
+    """Lessons added, removed and kept between two versions, and the merge/update links between them."""
+    a = get_version(store, run_id, old)
+    b = get_version(store, run_id, new)
+    wanted = set(a.lesson_ids) | set(b.lesson_ids)
+    rows = {x.id: x for x in store.lessons(run_id, ids=wanted)} if wanted else {}
+    added_ids = [i for i in b.lesson_ids if i not in set(a.lesson_ids)]
+    removed_ids = [i for i in a.lesson_ids if i not in set(b.lesson_ids)]
+    diff = LessonSetDiff(
+        old,
+        new,
+        added=[rows[i] for i in added_ids],
+        removed=[rows[i] for i in removed_ids],
+        kept=[rows[i] for i in b.lesson_ids if i in set(a.lesson_ids)],
+    )
+    removed = set(removed_ids)
+    for lesson in diff.added:
+        merged, updated = predecessors(lesson)
+        diff.merged += [(i, lesson.id) for i in merged if i in removed]
+        diff.updated += [(i, lesson.id) for i in updated if i in removed]
+    return diff
