@@ -1,0 +1,210 @@
+"""A small synthetic experience store that exercises every page of the dashboard.
+
+What: `seed_demo_store(target)` writes one run over two environments through the `ExperienceStore`
+API: about a hundred episodes whose success rises as lessons arrive, lesson extractions, five
+lesson-set versions across two pools, two OPCD cycles (one promoted, one rolled back) with loss and
+KL curves, evaluations under the four conditions, an adapter lineage, and hashed embeddings so search
+works. `episode_record(...)` builds one episode, for tests and for the live-writer in the browser
+test; `running_server(app)` serves an app on a free localhost port in a thread (the browser test
+and the screenshot script).
+
+Why it ships in the package: the screenshot script (`bench/screenshots.py`), the dashboard tests and
+anyone trying the dashboard without a real run need the same believable data; nothing calls it at
+runtime. The data is deterministic (a seeded RNG) except for timestamps, which are real so that OPCD
+cycles fall between the episodes they followed, as in a real run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from memory import EpisodeRecord, ExperienceStore, StepRecord
+from memory.embeddings import HashEmbedder
+
+ENVS = ("textarena/frozenlake", "textworld/coin_collector")
+DEMO_EMBEDDER = HashEmbedder(dim=64)
+LESSON_TEXTS = (
+    "Before stepping, check whether the next tile is a hole; holes are only visible one step ahead.",
+    "When an exit is blocked, go back to the last room with an unexplored door instead of repeating the move.",
+    "Prefer the admissible action that names an object from the goal over movement commands.",
+    "If the frozen lake map shows the goal in the bottom-right, move down before moving right.",
+    "Read the room description for the coin before leaving the room; 'take coin' ends the game.",
+    "Invalid actions waste a turn: copy one of the admissible actions verbatim.",
+    "Keep a mental map of visited rooms and never revisit one that had no exits left.",
+    "When two moves look equally good, choose the one that keeps you away from the lake's edge.",
+)
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _observation(env_id: str, task: str, index: int, rng: random.Random) -> str:
+    if env_id.startswith("textarena"):
+        grid = ["".join(rng.choice("FFFH") for _ in range(3)) for _ in range(3)]
+        return f"Turn {index + 1}. You are on the frozen lake ({task}).\n" + "\n".join(grid)
+    rooms = ("kitchen", "pantry", "cellar", "attic", "garden")
+    room = rooms[(index + len(task)) % len(rooms)]
+    return f"-= {room.title()} =-\nYou are in the {room}. Exits lead north and east. ({task})"
+
+
+def episode_record(
+    env_id: str,
+    task_id: str,
+    *,
+    won: bool,
+    n_steps: int = 4,
+    ended_at: dt.datetime | None = None,
+    seed: int = 0,
+    adapter_id: int | None = None,
+    lesson_set_version: int | None = None,
+    lessons_in_context: Sequence[int] = (),
+    observation: str | None = None,
+) -> EpisodeRecord:
+    """A plausible finished episode; `observation` replaces the first step's observation if given."""
+    rng = random.Random(seed)
+    ended_at = ended_at or now()
+    actions = ["go north", "go east", "take coin", "move down", "move right"]
+    steps = []
+    for i in range(n_steps):
+        last = i == n_steps - 1
+        action = rng.choice(actions) if not last or not won else "take coin"
+        steps.append(
+            StepRecord(
+                index=i,
+                observation=observation if (observation is not None and i == 0)
+                else _observation(env_id, task_id, i, rng),
+                prompt=f"<|system|>You play {env_id}.\n<|user|>turn {i + 1}: what do you do?",
+                response=f"I think the best move is to {action}.\nACTION: {action}",
+                action=action if rng.random() > 0.1 else None,
+                valid_action=True,
+                reward=1.0 if (last and won) else 0.0,
+                admissible_actions=actions,
+                prompt_tokens=180 + 40 * i,
+                completion_tokens=24,
+                latency_s=0.4,
+                info={"turn": i + 1},
+            )
+        )
+    steps[-1].valid_action = steps[-1].action is not None
+    return EpisodeRecord(
+        env_id=env_id,
+        task_id=task_id,
+        seed=seed,
+        policy="smollm2-135m-instruct",
+        adapter_id=adapter_id,
+        lesson_set_version=lesson_set_version,
+        outcome="won" if won else ("truncated" if seed % 5 == 0 else "lost"),
+        won=won,
+        total_return=sum(s.reward for s in steps),
+        prompt_tokens=sum(s.prompt_tokens for s in steps),
+        completion_tokens=sum(s.completion_tokens for s in steps),
+        started_at=ended_at - dt.timedelta(seconds=1 + n_steps),
+        ended_at=ended_at,
+        goal="collect the coin" if env_id.startswith("textworld") else "reach the goal without falling",
+        lessons_in_context=list(lessons_in_context),
+        metadata={"draw": seed},
+        steps=steps,
+    )
+
+
+def _curve(rng: random.Random, start: float, end: float, n: int = 60) -> list[float]:
+    return [start + (end - start) * (i / (n - 1)) ** 0.5 + rng.gauss(0, 0.02 * start) for i in range(n)]
+
+
+def seed_demo_store(target: str | os.PathLike[str], *, episodes: int = 120) -> dict[str, int]:
+    """Fill a new store at `target` with the demo run; returns the ids tests refer to."""
+    rng = random.Random(7)
+    with ExperienceStore.open(target, embedder=DEMO_EMBEDDER) as store:
+        run_id = store.create_run("demo", {"name": "demo", "envs": list(ENVS), "lessons": {"enabled": True}})
+        context: list[int] = []
+        version: int | None = None
+        adapter_id: int | None = None
+        ids: dict[str, int] = {"run": run_id}
+        lesson_iter = iter(LESSON_TEXTS)
+        for n in range(episodes):
+            env_id = ENVS[n % 2]
+            p_win = 0.25 + 0.35 * min(1.0, len(context) / 6) + (0.15 if adapter_id else 0.0)
+            lessons_now = context if n % 3 else []  # every third episode plays without lessons
+            record = episode_record(
+                env_id, f"{env_id.split('/')[1]}-{n % 9}", won=rng.random() < p_win,
+                n_steps=rng.randint(2, 6), seed=n, adapter_id=adapter_id,
+                lesson_set_version=version if lessons_now else None, lessons_in_context=lessons_now,
+            )
+            episode_id = store.add_episode(run_id, record, run_state={"episodes": n + 1})
+            ids.setdefault("first_episode", episode_id)
+            if n % 20 == 19:  # EXTRACT every 20 episodes
+                texts = [t for t in (next(lesson_iter, None), next(lesson_iter, None)) if t]
+                if texts:
+                    _, new = store.record_extraction(
+                        "smollm2-135m-instruct", texts, run_id=run_id, episode_ids=[episode_id - 1, episode_id],
+                        prompt="Read this trajectory and write 1-2 general lessons.",
+                        response="\n".join(f"- EXPERIENCE ITEM: {t}" for t in texts), env_id=env_id,
+                        pool=(n // 20) % 2,
+                    )
+                    store.set_lesson_status(new, "active")
+                    context += new
+                    version = store.create_lesson_set(run_id, context, token_count=25 * len(context),
+                                                      note=f"after episode {episode_id}").version
+            if n in (59, 99):  # CONSOLIDATE
+                cycle = store.start_cycle(run_id, {"lr": 2e-6, "tau": 0.7, "top_k": 256, "steps": 60},
+                                          lesson_set_version=version, base_adapter_id=adapter_id)
+                ids.setdefault("cycle", cycle)
+                new_adapter = store.add_adapter(f"adapter-{cycle}", f"runs/demo/adapters/{cycle}", run_id=run_id,
+                                                parent_id=adapter_id, base_model="smollm2-135m-instruct")
+                promoted = n == 59
+                store.update_cycle(
+                    cycle, adapter_id=new_adapter, status="succeeded", ended=True,
+                    curves={"loss": _curve(rng, 1.2, 0.35), "kl": _curve(rng, 0.8, 0.12 if promoted else 0.5)},
+                    metrics={"final_loss": 0.35, "reasons": ["student without lessons reached 92% of the teacher with lessons"]
+                             if promoted else ["out-of-distribution success fell 9 points (limit 5)"]},
+                )
+                for condition, rate, split in (("student without lessons", 0.55 if promoted else 0.5, "eval"),
+                                               ("student with lessons", 0.62, "eval"),
+                                               ("teacher with lessons", 0.6, "eval"),
+                                               ("out-of-distribution", 0.4 if promoted else 0.31, "ood")):
+                    store.add_evaluation(ENVS[0], run_id=run_id, cycle_id=cycle, adapter_id=new_adapter,
+                                         lesson_set_version=version, split=split, policy=condition,
+                                         num_episodes=20, success_rate=rate, mean_return=rate,
+                                         metrics={"condition": condition})
+                if promoted:
+                    store.promote_cycle(cycle, context[:2])
+                    adapter_id = new_adapter
+                    store.set_lesson_status(context[:1], "retired")  # the student no longer needs it
+                    context = context[1:]
+                    version = store.create_lesson_set(run_id, context, token_count=25 * len(context),
+                                                      note=f"retired a lesson consolidated by cycle {cycle}").version
+                else:
+                    store.rollback_cycle(cycle)
+        store.update_run(run_id, phase="PLAY", status="running")
+        store.reindex()
+        ids["last_episode"] = episode_id
+        return ids
+
+
+@contextmanager
+def running_server(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve `app` with uvicorn in a background thread on a free port; yields its base URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name="dashboard-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the dashboard server did not start within 20 s")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

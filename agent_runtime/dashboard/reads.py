@@ -1,0 +1,382 @@
+"""The dashboard's reads that `ExperienceStore` does not offer, as read-only SQL over `memory.models`.
+
+What: paged and filtered episode lists (task, adapter, lesson-set version), per-run counts, the
+success-rate series behind the overview charts, a lesson's provenance in both directions (the lessons
+an episode produced, the lesson-set versions that held a lesson), lesson-set diffs, adapter lineage,
+OPCD curves normalised for plotting, and which embedder made the stored vectors.
+
+Why here and not in `memory`: these are views for one screen, not part of the memory's contract; they
+use only the store's engine, which the dashboard opens read-only at the driver, so nothing here can
+write. Everything returns plain values or `memory.records` dataclasses.
+
+Chart data has one shape everywhere (`Chart`): a shared x axis, named series aligned to it (None where
+a series has no value yet), optional vertical marks (cycle boundaries). `static/dashboard.js` draws it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Integer, Select, func, select
+from sqlalchemy.orm import Session
+
+from memory import EpisodeInfo, ExperienceStore, LessonInfo, LessonSetInfo
+from memory.models import Adapter, Cycle, Embedding, Episode, Lesson, LessonSet, LessonSetMember
+from memory.records import AdapterInfo, CycleInfo, to_info
+
+MAX_POINTS = 400
+
+
+@contextmanager
+def _session(store: ExperienceStore) -> Iterator[Session]:
+    with Session(store.engine) as session, session.begin():
+        yield session
+
+
+@dataclass
+class EpisodeFilter:
+    """The episode table's filters; None means "any"."""
+
+    run_id: int | None = None
+    env_id: str | None = None
+    task: str | None = None
+    outcome: str | None = None
+    adapter_id: int | None = None
+    lesson_set_version: int | None = None
+
+    def apply(self, query: Select[Any]) -> Select[Any]:
+        if self.run_id is not None:
+            query = query.where(Episode.run_id == self.run_id)
+        if self.env_id:
+            query = query.where(Episode.env_id == self.env_id)
+        if self.task:
+            query = query.where(Episode.task_id.contains(self.task, autoescape=True))
+        if self.outcome:
+            query = query.where(Episode.outcome == self.outcome)
+        if self.adapter_id is not None:
+            query = query.where(Episode.adapter_id == self.adapter_id)
+        if self.lesson_set_version is not None:
+            query = query.where(Episode.lesson_set_version == self.lesson_set_version)
+        return query
+
+
+def episode_page(
+    store: ExperienceStore, where: EpisodeFilter, *, page: int, per_page: int
+) -> tuple[list[EpisodeInfo], int]:
+    """One page (1-based) of matching episodes, newest first, and the number of matches."""
+    with _session(store) as session:
+        total = int(session.scalar(where.apply(select(func.count(Episode.id)))) or 0)
+        rows = session.scalars(
+            where.apply(select(Episode))
+            .order_by(Episode.id.desc())
+            .limit(per_page)
+            .offset((page - 1) * per_page)
+        )
+        return [to_info(EpisodeInfo, r) for r in rows], total
+
+
+def env_ids(store: ExperienceStore, run_id: int | None = None) -> list[str]:
+    """The environments that have episodes (in the run, if given), sorted."""
+    query = select(Episode.env_id).distinct().order_by(Episode.env_id)
+    if run_id is not None:
+        query = query.where(Episode.run_id == run_id)
+    with _session(store) as session:
+        return list(session.scalars(query))
+
+
+def run_counts(store: ExperienceStore) -> dict[int, tuple[int, int]]:
+    """Per run id: (episodes, episodes won)."""
+    query = select(Episode.run_id, func.count(Episode.id), func.sum(Episode.won.cast(Integer)))
+    with _session(store) as session:
+        return {rid: (int(n), int(w or 0)) for rid, n, w in session.execute(query.group_by(Episode.run_id))}
+
+
+def lessons_from_episode(store: ExperienceStore, episode: EpisodeInfo) -> list[LessonInfo]:
+    """The lessons whose provenance names this episode (searched within the episode's run)."""
+    with _session(store) as session:
+        candidates = session.execute(
+            select(Lesson.id, Lesson.source_episode_ids).where(
+                (Lesson.run_id == episode.run_id) | Lesson.run_id.is_(None)
+            )
+        ).all()
+        ids = [lid for lid, sources in candidates if episode.id in (sources or [])]
+        if not ids:
+            return []
+        rows = session.scalars(select(Lesson).where(Lesson.id.in_(ids)).order_by(Lesson.id))
+        return [to_info(LessonInfo, r) for r in rows]
+
+
+def versions_holding(store: ExperienceStore, lesson_id: int) -> list[int]:
+    """The lesson-set version numbers that contain the lesson, ascending."""
+    with _session(store) as session:
+        return list(
+            session.scalars(
+                select(LessonSet.version)
+                .join(LessonSetMember, LessonSetMember.lesson_set_id == LessonSet.id)
+                .where(LessonSetMember.lesson_id == lesson_id)
+                .order_by(LessonSet.version)
+            )
+        )
+
+
+@dataclass
+class VersionDiff:
+    """A lesson-set version and what changed against the version before it."""
+
+    version: LessonSetInfo
+    added: list[int]
+    removed: list[int]
+
+
+def version_diffs(store: ExperienceStore, run_id: int | None) -> list[VersionDiff]:
+    """Every lesson-set version of the run, newest first, each with its diff to the previous one."""
+    diffs = []
+    previous: set[int] = set()
+    for version in store.lesson_sets(run_id):
+        current = set(version.lesson_ids)
+        diffs.append(
+            VersionDiff(
+                version,
+                added=[i for i in version.lesson_ids if i not in previous],
+                removed=sorted(previous - current),
+            )
+        )
+        previous = current
+    return diffs[::-1]
+
+
+def adapter_lineage(store: ExperienceStore, adapter_id: int) -> list[AdapterInfo]:
+    """The adapter and its ancestors, newest first (stops at a missing parent or a cycle in the chain)."""
+    chain: list[AdapterInfo] = []
+    seen: set[int] = set()
+    current: int | None = adapter_id
+    with _session(store) as session:
+        while current is not None and current not in seen:
+            row = session.get(Adapter, current)
+            if row is None:
+                break
+            seen.add(current)
+            chain.append(to_info(AdapterInfo, row))
+            current = row.parent_id
+    return chain
+
+
+def success_without_lessons(store: ExperienceStore, run_id: int) -> float | None:
+    """The run's success rate over episodes played with no lessons in context (the lessons' baseline)."""
+    with _session(store) as session:
+        rows = session.execute(
+            select(Episode.won, Episode.lessons_in_context).where(Episode.run_id == run_id)
+        ).all()
+    plain = [won for won, in_context in rows if not in_context]
+    return sum(plain) / len(plain) if plain else None
+
+
+def lessons_consolidated_by(store: ExperienceStore, cycle_id: int) -> list[int]:
+    with _session(store) as session:
+        return list(
+            session.scalars(
+                select(Lesson.id).where(Lesson.consolidated_cycle_id == cycle_id).order_by(Lesson.id)
+            )
+        )
+
+
+@dataclass
+class Decision:
+    """What became of a cycle's adapter, and why (from its status, metrics and error)."""
+
+    outcome: str
+    reasons: list[str]
+
+
+DECISIONS = {
+    "promoted": "promoted: the adapter became the active one",
+    "rolled_back": "rolled back: the adapter was rejected",
+    "running": "pending: the cycle is still running",
+    "succeeded": "pending: trained, not yet promoted or rolled back",
+    "failed": "failed: the cycle did not finish",
+}
+
+
+def decision(cycle: CycleInfo) -> Decision:
+    """The promotion decision as the loop recorded it: `metrics["decision"]` (a sentence) and
+    `metrics["reasons"]` (a list of sentences or one), else derived from the status; plus the error."""
+    metrics = cycle.metrics or {}
+    outcome = str(metrics.get("decision") or DECISIONS.get(cycle.status, cycle.status))
+    raw = metrics.get("reasons") or []
+    reasons = [str(r) for r in raw] if isinstance(raw, list) else [str(raw)]
+    if cycle.error:
+        reasons.append(f"error: {cycle.error}")
+    return Decision(outcome, reasons)
+
+
+# -- charts ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Chart:
+    """One plot: x values, aligned named series, vertical marks. Serialised with `as_json`."""
+
+    title: str
+    x_label: str
+    y_label: str
+    x: list[float] = field(default_factory=list)
+    series: dict[str, list[float | None]] = field(default_factory=dict)
+    marks: list[dict[str, Any]] = field(default_factory=list)
+    y_range: tuple[float, float] | None = None
+    note: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            "x_label": self.x_label,
+            "y_label": self.y_label,
+            "x": self.x,
+            "series": [{"label": k, "values": v} for k, v in self.series.items()],
+            "marks": self.marks,
+            "y_range": list(self.y_range) if self.y_range else None,
+            "note": self.note,
+        }
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def success_charts(store: ExperienceStore, run_id: int, *, window: int = 20) -> list[Chart]:
+    """The overview's two charts for a run: rolling success rate per environment, and with lessons
+    in context against without; both with the run's OPCD cycle boundaries marked.
+
+    x is the episode's ordinal in the run; each series is the success rate over its last `window`
+    episodes, carried forward between its own episodes; at most MAX_POINTS points are kept.
+    """
+    with _session(store) as session:
+        rows = session.execute(
+            select(Episode.env_id, Episode.won, Episode.lessons_in_context, Episode.ended_at)
+            .where(Episode.run_id == run_id)
+            .order_by(Episode.id)
+        ).all()
+        cycles = session.execute(
+            select(Cycle.id, Cycle.status, Cycle.started_at, Cycle.ended_at)
+            .where(Cycle.run_id == run_id)
+            .order_by(Cycle.id)
+        ).all()
+    n = len(rows)
+    stride = max(1, math.ceil(n / MAX_POINTS))
+    keep = [i for i in range(n) if i % stride == stride - 1 or i == n - 1]
+    per_env = Chart(f"success rate per environment (last {window} episodes)", "episode", "success",
+                    y_range=(0.0, 1.0))
+    lessons = Chart(f"with lessons in context vs without (last {window} episodes)", "episode", "success",
+                    y_range=(0.0, 1.0))
+    groups: dict[str, dict[str, deque[bool]]] = {"env": {}, "lessons": {}}
+    current: dict[str, dict[str, float]] = {"env": {}, "lessons": {}}
+    kept = iter(keep)
+    next_keep = next(kept, None)
+    for i, (env_id, won, in_context, _) in enumerate(rows):
+        for kind, key in (("env", env_id), ("lessons", "with lessons" if in_context else "without lessons")):
+            recent = groups[kind].setdefault(key, deque(maxlen=window))
+            recent.append(bool(won))
+            current[kind][key] = sum(recent) / len(recent)
+        if i == next_keep:
+            for chart, kind in ((per_env, "env"), (lessons, "lessons")):
+                chart.x.append(i + 1)
+                for key, rate in current[kind].items():
+                    chart.series.setdefault(key, [None] * (len(chart.x) - 1)).append(rate)
+                for values in chart.series.values():
+                    if len(values) < len(chart.x):
+                        values.append(None)
+            next_keep = next(kept, None)
+    marks = []
+    for cycle_id, status, started, ended in cycles:
+        at = ended or started
+        position = sum(1 for r in rows if r.ended_at <= at)
+        marks.append({"x": position, "label": f"cycle {cycle_id} {status}", "status": status})
+    for chart in (per_env, lessons):
+        chart.marks = marks
+        if not n:
+            chart.note = "no episodes yet"
+    return [per_env, lessons]
+
+
+def episode_chart(episode: EpisodeInfo) -> Chart:
+    """Per-step reward and cumulative return of one episode."""
+    chart = Chart("reward per step", "step", "reward")
+    total = 0.0
+    rewards: list[float | None] = []
+    returns: list[float | None] = []
+    for step in episode.steps:
+        reward = _finite(step.reward) or 0.0
+        total += reward
+        chart.x.append(step.index)
+        rewards.append(reward)
+        returns.append(total)
+    chart.series = {"reward": rewards, "return so far": returns}
+    if not episode.steps:
+        chart.note = "no steps"
+    return chart
+
+
+def _curve_points(values: Any) -> tuple[list[float], list[float | None]] | None:
+    """(x, y) from a list of numbers, a list of [x, y] pairs, or {"x"|"step": [...], "y"|"value": [...]}."""
+    if isinstance(values, dict):
+        xs = values.get("x", values.get("step"))
+        ys = values.get("y", values.get("value"))
+        if isinstance(xs, list) and isinstance(ys, list) and len(xs) == len(ys):
+            return [_finite(x) or 0.0 for x in xs], [_finite(y) for y in ys]
+        return None
+    if not isinstance(values, list) or not values:
+        return None
+    if all(isinstance(v, list | tuple) and len(v) == 2 for v in values):
+        return [_finite(x) or 0.0 for x, _ in values], [_finite(y) for _, y in values]
+    if all(isinstance(v, int | float) or v is None for v in values):
+        return [float(i) for i in range(len(values))], [_finite(v) for v in values]
+    return None
+
+
+def curve_charts(curves: dict[str, Any]) -> tuple[list[Chart], list[str]]:
+    """One chart per plottable OPCD curve (loss, KL, ...), and the names of curves it could not plot."""
+    charts, skipped = [], []
+    for name in sorted(curves):
+        points = _curve_points(curves[name])
+        if points is None:
+            skipped.append(name)
+            continue
+        xs, ys = points
+        charts.append(Chart(name, "step", name, x=xs, series={name: ys}))
+    return charts, skipped
+
+
+# -- search ------------------------------------------------------------------------------------
+
+_HASH_NAME = re.compile(r"^hash-(\d+)$")
+MINILM_NAME = "all-MiniLM-L6-v2"
+
+
+def stored_embedder(store: ExperienceStore) -> str | None:
+    """The name of the embedder that made most stored vectors, or None when there are none."""
+    with _session(store) as session:
+        row = session.execute(
+            select(Embedding.model, func.count(Embedding.id))
+            .group_by(Embedding.model)
+            .order_by(func.count(Embedding.id).desc())
+            .limit(1)
+        ).first()
+    return row[0] if row else None
+
+
+def embedder_spec(name: str) -> str | None:
+    """The `memory.embeddings.make_embedder` spec that rebuilds the embedder called `name`, if known."""
+    if name == MINILM_NAME:
+        return "minilm"
+    match = _HASH_NAME.match(name)
+    return f"hash:{match.group(1)}" if match else None
+

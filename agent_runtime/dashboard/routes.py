@@ -1,0 +1,325 @@
+"""The dashboard's pages and JSON chart endpoints (all GET; every page has a shareable URL).
+
+Pages: `/` overview, `/episodes` (filterable, paged) and `/episodes/{id}`, `/lessons`,
+`/lessons/versions` and `/lessons/{id}`, `/cycles` and `/cycles/{id}`, `/search`.
+Fragments for HTMX: a page asked with the `HX-Request` header returns only its changing part
+(`/partials/overview` is the overview's live block, polled every few seconds).
+Charts: `/api/runs/{id}/success.json`, `/api/episodes/{id}/rewards.json`,
+`/api/cycles/{id}/curves.json`, each `{"charts": [...]}` in the shape of `reads.Chart`.
+
+Endpoints are plain `def`s: FastAPI runs them in its thread pool, and the store is safe for
+concurrent reads. Query parameters are parsed here (not by FastAPI) so that an empty form field
+means "any" instead of a 422.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from agent_runtime.dashboard import reads
+from memory import ExperienceStore, MemoryStoreError, RunInfo
+from memory.models import EPISODE_OUTCOMES, LESSON_STATUSES
+
+router = APIRouter()
+PER_PAGE = 50
+MAX_PER_PAGE = 500
+SEARCH_K = 10
+
+
+def _store(request: Request) -> ExperienceStore:
+    return request.app.state.store
+
+
+def _int(request: Request, name: str, default: int | None = None, *, minimum: int | None = None) -> int | None:
+    raw = request.query_params.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise HTTPException(400, f"query parameter {name!r} must be an integer, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise HTTPException(400, f"query parameter {name!r} must be at least {minimum}, got {value}")
+    return value
+
+
+def _text(request: Request, name: str) -> str | None:
+    return request.query_params.get(name, "").strip() or None
+
+
+def _wants_fragment(request: Request) -> bool:
+    """An HTMX swap asks for the changing part only; a history restore needs the whole page."""
+    return bool(request.headers.get("hx-request")) and not request.headers.get("hx-history-restore-request")
+
+
+def _render(request: Request, name: str, context: dict[str, Any]) -> HTMLResponse:
+    return request.app.state.templates.TemplateResponse(request, name, context)
+
+
+def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
+    """A full page; every page knows the runs (for the run picker) and the selected run."""
+    context.setdefault("runs", _store(request).runs())
+    context.setdefault("run_id", None)
+    return _render(request, name, context)
+
+
+def _selected_run(request: Request, runs: list[RunInfo]) -> int | None:
+    """The `run` query parameter, defaulting to the newest run."""
+    run_id = _int(request, "run")
+    if run_id is None:
+        return runs[-1].id if runs else None
+    if all(r.id != run_id for r in runs):
+        raise HTTPException(404, f"no run with id {run_id}; known: {', '.join(str(r.id) for r in runs) or 'none'}")
+    return run_id
+
+
+# -- overview ----------------------------------------------------------------------------------
+
+
+def _overview_context(request: Request) -> dict[str, Any]:
+    store = _store(request)
+    runs = store.runs()
+    run_id = _selected_run(request, runs)
+    counts = reads.run_counts(store)
+    lesson_counts = {s: store.count_lessons(run_id, status=s) for s in LESSON_STATUSES} if run_id else {}
+    return {
+        "runs": runs,
+        "run_id": run_id,
+        "run": next((r for r in runs if r.id == run_id), None),
+        "counts": counts,
+        "stats": store.stats(run_id) if run_id is not None else store.stats(),
+        "lesson_counts": lesson_counts,
+        "cycles": store.cycles(run_id) if run_id is not None else [],
+        "active_adapter": store.active_adapter(run_id) if run_id is not None else None,
+    }
+
+
+@router.get("/", response_class=HTMLResponse)
+def overview(request: Request) -> HTMLResponse:
+    return _page(request, "overview.html", **_overview_context(request))
+
+
+@router.get("/partials/overview", response_class=HTMLResponse)
+def overview_live(request: Request) -> HTMLResponse:
+    return _render(request, "_overview_live.html", _overview_context(request))
+
+
+@router.get("/api/runs/{run_id}/success.json")
+def success_json(request: Request, run_id: int) -> JSONResponse:
+    store = _store(request)
+    store.get_run(run_id)
+    window = _int(request, "window", 20, minimum=1) or 20
+    return JSONResponse({"charts": [c.as_json() for c in reads.success_charts(store, run_id, window=window)]})
+
+
+# -- episodes ----------------------------------------------------------------------------------
+
+
+@router.get("/episodes", response_class=HTMLResponse)
+def episodes(request: Request) -> HTMLResponse:
+    store = _store(request)
+    outcome = _text(request, "outcome")
+    if outcome is not None and outcome not in EPISODE_OUTCOMES:
+        raise HTTPException(400, f"unknown outcome {outcome!r}; known: {', '.join(EPISODE_OUTCOMES)}")
+    where = reads.EpisodeFilter(
+        run_id=_int(request, "run"),
+        env_id=_text(request, "env"),
+        task=_text(request, "task"),
+        outcome=outcome,
+        adapter_id=_int(request, "adapter"),
+        lesson_set_version=_int(request, "lsv"),
+    )
+    page = _int(request, "page", 1, minimum=1) or 1
+    per_page = min(_int(request, "per_page", PER_PAGE, minimum=1) or PER_PAGE, MAX_PER_PAGE)
+    rows, total = reads.episode_page(store, where, page=page, per_page=per_page)
+    context = {
+        "episodes": rows,
+        "total": total,
+        "page": page,
+        "pages": max(1, -(-total // per_page)),
+        "where": where,
+        "env_ids": reads.env_ids(store),
+        "outcomes": EPISODE_OUTCOMES,
+        "run_id": where.run_id,
+    }
+    if _wants_fragment(request):
+        return _render(request, "_episode_table.html", context)
+    return _page(request, "episodes.html", **context)
+
+
+@router.get("/episodes/{episode_id}", response_class=HTMLResponse)
+def episode(request: Request, episode_id: int) -> HTMLResponse:
+    store = _store(request)
+    info = store.episode(episode_id)
+    in_context = store.lessons(ids=info.lessons_in_context) if info.lessons_in_context else []
+    return _page(
+        request,
+        "episode.html",
+        episode=info,
+        in_context=in_context,
+        missing_lessons=sorted(set(info.lessons_in_context) - {lesson.id for lesson in in_context}),
+        produced=reads.lessons_from_episode(store, info),
+        run_id=info.run_id,
+    )
+
+
+@router.get("/api/episodes/{episode_id}/rewards.json")
+def rewards_json(request: Request, episode_id: int) -> JSONResponse:
+    return JSONResponse({"charts": [reads.episode_chart(_store(request).episode(episode_id)).as_json()]})
+
+
+# -- lessons -----------------------------------------------------------------------------------
+
+
+@router.get("/lessons", response_class=HTMLResponse)
+def lessons(request: Request) -> HTMLResponse:
+    store = _store(request)
+    runs = store.runs()
+    run_id = _selected_run(request, runs)
+    status = _text(request, "status")
+    if status is not None and status not in LESSON_STATUSES:
+        raise HTTPException(400, f"unknown lesson status {status!r}; known: {', '.join(LESSON_STATUSES)}")
+    pool = _int(request, "pool")
+    current = store.lesson_set(run_id)
+    if current is not None:
+        members = {lesson.id: lesson for lesson in store.lessons(ids=current.lesson_ids)}
+        in_set = [members[i] for i in current.lesson_ids if i in members]
+    else:
+        in_set = store.lessons(run_id, status="active")
+    by_pool: dict[int, list[Any]] = {}
+    for lesson in in_set:
+        by_pool.setdefault(lesson.pool, []).append(lesson)
+    baseline = reads.success_without_lessons(store, run_id) if run_id is not None else None
+    return _page(
+        request,
+        "lessons.html",
+        runs=runs,
+        run_id=run_id,
+        current=current,
+        by_pool=dict(sorted(by_pool.items())),
+        status=status,
+        pool=pool,
+        statuses=LESSON_STATUSES,
+        status_counts={s: store.count_lessons(run_id, status=s) for s in LESSON_STATUSES},
+        lessons=store.lessons(run_id, status=status, pool=pool, limit=MAX_PER_PAGE),
+        baseline=baseline,
+    )
+
+
+@router.get("/lessons/versions", response_class=HTMLResponse)
+def lesson_versions(request: Request) -> HTMLResponse:
+    store = _store(request)
+    runs = store.runs()
+    run_id = _selected_run(request, runs)
+    diffs = reads.version_diffs(store, run_id)
+    mentioned = {i for d in diffs for i in d.added + d.removed}
+    texts = {lesson.id: lesson for lesson in store.lessons(ids=mentioned)} if mentioned else {}
+    return _page(request, "versions.html", runs=runs, run_id=run_id, diffs=diffs, lessons_by_id=texts)
+
+
+@router.get("/lessons/{lesson_id}", response_class=HTMLResponse)
+def lesson(request: Request, lesson_id: int) -> HTMLResponse:
+    store = _store(request)
+    info = store.get_lesson(lesson_id)
+    extraction = store.get_extraction(info.extraction_id) if info.extraction_id is not None else None
+    return _page(
+        request,
+        "lesson.html",
+        lesson=info,
+        extraction=extraction,
+        versions=reads.versions_holding(store, lesson_id),
+        run_id=info.run_id,
+    )
+
+
+# -- OPCD cycles -------------------------------------------------------------------------------
+
+
+@router.get("/cycles", response_class=HTMLResponse)
+def cycles(request: Request) -> HTMLResponse:
+    store = _store(request)
+    runs = store.runs()
+    run_id = _selected_run(request, runs)
+    return _page(
+        request,
+        "cycles.html",
+        runs=runs,
+        run_id=run_id,
+        cycles=store.cycles(run_id),
+        adapters=store.adapters(run_id),
+    )
+
+
+@router.get("/cycles/{cycle_id}", response_class=HTMLResponse)
+def cycle(request: Request, cycle_id: int) -> HTMLResponse:
+    store = _store(request)
+    info = store.get_cycle(cycle_id)
+    lineage = reads.adapter_lineage(store, info.adapter_id or info.base_adapter_id or 0)
+    _, skipped = reads.curve_charts(info.curves)
+    return _page(
+        request,
+        "cycle.html",
+        cycle=info,
+        evaluations=store.evaluations(cycle_id=cycle_id),
+        lineage=lineage,
+        consolidated=store.lessons(ids=reads.lessons_consolidated_by(store, cycle_id)),
+        skipped_curves=skipped,
+        decision=reads.decision(info),
+        run_id=info.run_id,
+    )
+
+
+@router.get("/api/cycles/{cycle_id}/curves.json")
+def curves_json(request: Request, cycle_id: int) -> JSONResponse:
+    charts, _ = reads.curve_charts(_store(request).get_cycle(cycle_id).curves)
+    return JSONResponse({"charts": [c.as_json() for c in charts]})
+
+
+# -- search ------------------------------------------------------------------------------------
+
+
+def _search_store(request: Request) -> tuple[ExperienceStore | None, str]:
+    """A read-only store whose embedder matches the stored vectors, or None and why not."""
+    state = request.app.state
+    spec = state.embedder
+    if spec is None:
+        name = reads.stored_embedder(state.store)
+        if name is None:
+            return None, "no vectors are stored yet; run `agent-runtime memory reindex` on a writable copy"
+        spec = reads.embedder_spec(name)
+        if spec is None:
+            return None, (f"the stored vectors were made by embedder {name!r}, which the dashboard cannot "
+                          "rebuild by itself; pass its spec to create_app(embedder=...)")
+    if spec not in state.search_stores:
+        state.search_stores[spec] = ExperienceStore.open(state.target, read_only=True, embedder=spec)
+    return state.search_stores[spec], ""
+
+
+@router.get("/search", response_class=HTMLResponse)
+def search(request: Request) -> HTMLResponse:
+    query = _text(request, "q")
+    kind = _text(request, "kind") or "all"
+    if kind not in ("all", "lessons", "episodes"):
+        raise HTTPException(400, f"unknown search kind {kind!r}; known: all, lessons, episodes")
+    k = min(_int(request, "k", SEARCH_K, minimum=1) or SEARCH_K, 100)
+    lesson_hits: list[Any] = []
+    episode_hits: list[Any] = []
+    problem = ""
+    if query:
+        searcher, problem = _search_store(request)
+        if searcher is not None:
+            try:
+                if kind in ("all", "lessons"):
+                    lesson_hits = searcher.search_lessons(query, k)
+                if kind in ("all", "episodes"):
+                    episode_hits = searcher.search_episodes(query, k)
+            except MemoryStoreError as exc:
+                problem = str(exc)
+    context = {"q": query or "", "kind": kind, "lesson_hits": lesson_hits, "episode_hits": episode_hits,
+               "problem": problem}
+    if _wants_fragment(request):
+        return _render(request, "_search_results.html", context)
+    return _page(request, "search.html", **context)
