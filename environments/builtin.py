@@ -35,3 +35,6 @@ register("math/math", f"{_MATH}:competition_math",
 register("math/dapo", f"{_MATH}:dapo",
          description="DAPO-Math-17k (Hugging Face `datasets`, or a local file via path=)")
 register("math/champ", f"{_MATH}:champ", description="CHAMP competition math problems (offline)")
+
+register("alfworld/text", "environments.alfworld.env:AlfworldEnv",
+         description="ALFWorld household tasks (official data via ALFWORLD_DATA, else generated offline)")

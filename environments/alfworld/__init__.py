@@ -1,0 +1,1 @@
+"""ALFWorld household text games: official data when available, offline-generated games otherwise."""
