@@ -29,10 +29,12 @@ from dataclasses import dataclass
 # Chat-template control tokens of the common families: ChatML / Qwen / Phi (<|...|>), Llama 2 ([INST],
 # <<SYS>>), Llama 3 (<|start_header_id|> is covered by <|...|>), Gemma (<start_of_turn>), BOS/EOS/PAD.
 _CONTROL = re.compile(
-    r"<\|[^|<>\n]{0,40}\|>"
+    r"<\|(?:im_start|start_header_id)\|>\s*(?:system|user|assistant|tool|developer)?\b\s*:?"
+    r"|<start_of_turn>\s*(?:user|model|system)?\b\s*:?"
+    r"|<\|[^|<>\n]{0,40}\|>"
     r"|\[/?INST\]|<</?SYS>>"
     r"|</?s>|<bos>|<eos>|<pad>|<unk>|<mask>"
-    r"|<start_of_turn>|<end_of_turn>"
+    r"|<end_of_turn>"
     r"|</?(?:think|thinking|reasoning)>"
     r"|^\s*#{2,}\s*(?:instruction|response|system|input)\s*:?",
     re.IGNORECASE | re.MULTILINE,
@@ -91,7 +93,7 @@ _SECRETS = [
 ]
 _TOKENISH = re.compile(r"[A-Za-z0-9+/_=-]{32,}")
 _SPACES = re.compile(r"\s+")
-_MARKDOWN_EDGE = re.compile(r"^[\s*_`\"'>]+|[\s*_`\"']+$")
+_MARKDOWN_EDGE = re.compile(r"^[\s*_`\"'>:;,.]+|[\s*_`\"']+$")
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,7 @@ def screen_item(text: str, max_chars: int = 300) -> Screened:
         reason = find_secret(candidate) or find_injection(_SPACES.sub(" ", candidate))
         if reason:
             return Screened(None, reason)
-    cleaned = _SPACES.sub(" ", strip_control(text)).strip()
+    cleaned = _SPACES.sub(" ", strip_control(text).replace("**", "").replace("__", "")).strip()
     cleaned = _MARKDOWN_EDGE.sub("", cleaned).strip()
     reason = find_injection(cleaned)
     if reason:
