@@ -3,7 +3,7 @@
 What: `seed_demo_store(target)` writes one run over two environments through the `ExperienceStore`
 API: about a hundred episodes whose success rises as lessons arrive, lesson extractions, five
 lesson-set versions across two pools, two OPCD cycles (one promoted, one rolled back) with loss and
-KL curves, evaluations under the four conditions, an adapter lineage, and hashed embeddings so search
+KL curves, evaluations under the four conditions, validation-gate decisions, measured lesson utilities, an adapter lineage, and hashed embeddings so search
 works. `episode_record(...)` builds one episode, for tests and for the live-writer in the browser
 test; `running_server(app)` serves an app on a free localhost port in a thread (the browser test
 and the screenshot script).
@@ -153,6 +153,13 @@ def seed_demo_store(target: str | os.PathLike[str], *, episodes: int = 120) -> d
                     context += new
                     version = store.create_lesson_set(run_id, context, token_count=25 * len(context),
                                                       note=f"after episode {episode_id}").version
+                    current, candidate = 0.3 + 0.05 * version, 0.35 + 0.05 * version
+                    store.add_evaluation(env_id, run_id=run_id, lesson_set_version=version, split="gate",
+                                         policy="lesson-gate", num_episodes=20, success_rate=candidate,
+                                         metrics={"promote": True, "current_rate": current,
+                                                  "candidate_rate": candidate,
+                                                  "reason": "the candidate is not worse than the current set "
+                                                            "by more than the 5-point margin"})
             if n in (59, 99):  # CONSOLIDATE
                 cycle = store.start_cycle(run_id, {"lr": 2e-6, "tau": 0.7, "top_k": 256, "steps": 60},
                                           lesson_set_version=version, base_adapter_id=adapter_id)
@@ -184,6 +191,15 @@ def seed_demo_store(target: str | os.PathLike[str], *, episodes: int = 120) -> d
                 else:
                     store.rollback_cycle(cycle)
         store.update_run(run_id, phase="PLAY", status="running")
+        utilities = {}
+        for lesson in store.lessons(run_id):
+            n_with = lesson.times_in_context
+            rate_with = lesson.wins_in_context / n_with if n_with else None
+            utilities[str(lesson.id)] = {"utility": None if rate_with is None else rate_with - 0.4,
+                                         "rate_with": rate_with, "rate_without": 0.4, "n_with": n_with,
+                                         "n_without": 40}
+        store.add_evaluation("*", run_id=run_id, split="lesson-utility", policy="logged-episodes",
+                             metrics={"utilities": utilities})
         store.reindex()
         ids["last_episode"] = episode_id
         return ids

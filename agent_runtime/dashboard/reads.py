@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from memory import EpisodeInfo, ExperienceStore, LessonInfo, LessonSetInfo
 from memory.models import Adapter, Cycle, Embedding, Episode, Lesson, LessonSet, LessonSetMember
-from memory.records import AdapterInfo, CycleInfo, to_info
+from memory.records import AdapterInfo, CycleInfo, EvaluationInfo, to_info
 
 MAX_POINTS = 400
 
@@ -184,6 +184,30 @@ def lessons_consolidated_by(store: ExperienceStore, cycle_id: int) -> list[int]:
                 select(Lesson.id).where(Lesson.consolidated_cycle_id == cycle_id).order_by(Lesson.id)
             )
         )
+
+
+# Evaluation rows that distill.lessons.gate writes (the dashboard imports only `memory`, so the
+# split names are repeated here; tests/test_dashboard.py checks they still agree).
+UTILITY_SPLIT = "lesson-utility"
+GATE_SPLIT = "gate"
+
+
+def stored_utilities(store: ExperienceStore, run_id: int | None) -> dict[int, dict[str, Any]]:
+    """Lesson id -> its newest measured utility (`utility`, `rate_with`, `rate_without`, `n_with`, ...)."""
+    rows = [e for e in store.evaluations(run_id) if e.split == UTILITY_SPLIT]
+    if not rows:
+        return {}
+    stored = rows[-1].metrics.get("utilities", {})
+    return {int(k): v for k, v in stored.items() if isinstance(v, dict) and str(k).isdigit()}
+
+
+def gate_decisions(store: ExperienceStore, run_id: int | None) -> dict[int, EvaluationInfo]:
+    """Lesson-set version -> the newest validation-gate decision about it."""
+    return {
+        e.lesson_set_version: e
+        for e in store.evaluations(run_id)
+        if e.split == GATE_SPLIT and e.lesson_set_version is not None
+    }
 
 
 @dataclass
@@ -342,12 +366,34 @@ def _curve_points(values: Any) -> tuple[list[float], list[float | None]] | None:
     return None
 
 
+def _from_records(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-step metric dicts (a trainer's history) -> {metric: [[step, value], ...]} for numeric metrics."""
+    out: dict[str, Any] = {}
+    for i, record in enumerate(records):
+        step = record.get("step", i)
+        for key, value in record.items():
+            if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
+                out.setdefault(key, []).append([step, value])
+    return out
+
+
 def curve_charts(curves: dict[str, Any]) -> tuple[list[Chart], list[str]]:
-    """One chart per plottable OPCD curve (loss, KL, ...), and the names of curves it could not plot."""
+    """One chart per plottable OPCD curve (loss, KL, ...), and the names of curves it could not plot.
+
+    A curve is a list of numbers (one per step), a list of [step, value] pairs, {"step": [...],
+    "value": [...]}, or a list of per-step metric dicts (a trainer's history), which becomes one
+    chart per numeric metric. Non-finite values are gaps.
+    """
+    flat: dict[str, Any] = {}
+    for name, values in curves.items():
+        if isinstance(values, list) and values and all(isinstance(v, dict) for v in values):
+            flat.update({f"{name}.{k}" if len(curves) > 1 else k: v for k, v in _from_records(values).items()})
+        else:
+            flat[name] = values
     charts, skipped = [], []
-    for name in sorted(curves):
-        points = _curve_points(curves[name])
-        if points is None:
+    for name in sorted(flat):
+        points = _curve_points(flat[name])
+        if points is None or all(y is None for y in points[1]):
             skipped.append(name)
             continue
         xs, ys = points

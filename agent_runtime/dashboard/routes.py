@@ -206,6 +206,7 @@ def lessons(request: Request) -> HTMLResponse:
         status_counts={s: store.count_lessons(run_id, status=s) for s in LESSON_STATUSES},
         lessons=store.lessons(run_id, status=status, pool=pool, limit=MAX_PER_PAGE),
         baseline=baseline,
+        utilities=reads.stored_utilities(store, run_id),
     )
 
 
@@ -217,7 +218,8 @@ def lesson_versions(request: Request) -> HTMLResponse:
     diffs = reads.version_diffs(store, run_id)
     mentioned = {i for d in diffs for i in d.added + d.removed}
     texts = {lesson.id: lesson for lesson in store.lessons(ids=mentioned)} if mentioned else {}
-    return _page(request, "versions.html", runs=runs, run_id=run_id, diffs=diffs, lessons_by_id=texts)
+    return _page(request, "versions.html", runs=runs, run_id=run_id, diffs=diffs, lessons_by_id=texts,
+                 gates=reads.gate_decisions(store, run_id))
 
 
 @router.get("/lessons/{lesson_id}", response_class=HTMLResponse)
@@ -231,6 +233,7 @@ def lesson(request: Request, lesson_id: int) -> HTMLResponse:
         lesson=info,
         extraction=extraction,
         versions=reads.versions_holding(store, lesson_id),
+        utility=reads.stored_utilities(store, info.run_id).get(lesson_id),
         run_id=info.run_id,
     )
 
