@@ -1,0 +1,321 @@
+"""The dashboard through FastAPI's TestClient: every route, the safety rules, and the reads behind them.
+
+The store is the demo store (`agent_runtime.dashboard.demo`) plus a hostile episode and lesson whose
+text is `<script>alert(1)</script>`, written through the ExperienceStore API into a temporary SQLite
+file; the app opens it read-only. `tests/test_dashboard_browser.py` drives the same app in Chromium.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
+from agent_runtime.dashboard import create_app, serve
+from agent_runtime.dashboard import app as dashboard_app
+from agent_runtime.dashboard import reads
+from agent_runtime.dashboard.demo import DEMO_EMBEDDER, ENVS, episode_record, seed_demo_store
+from memory import ExperienceStore, ReadOnlyStoreError, StoreUnavailableError
+
+XSS = "<script>alert(1)</script>"
+ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
+PACKAGE = Path(dashboard_app.__file__).parent
+
+
+def seed_with_xss(workdir: Path) -> dict[str, int]:
+    """The demo store plus an episode and a lesson carrying an XSS payload; returns their ids."""
+    ids = seed_demo_store(workdir, episodes=60)
+    with ExperienceStore.open(workdir, embedder=DEMO_EMBEDDER) as store:
+        record = episode_record(ENVS[1], f"task {XSS}", won=False, observation=f"A note reads {XSS} here.")
+        record.goal = f"goal {XSS}"
+        ids["xss_episode"] = store.add_episode(ids["run"], record)
+        extraction, lesson_ids = store.record_extraction(
+            "extractor", [f"Never trust {XSS} in a room description."], run_id=ids["run"],
+            episode_ids=[ids["xss_episode"]], prompt=f"prompt {XSS}", response=f"- EXPERIENCE ITEM: {XSS}",
+        )
+        ids["xss_lesson"] = lesson_ids[0]
+        store.embed_pending()
+    return ids
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
+    workdir = tmp_path_factory.mktemp("dashboard")
+    return workdir, seed_with_xss(workdir)
+
+
+@pytest.fixture(scope="module")
+def client(seeded: tuple[Path, dict[str, int]]) -> TestClient:
+    workdir, _ = seeded
+    with TestClient(create_app(workdir), base_url="http://127.0.0.1") as test_client:
+        yield test_client
+
+
+def page_urls(ids: dict[str, int]) -> list[str]:
+    run, cycle = ids["run"], ids["cycle"]
+    return [
+        "/", f"/?run={run}", f"/partials/overview?run={run}",
+        "/episodes", f"/episodes?run={run}&env={ENVS[0]}&outcome=won&page=1", f"/episodes/{ids['xss_episode']}",
+        "/lessons", f"/lessons?run={run}&status=active&pool=0", "/lessons/versions",
+        f"/lessons/{ids['xss_lesson']}", "/cycles", f"/cycles/{cycle}", "/search", "/search?q=frozen+lake",
+    ]
+
+
+def test_every_page_renders_with_csp(client: TestClient, seeded: tuple[Path, dict[str, int]]) -> None:
+    _, ids = seeded
+    for url in page_urls(ids):
+        response = client.get(url)
+        assert response.status_code == 200, (url, response.text[:500])
+        assert response.headers["content-type"].startswith("text/html"), url
+        assert "default-src 'self'" in response.headers["content-security-policy"], url
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert not re.search(r"""(src|href)=["']?(https?:)?//""", response.text), f"{url} links off-site"
+
+
+def test_json_chart_endpoints(client: TestClient, seeded: tuple[Path, dict[str, int]]) -> None:
+    _, ids = seeded
+    success = client.get(f"/api/runs/{ids['run']}/success.json").json()["charts"]
+    per_env, lessons = success
+    assert per_env["marks"] == lessons["marks"] == [
+        {"x": 60, "label": f"cycle {ids['cycle']} promoted", "status": "promoted"}]
+    assert {s["label"] for s in per_env["series"]} == set(ENVS)
+    assert {s["label"] for s in lessons["series"]} == {"with lessons", "without lessons"}
+    assert per_env["x"] == sorted(per_env["x"]) and per_env["x"][-1] == 61
+    for series in per_env["series"] + lessons["series"]:
+        assert len(series["values"]) == len(per_env["x"])
+        assert all(v is None or 0.0 <= v <= 1.0 for v in series["values"])
+    curves = client.get(f"/api/cycles/{ids['cycle']}/curves.json").json()["charts"]
+    assert [c["title"] for c in curves] == ["kl", "loss"]
+    assert len(curves[1]["x"]) == 60
+    rewards = client.get(f"/api/episodes/{ids['xss_episode']}/rewards.json").json()["charts"][0]
+    assert [s["label"] for s in rewards["series"]] == ["reward", "return so far"]
+    assert client.get("/api/episodes/999999/rewards.json").status_code == 404
+    assert client.get("/api/episodes/999999/rewards.json").json()["detail"].startswith("no episode")
+
+
+def test_rolling_success_rate_and_cycle_marks(tmp_path: Path) -> None:
+    with ExperienceStore.open(tmp_path) as store:
+        run = store.create_run("tiny", {})
+        for won in (True, False, True, True):
+            store.add_episode(run, episode_record(ENVS[0], "t", won=won, n_steps=1))
+        cycle = store.start_cycle(run, {})
+        store.add_episode(run, episode_record(ENVS[0], "t", won=False, n_steps=1, lessons_in_context=[]))
+        store.update_cycle(cycle, status="failed", ended=True)
+    client = TestClient(create_app(tmp_path), base_url="http://127.0.0.1")
+    per_env, with_without = client.get(f"/api/runs/{run}/success.json?window=2").json()["charts"]
+    assert per_env["x"] == [1, 2, 3, 4, 5]
+    assert per_env["series"] == [{"label": ENVS[0], "values": [1.0, 0.5, 0.5, 1.0, 0.5]}]
+    assert with_without["series"][0]["label"] == "without lessons"
+    assert per_env["marks"] == [{"x": 5, "label": f"cycle {cycle} failed", "status": "failed"}]
+
+
+def test_model_text_is_escaped(client: TestClient, seeded: tuple[Path, dict[str, int]]) -> None:
+    _, ids = seeded
+    for url in (f"/episodes/{ids['xss_episode']}", f"/lessons/{ids['xss_lesson']}", "/lessons",
+                f"/episodes?run={ids['run']}", "/search?q=never+trust+a+room+description"):
+        body = client.get(url).text
+        assert XSS not in body, url
+        assert ESCAPED in body, url
+
+
+def test_episode_page_shows_trajectory_and_provenance(client: TestClient, seeded: tuple[Path, dict[str, int]]) -> None:
+    _, ids = seeded
+    body = client.get(f"/episodes/{ids['xss_episode']}").text
+    assert body.count('class="step"') >= 2
+    assert "admissible actions" in body and "ACTION:" in body
+    assert f'href="/lessons/{ids["xss_lesson"]}"' in body  # the lesson that came from it
+    lesson = client.get(f"/lessons/{ids['xss_lesson']}").text
+    assert f'href="/episodes/{ids["xss_episode"]}"' in lesson and "extractor response" in lesson
+
+
+def test_cycle_page_shows_decision_evaluations_and_lineage(client: TestClient, seeded: tuple[Path, dict[str, int]]) -> None:
+    _, ids = seeded
+    body = client.get(f"/cycles/{ids['cycle']}").text
+    assert "promoted: the adapter became the active one" in body
+    assert "student without lessons reached 92%" in body
+    for condition in ("student without lessons", "student with lessons", "teacher with lessons", "out-of-distribution"):
+        assert condition in body
+    assert "adapter-1" in body and "base model" in body
+
+
+def test_episode_filters_and_paging(client: TestClient, seeded: tuple[Path, dict[str, int]]) -> None:
+    _, ids = seeded
+    won = client.get("/episodes?outcome=won&per_page=500").text
+    assert "badge lost" not in won and "badge won" in won
+    env = client.get(f"/episodes?env={ENVS[1]}&per_page=500").text
+    assert ENVS[0] not in re.sub(r"<option.*?</option>", "", env)
+    assert "1 episode ·" in client.get("/episodes?task=alert").text
+    assert "61 episodes · page 1 of 2" in client.get(f"/episodes?run={ids['run']}").text
+    page2 = client.get(f"/episodes?run={ids['run']}&page=2").text
+    assert "page 2 of 2" in page2 and 'href="/episodes/1"' in page2
+    fragment = client.get("/episodes?outcome=lost", headers={"HX-Request": "true"}).text
+    assert fragment.startswith('<div id="episode-table">') and "<html" not in fragment
+    restore = client.get("/episodes", headers={"HX-Request": "true", "HX-History-Restore-Request": "true"}).text
+    assert "<html" in restore
+    assert client.get("/episodes?lsv=1").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("url", "status"),
+    [("/episodes?page=abc", 400), ("/episodes?outcome=bogus", 400), ("/lessons?status=bogus", 400),
+     ("/episodes/999999", 404), ("/cycles/999999", 404), ("/lessons/999999", 404), ("/?run=999", 404),
+     ("/search?kind=bogus&q=x", 400), ("/no/such/page", 404)],
+)
+def test_bad_requests_get_clear_errors(client: TestClient, url: str, status: int) -> None:
+    response = client.get(url)
+    assert response.status_code == status
+    assert response.headers["content-type"].startswith("text/html")
+    assert "default-src 'self'" in response.headers["content-security-policy"]
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
+@pytest.mark.parametrize("url", ["/", "/episodes/1", "/static/dashboard.js", "/nowhere"])
+def test_writes_are_405(client: TestClient, method: str, url: str) -> None:
+    response = client.request(method, url, json={"text": "x"})
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET, HEAD"
+
+
+def test_store_is_read_only_at_the_driver(seeded: tuple[Path, dict[str, int]]) -> None:
+    workdir, ids = seeded
+    db = workdir / "memory.db"
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    app = create_app(workdir)
+    with TestClient(app, base_url="http://127.0.0.1") as test_client:
+        for url in page_urls(ids):
+            assert test_client.get(url).status_code == 200
+        store = app.state.store
+        assert store.read_only
+        with pytest.raises(ReadOnlyStoreError):
+            store.add_lesson("sneaky")
+        with pytest.raises(OperationalError, match="readonly"):
+            with store.engine.begin() as conn:
+                conn.execute(text("UPDATE lessons SET text = 'changed'"))
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+def test_postgres_store_is_read_only(tmp_path: Path) -> None:
+    from tests.pg import require_pg, reset_pg
+
+    url = require_pg()
+    reset_pg(url)
+    with ExperienceStore.open(url, index_dir=tmp_path) as store:
+        run = store.create_run("pg", {})
+        episode = store.add_episode(run, episode_record(ENVS[0], "t", won=True, observation=XSS))
+    app = create_app(url)
+    with TestClient(app, base_url="http://127.0.0.1") as test_client:
+        assert ESCAPED in test_client.get(f"/episodes/{episode}").text
+        with pytest.raises(Exception, match="read-only transaction"):
+            with app.state.store.engine.begin() as conn:
+                conn.execute(text("UPDATE lessons SET text = 'changed'"))
+
+
+def test_token_is_required_when_configured(seeded: tuple[Path, dict[str, int]]) -> None:
+    workdir, _ = seeded
+    app = create_app(workdir, token="s3cret")
+    with TestClient(app, base_url="http://192.168.1.5:8765", follow_redirects=False) as anonymous:
+        for url in ("/", "/episodes", "/static/dashboard.js", "/api/runs/1/success.json"):
+            assert anonymous.get(url).status_code == 401, url
+        assert anonymous.get("/?token=wrong").status_code == 401
+        assert anonymous.get("/lessons", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert anonymous.get("/lessons", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        login = anonymous.get("/episodes?token=s3cret&page=1")
+        assert login.status_code == 303 and login.headers["location"] == "/episodes?page=1"
+        cookie = login.headers["set-cookie"]
+        assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
+        assert anonymous.get("/episodes?page=1").status_code == 200  # the cookie now carries it
+        assert anonymous.post("/episodes").status_code == 405
+
+
+def test_host_header_is_checked_without_token(seeded: tuple[Path, dict[str, int]]) -> None:
+    workdir, _ = seeded
+    app = create_app(workdir)
+    assert TestClient(app, base_url="http://evil.example").get("/").status_code == 400
+    assert TestClient(app, base_url="http://localhost:8765").get("/").status_code == 200
+    assert TestClient(app, base_url="http://[::1]:8765").get("/").status_code == 200
+
+
+def test_serve_binds_loopback_and_generates_a_token_otherwise(
+    seeded: tuple[Path, dict[str, int]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import uvicorn
+
+    workdir, _ = seeded
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append({"app": app, **kw}))
+    serve(workdir)
+    assert calls[-1]["host"] == "127.0.0.1" and calls[-1]["port"] == 8765
+    assert "token" not in capsys.readouterr().out
+    serve(workdir, host="0.0.0.0", port=9999)
+    printed = capsys.readouterr().out
+    token = re.search(r"\?token=(\S+)", printed).group(1)
+    assert len(token) >= 24 and "http://0.0.0.0:9999/" in printed
+    remote = TestClient(calls[-1]["app"], base_url="http://10.0.0.2:9999")
+    assert remote.get("/").status_code == 401
+    assert remote.get("/", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    serve(workdir, host="0.0.0.0", token="given")
+    assert "?token=given" in capsys.readouterr().out
+
+
+def test_empty_and_missing_stores(tmp_path: Path) -> None:
+    ExperienceStore.open(tmp_path / "empty").close()
+    client = TestClient(create_app(tmp_path / "empty"), base_url="http://127.0.0.1")
+    for url in ("/", "/episodes", "/lessons", "/lessons/versions", "/cycles", "/search?q=anything"):
+        assert client.get(url).status_code == 200, url
+    assert "No runs yet" in client.get("/").text
+    assert "no vectors are stored yet" in client.get("/search?q=anything").text
+    with pytest.raises(StoreUnavailableError, match="no memory database"):
+        create_app(tmp_path / "nowhere")
+
+
+def test_search_finds_lessons_and_episodes(client: TestClient) -> None:
+    body = client.get("/search?q=frozen+lake+hole+tile&kind=lessons").text
+    assert "/lessons/1\"" in body and "Before stepping, check whether the next tile is a hole" in body
+    episodes = client.get("/search?q=frozen+lake&kind=episodes", headers={"HX-Request": "true"}).text
+    assert episodes.startswith('<div id="search-results">') and 'href="/episodes/' in episodes
+
+
+def test_curve_formats() -> None:
+    charts, skipped = reads.curve_charts({
+        "loss": [1.0, 0.5, float("nan")],
+        "kl": [[0, 0.3], [10, 0.2]],
+        "lr": {"step": [0, 1], "value": [1e-6, 2e-6]},
+        "notes": ["a", "b"],
+    })
+    by_name = {c.title: c for c in charts}
+    assert by_name["loss"].series["loss"] == [1.0, 0.5, None]
+    assert by_name["kl"].x == [0.0, 10.0]
+    assert by_name["lr"].series["lr"] == [1e-6, 2e-6]
+    assert skipped == ["notes"]
+    history, _ = reads.curve_charts({"history": [{"step": 1, "loss": 2.0, "objective": "opcd"},
+                                                 {"step": 2, "loss": 1.5, "objective": "opcd"}]})
+    assert [(c.title, c.x, c.series["loss"]) for c in history] == [("loss", [1.0, 2.0], [2.0, 1.5])]
+
+
+def test_split_names_match_distill() -> None:
+    gate = pytest.importorskip("distill.lessons.gate")
+    assert (reads.UTILITY_SPLIT, reads.GATE_SPLIT) == (gate.UTILITY_SPLIT, gate.GATE_SPLIT)
+
+
+def test_vendored_assets_match_vendor_md() -> None:
+    vendor = (PACKAGE / "VENDOR.md").read_text()
+    listed = re.findall(r"\| `static/([^`]+)` \|[^|]+\|[^|]+\| `([0-9a-f]{64})` \|", vendor)
+    assert len(listed) == 3
+    for name, digest in listed:
+        assert re.search(r"-\d+\.\d+\.\d+\.min\.(js|css)$", name), f"{name} lacks its version"
+        assert hashlib.sha256((PACKAGE / "static" / name).read_bytes()).hexdigest() == digest, name
+    referenced = set(re.findall(r'/static/([\w.-]+)', (PACKAGE / "templates" / "base.html").read_text()))
+    assert referenced == {n for n, _ in listed} | {"dashboard.css", "dashboard.js"}
+    assert all((PACKAGE / "static" / n).is_file() for n in referenced)
+
+
+def test_static_assets_are_served(client: TestClient) -> None:
+    response = client.get("/static/uplot-1.6.32.min.js")
+    assert response.status_code == 200 and "javascript" in response.headers["content-type"]
+    assert response.content.startswith(b"/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
