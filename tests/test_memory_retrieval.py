@@ -117,12 +117,18 @@ def test_index_switches_to_hnsw_above_threshold(tmp_path: Path) -> None:
         store.search_lessons("topic 3", k=3)
         assert store.index_status()["lesson"]["approximate"] is False
         for i in range(40, 80):
-            store.add_lesson(f"lesson {i} about topic {i % 7}", run_id=run_id)
+            store.add_lesson(f"lesson {i} about topic {i % 7}", run_id=run_id, pool=i % 2)
         hits = store.search_lessons("lesson 77 about topic 0", k=3)
         assert store.index_status()["lesson"] | {"path": None} == {
             "embedder": "hash-256", "vectors": 80, "indexed": 80, "approximate": True,
             "path": None}
         assert hits[0].item.text == "lesson 77 about topic 0"
+        in_pool = store.search_lessons("lesson 77 about topic 0", k=25, pool=1)
+        assert len(in_pool) == 20 and all(h.item.pool == 1 for h in in_pool)
+        assert in_pool[0].item.text == "lesson 77 about topic 0"
+        rare = store.add_lesson("zebra crossing rules", run_id=run_id, pool=5)
+        # 10 candidates of 81 miss it: found by the ID-selector search through HNSW
+        assert [h.id for h in store.search_lessons("lesson 77 about topic 0", k=1, pool=5)] == [rare]
 
 
 def test_read_only_store_searches_without_writing(tmp_path: Path) -> None:
