@@ -127,7 +127,7 @@ def poisoned(tmp_path):
 
 
 def test_poisoned_trajectory_prompt_has_no_control_tokens(poisoned) -> None:
-    store, run_id, episode = poisoned
+    _, _, episode = poisoned
     seen = []
 
     def complete(chats):

@@ -241,7 +241,7 @@ class LessonCurator:
         for proposal in proposals:
             pool = self._work.setdefault(proposal.pool, [])
             made += self._decide(proposal, pool)
-            made += self._enforce_budget(proposal.pool)
+            made += self.enforce_budget(proposal.pool)
         self._changes += made
         return made
 
@@ -326,8 +326,9 @@ class LessonCurator:
         assert self._work is not None, "call begin() before tokens()"
         return self.count_tokens(render_lessons(x.text for x in self._work.get(pool, [])))
 
-    def _enforce_budget(self, pool_index: int) -> list[Change]:
-        assert self._work is not None
+    def enforce_budget(self, pool_index: int) -> list[Change]:
+        """Cut a working pool to the budget (lowest utility, then oldest, first); returns the drops."""
+        assert self._work is not None, "call begin() before enforce_budget()"
         pool = self._work[pool_index]
         dropped = []
         while pool and self.tokens(pool_index) > self.budget_tokens:

@@ -45,14 +45,18 @@ _INJECTION = [
     (re.compile(p, re.IGNORECASE), why)
     for p, why in [
         (
-            r"\b(?:ignore|disregard|forget|override|bypass)\b[\w\s,'-]{0,40}?"
-            r"\b(?:instructions?|prompts?|rules|directions|guidelines|directives|constraints|"
-            r"guardrails|policies|polic(?:y|ies))\b",
+            (
+                r"\b(?:ignore|disregard|forget|override|bypass)\b[\w\s,'-]{0,40}?"
+                r"\b(?:instructions?|prompts?|rules|directions|guidelines|directives|constraints|"
+                r"guardrails|polic(?:y|ies))\b"
+            ),
             "injection: ignore instructions",
         ),
         (
-            r"\b(?:reveal|print|repeat|show|output|leak|disclose)\b[\w\s'-]{0,30}?"
-            r"\b(?:system|hidden|secret|initial|original)\s+(?:prompt|instructions?|message)",
+            (
+                r"\b(?:reveal|print|repeat|show|output|leak|disclose)\b[\w\s'-]{0,30}?"
+                r"\b(?:system|hidden|secret|initial|original)\s+(?:prompt|instructions?|message)"
+            ),
             "injection: reveal the prompt",
         ),
         (r"\bnew\s+(?:system\s+)?instructions?\s*:", "injection: new instructions"),
@@ -85,8 +89,10 @@ _SECRETS = [
         (r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", "secret: JWT"),
         (r"(?i)\bbearer\s+[A-Za-z0-9._~+/-]{16,}", "secret: bearer token"),
         (
-            r"(?i)\b(?:password|passwd|pwd|passphrase|secret|api[_ -]?key|access[_ -]?key|"
-            r"auth[_ -]?token|token)\b\s*(?:is|=|:)\s*['\"]?[^\s'\"]{6,}",
+            (
+                r"(?i)\b(?:password|passwd|pwd|passphrase|secret|api[_ -]?key|access[_ -]?key|"
+                r"auth[_ -]?token|token)\b\s*(?:is|=|:)\s*['\"]?[^\s'\"]{6,}"
+            ),
             "secret: credential assignment",
         ),
     ]
