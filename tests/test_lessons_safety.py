@@ -57,6 +57,7 @@ def test_injection_items_are_rejected(text: str) -> None:
         "The key is sk-proj-abcdefghijklmnopqrstuvwxyz123456",
         "Use AKIAABCDEFGHIJKLMNOP to log in",
         "password: hunter2hunter2",
+        "the admin password is hunter2! for every door",
         "Set api_key=9f8e7d6c5b4a39281706",
         "-----BEGIN RSA PRIVATE KEY----- MIIEow",
         "auth with ghp_abcdefghijklmnopqrstuvwxyz0123456789",
@@ -78,6 +79,7 @@ def test_secret_items_are_rejected_and_redacted(text: str) -> None:
         "In Sokoban, a box pushed into a corner can never be moved again.",
         "Check the token count of the answer: 42 is often wrong.",
         "Solve 2x + 3 = 11 by isolating x first.",
+        "The secret is behind the painting; the token is under the rug.",
     ],
 )
 def test_ordinary_lessons_pass(text: str) -> None:

@@ -15,12 +15,13 @@ How each proposal is decided (the documented rule):
 1. "DELETE #id": the lesson leaves its pool (ignored, and logged, if it is not in that pool).
 2. "UPDATE #id: text": the new text replaces the lesson (appended as the newest item); unknown ids
    fall through to 3.
-3. An addition is compared with every lesson of its pool by cosine similarity of embeddings:
-   - the most similar one at `conflict_threshold` or above with opposite polarity (exactly one of the
-     two has a negation: not/never/no/avoid/don't/...) is a CONFLICT: the newer item replaces it;
-   - otherwise the most similar one at `merge_threshold` or above (or an identical text) is a
-     NEAR-DUPLICATE: both merge into a new lesson row that keeps the existing text and position and
-     the union of both provenances (source episodes; `merged_from` and `extraction_ids` in metadata);
+3. An addition is compared with every lesson of its pool by cosine similarity of embeddings, and
+   the most similar lesson (an identical text, ignoring case and punctuation, comes first) decides:
+   - at `conflict_threshold` or above with opposite polarity (exactly one of the two has a negation:
+     not/never/no/avoid/don't/...): a CONFLICT -- the newer item replaces it (appended at the end);
+   - at `merge_threshold` or above, or identical: a NEAR-DUPLICATE -- both merge into a new lesson
+     row that keeps the existing text and position and the union of both provenances (source
+     episodes; `merged_from` and `extraction_ids` in its metadata);
    - otherwise the item is ADDED at the end.
 4. After each proposal the pool is cut to `budget_tokens`, counted with `count_tokens` on
    `render_lessons(pool)` -- exactly, so the budget is never exceeded -- by dropping the lesson with
@@ -273,24 +274,19 @@ class LessonCurator:
         self._embed_all([new.text] + [x.text for x in pool])
         sims = np.array([float(self._vector(new.text) @ self._vector(x.text)) for x in pool])
         identical = [i for i, x in enumerate(pool) if _normal(x.text) == _normal(new.text)]
-        polarity = has_negation(new.text)
-        conflicts = [
-            i
-            for i in np.argsort(-sims)
-            if sims[i] >= self.conflict_threshold and has_negation(pool[i].text) != polarity
-        ]
-        if conflicts and not identical:
-            i = int(conflicts[0])
-            old = pool.pop(i)
-            pool.append(new)
-            return [Change("update", p, new.id, old.id, float(sims[i]), "conflict: opposite polarity")]
         best = identical[0] if identical else int(np.argmax(sims))
-        if identical or sims[best] >= self.merge_threshold:
+        similarity = float(sims[best])
+        opposite = has_negation(pool[best].text) != has_negation(new.text)
+        if not identical and opposite and similarity >= self.conflict_threshold:
+            old = pool.pop(best)
+            pool.append(new)
+            return [Change("update", p, new.id, old.id, similarity, "conflict: opposite polarity")]
+        if identical or similarity >= self.merge_threshold:
             old = pool[best]
             pool[best] = self._merge(old, new, proposal)
-            return [Change("merge", p, pool[best].id, old.id, float(sims[best]), f"merged #{new.id}")]
+            return [Change("merge", p, pool[best].id, old.id, similarity, f"merged #{new.id}")]
         pool.append(new)
-        return [Change("add", p, new.id, None, float(sims[best]), "new")]
+        return [Change("add", p, new.id, None, similarity, "new")]
 
     def _merge(self, old: LessonInfo, new: LessonInfo, proposal: Proposal) -> LessonInfo:
         """A new row: the old text and position, both provenances."""
@@ -349,6 +345,7 @@ class LessonCurator:
         """Write the round's working pools as one new version (a candidate for the gate, or live).
 
         Returns a result whose `version` is None when the pools equal the base version (no change).
+        The version's `token_count` is that of its largest pool (one pool enters a prompt).
         """
         assert self._work is not None, "call begin() before commit()"
         ids = [x.id for p in sorted(self._work) for x in self._work[p]]

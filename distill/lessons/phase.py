@@ -63,7 +63,8 @@ def extract_phase(
 ) -> PhaseResult:
     """Extract from `episode_ids` into every pool and commit the curated pools as one version."""
     assert batch >= 1, f"batch must be at least 1, got {batch}"
-    episodes = [store.episode(i) for i in episode_ids]
+    # An episode that never got a turn (its reset failed) has nothing to learn from.
+    episodes = [e for e in (store.episode(i) for i in episode_ids) if e.steps]
     curator.begin()
     orders = []
     for pool in range(curator.pools):

@@ -76,6 +76,9 @@ _INJECTION = [
     ]
 ]
 
+_CREDENTIAL = (
+    r"(?:password|passwd|pwd|passphrase|secret|api[_ -]?key|access[_ -]?key|auth[_ -]?token|token)\b"
+)
 _SECRETS = [
     (re.compile(p), why)
     for p, why in [
@@ -89,10 +92,13 @@ _SECRETS = [
         (r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", "secret: JWT"),
         (r"(?i)\bbearer\s+[A-Za-z0-9._~+/-]{16,}", "secret: bearer token"),
         (
-            (
-                r"(?i)\b(?:password|passwd|pwd|passphrase|secret|api[_ -]?key|access[_ -]?key|"
-                r"auth[_ -]?token|token)\b\s*(?:is|=|:)\s*['\"]?[^\s'\"]{6,}"
-            ),
+            rf"(?i)\b{_CREDENTIAL}\s*[=:]\s*['\"]?[^\s'\"]{{6,}}",
+            "secret: credential assignment",
+        ),
+        (
+            # "the password is X" only when X looks machine-made (a digit or symbol): game text says
+            # "the secret is behind the painting" and that is a fine lesson.
+            rf"(?i)\b{_CREDENTIAL}\s+is\s+['\"]?(?=[^\s'\"]*[\d_!@#$%^&*+/=])[^\s'\"]{{6,}}",
             "secret: credential assignment",
         ),
     ]
