@@ -31,7 +31,7 @@ def pages(ids: dict[str, int]) -> list[tuple[str, str, bool]]:
     return [
         ("overview", f"/?run={ids['run']}", True),
         ("episodes", f"/episodes?run={ids['run']}", False),
-        ("episode", f"/episodes/{ids['last_episode'] - 1}", True),
+        ("episode", f"/episodes/{ids['source_episode']}", True),
         ("lessons", f"/lessons?run={ids['run']}", False),
         ("lesson-versions", f"/lessons/versions?run={ids['run']}", False),
         ("cycle", f"/cycles/{ids['cycle']}", True),

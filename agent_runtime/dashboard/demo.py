@@ -150,6 +150,7 @@ def seed_demo_store(target: str | os.PathLike[str], *, episodes: int = 120) -> d
                         pool=(n // 20) % 2,
                     )
                     store.set_lesson_status(new, "active")
+                    ids.setdefault("source_episode", episode_id)
                     context += new
                     version = store.create_lesson_set(run_id, context, token_count=25 * len(context),
                                                       note=f"after episode {episode_id}").version
