@@ -59,6 +59,7 @@ from memory.records import (
     to_info,
 )
 
+
 def same_run(column: Any, run_id: int | None) -> Any:
     """`column = run_id`, where a None run id matches rows that belong to no run."""
     return column.is_(None) if run_id is None else column == run_id

@@ -19,7 +19,7 @@ Why this shape:
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -57,7 +57,7 @@ EMBEDDING_KINDS = ("episode", "lesson")
 
 def utcnow() -> dt.datetime:
     """The current time, timezone-aware UTC (the only kind of datetime this package stores)."""
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 class UTCDateTime(TypeDecorator[dt.datetime]):
@@ -73,8 +73,8 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         if value is None:
             return None
         if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.timezone.utc)
-        value = value.astimezone(dt.timezone.utc)
+            value = value.replace(tzinfo=dt.UTC)
+        value = value.astimezone(dt.UTC)
         # SQLite has no time zones: keep a naive UTC value there so ordering and comparison are textual.
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
@@ -82,8 +82,8 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)
-        return value.astimezone(dt.timezone.utc)
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
 
 
 JSONType = JSON().with_variant(JSONB(), "postgresql")
@@ -91,7 +91,7 @@ JSONType = JSON().with_variant(JSONB(), "postgresql")
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {dt.datetime: UTCDateTime(), dict[str, Any]: JSONType, list[Any]: JSONType}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dt.datetime: UTCDateTime(), dict[str, Any]: JSONType, list[Any]: JSONType}
 
 
 class Run(Base):

@@ -10,8 +10,8 @@ the `*Info` classes are what reads return (they carry the database ids and deriv
 
 from __future__ import annotations
 
-import datetime as dt
 import dataclasses
+import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 

@@ -28,13 +28,14 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from memory import migrate
+from memory.embeddings import Embedder
 from memory.engine import describe, make_engine, resolve_url
 from memory.errors import (
     InvalidRecordError,
@@ -43,7 +44,6 @@ from memory.errors import (
     ReadOnlyStoreError,
     StoreUnavailableError,
 )
-from memory.embeddings import Embedder
 from memory.learning import LearningMixin
 from memory.models import EPISODE_OUTCOMES, Episode, Lesson, Run, Step, utcnow
 from memory.records import EpisodeInfo, EpisodeRecord, RunInfo, StepInfo, to_info
@@ -51,6 +51,8 @@ from memory.retrieval import RetrievalMixin
 from memory.transfer import TransferMixin
 
 SUMMARY_CHARS = 1000
+EPISODES = Episode.__table__
+STEPS = Step.__table__
 
 
 def episode_summary(record: EpisodeRecord) -> str:
@@ -106,12 +108,11 @@ class ExperienceStore(LearningMixin, RetrievalMixin, TransferMixin):
         where = describe(url)
         engine = make_engine(url, read_only=read_only)
         try:
-            with engine.connect() as conn:
-                with conn.begin():
-                    if read_only:
-                        migrate.require_head(conn, where)
-                    else:
-                        migrate.upgrade(conn, where)
+            with engine.connect() as conn, conn.begin():
+                if read_only:
+                    migrate.require_head(conn, where)
+                else:
+                    migrate.upgrade(conn, where)
         except DatabaseError as exc:
             engine.dispose()
             message = str(exc.orig) if exc.orig is not None else str(exc)
@@ -150,7 +151,7 @@ class ExperienceStore(LearningMixin, RetrievalMixin, TransferMixin):
         """Release the database connections (the store is unusable afterwards)."""
         self.engine.dispose()
 
-    def __enter__(self) -> ExperienceStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -239,7 +240,10 @@ class ExperienceStore(LearningMixin, RetrievalMixin, TransferMixin):
             values["state"] = state
         if status is not None:
             values["status"] = status
-        result = session.execute(update(Run).where(Run.id == run_id).values(**values))
+        runs = Run.__table__
+        result = session.connection().execute(
+            runs.update().where(runs.c.id == run_id).values(**values)
+        )
         if result.rowcount != 1:
             raise NotFoundError(f"no run with id {run_id} in {self.url}")
 
@@ -262,18 +266,20 @@ class ExperienceStore(LearningMixin, RetrievalMixin, TransferMixin):
         for record in records:
             _validate_episode(record)
         with self._write() as session:
+            # Core statements on the tables: the ORM's bulk machinery costs more CPU than SQLite.
+            conn = session.connection()
             ids = []
             step_rows: list[dict[str, Any]] = []
             for record in records:
-                episode_id = session.execute(
-                    insert(Episode).returning(Episode.id), [_episode_row(run_id, record)]
+                episode_id = conn.execute(
+                    EPISODES.insert().returning(EPISODES.c.id), _episode_row(run_id, record)
                 ).scalar_one()
                 ids.append(episode_id)
                 step_rows.extend(_step_row(episode_id, step) for step in record.steps)
                 if record.lessons_in_context:
                     self._count_lesson_usage(session, list(record.lessons_in_context), record.won)
             if step_rows:
-                session.execute(insert(Step), step_rows)
+                conn.execute(STEPS.insert(), step_rows)
             if run_state is not None:
                 self._update_run(session, run_id, state=run_state)
             return ids
@@ -381,14 +387,14 @@ def _episode_row(run_id: int, record: EpisodeRecord) -> dict[str, Any]:
         "goal": record.goal,
         "summary": episode_summary(record),
         "lessons_in_context": list(record.lessons_in_context),
-        "meta": record.metadata,
+        "metadata": record.metadata,
     }
 
 
 def _step_row(episode_id: int, step: Any) -> dict[str, Any]:
     return {
         "episode_id": episode_id,
-        "index": step.index,
+        "step_index": step.index,
         "observation": step.observation,
         "prompt": step.prompt,
         "response": step.response,

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from sqlalchemy import Boolean, Float, Integer, LargeBinary, Table, insert, select, text
+from sqlalchemy.exc import StatementError
 from sqlalchemy.orm import Session
 
 from memory import migrate
@@ -150,7 +151,7 @@ class TransferMixin:
                 "format": FORMAT_NAME,
                 "version": FORMAT_VERSION,
                 "schema_revision": migrate.head_revision(),
-                "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+                "exported_at": dt.datetime.now(dt.UTC).isoformat(),
                 "source": self.url,
             }
             out.write(json.dumps(header) + "\n")
@@ -269,14 +270,14 @@ class TransferMixin:
             with session.begin_nested():
                 session.execute(insert(table), [row for _, row in batch])
             return
-        except Exception as batch_error:
+        except StatementError as batch_error:
             error: BaseException = batch_error
         # Find the first row the database rejects, to name its line (each try in a savepoint).
         for lineno, row in batch:
             try:
                 with session.begin_nested():
                     session.execute(insert(table), [row])
-            except Exception as row_error:
+            except StatementError as row_error:
                 raise ImportFormatError(
                     f"{name}:{lineno}: row of {table.name} rejected by the database: "
                     f"{str(getattr(row_error, 'orig', row_error)).splitlines()[0]}"

@@ -48,7 +48,7 @@ def make_episode(
     seed: int | None = 7,
 ) -> EpisodeRecord:
     """A small but fully populated episode record (every field non-default)."""
-    start = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone.utc)
+    start = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
     steps = [
         StepRecord(
             index=i,

@@ -12,6 +12,7 @@ import os
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import SQLAlchemyError
 
 PG_URL_ENV = "AGENT_RUNTIME_TEST_PG_URL"
 DEFAULT_PG_URL = "postgresql+psycopg://agent:agent@127.0.0.1:5432/agent_test"
@@ -28,7 +29,7 @@ def _unreachable_reason(url: str) -> str | None:
         with engine.connect() as conn:
             conn.execute(text("select 1"))
         return None
-    except Exception as exc:  # any failure to connect is a reason to skip (or fail in CI)
+    except SQLAlchemyError as exc:  # any failure to connect is a reason to skip (or fail in CI)
         return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     finally:
         engine.dispose()

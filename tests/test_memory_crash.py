@@ -16,7 +16,8 @@ from sqlalchemy import func, select
 
 from memory import ExperienceStore
 from memory.models import Episode, Step
-from tests.fixtures_memory import memory_url  # noqa: F401
+
+pytest_plugins = ["tests.fixtures_memory"]  # the store and memory_url fixtures
 
 REPO = Path(__file__).resolve().parent.parent
 KILLS = int(os.environ.get("AGENT_RUNTIME_CRASH_KILLS", "12"))

@@ -10,7 +10,9 @@ import pytest
 from memory import ExperienceStore
 from memory.embeddings import HashEmbedder, SentenceTransformerEmbedder, make_embedder
 from memory.index import VectorIndex, index_paths
-from tests.fixtures_memory import make_episode, memory_url, store  # noqa: F401
+from tests.fixtures_memory import make_episode
+
+pytest_plugins = ["tests.fixtures_memory"]  # the store and memory_url fixtures
 
 TASKS = {
     "kitchen": "put a clean apple in the fridge in the kitchen",
@@ -74,7 +76,7 @@ def test_rare_filter_still_finds_k(tmp_path: Path) -> None:
 def test_index_is_a_cache_rebuilt_and_extended_from_sql(tmp_path: Path) -> None:
     embedder = HashEmbedder(256)
     with ExperienceStore.open(tmp_path, embedder=embedder) as store:
-        _, ids = _fill(store)
+        _fill(store)
         before = store.search_episodes("find a book", k=4)
         assert store.last_index_sync["episode"] == "built"
     path, sidecar = index_paths(tmp_path / "index", "episode", embedder.name)

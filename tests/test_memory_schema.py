@@ -12,7 +12,8 @@ from sqlalchemy import create_engine, text
 from memory import DatabaseTooNewError, ExperienceStore, NotADatabaseError
 from memory.migrate import head_revision
 from memory.models import Base
-from tests.fixtures_memory import memory_url  # noqa: F401
+
+pytest_plugins = ["tests.fixtures_memory"]  # the store and memory_url fixtures
 
 
 def test_migrations_match_the_models(memory_url: str) -> None:

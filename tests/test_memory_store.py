@@ -17,7 +17,9 @@ from memory import (
     ReadOnlyStoreError,
     StoreUnavailableError,
 )
-from tests.fixtures_memory import make_episode, memory_url, store  # noqa: F401
+from tests.fixtures_memory import make_episode
+
+pytest_plugins = ["tests.fixtures_memory"]  # the store and memory_url fixtures
 
 
 def test_open_workdir_creates_sqlite_file(tmp_path: Path) -> None:
@@ -56,7 +58,7 @@ def test_add_episode_round_trips_every_field(store: ExperienceStore) -> None:
     for name in EpisodeRecord.__dataclass_fields__:
         if name != "steps":
             assert getattr(got, name) == getattr(record, name), name
-    assert got.started_at == dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone.utc)
+    assert got.started_at == dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
     assert [s.index for s in got.steps] == [0, 1, 2, 3]
     for stored, original in zip(got.steps, record.steps):
         for name in original.__dataclass_fields__:
@@ -111,9 +113,9 @@ def test_read_only_store_reads_and_the_database_refuses_writes(memory_url: str) 
         assert reader.stats()["steps"] == 2 and reader.get_run(run_id).name == "r"
         with pytest.raises(ReadOnlyStoreError, match="opened read-only"):
             reader.create_run("x", {})
-        with pytest.raises(DBAPIError):  # the database itself refuses, not only our check
-            with reader.engine.begin() as conn:
-                conn.execute(text("UPDATE runs SET name = 'hacked'"))
+        # the database itself refuses, not only our check
+        with pytest.raises(DBAPIError), reader.engine.begin() as conn:
+            conn.execute(text("UPDATE runs SET name = 'hacked'"))
     with ExperienceStore.open(memory_url) as again:
         assert again.get_run(run_id).name == "r"
 

@@ -10,7 +10,9 @@ import pytest
 
 from memory import ExperienceStore, ImportConflictError, ImportFormatError
 from memory.embeddings import HashEmbedder
-from tests.fixtures_memory import make_episode, memory_url, store  # noqa: F401
+from tests.fixtures_memory import make_episode
+
+pytest_plugins = ["tests.fixtures_memory"]  # the store and memory_url fixtures
 
 
 def _populate(store: ExperienceStore) -> None:
@@ -18,7 +20,7 @@ def _populate(store: ExperienceStore) -> None:
     store.update_run(run_id, phase="EXTRACT", state={"episodes": 2})
     ep1 = store.add_episode(run_id, make_episode(3))
     store.add_episode(run_id, make_episode(2, outcome="error", seed=None, goal=None))
-    ext, lessons = store.record_extraction("m", ["one", "two"], run_id=run_id, episode_ids=[ep1])
+    _, lessons = store.record_extraction("m", ["one", "two"], run_id=run_id, episode_ids=[ep1])
     store.create_lesson_set(run_id, lessons, token_count=9)
     adapter = store.add_adapter("a", "/x", run_id=run_id, metadata={"rank": 8})
     cycle = store.start_cycle(run_id, {"lr": 3e-6}, base_adapter_id=None)
