@@ -133,3 +133,22 @@ def test_plugin_discovered_through_entry_point(tmp_path):
     assert "greedy/ok" not in records  # a failed plugin leaves no half registration behind
     assert records["textworld/coin_collector"]["source"] == "builtin"
     assert result["failures"] == [] and result["type"] == "GuessEnv"
+
+
+def test_docs_example_environment_conforms(tmp_path, monkeypatch, clean_registry):
+    """The complete example in docs/environments.md works as printed."""
+    doc = (REPO / "docs" / "environments.md").read_text()
+    code = doc.split("`guess_env/__init__.py`:", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    package = tmp_path / "guess_env"
+    package.mkdir()
+    (package / "__init__.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert environments.cli_check("guess_env:GuessEnv", episodes=2) == []
+    import guess_env
+
+    guess_env.register()
+    records = {r.id: r for r in environments.list_envs()}
+    assert records["guess/number-hard"].description == "Guess a number up to 100"
+    env = environments.make("guess/number-hard")
+    environments.check_env(env)
+    assert env.high == 100
