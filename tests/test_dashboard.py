@@ -17,9 +17,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from agent_runtime.dashboard import create_app, serve
 from agent_runtime.dashboard import app as dashboard_app
-from agent_runtime.dashboard import reads
+from agent_runtime.dashboard import create_app, reads, serve
 from agent_runtime.dashboard.demo import DEMO_EMBEDDER, ENVS, episode_record, seed_demo_store
 from memory import ExperienceStore, ReadOnlyStoreError, StoreUnavailableError
 
@@ -35,7 +34,7 @@ def seed_with_xss(workdir: Path) -> dict[str, int]:
         record = episode_record(ENVS[1], f"task {XSS}", won=False, observation=f"A note reads {XSS} here.")
         record.goal = f"goal {XSS}"
         ids["xss_episode"] = store.add_episode(ids["run"], record)
-        extraction, lesson_ids = store.record_extraction(
+        _, lesson_ids = store.record_extraction(
             "extractor", [f"Never trust {XSS} in a room description."], run_id=ids["run"],
             episode_ids=[ids["xss_episode"]], prompt=f"prompt {XSS}", response=f"- EXPERIENCE ITEM: {XSS}",
         )
@@ -182,6 +181,13 @@ def test_writes_are_405(client: TestClient, method: str, url: str) -> None:
     assert response.headers["allow"] == "GET, HEAD"
 
 
+def test_head_is_allowed(client: TestClient) -> None:
+    for url in ("/", "/episodes", "/api/runs/1/success.json", "/static/dashboard.css"):
+        response = client.head(url)
+        assert response.status_code == 200, url
+        assert response.content == b"" and int(response.headers["content-length"]) > 0
+
+
 def test_store_is_read_only_at_the_driver(seeded: tuple[Path, dict[str, int]]) -> None:
     workdir, ids = seeded
     db = workdir / "memory.db"
@@ -194,9 +200,8 @@ def test_store_is_read_only_at_the_driver(seeded: tuple[Path, dict[str, int]]) -
         assert store.read_only
         with pytest.raises(ReadOnlyStoreError):
             store.add_lesson("sneaky")
-        with pytest.raises(OperationalError, match="readonly"):
-            with store.engine.begin() as conn:
-                conn.execute(text("UPDATE lessons SET text = 'changed'"))
+        with pytest.raises(OperationalError, match="readonly"), store.engine.begin() as conn:
+            conn.execute(text("UPDATE lessons SET text = 'changed'"))
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
 
 
@@ -211,9 +216,8 @@ def test_postgres_store_is_read_only(tmp_path: Path) -> None:
     app = create_app(url)
     with TestClient(app, base_url="http://127.0.0.1") as test_client:
         assert ESCAPED in test_client.get(f"/episodes/{episode}").text
-        with pytest.raises(Exception, match="read-only transaction"):
-            with app.state.store.engine.begin() as conn:
-                conn.execute(text("UPDATE lessons SET text = 'changed'"))
+        with pytest.raises(Exception, match="read-only transaction"), app.state.store.engine.begin() as conn:
+            conn.execute(text("UPDATE lessons SET text = 'changed'"))
 
 
 def test_token_is_required_when_configured(seeded: tuple[Path, dict[str, int]]) -> None:

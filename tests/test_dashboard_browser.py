@@ -54,7 +54,7 @@ class Writer(threading.Thread):
                                             seed=1000 + self.written)
                     store.add_episode(self.run_id, record, run_state={"live": self.written})
                     self.written += 1
-        except BaseException as exc:  # reported by the test, not swallowed
+        except Exception as exc:  # noqa: BLE001 -- reported by the test, not swallowed
             self.error = exc
 
 
@@ -74,7 +74,7 @@ def test_dashboard_in_chromium_while_a_loop_writes(tmp_path: Path) -> None:
         try:
             context = browser.new_context(viewport={"width": 1280, "height": 900})
 
-            def guard(route, request) -> None:  # noqa: ANN001 -- Playwright's callback types
+            def guard(route, request) -> None:
                 if urlsplit(request.url).hostname not in LOCAL_HOSTS:
                     offsite.append(request.url)
                     route.abort()

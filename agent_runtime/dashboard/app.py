@@ -29,6 +29,7 @@ import ipaddress
 import json
 import os
 import secrets
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -78,7 +79,7 @@ def _host_name(header: str) -> str:
 
 
 def _format_dt(value: dt.datetime | None) -> str:
-    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if value else ""
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if value else ""
 
 
 def _pct(value: float | None) -> str:
@@ -196,7 +197,8 @@ def create_app(
     app.state.templates = _templates()
     app.state.target = target
     app.state.embedder = embedder
-    app.state.search_stores = {}
+    app.state.search_stores = {}  # embedder spec -> a read-only store that searches with it
+    app.state.search_lock = threading.Lock()
     app.middleware("http")(_security_middleware(token, hosts))
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.include_router(router)

@@ -43,7 +43,7 @@ LESSON_TEXTS = (
 
 
 def now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def _observation(env_id: str, task: str, index: int, rng: random.Random) -> str:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Integer, Select, func, select
+from sqlalchemy import Integer, Select, Text, cast, func, select
 from sqlalchemy.orm import Session
 
 from memory import EpisodeInfo, ExperienceStore, LessonInfo, LessonSetInfo
@@ -167,14 +167,21 @@ def adapter_lineage(store: ExperienceStore, adapter_id: int) -> list[AdapterInfo
     return chain
 
 
+def _with_lessons() -> Any:
+    """SQL: the episode had lessons in context. JSON lists are stored as JSON text ('[]' when empty,
+    on SQLite and PostgreSQL alike), so comparing the text avoids decoding every list in Python."""
+    return cast(Episode.lessons_in_context, Text) != "[]"
+
+
 def success_without_lessons(store: ExperienceStore, run_id: int) -> float | None:
     """The run's success rate over episodes played with no lessons in context (the lessons' baseline)."""
     with _session(store) as session:
-        rows = session.execute(
-            select(Episode.won, Episode.lessons_in_context).where(Episode.run_id == run_id)
-        ).all()
-    plain = [won for won, in_context in rows if not in_context]
-    return sum(plain) / len(plain) if plain else None
+        n, won = session.execute(
+            select(func.count(Episode.id), func.sum(Episode.won.cast(Integer))).where(
+                Episode.run_id == run_id, ~_with_lessons()
+            )
+        ).one()
+    return int(won or 0) / n if n else None
 
 
 def lessons_consolidated_by(store: ExperienceStore, cycle_id: int) -> list[int]:
@@ -285,15 +292,20 @@ def success_charts(store: ExperienceStore, run_id: int, *, window: int = 20) -> 
     """
     with _session(store) as session:
         rows = session.execute(
-            select(Episode.env_id, Episode.won, Episode.lessons_in_context, Episode.ended_at)
+            select(Episode.env_id, Episode.won, _with_lessons())
             .where(Episode.run_id == run_id)
             .order_by(Episode.id)
         ).all()
-        cycles = session.execute(
+        marks = []
+        for cycle_id, status, started, ended in session.execute(
             select(Cycle.id, Cycle.status, Cycle.started_at, Cycle.ended_at)
             .where(Cycle.run_id == run_id)
             .order_by(Cycle.id)
-        ).all()
+        ):
+            position = session.scalar(
+                select(func.count(Episode.id)).where(Episode.run_id == run_id, Episode.ended_at <= (ended or started))
+            )
+            marks.append({"x": int(position or 0), "label": f"cycle {cycle_id} {status}", "status": status})
     n = len(rows)
     stride = max(1, math.ceil(n / MAX_POINTS))
     keep = [i for i in range(n) if i % stride == stride - 1 or i == n - 1]
@@ -301,15 +313,20 @@ def success_charts(store: ExperienceStore, run_id: int, *, window: int = 20) -> 
                     y_range=(0.0, 1.0))
     lessons = Chart(f"with lessons in context vs without (last {window} episodes)", "episode", "success",
                     y_range=(0.0, 1.0))
-    groups: dict[str, dict[str, deque[bool]]] = {"env": {}, "lessons": {}}
+    groups: dict[str, dict[str, deque[int]]] = {"env": {}, "lessons": {}}
+    wins: dict[str, dict[str, int]] = {"env": {}, "lessons": {}}
     current: dict[str, dict[str, float]] = {"env": {}, "lessons": {}}
     kept = iter(keep)
     next_keep = next(kept, None)
-    for i, (env_id, won, in_context, _) in enumerate(rows):
+    for i, (env_id, won, in_context) in enumerate(rows):
         for kind, key in (("env", env_id), ("lessons", "with lessons" if in_context else "without lessons")):
-            recent = groups[kind].setdefault(key, deque(maxlen=window))
-            recent.append(bool(won))
-            current[kind][key] = sum(recent) / len(recent)
+            recent = groups[kind].setdefault(key, deque())
+            recent.append(int(won))
+            total = wins[kind].get(key, 0) + int(won)
+            if len(recent) > window:
+                total -= recent.popleft()
+            wins[kind][key] = total
+            current[kind][key] = total / len(recent)
         if i == next_keep:
             for chart, kind in ((per_env, "env"), (lessons, "lessons")):
                 chart.x.append(i + 1)
@@ -319,11 +336,6 @@ def success_charts(store: ExperienceStore, run_id: int, *, window: int = 20) -> 
                     if len(values) < len(chart.x):
                         values.append(None)
             next_keep = next(kept, None)
-    marks = []
-    for cycle_id, status, started, ended in cycles:
-        at = ended or started
-        position = sum(1 for r in rows if r.ended_at <= at)
-        marks.append({"x": position, "label": f"cycle {cycle_id} {status}", "status": status})
     for chart in (per_env, lessons):
         chart.marks = marks
         if not n:

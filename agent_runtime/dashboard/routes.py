@@ -14,6 +14,7 @@ means "any" instead of a 422.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
@@ -24,6 +25,8 @@ from memory import ExperienceStore, MemoryStoreError, RunInfo
 from memory.models import EPISODE_OUTCOMES, LESSON_STATUSES
 
 router = APIRouter()
+# Every route answers GET and HEAD (FastAPI's `router.get` would leave HEAD to 405).
+get = functools.partial(router.api_route, methods=["GET", "HEAD"])
 PER_PAGE = 50
 MAX_PER_PAGE = 500
 SEARCH_K = 10
@@ -97,17 +100,17 @@ def _overview_context(request: Request) -> dict[str, Any]:
     }
 
 
-@router.get("/", response_class=HTMLResponse)
+@get("/", response_class=HTMLResponse)
 def overview(request: Request) -> HTMLResponse:
     return _page(request, "overview.html", **_overview_context(request))
 
 
-@router.get("/partials/overview", response_class=HTMLResponse)
+@get("/partials/overview", response_class=HTMLResponse)
 def overview_live(request: Request) -> HTMLResponse:
     return _render(request, "_overview_live.html", _overview_context(request))
 
 
-@router.get("/api/runs/{run_id}/success.json")
+@get("/api/runs/{run_id}/success.json")
 def success_json(request: Request, run_id: int) -> JSONResponse:
     store = _store(request)
     store.get_run(run_id)
@@ -118,7 +121,7 @@ def success_json(request: Request, run_id: int) -> JSONResponse:
 # -- episodes ----------------------------------------------------------------------------------
 
 
-@router.get("/episodes", response_class=HTMLResponse)
+@get("/episodes", response_class=HTMLResponse)
 def episodes(request: Request) -> HTMLResponse:
     store = _store(request)
     outcome = _text(request, "outcome")
@@ -150,7 +153,7 @@ def episodes(request: Request) -> HTMLResponse:
     return _page(request, "episodes.html", **context)
 
 
-@router.get("/episodes/{episode_id}", response_class=HTMLResponse)
+@get("/episodes/{episode_id}", response_class=HTMLResponse)
 def episode(request: Request, episode_id: int) -> HTMLResponse:
     store = _store(request)
     info = store.episode(episode_id)
@@ -166,7 +169,7 @@ def episode(request: Request, episode_id: int) -> HTMLResponse:
     )
 
 
-@router.get("/api/episodes/{episode_id}/rewards.json")
+@get("/api/episodes/{episode_id}/rewards.json")
 def rewards_json(request: Request, episode_id: int) -> JSONResponse:
     return JSONResponse({"charts": [reads.episode_chart(_store(request).episode(episode_id)).as_json()]})
 
@@ -174,7 +177,7 @@ def rewards_json(request: Request, episode_id: int) -> JSONResponse:
 # -- lessons -----------------------------------------------------------------------------------
 
 
-@router.get("/lessons", response_class=HTMLResponse)
+@get("/lessons", response_class=HTMLResponse)
 def lessons(request: Request) -> HTMLResponse:
     store = _store(request)
     runs = store.runs()
@@ -210,7 +213,7 @@ def lessons(request: Request) -> HTMLResponse:
     )
 
 
-@router.get("/lessons/versions", response_class=HTMLResponse)
+@get("/lessons/versions", response_class=HTMLResponse)
 def lesson_versions(request: Request) -> HTMLResponse:
     store = _store(request)
     runs = store.runs()
@@ -222,7 +225,7 @@ def lesson_versions(request: Request) -> HTMLResponse:
                  gates=reads.gate_decisions(store, run_id))
 
 
-@router.get("/lessons/{lesson_id}", response_class=HTMLResponse)
+@get("/lessons/{lesson_id}", response_class=HTMLResponse)
 def lesson(request: Request, lesson_id: int) -> HTMLResponse:
     store = _store(request)
     info = store.get_lesson(lesson_id)
@@ -241,7 +244,7 @@ def lesson(request: Request, lesson_id: int) -> HTMLResponse:
 # -- OPCD cycles -------------------------------------------------------------------------------
 
 
-@router.get("/cycles", response_class=HTMLResponse)
+@get("/cycles", response_class=HTMLResponse)
 def cycles(request: Request) -> HTMLResponse:
     store = _store(request)
     runs = store.runs()
@@ -256,7 +259,7 @@ def cycles(request: Request) -> HTMLResponse:
     )
 
 
-@router.get("/cycles/{cycle_id}", response_class=HTMLResponse)
+@get("/cycles/{cycle_id}", response_class=HTMLResponse)
 def cycle(request: Request, cycle_id: int) -> HTMLResponse:
     store = _store(request)
     info = store.get_cycle(cycle_id)
@@ -275,7 +278,7 @@ def cycle(request: Request, cycle_id: int) -> HTMLResponse:
     )
 
 
-@router.get("/api/cycles/{cycle_id}/curves.json")
+@get("/api/cycles/{cycle_id}/curves.json")
 def curves_json(request: Request, cycle_id: int) -> JSONResponse:
     charts, _ = reads.curve_charts(_store(request).get_cycle(cycle_id).curves)
     return JSONResponse({"charts": [c.as_json() for c in charts]})
@@ -296,12 +299,13 @@ def _search_store(request: Request) -> tuple[ExperienceStore | None, str]:
         if spec is None:
             return None, (f"the stored vectors were made by embedder {name!r}, which the dashboard cannot "
                           "rebuild by itself; pass its spec to create_app(embedder=...)")
-    if spec not in state.search_stores:
-        state.search_stores[spec] = ExperienceStore.open(state.target, read_only=True, embedder=spec)
-    return state.search_stores[spec], ""
+    with state.search_lock:
+        if spec not in state.search_stores:
+            state.search_stores[spec] = ExperienceStore.open(state.target, read_only=True, embedder=spec)
+        return state.search_stores[spec], ""
 
 
-@router.get("/search", response_class=HTMLResponse)
+@get("/search", response_class=HTMLResponse)
 def search(request: Request) -> HTMLResponse:
     query = _text(request, "q")
     kind = _text(request, "kind") or "all"
