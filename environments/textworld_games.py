@@ -48,6 +48,19 @@ def _clean(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", "\n".join(line.rstrip() for line in lines)).strip()
 
 
+MAX_COMMAND_CHARS = 200
+
+
+def safe_command(action: str) -> str:
+    """What the Z-machine interpreter can take: printable ASCII on one line, bounded in length.
+
+    Jericho's frotz hangs on a NUL byte and crashes the process on some long or non-ASCII input, so
+    anything else is dropped here; the game then answers the cleaned command with its own feedback.
+    """
+    cleaned = "".join(ch if 32 <= ord(ch) < 127 else " " for ch in action)
+    return " ".join(cleaned.split())[:MAX_COMMAND_CHARS]
+
+
 def game_seed(task_id: str) -> int:
     """The generation seed of a TextWorld task id."""
     for split, offset in (("train", 0), ("eval", EVAL_SEED_OFFSET)):
@@ -184,7 +197,7 @@ class TextWorldEnv(EpisodicEnv):
 
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         previous = self._state["score"] or 0
-        state, _, done = self._env.step(action)
+        state, _, done = self._env.step(safe_command(action))
         self._state = state
         reward = (state["score"] or 0) - previous
         terminated = bool(done or state["won"] or state["lost"])
