@@ -3,15 +3,19 @@
 The URL comes from AGENT_RUNTIME_TEST_PG_URL (default: the server `.ci/postgres.sh` starts). On a
 developer machine without a server the PostgreSQL tests skip with the reason; in CI (the `CI`
 environment variable set) they fail instead, because there the server must be running.
+
+Each test process works in its own database (`<name>_<pid>`, created when the role may create
+databases, dropped at exit), so two test runs against one server cannot reset each other's tables.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.exc import SQLAlchemyError
 
 PG_URL_ENV = "AGENT_RUNTIME_TEST_PG_URL"
@@ -35,8 +39,37 @@ def _unreachable_reason(url: str) -> str | None:
         engine.dispose()
 
 
+@functools.cache
+def _private_database(url: str) -> str:
+    """A database of this process's own on the same server, or `url` if it cannot be created."""
+    base = make_url(url)
+    name = f"{base.database}_{os.getpid()}"
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except SQLAlchemyError:
+        return url  # no CREATEDB privilege: share the configured database
+    finally:
+        engine.dispose()
+    atexit.register(_drop_database, url, name)
+    return base.set(database=name).render_as_string(hide_password=False)
+
+
+def _drop_database(url: str, name: str) -> None:
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    except SQLAlchemyError:
+        pass  # best effort at interpreter exit
+    finally:
+        engine.dispose()
+
+
 def require_pg() -> str:
-    """The test server's URL; skips the test (fails it in CI) when no server answers."""
+    """A URL of a test database; skips the test (fails it in CI) when no server answers."""
     url = pg_url()
     reason = _unreachable_reason(url)
     if reason is not None:
@@ -47,7 +80,7 @@ def require_pg() -> str:
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    return url
+    return _private_database(url)
 
 
 def reset_pg(url: str) -> None:

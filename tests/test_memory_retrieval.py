@@ -157,6 +157,7 @@ def test_embedder_specs() -> None:
     assert vectors[0] @ vectors[1] == pytest.approx(1.0) and vectors[0] @ vectors[2] < 0.9
 
 
+@pytest.mark.slow  # loads the real MiniLM model (5-20 s on 2 cores)
 def test_default_minilm_embedder_ranks_paraphrases(tmp_path: Path) -> None:
     with ExperienceStore.open(tmp_path) as store:  # default embedder: packaged all-MiniLM-L6-v2
         run_id = store.create_run("r", {})
