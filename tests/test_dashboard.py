@@ -33,6 +33,7 @@ def seed_with_xss(workdir: Path) -> dict[str, int]:
     with ExperienceStore.open(workdir, embedder=DEMO_EMBEDDER) as store:
         record = episode_record(ENVS[1], f"task {XSS}", won=False, observation=f"A note reads {XSS} here.")
         record.goal = f"goal {XSS}"
+        record.steps[0].prompt = f"prompt {XSS}"
         ids["xss_episode"] = store.add_episode(ids["run"], record)
         _, lesson_ids = store.record_extraction(
             "extractor", [f"Never trust {XSS} in a room description."], run_id=ids["run"],
@@ -63,6 +64,7 @@ def page_urls(ids: dict[str, int]) -> list[str]:
         "/episodes", f"/episodes?run={run}&env={ENVS[0]}&outcome=won&page=1", f"/episodes/{ids['xss_episode']}",
         "/lessons", f"/lessons?run={run}&status=active&pool=0", "/lessons/versions",
         f"/lessons/{ids['xss_lesson']}", "/cycles", f"/cycles/{cycle}", "/search", "/search?q=frozen+lake",
+        f"/episodes/{ids['xss_episode']}/steps/0/prompt",
     ]
 
 
@@ -117,10 +119,21 @@ def test_rolling_success_rate_and_cycle_marks(tmp_path: Path) -> None:
 def test_model_text_is_escaped(client: TestClient, seeded: tuple[Path, dict[str, int]]) -> None:
     _, ids = seeded
     for url in (f"/episodes/{ids['xss_episode']}", f"/lessons/{ids['xss_lesson']}", "/lessons",
+                f"/episodes/{ids['xss_episode']}/steps/0/prompt",
                 f"/episodes?run={ids['run']}", "/search?q=never+trust+a+room+description"):
         body = client.get(url).text
         assert XSS not in body, url
         assert ESCAPED in body, url
+
+
+def test_prompts_load_on_demand(client: TestClient, seeded: tuple[Path, dict[str, int]]) -> None:
+    _, ids = seeded
+    episode = client.get(f"/episodes/{ids['xss_episode']}").text
+    assert "prompt &lt;script&gt;" not in episode  # long prompts stay out of the episode page
+    assert f'hx-get="/episodes/{ids["xss_episode"]}/steps/0/prompt"' in episode
+    fragment = client.get(f"/episodes/{ids['xss_episode']}/steps/0/prompt", headers={"HX-Request": "true"})
+    assert fragment.text == f"prompt {ESCAPED}"
+    assert client.get(f"/episodes/{ids['xss_episode']}/steps/99/prompt").status_code == 404
 
 
 def test_episode_page_shows_trajectory_and_provenance(client: TestClient, seeded: tuple[Path, dict[str, int]]) -> None:

@@ -106,6 +106,8 @@ def test_dashboard_in_chromium_while_a_loop_writes(tmp_path: Path) -> None:
 
             page.goto(f"{base}/episodes/{ids['xss_episode']}")
             expect(page.locator("pre.obs").first).to_contain_text("<script>alert(1)</script>")
+            page.locator("details.prompt summary").first.click()  # HTMX loads the prompt on opening
+            expect(page.locator("details.prompt pre").first).to_have_text("prompt <script>alert(1)</script>")
             page.locator(f"a[href='/lessons/{ids['xss_lesson']}']").first.click()
             page.wait_for_url(f"{base}/lessons/{ids['xss_lesson']}")
             expect(page.locator("blockquote.lesson-text")).to_contain_text("<script>alert(1)</script>")

@@ -26,8 +26,8 @@ from typing import Any
 from sqlalchemy import Integer, Select, Text, cast, func, select
 from sqlalchemy.orm import Session
 
-from memory import EpisodeInfo, ExperienceStore, LessonInfo, LessonSetInfo
-from memory.models import Adapter, Cycle, Embedding, Episode, Lesson, LessonSet, LessonSetMember
+from memory import EpisodeInfo, ExperienceStore, LessonInfo, LessonSetInfo, NotFoundError
+from memory.models import Adapter, Cycle, Embedding, Episode, Lesson, LessonSet, LessonSetMember, Step
 from memory.records import AdapterInfo, CycleInfo, EvaluationInfo, to_info
 
 MAX_POINTS = 400
@@ -79,6 +79,15 @@ def episode_page(
             .offset((page - 1) * per_page)
         )
         return [to_info(EpisodeInfo, r) for r in rows], total
+
+
+def step_prompt(store: ExperienceStore, episode_id: int, index: int) -> str:
+    """The full prompt of one step (the episode page loads prompts only when opened: they are long)."""
+    with _session(store) as session:
+        prompt = session.scalar(select(Step.prompt).where(Step.episode_id == episode_id, Step.index == index))
+    if prompt is None:
+        raise NotFoundError(f"episode {episode_id} has no step {index} in {store.url}")
+    return prompt
 
 
 def env_ids(store: ExperienceStore, run_id: int | None = None) -> list[str]:

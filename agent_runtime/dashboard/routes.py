@@ -3,7 +3,8 @@
 Pages: `/` overview, `/episodes` (filterable, paged) and `/episodes/{id}`, `/lessons`,
 `/lessons/versions` and `/lessons/{id}`, `/cycles` and `/cycles/{id}`, `/search`.
 Fragments for HTMX: a page asked with the `HX-Request` header returns only its changing part
-(`/partials/overview` is the overview's live block, polled every few seconds).
+(`/partials/overview` is the overview's live block, polled every few seconds;
+`/episodes/{id}/steps/{index}/prompt` is a step's full prompt, loaded when it is opened).
 Charts: `/api/runs/{id}/success.json`, `/api/episodes/{id}/rewards.json`,
 `/api/cycles/{id}/curves.json`, each `{"charts": [...]}` in the shape of `reads.Chart`.
 
@@ -15,6 +16,7 @@ means "any" instead of a 422.
 from __future__ import annotations
 
 import functools
+import html
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
@@ -167,6 +169,15 @@ def episode(request: Request, episode_id: int) -> HTMLResponse:
         produced=reads.lessons_from_episode(store, info),
         run_id=info.run_id,
     )
+
+
+@get("/episodes/{episode_id}/steps/{index}/prompt", response_class=HTMLResponse)
+def step_prompt(request: Request, episode_id: int, index: int) -> HTMLResponse:
+    """One step's full prompt: an escaped fragment for HTMX (fetched when its <details> opens), else a page."""
+    prompt = reads.step_prompt(_store(request), episode_id, index)
+    if _wants_fragment(request):
+        return HTMLResponse(html.escape(prompt))
+    return _page(request, "prompt.html", episode_id=episode_id, index=index, prompt=prompt)
 
 
 @get("/api/episodes/{episode_id}/rewards.json")
