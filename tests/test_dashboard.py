@@ -336,3 +336,17 @@ def test_static_assets_are_served(client: TestClient) -> None:
     response = client.get("/static/uplot-1.6.32.min.js")
     assert response.status_code == 200 and "javascript" in response.headers["content-type"]
     assert response.content.startswith(b"/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
+
+
+def test_dashboard_imports_only_memory_of_ours() -> None:
+    import ast
+
+    ours = {"agent_runtime", "environments", "distill", "memory"}
+    for path in sorted(PACKAGE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top in ours:
+                    assert top == "memory" or name.startswith("agent_runtime.dashboard"), f"{path.name} imports {name}"
