@@ -1,10 +1,19 @@
 """On-policy context distillation (OPCD): losses, trainer, baselines, adapter I/O.
 
-`topk_reverse_kl` is the paper's objective; `OPCDTrainer` runs it with a LoRA student and a teacher that is
-the same model with the start-of-cycle adapter (or none); `OffPolicyDistillTrainer` and `TeacherSFTTrainer`
-are the baselines. See `distill/opcd/trainer.py` for the loop and the speed choices.
+`topk_reverse_kl` is the paper's objective; `OPCDTrainer` runs it with a LoRA student and, as teacher, the
+same model with the start-of-cycle adapter (or none) plus the context in its system message. The baselines
+(off-policy context distillation, SFT on teacher samples) are the same trainer with `OPCDConfig.objective`
+set to `off_policy` or `sft`. System-prompt distillation is OPCD with one fixed context string.
 """
 
+from distill.opcd.adapters import (AdapterExistsError, atomic_directory, load_adapter, read_metadata,
+                                   remove_partial_writes)
+from distill.opcd.config import OPCDConfig
 from distill.opcd.losses import chunked_topk_divergence, topk_forward_kl, topk_reverse_kl
+from distill.opcd.trainer import DivergenceError, OPCDTrainer, with_context
 
-__all__ = ["chunked_topk_divergence", "topk_forward_kl", "topk_reverse_kl"]
+__all__ = [
+    "AdapterExistsError", "DivergenceError", "OPCDConfig", "OPCDTrainer", "atomic_directory",
+    "chunked_topk_divergence", "load_adapter", "read_metadata", "remove_partial_writes", "topk_forward_kl",
+    "topk_reverse_kl", "with_context",
+]

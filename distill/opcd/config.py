@@ -1,0 +1,73 @@
+"""`OPCDConfig`: every knob of one consolidation run, validated (unknown keys are errors).
+
+Defaults follow the paper (arXiv 2602.12275) where it fixes them: top-k 256, one sample per prompt, one
+AdamW step per batch at a constant learning rate in 1e-6..5e-6, gradient clip 1.0. The sampling temperature
+is 0.6 for math and 0.7 for games in the paper; the default here is the games value. The same config drives
+the baselines (`objective`), so a comparison changes one field.
+
+System-prompt distillation (the paper's MedMCQA / safety set-ups) is not a separate mode: it is OPCD with a
+fixed context string (the system prompt) passed as the context of every sample.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Objective = Literal["opcd", "off_policy", "sft"]
+Sampler = Literal["merged-bf16", "merged-fp32", "live"]
+
+
+class OPCDConfig(BaseModel):
+    """One consolidation run. Field docs say what each knob does and why its default is what it is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    objective: Objective = Field(
+        "opcd", description="opcd: student samples, reverse KL on the student's top-k (the method); "
+        "off_policy: teacher samples with the context, forward KL on the teacher's top-k; "
+        "sft: teacher samples with the context, cross-entropy on them")
+    lr: float = Field(2e-6, gt=0, description="AdamW learning rate, constant (no schedule, no warm-up)")
+    weight_decay: float = Field(0.0, ge=0)
+    k: int = Field(256, ge=1, description="top-k support of the divergence (k >= vocabulary = exact KL)")
+    temperature: float = Field(0.7, gt=0, description="sampling and loss temperature tau")
+    renormalize: bool = Field(False, description="renormalise both distributions over the top-k (not the paper)")
+    max_new_tokens: int = Field(256, ge=1, description="longest sampled response; longer ones are cut")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="keep only the last N prompt tokens")
+    batch_size: int = Field(4, ge=1, description="prompts per optimizer step, one sample each")
+    steps: int = Field(100, ge=0, description="optimizer steps of a run")
+    grad_clip: float = Field(1.0, gt=0, description="global gradient-norm clip")
+    full_finetune: bool = Field(False, description="train all weights instead of a LoRA adapter (the teacher is "
+                                "then a frozen copy of the start-of-cycle model: twice the weights in memory)")
+    lora_r: int = Field(16, ge=1)
+    lora_alpha: float = Field(32.0, gt=0)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_target_modules: list[str] | str = Field(
+        "all-linear", description="peft target modules: a list of module names, or 'all-linear'")
+    chunk_size: int = Field(128, ge=1, description="response positions per loss chunk (bounds logits memory)")
+    sampler: Sampler = Field(
+        "merged-bf16", description="what the student samples from: a bf16 copy with the adapter merged "
+        "(fastest on CPUs with bf16 support and on GPUs), an fp32 merged copy, or the live training model "
+        "(no extra memory, slower: unmerged LoRA)")
+    share_context_cache: bool = Field(
+        True, description="run the teacher once over the token prefix that all teacher prompts of a batch "
+        "share (the system prompt and the lessons when they are the same) and reuse its KV cache")
+    min_shared_prefix: int = Field(32, ge=1, description="shorter shared prefixes are not worth a separate pass")
+    seed: int = 0
+    eval_seed: int = Field(1234, description="sampling seed of evaluate_kl, fixed so evaluations compare")
+    divergence_max_loss: float = Field(
+        100.0, gt=0, description="a loss above this (nats per token) aborts the run as diverged")
+    divergence_spike_factor: float = Field(
+        10.0, gt=1, description="a loss above this multiple of the median of recent losses counts as a spike")
+    divergence_spike_floor: float = Field(
+        1.0, gt=0, description="the median is floored at this many nats, so that the noise of a nearly converged "
+        "run (tiny median) is not mistaken for divergence")
+    divergence_patience: int = Field(3, ge=1, description="consecutive spikes that abort the run")
+    divergence_window: int = Field(20, ge=2, description="how many recent losses the median is taken over")
+
+    @model_validator(mode="after")
+    def _check(self) -> "OPCDConfig":
+        if self.objective == "sft" and self.renormalize:
+            raise ValueError("renormalize applies to the KL objectives, not to objective='sft'")
+        return self

@@ -1,0 +1,426 @@
+"""`OPCDTrainer`: on-policy context distillation of a context (lessons, a system prompt) into weights.
+
+One step (DESIGN.md "The method"): the student (the current policy plus a trainable LoRA adapter) samples one
+response per prompt WITHOUT the context, at the config's temperature, up to and including the first EOS; the
+teacher (the frozen start-of-cycle policy) scores the same response tokens with the context appended to the
+system message of the same prompt; the loss is `topk_reverse_kl` on the student's top-k, token-mean over the
+batch; one AdamW step at a constant learning rate with the gradient clipped to 1.0.
+
+The teacher is, without a second copy of the weights in memory:
+- no parent adapter: the same model with the adapter disabled (the base policy);
+- a parent adapter (the promoted adapter of the last cycle): the same model with that adapter switched in,
+  frozen, while the student starts as a copy of it;
+or, with a copy: an explicit `teacher_model` (a larger model sharing the tokenizer: cross-size distillation),
+or, for `full_finetune`, a frozen copy of the model taken before the first step.
+
+Baselines share this loop through `config.objective`: `off_policy` (the teacher samples with the context,
+forward KL on the teacher's top-k) and `sft` (cross-entropy on the teacher's samples). The "lessons in
+context" baseline needs no training. System-prompt distillation is OPCD with a fixed context string.
+
+Where the time goes and what is done about it (measured in bench/opcd.py):
+- sampling dominates. The student samples from a separate copy of the weights with the adapter merged in
+  (unmerged LoRA costs extra matmuls per decoded token), in bf16 by default (`config.sampler`), refreshed
+  after each optimizer step by writing W + BA into the copy;
+- the teacher runs once over the token prefix that all teacher prompts of the batch share (the system prompt
+  and, when every sample got the same lesson pool, the lessons) and reuses that KV cache for every row;
+- losses are computed from final hidden states in sequence chunks (`chunked_topk_divergence`), so the
+  (B, T, V) logits of the two models are never held at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import torch
+
+from distill.opcd.adapters import atomic_directory, write_metadata
+from distill.opcd.config import OPCDConfig
+from distill.opcd.losses import chunked_topk_divergence
+
+Chat = list[dict[str, str]]
+ContextSource = str | Sequence[str] | Callable[[Chat], str]
+
+
+class DivergenceError(RuntimeError):
+    """The loss became NaN/inf or diverged; the run must be aborted and its adapter rolled back."""
+
+
+def with_context(chat: Chat, context: str) -> Chat:
+    """The teacher's view of a prompt: `context` appended to the system message (added when there is none)."""
+    if not context:
+        return list(chat)
+    if chat and chat[0].get("role") == "system":
+        return [{**chat[0], "content": f"{chat[0]['content']}\n\n{context}"}, *chat[1:]]
+    return [{"role": "system", "content": context}, *chat]
+
+
+def _parts(causal_lm) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(decoder stack returning final normalised hidden states, output head) of a causal LM."""
+    config = causal_lm.config
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        raise NotImplementedError(f"{type(causal_lm).__name__} post-processes its logits (softcapping/scale); "
+                                  "the chunked loss applies the output head alone and would be wrong")
+    return causal_lm.base_model, causal_lm.get_output_embeddings()
+
+
+def _response_hidden(causal_lm, prompts: list[list[int]], responses: list[list[int]], *, pad_id: int,
+                     shared_prefix: int = 0) -> torch.Tensor:
+    """Final hidden states (B, R, H) at the positions that predict each response token.
+
+    Layout per row: [shared prefix][left padding][rest of the prompt][response][right padding]. When
+    `shared_prefix` > 0 (no-grad use only) the prefix is run once and its KV cache repeated for every row.
+    """
+    decoder, _ = _parts(causal_lm)
+    device = causal_lm.device
+    batch, longest = len(prompts), max(len(r) for r in responses)
+    rests = [p[shared_prefix:] for p in prompts]
+    assert all(rests), "every row must keep at least one prompt token after the shared prefix"
+    width = max(len(r) for r in rests)
+    ids = torch.full((batch, width + longest), pad_id, dtype=torch.long)
+    mask = torch.zeros(batch, shared_prefix + width + longest, dtype=torch.long)
+    mask[:, :shared_prefix] = 1
+    for row, (rest, response) in enumerate(zip(rests, responses)):
+        ids[row, width - len(rest):width] = torch.tensor(rest)
+        ids[row, width:width + len(response)] = torch.tensor(response)
+        mask[row, shared_prefix + width - len(rest):shared_prefix + width + len(response)] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared_prefix:]
+    cache = None
+    if shared_prefix:
+        assert not torch.is_grad_enabled(), "the shared-prefix cache is for the frozen teacher only"
+        prefix = torch.tensor([prompts[0][:shared_prefix]], device=device)
+        cache = decoder(input_ids=prefix, use_cache=True).cache
+        cache.batch_repeat_interleave(batch)
+    out = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                  cache=cache, use_cache=cache is not None)
+    return out.last_hidden_state[:, width - 1:width - 1 + longest]
+
+
+def _common_prefix(rows: list[list[int]]) -> int:
+    length = min(len(r) for r in rows)
+    for i in range(length):
+        if any(r[i] != rows[0][i] for r in rows[1:]):
+            return i
+    return length
+
+
+class OPCDTrainer:
+    """Distils `contexts` into `model` (see the module docstring). `model` is a plain transformers causal LM."""
+
+    def __init__(self, model, tokenizer, config: OPCDConfig, *, teacher_model=None,
+                 parent_adapter: str | Path | None = None):
+        from peft import PeftModel
+
+        if isinstance(model, PeftModel):
+            raise TypeError("pass the base model; the current adapter goes in parent_adapter=<its directory>")
+        if config.full_finetune and parent_adapter is not None:
+            raise ValueError("full_finetune trains the model's own weights; merge the parent adapter first")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.parent_adapter = str(parent_adapter) if parent_adapter else None
+        self.steps_done = 0
+        self.history: list[dict] = []
+        self._spikes = 0
+        self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        eos = model.generation_config.eos_token_id
+        self._eos_ids = sorted({tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None})
+        self._sampler = None
+        if config.sampler != "live":
+            dtype = torch.bfloat16 if config.sampler == "merged-bf16" else torch.float32
+            self._sampler = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
+        self._teacher = teacher_model
+        if config.full_finetune:
+            self.model = model
+            if teacher_model is None:
+                self._teacher = copy.deepcopy(model).eval().requires_grad_(False)
+        else:
+            self.model = self._attach_lora(model)
+        if self._teacher is not None:
+            self._teacher.eval().requires_grad_(False)
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        assert self._params, "nothing to train"
+        self.optimizer = torch.optim.AdamW(self._params, lr=config.lr, weight_decay=config.weight_decay)
+        self._refresh_sampler()
+
+    # -- set-up ------------------------------------------------------------------------------------------
+    def _attach_lora(self, model):
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        model.requires_grad_(False)
+        if self.parent_adapter:
+            peft_model = PeftModel.from_pretrained(model, self.parent_adapter, adapter_name="default",
+                                                   is_trainable=True)
+            if self._teacher is None:
+                peft_model.load_adapter(self.parent_adapter, adapter_name="parent", is_trainable=False)
+            peft_model.set_adapter("default")
+            return peft_model
+        lora = LoraConfig(r=self.config.lora_r, lora_alpha=self.config.lora_alpha,
+                          lora_dropout=self.config.lora_dropout, target_modules=self.config.lora_target_modules,
+                          bias="none", task_type="CAUSAL_LM")
+        return get_peft_model(model, lora)
+
+    @property
+    def _student_lm(self):
+        return self.model if self.config.full_finetune else self.model.get_base_model()
+
+    @contextlib.contextmanager
+    def _teacher_lm(self) -> Iterator[torch.nn.Module]:
+        """The teacher as a plain causal LM, switched in for the duration of the block (no gradients)."""
+        with torch.no_grad():
+            if self._teacher is not None:
+                yield self._teacher
+            elif self.parent_adapter:
+                self.model.set_adapter("parent", inference_mode=True)
+                try:
+                    yield self._student_lm
+                finally:
+                    self.model.set_adapter("default")
+            else:
+                with self.model.disable_adapter():
+                    yield self._student_lm
+
+    @torch.no_grad()
+    def _refresh_sampler(self) -> None:
+        """Write the student's current weights (LoRA merged in) into the sampling copy."""
+        if self._sampler is None:
+            return
+        targets = dict(self._sampler.named_modules())
+        if self.config.full_finetune:
+            sampler_params = dict(self._sampler.named_parameters())
+            for name, param in self.model.named_parameters():
+                sampler_params[name].copy_(param)
+            return
+        for name, module in self._student_lm.named_modules():
+            if hasattr(module, "get_delta_weight") and "default" in getattr(module, "lora_A", {}):
+                merged = module.base_layer.weight + module.get_delta_weight("default")
+                targets[name].weight.copy_(merged)
+
+    # -- prompts and sampling ----------------------------------------------------------------------------
+    def render(self, chat: Chat) -> list[int]:
+        """Token ids of a chat prompt, ready for the assistant's turn (cut to max_prompt_tokens from the left)."""
+        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if self.config.max_prompt_tokens:
+            ids = ids[-self.config.max_prompt_tokens:]
+        return ids
+
+    @torch.no_grad()
+    def _generate(self, causal_lm, prompts: list[list[int]]) -> list[list[int]]:
+        """One sample per prompt at the config temperature (no top-k/top-p), cut after the first EOS."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        was_training = causal_lm.training
+        causal_lm.eval()
+        out = causal_lm.generate(
+            input_ids=ids.to(causal_lm.device), attention_mask=mask.to(causal_lm.device), do_sample=True,
+            temperature=self.config.temperature, top_k=0, top_p=1.0, max_new_tokens=self.config.max_new_tokens,
+            eos_token_id=self._eos_ids, pad_token_id=self._pad_id)
+        causal_lm.train(was_training)
+        responses = []
+        for row in out[:, width:].tolist():
+            cut = next((i for i, tok in enumerate(row) if tok in self._eos_ids), len(row) - 1)
+            responses.append(row[:cut + 1])
+        return responses
+
+    def _sample_student(self, prompts: list[list[int]]) -> list[list[int]]:
+        return self._generate(self._sampler if self._sampler is not None else self.model, prompts)
+
+    def _sample_teacher(self, prompts: list[list[int]]) -> list[list[int]]:
+        with self._teacher_lm() as teacher:
+            return self._generate(teacher, prompts)
+
+    def _shared_prefix(self, prompts: list[list[int]]) -> int:
+        if not self.config.share_context_cache or len(prompts) < 2:
+            return 0
+        length = min(_common_prefix(prompts), min(len(p) for p in prompts) - 1)
+        return length if length >= self.config.min_shared_prefix else 0
+
+    def _teacher_hidden(self, prompts: list[list[int]], responses: list[list[int]]) -> tuple[torch.Tensor, object]:
+        with self._teacher_lm() as teacher:
+            hidden = _response_hidden(teacher, prompts, responses, pad_id=self._pad_id,
+                                      shared_prefix=self._shared_prefix(prompts))
+            return hidden, _parts(teacher)[1]
+
+    # -- training ----------------------------------------------------------------------------------------
+    def step(self, prompts: list[Chat], contexts: list[str]) -> dict:
+        """One optimizer step on a batch: sample, score, loss, AdamW. Returns the step's metrics."""
+        if len(prompts) != len(contexts):
+            raise ValueError(f"{len(prompts)} prompts but {len(contexts)} contexts; give one context per prompt")
+        cfg = self.config
+        started = time.perf_counter()
+        student_ids = [self.render(p) for p in prompts]
+        teacher_ids = [self.render(with_context(p, c)) for p, c in zip(prompts, contexts)]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed * 1_000_003 + self.steps_done)
+            if cfg.objective == "opcd":
+                responses = self._sample_student(student_ids)
+            else:
+                responses = self._sample_teacher(teacher_ids)
+        sampled = time.perf_counter()
+        targets, mask = self._pad_responses(responses)
+        teacher_hidden, teacher_head = self._teacher_hidden(teacher_ids, responses)
+        scored = time.perf_counter()
+        self.model.train()
+        student_lm = self._student_lm
+        hidden = _response_hidden(student_lm, student_ids, responses, pad_id=self._pad_id)
+        divergence = {"opcd": "reverse", "off_policy": "forward", "sft": "cross_entropy"}[cfg.objective]
+        result = chunked_topk_divergence(
+            hidden, teacher_hidden, mask, student_head=_parts(student_lm)[1], teacher_head=teacher_head,
+            targets=targets, divergence=divergence, k=cfg.k,
+            temperature=1.0 if divergence == "cross_entropy" else cfg.temperature,
+            renormalize=cfg.renormalize, chunk_size=cfg.chunk_size)
+        del hidden, teacher_hidden
+        self._guard(result.loss)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip))
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise DivergenceError(f"step {self.steps_done}: gradient norm is {grad_norm}; aborting the run")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._refresh_sampler()
+        self.steps_done += 1
+        finished = time.perf_counter()
+        metrics = {
+            "step": self.steps_done, "objective": cfg.objective, "loss": result.loss,
+            "kl_estimate": result.sampled_kl if cfg.objective == "opcd" else float("nan"),
+            "tokens": result.tokens, "grad_norm": grad_norm, "seconds": finished - started,
+            "sample_seconds": sampled - started, "teacher_seconds": scored - sampled,
+            "train_seconds": finished - scored,
+            "response_length": result.tokens / len(responses),
+        }
+        self.history.append(metrics)
+        return metrics
+
+    def _pad_responses(self, responses: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        longest = max(len(r) for r in responses)
+        targets = torch.full((len(responses), longest), self._pad_id, dtype=torch.long)
+        mask = torch.zeros(len(responses), longest)
+        for row, response in enumerate(responses):
+            targets[row, :len(response)] = torch.tensor(response)
+            mask[row, :len(response)] = 1
+        return targets.to(self.model.device), mask.to(self.model.device)
+
+    def _guard(self, loss: float) -> None:
+        """Abort before the optimizer step on a NaN/inf, an absurd loss, or repeated spikes."""
+        cfg = self.config
+        problem = None
+        recent = [m["loss"] for m in self.history[-cfg.divergence_window:]]
+        spike = len(recent) >= 5 and loss > cfg.divergence_spike_factor * max(statistics.median(recent),
+                                                                              cfg.divergence_spike_floor)
+        self._spikes = self._spikes + 1 if spike else 0
+        if not math.isfinite(loss):
+            problem = f"loss is {loss}"
+        elif loss > cfg.divergence_max_loss:
+            problem = f"loss {loss:.3g} exceeds divergence_max_loss={cfg.divergence_max_loss}"
+        elif self._spikes >= cfg.divergence_patience:
+            problem = (f"{self._spikes} consecutive losses above {cfg.divergence_spike_factor}x the recent median "
+                       f"{statistics.median(recent):.3g}")
+        if problem:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise DivergenceError(f"step {self.steps_done}: {problem}; aborting the run (roll the adapter back)")
+
+    def train(self, prompt_source: Sequence[Chat] | Iterable[Chat], context_source: ContextSource,
+              steps: int | None = None, on_step: Callable[[dict], None] | None = None) -> list[dict]:
+        """Run `steps` (default config.steps) optimizer steps; returns the per-step metrics.
+
+        `prompt_source`: a sequence of chats (reshuffled every pass with the config seed) or an iterator of
+        chats (drawn in order). `context_source`: one string for every sample (system-prompt distillation, or
+        one lesson set), a sequence of strings (one drawn at random per sample: the lesson pools), or a
+        callable `chat -> context`. `on_step(metrics)` is called after each step (log it, save, stop by
+        raising). A NaN or diverging loss raises `DivergenceError`.
+        """
+        rng = random.Random(self.config.seed)
+        prompts = self._prompt_stream(prompt_source, rng)
+        pick = self._context_picker(context_source, rng)
+        out = []
+        for _ in range(self.config.steps if steps is None else steps):
+            batch = [next(prompts) for _ in range(self.config.batch_size)]
+            metrics = self.step(batch, [pick(chat) for chat in batch])
+            out.append(metrics)
+            if on_step is not None:
+                on_step(metrics)
+        return out
+
+    @staticmethod
+    def _prompt_stream(source, rng: random.Random) -> Iterator[Chat]:
+        if isinstance(source, Sequence):
+            if not source:
+                raise ValueError("no prompts to train on")
+
+            def cycle() -> Iterator[Chat]:
+                while True:
+                    order = list(range(len(source)))
+                    rng.shuffle(order)
+                    yield from (source[i] for i in order)
+            return cycle()
+        return iter(source)
+
+    @staticmethod
+    def _context_picker(source: ContextSource, rng: random.Random) -> Callable[[Chat], str]:
+        if isinstance(source, str):
+            return lambda chat: source
+        if callable(source):
+            return source
+        pools = list(source)
+        if not pools:
+            raise ValueError("context_source is an empty sequence; give at least one lesson pool")
+        return lambda chat: rng.choice(pools)
+
+    # -- evaluation and saving ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def kl_per_prompt(self, prompts: list[Chat], contexts: list[str]) -> list[float]:
+        """Exact (full-vocabulary) reverse KL per response token, student without context vs teacher with it,
+        on one student sample per prompt drawn with the fixed `eval_seed`; one value per prompt."""
+        values = []
+        for start in range(0, len(prompts), self.config.batch_size):
+            chats = prompts[start:start + self.config.batch_size]
+            student_ids = [self.render(p) for p in chats]
+            teacher_ids = [self.render(with_context(p, c)) for p, c in zip(chats, contexts[start:])]
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.config.eval_seed + start)
+                responses = self._sample_student(student_ids)
+            teacher_hidden, teacher_head = self._teacher_hidden(teacher_ids, responses)
+            self.model.eval()
+            hidden = _response_hidden(self._student_lm, student_ids, responses, pad_id=self._pad_id)
+            head = _parts(self._student_lm)[1]
+            for row in range(len(chats)):
+                mask = torch.zeros(1, hidden.shape[1], device=hidden.device)
+                mask[0, :len(responses[row])] = 1
+                result = chunked_topk_divergence(
+                    hidden[row:row + 1], teacher_hidden[row:row + 1], mask, student_head=head,
+                    teacher_head=teacher_head, k=head.weight.shape[0],
+                    temperature=self.config.temperature, chunk_size=self.config.chunk_size, backward=False)
+                values.append(result.loss)
+        return values
+
+    def evaluate_kl(self, prompts: list[Chat], contexts: list[str] | str) -> float:
+        """Held-out mean per-token reverse KL(student without context || teacher with it); lower is better."""
+        if isinstance(contexts, str):
+            contexts = [contexts] * len(prompts)
+        return statistics.fmean(self.kl_per_prompt(prompts, contexts))
+
+    def save_adapter(self, path: str | Path, *, overwrite: bool = False, metadata: dict | None = None) -> Path:
+        """Write the trained adapter (or the full model when full_finetune) atomically to `path`."""
+        path = Path(path)
+        with atomic_directory(path, overwrite=overwrite) as partial:
+            if self.config.full_finetune:
+                self.model.save_pretrained(partial)
+                self.tokenizer.save_pretrained(partial)
+            else:
+                self.model.save_pretrained(partial, selected_adapters=["default"])
+            write_metadata(partial, {
+                "config": self.config.model_dump(), "steps": self.steps_done, "parent_adapter": self.parent_adapter,
+                "base_model": getattr(self._student_lm.config, "_name_or_path", None),
+                "last_metrics": self.history[-1] if self.history else None, **(metadata or {}),
+            })
+        return path

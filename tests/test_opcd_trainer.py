@@ -1,0 +1,216 @@
+"""OPCDTrainer: the learning check (issue 7 item 5), teacher/student plumbing, divergence guard, adapter I/O.
+
+The tiny model is first taught (plain SFT, ~10 s) to answer "take coin" when the system message carries the
+lesson and a random move otherwise, so that the context changes the teacher's distribution strongly; the
+trainers must then move that behaviour into the LoRA weights of the student, which never sees the lesson.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+
+from agent_runtime.testing import tiny_model_and_tokenizer
+from distill.opcd.adapters import load_adapter
+from distill.opcd.config import OPCDConfig
+from distill.opcd.trainer import DivergenceError, OPCDTrainer, _response_hidden, with_context
+
+LESSON = "Lessons from your past experience: always take coin."
+MOVES = ["go north", "go south", "go east", "go west", "look", "inventory", "open door"]
+
+
+def room(i: int) -> list[dict]:
+    return [{"role": "system", "content": "You play a text game."},
+            {"role": "user", "content": f"You are in room {i}. What do you do?"}]
+
+
+TRAIN, HELD_OUT = [room(i) for i in range(30)], [room(i) for i in range(30, 40)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny matmuls gain nothing from threads, and on a shared 2-core machine two spinning OpenMP threads per
+    process make each step ~30x slower; one thread keeps this module fast."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def taught():
+    """A tiny Llama that says "take coin" with the lesson in context, and a random move without it."""
+    model, tok = tiny_model_and_tokenizer("llama", hidden_size=64, layers=2, heads=4)
+    rng = random.Random(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        rows = []
+        for _ in range(16):
+            lesson = rng.random() < 0.5
+            chat = with_context(room(rng.randrange(30)), LESSON) if lesson else room(rng.randrange(30))
+            prompt = tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True),
+                         add_special_tokens=False)["input_ids"]
+            answer = tok("take coin" if lesson else rng.choice(MOVES), add_special_tokens=False)["input_ids"]
+            rows.append((prompt, answer + [tok.eos_token_id]))
+        width = max(len(p) + len(a) for p, a in rows)
+        ids = torch.full((16, width), tok.pad_token_id)
+        labels, mask = torch.full((16, width), -100), torch.zeros(16, width, dtype=torch.long)
+        for r, (p, a) in enumerate(rows):
+            ids[r, :len(p) + len(a)] = torch.tensor(p + a)
+            labels[r, len(p):len(p) + len(a)] = torch.tensor(a)
+            mask[r, :len(p) + len(a)] = 1
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model.eval(), tok
+
+
+def _config(**overrides) -> OPCDConfig:
+    base = dict(lr=2e-2, k=64, temperature=1.0, max_new_tokens=8, batch_size=8, steps=30, lora_r=8, lora_alpha=16,
+                sampler="merged-fp32", min_shared_prefix=8)
+    return OPCDConfig(**{**base, **overrides})
+
+
+def _lora_weights(trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+
+
+@pytest.mark.parametrize("objective", ["opcd", "off_policy", "sft"])
+def test_short_run_halves_the_held_out_reverse_kl_and_moves_the_lora_weights(taught, objective):
+    model, tok = taught
+    trainer = OPCDTrainer(copy.deepcopy(model), tok, _config(objective=objective))
+    before_weights = _lora_weights(trainer)
+    before = trainer.evaluate_kl(HELD_OUT, LESSON)
+    history = trainer.train(TRAIN, LESSON)
+    after = trainer.evaluate_kl(HELD_OUT, LESSON)
+    assert before > 1.0, "the lesson must change the teacher strongly for this check to mean anything"
+    assert after < before / 2, (objective, before, after)
+    moved = [n for n, w in _lora_weights(trainer).items() if not torch.equal(w, before_weights[n])]
+    assert len(moved) == len(before_weights)
+    assert len(history) == 30 and all(m["tokens"] > 0 and m["grad_norm"] >= 0 for m in history)
+    answers = [tok.decode(r) for r in trainer._sample_student([trainer.render(c) for c in HELD_OUT[:4]])]
+    assert sum(a.startswith("take coin") for a in answers) >= 3, answers
+
+
+def test_teacher_is_the_base_model_with_the_adapter_disabled(taught):
+    model, tok = taught
+    trainer = OPCDTrainer(copy.deepcopy(model), tok, _config(steps=3))
+    trainer.train(TRAIN, LESSON)
+    prompts, responses = [trainer.render(c) for c in TRAIN[:3]], [[5, 6, 7], [8], [9, 10]]
+    with torch.no_grad():
+        reference = _response_hidden(model, prompts, responses, pad_id=tok.pad_token_id)
+        teacher, _ = trainer._teacher_hidden(prompts, responses)
+        student = _response_hidden(trainer._student_lm, prompts, responses, pad_id=tok.pad_token_id)
+    torch.testing.assert_close(teacher, reference, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(student, reference, atol=1e-3)  # the student did move
+
+
+def test_shared_context_prefix_cache_gives_the_same_hidden_states(taught):
+    model, tok = taught
+    trainer = OPCDTrainer(copy.deepcopy(model), tok, _config())
+    prompts = [trainer.render(with_context(c, LESSON)) for c in TRAIN[:4]]
+    shared = trainer._shared_prefix(prompts)
+    assert shared >= 8
+    responses = [[11, 12, 13, 14], [15], [16, 17], [18, 19, 20]]
+    with torch.no_grad():
+        once = _response_hidden(model, prompts, responses, pad_id=tok.pad_token_id, shared_prefix=shared)
+        full = _response_hidden(model, prompts, responses, pad_id=tok.pad_token_id)
+    mask = torch.zeros(4, 4, dtype=torch.bool)
+    for row, r in enumerate(responses):
+        mask[row, :len(r)] = True
+    torch.testing.assert_close(once[mask], full[mask], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("sampler", ["merged-fp32", "merged-bf16"])
+def test_sampling_copy_tracks_the_merged_student(taught, sampler):
+    model, tok = taught
+    trainer = OPCDTrainer(copy.deepcopy(model), tok, _config(steps=2, sampler=sampler))
+    trainer.train(TRAIN, LESSON)
+    ids = torch.tensor([trainer.render(TRAIN[0])])
+    with torch.no_grad():
+        student = trainer.model(input_ids=ids).logits
+        sampled = trainer._sampler(input_ids=ids).logits.float()
+        base = model(input_ids=ids).logits
+    tolerance = 1e-4 if sampler == "merged-fp32" else 0.1
+    torch.testing.assert_close(sampled, student, rtol=0, atol=tolerance)
+    assert (student - base).abs().max() > 10 * tolerance
+
+
+def test_nan_loss_raises_divergence_error_before_any_update(taught):
+    model, tok = taught
+    poisoned = copy.deepcopy(model)
+    with torch.no_grad():
+        poisoned.lm_head.weight[0, 0] = float("nan")  # tied: the teacher's logits become NaN
+    trainer = OPCDTrainer(copy.deepcopy(model), tok, _config(), teacher_model=poisoned)
+    before = _lora_weights(trainer)
+    with pytest.raises(DivergenceError, match="loss is nan"):
+        trainer.step(TRAIN[:4], [LESSON] * 4)
+    assert all(torch.equal(w, before[n]) for n, w in _lora_weights(trainer).items())
+
+
+def test_diverging_loss_raises(taught):
+    model, tok = taught
+    trainer = OPCDTrainer(copy.deepcopy(model), tok, _config(divergence_max_loss=1e-6))
+    with pytest.raises(DivergenceError, match="exceeds divergence_max_loss"):
+        trainer.train(TRAIN, LESSON, steps=2)
+
+
+def test_adapter_round_trip_and_parent_adapter_becomes_the_teacher(taught, tmp_path):
+    model, tok = taught
+    first = OPCDTrainer(copy.deepcopy(model), tok, _config(steps=10))
+    first.train(TRAIN, LESSON)
+    path = first.save_adapter(tmp_path / "cycle-1")
+    assert {"adapter_config.json", "adapter_model.safetensors", "opcd.json"} <= {p.name for p in path.iterdir()}
+    ids = torch.tensor([first.render(HELD_OUT[0])])
+    with torch.no_grad():
+        expected = first.model(input_ids=ids).logits
+        loaded = load_adapter(copy.deepcopy(model), path)(input_ids=ids).logits
+    torch.testing.assert_close(loaded, expected, rtol=1e-5, atol=1e-5)
+
+    second = OPCDTrainer(copy.deepcopy(model), tok, _config(steps=2), parent_adapter=path)
+    assert second.evaluate_kl(HELD_OUT[:4], "") == pytest.approx(0.0, abs=1e-5)  # student starts as the parent
+    second.train(TRAIN, "a different lesson")
+    prompts, responses = [second.render(HELD_OUT[0])], [[5, 6]]
+    with torch.no_grad():
+        teacher, _ = second._teacher_hidden(prompts, responses)
+        parent = _response_hidden(load_adapter(copy.deepcopy(model), path).get_base_model(), prompts, responses,
+                                  pad_id=tok.pad_token_id)
+    torch.testing.assert_close(teacher, parent, rtol=1e-4, atol=1e-5)
+
+
+def test_full_finetune_and_cross_size_teacher_run(taught):
+    model, tok = taught
+    full = OPCDTrainer(copy.deepcopy(model), tok, _config(full_finetune=True, lr=1e-3, steps=2))
+    teacher_before = {n: p.clone() for n, p in full._teacher.named_parameters()}
+    full.train(TRAIN, LESSON)
+    assert any(not torch.equal(p, model.state_dict()[n]) for n, p in full.model.named_parameters())
+    assert all(torch.equal(p, teacher_before[n]) for n, p in full._teacher.named_parameters())
+
+    bigger, _ = tiny_model_and_tokenizer("llama", hidden_size=96, layers=3, heads=4, seed=1)
+    cross = OPCDTrainer(copy.deepcopy(model), tok, _config(steps=2), teacher_model=bigger)
+    metrics = cross.train(TRAIN, LESSON)
+    assert all(torch.isfinite(torch.tensor(m["loss"])) for m in metrics)
+
+
+def test_config_rejects_unknown_keys():
+    with pytest.raises(ValueError, match="extra"):
+        OPCDConfig(learning_rate=1e-3)
+
+
+def test_interrupted_adapter_save_leaves_no_half_directory(taught, tmp_path, monkeypatch):
+    import distill.opcd.trainer as trainer_module
+
+    model, tok = taught
+    trainer = OPCDTrainer(copy.deepcopy(model), tok, _config(steps=0))
+
+    def crash(directory, metadata):
+        assert (directory / "adapter_model.safetensors").exists()  # the weights were half-way written
+        raise OSError("killed while writing")
+
+    monkeypatch.setattr(trainer_module, "write_metadata", crash)
+    with pytest.raises(OSError, match="killed"):
+        trainer.save_adapter(tmp_path / "cycle-1")
+    assert list(tmp_path.iterdir()) == []
