@@ -20,6 +20,8 @@ PostgreSQL (`postgresql+psycopg://...`): pre-ping on the pool; read-only opens s
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -27,24 +29,45 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 
-from memory.errors import NotADatabaseError, StoreUnavailableError
+from memory.errors import InvalidRecordError, NotADatabaseError, StoreUnavailableError
 
 DB_FILENAME = "memory.db"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 30_000
 
 
+def _without_nan(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _without_nan(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_nan(v) for v in value]
+    return value
+
+
+def json_dumps(value: Any) -> str:
+    """JSON for the JSON columns: NaN and infinities become null (PostgreSQL's JSONB has no NaN,
+    and both backends must store the same thing); a value JSON cannot hold is `InvalidRecordError`."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        return json.dumps(_without_nan(value), allow_nan=False)
+    except TypeError as exc:
+        raise InvalidRecordError(f"a value cannot be stored as JSON: {exc}") from exc
+
+
 def resolve_url(target: str | os.PathLike[str]) -> URL:
     """A SQLAlchemy URL for a workdir, an SQLite file path or a URL.
 
-    A directory (existing or not) means `<dir>/memory.db`; a path ending in `.db`/`.sqlite`/`.sqlite3`
-    means that file.
+    A directory (existing or not) means `<dir>/memory.db`; an existing file, or a path ending in
+    `.db`/`.sqlite`/`.sqlite3`, means that file.
     """
     text = os.fspath(target)
     if "://" in text:
         return make_url(text)
     path = Path(text).expanduser()
-    if path.suffix not in {".db", ".sqlite", ".sqlite3"}:
+    if not path.is_file() and path.suffix not in {".db", ".sqlite", ".sqlite3"}:
         path = path / DB_FILENAME
     return URL.create("sqlite+pysqlite", database=str(path.resolve()))
 
@@ -86,7 +109,9 @@ def _sqlite_engine(url: URL, read_only: bool) -> Engine:
             )
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+    engine = create_engine(
+        url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000}, json_serializer=json_dumps
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -112,7 +137,9 @@ def _postgres_engine(url: URL, read_only: bool) -> Engine:
     connect_args: dict[str, Any] = {"connect_timeout": 10}
     if read_only:
         connect_args["options"] = "-c default_transaction_read_only=on"
-    return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    return create_engine(
+        url, pool_pre_ping=True, connect_args=connect_args, json_serializer=json_dumps
+    )
 
 
 def make_engine(url: URL, *, read_only: bool = False) -> Engine:

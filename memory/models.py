@@ -11,7 +11,9 @@ Why this shape:
   provenance we must never lose, so the database itself guards it.
 - Timestamps are stored as UTC and always come back timezone-aware (`UTCDateTime`), on SQLite too.
 - JSON columns are `JSON` (JSONB on PostgreSQL); an attribute may not be called `metadata` on a
-  declarative class, so those columns are named `metadata` in SQL but `meta` in Python.
+  declarative class, so those columns are named `metadata` in SQL but `meta` in Python. NaN and
+  infinities inside JSON values are stored as null (`memory.engine.json_dumps`), the same on both
+  backends, since PostgreSQL's JSONB cannot hold them.
 - The schema is created and evolved only by the Alembic migrations in `memory/migrations/`;
   `tests/test_memory_schema.py` checks that these classes and the migrations agree.
 """

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from sqlalchemy import Engine, func, select
-from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
+from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, StatementError
 from sqlalchemy.orm import Session, sessionmaker
 
 from memory import migrate
@@ -180,6 +180,13 @@ class ExperienceStore(LearningMixin, RetrievalMixin, TransferMixin):
             ) from exc
         except OperationalError as exc:
             raise StoreUnavailableError(f"write to {self.url} failed: {exc.orig}") from exc
+        except StatementError as exc:  # a value the database or its driver cannot take
+            cause = exc.orig if exc.orig is not None else exc
+            if isinstance(cause, InvalidRecordError):
+                raise cause from exc
+            raise InvalidRecordError(
+                f"a value cannot be stored (nothing was written): {type(cause).__name__}: {cause}"
+            ) from exc
 
     # -- runs ----------------------------------------------------------------------------------
 

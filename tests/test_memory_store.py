@@ -13,6 +13,7 @@ from memory import (
     EpisodeRecord,
     ExperienceStore,
     InvalidRecordError,
+    NotADatabaseError,
     NotFoundError,
     ReadOnlyStoreError,
     StoreUnavailableError,
@@ -132,3 +133,23 @@ def test_unreachable_server_is_a_clear_error() -> None:
     assert "secret" not in str(err.value)
     with pytest.raises(StoreUnavailableError, match="unsupported database backend 'mysql'"):
         ExperienceStore.open("mysql://u@localhost/db")
+
+
+def test_unstorable_values_are_a_clear_error(store: ExperienceStore) -> None:
+    run_id = store.create_run("r", {})
+    record = make_episode(2)
+    record.metadata = {"when": object()}  # not JSON
+    with pytest.raises(InvalidRecordError, match="cannot be stored as JSON.*not JSON serializable"):
+        store.add_episode(run_id, record)
+    assert store.stats()["episodes"] == 0
+    record.metadata = {"loss": float("nan"), "curve": [1.0, float("inf")]}
+    stored = store.episode(store.add_episode(run_id, record))
+    assert stored.metadata == {"loss": None, "curve": [1.0, None]}  # the same on both backends
+
+
+def test_an_existing_file_of_any_name_is_taken_as_the_database(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    with pytest.raises(NotADatabaseError, match="notes.txt is not an SQLite database"):
+        ExperienceStore.open(notes)
+    assert notes.read_text() == "my notes"
