@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent_runtime.dashboard import create_app  # noqa: E402
-from agent_runtime.dashboard.demo import running_server, seed_demo_store  # noqa: E402
+from agent_runtime.dashboard import create_app
+from agent_runtime.dashboard.demo import running_server, seed_demo_store
 
 MAX_BYTES = 300_000
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-gpu",
