@@ -20,10 +20,9 @@ def test_completed_write_appears_whole(tmp_path):
 
 
 def test_failed_write_leaves_no_directory(tmp_path):
-    with pytest.raises(RuntimeError):
-        with atomic_directory(tmp_path / "a1") as partial:
-            (partial / "weights.bin").write_bytes(b"half")
-            raise RuntimeError("disk full")
+    with pytest.raises(RuntimeError), atomic_directory(tmp_path / "a1") as partial:
+        (partial / "weights.bin").write_bytes(b"half")
+        raise RuntimeError("disk full")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -45,9 +44,8 @@ def test_killed_write_leaves_only_a_partial_that_cleanup_removes(tmp_path):
 def test_existing_target_is_refused_unless_overwrite(tmp_path):
     with atomic_directory(tmp_path / "a1") as partial:
         (partial / "v").write_text("1")
-    with pytest.raises(AdapterExistsError, match="written once"):
-        with atomic_directory(tmp_path / "a1"):
-            pass
+    with pytest.raises(AdapterExistsError, match="written once"), atomic_directory(tmp_path / "a1"):
+        pass
     with atomic_directory(tmp_path / "a1", overwrite=True) as partial:
         (partial / "v").write_text("2")
     assert (tmp_path / "a1" / "v").read_text() == "2"

@@ -69,8 +69,8 @@ def taught():
 
 
 def _config(**overrides) -> OPCDConfig:
-    base = dict(lr=2e-2, k=64, temperature=1.0, max_new_tokens=8, batch_size=8, steps=30, lora_r=8, lora_alpha=16,
-                sampler="merged-fp32", min_shared_prefix=8)
+    base = {"lr": 2e-2, "k": 64, "temperature": 1.0, "max_new_tokens": 8, "batch_size": 8, "steps": 30,
+            "lora_r": 8, "lora_alpha": 16, "sampler": "merged-fp32", "min_shared_prefix": 8}
     return OPCDConfig(**{**base, **overrides})
 
 

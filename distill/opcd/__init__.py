@@ -6,8 +6,13 @@ same model with the start-of-cycle adapter (or none) plus the context in its sys
 set to `off_policy` or `sft`. System-prompt distillation is OPCD with one fixed context string.
 """
 
-from distill.opcd.adapters import (AdapterExistsError, atomic_directory, load_adapter, read_metadata,
-                                   remove_partial_writes)
+from distill.opcd.adapters import (
+                                   AdapterExistsError,
+                                   atomic_directory,
+                                   load_adapter,
+                                   read_metadata,
+                                   remove_partial_writes,
+)
 from distill.opcd.config import OPCDConfig
 from distill.opcd.losses import chunked_topk_divergence, topk_forward_kl, topk_reverse_kl
 from distill.opcd.trainer import DivergenceError, OPCDTrainer, with_context

@@ -15,8 +15,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 METADATA_FILE = "opcd.json"
 _PARTIAL = ".partial-"

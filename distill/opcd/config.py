@@ -67,7 +67,7 @@ class OPCDConfig(BaseModel):
     divergence_window: int = Field(20, ge=2, description="how many recent losses the median is taken over")
 
     @model_validator(mode="after")
-    def _check(self) -> "OPCDConfig":
+    def _check(self) -> OPCDConfig:
         if self.objective == "sft" and self.renormalize:
             raise ValueError("renormalize applies to the KL objectives, not to objective='sft'")
         return self

@@ -24,8 +24,9 @@ exist at once in full. The gradient is the same as the unchunked loss's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 

@@ -35,8 +35,8 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
