@@ -238,6 +238,12 @@ class LessonCurator:
     def apply(self, proposals: Sequence[Proposal]) -> list[Change]:
         """Apply proposals in order to the working pools; returns the changes they made."""
         assert self._work is not None, "call begin() before apply()"
+        pools = {p.pool for p in proposals}
+        # One embedding call for the whole batch: a model call costs far more per call than per text.
+        self._embed_all(
+            [p.text for p in proposals if p.op != "delete"]
+            + [x.text for pool in pools for x in self._work.get(pool, [])]
+        )
         made: list[Change] = []
         for proposal in proposals:
             pool = self._work.setdefault(proposal.pool, [])

@@ -78,13 +78,15 @@ def extract_phase(
             for pool, order in enumerate(orders)
             for episode in order[start : start + batch]
         ]
+        step = []
         for outcome in extractor.run(requests):
             recorded = record_extraction(
                 store, outcome, run_id=run_id, count_tokens=curator.count_tokens
             )
-            curator.apply(recorded.proposals)
             result.outcomes.append(outcome)
             result.recorded.append(recorded)
+            step += recorded.proposals
+        curator.apply(step)  # in order, as if one by one; batched only for the embedder
     phase_note = f"extracted from {len(episodes)} episode(s)" + (f"; {note}" if note else "")
     result.curation = curator.commit(candidate=candidate, note=phase_note)
     return result

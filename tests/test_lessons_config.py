@@ -1,0 +1,33 @@
+"""`LessonsSettings`: strict, validated, with the quickstart defaults the issue asks for."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from distill.lessons import LessonsSettings
+
+
+def test_defaults_suit_the_quickstart() -> None:
+    settings = LessonsSettings()
+    assert (settings.style, settings.max_items, settings.pools, settings.seed) == ("structured", 2, 1, 1)
+    assert settings.budget_tokens == 256 and settings.extractor == "policy"
+    assert settings.episodes_per_extraction == settings.extract_every
+    assert LessonsSettings(recent_episodes=3).episodes_per_extraction == 3
+
+
+def test_unknown_keys_and_bad_values_are_errors() -> None:
+    with pytest.raises(ValidationError, match="budget_token"):
+        LessonsSettings.model_validate({"budget_token": 8192})
+    with pytest.raises(ValidationError, match="structured"):
+        LessonsSettings(style="essay")
+    with pytest.raises(ValidationError, match="must not exceed merge_threshold"):
+        LessonsSettings(merge_threshold=0.7, conflict_threshold=0.8)
+    settings = LessonsSettings()
+    with pytest.raises(ValidationError):
+        settings.pools = 0  # assignments are validated too
+
+
+def test_paper_settings_validate() -> None:
+    games = LessonsSettings.model_validate({"budget_tokens": 8192, "pools": 10, "gate_margin": 0.0})
+    assert (games.budget_tokens, games.pools) == (8192, 10)
