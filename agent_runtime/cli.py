@@ -4,6 +4,7 @@
     agent-runtime memory stats [--workdir DIR | --db URL] [--json]
     agent-runtime envs list [--json]
     agent-runtime envs check ENV_ID
+    agent-runtime dashboard [--workdir DIR | --db URL] [--host H] [--port P] [--token T]
 
 Every command takes `--workdir` (default `./runs/<config name>`); long work shows a progress bar on stderr;
 `--json` prints a machine-readable answer on stdout. User errors (a bad config, an unknown environment or
@@ -105,6 +106,20 @@ def cmd_envs_check(args) -> int:
     return 0
 
 
+def cmd_dashboard(args) -> int:
+    from agent_runtime.dashboard import serve
+
+    if args.db:
+        target = args.db
+    else:
+        workdir = args.workdir or Path(".")
+        if not (workdir / "memory.db").exists():
+            raise UsageError(f"no memory.db in {workdir}; pass --workdir DIR of a run, or --db URL")
+        target = str(workdir)
+    serve(target, host=args.host, port=args.port, token=args.token)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent-runtime", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"agent-runtime {__version__}")
@@ -137,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--episodes", type=int, default=1)
     check.add_argument("--seed", type=int, default=0)
     check.set_defaults(func=cmd_envs_check)
+    dash = sub.add_parser("dashboard", help="serve the read-only dashboard on 127.0.0.1")
+    _add_store_args(dash)
+    dash.add_argument("--host", default="127.0.0.1", help="bind address; anything but loopback requires a token")
+    dash.add_argument("--port", type=int, default=8765)
+    dash.add_argument("--token", help="access token (generated and printed when --host is not loopback)")
+    dash.set_defaults(func=cmd_dashboard)
     return parser
 
 

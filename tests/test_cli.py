@@ -1,0 +1,68 @@
+"""CLI smoke tests: every command end to end in a subprocess, on tiny budgets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from agent_runtime import __version__
+
+
+def cli(*args, check=True, timeout=600, cwd=None):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, "-m", "agent_runtime", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=cwd)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def test_help_and_version():
+    out = cli("--help").stdout
+    for command in ("run", "memory", "envs"):
+        assert command in out
+    assert cli("--version").stdout.strip() == f"agent-runtime {__version__}"
+    assert "--resume" in cli("run", "--help").stdout
+
+
+def test_run_smoke_config_then_memory_stats(tmp_path, games_dir):
+    workdir = tmp_path / "smoke"
+    proc = cli("run", "configs/smoke.yaml", "--workdir", workdir, "--episodes", 40, "--json",
+               "--set", f"envs.0.kwargs.cache_dir={games_dir}", "--set", "envs.0.kwargs.n_train=4")
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["episodes"] == 40 and summary["new_episodes"] == 40
+    assert "PLAY" in proc.stderr  # the progress bar
+    stats = json.loads(cli("memory", "stats", "--workdir", workdir, "--json").stdout)
+    assert stats["runs"] == 1 and stats["episodes"] == 40 and stats["steps"] >= 40 and stats["lessons"] == 0
+    text = cli("memory", "stats", "--workdir", workdir).stdout
+    assert "episodes" in text and "40" in text
+    assert (workdir / "config.resolved.yaml").is_file() and (workdir / "run.log.jsonl").is_file()
+
+
+def test_run_tiny_model(tmp_path, games_dir, tiny_model_dir):
+    workdir = tmp_path / "tiny"
+    proc = cli("run", "configs/quickstart.yaml", "--workdir", workdir, "--episodes", 2, "--no-progress",
+               "--set", f"model.name={tiny_model_dir}", "--set", "model.max_new_tokens=4",
+               "--set", f"envs.0.kwargs.cache_dir={games_dir}", "--set", "envs.0.kwargs.n_train=4",
+               "--set", "envs.0.max_steps=3")
+    assert "run 1: 2 episodes" in proc.stdout and "success" in proc.stdout
+    stats = json.loads(cli("memory", "stats", "--workdir", workdir, "--json").stdout)
+    assert stats["episodes"] == 2 and stats["steps"] >= 2
+
+
+def test_user_errors_exit_2_with_a_message(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("envs: [{id: textworld/coin_collector}]\nruntime: {slotz: 2}\n")
+    proc = cli("run", bad, "--workdir", tmp_path / "w", check=False)
+    assert proc.returncode == 2 and "runtime.slotz: unknown key" in proc.stderr and "Traceback" not in proc.stderr
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("envs: [{id: textworld/nope}]\n")
+    proc = cli("run", unknown, "--workdir", tmp_path / "w2", check=False)
+    assert proc.returncode == 2 and "textworld/coin_collector" in proc.stderr  # lists the known ids
+    proc = cli("run", "configs/smoke.yaml", "--workdir", tmp_path / "w3", "--set", "model.backend=transformers",
+               "--set", "model.name=not-a-model", check=False)
+    assert proc.returncode == 2 and "smollm2-135m-instruct" in proc.stderr
+    proc = cli("memory", "stats", "--workdir", tmp_path / "empty", check=False)
+    assert proc.returncode == 2 and "no memory.db" in proc.stderr
