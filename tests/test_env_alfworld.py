@@ -41,7 +41,7 @@ def test_train_and_eval_use_different_rooms(simple_env):
     train_dir, eval_dir = simple_env.game_dir("train-0"), simple_env.game_dir("eval-0")
     train_scene = json.loads((train_dir / "traj_data.json").read_text())["scene"]["floor_plan"]
     eval_scene = json.loads((eval_dir / "traj_data.json").read_text())["scene"]["floor_plan"]
-    import alfworld.gen.constants as constants
+    from alfworld.gen import constants
 
     assert int(train_scene.removeprefix("FloorPlan")) in constants.TRAIN_SCENE_NUMBERS
     assert int(eval_scene.removeprefix("FloorPlan")) in constants.TEST_SCENE_NUMBERS

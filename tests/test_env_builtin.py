@@ -115,7 +115,7 @@ def test_invalid_actions_get_the_games_feedback(games_dir):
 
 def test_arena_uses_last_bracketed_move():
     env = environments.make("textarena/frozenlake")
-    _, info = env.reset(task_id="train-3")
+    env.reset(task_id="train-3")
     first = env.expert_actions()[0]
     wrong = "[up]" if first != "[up]" else "[left]"
     result = env.step(f"Maybe {wrong}? No: {first.replace('[', '[ ')}")
@@ -152,7 +152,7 @@ def test_math_datasets_without_data_say_how_to_fix():
 def test_gsm_symbolic_gives_fresh_verified_variants():
     env = environments.make("math/gsm_symbolic")
     train, evals = env.tasks("train"), env.tasks("eval")
-    templates = lambda ids: {t.split("-")[0] for t in ids}  # noqa: E731
+    templates = lambda ids: {t.split("-")[0] for t in ids}
     assert not templates(train[:200]) & templates(evals[:200])
     seen = set()
     for task in train[:6]:

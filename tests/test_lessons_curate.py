@@ -92,12 +92,19 @@ def test_conflicting_item_replaces_the_old_one(ctx) -> None:
     cur = curator_for(store, run_id, merge_threshold=0.9, conflict_threshold=0.75)
     cur.begin()
     cur.apply(propose(store, run_id, eps[0], "Move right when the goal is to the right.", "Holes end the game."))
+    cur.commit()
     changes = cur.apply(propose(store, run_id, eps[1], "Do not move right when the goal is to the right."))
     assert [c.op for c in changes] == ["update"] and changes[0].reason.startswith("conflict")
     assert [x.text for x in cur.working(0)] == [
         "Holes end the game.",
         "Do not move right when the goal is to the right.",
     ]
+    old_id = changes[0].target
+    replacement = cur.working(0)[-1]
+    assert replacement.metadata["replaces"] == old_id and replacement.source_episode_ids == [eps[1]]
+    cur.commit()
+    assert diff_versions(store, run_id, 1, 2).updated == [(old_id, replacement.id)]
+
 
 
 def test_explicit_update_and_delete_instructions(ctx) -> None:

@@ -133,11 +133,13 @@ def test_utility_needs_enough_episodes_and_counts_merged_predecessors(store) -> 
     run_id = store.create_run("u", {})
     old = store.add_lesson("Keys open chests.", run_id=run_id)
     merged = store.add_lesson("Keys open chests.", run_id=run_id, metadata={"merged_from": [old]})
+    again = store.add_lesson("Keys open chests.", run_id=run_id, metadata={"merged_from": [merged]})
     for seed, (ctx, won) in enumerate([([old], True), ([old], True), ([merged], True), ([], False),
-                                       ([], False), ([], True)]):
+                                       ([], False), ([], True), ([again], False)]):
         store.add_episode(run_id, make_episode(1, outcome="won" if won else "lost", lessons=ctx, seed=seed))
     episodes = store.episodes(run_id)
     lessons = store.lessons(run_id)
     result = lesson_utilities(episodes, lessons, min_episodes=3)
     assert result[old].utility is None  # only 2 episodes with it
-    assert result[merged].n_with == 3 and result[merged].utility == pytest.approx(1.0 - 1 / 3)
+    assert result[merged].n_with == 3 and result[merged].utility == pytest.approx(1.0 - 1 / 4)
+    assert result[again].n_with == 4 and result[again].wins_with == 3  # merges count transitively

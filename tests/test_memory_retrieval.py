@@ -102,6 +102,11 @@ def test_index_is_a_cache_rebuilt_and_extended_from_sql(tmp_path: Path) -> None:
 
     path.write_bytes(b"garbage")
     with ExperienceStore.open(tmp_path, embedder=embedder) as store:
+        assert store.index_status()["episode"]["indexed"] is None
+        checked = store.index_status(check=True)["episode"]
+        assert (checked["indexed"], checked["sync"]) == (5, "rebuilt: unreadable")
+    path.write_bytes(b"garbage")
+    with ExperienceStore.open(tmp_path, embedder=embedder) as store:
         assert len(store.search_episodes("find a book", k=10)) == 5
         assert store.last_index_sync["episode"] == "rebuilt: unreadable"
         status = store.reindex()
@@ -123,7 +128,7 @@ def test_index_switches_to_hnsw_above_threshold(tmp_path: Path) -> None:
         hits = store.search_lessons("lesson 77 about topic 0", k=3)
         assert store.index_status()["lesson"] | {"path": None} == {
             "embedder": "hash-256", "vectors": 80, "indexed": 80, "approximate": True,
-            "path": None}
+            "path": None, "sync": "rebuilt: approximate above 50"}
         assert hits[0].item.text == "lesson 77 about topic 0"
         in_pool = store.search_lessons("lesson 77 about topic 0", k=25, pool=1)
         assert len(in_pool) == 20 and all(h.item.pool == 1 for h in in_pool)

@@ -18,7 +18,8 @@ How each proposal is decided (the documented rule):
 3. An addition is compared with every lesson of its pool by cosine similarity of embeddings, and
    the most similar lesson (an identical text, ignoring case and punctuation, comes first) decides:
    - at `conflict_threshold` or above with opposite polarity (exactly one of the two has a negation:
-     not/never/no/avoid/don't/...): a CONFLICT -- the newer item replaces it (appended at the end);
+     not/never/no/avoid/don't/...): a CONFLICT -- the newer item replaces it, as a new row appended
+     at the end whose metadata names the lesson it `replaces`;
    - at `merge_threshold` or above, or identical: a NEAR-DUPLICATE -- both merge into a new lesson
      row that keeps the existing text and position and the union of both provenances (source
      episodes; `merged_from` and `extraction_ids` in its metadata);
@@ -285,8 +286,12 @@ class LessonCurator:
         opposite = has_negation(pool[best].text) != has_negation(new.text)
         if not identical and opposite and similarity >= self.conflict_threshold:
             old = pool.pop(best)
-            pool.append(new)
-            return [Change("update", p, new.id, old.id, similarity, "conflict: opposite polarity")]
+            # A new row that names what it replaces, so diffs and provenance show the correction.
+            replacement = self._write(
+                new.text, new, new.source_episode_ids, proposal, {"replaces": old.id, "proposed_as": new.id}
+            )
+            pool.append(replacement)
+            return [Change("update", p, replacement.id, old.id, similarity, "conflict: opposite polarity")]
         if identical or similarity >= self.merge_threshold:
             old = pool[best]
             pool[best] = self._merge(old, new, proposal)
@@ -306,21 +311,33 @@ class LessonCurator:
             "merged_texts": [new.text],
             "extraction_ids": [i for i in dict.fromkeys(extraction_ids) if i is not None],
         }
+        merged = self._write(old.text, old, sources, proposal, metadata)
+        inherited = self._known_utility(old)
+        if inherited is not None:
+            self.utilities[merged.id] = inherited
+        return merged
+
+    def _write(
+        self,
+        text: str,
+        like: LessonInfo,
+        sources: Sequence[int],
+        proposal: Proposal,
+        metadata: dict[str, Any],
+    ) -> LessonInfo:
+        """Write a successor lesson row (status "proposed" until a version makes it live)."""
         lesson_id = self.store.add_lesson(
-            old.text,
+            text,
             run_id=self.run_id,
             status="proposed",
-            pool=old.pool,
-            env_id=old.env_id,
+            pool=like.pool,
+            env_id=like.env_id,
             source_episode_ids=sources,
             extraction_id=proposal.extraction_id,
-            token_count=old.token_count,
+            token_count=like.token_count if text == like.text else self.count_tokens(text),
             metadata=metadata,
         )
         self._created.append(lesson_id)
-        inherited = self._known_utility(old)
-        if inherited is not None:
-            self.utilities[lesson_id] = inherited
         return self.store.get_lesson(lesson_id)
 
     def tokens(self, pool: int) -> int:

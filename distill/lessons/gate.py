@@ -13,7 +13,7 @@ What:
 - `lesson_utilities(episodes, lessons, *, min_episodes=3) -> dict[int, LessonUtility]`: success rate
   of the logged episodes that had the lesson in context (`EpisodeInfo.lessons_in_context`) minus that
   of the episodes of the same environments without it. A merged lesson also counts the episodes of the
-  lessons it merged (`merged_from`). Ablation runs are simply more logged episodes without the lesson.
+  lessons it merged (`merged_from`, transitively). Ablation runs are simply more logged episodes without the lesson.
 - `measure_utilities(store, run_id, ...)`, `store_utilities(store, run_id, utilities)`,
   `load_utilities(store, run_id) -> dict[int, float]` (what `LessonCurator(utilities=...)` takes).
 
@@ -220,9 +220,16 @@ def lesson_utilities(
     Episodes that ended in an error are left out (they say nothing about the lessons).
     """
     played = [e for e in episodes if e.outcome != "error"]
+    lessons = list(lessons)
+    parents = {x.id: [int(i) for i in x.metadata.get("merged_from", [])] for x in lessons}
     result = {}
     for lesson in lessons:
-        family = {lesson.id, *(int(i) for i in lesson.metadata.get("merged_from", []))}
+        family, todo = set(), [lesson.id]
+        while todo:  # the lesson and everything it merged, transitively
+            current = todo.pop()
+            if current not in family:
+                family.add(current)
+                todo += parents.get(current, [])
         with_it = [e for e in played if family & set(e.lessons_in_context)]
         envs = {e.env_id for e in with_it}
         without = [e for e in played if e.env_id in envs and not family & set(e.lessons_in_context)]
