@@ -169,3 +169,12 @@ def test_extractor_refuses_episode_without_steps(store, episode) -> None:
     listed = store.episodes(run_id)[0]  # lists leave steps empty
     with pytest.raises(ValueError, match="ExperienceStore.episode"):
         LessonExtractor(lambda chats: [""] * len(chats)).extract([listed])
+
+
+def test_long_responses_keep_their_head_and_tail(store) -> None:
+    run_id = store.create_run("t", {})
+    record = make_episode(1)
+    record.steps[0].response = "Let me solve it. " + "blah " * 400 + "The answer is 42."
+    ep = store.episode(store.add_episode(run_id, record))
+    text = build_prompt(ep, [], max_step_chars=300)[0]["content"]
+    assert "Let me solve it." in text and "The answer is 42." in text and " ... " in text

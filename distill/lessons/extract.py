@@ -62,8 +62,12 @@ _OPERATION = re.compile(
 
 
 def _clip(text: str, limit: int) -> str:
+    """At most `limit` characters, keeping the head and the tail (a math answer comes last)."""
     text = text.strip()
-    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+    if len(text) <= limit:
+        return text
+    tail = (limit - 5) // 3
+    return text[: limit - 5 - tail].rstrip() + " ... " + text[len(text) - tail :].lstrip()
 
 
 def _clean(text: str | None, limit: int) -> str:
