@@ -17,8 +17,9 @@ into differences. `info` has reserved keys every consumer may rely on:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Self
 
 RESERVED_INFO_KEYS = ("admissible_actions", "won", "score", "goal")
 SPLITS = ("train", "eval")
@@ -77,7 +78,7 @@ class TextEnv(ABC):
     def close(self) -> None:
         """Release resources. Calling it twice is harmless."""
 
-    def __enter__(self) -> "TextEnv":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from environments.base import SPLITS, EnvSpec, ResetNeededError, StepResult, TextEnv
 
@@ -101,7 +102,7 @@ def env_failures(env: TextEnv, *, seed: int = 0) -> list[str]:
     fail = failures.append
     try:
         _run_checks(env, seed, fail)
-    except Exception as exc:  # a crash ends the check; it is itself a failure to report
+    except Exception as exc:  # noqa: BLE001 - a crash ends the check; it is itself a failure to report
         fail(f"unexpected {type(exc).__name__}: {exc}")
     return failures
 
@@ -207,7 +208,7 @@ def cli_check(env_id: str, *, episodes: int = 1, seed: int = 0, **kwargs: Any) -
 
     try:
         env = make(env_id, **kwargs)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - reported as a failure, like every other fault
         return [f"make({env_id!r}) failed: {type(exc).__name__}: {exc}"]
     failures = env_failures(env, seed=seed)
     env.close()
@@ -218,7 +219,7 @@ def cli_check(env_id: str, *, episodes: int = 1, seed: int = 0, **kwargs: Any) -
             train = env.tasks("train")
             task = train[rng.randrange(len(train))]
             _check_episode(env, task, rng, failures.append)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported as a failure
             failures.append(f"random episode {episode}: {type(exc).__name__}: {exc}")
         finally:
             env.close()

@@ -13,11 +13,11 @@ import dataclasses
 import os
 import random
 from abc import abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from environments.base import EnvError, EnvSpec, ResetNeededError, StepResult, TextEnv, check_split
-
 
 
 class UnknownTaskError(EnvError, ValueError):

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from environments.base import EnvError, TextEnv, UnknownEnvironmentError
 
@@ -113,7 +114,7 @@ def load_plugins() -> None:
             with _registering_as(source):
                 hook = ep.load()
                 hook()
-        except Exception as exc:  # a plugin may fail in any way; report it, keep the others
+        except Exception as exc:  # noqa: BLE001 - a plugin may fail in any way; report it, keep the others
             for env_id in set(_registry) - before:
                 del _registry[env_id]
             _plugin_errors[ep.name] = f"{type(exc).__name__}: {exc}"

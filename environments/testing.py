@@ -9,7 +9,8 @@ goes on. Both are reachable without registration: ``make("environments.testing:G
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from environments.base import EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task

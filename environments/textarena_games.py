@@ -22,8 +22,9 @@ from __future__ import annotations
 import random
 import re
 from collections import deque
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from environments.base import EnvError, EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task

@@ -25,8 +25,9 @@ import re
 import shutil
 import tempfile
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from environments.base import EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task, resolve_cache_dir

@@ -25,8 +25,9 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from environments.base import EnvError, EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task, resolve_cache_dir
@@ -106,6 +107,7 @@ class AlfworldEnv(EpisodicEnv):
         else:
             self._counts = {"train": n_train, "eval": n_eval}
         self._env: Any = None
+        self._loaded: Path | None = None
         self._walkthrough: list[str] = []
         self._goal = ""
 
@@ -139,7 +141,7 @@ class AlfworldEnv(EpisodicEnv):
         return folder
 
     def _generate(self, split: str, index: int, task_type: str, folder: Path) -> None:
-        import alfworld.gen.constants as constants
+        from alfworld.gen import constants
 
         from environments.alfworld.generate import available_scenes, generate_game
 
@@ -185,7 +187,7 @@ class AlfworldEnv(EpisodicEnv):
                 if game_state["won"]:
                     return actions
             return None
-        except Exception:  # the expert raises on games it cannot handle: such a game is not offered
+        except Exception:  # noqa: BLE001 - the expert raises on games it cannot handle: such a game is not offered
             return None
         finally:
             random.setstate(state)
@@ -201,10 +203,12 @@ class AlfworldEnv(EpisodicEnv):
         else:
             folder = self.game_dir(task_id)
             self._walkthrough = json.loads((folder / "expert.json").read_text())["actions"]
-        self.close()
-        infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
-        self._env = textworld.start(str(folder / "game.tw-pddl"), request_infos=infos,
-                                    wrappers=[AlfredDemangler, AlfredInfos])
+        if self._env is None or self._loaded != folder:  # loading parses the PDDL: reuse it for replays
+            self.close()
+            infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
+            self._env = textworld.start(str(folder / "game.tw-pddl"), request_infos=infos,
+                                        wrappers=[AlfredDemangler, AlfredInfos])
+            self._loaded = folder
         state = self._env.reset()
         feedback = state["feedback"]
         self._goal = feedback.split("Your task is to: ", 1)[-1].strip() if "Your task is to: " in feedback else ""
@@ -242,5 +246,5 @@ class AlfworldEnv(EpisodicEnv):
     def close(self) -> None:
         if self._env is not None:
             self._env.close()
-        self._env = None
+        self._env, self._loaded = None, None
         self._active = False

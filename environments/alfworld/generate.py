@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ def available_scenes() -> list[int]:
     return sorted(numbers)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_scene(number: int) -> Scene:
     layouts = _alfworld_root() / "gen" / "layouts"
     objects = json.loads((layouts / f"FloorPlan{number}-objects.json").read_text())
@@ -157,9 +157,8 @@ def _choose_task(rng: random.Random, task_type: str, scene: Scene, constants: An
 
 def generate_game(seed: int, task_type: str, scene_number: int) -> GeneratedGame | None:
     """Build one game of `task_type` in a floor plan, or None when that scene cannot host the task."""
-    import alfworld.gen.constants as constants
-    import alfworld.gen.goal_library as goal_library
     from alfworld.agents.utils.misc import add_task_to_grammar
+    from alfworld.gen import constants, goal_library
 
     rng = random.Random(f"{seed}/{task_type}/{scene_number}")
     scene = load_scene(scene_number)
@@ -226,7 +225,7 @@ def _problem(scene: Scene, placements: list[tuple[str, str, str]], task_type: st
     otypes = sorted(set(constants.OBJECTS) - set(rtypes))
     locations = {rid: _location(pose) for rid, pose in scene.receptacles.items()}
     start = "loc_bar_start"
-    facts = ["(atLocation agent1 {})".format(start)]
+    facts = [f"(atLocation agent1 {start})"]
     receptacle_classes = set()
     for rid, loc in locations.items():
         rclass = scene.receptacle_class(rid)

@@ -15,9 +15,10 @@ evaluator, and fall back to its enumeration only when rejection keeps failing.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from environments.episodic import UnknownTaskError
 from environments.math.base import MathEnv

@@ -16,9 +16,10 @@ Task ids are "<split>-<row>", stable for a given data file.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from environments.base import EnvError
 from environments.episodic import IndexedTasks, parse_indexed_task
