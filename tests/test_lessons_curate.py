@@ -14,6 +14,8 @@ from distill.lessons import (
     UnknownVersionError,
     diff_versions,
     extract_phase,
+    lesson_provenance,
+    live_lessons,
     live_version,
     pending_candidate,
     record_extraction,
@@ -40,8 +42,14 @@ def ctx(tmp_path):
 
 def propose(store, run_id, episode_id, *items, pool=0):
     outcome = ExtractionOutcome(
-        episode_id=episode_id, env_id="toy/corridor", pool=pool, style="structured",
-        extractor="test", prompt="p", raw="r", items=list(items),
+        episode_id=episode_id,
+        env_id="toy/corridor",
+        pool=pool,
+        style="structured",
+        extractor="test",
+        prompt="p",
+        raw="r",
+        items=list(items),
     )
     return record_extraction(store, outcome, run_id=run_id).proposals
 
@@ -76,6 +84,15 @@ def test_near_duplicate_merges_and_keeps_both_provenances(ctx) -> None:
     diff = diff_versions(store, run_id, 1, 2)
     assert diff.merged == [(old_id, merged.id)] and [x.id for x in diff.kept] == [first.lesson_ids[1]]
 
+    shown = lesson_provenance(store, merged.id)
+    assert [e["id"] for e in shown["source_episodes"]] == [eps[0], eps[1]]
+    assert shown["extraction"]["episode_ids"] == [eps[1]] and shown["versions"] == [2]
+    assert [(p["id"], p["relation"]) for p in shown["predecessors"]] == [
+        (old_id, "merged"),
+        (merged.metadata["merged_from"][1], "merged"),
+    ]
+    assert live_lessons(store, run_id, pool=0)[1][0].id == merged.id
+
 
 def test_identical_text_is_deduplicated_even_below_the_threshold(ctx) -> None:
     store, run_id, eps = ctx
@@ -104,7 +121,6 @@ def test_conflicting_item_replaces_the_old_one(ctx) -> None:
     assert replacement.metadata["replaces"] == old_id and replacement.source_episode_ids == [eps[1]]
     cur.commit()
     assert diff_versions(store, run_id, 1, 2).updated == [(old_id, replacement.id)]
-
 
 
 def test_explicit_update_and_delete_instructions(ctx) -> None:
@@ -136,8 +152,9 @@ def test_budget_is_never_exceeded_and_oldest_go_first(ctx, budget: int) -> None:
     def count(text: str) -> int:  # deliberately not additive over lines
         return (len(text.encode()) + 2) // 3
 
-    cur = curator_for(store, run_id, count_tokens=count, budget_tokens=budget, merge_threshold=1.0,
-                      conflict_threshold=1.0)
+    cur = curator_for(
+        store, run_id, count_tokens=count, budget_tokens=budget, merge_threshold=1.0, conflict_threshold=1.0
+    )
     cur.begin()
     rng = random.Random(budget)
     added = []
@@ -147,7 +164,7 @@ def test_budget_is_never_exceeded_and_oldest_go_first(ctx, budget: int) -> None:
         cur.apply(propose(store, run_id, eps[i % len(eps)], text))
         assert count(render_lessons(x.text for x in cur.working(0))) <= budget
     kept = [x.text for x in cur.working(0)]
-    assert kept == added[len(added) - len(kept):]  # without utilities, the oldest are dropped first
+    assert kept == added[len(added) - len(kept) :]  # without utilities, the oldest are dropped first
     if len(kept) < len(added):  # and the cut is tight: one more (older) item would not have fit
         assert count(render_lessons([added[-len(kept) - 1], *kept])) > budget
     result = cur.commit()

@@ -120,8 +120,7 @@ def test_utilities_from_logged_episodes_drive_what_is_dropped(store) -> None:
     loaded = load_utilities(store, run_id)
     assert loaded[helps] == pytest.approx(measured[helps].utility)
 
-    curator = LessonCurator(store, run_id, count_tokens=lambda s: len(s.split()), budget_tokens=1000,
-                            utilities=loaded)
+    curator = LessonCurator(store, run_id, count_tokens=lambda s: len(s.split()), budget_tokens=1000, utilities=loaded)
     store.create_lesson_set(run_id, [hurts, helps], note="live: both")
     curator.begin()
     curator.budget_tokens = len(("# Experience\n- EXPERIENCE ITEM: " + HELPS).split())
@@ -134,8 +133,9 @@ def test_utility_needs_enough_episodes_and_counts_merged_predecessors(store) -> 
     old = store.add_lesson("Keys open chests.", run_id=run_id)
     merged = store.add_lesson("Keys open chests.", run_id=run_id, metadata={"merged_from": [old]})
     again = store.add_lesson("Keys open chests.", run_id=run_id, metadata={"merged_from": [merged]})
-    for seed, (ctx, won) in enumerate([([old], True), ([old], True), ([merged], True), ([], False),
-                                       ([], False), ([], True), ([again], False)]):
+    for seed, (ctx, won) in enumerate(
+        [([old], True), ([old], True), ([merged], True), ([], False), ([], False), ([], True), ([again], False)]
+    ):
         store.add_episode(run_id, make_episode(1, outcome="won" if won else "lost", lessons=ctx, seed=seed))
     episodes = store.episodes(run_id)
     lessons = store.lessons(run_id)

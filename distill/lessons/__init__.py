@@ -42,6 +42,8 @@ from distill.lessons.safety import Rejection, redact_secrets, screen_item, scree
 from distill.lessons.versions import (
     LessonSetDiff,
     diff_versions,
+    lesson_provenance,
+    live_lessons,
     live_version,
     pending_candidate,
     promote_candidate,
@@ -72,7 +74,9 @@ __all__ = [
     "decide_gate",
     "diff_versions",
     "extract_phase",
+    "lesson_provenance",
     "lesson_utilities",
+    "live_lessons",
     "live_version",
     "load_utilities",
     "measure_utilities",

@@ -192,10 +192,7 @@ class LessonCurator:
 
     def live_lessons(self, pool: int | None = None) -> list[LessonInfo]:
         """The lessons in context now, in order (of one pool, or of all pools)."""
-        members = self._members(self.live_version())
-        if pool is not None:
-            return members.get(pool, [])
-        return [x for p in sorted(members) for x in members[p]]
+        return versions.live_lessons(self.store, self.run_id, pool)[1]
 
     def working(self, pool: int) -> list[LessonInfo]:
         """The pool's lessons as the current round has them (what the extractor is shown)."""

@@ -50,7 +50,9 @@ _THINK_OPEN = re.compile(r"<(?:think|thinking|reasoning)>", re.IGNORECASE)
 _THINK_CLOSE = re.compile(r"</(?:think|thinking|reasoning)>", re.IGNORECASE)
 _MARKER = re.compile(r"\bexperience[\s_-]*item\b(?:\s*#?\d+)?\s*\**\s*[:：]", re.IGNORECASE)
 _LINE_LEAD = re.compile(r"^(?:[\s>*_`#•·-]|\d{1,3}[.)]\s|\(\d{1,3}\)\s)+")
-_PLACEHOLDER = re.compile(r"^[\s.…<>\[\]()_-]*(?:\.\.\.|…|item|text|none|n/?a|nothing( new)?)?[\s.…<>\[\]()_-]*$", re.IGNORECASE)
+_PLACEHOLDER = re.compile(
+    r"^[\s.…<>\[\]()_-]*(?:\.\.\.|…|item|text|none|n/?a|nothing( new)?)?[\s.…<>\[\]()_-]*$", re.IGNORECASE
+)
 _BULLET = re.compile(r"^\s*(?:[-*•]|\d{1,3}[.)])\s+(.*\S)")
 _OPERATION = re.compile(
     r"^(?P<op>update|replace|delete|remove)\s*(?:lesson|item)?\s*\[?#?(?P<id>\d+)\]?\s*[:\-–]?\s*(?P<text>.*)$",
@@ -180,9 +182,7 @@ def build_prompt(
     """The extraction chat for one episode (a single user message, which every chat template accepts)."""
     if style not in STYLES:
         raise ValueError(f"unknown extraction style {style!r}; known: {', '.join(STYLES)}")
-    trajectory = render_trajectory(
-        episode, max_step_chars=max_step_chars, max_chars=max_trajectory_chars
-    )
+    trajectory = render_trajectory(episode, max_step_chars=max_step_chars, max_chars=max_trajectory_chars)
     text = _INTRO.format(trajectory=trajectory, current=render_current(current))
     task = _STRUCTURED if style == "structured" else _FREE
     text += task.format(max_items=max_items, max_chars=max_item_chars, prefix=ITEM_PREFIX)
@@ -399,9 +399,7 @@ class LessonExtractor:
         chats = [self.prompt(r.episode, r.current) for r in requests]
         answers = self.complete(chats)
         if len(answers) != len(chats):
-            raise ValueError(
-                f"the completion function returned {len(answers)} answers for {len(chats)} chats"
-            )
+            raise ValueError(f"the completion function returned {len(answers)} answers for {len(chats)} chats")
         outcomes = []
         for request, chat, raw in zip(requests, chats, answers):
             items, rejected = self.parse(raw or "")

@@ -80,9 +80,7 @@ def extract_phase(
         ]
         step = []
         for outcome in extractor.run(requests):
-            recorded = record_extraction(
-                store, outcome, run_id=run_id, count_tokens=curator.count_tokens
-            )
+            recorded = record_extraction(store, outcome, run_id=run_id, count_tokens=curator.count_tokens)
             result.outcomes.append(outcome)
             result.recorded.append(recorded)
             step += recorded.proposals

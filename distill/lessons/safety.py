@@ -76,9 +76,7 @@ _INJECTION = [
     ]
 ]
 
-_CREDENTIAL = (
-    r"(?:password|passwd|pwd|passphrase|secret|api[_ -]?key|access[_ -]?key|auth[_ -]?token|token)\b"
-)
+_CREDENTIAL = r"(?:password|passwd|pwd|passphrase|secret|api[_ -]?key|access[_ -]?key|auth[_ -]?token|token)\b"
 _SECRETS = [
     (re.compile(p), why)
     for p, why in [
@@ -212,9 +210,7 @@ def screen_item(text: str, max_chars: int = 300) -> Screened:
     return Screened(cleaned, None, truncated)
 
 
-def screen_items(
-    items: Iterable[str], max_chars: int = 300
-) -> tuple[list[str], list[Rejection]]:
+def screen_items(items: Iterable[str], max_chars: int = 300) -> tuple[list[str], list[Rejection]]:
     """Screen a batch: (accepted cleaned items in order, rejections with redacted previews)."""
     accepted: list[str] = []
     rejected: list[Rejection] = []

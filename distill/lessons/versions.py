@@ -10,6 +10,9 @@ What (all functions take the store and the run id; none needs a model or a token
   (`agent-runtime lessons rollback VERSION`).
 - `diff_versions(store, run_id, v1, v2) -> LessonSetDiff` (added, removed, kept, and which added
   lessons merged or updated which removed ones), with `to_dict()` for `--json`.
+- `live_lessons(store, run_id, pool=None) -> (version, lessons)`: what the prompts show now.
+- `lesson_provenance(store, lesson_id) -> dict`: a lesson with its extraction, source episodes,
+  predecessors and versions (`agent-runtime lessons show`).
 - `sync_statuses(store, run_id)`: lesson statuses follow the versions (idempotent; safe on resume).
 
 Why this design:
@@ -61,6 +64,18 @@ def pending_candidate(store: ExperienceStore, run_id: int | None) -> LessonSetIn
     return None
 
 
+def live_lessons(
+    store: ExperienceStore, run_id: int | None, pool: int | None = None
+) -> tuple[LessonSetInfo | None, list[LessonInfo]]:
+    """The live version and its lessons in order (of one pool, or all): what the prompts show."""
+    live = live_version(store, run_id)
+    if live is None or not live.lesson_ids:
+        return live, []
+    rows = {x.id: x for x in store.lessons(run_id, ids=live.lesson_ids)}
+    ordered = [rows[i] for i in live.lesson_ids]
+    return live, [x for x in ordered if pool is None or x.pool == pool]
+
+
 def get_version(store: ExperienceStore, run_id: int | None, version: int) -> LessonSetInfo:
     """Version `version` of the run, or a typed error that lists the versions there are."""
     info = store.lesson_set(run_id, version)
@@ -82,16 +97,12 @@ def create_version(
 ) -> LessonSetInfo:
     """Write a new version (live or candidate); a live one also brings the statuses in line."""
     prefix = CANDIDATE if candidate else LIVE
-    info = store.create_lesson_set(
-        run_id, list(lesson_ids), token_count=token_count, note=f"{prefix} {note}".strip()
-    )
+    info = store.create_lesson_set(run_id, list(lesson_ids), token_count=token_count, note=f"{prefix} {note}".strip())
     sync_statuses(store, run_id)
     return info
 
 
-def promote_candidate(
-    store: ExperienceStore, run_id: int | None, version: int, *, note: str = ""
-) -> LessonSetInfo:
+def promote_candidate(store: ExperienceStore, run_id: int | None, version: int, *, note: str = "") -> LessonSetInfo:
     """Make candidate `version` live (as a new live version with the same lessons)."""
     info = get_version(store, run_id, version)
     text = f"promoted candidate v{version}" + (f"; {note}" if note else "")
@@ -115,9 +126,7 @@ def reject_candidate(
     )
 
 
-def restore_version(
-    store: ExperienceStore, run_id: int | None, version: int, *, note: str = ""
-) -> LessonSetInfo:
+def restore_version(store: ExperienceStore, run_id: int | None, version: int, *, note: str = "") -> LessonSetInfo:
     """Make the exact lessons of `version` live again, as a new live version (history is kept)."""
     info = get_version(store, run_id, version)
     text = f"restored v{version}" + (f"; {note}" if note else "")
@@ -133,12 +142,8 @@ def sync_statuses(store: ExperienceStore, run_id: int | None) -> None:
     pending_ids = set(pending.lesson_ids) if pending else set()
     lessons = store.lessons(run_id, status=["proposed", "active", "retired"])
     to_active = [x.id for x in lessons if x.id in live_ids and x.status != "active"]
-    to_proposed = [
-        x.id for x in lessons if x.id in pending_ids - live_ids and x.status != "proposed"
-    ]
-    to_retired = [
-        x.id for x in lessons if x.id not in live_ids | pending_ids and x.status != "retired"
-    ]
+    to_proposed = [x.id for x in lessons if x.id in pending_ids - live_ids and x.status != "proposed"]
+    to_retired = [x.id for x in lessons if x.id not in live_ids | pending_ids and x.status != "retired"]
     for ids, status in ((to_active, "active"), (to_proposed, "proposed"), (to_retired, "retired")):
         if ids:
             store.set_lesson_status(ids, status)
@@ -180,11 +185,7 @@ class LessonSetDiff:
 def predecessors(lesson: LessonInfo) -> tuple[list[int], list[int]]:
     """(ids this lesson merged, ids it updated/replaced), from its metadata."""
     merged = [int(i) for i in lesson.metadata.get("merged_from", [])]
-    updated = [
-        int(i)
-        for i in (lesson.metadata.get("target"), lesson.metadata.get("replaces"))
-        if i is not None
-    ]
+    updated = [int(i) for i in (lesson.metadata.get("target"), lesson.metadata.get("replaces")) if i is not None]
     return merged, updated
 
 
@@ -209,3 +210,60 @@ def diff_versions(store: ExperienceStore, run_id: int | None, old: int, new: int
         diff.merged += [(i, lesson.id) for i in merged if i in removed]
         diff.updated += [(i, lesson.id) for i in updated if i in removed]
     return diff
+
+
+def lesson_provenance(store: ExperienceStore, lesson_id: int) -> dict[str, Any]:
+    """Everything a reader needs to trust a lesson (`agent-runtime lessons show`): the lesson, the
+    extraction that made it, its source episodes, the lessons it merged or replaced (transitively),
+    and the versions that hold it."""
+    lesson = store.get_lesson(lesson_id)
+    extraction = store.get_extraction(lesson.extraction_id) if lesson.extraction_id else None
+    episodes = []
+    for episode_id in lesson.source_episode_ids:
+        episode = store.episode(episode_id)
+        episodes.append(
+            {
+                "id": episode.id,
+                "env_id": episode.env_id,
+                "task_id": episode.task_id,
+                "outcome": episode.outcome,
+                "num_steps": episode.num_steps,
+            }
+        )
+    ancestry, todo, seen = [], [lesson], {lesson.id}
+    while todo:
+        merged, updated = predecessors(todo.pop())
+        for relation, ids in (("merged", merged), ("replaced", updated)):
+            for parent_id in ids:
+                if parent_id in seen:
+                    continue
+                seen.add(parent_id)
+                parent = store.get_lesson(parent_id)
+                ancestry.append(
+                    {"id": parent.id, "relation": relation, "text": parent.text, "extraction_id": parent.extraction_id}
+                )
+                todo.append(parent)
+    return {
+        "id": lesson.id,
+        "text": lesson.text,
+        "status": lesson.status,
+        "pool": lesson.pool,
+        "env_id": lesson.env_id,
+        "created_at": lesson.created_at.isoformat(),
+        "token_count": lesson.token_count,
+        "times_in_context": lesson.times_in_context,
+        "wins_in_context": lesson.wins_in_context,
+        "source_episodes": episodes,
+        "extraction": None
+        if extraction is None
+        else {
+            "id": extraction.id,
+            "extractor": extraction.extractor,
+            "episode_ids": extraction.episode_ids,
+            "created_at": extraction.created_at.isoformat(),
+            "response": extraction.response,
+        },
+        "predecessors": ancestry,
+        "versions": [v.version for v in store.lesson_sets(lesson.run_id) if lesson.id in v.lesson_ids],
+        "metadata": lesson.metadata,
+    }
