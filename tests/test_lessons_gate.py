@@ -143,3 +143,47 @@ def test_utility_needs_enough_episodes_and_counts_merged_predecessors(store) -> 
     assert result[old].utility is None  # only 2 episodes with it
     assert result[merged].n_with == 3 and result[merged].utility == pytest.approx(1.0 - 1 / 4)
     assert result[again].n_with == 4 and result[again].wins_with == 3  # merges count transitively
+
+
+def test_extract_gate_and_promote_or_block_end_to_end(store) -> None:
+    """A harmful extracted lesson becomes a candidate, loses on the same seeds, and never goes live."""
+    from distill.lessons import LessonExtractor, extract_phase, live_lessons, pending_candidate
+
+    run_id = store.create_run("flow", {})
+    episode_ids = [store.add_episode(run_id, make_episode(2, task_id=f"t{i}")) for i in range(2)]
+    answers = iter([f"- EXPERIENCE ITEM: {HELPS}", f"- EXPERIENCE ITEM: {HURTS}"])
+    extractor = LessonExtractor(lambda chats: [next(answers) for _ in chats])
+    curator = LessonCurator(store, run_id, count_tokens=lambda s: len(s.split()), budget_tokens=200)
+
+    def gate_round(episode_id: int) -> bool:
+        result = extract_phase(store, run_id, [episode_id], extractor, curator, candidate=True)
+        candidate = result.curation.version
+        live, current = live_lessons(store, run_id)
+        texts_now = [x.text for x in current]
+        texts_new = [store.get_lesson(i).text for i in candidate.lesson_ids]
+        decision = decide_gate(outcomes(texts_now), outcomes(texts_new), margin=0.05)
+        store_gate_decision(
+            store,
+            decision,
+            run_id=run_id,
+            env_id="toy/corridor",
+            current_version=live.version if live else None,
+            candidate_version=candidate.version,
+        )
+        if decision.promote:
+            curator.promote(candidate.version, note=decision.reason)
+        else:
+            curator.reject(candidate.version, note=decision.reason)
+        return decision.promote
+
+    assert gate_round(episode_ids[0]) is True
+    assert [x.text for x in live_lessons(store, run_id)[1]] == [HELPS]
+    assert gate_round(episode_ids[1]) is False
+    assert [x.text for x in live_lessons(store, run_id)[1]] == [HELPS]
+    assert pending_candidate(store, run_id) is None
+    hurts = [x for x in store.lessons(run_id) if x.text == HURTS]
+    assert [x.status for x in hurts] == ["retired"]
+    gates = [e for e in store.evaluations(run_id) if e.split == "gate"]
+    assert [e.metrics["promote"] for e in gates] == [True, False]
+    notes = [s.note for s in store.lesson_sets(run_id)]
+    assert notes[-1].startswith("live: kept v2; blocked candidate v3; blocked: candidate")
