@@ -66,6 +66,7 @@ class VectorIndex:
         else:
             inner = faiss.IndexFlatIP(dim)
         self.index = faiss.IndexIDMap2(inner)
+        self._max_id = 0
 
     @classmethod
     def build(
@@ -85,8 +86,8 @@ class VectorIndex:
         return faiss.vector_to_array(self.index.id_map).astype(np.int64)
 
     def max_id(self) -> int:
-        ids = self.ids()
-        return int(ids.max()) if len(ids) else 0
+        """The largest item id in the index (0 when empty); kept up to date, not recomputed."""
+        return self._max_id
 
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         assert vectors.ndim == 2 and vectors.shape[1] == self.dim, (vectors.shape, self.dim)
@@ -96,6 +97,7 @@ class VectorIndex:
                     np.ascontiguousarray(vectors, dtype=np.float32),
                     np.asarray(ids, dtype=np.int64),
                 )
+            self._max_id = max(self._max_id, int(np.max(ids)))
 
     def search(
         self, query: np.ndarray, k: int, allowed: np.ndarray | None = None
@@ -157,6 +159,8 @@ class VectorIndex:
         loaded.dim = raw.d
         loaded.index = raw
         loaded.approximate = bool(meta.get("approximate"))
+        ids = loaded.ids()
+        loaded._max_id = int(ids.max()) if len(ids) else 0
         if loaded.approximate:
             faiss.downcast_index(raw.index).hnsw.efSearch = HNSW_EF_SEARCH
         return loaded, meta

@@ -10,7 +10,8 @@ What (methods on `ExperienceStore`):
   this first on a writable store; the loop may call it after each phase to keep searches quick).
 - `reindex(*, progress=None) -> dict`: embed what is missing, then rebuild every index from the
   vectors in SQL and save it (`agent-runtime memory reindex`).
-- `index_status() -> dict`: per kind, vectors in SQL and in the index, exact or approximate, file.
+- `index_status(check=False) -> dict`: per kind, vectors in SQL and in the index, exact or
+  approximate, file, last sync; check=True loads and checks every index against SQL first.
 `hit.score` is the cosine similarity (1.0 = same direction).
 
 Why this design:
@@ -83,31 +84,22 @@ class RetrievalMixin:
 
     # -- vectors in SQL ------------------------------------------------------------------------
 
-    def _pending_query(self, kind: str, after: int | None) -> Select[Any]:
+    def _pending_query(self, kind: str, *, newest_only: bool) -> Select[Any]:
+        """Items of `kind` without a vector; newest_only: only those newer than the newest vector
+        (one indexed range query, cheap enough to run before every search)."""
         model = Episode if kind == "episode" else Lesson
         text_col = Episode.summary if kind == "episode" else Lesson.text
+        mine = (Embedding.kind == kind) & (Embedding.model == self.embedder.name)
         query = (
             select(model.id, text_col)
-            .outerjoin(
-                Embedding,
-                (Embedding.kind == kind)
-                & (Embedding.model == self.embedder.name)
-                & (Embedding.item_id == model.id),
-            )
+            .outerjoin(Embedding, mine & (Embedding.item_id == model.id))
             .where(Embedding.id.is_(None))
             .order_by(model.id)
         )
-        return query.where(model.id > after) if after is not None else query
-
-    def _max_embedded(self, session: Session, kind: str) -> int:
-        return int(
-            session.scalar(
-                select(func.max(Embedding.item_id)).where(
-                    Embedding.kind == kind, Embedding.model == self.embedder.name
-                )
-            )
-            or 0
-        )
+        if newest_only:
+            newest = select(func.coalesce(func.max(Embedding.item_id), 0)).where(mine)
+            query = query.where(model.id > newest.scalar_subquery())
+        return query
 
     def embed_pending(
         self, kind: str | None = None, *, full: bool = True, progress: Progress | None = None
@@ -121,8 +113,7 @@ class RetrievalMixin:
         added = 0
         for each in [kind] if kind else list(EMBEDDING_KINDS):
             with self._read() as session:
-                after = None if full else self._max_embedded(session, each)
-                pending = list(session.execute(self._pending_query(each, after)))
+                pending = list(session.execute(self._pending_query(each, newest_only=not full)))
             for start in range(0, len(pending), EMBED_BATCH):
                 batch = pending[start : start + EMBED_BATCH]
                 vectors = self.embedder.embed([text for _, text in batch])
@@ -219,6 +210,10 @@ class RetrievalMixin:
     def _index(self, kind: str) -> VectorIndex:
         """The up-to-date index of `kind` (loading, checking, extending as needed)."""
         with self._index_lock, self._read() as session:
+            return self._sync_index(kind, session)
+
+    def _sync_index(self, kind: str, session: Session) -> VectorIndex:
+        with self._index_lock:
             index = self._indexes.get(kind)
             if index is None:
                 index = self._load_checked(kind, session)
@@ -227,9 +222,11 @@ class RetrievalMixin:
                 if len(ids):
                     index.add(ids, vectors)
                     self._save(kind, index)
+                    self.last_index_sync[kind] = f"extended: {len(ids)} added"
             if not index.approximate and index.count > self.approx_threshold:
                 index = self._build(kind, session)
                 self._save(kind, index)
+                self.last_index_sync[kind] = f"rebuilt: approximate above {self.approx_threshold}"
             self._indexes[kind] = index
             return index
 
@@ -247,8 +244,16 @@ class RetrievalMixin:
                     progress(f"index {kind}s", index.count, index.count)
         return self.index_status()
 
-    def index_status(self) -> dict[str, dict[str, Any]]:
-        """Per kind: vectors in SQL, vectors in the loaded index, exact or approximate, file."""
+    def index_status(self, *, check: bool = False) -> dict[str, dict[str, Any]]:
+        """Per kind: vectors in SQL, vectors in the loaded index, exact or approximate, file, and
+        how the index was last brought up to date (`sync`).
+
+        check=True first loads every index and checks it against SQL (rebuilding one that
+        disagrees); otherwise an index not used yet in this process reports `indexed: None`.
+        """
+        if check:
+            for kind in EMBEDDING_KINDS:
+                self._index(kind)
         status = {}
         with self._read() as session:
             for kind in EMBEDDING_KINDS:
@@ -265,33 +270,31 @@ class RetrievalMixin:
                     "indexed": index.count if index else None,
                     "approximate": index.approximate if index else None,
                     "path": str(path),
+                    "sync": self.last_index_sync.get(kind),
                 }
         return status
 
     # -- search --------------------------------------------------------------------------------
 
-    def _search(
-        self,
-        kind: str,
-        query: str,
-        k: int,
-        filtered: Callable[[Select[Any]], Select[Any]] | None,
-    ) -> list[tuple[int, float]]:
+    def _search(self, kind: str, query: str, k: int, conditions: list[Any]) -> list[SearchHit]:
         self.embed_pending(kind, full=False)
-        index = self._index(kind)
         vector = self.embedder.embed([query])[0]
-        model = Episode if kind == "episode" else Lesson
-        if filtered is None:
-            return index.search(vector, k)
-        candidates = index.search(vector, k * OVERFETCH)
-        with self._read() as session:
-            ids = [i for i, _ in candidates]
-            passing = set(session.scalars(filtered(select(model.id).where(model.id.in_(ids)))))
-            hits = [(i, s) for i, s in candidates if i in passing][:k]
-            if len(hits) == k or len(candidates) == index.count:
-                return hits
-            allowed = np.asarray(session.scalars(filtered(select(model.id))).all(), np.int64)
-        return index.search(vector, k, allowed=allowed)
+        model: Any = Episode if kind == "episode" else Lesson
+        info = EpisodeInfo if kind == "episode" else LessonInfo
+        with self._index_lock, self._read() as session:
+            index = self._sync_index(kind, session)
+            if not conditions:
+                hits = index.search(vector, k)
+            else:
+                candidates = index.search(vector, k * OVERFETCH)
+                ids = [i for i, _ in candidates]
+                passing = set(session.scalars(select(model.id).where(model.id.in_(ids), *conditions)))
+                hits = [(i, s) for i, s in candidates if i in passing][:k]
+                if len(hits) < k and len(candidates) < index.count:
+                    allowed = session.scalars(select(model.id).where(*conditions)).all()
+                    hits = index.search(vector, k, allowed=np.asarray(allowed, dtype=np.int64))
+            rows = {r.id: r for r in session.scalars(select(model).where(model.id.in_([i for i, _ in hits])))}
+            return [SearchHit(i, s, to_info(info, rows[i])) for i, s in hits if i in rows]
 
     def search_episodes(
         self,
@@ -313,11 +316,7 @@ class RetrievalMixin:
             conditions.append(Episode.outcome.in_([outcome] if isinstance(outcome, str) else outcome))
         if won is not None:
             conditions.append(Episode.won.is_(won))
-        filtered = (lambda q: q.where(*conditions)) if conditions else None
-        hits = self._search("episode", query, k, filtered)
-        with self._read() as session:
-            rows = {r.id: r for r in session.scalars(select(Episode).where(Episode.id.in_([i for i, _ in hits])))}
-            return [SearchHit(i, s, to_info(EpisodeInfo, rows[i])) for i, s in hits if i in rows]
+        return self._search("episode", query, k, conditions)
 
     def search_lessons(
         self,
@@ -339,8 +338,4 @@ class RetrievalMixin:
             conditions.append(Lesson.pool == pool)
         if env_id is not None:
             conditions.append(Lesson.env_id == env_id)
-        filtered = (lambda q: q.where(*conditions)) if conditions else None
-        hits = self._search("lesson", query, k, filtered)
-        with self._read() as session:
-            rows = {r.id: r for r in session.scalars(select(Lesson).where(Lesson.id.in_([i for i, _ in hits])))}
-            return [SearchHit(i, s, to_info(LessonInfo, rows[i])) for i, s in hits if i in rows]
+        return self._search("lesson", query, k, conditions)
