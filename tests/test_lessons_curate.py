@@ -24,7 +24,7 @@ from distill.lessons import (
 )
 from memory import ExperienceStore
 from memory.embeddings import HashEmbedder
-from tests.fixtures_memory import make_episode
+from tests.fixtures_memory import make_episode, memory_url  # noqa: F401 (memory_url is a fixture)
 
 
 def words(text: str) -> int:
@@ -32,8 +32,9 @@ def words(text: str) -> int:
 
 
 @pytest.fixture
-def ctx(tmp_path):
-    store = ExperienceStore.open(tmp_path / "work", embedder=HashEmbedder(dim=256))
+def ctx(memory_url, tmp_path):  # noqa: F811
+    """A run with six episodes, on SQLite and on PostgreSQL."""
+    store = ExperienceStore.open(memory_url, index_dir=tmp_path / "index", embedder=HashEmbedder(dim=256))
     run_id = store.create_run("curate", {})
     episodes = [store.add_episode(run_id, make_episode(1, task_id=f"t{i}")) for i in range(6)]
     yield store, run_id, episodes
