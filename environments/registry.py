@@ -193,12 +193,3 @@ def make(id: str, **kwargs: Any) -> TextEnv:
     if not isinstance(env, TextEnv):
         raise EnvConstructionError(f"{id} built a {type(env).__name__}, not a TextEnv")
     return env
-
-
-def spec_of(id: str) -> EnvRecord:
-    """The registry record of `id` without building the environment."""
-    _builtins()
-    load_plugins()
-    if id not in _registry:
-        raise UnknownEnvironmentError(f"unknown environment {id!r}; known: {', '.join(sorted(_registry))}")
-    return _registry[id]

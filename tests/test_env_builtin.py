@@ -167,3 +167,12 @@ def test_unknown_task_id_is_a_clear_error(games_dir):
     env = environments.make("textarena/frozenlake")
     with pytest.raises(environments.UnknownTaskError, match="task ids look like 'train-0'"):
         env.reset(task_id="level-9")
+
+
+def test_gsm_symbolic_seeds_never_wrap():
+    env = environments.make("math/gsm_symbolic", n_train=10)
+    train_templates = [t for t in range(100) if t % 5]  # every fifth template is held out for eval
+    assert env.reset(seed=5)[0] != env.reset(seed=15)[0]
+    assert env.task_id == f"{train_templates[15]}-0"
+    env.reset(seed=80 * 7 + 3)
+    assert env.task_id == f"{train_templates[3]}-7"

@@ -67,7 +67,10 @@ def parse_task(task_id: object) -> tuple[int, int] | None:
 
 
 class GsmSymbolicEnv(MathEnv):
-    """GSM-Symbolic variants; `n_train`/`n_eval` only size `tasks()`, any variant seed is valid."""
+    """GSM-Symbolic variants; `n_train`/`n_eval` only size `tasks()`: any variant of a split's templates is
+    a valid task, and `reset(seed=s)` keeps drawing fresh train variants for every s (it does not wrap).
+    `cache_dir` is accepted for uniformity with the other built-ins; problems take milliseconds to make.
+    """
 
     def __init__(self, *, language: str = "eng", n_train: int = 10_000, n_eval: int = 500,
                  max_steps: int | None = None, cache_dir: str | Path | None = None) -> None:
@@ -84,10 +87,15 @@ class GsmSymbolicEnv(MathEnv):
         train_templates = [t for t in range(n_templates) if t not in eval_templates]
         self._split = {"train": TemplateTasks(train_templates, n_train),
                        "eval": TemplateTasks(eval_templates, n_eval)}
-        del cache_dir  # problems are generated in milliseconds; nothing worth caching
 
     def _tasks(self, split: str) -> Sequence[str]:
         return self._split[split]
+
+    def pick_task(self, seed: int | None, task_id: str | None) -> str:
+        if task_id is None and seed is not None:
+            templates = self._split["train"].templates
+            return f"{templates[seed % len(templates)]}-{seed // len(templates)}"
+        return super().pick_task(seed, task_id)
 
     def _valid_task(self, task_id: str) -> bool:
         return any(task_id in tasks for tasks in self._split.values())
