@@ -78,6 +78,7 @@ def test_parse_operation_reads_update_and_delete() -> None:
     assert parse_operation("UPDATE #12: Never step on H.").target == 12
     assert parse_operation("delete [#3]").op == "delete"
     assert parse_operation("update the map after each move").op == "add"
+    assert parse_operation("Remove 3 boxes from corners first.").op == "add"  # ids need a '#'
     assert parse_operation("UPDATE #4").op == "add"  # no replacement text: not a usable correction
 
 

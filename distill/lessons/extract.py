@@ -55,7 +55,7 @@ _PLACEHOLDER = re.compile(
 )
 _BULLET = re.compile(r"^\s*(?:[-*•]|\d{1,3}[.)])\s+(.*\S)")
 _OPERATION = re.compile(
-    r"^(?P<op>update|replace|delete|remove)\s*(?:lesson|item)?\s*\[?#?(?P<id>\d+)\]?\s*[:\-–]?\s*(?P<text>.*)$",
+    r"^(?P<op>update|replace|delete|remove)\s*(?:lesson|item)?\s*\[?#(?P<id>\d+)\]?\s*[:\-–]?\s*(?P<text>.*)$",
     re.IGNORECASE,
 )
 
