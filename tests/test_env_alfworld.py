@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +92,16 @@ def test_official_data_layout_is_read(simple_env, tmp_path):
     assert result.info["won"] and result.info["source"] == "official"
     with pytest.raises(environments.EnvError, match="no solvable train games"):
         environments.make("alfworld/text", data_path=str(tmp_path), task_types=["pick_two_obj_and_place"])
+
+
+def test_generation_is_deterministic_across_processes():
+    """Same seed, task type and room give the same game whatever the interpreter's hash seed."""
+    script = ("import hashlib\n"
+              "from environments.alfworld.generate import generate_game\n"
+              "g = generate_game(7, 'pick_two_obj_and_place', 6)\n"
+              "print(hashlib.sha256((g.game_data['pddl_problem'] + g.game_data['grammar']).encode()).hexdigest())")
+    repo = str(Path(__file__).resolve().parents[1])
+    digests = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": repo}).stdout.strip()
+               for seed in ("1", "2")}
+    assert len(digests) == 1 and len(digests.pop()) == 64

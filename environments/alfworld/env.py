@@ -161,8 +161,11 @@ class AlfworldEnv(EpisodicEnv):
                     continue
                 (tmp / "expert.json").write_text(json.dumps({"actions": actions, "attempt": attempt,
                                                              "task": game.task_description}))
-                if not folder.exists():
+                try:
                     os.replace(tmp, folder)  # atomic: a folder with expert.json is complete
+                except OSError:  # another worker finished the same game first
+                    if not (folder / "expert.json").exists():
+                        raise
                 return
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
