@@ -1,6 +1,7 @@
 """The `agent-runtime` command line (also `python -m agent_runtime`).
 
     agent-runtime run CONFIG [--workdir DIR] [--episodes N] [--hours H] [--resume] [--set a.b=c ...]
+    agent-runtime eval CONFIG [--workdir DIR] [--adapter ID] [--no-lessons] [--episodes N]
     agent-runtime memory stats [--workdir DIR | --db URL] [--json]
     agent-runtime envs list [--json]
     agent-runtime envs check ENV_ID
@@ -62,6 +63,53 @@ def cmd_run(args) -> int:
     else:
         print(summary.line())
         print(f"memory: {workdir / 'memory.db'}  (inspect: agent-runtime memory stats --workdir {workdir})")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from agent_runtime.config import load_config
+    from agent_runtime.evaluation import evaluate
+    from agent_runtime.llm import make_backend
+    from agent_runtime.loop import default_workdir
+    from memory import ExperienceStore
+
+    overrides = list(args.set or [])
+    if args.episodes is not None:
+        overrides.append(f"evaluation.episodes_per_env={args.episodes}")
+    config = load_config(args.config, overrides)
+    workdir = args.workdir or default_workdir(config.name)
+    store = ExperienceStore.open(config.memory.url or workdir)
+    try:
+        run = store.find_run(config.name)
+        adapter = store.get_adapter(args.adapter) if args.adapter is not None else None
+        lessons: list[str] = []
+        if not args.no_lessons and run is not None:
+            lessons = [lesson.text for lesson in store.lessons(run.id, status="active")]
+        backend = make_backend(config.model, seed=config.seed)
+        if adapter is not None:
+            if not hasattr(backend, "load_adapter"):
+                raise UsageError(f"--adapter: the {config.model.backend} backend cannot load LoRA adapters")
+            backend.load_adapter(adapter.name, adapter.path)
+        results = evaluate(config, workdir, backend, lessons=lessons)
+        rows = []
+        for result in results:
+            lo, hi = result.interval
+            metrics = {"episodes": result.episodes, "ci95": [lo, hi], "lessons": len(lessons),
+                       "condition": "with-lessons" if lessons else "no-lessons"}
+            eval_id = store.add_evaluation(
+                result.env_id, run_id=run.id if run else None, adapter_id=args.adapter, split="eval",
+                policy=config.model.name, num_episodes=result.n, success_rate=result.success_rate,
+                mean_return=result.mean_return, metrics=metrics)
+            rows.append({"evaluation_id": eval_id, "env_id": result.env_id, "episodes": result.n,
+                         "success_rate": result.success_rate, "ci95": [lo, hi], "mean_return": result.mean_return})
+        backend.close()
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        for result in results:
+            print(result.line())
     return 0
 
 
@@ -135,6 +183,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
+
+    ev = sub.add_parser("eval", help="evaluate the policy on each environment's held-out split")
+    ev.add_argument("config", type=Path)
+    ev.add_argument("--workdir", type=Path)
+    ev.add_argument("--adapter", type=int, help="an adapter id from the store (default: the base model)")
+    ev.add_argument("--no-lessons", action="store_true", help="leave the run's active lessons out of the prompt")
+    ev.add_argument("--episodes", type=int, help="eval tasks per environment (default: evaluation.episodes_per_env)")
+    ev.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
+    ev.add_argument("--json", action="store_true")
+    ev.set_defaults(func=cmd_eval)
 
     memory = sub.add_parser("memory", help="inspect the experience memory").add_subparsers(dest="memory_cmd",
                                                                                             required=True)

@@ -81,6 +81,14 @@ class OPCDConfig(_Strict):
     consolidate_every: int = Field(32, gt=0, description="episodes between consolidation cycles")
 
 
+class EvaluationConfig(_Strict):
+    """Held-out evaluation (`agent-runtime eval`, and the EVALUATE phase)."""
+
+    episodes_per_env: int = Field(20, gt=0, description="eval-split tasks per environment, always the first N")
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy, so that two policies are compared fairly")
+    seed: int = 1234
+
+
 class MemoryConfig(_Strict):
     url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite memory.db in the workdir")
 
@@ -94,6 +102,7 @@ class RunConfig(_Strict):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     lessons: LessonsConfig = Field(default_factory=LessonsConfig)
     opcd: OPCDConfig = Field(default_factory=OPCDConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
 
     @field_validator("envs")

@@ -23,11 +23,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-import environments
-from agent_runtime.agent import PromptBuilder
 from agent_runtime.config import ConfigError, RunConfig, config_from_dict, save_resolved
 from agent_runtime.llm import PolicyBackend, SamplingParams, make_backend
-from agent_runtime.runner import Draw, EnvSlotSpec, EpisodeRunner, TaskSampler
+from agent_runtime.envs import build_envs, build_prompt_builders
+from agent_runtime.runner import Draw, EpisodeRunner, TaskSampler
 from memory import EpisodeRecord, ExperienceStore
 
 log = logging.getLogger("agent_runtime.loop")
@@ -106,7 +105,8 @@ class AgentLoop:
         check_phases(config)
         self.config = config
         save_resolved(config, self.workdir)
-        self.envs, self.sampler = self._build_envs()
+        self.envs, tasks = build_envs(config, self.workdir)
+        self.sampler = TaskSampler([e.weight for e in config.envs], tasks, config.seed)
         self.backend = backend or make_backend(config.model, seed=config.seed)
         torch.manual_seed(config.seed)
         if resume:
@@ -121,30 +121,6 @@ class AgentLoop:
         self.progress = progress
         self._stop_requested = False
 
-    def _build_envs(self) -> tuple[list[EnvSlotSpec], TaskSampler]:
-        specs, tasks = [], []
-        for entry in self.config.envs:
-            def factory(entry=entry):
-                kwargs = {"cache_dir": str(self.workdir / "games"), **entry.kwargs}
-                return environments.make(entry.id, **kwargs)
-            probe = factory()
-            try:
-                specs.append(EnvSlotSpec(entry.id, factory, probe.spec.family,
-                                         entry.max_steps or probe.spec.max_steps))
-                tasks.append(list(probe.tasks("train")))
-            finally:
-                probe.close()
-        return specs, TaskSampler([e.weight for e in self.config.envs], tasks, self.config.seed)
-
-    def _builders(self) -> list[PromptBuilder]:
-        agent = self.config.agent
-        return [PromptBuilder(
-            family=spec.family, count_tokens=self.backend.count_tokens,
-            context_window=self.backend.context_window, system_prompt=agent.system_prompt,
-            show_admissible_actions=agent.show_admissible_actions, max_history_turns=agent.max_history_turns,
-            reserve_tokens=self.config.model.max_new_tokens,
-        ) for spec in self.envs]
-
     def request_stop(self, *_args) -> None:
         self._stop_requested = True
 
@@ -157,7 +133,8 @@ class AgentLoop:
         start_tokens = self.backend.stats.completion_tokens if hasattr(self.backend, "stats") else 0
         model = self.config.model
         params = SamplingParams(max_new_tokens=model.max_new_tokens, temperature=model.temperature, top_p=model.top_p)
-        runner = EpisodeRunner(self.backend, self.envs, self._builders(), params, slots=self.config.runtime.slots,
+        builders = build_prompt_builders(self.config, self.envs, self.backend)
+        runner = EpisodeRunner(self.backend, self.envs, builders, params, slots=self.config.runtime.slots,
                                policy_name=model.name)
         handler = _json_log(self.workdir)
         log.addHandler(handler)

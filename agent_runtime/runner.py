@@ -122,7 +122,7 @@ class EpisodeRunner:
             adapter_id=self.adapter_id, lesson_set_version=self.lesson_set_version, outcome=outcome, won=won,
             total_return=ep.total_return, prompt_tokens=ep.prompt_tokens, completion_tokens=ep.completion_tokens,
             started_at=ep.started_at, ended_at=_now(), error=error, goal=ep.info.get("goal"),
-            metadata={"draw": ep.draw.index}, steps=ep.steps,
+            metadata={"draw": ep.draw.index, "final_observation": ep.observation}, steps=ep.steps,
         )
 
     def _start(self, slot: int, draw: Draw) -> EpisodeRecord | None:

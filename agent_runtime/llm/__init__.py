@@ -35,9 +35,21 @@ def make_backend(model_config, *, seed: int = 0) -> PolicyBackend:
         if model_config.adapter:
             backend.load_adapter("configured", model_config.adapter)
         return backend
-    raise BackendError(
-        f"backend {kind!r} is not available yet in this version; available: transformers, scripted"
-    )
+    if kind == "chat":
+        from agent_runtime.llm.chat_backend import ChatBackend
+
+        return ChatBackend.from_options(options, context_window=model_config.context_window)
+    if kind == "vllm":
+        from agent_runtime.llm.vllm_backend import VLLMBackend, import_vllm
+        from agent_runtime.models import resolve_model
+
+        import_vllm()  # fail on a missing vLLM before converting or loading any weights
+        backend = VLLMBackend(resolve_model(model_config.name), context_window=model_config.context_window,
+                              dtype=model_config.dtype, seed=seed, **options)
+        if model_config.adapter:
+            backend.load_adapter("configured", model_config.adapter)
+        return backend
+    raise BackendError(f"unknown backend {kind!r}; accepted: {', '.join(BACKENDS)}")
 
 
 __all__ = ["BACKENDS", "BackendError", "Chat", "Completion", "Message", "PolicyBackend", "SamplingParams",

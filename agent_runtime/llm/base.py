@@ -34,10 +34,11 @@ class Completion:
     logprobs: list[float] | None = None
     prompt_text: str = ""  # the prompt as the model saw it (chat template applied), for the experience store
     latency_s: float = 0.0
+    completion_tokens: int = -1  # defaults to len(token_ids); a remote chat model may report a count without ids
 
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.token_ids)
+    def __post_init__(self) -> None:
+        if self.completion_tokens < 0:
+            self.completion_tokens = len(self.token_ids)
 
 
 class BackendError(RuntimeError):

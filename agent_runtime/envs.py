@@ -1,0 +1,44 @@
+"""Building a run's environments and prompt builders from its config.
+
+Each entry of `config.envs` becomes an `EnvSlotSpec` (a factory the runner calls once per slot, the
+environment's family and its step budget) plus the task ids of a split. One probe instance is made per
+entry up front, so an unknown environment id or a bad keyword fails before any model is loaded or any
+episode runs. Generated games are cached under `<workdir>/games` unless the entry sets `cache_dir`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environments
+from agent_runtime.agent import PromptBuilder
+from agent_runtime.config import RunConfig
+from agent_runtime.llm.base import PolicyBackend
+from agent_runtime.runner import EnvSlotSpec
+
+
+def build_envs(config: RunConfig, workdir: Path, split: str = "train") -> tuple[list[EnvSlotSpec], list[list[str]]]:
+    specs, tasks = [], []
+    for entry in config.envs:
+        def factory(entry=entry):
+            kwargs = {"cache_dir": str(Path(workdir) / "games"), **entry.kwargs}
+            return environments.make(entry.id, **kwargs)
+
+        probe = factory()
+        try:
+            specs.append(EnvSlotSpec(entry.id, factory, probe.spec.family, entry.max_steps or probe.spec.max_steps))
+            tasks.append(list(probe.tasks(split)))
+        finally:
+            probe.close()
+    return specs, tasks
+
+
+def build_prompt_builders(config: RunConfig, specs: list[EnvSlotSpec], backend: PolicyBackend,
+                          lessons: list[str] | None = None) -> list[PromptBuilder]:
+    agent = config.agent
+    return [PromptBuilder(
+        family=spec.family, count_tokens=backend.count_tokens, context_window=backend.context_window,
+        system_prompt=agent.system_prompt, show_admissible_actions=agent.show_admissible_actions,
+        max_history_turns=agent.max_history_turns, reserve_tokens=config.model.max_new_tokens,
+        lessons=list(lessons or []),
+    ) for spec in specs]

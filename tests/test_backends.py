@@ -1,0 +1,106 @@
+"""Policy backends: batched transformers generation with logprobs and LoRA switching, the chat backend on
+langchain-core's own fake chat model, and clear errors for vLLM without vLLM and CUDA without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agent_runtime.config import ModelConfig
+from agent_runtime.llm import BackendError, SamplingParams, make_backend
+from agent_runtime.llm.chat_backend import ChatBackend
+
+
+def chats(n):
+    return [[{"role": "system", "content": "Play."}, {"role": "user", "content": "go north " * (i + 1)}]
+            for i in range(n)]
+
+
+def test_batched_generation_matches_one_by_one(tiny_backend):
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    batch = tiny_backend.generate(chats(3), params)
+    single = [tiny_backend.generate([c], params)[0] for c in chats(3)]
+    assert [c.token_ids for c in batch] == [c.token_ids for c in single]  # left padding changes nothing
+    assert [c.prompt_tokens for c in batch] == [c.prompt_tokens for c in single]
+    assert all(c.completion_tokens == len(c.token_ids) > 0 for c in batch)
+
+
+def test_logprobs_are_the_sampled_tokens_logprobs(tiny_backend):
+    [out] = tiny_backend.generate(chats(1), SamplingParams(max_new_tokens=5, temperature=0.0, logprobs=True))
+    assert len(out.logprobs) == len(out.token_ids)
+    model, tok = tiny_backend.model, tiny_backend.tokenizer
+    ids = tok(out.prompt_text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    full = torch.cat([ids, torch.tensor([out.token_ids])], dim=1)
+    with torch.no_grad():
+        logits = model(full).logits[0, ids.shape[1] - 1:-1].log_softmax(-1)
+    expected = logits.gather(-1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
+    assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4)
+
+
+def test_seeded_sampling_repeats(tiny_backend):
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7)
+    assert [c.token_ids for c in tiny_backend.generate(chats(2), params)] == \
+           [c.token_ids for c in tiny_backend.generate(chats(2), params)]
+
+
+def test_lora_adapters_load_and_switch(tmp_path, tiny_model_dir):
+    from peft import LoraConfig, get_peft_model
+
+    from agent_runtime.llm.transformers_backend import TransformersBackend
+    from agent_runtime.testing import tiny_model_and_tokenizer
+
+    model, _ = tiny_model_and_tokenizer()
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "o_proj"],
+                                                  init_lora_weights=False))
+    peft_model.save_pretrained(tmp_path / "adapter")
+    backend = TransformersBackend.from_pretrained(str(tiny_model_dir))
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, logprobs=True)
+    base = backend.generate(chats(1), params)[0]
+    backend.load_adapter("a1", tmp_path / "adapter")
+    tuned = backend.generate(chats(1), params)[0]
+    backend.use_adapter(None)
+    again = backend.generate(chats(1), params)[0]
+    assert again.token_ids == base.token_ids and again.logprobs == pytest.approx(base.logprobs, abs=1e-5)
+    assert tuned.logprobs != pytest.approx(base.logprobs, abs=1e-3)  # the adapter changes the policy
+    with pytest.raises(BackendError, match="unknown adapter 'nope'; loaded: a1"):
+        backend.use_adapter("nope")
+    with pytest.raises(BackendError, match="adapter_config.json missing"):
+        backend.load_adapter("bad", tmp_path)
+
+
+def test_chat_backend_with_fake_chat_model():
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    backend = ChatBackend(FakeListChatModel(responses=["take coin", "go north STOP ignored"]))
+    out = backend.generate(chats(2), SamplingParams(stop=("STOP",)))
+    assert [c.text for c in out] == ["take coin", "go north "]
+    assert all(c.prompt_tokens > 0 and c.completion_tokens > 0 and c.logprobs is None for c in out)
+    assert backend.stats.calls == 1 and backend.stats.batch_sizes == [2]
+
+
+def test_chat_backend_from_config():
+    config = ModelConfig(name="fake", backend="chat", options={
+        "class": "langchain_core.language_models.fake_chat_models:FakeListChatModel",
+        "kwargs": {"responses": ["look"]}})
+    backend = make_backend(config)
+    assert backend.generate(chats(1), SamplingParams())[0].text == "look"
+    with pytest.raises(BackendError, match="is not a langchain-core BaseChatModel"):
+        make_backend(ModelConfig(name="x", backend="chat", options={"class": "collections:OrderedDict"}))
+    with pytest.raises(BackendError, match="options.class"):
+        make_backend(ModelConfig(name="x", backend="chat"))
+
+
+def test_vllm_backend_fails_clearly_without_vllm():
+    try:
+        import vllm  # noqa: F401
+        pytest.skip("vllm is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(BackendError, match=r"vLLM.*not installed.*gpu"):
+        make_backend(ModelConfig(name="smollm2-135m-instruct", backend="vllm"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_gpu_is_a_clear_error(tiny_model_dir):
+    with pytest.raises(BackendError, match="no CUDA GPU is available"):
+        make_backend(ModelConfig(name=str(tiny_model_dir), device="cuda"))
