@@ -110,6 +110,7 @@ class EpisodicEnv(TextEnv):
 
     def reset(self, *, seed: int | None = None, task_id: str | None = None) -> tuple[str, dict[str, Any]]:
         task = self.pick_task(seed, task_id)
+        self._active = False  # a reset that raises leaves no half-started episode to step into
         observation, info = self._reset(task)
         self._task_id, self._active, self._steps = task, True, 0
         return observation, info

@@ -98,3 +98,11 @@ def test_cli_check_reports_instead_of_raising():
     assert failures and all(isinstance(f, str) for f in failures)
     assert environments.cli_check("environments.testing:GuessEnv", episodes=3) == []
     assert environments.cli_check("environments.testing:FaultyEnv", fail_on="reset")[0].startswith("unexpected")
+
+
+def test_failed_reset_leaves_no_episode_to_step():
+    env = environments.make("environments.testing:FaultyEnv", fail_on="reset")
+    with pytest.raises(RuntimeError, match="on purpose"):
+        env.reset(task_id="train-0")
+    with pytest.raises(environments.ResetNeededError):
+        env.step("1")
