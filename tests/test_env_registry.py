@@ -153,3 +153,10 @@ def test_docs_example_environment_conforms(tmp_path, monkeypatch, clean_registry
     env = environments.make("guess/number-hard")
     environments.check_env(env)
     assert env.high == 100
+
+
+@pytest.mark.parametrize("env_id", ["math/gsm8k", "math/math", "math/dapo", "math/champ", "math/gsm_symbolic",
+                                    "textarena/sokoban", "alfworld/text", "textworld/custom"])
+def test_every_builtin_rejects_unknown_kwargs(env_id):
+    with pytest.raises(environments.EnvConstructionError, match="does not accept 'bogus'"):
+        environments.make(env_id, bogus=1)

@@ -170,19 +170,26 @@ def dataset_env(kind: str, *, path: str | None = None, eval_path: str | None = N
     return ProblemSetEnv(f"math/{kind}", f"{names[kind]} ({origin})", problems, max_steps=max_steps)
 
 
-def gsm8k(**kwargs: Any) -> ProblemSetEnv:
+def gsm8k(*, path: str | None = None, eval_path: str | None = None, question_field: str | None = None,
+          answer_field: str | None = None, max_steps: int | None = None, cache_dir: str | None = None) -> ProblemSetEnv:
     """GSM8K (openai/gsm8k train/test), or a local file via path=."""
-    return dataset_env("gsm8k", **kwargs)
+    return dataset_env("gsm8k", path=path, eval_path=eval_path, question_field=question_field,
+                       answer_field=answer_field, max_steps=max_steps, cache_dir=cache_dir)
 
 
-def competition_math(**kwargs: Any) -> ProblemSetEnv:
+def competition_math(*, path: str | None = None, eval_path: str | None = None, question_field: str | None = None,
+                     answer_field: str | None = None, max_steps: int | None = None,
+                     cache_dir: str | None = None) -> ProblemSetEnv:
     """MATH (Hendrycks et al., train/test), or a local file via path=."""
-    return dataset_env("math", **kwargs)
+    return dataset_env("math", path=path, eval_path=eval_path, question_field=question_field,
+                       answer_field=answer_field, max_steps=max_steps, cache_dir=cache_dir)
 
 
-def dapo(**kwargs: Any) -> ProblemSetEnv:
+def dapo(*, path: str | None = None, eval_path: str | None = None, question_field: str | None = None,
+         answer_field: str | None = None, max_steps: int | None = None, cache_dir: str | None = None) -> ProblemSetEnv:
     """DAPO-Math-17k (de-duplicated; every tenth problem held out for eval), or a local file via path=."""
-    return dataset_env("dapo", **kwargs)
+    return dataset_env("dapo", path=path, eval_path=eval_path, question_field=question_field,
+                       answer_field=answer_field, max_steps=max_steps, cache_dir=cache_dir)
 
 
 def champ(*, max_steps: int | None = None, cache_dir: str | None = None) -> ProblemSetEnv:
