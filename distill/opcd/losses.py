@@ -129,8 +129,7 @@ def chunked_topk_divergence(student_hidden: torch.Tensor, teacher_hidden: torch.
     normaliser = max(tokens, 1)
     grad_wanted = backward and student_hidden.requires_grad and torch.is_grad_enabled()
     leaf = student_hidden.detach().requires_grad_(grad_wanted)
-    loss_total = torch.zeros((), dtype=torch.float64)
-    kl_total = torch.zeros((), dtype=torch.float64)
+    loss_total, kl_total = 0.0, 0.0
     for start in range(0, student_hidden.shape[1], chunk_size):
         span = slice(start, start + chunk_size)
         chunk_mask = mask[:, span].float()
@@ -149,14 +148,14 @@ def chunked_topk_divergence(student_hidden: torch.Tensor, teacher_hidden: torch.
             chunk_loss = (per_token * chunk_mask).sum() / normaliser
             if grad_wanted:
                 chunk_loss.backward()
-        loss_total += chunk_loss.detach().double()
+        loss_total += chunk_loss.item()
         if targets is not None and t_logits is not None:
             with torch.no_grad():
                 ids = targets[:, span, None]
                 gap = (_topk_log_probs(s_logits.detach(), ids, temperature)
                        - _topk_log_probs(t_logits, ids, temperature)).squeeze(-1)
-                kl_total += (gap * chunk_mask).sum().double() / normaliser
+                kl_total += (gap * chunk_mask).sum().item() / normaliser
         del s_logits, t_logits, per_token
     if grad_wanted:
         student_hidden.backward(leaf.grad)
-    return ChunkedLoss(loss=float(loss_total), sampled_kl=float(kl_total), tokens=tokens)
+    return ChunkedLoss(loss=loss_total, sampled_kl=kl_total, tokens=tokens)

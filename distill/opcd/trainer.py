@@ -151,6 +151,7 @@ class OPCDTrainer:
     # -- set-up ------------------------------------------------------------------------------------------
     def _attach_lora(self, model):
         from peft import LoraConfig, PeftModel, get_peft_model
+        from peft.tuners.tuners_utils import BaseTunerLayer
 
         model.requires_grad_(False)
         if self.parent_adapter:
@@ -163,7 +164,11 @@ class OPCDTrainer:
         lora = LoraConfig(r=self.config.lora_r, lora_alpha=self.config.lora_alpha,
                           lora_dropout=self.config.lora_dropout, target_modules=self.config.lora_target_modules,
                           bias="none", task_type="CAUSAL_LM")
-        return get_peft_model(model, lora)
+        peft_model = get_peft_model(model, lora)
+        if isinstance(peft_model.get_base_model().get_output_embeddings(), BaseTunerLayer):
+            raise ValueError("lora_target_modules must not include the output head: the teacher's logits are "
+                             "computed with the head outside the adapter switch")
+        return peft_model
 
     @property
     def _student_lm(self):
@@ -381,6 +386,8 @@ class OPCDTrainer:
     def kl_per_prompt(self, prompts: list[Chat], contexts: list[str]) -> list[float]:
         """Exact (full-vocabulary) reverse KL per response token, student without context vs teacher with it,
         on one student sample per prompt drawn with the fixed `eval_seed`; one value per prompt."""
+        if len(prompts) != len(contexts):
+            raise ValueError(f"{len(prompts)} prompts but {len(contexts)} contexts; give one context per prompt")
         values = []
         for start in range(0, len(prompts), self.config.batch_size):
             chats = prompts[start:start + self.config.batch_size]
