@@ -18,8 +18,8 @@ A reply with nothing parseable gives `None`, which the runner records as an inva
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from agent_runtime.llm.base import Chat
 from agent_runtime.llm.scripted import ADMISSIBLE_PREFIX, ADMISSIBLE_SEPARATOR
@@ -43,6 +43,12 @@ _ARENA_MOVE = re.compile(r"\[\s*(up|down|left|right|w|a|s|d)\s*\]", re.IGNORECAS
 _WASD = {"w": "up", "a": "left", "s": "down", "d": "right"}
 
 
+def lessons_section(lessons: list[str]) -> str:
+    """The lessons as they appear in a system prompt (the OPCD teacher inserts the same block)."""
+    items = "\n".join(f"- {lesson}" for lesson in lessons)
+    return f"Lessons from your past experience:\n{items}"
+
+
 @dataclass
 class Turn:
     observation: str
@@ -62,11 +68,11 @@ class PromptBuilder:
     reserve_tokens: int = 64  # room for the reply
     lessons: list[str] = field(default_factory=list)
 
-    def system_message(self) -> str:
+    def system_message(self, lessons: list[str] | None = None) -> str:
         text = self.system_prompt or SYSTEM_PROMPTS.get(self.family, SYSTEM_PROMPTS["text"])
-        if self.lessons:
-            items = "\n".join(f"- {lesson}" for lesson in self.lessons)
-            text += f"\n\nLessons from your past experience:\n{items}"
+        lessons = self.lessons if lessons is None else lessons
+        if lessons:
+            text += "\n\n" + lessons_section(lessons)
         return text
 
     def current_message(self, observation: str, admissible: list[str] | None) -> str:
@@ -75,8 +81,10 @@ class PromptBuilder:
             text += f"\n\n{ADMISSIBLE_PREFIX} {ADMISSIBLE_SEPARATOR.join(admissible)}"
         return text
 
-    def build(self, history: list[Turn], observation: str, admissible: list[str] | None) -> Chat:
-        system = {"role": "system", "content": self.system_message()}
+    def build(self, history: list[Turn], observation: str, admissible: list[str] | None,
+              lessons: list[str] | None = None) -> Chat:
+        """The chat for one decision; `lessons` overrides the builder's own for this episode."""
+        system = {"role": "system", "content": self.system_message(lessons)}
         current = {"role": "user", "content": self.current_message(observation, admissible)}
         turns = history[-self.max_history_turns:] if self.max_history_turns else []
         while True:

@@ -2,7 +2,8 @@
 
     agent-runtime run CONFIG [--workdir DIR] [--episodes N] [--hours H] [--resume] [--set a.b=c ...]
     agent-runtime eval CONFIG [--workdir DIR] [--adapter ID] [--no-lessons] [--episodes N]
-    agent-runtime memory stats [--workdir DIR | --db URL] [--json]
+    agent-runtime memory stats|export|import|reindex|search [--workdir DIR | --db URL] [--json]
+    agent-runtime lessons list|show|diff|rollback [--workdir DIR | --db URL] [--json]
     agent-runtime envs list [--json]
     agent-runtime envs check ENV_ID
     agent-runtime dashboard [--workdir DIR | --db URL] [--host H] [--port P] [--token T]
@@ -19,27 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-from agent_runtime import __version__
-
-
-class UsageError(Exception):
-    """A user-facing error: printed without a traceback, exit code 2."""
-
-
-def _add_store_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workdir", type=Path, help="the run directory holding memory.db (default ./runs/<name>)")
-    p.add_argument("--db", help="a SQLAlchemy URL instead of a workdir (e.g. postgresql+psycopg://...)")
-
-
-def _open_store(args, read_only: bool = False):
-    from memory import ExperienceStore
-
-    if args.db:
-        return ExperienceStore.open(args.db, read_only=read_only)
-    workdir = args.workdir or Path(".")
-    if not (workdir / "memory.db").exists():
-        raise UsageError(f"no memory.db in {workdir}; pass --workdir DIR of a run, or --db URL")
-    return ExperienceStore.open(workdir, read_only=read_only)
+from agent_runtime import __version__, cli_store
+from agent_runtime.cli_store import UsageError, add_store_args
 
 
 def cmd_run(args) -> int:
@@ -113,20 +95,6 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def cmd_memory_stats(args) -> int:
-    store = _open_store(args, read_only=True)
-    try:
-        stats = store.stats()
-    finally:
-        store.close()
-    if args.json:
-        print(json.dumps(stats, default=str))
-    else:
-        for key, value in stats.items():
-            print(f"{key:>12}: {value}")
-    return 0
-
-
 def cmd_envs_list(args) -> int:
     import environments
 
@@ -144,7 +112,13 @@ def cmd_envs_list(args) -> int:
 def cmd_envs_check(args) -> int:
     import environments
 
-    failures = environments.cli_check(args.env_id, episodes=args.episodes, seed=args.seed)
+    from agent_runtime.config import ConfigError, apply_overrides
+
+    try:
+        kwargs = apply_overrides({}, args.kwarg or [])
+    except ConfigError as exc:
+        raise UsageError(str(exc).replace("--set", "-k")) from None
+    failures = environments.cli_check(args.env_id, episodes=args.episodes, seed=args.seed, **kwargs)
     if failures:
         print(f"{args.env_id}: {len(failures)} problem(s)")
         for f in failures:
@@ -157,14 +131,7 @@ def cmd_envs_check(args) -> int:
 def cmd_dashboard(args) -> int:
     from agent_runtime.dashboard import serve
 
-    if args.db:
-        target = args.db
-    else:
-        workdir = args.workdir or Path(".")
-        if not (workdir / "memory.db").exists():
-            raise UsageError(f"no memory.db in {workdir}; pass --workdir DIR of a run, or --db URL")
-        target = str(workdir)
-    serve(target, host=args.host, port=args.port, token=args.token)
+    serve(cli_store.store_target(args), host=args.host, port=args.port, token=args.token)
     return 0
 
 
@@ -194,12 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_eval)
 
-    memory = sub.add_parser("memory", help="inspect the experience memory").add_subparsers(dest="memory_cmd",
-                                                                                            required=True)
-    stats = memory.add_parser("stats", help="counts of runs, episodes, steps, lessons")
-    _add_store_args(stats)
-    stats.add_argument("--json", action="store_true")
-    stats.set_defaults(func=cmd_memory_stats)
+    cli_store.register(sub)
 
     envs = sub.add_parser("envs", help="list and check environments").add_subparsers(dest="envs_cmd", required=True)
     ls = envs.add_parser("list", help="registered environments (built-in and plugins)")
@@ -209,9 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("env_id")
     check.add_argument("--episodes", type=int, default=1)
     check.add_argument("--seed", type=int, default=0)
+    check.add_argument("-k", "--kwarg", action="append", metavar="KEY=VALUE",
+                       help="a constructor argument of the environment (repeatable), e.g. -k level=3")
     check.set_defaults(func=cmd_envs_check)
     dash = sub.add_parser("dashboard", help="serve the read-only dashboard on 127.0.0.1")
-    _add_store_args(dash)
+    add_store_args(dash)
     dash.add_argument("--host", default="127.0.0.1", help="bind address; anything but loopback requires a token")
     dash.add_argument("--port", type=int, default=8765)
     dash.add_argument("--token", help="access token (generated and printed when --host is not loopback)")
@@ -224,11 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     from agent_runtime.config import ConfigError
     from agent_runtime.llm.base import BackendError
     from agent_runtime.models import UnknownModelError
-
+    from distill.lessons.errors import LessonsError
     from environments import EnvError
     from memory.errors import MemoryStoreError
 
-    user_errors = (UsageError, ConfigError, BackendError, UnknownModelError, EnvError, MemoryStoreError)
+    user_errors = (UsageError, ConfigError, BackendError, UnknownModelError, EnvError, MemoryStoreError,
+                   LessonsError)
     try:
         return args.func(args)
     except user_errors as exc:

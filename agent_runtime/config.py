@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from distill.lessons.config import LessonsSettings
+
 
 class ConfigError(ValueError):
     """A configuration file or override is wrong; the message says where and what is accepted."""
@@ -67,13 +69,6 @@ class RuntimeConfig(_Strict):
     executor: Literal["local"] = "local"
 
 
-class LessonsConfig(_Strict):
-    """The EXTRACT phase (lesson extraction and curation)."""
-
-    enabled: bool = False
-    extract_every: int = Field(8, gt=0, description="episodes between extractions")
-
-
 class OPCDConfig(_Strict):
     """The CONSOLIDATE / EVALUATE / PROMOTE phases."""
 
@@ -100,7 +95,7 @@ class RunConfig(_Strict):
     envs: list[EnvEntry] = Field(..., min_length=1)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    lessons: LessonsConfig = Field(default_factory=LessonsConfig)
+    lessons: LessonsSettings = Field(default_factory=LessonsSettings)
     opcd: OPCDConfig = Field(default_factory=OPCDConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)

@@ -2,10 +2,12 @@
 
     PLAY -> EXTRACT (every N episodes) -> CONSOLIDATE (every M episodes) -> EVALUATE -> PROMOTE | ROLLBACK -> PLAY
 
-Each phase commits its results in one transaction before the phase cursor moves. During PLAY that means
-every finished episode is written together with the run's new state (episodes done, the next draw index,
-the draws still in flight), so `kill -9` at any moment followed by `run --resume` loses at most the
-episodes that were in flight, and re-plays exactly those draws: nothing is lost or duplicated.
+The run row's `phase` is the cursor. Each phase commits its results in one transaction before the cursor
+moves. During PLAY every finished episode is written together with the run's new state (episodes done, the
+next draw index, the draws still in flight), so `kill -9` at any moment followed by `run --resume` loses at
+most the episodes that were in flight and re-plays exactly those draws: nothing is lost or duplicated. A
+phase that is due stops new draws; the slots drain, the cursor moves, and the phase runs. A run killed
+inside EXTRACT resumes by running that extraction again over the same episodes.
 
 SIGINT or SIGTERM asks the loop to stop: the current turn finishes, its episodes are committed, and the
 process exits 0. The run can then be resumed.
@@ -24,9 +26,11 @@ import torch
 from tqdm.auto import tqdm
 
 from agent_runtime.config import ConfigError, RunConfig, config_from_dict, save_resolved
-from agent_runtime.llm import PolicyBackend, SamplingParams, make_backend
 from agent_runtime.envs import build_envs, build_prompt_builders
+from agent_runtime.lessons_phase import LessonContexts, run_extract
+from agent_runtime.llm import PolicyBackend, SamplingParams, make_backend
 from agent_runtime.runner import Draw, EpisodeRunner, TaskSampler
+from distill.lessons import sync_statuses
 from memory import EpisodeRecord, ExperienceStore
 
 log = logging.getLogger("agent_runtime.loop")
@@ -49,14 +53,17 @@ class RunSummary:
     completion_tokens: int
     tokens_per_s: float
     stopped_by_signal: bool
+    extractions: int = 0
+    lesson_set_version: int | None = None
 
     @property
     def success_rate(self) -> float:
         return self.won / self.episodes if self.episodes else 0.0
 
     def line(self) -> str:
+        lessons = f", lesson set v{self.lesson_set_version}" if self.lesson_set_version is not None else ""
         return (f"run {self.run_id}: {self.episodes} episodes ({self.new_episodes} this session), "
-                f"success {self.success_rate:.1%}, errors {self.errors}, "
+                f"success {self.success_rate:.1%}, errors {self.errors}{lessons}, "
                 f"{self.tokens_per_s:.1f} generated tokens/s, {self.seconds:.1f}s")
 
 
@@ -65,10 +72,6 @@ def default_workdir(config_name: str) -> Path:
 
 
 def check_phases(config: RunConfig) -> None:
-    if config.lessons.enabled:
-        raise PhaseNotAvailableError(
-            "lessons.enabled: the EXTRACT phase (lesson extraction) is not available in this version yet; "
-            "set lessons.enabled: false")
     if config.opcd.enabled:
         raise PhaseNotAvailableError(
             "opcd.enabled: the CONSOLIDATE phase (OPCD) is not available in this version yet; set opcd.enabled: false")
@@ -81,7 +84,7 @@ def _json_log(workdir: Path) -> logging.Handler:
         def format(self, record: logging.LogRecord) -> str:
             payload = {"time": self.formatTime(record), "level": record.levelname, "msg": record.getMessage()}
             payload.update(getattr(record, "fields", {}))
-            return json.dumps(payload)
+            return json.dumps(payload, default=str)
 
     handler.setFormatter(_Fmt())
     return handler
@@ -92,63 +95,117 @@ class AgentLoop:
                  backend: PolicyBackend | None = None, progress: bool = True):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.store = ExperienceStore.open(config.memory.url or self.workdir)
-        existing = self.store.find_run(config.name)
         if resume:
-            if existing is None:
-                raise ConfigError(f"--resume: no run named {config.name!r} in {self.store.url}; start one without --resume")
-            stored = config_from_dict(existing.config, source=f"run {existing.id} in {self.store.url}")
-            # the stop conditions may change on resume; everything that shapes the episodes may not
-            stored.runtime.episodes = config.runtime.episodes
-            stored.runtime.hours = config.runtime.hours
-            config = stored
+            config = self._stored_config(config)
         check_phases(config)
         self.config = config
-        save_resolved(config, self.workdir)
         self.envs, tasks = build_envs(config, self.workdir)
         self.sampler = TaskSampler([e.weight for e in config.envs], tasks, config.seed)
         self.backend = backend or make_backend(config.model, seed=config.seed)
         torch.manual_seed(config.seed)
+        self.store = ExperienceStore.open(config.memory.url or self.workdir)
+        save_resolved(config, self.workdir)
         if resume:
-            self.run_id = existing.id
-            self.state = dict(existing.state or {})
+            run = self.store.find_run(config.name)
+            self.run_id, self.state, self.phase = run.id, dict(run.state or {}), run.phase or "PLAY"
+            sync_statuses(self.store, self.run_id)
         else:
             self.run_id = self.store.create_run(config.name, config.model_dump(mode="json"))
-            self.state = {}
-        for key in ("episodes", "won", "errors", "next_draw"):
+            self.state, self.phase = {}, "PLAY"
+        for key in ("episodes", "won", "errors", "next_draw", "extractions", "last_extract_at"):
             self.state.setdefault(key, 0)
         self.state.setdefault("open_draws", [])
+        self.lessons = LessonContexts(self.store, self.run_id, config.lessons.pools, config.lessons.seed)
         self.progress = progress
         self._stop_requested = False
+
+    def _stored_config(self, config: RunConfig) -> RunConfig:
+        """On --resume the run's own config wins; only the stop conditions may change."""
+        with ExperienceStore.open(config.memory.url or self.workdir) as store:
+            existing = store.find_run(config.name)
+            if existing is None:
+                raise ConfigError(f"--resume: no run named {config.name!r} in {store.url}; "
+                                  "start one without --resume")
+        stored = config_from_dict(existing.config, source=f"run {existing.id}")
+        stored.runtime.episodes = config.runtime.episodes
+        stored.runtime.hours = config.runtime.hours
+        return stored
 
     def request_stop(self, *_args) -> None:
         self._stop_requested = True
 
-    def run(self) -> RunSummary:
+    # -- the state machine ---------------------------------------------------------------------------
+    def _move(self, phase: str) -> None:
+        assert phase in PHASES, phase
+        self.phase = phase
+        self.store.update_run(self.run_id, phase=phase, state=self.state)
+
+    def _extract_due(self, episodes: int) -> bool:
+        settings = self.config.lessons
+        return settings.enabled and episodes >= self.state["last_extract_at"] + settings.extract_every
+
+    def _target_reached(self) -> bool:
         target = self.config.runtime.episodes
-        deadline = time.monotonic() + self.config.runtime.hours * 3600 if self.config.runtime.hours else None
-        reopen = list(self.state["open_draws"])
-        start_episodes = self.state["episodes"]
+        return target is not None and self.state["episodes"] >= target and not self.state["open_draws"]
+
+    def run(self) -> RunSummary:
         started = time.monotonic()
-        start_tokens = self.backend.stats.completion_tokens if hasattr(self.backend, "stats") else 0
+        self._deadline = started + self.config.runtime.hours * 3600 if self.config.runtime.hours else None
+        start_episodes = self.state["episodes"]
+        start_tokens = self.backend.stats.completion_tokens
+        handler = _json_log(self.workdir)
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        previous = {sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.store.update_run(self.run_id, status="running")
+        try:
+            while not self._stop_requested:
+                if self.phase == "PLAY":
+                    self._play(started, start_episodes, start_tokens)
+                    if self._stop_requested:
+                        break
+                    if self._extract_due(self.state["episodes"]):
+                        self._move("EXTRACT")
+                    elif self._target_reached() or self._past_deadline():
+                        break
+                elif self.phase == "EXTRACT":
+                    self._extract()
+                    self._move("PLAY")
+                else:
+                    raise PhaseNotAvailableError(f"the run's cursor is at {self.phase}, which this version cannot run")
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+            status = "finished" if self._target_reached() and self.phase == "PLAY" else "stopped"
+            self.store.update_run(self.run_id, state=self.state, status=status)
+            summary = self._summary(started, start_episodes, start_tokens)
+            log.info(summary.line(), extra={"fields": {"summary": asdict(summary)}})
+            log.removeHandler(handler)
+            handler.close()
+        return summary
+
+    def _past_deadline(self) -> bool:
+        return self._deadline is not None and time.monotonic() > self._deadline
+
+    # -- PLAY -----------------------------------------------------------------------------------------
+    def _play(self, started: float, start_episodes: int, start_tokens: int) -> None:
+        target = self.config.runtime.episodes
+        reopen = list(self.state["open_draws"])
         model = self.config.model
         params = SamplingParams(max_new_tokens=model.max_new_tokens, temperature=model.temperature, top_p=model.top_p)
         builders = build_prompt_builders(self.config, self.envs, self.backend)
         runner = EpisodeRunner(self.backend, self.envs, builders, params, slots=self.config.runtime.slots,
-                               policy_name=model.name)
-        handler = _json_log(self.workdir)
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        bar = tqdm(total=target, initial=min(start_episodes, target or start_episodes), desc="PLAY",
-                   unit="ep", disable=not self.progress, dynamic_ncols=True)
+                               policy_name=model.name, context_for=self.lessons.for_draw)
+        bar = tqdm(total=target, initial=min(self.state["episodes"], target or self.state["episodes"]),
+                   desc="PLAY", unit="ep", disable=not self.progress, dynamic_ncols=True)
 
         def next_draw() -> Draw | None:
             if reopen:
                 return self.sampler.draw(reopen.pop(0))
-            in_flight = len(runner.in_flight())
-            if target is not None and self.state["episodes"] + in_flight >= target:
+            committed_or_running = self.state["episodes"] + len(runner.in_flight())
+            if target is not None and committed_or_running >= target:
                 return None
-            if deadline is not None and time.monotonic() > deadline:
+            if self._extract_due(committed_or_running) or self._past_deadline():
                 return None
             index = self.state["next_draw"]
             self.state["next_draw"] = index + 1
@@ -166,38 +223,37 @@ class AgentLoop:
             if done % self.config.runtime.summary_every == 0:
                 self._summary_line(started, start_episodes, start_tokens)
 
-        def should_stop() -> bool:
-            return self._stop_requested or (deadline is not None and time.monotonic() > deadline
-                                             and not runner.in_flight())
-
-        previous = {sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-        self.store.update_run(self.run_id, phase="PLAY", status="running")
         try:
-            runner.run(next_draw, on_episode, should_stop)
+            runner.run(next_draw, on_episode, lambda: self._stop_requested)
         finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
             runner.close()
             bar.close()
             self.state["open_draws"] = sorted(runner.in_flight() + reopen)
-            finished = target is not None and self.state["episodes"] >= target and not self.state["open_draws"]
-            self.store.update_run(self.run_id, state=self.state,
-                                  status="finished" if finished else "stopped")
-            log.removeHandler(handler)
-            handler.close()
-        summary = self._summary(started, start_episodes, start_tokens)
-        log.info(summary.line(), extra={"fields": {"summary": asdict(summary)}})
-        return summary
+            self.store.update_run(self.run_id, state=self.state)
 
+    # -- EXTRACT --------------------------------------------------------------------------------------
+    def _extract(self) -> None:
+        n = self.config.lessons.episodes_per_extraction
+        recent = self.store.episodes(self.run_id, limit=n, newest_first=True)
+        report = run_extract(self.config, self.workdir, self.store, self.run_id, self.backend,
+                             sorted(e.id for e in recent))
+        self.state["extractions"] += 1
+        self.state["last_extract_at"] = self.state["episodes"]
+        self.lessons.reload()
+        tqdm.write(report.line())
+        log.info(report.line(), extra={"fields": {"phase": "EXTRACT", **asdict(report)}})
+
+    # -- reporting ------------------------------------------------------------------------------------
     def _summary(self, started: float, start_episodes: int, start_tokens: int) -> RunSummary:
         seconds = time.monotonic() - started
-        tokens = (self.backend.stats.completion_tokens if hasattr(self.backend, "stats") else 0) - start_tokens
-        gen_seconds = self.backend.stats.seconds if hasattr(self.backend, "stats") else seconds
+        stats = self.backend.stats
+        tokens = stats.completion_tokens - start_tokens
         return RunSummary(
             run_id=self.run_id, episodes=self.state["episodes"], won=self.state["won"], errors=self.state["errors"],
             new_episodes=self.state["episodes"] - start_episodes, seconds=seconds, completion_tokens=tokens,
-            tokens_per_s=tokens / gen_seconds if gen_seconds > 0 else 0.0,
-            stopped_by_signal=self._stop_requested,
+            tokens_per_s=stats.completion_tokens / stats.seconds if stats.seconds > 0 else 0.0,
+            stopped_by_signal=self._stop_requested, extractions=self.state["extractions"],
+            lesson_set_version=self.lessons.version,
         )
 
     def _summary_line(self, started: float, start_episodes: int, start_tokens: int) -> None:

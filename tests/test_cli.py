@@ -66,3 +66,40 @@ def test_user_errors_exit_2_with_a_message(tmp_path):
     assert proc.returncode == 2 and "smollm2-135m-instruct" in proc.stderr
     proc = cli("memory", "stats", "--workdir", tmp_path / "empty", check=False)
     assert proc.returncode == 2 and "no memory.db" in proc.stderr
+
+
+def test_lessons_and_memory_commands(tmp_path, games_dir):
+    workdir = tmp_path / "lessons"
+    cli("run", "configs/smoke.yaml", "--workdir", workdir, "--episodes", 16, "--no-progress",
+        "--set", f"envs.0.kwargs.cache_dir={games_dir}", "--set", "envs.0.kwargs.n_train=4",
+        "--set", "lessons.enabled=true", "--set", "lessons.extract_every=8", "--set", "lessons.gate_episodes=0",
+        "--set", "lessons.embedder=hash",
+        "--set", "model.options.lesson_reply='- EXPERIENCE ITEM: Read the goal before you move.'")
+    listed = json.loads(cli("lessons", "list", "--workdir", workdir, "--json").stdout)
+    assert listed["version"] == 2 and [x["text"] for x in listed["lessons"]] == ["Read the goal before you move."]
+    lesson_id = listed["lessons"][0]["id"]
+    shown = json.loads(cli("lessons", "show", lesson_id, "--workdir", workdir, "--json").stdout)
+    assert len(shown["source_episodes"]) == 16 and shown["status"] == "active"
+    assert "from episode" in cli("lessons", "show", lesson_id, "--workdir", workdir).stdout
+    diff = json.loads(cli("lessons", "diff", 1, 2, "--workdir", workdir, "--json").stdout)
+    assert diff["added"][0]["id"] == lesson_id and diff["removed"][0]["text"] == "Read the goal before you move."
+    back = json.loads(cli("lessons", "rollback", 1, "--workdir", workdir, "--json").stdout)
+    assert back["new_version"] == 3
+    assert json.loads(cli("lessons", "list", "--workdir", workdir, "--json").stdout)["version"] == 3
+    proc = cli("lessons", "rollback", 99, "--workdir", workdir, check=False)
+    assert proc.returncode == 2 and "99" in proc.stderr
+
+    export = tmp_path / "export.jsonl"
+    counts = json.loads(cli("memory", "export", export, "--workdir", workdir, "--json").stdout)
+    assert counts["episodes"] == 16
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    imported = json.loads(cli("memory", "import", export, "--workdir", copy, "--json").stdout)
+    assert imported["episodes"] == 16 and imported["lessons"] == counts["lessons"]
+    again = tmp_path / "again.jsonl"
+    cli("memory", "export", again, "--workdir", copy)
+    strip = [line for line in export.read_text().splitlines()[1:]]
+    assert strip == again.read_text().splitlines()[1:]  # exact round trip (the header names the source)
+    hits = json.loads(cli("memory", "search", "goal before moving", "--workdir", workdir, "--json").stdout)
+    assert hits and hits[0]["text"] == "Read the goal before you move."
+    cli("memory", "reindex", "--workdir", workdir)

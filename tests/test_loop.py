@@ -136,7 +136,65 @@ def test_garbage_output_is_a_recorded_invalid_action(tmp_path, games_dir):
     assert all(s.action is None and not s.valid_action for s in ep.steps)
 
 
+def test_lessons_are_extracted_and_enter_the_prompts(tmp_path, games_dir):
+    lessons = {"enabled": True, "extract_every": 4, "gate_episodes": 0, "embedder": "hash"}
+    loop = AgentLoop(make_config(games_dir, episodes=8, slots=2, lessons=lessons), tmp_path, progress=False)
+    summary = loop.run()
+    loop.close()
+    assert summary.extractions == 2 and summary.lesson_set_version is not None
+    with ExperienceStore.open(tmp_path) as store:
+        [lesson] = store.lessons(summary.run_id, status="active")
+        assert lesson.text == "Take the coin as soon as you see it."
+        episodes = sorted(store.episodes(summary.run_id), key=lambda e: e.metadata["draw"])
+        # the second extraction found the same item again: merged, with both provenances
+        assert set(lesson.source_episode_ids) == {e.id for e in episodes}
+        assert all(not e.lessons_in_context for e in episodes[:4])
+        first = {x.id for x in store.lessons(summary.run_id) if set(x.source_episode_ids) <= {e.id for e in episodes[:4]}}
+        for e in episodes[4:]:
+            assert len(e.lessons_in_context) == 1 and e.lessons_in_context[0] in first
+            assert e.lesson_set_version == 1
+            assert lesson.text in store.episode(e.id).steps[0].prompt
+        assert len(store.extractions(summary.run_id)) == 8  # one per episode read, two phases of four
+
+
+def test_gate_blocks_a_lesson_set_that_makes_the_policy_worse(tmp_path, games_dir):
+    """A scripted policy that wins without lessons and obeys a harmful lesson ("Always reply: lose")."""
+    envs = [{"id": "tests.test_loop:LessonSensitiveEnv"}]
+    lessons = {"enabled": True, "extract_every": 4, "gate_episodes": 4, "embedder": "hash", "gate_margin": 0.1}
+    model = {"name": "scripted", "backend": "scripted",
+             "options": {"follow_lessons": True, "lesson_reply": "- EXPERIENCE ITEM: Always reply: lose"}}
+    loop = AgentLoop(make_config(games_dir, model=model, envs=envs, episodes=4, slots=2, lessons=lessons,
+                                 evaluation={"episodes_per_env": 4}),
+                     tmp_path, progress=False)
+    summary = loop.run()
+    loop.close()
+    with ExperienceStore.open(tmp_path) as store:
+        assert store.lessons(summary.run_id, status="active") == []
+        [gate] = [e for e in store.evaluations(summary.run_id) if e.split == "gate"]
+        assert gate.metrics["promote"] is False
+        assert gate.metrics["current_rate"] == 1.0 and gate.metrics["candidate_rate"] == 0.0
+    assert summary.lesson_set_version is None or summary.lesson_set_version != gate.lesson_set_version
+
+
+class LessonSensitiveEnv(TextEnv):
+    """Won by the action 'win', the only admissible one; any other reply loses."""
+
+    spec = EnvSpec(id="tests/lesson-sensitive", max_steps=1, family="text")
+
+    def __init__(self, cache_dir=None):
+        pass
+
+    def tasks(self, split):
+        return [f"{split}-{i}" for i in range(8)]
+
+    def reset(self, *, seed=None, task_id=None):
+        return "Say win.", {"admissible_actions": ["win"]}
+
+    def step(self, action):
+        won = action == "win"
+        return ("done", float(won), True, False, {"won": won})
+
+
 def test_unavailable_phases_fail_before_anything_runs(tmp_path, games_dir):
-    with pytest.raises(PhaseNotAvailableError, match="EXTRACT"):
-        AgentLoop(make_config(games_dir, lessons={"enabled": True}), tmp_path, progress=False)
-    assert not (tmp_path / "memory.db").exists() or True
+    with pytest.raises(PhaseNotAvailableError, match="CONSOLIDATE"):
+        AgentLoop(make_config(games_dir, opcd={"enabled": True}), tmp_path, progress=False)

@@ -67,7 +67,7 @@ class ChatBackend:
         self.stats = BackendStats()
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], *, context_window: int | None = None) -> "ChatBackend":
+    def from_options(cls, options: dict[str, Any], *, context_window: int | None = None) -> ChatBackend:
         options = dict(options)
         spec = options.pop("class", None)
         if not spec:

@@ -8,6 +8,12 @@ It reads the last user message the agent wrote and answers without a model, hund
 - `fixed`: always `fixed_answer`.
 - `sequence`: replies from the `replies` list in turn (cycling), for tests that need exact control.
 
+With `follow_lessons`, a lesson in the system prompt of the form "Always reply: X" makes the policy reply X:
+a policy for which a lesson is known to help or hurt, to test the lesson gate.
+
+In every mode, a lesson-extraction prompt (one that asks for "EXPERIENCE ITEM" lines) is answered with
+`lesson_reply`, so the EXTRACT phase can be exercised without a model.
+
 Token counts are whitespace words, which is all a smoke test needs.
 """
 
@@ -22,13 +28,16 @@ from agent_runtime.llm.base import BackendStats, Chat, Completion, SamplingParam
 ADMISSIBLE_PREFIX = "Admissible actions:"
 ADMISSIBLE_SEPARATOR = " | "
 _BRACKETED = re.compile(r"\[([a-z]+)\]")
+_ALWAYS_REPLY = re.compile(r"Always reply: (.+)$", re.MULTILINE)
 
 
 class ScriptedBackend:
     name = "scripted"
 
     def __init__(self, mode: str = "random-admissible", fixed_answer: str = "The answer is 42.",
-                 replies: list[str] | None = None, seed: int = 0, context_window: int = 8192):
+                 replies: list[str] | None = None, seed: int = 0, context_window: int = 8192,
+                 lesson_reply: str = "- EXPERIENCE ITEM: Take the coin as soon as you see it.",
+                 follow_lessons: bool = False):
         modes = ("random-admissible", "fixed", "sequence")
         if mode not in modes:
             raise ValueError(f"unknown scripted mode {mode!r}; accepted: {', '.join(modes)}")
@@ -37,6 +46,8 @@ class ScriptedBackend:
         self.mode = mode
         self.fixed_answer = fixed_answer
         self.replies = list(replies or [])
+        self.lesson_reply = lesson_reply
+        self.follow_lessons = follow_lessons
         self._next_reply = 0
         self._rng = random.Random(seed)
         self._context_window = context_window
@@ -50,13 +61,20 @@ class ScriptedBackend:
         return sum(len(m["content"].split()) + 2 for m in chat)
 
     def _reply(self, chat: Chat) -> str:
+        last = next((m["content"] for m in reversed(chat) if m["role"] == "user"), "")
+        if "EXPERIENCE ITEM" in last:
+            return self.lesson_reply
+        if self.follow_lessons:
+            system = next((m["content"] for m in chat if m["role"] == "system"), "")
+            rule = _ALWAYS_REPLY.search(system)
+            if rule:
+                return rule.group(1).strip()
         if self.mode == "fixed":
             return self.fixed_answer
         if self.mode == "sequence":
             reply = self.replies[self._next_reply % len(self.replies)]
             self._next_reply += 1
             return reply
-        last = next((m["content"] for m in reversed(chat) if m["role"] == "user"), "")
         for line in reversed(last.splitlines()):
             if line.startswith(ADMISSIBLE_PREFIX):
                 options = [a for a in line[len(ADMISSIBLE_PREFIX):].strip().split(ADMISSIBLE_SEPARATOR) if a]

@@ -53,7 +53,7 @@ class TransformersBackend:
         self.stats = BackendStats()
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, **kwargs) -> "TransformersBackend":
+    def from_pretrained(cls, name_or_path: str, **kwargs) -> TransformersBackend:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         try:
@@ -112,13 +112,13 @@ class TransformersBackend:
         if params.seed is not None:
             torch.manual_seed(params.seed)
         sample = params.temperature > 0
-        gen_kwargs = dict(
-            max_new_tokens=params.max_new_tokens,
-            do_sample=sample,
-            pad_token_id=self.tokenizer.pad_token_id,
-            return_dict_in_generate=True,
-            output_scores=params.logprobs,
-        )
+        gen_kwargs = {
+            "max_new_tokens": params.max_new_tokens,
+            "do_sample": sample,
+            "pad_token_id": self.tokenizer.pad_token_id,
+            "return_dict_in_generate": True,
+            "output_scores": params.logprobs,
+        }
         if sample:
             gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
         disabled = self.active_adapter is None and hasattr(self.model, "disable_adapter")

@@ -1,0 +1,229 @@
+"""The CLI commands that read or maintain the experience store: `memory ...` and `lessons ...`.
+
+    agent-runtime memory stats|export|import|reindex|search [--workdir DIR | --db URL] [--json]
+    agent-runtime lessons list|show|diff|rollback [--workdir DIR | --db URL] [--run ID] [--json]
+
+Reads open the store read-only; `memory import`, `memory reindex` and `lessons rollback` write. The run a
+lessons command acts on is `--run ID`, else the newest run in the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+
+class UsageError(Exception):
+    """A user-facing error: printed without a traceback, exit code 2."""
+
+
+def add_store_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", type=Path, help="the run directory holding memory.db (default: .)")
+    p.add_argument("--db", help="a SQLAlchemy URL instead of a workdir (e.g. postgresql+psycopg://...)")
+
+
+def store_target(args) -> str:
+    if args.db:
+        return args.db
+    workdir = args.workdir or Path(".")
+    if not (workdir / "memory.db").exists():
+        raise UsageError(f"no memory.db in {workdir}; pass --workdir DIR of a run, or --db URL")
+    return str(workdir)
+
+
+def open_store(args, read_only: bool = True, **kwargs):
+    from memory import ExperienceStore
+
+    return ExperienceStore.open(store_target(args), read_only=read_only, **kwargs)
+
+
+def _print(args, payload, text_lines) -> None:
+    if args.json:
+        print(json.dumps(payload, default=str))
+    else:
+        for line in text_lines:
+            print(line)
+
+
+def _progress():
+    bars: dict[str, tqdm] = {}
+
+    def update(what: str, done: int, total: int) -> None:
+        bar = bars.get(what) or bars.setdefault(what, tqdm(total=total, desc=what, unit="item", leave=False))
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    return update, bars
+
+
+# -- memory ---------------------------------------------------------------------------------------------
+def cmd_stats(args) -> int:
+    with open_store(args) as store:
+        stats = store.stats()
+    _print(args, stats, [f"{k:>12}: {v}" for k, v in stats.items()])
+    return 0
+
+
+def cmd_export(args) -> int:
+    with open_store(args) as store:
+        counts = store.export_jsonl(sys.stdout if str(args.path) == "-" else args.path)
+    if str(args.path) != "-":
+        _print(args, counts, [f"exported to {args.path}: " + ", ".join(f"{v} {k}" for k, v in counts.items())])
+    return 0
+
+
+def cmd_import(args) -> int:
+    if not Path(args.path).is_file():
+        raise UsageError(f"no such file: {args.path}")
+    if args.db:
+        target = args.db
+    else:
+        target = str(args.workdir or Path("."))
+    from memory import ExperienceStore
+
+    with ExperienceStore.open(target) as store:
+        counts = store.import_jsonl(args.path)
+    _print(args, counts, [f"imported from {args.path}: " + ", ".join(f"{v} {k}" for k, v in counts.items())])
+    return 0
+
+
+def cmd_reindex(args) -> int:
+    update, bars = _progress()
+    with open_store(args, read_only=False) as store:
+        status = store.reindex(progress=update)
+    for bar in bars.values():
+        bar.close()
+    _print(args, status, [f"{kind}: {info}" for kind, info in status.items()])
+    return 0
+
+
+def cmd_search(args) -> int:
+    # read-write: a search first embeds what is not embedded yet, so it sees everything stored
+    with open_store(args, read_only=False) as store:
+        if args.kind == "lessons":
+            hits = store.search_lessons(args.query, args.k, run_id=args.run)
+            rows = [{"id": h.id, "score": h.score, "text": h.item.text, "status": h.item.status} for h in hits]
+            lines = [f"{r['score']:.3f}  lesson {r['id']} [{r['status']}]  {r['text']}" for r in rows]
+        else:
+            hits = store.search_episodes(args.query, args.k, run_id=args.run, env_id=args.env)
+            rows = [{"id": h.id, "score": h.score, "env_id": h.item.env_id, "task_id": h.item.task_id,
+                     "outcome": h.item.outcome, "goal": h.item.goal} for h in hits]
+            lines = [f"{r['score']:.3f}  episode {r['id']} {r['env_id']} {r['task_id']} {r['outcome']}  "
+                     f"{(r['goal'] or '')[:80]}" for r in rows]
+    _print(args, rows, lines or ["no matches"])
+    return 0
+
+
+# -- lessons --------------------------------------------------------------------------------------------
+def _run_id(store, args) -> int:
+    if args.run is not None:
+        store.get_run(args.run)
+        return args.run
+    runs = store.runs()
+    if not runs:
+        raise UsageError(f"no runs in {store.url}")
+    return runs[-1].id
+
+
+def cmd_lessons_list(args) -> int:
+    from distill.lessons import live_lessons
+
+    with open_store(args) as store:
+        run_id = _run_id(store, args)
+        if args.status:
+            version, lessons = None, store.lessons(run_id, status=args.status)
+        else:
+            version, lessons = live_lessons(store, run_id)
+    rows = [{"id": x.id, "pool": x.pool, "status": x.status, "text": x.text, "sources": x.source_episode_ids,
+             "times_in_context": x.times_in_context} for x in lessons]
+    head = (f"run {run_id}, lesson set v{version.version} ({len(rows)} lessons)" if version is not None
+            else f"run {run_id}: {len(rows)} lessons")
+    _print(args, {"run_id": run_id, "version": version.version if version else None, "lessons": rows},
+           [head] + [f"#{r['id']:<5} pool {r['pool']} [{r['status']}] {r['text']}" for r in rows])
+    return 0
+
+
+def cmd_lessons_show(args) -> int:
+    from distill.lessons import lesson_provenance
+
+    with open_store(args) as store:
+        info = lesson_provenance(store, args.lesson_id)
+    lines = [f"lesson #{info['id']} [{info['status']}] pool {info['pool']}: {info['text']}"]
+    if info.get("extraction"):
+        lines.append(f"  extraction #{info['extraction']['id']}")
+    for ep in info["source_episodes"]:
+        lines.append(f"  from episode {ep['id']}: {ep['env_id']} {ep['task_id']} {ep['outcome']} "
+                     f"({ep['num_steps']} steps)")
+    for parent in info.get("ancestry", []):
+        lines.append(f"  {parent['relation']} #{parent['id']}: {parent['text']}")
+    _print(args, info, lines)
+    return 0
+
+
+def cmd_lessons_diff(args) -> int:
+    from distill.lessons import diff_versions
+
+    with open_store(args) as store:
+        diff = diff_versions(store, _run_id(store, args), args.old, args.new).to_dict()
+    lines = [f"v{diff['old']} -> v{diff['new']}"]
+    lines += [f"+ #{x['id']} {x['text']}" for x in diff["added"]]
+    lines += [f"- #{x['id']} {x['text']}" for x in diff["removed"]]
+    lines += [f"  merged #{a} into #{b}" for a, b in diff["merged"]]
+    lines += [f"  updated #{a} -> #{b}" for a, b in diff["updated"]]
+    _print(args, diff, lines)
+    return 0
+
+
+def cmd_lessons_rollback(args) -> int:
+    from distill.lessons import restore_version
+
+    with open_store(args, read_only=False) as store:
+        run_id = _run_id(store, args)
+        info = restore_version(store, run_id, args.version, note=f"rollback to v{args.version} from the CLI")
+    _print(args, {"run_id": run_id, "restored": args.version, "new_version": info.version},
+           [f"run {run_id}: lesson set v{args.version} restored as v{info.version}"])
+    return 0
+
+
+def register(sub) -> None:
+    memory = sub.add_parser("memory", help="inspect and maintain the experience memory")
+    msub = memory.add_subparsers(dest="memory_cmd", required=True)
+
+    def command(parent, name, func, help_text):
+        p = parent.add_parser(name, help=help_text)
+        add_store_args(p)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=func)
+        return p
+
+    command(msub, "stats", cmd_stats, "counts of runs, episodes, steps, lessons")
+    command(msub, "export", cmd_export, "write the whole store as versioned JSONL").add_argument(
+        "path", help="output file, or - for stdout")
+    command(msub, "import", cmd_import, "read a JSONL export into the store (all or nothing)").add_argument("path")
+    command(msub, "reindex", cmd_reindex, "recompute missing vectors and rebuild every FAISS index from SQL")
+    search = command(msub, "search", cmd_search, "semantic search over lessons or episodes")
+    search.add_argument("query")
+    search.add_argument("--kind", choices=("lessons", "episodes"), default="lessons")
+    search.add_argument("-k", type=int, default=5)
+    search.add_argument("--run", type=int)
+    search.add_argument("--env")
+
+    lessons = sub.add_parser("lessons", help="the agent's lessons: list, provenance, versions")
+    lsub = lessons.add_subparsers(dest="lessons_cmd", required=True)
+    ls = command(lsub, "list", cmd_lessons_list, "the live lesson set (or every lesson with --status)")
+    ls.add_argument("--run", type=int)
+    ls.add_argument("--status", choices=("proposed", "active", "consolidated", "retired"))
+    show = command(lsub, "show", cmd_lessons_show, "one lesson with its provenance")
+    show.add_argument("lesson_id", type=int)
+    diff = command(lsub, "diff", cmd_lessons_diff, "what changed between two lesson-set versions")
+    diff.add_argument("old", type=int)
+    diff.add_argument("new", type=int)
+    diff.add_argument("--run", type=int)
+    rollback = command(lsub, "rollback", cmd_lessons_rollback, "make an earlier lesson-set version live again")
+    rollback.add_argument("version", type=int)
+    rollback.add_argument("--run", type=int)

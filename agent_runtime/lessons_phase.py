@@ -1,0 +1,141 @@
+"""The EXTRACT phase as the loop runs it: wiring the extractor and curator to the run, and the gate.
+
+The lesson logic itself (prompts, parsing, safety, curation, versions, the gate's rule) lives in
+`distill.lessons`; this module supplies what only the runtime has: a policy to write the extractions (the
+acting model itself by default, or a configured LangChain chat model), the model's tokenizer for the
+budget, and evaluation episodes for the gate. With `gate_episodes > 0`, a new lesson set is first a
+*candidate*: the current live set and the candidate play the same held-out tasks with the same seeds, and
+the candidate goes live only if it does not lower success by more than `gate_margin`; either way the
+decision is stored with its numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent_runtime.config import RunConfig
+from agent_runtime.evaluation import evaluate
+from agent_runtime.llm.base import PolicyBackend, SamplingParams
+from agent_runtime.runner import Draw, EpisodeContext
+from distill.lessons import (
+    LessonCurator,
+    LessonExtractor,
+    decide_gate,
+    extract_phase,
+    live_lessons,
+    load_utilities,
+    measure_utilities,
+    store_gate_decision,
+    store_utilities,
+)
+from memory import ExperienceStore
+
+log = logging.getLogger("agent_runtime.lessons")
+
+
+def text_token_counter(backend: PolicyBackend):
+    """Tokens of a plain text in the acting model's tokenizer (whitespace words for a scripted policy)."""
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is None:
+        return lambda text: len(text.split())
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def extractor_backend(config: RunConfig, policy: PolicyBackend) -> PolicyBackend:
+    spec = config.lessons.extractor
+    if spec == "policy":
+        return policy
+    from agent_runtime.llm.chat_backend import ChatBackend, load_chat_model
+
+    return ChatBackend(load_chat_model(spec, {}))
+
+
+class LessonContexts:
+    """The live lessons, one pool drawn per episode (seeded by the draw, so a resumed run draws the same)."""
+
+    def __init__(self, store: ExperienceStore, run_id: int, pools: int, seed: int):
+        self.store, self.run_id, self.pools, self.seed = store, run_id, pools, seed
+        self.reload()
+
+    def reload(self) -> None:
+        version, lessons = live_lessons(self.store, self.run_id)
+        self.version = version.version if version is not None else None
+        self.by_pool = {p: [x for x in lessons if x.pool == p] for p in range(self.pools)}
+
+    def for_draw(self, draw: Draw) -> EpisodeContext:
+        pool = random.Random(f"pool:{self.seed}:{draw.index}").randrange(self.pools) if self.pools > 1 else 0
+        lessons = self.by_pool.get(pool, [])
+        return EpisodeContext(tuple(x.text for x in lessons), tuple(x.id for x in lessons), self.version)
+
+    def texts(self, pool: int = 0) -> list[str]:
+        return [x.text for x in self.by_pool.get(pool, [])]
+
+
+@dataclass
+class ExtractReport:
+    episodes: int
+    items: int
+    empty: int
+    rejected: int
+    version: int | None
+    gate: str | None
+
+    def line(self) -> str:
+        gate = f"; gate: {self.gate}" if self.gate else ""
+        where = f"lesson set v{self.version}" if self.version is not None else "no change to the lessons"
+        return (f"EXTRACT: {self.episodes} episodes -> {self.items} items ({self.empty} empty, "
+                f"{self.rejected} rejected) -> {where}{gate}")
+
+
+def run_extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend,
+                episode_ids: list[int]) -> ExtractReport:
+    """Extract from `episode_ids`, curate into a new version, and (with a gate) promote or block it."""
+    settings = config.lessons
+    writer = extractor_backend(config, backend)
+    params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
+
+    def complete(chats):
+        return [c.text for c in writer.generate(chats, params)]
+
+    count_tokens = text_token_counter(backend)
+    utilities = measure_utilities(store, run_id, min_episodes=settings.utility_min_episodes)
+    if utilities:
+        store_utilities(store, run_id, utilities)
+    extractor = LessonExtractor.from_settings(complete, settings, name=settings.extractor)
+    curator = LessonCurator.from_settings(store, run_id, settings, count_tokens=count_tokens,
+                                          utilities=load_utilities(store, run_id))
+    gated = settings.gate_episodes > 0
+    result = extract_phase(store, run_id, episode_ids, extractor, curator, candidate=gated,
+                           batch=settings.extract_batch)
+    items = sum(len(r.proposals) for r in result.recorded)
+    version = result.curation.version if result.curation else None
+    gate = None
+    if gated and version is not None:
+        gate = _gate(config, workdir, store, run_id, backend, curator, version.version)
+    return ExtractReport(len(episode_ids), items, result.empty_extractions, result.rejected_items,
+                         version.version if version else None, gate)
+
+
+def _gate(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend,
+          curator: LessonCurator, candidate_version: int) -> str:
+    settings = config.lessons
+    live, current = live_lessons(store, run_id, pool=0)
+    candidate_set = next(s for s in store.lesson_sets(run_id) if s.version == candidate_version)
+    by_id = {x.id: x for x in store.lessons(run_id, ids=candidate_set.lesson_ids)}
+    candidate = [by_id[i].text for i in candidate_set.lesson_ids if by_id[i].pool == 0]
+
+    def outcomes(lessons: list[str]) -> dict:
+        results = evaluate(config, workdir, backend, lessons=lessons, episodes_per_env=settings.gate_episodes)
+        return {(r.env_id, e["task_id"], e["seed"]): e["won"] for r in results for e in r.episodes}
+
+    decision = decide_gate(outcomes([x.text for x in current]), outcomes(candidate), margin=settings.gate_margin)
+    store_gate_decision(store, decision, run_id=run_id, env_id="*",
+                        current_version=live.version if live else None, candidate_version=candidate_version)
+    if decision.promote:
+        curator.promote(candidate_version, note=decision.reason)
+    else:
+        curator.reject(candidate_version, note=decision.reason)
+    return decision.reason
