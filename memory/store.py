@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, text
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, StatementError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -51,6 +51,7 @@ from memory.retrieval import RetrievalMixin
 from memory.transfer import TransferMixin
 
 SUMMARY_CHARS = 1000
+MIGRATION_LOCK = 0x6D656D6F7279  # PostgreSQL advisory lock key held while migrating ("memory")
 EPISODES = Episode.__table__
 STEPS = Step.__table__
 
@@ -108,10 +109,15 @@ class ExperienceStore(LearningMixin, RetrievalMixin, TransferMixin):
         where = describe(url)
         engine = make_engine(url, read_only=read_only)
         try:
-            with engine.connect() as conn, conn.begin():
-                if read_only:
+            if read_only:
+                with engine.connect() as conn, conn.begin():
                     migrate.require_head(conn, where)
-                else:
+            else:
+                # Take the write lock first (SQLite: BEGIN IMMEDIATE; PostgreSQL: an advisory lock),
+                # so that processes opening a new database together migrate it one after another.
+                with engine.connect().execution_options(sqlite_immediate=True) as conn, conn.begin():
+                    if url.get_backend_name() == "postgresql":
+                        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
                     migrate.upgrade(conn, where)
         except DatabaseError as exc:
             engine.dispose()

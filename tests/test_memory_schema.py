@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,23 @@ def test_foreign_sqlite_database_is_refused(tmp_path: Path) -> None:
     engine.dispose()
     with pytest.raises(NotADatabaseError, match="not an agent-runtime memory.*invoices"):
         ExperienceStore.open(path)
+
+
+def test_processes_opening_a_new_database_together_all_succeed(memory_url: str) -> None:
+    errors: list[BaseException] = []
+
+    def open_and_write(i: int) -> None:
+        try:
+            with ExperienceStore.open(memory_url) as opened:
+                opened.create_run(f"r{i}", {})
+        except Exception as exc:  # noqa: BLE001 -- collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_and_write, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with ExperienceStore.open(memory_url) as opened:
+        assert sorted(r.name for r in opened.runs()) == ["r0", "r1", "r2", "r3"]
