@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from hashlib import sha256
 from pathlib import Path
 from typing import Any, Self
 
@@ -99,8 +100,9 @@ class ExperienceStore(LearningMixin, RetrievalMixin, TransferMixin):
 
         target: a workdir (-> `<workdir>/memory.db`), an SQLite file, or a SQLAlchemy URL.
         read_only: never write, not even a migration (the dashboard's mode).
-        index_dir: where FAISS index files live; default next to the SQLite file, or under
-            `~/.cache/agent-runtime/indexes/` for a server database.
+        index_dir: where FAISS index files live; default `index/` next to the SQLite file, or
+            `$AGENT_RUNTIME_CACHE/indexes/<hash of the URL>` (default cache: ~/.cache/agent-runtime)
+            for a server database.
         embedder: an `Embedder`, a name for `memory.embeddings.make_embedder`, or None for the
             default (loaded only when something is embedded).
         approx_threshold: above this many vectors an index is approximate (HNSW) instead of exact.
@@ -132,10 +134,9 @@ class ExperienceStore(LearningMixin, RetrievalMixin, TransferMixin):
             if url.get_backend_name() == "sqlite" and url.database not in (None, ":memory:"):
                 index_dir = Path(where).parent / "index"
             else:
-                from hashlib import sha256
-
                 key = sha256(url.render_as_string(hide_password=True).encode()).hexdigest()[:16]
-                index_dir = Path.home() / ".cache" / "agent-runtime" / "indexes" / key
+                cache = os.environ.get("AGENT_RUNTIME_CACHE", "~/.cache/agent-runtime")
+                index_dir = Path(cache).expanduser() / "indexes" / key
         return cls(
             engine,
             read_only=read_only,
