@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from distill.lessons.config import LessonsSettings
+from distill.opcd.config import OPCDConfig
 
 
 class ConfigError(ValueError):
@@ -69,11 +70,21 @@ class RuntimeConfig(_Strict):
     executor: Literal["local"] = "local"
 
 
-class OPCDConfig(_Strict):
-    """The CONSOLIDATE / EVALUATE / PROMOTE phases."""
+class ConsolidationSettings(_Strict):
+    """The CONSOLIDATE / EVALUATE / PROMOTE phases (the `opcd:` section); see agent_runtime/consolidate.py."""
 
     enabled: bool = False
-    consolidate_every: int = Field(32, gt=0, description="episodes between consolidation cycles")
+    consolidate_every: int = Field(32, gt=0, description="episodes between two cycles")
+    recent_episodes: int = Field(32, gt=0, description="episodes whose per-turn prefixes are the prompts")
+    max_prompts: int = Field(256, gt=0, description="at most this many prompts per cycle")
+    trainer: OPCDConfig = Field(default_factory=lambda: OPCDConfig(steps=20, batch_size=4, max_new_tokens=32,
+                                                                   lr=1e-4, lora_r=8))
+    eval_episodes: int | None = Field(None, gt=0, description="held-out tasks per env (default: evaluation's)")
+    retention_envs: list[EnvEntry] = Field(
+        default_factory=list, description="out-of-distribution envs for the retention check (like `envs`)")
+    promote_margin: float = Field(0.05, ge=0, le=1, description="allowed drop of the student without lessons")
+    retention_margin: float = Field(0.05, ge=0, le=1, description="allowed drop on the retention set")
+    internalized_ratio: float = Field(0.5, gt=0, le=1, description="per-lesson KL after/before for consolidation")
 
 
 class EvaluationConfig(_Strict):
@@ -96,7 +107,7 @@ class RunConfig(_Strict):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     lessons: LessonsSettings = Field(default_factory=LessonsSettings)
-    opcd: OPCDConfig = Field(default_factory=OPCDConfig)
+    opcd: ConsolidationSettings = Field(default_factory=ConsolidationSettings)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
 

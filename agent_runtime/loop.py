@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agent_runtime.config import ConfigError, RunConfig, config_from_dict, save_resolved
+from agent_runtime.consolidate import activate, run_cycle
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.lessons_phase import LessonContexts, run_extract
 from agent_runtime.llm import PolicyBackend, SamplingParams, make_backend
@@ -55,6 +56,8 @@ class RunSummary:
     stopped_by_signal: bool
     extractions: int = 0
     lesson_set_version: int | None = None
+    cycles: int = 0
+    adapter: str | None = None
 
     @property
     def success_rate(self) -> float:
@@ -62,6 +65,8 @@ class RunSummary:
 
     def line(self) -> str:
         lessons = f", lesson set v{self.lesson_set_version}" if self.lesson_set_version is not None else ""
+        if self.cycles:
+            lessons += f", {self.cycles} OPCD cycles, adapter {self.adapter or 'none (base model)'}"
         return (f"run {self.run_id}: {self.episodes} episodes ({self.new_episodes} this session), "
                 f"success {self.success_rate:.1%}, errors {self.errors}{lessons}, "
                 f"{self.tokens_per_s:.1f} generated tokens/s, {self.seconds:.1f}s")
@@ -72,9 +77,12 @@ def default_workdir(config_name: str) -> Path:
 
 
 def check_phases(config: RunConfig) -> None:
-    if config.opcd.enabled:
+    if config.opcd.enabled and config.model.backend != "transformers":
         raise PhaseNotAvailableError(
-            "opcd.enabled: the CONSOLIDATE phase (OPCD) is not available in this version yet; set opcd.enabled: false")
+            f"opcd.enabled: consolidation trains the policy's weights, which needs backend: transformers "
+            f"(got {config.model.backend}); set opcd.enabled: false or use the transformers backend")
+    if config.opcd.enabled and not config.lessons.enabled:
+        raise PhaseNotAvailableError("opcd.enabled: consolidation distils the lessons, so lessons.enabled must be true")
 
 
 def _json_log(workdir: Path) -> logging.Handler:
@@ -112,10 +120,14 @@ class AgentLoop:
         else:
             self.run_id = self.store.create_run(config.name, config.model_dump(mode="json"))
             self.state, self.phase = {}, "PLAY"
-        for key in ("episodes", "won", "errors", "next_draw", "extractions", "last_extract_at"):
+        for key in ("episodes", "won", "errors", "next_draw", "extractions", "last_extract_at", "cycles",
+                    "last_consolidate_at"):
             self.state.setdefault(key, 0)
         self.state.setdefault("open_draws", [])
         self.lessons = LessonContexts(self.store, self.run_id, config.lessons.pools, config.lessons.seed)
+        self.adapter = self.store.active_adapter(self.run_id)
+        if self.adapter is not None:
+            activate(self.backend, self.adapter)
         self.progress = progress
         self._stop_requested = False
 
@@ -144,6 +156,10 @@ class AgentLoop:
         settings = self.config.lessons
         return settings.enabled and episodes >= self.state["last_extract_at"] + settings.extract_every
 
+    def _consolidate_due(self, episodes: int) -> bool:
+        settings = self.config.opcd
+        return settings.enabled and episodes >= self.state["last_consolidate_at"] + settings.consolidate_every
+
     def _target_reached(self) -> bool:
         target = self.config.runtime.episodes
         return target is not None and self.state["episodes"] >= target and not self.state["open_draws"]
@@ -166,10 +182,15 @@ class AgentLoop:
                         break
                     if self._extract_due(self.state["episodes"]):
                         self._move("EXTRACT")
+                    elif self._consolidate_due(self.state["episodes"]):
+                        self._move("CONSOLIDATE")
                     elif self._target_reached() or self._past_deadline():
                         break
                 elif self.phase == "EXTRACT":
                     self._extract()
+                    self._move("CONSOLIDATE" if self._consolidate_due(self.state["episodes"]) else "PLAY")
+                elif self.phase == "CONSOLIDATE":
+                    self._consolidate()
                     self._move("PLAY")
                 else:
                     raise PhaseNotAvailableError(f"the run's cursor is at {self.phase}, which this version cannot run")
@@ -195,7 +216,8 @@ class AgentLoop:
         params = SamplingParams(max_new_tokens=model.max_new_tokens, temperature=model.temperature, top_p=model.top_p)
         builders = build_prompt_builders(self.config, self.envs, self.backend)
         runner = EpisodeRunner(self.backend, self.envs, builders, params, slots=self.config.runtime.slots,
-                               policy_name=model.name, context_for=self.lessons.for_draw)
+                               policy_name=model.name, context_for=self.lessons.for_draw,
+                               adapter_id=self.adapter.id if self.adapter else None)
         bar = tqdm(total=target, initial=min(self.state["episodes"], target or self.state["episodes"]),
                    desc="PLAY", unit="ep", disable=not self.progress, dynamic_ncols=True)
 
@@ -205,7 +227,8 @@ class AgentLoop:
             committed_or_running = self.state["episodes"] + len(runner.in_flight())
             if target is not None and committed_or_running >= target:
                 return None
-            if self._extract_due(committed_or_running) or self._past_deadline():
+            if (self._extract_due(committed_or_running) or self._consolidate_due(committed_or_running)
+                    or self._past_deadline()):
                 return None
             index = self.state["next_draw"]
             self.state["next_draw"] = index + 1
@@ -243,6 +266,35 @@ class AgentLoop:
         tqdm.write(report.line())
         log.info(report.line(), extra={"fields": {"phase": "EXTRACT", **asdict(report)}})
 
+    # -- CONSOLIDATE, EVALUATE, PROMOTE | ROLLBACK ------------------------------------------------------
+    def _consolidate(self) -> None:
+        """One OPCD cycle. The cycle row is the cursor inside it: a cycle found still running here was
+        interrupted (the process died); it is rolled back and a fresh cycle starts."""
+        for stale in self.store.cycles(self.run_id, status="running"):
+            self.store.rollback_cycle(stale.id, error="interrupted: the process stopped during the cycle")
+        bar = tqdm(total=self.config.opcd.trainer.steps, desc="CONSOLIDATE", unit="step",
+                   disable=not self.progress, dynamic_ncols=True)
+
+        def progress(metrics: dict) -> None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{metrics['loss']:.3f}")
+
+        try:
+            report = run_cycle(self.config, self.workdir, self.store, self.run_id, self.backend, self.config.opcd,
+                               progress=progress)
+        finally:
+            bar.close()
+        self.state["last_consolidate_at"] = self.state["episodes"]
+        if report is None:
+            tqdm.write("CONSOLIDATE: no live lessons yet; nothing to consolidate")
+            return
+        self.state["cycles"] += 1
+        self.adapter = self.store.active_adapter(self.run_id)
+        activate(self.backend, self.adapter)
+        self.lessons.reload()
+        tqdm.write(report.line())
+        log.info(report.line(), extra={"fields": {"phase": "CONSOLIDATE", "cycle": asdict(report)}})
+
     # -- reporting ------------------------------------------------------------------------------------
     def _summary(self, started: float, start_episodes: int, start_tokens: int) -> RunSummary:
         seconds = time.monotonic() - started
@@ -253,7 +305,8 @@ class AgentLoop:
             new_episodes=self.state["episodes"] - start_episodes, seconds=seconds, completion_tokens=tokens,
             tokens_per_s=stats.completion_tokens / stats.seconds if stats.seconds > 0 else 0.0,
             stopped_by_signal=self._stop_requested, extractions=self.state["extractions"],
-            lesson_set_version=self.lessons.version,
+            lesson_set_version=self.lessons.version, cycles=self.state["cycles"],
+            adapter=self.adapter.name if self.adapter else None,
         )
 
     def _summary_line(self, started: float, start_episodes: int, start_tokens: int) -> None:

@@ -196,5 +196,6 @@ class LessonSensitiveEnv(TextEnv):
 
 
 def test_unavailable_phases_fail_before_anything_runs(tmp_path, games_dir):
-    with pytest.raises(PhaseNotAvailableError, match="CONSOLIDATE"):
-        AgentLoop(make_config(games_dir, opcd={"enabled": True}), tmp_path, progress=False)
+    with pytest.raises(PhaseNotAvailableError, match="backend: transformers"):
+        AgentLoop(make_config(games_dir, opcd={"enabled": True}, lessons={"enabled": True}), tmp_path, progress=False)
+    assert not (tmp_path / "memory.db").exists()

@@ -1,0 +1,223 @@
+"""The CONSOLIDATE -> EVALUATE -> PROMOTE | ROLLBACK phases: one OPCD cycle as the loop runs it.
+
+CONSOLIDATE. The prompts are the per-turn prefixes of the run's recent episodes, rebuilt exactly as the
+agent saw them but without lessons (OEL's recipe for multi-turn agents); a tenth of them is held out. The
+contexts are the live lesson set, one pool per sample, as the block the agent puts in its system prompt.
+`distill.opcd.OPCDTrainer` trains a LoRA adapter whose parent is the run's active adapter (the teacher is
+that parent with the lessons), logging loss and KL per step into the cycle row. The adapter is written
+atomically under `<workdir>/adapters/cycle-<id>`. A NaN or diverging loss aborts the cycle: ROLLBACK.
+
+EVALUATE. On the held-out tasks with fixed seeds: the student without lessons, the student with lessons,
+the teacher (parent) with and without lessons, and the retention set (environments the cycle did not train
+on, e.g. math when training on games) for the student and the parent, all without lessons.
+
+PROMOTE when the student without lessons did not fall below the parent without lessons by more than
+`promote_margin` and retention did not fall by more than `retention_margin`; the acting policy switches to
+the new adapter. Lessons the student has internalised (its held-out KL to the teacher with that lesson fell
+to `internalized_ratio` of the start-of-cycle value) are marked consolidated and leave the context. Otherwise
+ROLLBACK: the adapter stays on disk, marked rejected, and the reasons are stored with the cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent_runtime.agent import Turn, lessons_section
+from agent_runtime.config import ConsolidationSettings, RunConfig
+from agent_runtime.envs import build_envs, build_prompt_builders
+from agent_runtime.evaluation import EvalResult, evaluate
+from distill.lessons import live_lessons
+from distill.lessons.versions import create_version
+from distill.opcd import DivergenceError, OPCDTrainer, remove_partial_writes
+from memory import ExperienceStore
+
+log = logging.getLogger("agent_runtime.consolidate")
+
+
+@dataclass
+class CycleReport:
+    cycle_id: int
+    status: str  # promoted, rolled_back, skipped
+    reasons: list[str] = field(default_factory=list)
+    adapter_id: int | None = None
+    consolidated: list[int] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        head = f"OPCD cycle {self.cycle_id}: {self.status}"
+        evals = self.metrics.get("evaluation", {})
+        shown = ", ".join(f"{k} {v:.0%}" for k, v in evals.items())
+        kl = self.metrics.get("heldout_kl")
+        kl_s = f"; held-out KL {kl['before']:.3f} -> {kl['after']:.3f}" if kl else ""
+        extra = f"; {len(self.consolidated)} lessons consolidated" if self.consolidated else ""
+        return f"{head}{kl_s}; {shown}{extra}" + (f" ({'; '.join(self.reasons)})" if self.reasons else "")
+
+
+def episode_prefixes(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
+                     limit: int) -> list[tuple[list[dict], list[int]]]:
+    """(chat without lessons, source episode ids) for every turn of the run's `limit` newest episodes."""
+    specs, _ = build_envs(config, workdir)
+    builders = {s.env_id: b for s, b in zip(specs, build_prompt_builders(config, specs, backend))}
+    out = []
+    for info in store.episodes(run_id, limit=limit):
+        builder = builders.get(info.env_id)
+        if builder is None or info.outcome == "error":
+            continue
+        episode = store.episode(info.id)
+        history: list[Turn] = []
+        for step in episode.steps:
+            out.append((builder.build(history, step.observation, step.admissible_actions, lessons=[]), [info.id]))
+            history.append(Turn(step.observation, step.response))
+    return out
+
+
+def _load_base(config: RunConfig):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agent_runtime.models import resolve_model
+
+    path = resolve_model(config.model.name)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return AutoModelForCausalLM.from_pretrained(path), tokenizer
+
+
+def _eval(config, workdir, backend, *, lessons, n, envs=None) -> list[EvalResult]:
+    if envs is not None:
+        config = config.model_copy(update={"envs": envs})
+    return evaluate(config, workdir, backend, lessons=lessons, episodes_per_env=n)
+
+
+def _rate(results: list[EvalResult]) -> float:
+    n = sum(r.n for r in results)
+    return sum(r.successes for r in results) / n if n else 0.0
+
+
+def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
+              settings: ConsolidationSettings, *, progress=None) -> CycleReport | None:
+    """One whole cycle, stored with its outcome and reasons; None when there are no lessons to consolidate."""
+    live, lessons = live_lessons(store, run_id)
+    if not lessons:
+        return None
+    parent = store.active_adapter(run_id)
+    cycle_id = store.start_cycle(run_id, {"opcd": settings.model_dump(mode="json")},
+                                 lesson_set_version=live.version, base_adapter_id=parent.id if parent else None)
+    pools = sorted({x.pool for x in lessons})
+    contexts = [lessons_section([x.text for x in lessons if x.pool == p]) for p in pools]
+    pairs = episode_prefixes(config, workdir, store, run_id, backend, settings.recent_episodes)
+    random.Random(f"cycle:{cycle_id}").shuffle(pairs)
+    pairs = pairs[:settings.max_prompts]
+    held = max(1, len(pairs) // 10)
+    heldout, train = [c for c, _ in pairs[:held]], [c for c, _ in pairs[held:]] or [c for c, _ in pairs]
+    adapters_dir = workdir / "adapters"
+    if adapters_dir.exists():
+        remove_partial_writes(adapters_dir)  # what a killed cycle left half-written
+    model, tokenizer = _load_base(config)
+    trainer = OPCDTrainer(model, tokenizer, settings.trainer, parent_adapter=parent.path if parent else None)
+    per_lesson = {x.id: _lesson_prompts(x, pairs, heldout) for x in lessons}
+    before = trainer.evaluate_kl(heldout, contexts[0])
+    lesson_before = {i: trainer.evaluate_kl(p, lessons_section([_text(lessons, i)])) for i, p in per_lesson.items()}
+    curves: dict[str, list] = {"loss": [], "kl": [], "grad_norm": []}
+
+    def on_step(m: dict) -> None:
+        curves["loss"].append(m["loss"])
+        curves["kl"].append(m["kl_estimate"])
+        curves["grad_norm"].append(m["grad_norm"])
+        store.update_cycle(cycle_id, curves=curves)
+        if progress is not None:
+            progress(m)
+
+    try:
+        trainer.train(train, contexts, on_step=on_step)
+    except DivergenceError as exc:
+        store.rollback_cycle(cycle_id, error=str(exc))
+        return CycleReport(cycle_id, "rolled_back", [str(exc)])
+    after = trainer.evaluate_kl(heldout, contexts[0])
+    lesson_after = {i: trainer.evaluate_kl(p, lessons_section([_text(lessons, i)])) for i, p in per_lesson.items()}
+    path = adapters_dir / f"cycle-{cycle_id}"
+    trainer.save_adapter(path, overwrite=True, metadata={"cycle_id": cycle_id, "run_id": run_id})
+    adapter_id = store.add_adapter(f"cycle-{cycle_id}", str(path), run_id=run_id,
+                                   parent_id=parent.id if parent else None, base_model=config.model.name)
+    metrics: dict[str, Any] = {"heldout_kl": {"before": before, "after": after}, "prompts": len(train),
+                               "heldout_prompts": len(heldout), "lesson_kl": {
+                                   str(i): {"before": lesson_before[i], "after": lesson_after[i]} for i in per_lesson}}
+    store.update_cycle(cycle_id, adapter_id=adapter_id, metrics=metrics)
+    del trainer, model
+
+    # EVALUATE ------------------------------------------------------------------------------------------
+    n = settings.eval_episodes or config.evaluation.episodes_per_env
+    texts = [x.text for x in lessons if x.pool == pools[0]]
+    evals: dict[str, list[EvalResult]] = {}
+    activate(backend, parent)
+    evals["teacher_with_lessons"] = _eval(config, workdir, backend, lessons=texts, n=n)
+    evals["teacher_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
+    retention = list(settings.retention_envs)
+    if retention:
+        evals["teacher_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
+    backend.load_adapter(f"cycle-{cycle_id}", path)
+    evals["student_with_lessons"] = _eval(config, workdir, backend, lessons=texts, n=n)
+    evals["student_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
+    if retention:
+        evals["student_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
+    for condition, results in evals.items():
+        for r in results:
+            lo, hi = r.interval
+            store.add_evaluation(r.env_id, run_id=run_id, adapter_id=adapter_id, cycle_id=cycle_id,
+                                 lesson_set_version=live.version, split="eval", policy=config.model.name,
+                                 num_episodes=r.n, success_rate=r.success_rate, mean_return=r.mean_return,
+                                 metrics={"condition": condition, "episodes": r.episodes, "ci95": [lo, hi]})
+    rates = {k: _rate(v) for k, v in evals.items()}
+    metrics["evaluation"] = rates
+
+    # PROMOTE or ROLLBACK -------------------------------------------------------------------------------
+    reasons = []
+    if rates["student_without_lessons"] < rates["teacher_without_lessons"] - settings.promote_margin:
+        reasons.append(f"student without lessons {rates['student_without_lessons']:.2f} fell below the parent's "
+                       f"{rates['teacher_without_lessons']:.2f} by more than {settings.promote_margin}")
+    if retention and rates["student_retention"] < rates["teacher_retention"] - settings.retention_margin:
+        reasons.append(f"retention {rates['student_retention']:.2f} fell below {rates['teacher_retention']:.2f} "
+                       f"by more than {settings.retention_margin}")
+    if reasons:
+        metrics["decision"], metrics["reasons"] = "rolled_back", reasons
+        store.update_cycle(cycle_id, metrics=metrics)
+        store.rollback_cycle(cycle_id, error="; ".join(reasons))
+        activate(backend, parent)
+        return CycleReport(cycle_id, "rolled_back", reasons, adapter_id, metrics=metrics)
+    consolidated = [i for i in per_lesson
+                    if lesson_after[i] <= settings.internalized_ratio * lesson_before[i]
+                    and rates["student_without_lessons"] >= rates["teacher_with_lessons"] - settings.promote_margin]
+    metrics["decision"] = "promoted"
+    metrics["reasons"] = [f"student without lessons {rates['student_without_lessons']:.2f} vs parent "
+                          f"{rates['teacher_without_lessons']:.2f} (margin {settings.promote_margin})"]
+    store.update_cycle(cycle_id, metrics=metrics)
+    store.promote_cycle(cycle_id, consolidated)
+    if consolidated:
+        remaining = [i for i in live.lesson_ids if i not in set(consolidated)]
+        create_version(store, run_id, remaining, note=f"cycle {cycle_id} consolidated {len(consolidated)} lessons")
+    return CycleReport(cycle_id, "promoted", [], adapter_id, consolidated, metrics)
+
+
+def activate(backend, adapter) -> None:
+    """Make the acting backend use `adapter` (an AdapterInfo, loaded on first use) or the base model (None)."""
+    if adapter is None:
+        backend.use_adapter(None)
+        return
+    if adapter.name not in backend.adapters:
+        backend.load_adapter(adapter.name, adapter.path)
+    backend.use_adapter(adapter.name)
+
+
+def _text(lessons, lesson_id: int) -> str:
+    return next(x.text for x in lessons if x.id == lesson_id)
+
+
+def _lesson_prompts(lesson, pairs, fallback, limit: int = 4):
+    """Prompts from the lesson's own source episodes (its 'source tasks'), else the held-out prompts."""
+    sources = set(lesson.source_episode_ids)
+    own = [chat for chat, episode_ids in pairs if sources & set(episode_ids)]
+    return (own or fallback)[:limit]

@@ -1,0 +1,74 @@
+"""The whole cycle in the loop on a tiny model: PLAY -> EXTRACT -> CONSOLIDATE -> EVALUATE -> PROMOTE or
+ROLLBACK, with the adapter on disk, curves and evaluations in memory, and a resumable cursor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+from agent_runtime.config import config_from_dict
+from agent_runtime.loop import AgentLoop
+from memory import ExperienceStore
+
+
+class LessonWriter(FakeListChatModel):
+    """A fake extractor (langchain-core's own test model) that always writes the same experience item."""
+
+    responses: list[str] = ["- EXPERIENCE ITEM: Always take the coin before anything else."]
+
+
+def config(games_dir, tiny_model_dir, **opcd):
+    return config_from_dict({
+        "name": "cycle", "model": {"name": str(tiny_model_dir), "max_new_tokens": 4},
+        "envs": [{"id": "textworld/coin_collector", "max_steps": 2,
+                  "kwargs": {"level": 1, "n_train": 4, "n_eval": 2, "cache_dir": str(games_dir)}}],
+        "runtime": {"slots": 2, "episodes": 4},
+        "lessons": {"enabled": True, "extract_every": 2, "gate_episodes": 0, "embedder": "hash",
+                    "extractor": "tests.test_consolidate:LessonWriter"},
+        "evaluation": {"episodes_per_env": 2},
+        "opcd": {"enabled": True, "consolidate_every": 4, "recent_episodes": 4,
+                 "trainer": {"steps": 3, "batch_size": 2, "max_new_tokens": 6, "lr": 1e-3, "k": 16,
+                             "lora_r": 4, "sampler": "live"}, **opcd},
+    })
+
+
+def test_cycle_in_the_loop(tmp_path, games_dir, tiny_model_dir):
+    loop = AgentLoop(config(games_dir, tiny_model_dir), tmp_path, progress=False)
+    summary = loop.run()
+    loop.close()
+    assert summary.cycles == 1 and summary.extractions == 2
+    with ExperienceStore.open(tmp_path) as store:
+        [cycle] = store.cycles(summary.run_id)
+        assert cycle.status in ("promoted", "rolled_back")
+        assert len(cycle.curves["loss"]) == 3 and all(v == v for v in cycle.curves["loss"])  # no NaN
+        assert cycle.metrics["heldout_kl"]["before"] >= 0 and cycle.metrics["decision"] == cycle.status
+        assert cycle.metrics["reasons"]
+        adapter = store.get_adapter(cycle.adapter_id)
+        assert (Path(adapter.path) / "adapter_config.json").is_file()
+        conditions = {e.metrics["condition"] for e in store.evaluations(summary.run_id, cycle_id=cycle.id)}
+        assert conditions == {"teacher_with_lessons", "teacher_without_lessons", "student_with_lessons",
+                              "student_without_lessons"}
+        if cycle.status == "promoted":
+            assert adapter.status == "active" and summary.adapter == adapter.name
+        else:
+            assert adapter.status == "rejected"
+
+
+def test_interrupted_cycle_is_rolled_back_on_resume(tmp_path, games_dir, tiny_model_dir):
+    cfg = config(games_dir, tiny_model_dir)
+    loop = AgentLoop(cfg, tmp_path, progress=False)
+    loop.close()
+    with ExperienceStore.open(tmp_path) as store:  # as if the process died inside CONSOLIDATE
+        [run] = store.runs()
+        stale = store.start_cycle(run.id, {})
+        store.update_run(run.id, phase="CONSOLIDATE")
+    partial = tmp_path / "adapters" / ".cycle-9.partial-abc"  # what SIGKILL during an adapter save leaves
+    partial.mkdir(parents=True)
+    loop = AgentLoop(cfg, tmp_path, resume=True, progress=False)
+    summary = loop.run()
+    loop.close()
+    with ExperienceStore.open(tmp_path) as store:
+        assert store.get_cycle(stale).status == "rolled_back" and "interrupted" in store.get_cycle(stale).error
+        assert len(store.cycles(run.id)) == 2  # the fresh cycle ran
+    assert summary.episodes == 4 and not partial.exists()
