@@ -3,7 +3,9 @@
 What: `VectorIndex` holds one FAISS index of (item id, unit vector) pairs for one kind of item and one
 embedder, searched by inner product (= cosine similarity for unit vectors). Up to `approx_threshold`
 vectors it is exact (`IndexFlatIP`); above, approximate (`IndexHNSWFlat`, M=32), which needs no
-training and takes incremental adds (see bench/memory.py for latency and recall@10).
+training and takes incremental adds (see bench/memory.py for latency and recall@10). Its cost is
+construction: about 1 minute per 100k vectors on one core of this project's 2-core machines, paid
+once when an index crosses the threshold (or at `reindex`); later adds are incremental.
 
 Why a cache: the vectors themselves live in SQL (`embeddings` table). The index file is derived data,
 written atomically (temp file + rename) with a JSON sidecar describing it; anything that does not
