@@ -1,0 +1,343 @@
+"""Rollout throughput of the episode runner: episodes/min and generated tokens/s for 1, 4, 8 and 16 slots.
+
+The runner steps N environment slots together and sends every live slot's prompt to one batched
+`backend.generate` per turn; this measures what that batching buys on CPU. Setting = (model, slots); each
+setting plays the same fixed draws (`--episodes`, draw k = the same task and seed everywhere) of TextWorld
+coin_collector level 1 from a small task pool whose games are generated once, before any timing, under
+`~/.cache/agent-runtime/bench-games` (`--games-dir` moves it). Models: `tiny` (the random tiny Llama of
+`agent_runtime.testing`) and `smollm2` (SmolLM2-135M-Instruct, `resolve_model("smollm2-135m-instruct")`),
+both with the transformers backend on CPU and the runtime's default sampling (32 new tokens, temperature
+0.7). `EpisodeRunner` is driven directly; finished episodes are only counted (no SQL writes are timed).
+
+Besides the rates, each row says where the wall time went, measured by thin timing wrappers (nothing in
+the runtime is changed): `model.generate` (the decode loop, prefill included), the rest of
+`backend.generate` (chat-template rendering, tokenization, padding, decoding text), prompt building
+(`PromptBuilder.build`, which renders and tokenizes the chat again to fit the context window), and the
+environments (`reset` + `step`). "pad" is the share of the prompt batch that was left padding.
+
+    .venv/bin/python bench/rollout.py                        # tiny + smollm2, slots 1,4,8,16
+    .venv/bin/python bench/rollout.py --models tiny --slots 1,8 --episodes 32
+    .venv/bin/python bench/rollout.py --profile smollm2:8    # cProfile of one setting, top functions
+    .venv/bin/python bench/rollout.py --quick                # seconds; what tests/test_bench_smoke.py runs
+
+The machine's load average is printed with the table: on a shared 2-core box, numbers taken while other
+processes compete for the cores are not comparable with quiet ones (see `--threads`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+import environments
+from agent_runtime.agent import PromptBuilder
+from agent_runtime.llm.base import SamplingParams
+from agent_runtime.llm.transformers_backend import TransformersBackend
+from agent_runtime.runner import EnvSlotSpec, EpisodeRunner, TaskSampler
+
+ENV_ID = "textworld/coin_collector"
+MODELS = ("tiny", "smollm2")
+
+
+@dataclass
+class Timers:
+    """Seconds spent in each part of a turn, summed over a setting."""
+
+    model_generate: float = 0.0
+    prefill: float = 0.0
+    backend_generate: float = 0.0
+    build: float = 0.0
+    env: float = 0.0
+    prompt_tokens: int = 0
+    padded_tokens: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+class _TimedEnv:
+    """Delegates to a real environment and adds the time of reset/step to the timers."""
+
+    def __init__(self, env, timers: Timers):
+        self._env, self._timers = env, timers
+        self.spec = env.spec
+
+    def reset(self, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self._env.reset(**kwargs)
+        finally:
+            self._timers.env += time.perf_counter() - start
+
+    def step(self, action):
+        start = time.perf_counter()
+        try:
+            return self._env.step(action)
+        finally:
+            self._timers.env += time.perf_counter() - start
+
+    def close(self):
+        self._env.close()
+
+
+class _TimedBuilder:
+    def __init__(self, builder: PromptBuilder, timers: Timers):
+        self._builder, self._timers = builder, timers
+
+    def build(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self._builder.build(*args, **kwargs)
+        finally:
+            self._timers.build += time.perf_counter() - start
+
+
+class _TimedBackend:
+    """Times `backend.generate` and, inside it, the model's own `generate`; counts padding."""
+
+    def __init__(self, backend: TransformersBackend, timers: Timers):
+        self._backend, self._timers = backend, timers
+        self.name = backend.name
+        model_generate, model_forward = backend.model.generate, backend.model.forward
+        calls = {"forward": 0}
+
+        def timed_model_generate(*args, **kwargs):
+            mask = kwargs.get("attention_mask")
+            if mask is not None:
+                timers.prompt_tokens += int(mask.sum())
+                timers.padded_tokens += int(mask.numel() - mask.sum())
+            calls["forward"] = 0
+            start = time.perf_counter()
+            try:
+                return model_generate(*args, **kwargs)
+            finally:
+                timers.model_generate += time.perf_counter() - start
+
+        def timed_forward(*args, **kwargs):
+            calls["forward"] += 1
+            if calls["forward"] > 1:
+                return model_forward(*args, **kwargs)
+            start = time.perf_counter()  # the first forward of a generate call is the prompt's prefill
+            try:
+                return model_forward(*args, **kwargs)
+            finally:
+                timers.prefill += time.perf_counter() - start
+
+        # instance attributes shadow the methods; `restore` removes them again
+        backend.model.generate, backend.model.forward = timed_model_generate, timed_forward
+
+    def restore(self) -> None:
+        for name in ("generate", "forward"):
+            self._backend.model.__dict__.pop(name, None)
+
+    @property
+    def context_window(self) -> int:
+        return self._backend.context_window
+
+    def count_tokens(self, chat) -> int:
+        return self._backend.count_tokens(chat)
+
+    def generate(self, prompts, params):
+        start = time.perf_counter()
+        try:
+            return self._backend.generate(prompts, params)
+        finally:
+            self._timers.backend_generate += time.perf_counter() - start
+            self._timers.batch_sizes.append(len(prompts))
+
+    def close(self) -> None:
+        self._backend.close()
+
+
+def load_backend(model: str) -> TransformersBackend:
+    if model == "tiny":
+        from agent_runtime.testing import tiny_model_and_tokenizer
+
+        net, tokenizer = tiny_model_and_tokenizer()
+        return TransformersBackend(net, tokenizer, device="cpu")
+    if model == "smollm2":
+        from agent_runtime.models import resolve_model
+
+        return TransformersBackend.from_pretrained(resolve_model("smollm2-135m-instruct"), device="cpu")
+    raise SystemExit(f"unknown model {model!r}; accepted: {', '.join(MODELS)}")
+
+
+def env_kwargs(args) -> dict:
+    return {"level": 1, "n_train": args.tasks, "cache_dir": str(args.games_dir)}
+
+
+def pregenerate(args) -> float:
+    """Generate (or find cached) every game of the task pool; return the seconds it took."""
+    start = time.perf_counter()
+    env = environments.make(ENV_ID, **env_kwargs(args))
+    try:
+        for task in env.tasks("train"):
+            env.game_file(task)
+    finally:
+        env.close()
+    return time.perf_counter() - start
+
+
+def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> dict:
+    """Play `args.episodes` draws with `slots` slots; return the row of the table."""
+    timers = Timers()
+    timed = _TimedBackend(backend, timers)
+    kwargs = env_kwargs(args)
+    spec = EnvSlotSpec(ENV_ID, lambda: _TimedEnv(environments.make(ENV_ID, **kwargs), timers), "text", args.max_steps)
+    builder = PromptBuilder(family="text", count_tokens=timed.count_tokens, context_window=timed.context_window,
+                            reserve_tokens=args.max_new_tokens)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    runner = EpisodeRunner(timed, [spec], [_TimedBuilder(builder, timers)], params, slots=slots, policy_name=model)
+    sampler = TaskSampler([1.0], [[f"train-{i}" for i in range(args.tasks)]], seed=args.seed)
+    draws = iter(range(args.episodes))
+    episodes = []
+    torch.manual_seed(args.seed)
+    start = time.perf_counter()
+    try:
+        runner.run(lambda: _next_draw(sampler, draws), episodes.append)
+    finally:
+        wall = time.perf_counter() - start
+        runner.close()
+        timed.restore()
+    errors = [e.error for e in episodes if e.outcome == "error"]
+    if errors:
+        raise RuntimeError(f"{model} with {slots} slots: {len(errors)} episodes errored, first: {errors[0]}")
+    tokens = sum(e.completion_tokens for e in episodes)
+    steps = sum(len(e.steps) for e in episodes)
+    other = wall - timers.backend_generate - timers.build - timers.env
+    total_prompt = timers.prompt_tokens + timers.padded_tokens
+    return {
+        "model": model, "slots": slots, "episodes": len(episodes), "steps": steps, "won": sum(e.won for e in episodes),
+        "wall_s": wall, "episodes_per_min": 60 * len(episodes) / wall, "steps_per_s": steps / wall,
+        "gen_tokens_per_s": tokens / wall, "mean_batch": sum(timers.batch_sizes) / max(1, len(timers.batch_sizes)),
+        "share_model_generate": timers.model_generate / wall, "share_prefill": timers.prefill / wall,
+        "share_backend_overhead": (timers.backend_generate - timers.model_generate) / wall,
+        "share_prompt_build": timers.build / wall, "share_env": timers.env / wall, "share_other": other / wall,
+        "pad_share": timers.padded_tokens / total_prompt if total_prompt else 0.0,
+        "mean_prompt_tokens": timers.prompt_tokens / max(1, steps),
+    }
+
+
+def _next_draw(sampler: TaskSampler, draws):
+    index = next(draws, None)
+    return None if index is None else sampler.draw(index)
+
+
+def warm_up(backend: TransformersBackend, args) -> None:
+    """One small batched call so that one-off costs (first matmul kernels, lazy imports) are not timed."""
+    chat = [{"role": "user", "content": "You are in a kitchen. Admissible actions: go north | take coin"}]
+    backend.generate([chat, chat], SamplingParams(max_new_tokens=4, temperature=args.temperature))
+
+
+def table(rows: list[dict]) -> str:
+    base = {r["model"]: r for r in rows if r["slots"] == 1}
+    lines = [
+        "| model | slots | episodes | steps | wall s | episodes/min | gen tokens/s | speedup vs 1 slot | mean batch "
+        "| model.generate (prefill) | backend overhead | prompt build | env | other | prompt tokens | pad |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        one = base.get(r["model"])
+        speedup = f"{r['episodes_per_min'] / one['episodes_per_min']:.2f}x" if one else "-"
+        lines.append(
+            f"| {r['model']} | {r['slots']} | {r['episodes']} | {r['steps']} | {r['wall_s']:.1f} "
+            f"| {r['episodes_per_min']:.1f} | {r['gen_tokens_per_s']:.1f} | {speedup} | {r['mean_batch']:.1f} "
+            f"| {r['share_model_generate']:.0%} ({r['share_prefill']:.0%}) | {r['share_backend_overhead']:.0%} "
+            f"| {r['share_prompt_build']:.0%} | {r['share_env']:.0%} | {r['share_other']:.0%} "
+            f"| {r['mean_prompt_tokens']:.0f} | {r['pad_share']:.0%} |"
+        )
+    return "\n".join(lines)
+
+
+def profile_setting(backend: TransformersBackend, model: str, slots: int, args) -> str:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    row = run_setting(backend, model, slots, args)
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out).sort_stats("tottime")
+    stats.print_stats(args.profile_top)
+    return table([row]) + "\n\n```\n" + out.getvalue().strip() + "\n```"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="tiny,smollm2", help=f"comma-separated, from: {', '.join(MODELS)}")
+    parser.add_argument("--slots", default="1,4,8,16", help="comma-separated slot counts")
+    parser.add_argument("--episodes", type=int, default=16, help="episodes played per setting (same draws everywhere)")
+    parser.add_argument("--max-steps", type=int, default=4, help="step budget of an episode")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--tasks", type=int, default=8, help="size of the coin_collector task pool")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--games-dir", type=Path,
+                        default=Path(os.environ.get("AGENT_RUNTIME_CACHE", "~/.cache/agent-runtime")).expanduser()
+                        / "bench-games")
+    parser.add_argument("--profile", metavar="MODEL:SLOTS", help="cProfile one setting instead of the table")
+    parser.add_argument("--profile-top", type=int, default=25)
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny model, slots 1 and 4, 4 episodes of 2 steps (a smoke run of the script)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.models, args.slots, args.episodes, args.max_steps, args.max_new_tokens, args.tasks = \
+            "tiny", "1,4", 4, 2, 8, 2
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    for model in models:
+        if model not in MODELS:
+            raise SystemExit(f"unknown model {model!r}; accepted: {', '.join(MODELS)}")
+    slot_counts = [int(s) for s in args.slots.split(",")]
+    pregen = pregenerate(args)
+    header = (f"# rollout throughput: {ENV_ID} level 1, {args.tasks} tasks, {args.episodes} episodes/setting, "
+              f"max {args.max_steps} steps, {args.max_new_tokens} new tokens, T={args.temperature}, CPU, "
+              f"torch threads {torch.get_num_threads()}, games ready in {pregen:.1f}s, "
+              f"load average {os.getloadavg()[0]:.1f} at start")
+    if args.profile:
+        model, _, slots = args.profile.partition(":")
+        backend = load_backend(model)
+        warm_up(backend, args)
+        print(header)
+        print(profile_setting(backend, model, int(slots or 1), args))
+        return 0
+    rows = []
+    for model in models:
+        backend = load_backend(model)
+        warm_up(backend, args)
+        for slots in slot_counts:
+            rows.append(run_setting(backend, model, slots, args))
+            print(f"  {model} x{slots}: {rows[-1]['wall_s']:.1f}s", file=sys.stderr, flush=True)
+        backend.close()
+    print(header)
+    print(f"(load average {os.getloadavg()[0]:.1f} at the end)\n")
+    print(table(rows))
+    for model in models:
+        by_slots = {r["slots"]: r for r in rows if r["model"] == model}
+        if 1 in by_slots and 8 in by_slots:
+            ratio = by_slots[8]["episodes_per_min"] / by_slots[1]["episodes_per_min"]
+            verdict = "meets" if ratio >= 4 else "misses"
+            print(f"\n{model}: 8 slots = {ratio:.2f}x the episodes/min of 1 slot ({verdict} the 4x target)")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
