@@ -74,7 +74,8 @@ def require_pg() -> str:
     reason = _unreachable_reason(url)
     if reason is not None:
         message = (
-            f"PostgreSQL not reachable at {url} ({reason}); start one with "
+            f"PostgreSQL not reachable at {make_url(url).render_as_string(hide_password=True)} "
+            f"({reason}); start one with "
             f"`source .ci/postgres.sh` or set {PG_URL_ENV}"
         )
         if os.environ.get("CI"):
