@@ -173,3 +173,21 @@ def test_default_minilm_embedder_ranks_paraphrases(tmp_path: Path) -> None:
         hits = store.search_lessons("Open boxes and drawers first when looking for an item.", k=2)
         assert store.embedder.name == "all-MiniLM-L6-v2" and store.embedder.dim == 384
         assert hits[0].id == ids[0] and hits[0].score > hits[1].score + 0.1
+
+
+def test_reindex_reproduces_the_sql_vectors_exactly(tmp_path: Path) -> None:
+    embedder = HashEmbedder(256)
+    with ExperienceStore.open(tmp_path, embedder=embedder) as store:
+        run_id = store.create_run("r", {})
+        for i in range(30):
+            store.add_lesson(f"lesson {i}: keep the lamp lit in room {i % 4}", run_id=run_id)
+        store.reindex()
+        with store._read() as session:
+            ids, vectors = store._vectors(session, "lesson")
+    loaded = VectorIndex.load(*index_paths(tmp_path / "index", "lesson", embedder.name))
+    assert loaded is not None
+    index, meta = loaded
+    assert sorted(index.ids().tolist()) == ids.tolist() and meta["count"] == 30
+    assert np.array_equal(index.index.reconstruct_batch(ids), vectors)
+    assert np.array_equal(vectors, embedder.embed([f"lesson {i}: keep the lamp lit in room {i % 4}"
+                                                   for i in range(30)]))
