@@ -11,6 +11,7 @@ Each configuration runs in its own subprocess so that peak RSS (`ru_maxrss`) bel
 model" is the peak minus the RSS right after the model was loaded. OPCD variants: `plain` samples from the
 live (unmerged LoRA) model and runs the teacher over every row's full prompt; `merged-fp32` samples from an
 fp32 merged copy; `default` is the shipped configuration (bf16 merged copy + the shared-prefix teacher cache).
+All OPCD variants use gradient checkpointing (the default, as in TRL); `trl-nogc` is TRL without it.
 
     .venv/bin/python bench/opcd.py                       # tiny + smollm2, all variants, TRL if installed
     .venv/bin/python bench/opcd.py --models tiny --steps 2
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -106,7 +108,7 @@ def run_opcd(model_name: str, variant: str, args) -> dict:
             "tokens_per_step": sum(m["tokens"] for m in timed) / len(timed)}
 
 
-def run_trl(model_name: str, args) -> dict:
+def run_trl(model_name: str, args, *, gradient_checkpointing: bool = True) -> dict:
     import warnings
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -142,7 +144,8 @@ def run_trl(model_name: str, args) -> dict:
             bf16=False, temperature=0.7, top_k=0, top_p=1.0, max_completion_length=args.max_new_tokens,
             distillation_mode="topk_logits", distillation_topk=256, distillation_alpha=1.0,
             distillation_is_clip=None, teacher_model_kind="base", shuffle_dataset=False, seed=0,
-            teacher_prompt_template="{privileged_context}\n\n{prompt}", disable_tqdm=True)
+            teacher_prompt_template="{privileged_context}\n\n{prompt}", disable_tqdm=True,
+            gradient_checkpointing=gradient_checkpointing)
         lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
         trainer = SDFTTrainer(model=model, args=config, train_dataset=data, processing_class=tok,
                               peft_config=lora, callbacks=[Clock()])
@@ -160,7 +163,10 @@ def _child(spec: str, args) -> None:
 
     torch.set_num_threads(args.threads)
     model_name, runner = spec.split(":")
-    result = run_trl(model_name, args) if runner == "trl" else run_opcd(model_name, runner, args)
+    if runner.startswith("trl"):
+        result = run_trl(model_name, args, gradient_checkpointing=runner == "trl")
+    else:
+        result = run_opcd(model_name, runner, args)
     print("RESULT " + json.dumps(result))
 
 
@@ -190,20 +196,21 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for model_name in args.models.split(","):
         for variant in args.variants.split(","):
-            label = "TRL SDFTTrainer 1.16" if variant == "trl" else f"OPCD {variant}"
-            if variant == "trl" and not have_trl:
+            label = {"trl": "TRL SDFTTrainer 1.16", "trl-nogc": "TRL SDFTTrainer 1.16, no grad. checkpointing"
+                     }.get(variant, f"OPCD {variant}")
+            if variant.startswith("trl") and not have_trl:
                 print(f"| {model_name} | {label} | TRL not installed ({why}); `pip install -e .[bench]` | | | | | | |")
                 continue
             child = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--steps", str(args.steps),
                      "--batch-size", str(args.batch_size), "--max-new-tokens", str(args.max_new_tokens),
                      "--lr", str(args.lr), "--threads", str(args.threads)]
-            proc = subprocess.run(child, capture_output=True, text=True)
+            proc = subprocess.run(child, capture_output=True, text=True, check=False)
             lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
             if proc.returncode or not lines:
                 print(f"| {model_name} | {label} | failed: {proc.stderr.strip().splitlines()[-1:]} | | | | | | |")
                 continue
             r = json.loads(lines[-1][len("RESULT "):])
-            pct = (lambda x: "-" if x != x else f"{100 * x:.0f}%")
+            pct = (lambda x: "-" if math.isnan(x) else f"{100 * x:.0f}%")
             print(f"| {model_name} | {label} | {r['tokens_per_s']:.1f} | {r['s_per_step']:.2f} | "
                   f"{pct(r['sample_frac'])} | {pct(r['teacher_frac'])} | {r['tokens_per_step']:.0f} | "
                   f"{r['peak_mib']:.0f} | {r['over_model_mib']:.0f} |", flush=True)

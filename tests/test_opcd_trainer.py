@@ -134,9 +134,11 @@ def test_sampling_copy_tracks_the_merged_student(taught, sampler):
         student = trainer.model(input_ids=ids).logits
         sampled = trainer._sampler(input_ids=ids).logits.float()
         base = model(input_ids=ids).logits
-    tolerance = 1e-4 if sampler == "merged-fp32" else 0.1
-    torch.testing.assert_close(sampled, student, rtol=0, atol=tolerance)
-    assert (student - base).abs().max() > 10 * tolerance
+    moved = (student - base).abs().mean()
+    error = (sampled - student).abs().mean()
+    if sampler == "merged-fp32":
+        torch.testing.assert_close(sampled, student, rtol=0, atol=1e-4)
+    assert error < 0.2 * moved, (float(error), float(moved))  # bf16 rounding is small next to what training moved
 
 
 def test_nan_loss_raises_divergence_error_before_any_update(taught):

@@ -45,6 +45,9 @@ class OPCDConfig(BaseModel):
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     lora_target_modules: list[str] | str = Field(
         "all-linear", description="peft target modules: a list of module names, or 'all-linear'")
+    gradient_checkpointing: bool = Field(
+        True, description="recompute the student's activations in the backward pass instead of keeping them: "
+        "about half the training memory for one more student forward (cheap next to sampling and the teacher)")
     chunk_size: int = Field(128, ge=1, description="response positions per loss chunk (bounds logits memory)")
     sampler: Sampler = Field(
         "merged-bf16", description="what the student samples from: a bf16 copy with the adapter merged "

@@ -102,6 +102,13 @@ def _response_hidden(causal_lm, prompts: list[list[int]], responses: list[list[i
     return out.last_hidden_state[:, width - 1:width - 1 + longest]
 
 
+def _frozen_copy(model, dtype: torch.dtype):
+    """A frozen copy of `model` in `dtype`, made without ever holding a second full-precision copy."""
+    memo = {id(p): torch.nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=False)
+            for p in model.parameters()}
+    return copy.deepcopy(model, memo).eval()  # buffers (rotary frequencies) stay in full precision
+
+
 def _common_prefix(rows: list[list[int]]) -> int:
     length = min(len(r) for r in rows)
     for i in range(length):
@@ -133,7 +140,7 @@ class OPCDTrainer:
         self._sampler = None
         if config.sampler != "live":
             dtype = torch.bfloat16 if config.sampler == "merged-bf16" else torch.float32
-            self._sampler = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
+            self._sampler = _frozen_copy(model, dtype)
         self._teacher = teacher_model
         if config.full_finetune:
             self.model = model
@@ -143,6 +150,12 @@ class OPCDTrainer:
             self.model = self._attach_lora(model)
         if self._teacher is not None:
             self._teacher.eval().requires_grad_(False)
+        if config.gradient_checkpointing:
+            lm = self._student_lm
+            if hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5.2 renamed it
+                lm.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         assert self._params, "nothing to train"
         self.optimizer = torch.optim.AdamW(self._params, lr=config.lr, weight_decay=config.weight_decay)
@@ -166,8 +179,9 @@ class OPCDTrainer:
                           bias="none", task_type="CAUSAL_LM")
         peft_model = get_peft_model(model, lora)
         if isinstance(peft_model.get_base_model().get_output_embeddings(), BaseTunerLayer):
-            raise ValueError("lora_target_modules must not include the output head: the teacher's logits are "
-                             "computed with the head outside the adapter switch")
+            raise ValueError(  # noqa: TRY004 - a bad config value, not a bad argument type
+                "lora_target_modules must not include the output head: the teacher's logits are computed with "
+                "the head outside the adapter switch")
         return peft_model
 
     @property
@@ -251,6 +265,7 @@ class OPCDTrainer:
         return length if length >= self.config.min_shared_prefix else 0
 
     def _teacher_hidden(self, prompts: list[list[int]], responses: list[list[int]]) -> tuple[torch.Tensor, object]:
+        self.model.eval()
         with self._teacher_lm() as teacher:
             hidden = _response_hidden(teacher, prompts, responses, pad_id=self._pad_id,
                                       shared_prefix=self._shared_prefix(prompts))
