@@ -216,3 +216,21 @@ def test_interrupted_adapter_save_leaves_no_half_directory(taught, tmp_path, mon
     with pytest.raises(OSError, match="killed"):
         trainer.save_adapter(tmp_path / "cycle-1")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_train_takes_an_iterator_and_per_sample_contexts(taught):
+    model, tok = taught
+    trainer = OPCDTrainer(copy.deepcopy(model), tok, _config(batch_size=4))
+    seen = []
+
+    def pool_for(chat):
+        seen.append(chat[1]["content"])
+        return LESSON
+
+    history = trainer.train(iter(TRAIN[:10]), pool_for, steps=5)
+    assert len(history) == 2  # 10 prompts fill two batches of 4; the iterator then runs dry
+    assert seen == [c[1]["content"] for c in TRAIN[:8]]
+    pools = OPCDTrainer(copy.deepcopy(model), tok, _config(batch_size=2))
+    assert len(pools.train(TRAIN, [LESSON, "another pool"], steps=1)) == 1
+    with pytest.raises(ValueError, match="one context per prompt"):
+        trainer.step(TRAIN[:2], [LESSON])

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import math
 import random
 import statistics
@@ -354,7 +355,7 @@ class OPCDTrainer:
         """Run `steps` (default config.steps) optimizer steps; returns the per-step metrics.
 
         `prompt_source`: a sequence of chats (reshuffled every pass with the config seed) or an iterator of
-        chats (drawn in order). `context_source`: one string for every sample (system-prompt distillation, or
+        chats (drawn in order; training stops early when it cannot fill a batch). `context_source`: one string for every sample (system-prompt distillation, or
         one lesson set), a sequence of strings (one drawn at random per sample: the lesson pools), or a
         callable `chat -> context`. `on_step(metrics)` is called after each step (log it, save, stop by
         raising). A NaN or diverging loss raises `DivergenceError`.
@@ -364,7 +365,9 @@ class OPCDTrainer:
         pick = self._context_picker(context_source, rng)
         out = []
         for _ in range(self.config.steps if steps is None else steps):
-            batch = [next(prompts) for _ in range(self.config.batch_size)]
+            batch = list(itertools.islice(prompts, self.config.batch_size))
+            if len(batch) < self.config.batch_size:  # an iterator ran dry: stop at the last full batch
+                break
             metrics = self.step(batch, [pick(chat) for chat in batch])
             out.append(metrics)
             if on_step is not None:
