@@ -1,0 +1,354 @@
+"""The sections of `bench/gpu_check.sh`: generation and OPCD speed on one CUDA GPU, with random-weight models.
+
+No weights and no internet on the GPU machine, so the models are random-weight models of real shapes
+(Qwen2.5-0.5B for generation, Qwen3-1.7B for OPCD) and the tokenizer is the tiny byte-level BPE of
+`agent_runtime.testing` (its ids are a subset of the model's vocabulary; a random model mostly samples ids
+the tokenizer cannot spell, which costs nothing in speed but means the "actions" are empty: the rollout
+numbers are about the generate path, not about play). Each section is one subcommand, run in its own
+process by the shell script (so a crash or a timeout in one leaves the others alone); each prints its rows
+as soon as they are measured and appends them to a JSONL file, and `report` prints the final table.
+
+    python bench/gpu_check.py env|hf-generate|rollout|opcd|report --results R.jsonl [--cpu-dry-run]
+
+`--cpu-dry-run` shrinks every shape and iteration count and runs on the CPU, to check the logic without a GPU.
+vLLM is not installed on the target machine: generation is measured with Hugging Face `generate` (the
+transformers backend), which is what the runtime falls back to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+H200_BF16_DENSE_FLOPS = 989e12
+SHAPES = {  # the real models' configs, minus the weights
+    "qwen2.5-0.5b": ("Qwen2", dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                                   num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
+                                   max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True)),
+    "qwen3-1.7b": ("Qwen3", dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
+                                 num_key_value_heads=8, head_dim=128, intermediate_size=6144, vocab_size=151936,
+                                 max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=True)),
+}
+DRY_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 intermediate_size=128, vocab_size=1024, max_position_embeddings=4096, tie_word_embeddings=True)
+OPTIONAL = ("vllm", "trl", "textworld", "peft", "pydantic", "sqlalchemy", "flash_attn")
+ROOM_TEXT = ("-= {room} =-\nYou arrive in a {room}. A plain, dusty place. There is an exit to the {exit}. "
+             "You notice a wooden table, a rusty lamp and a closed chest here. Nothing else catches your eye.")
+LESSONS = "\n".join(f"- EXPERIENCE ITEM: {t}" for t in [
+    "Read the goal before you move; it names the room or the object you need.",
+    "Try every exit of a room once before you go back the way you came.",
+    "Take an object as soon as you see it when the goal mentions it.",
+    "Open closed containers; the object you need is often inside.",
+] * 4)
+
+
+def _device(args) -> torch.device:
+    return torch.device("cpu" if args.cpu_dry_run else "cuda")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _peak_gib(device: torch.device) -> float:
+    return torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+
+
+def build_model(shape: str, args, *, eos_token_id: int = 2, pad_token_id: int = 3):
+    """A random-weight causal LM of `shape`, built directly on the device in bf16 (no fp32 copy on the host)."""
+    import transformers
+
+    family, kwargs = SHAPES[shape]
+    kwargs = dict(kwargs)
+    if args.cpu_dry_run:
+        kwargs.update(DRY_SHAPE)
+    if family == "Qwen2":
+        kwargs.pop("head_dim", None)
+    config = getattr(transformers, f"{family}Config")(**kwargs, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                                                       bos_token_id=eos_token_id)
+    model_cls = getattr(transformers, f"{family}ForCausalLM")
+    device = _device(args)
+    torch.manual_seed(0)
+    with device:
+        model = model_cls._from_config(config, dtype=torch.bfloat16)
+    model.generation_config.eos_token_id = eos_token_id
+    model.generation_config.pad_token_id = pad_token_id
+    return model.eval()
+
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())  # tied embeddings are one parameter, counted once
+
+
+class Results:
+    """Rows of the final table, appended to a JSONL file as they are measured (so a timeout keeps them)."""
+
+    def __init__(self, path: Path, section: str):
+        self.path, self.section = path, section
+
+    def add(self, setting: str, result: str, notes: str = "", **numbers) -> None:
+        row = {"section": self.section, "setting": setting, "result": result, "notes": notes, **numbers}
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        print(f"| {self.section} | {setting} | {result} | {notes} |", flush=True)
+
+
+# -- sections ---------------------------------------------------------------------------------------------
+def section_env(args, out: Results) -> None:
+    import transformers
+
+    device = "cpu (dry run)" if args.cpu_dry_run else "NO CUDA DEVICE"
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        device = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}"
+    out.add("machine", device, f"python {platform.python_version()}, torch {torch.__version__}, "
+            f"transformers {transformers.__version__}")
+    present = {name: importlib.util.find_spec(name) is not None for name in OPTIONAL}
+    out.add("optional packages", ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in present.items()))
+    if not present["vllm"]:
+        out.add("vllm", "absent", "all generation below is Hugging Face generate (the transformers backend), "
+                "the runtime's fallback; the vllm backend is not measured")
+    if not args.cpu_dry_run and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device visible to torch; the GPU sections will fail (use --cpu-dry-run on a CPU)")
+
+
+def section_hf_generate(args, out: Results) -> None:
+    """Tokens/s of `model.generate` at several batch sizes, with the dynamic or the static (compiled) cache."""
+    device = _device(args)
+    model = build_model("qwen2.5-0.5b", args)
+    prompt_len, new_tokens, reps = (8, 4, 1) if args.cpu_dry_run else (args.prompt_len, args.new_tokens, args.reps)
+    static = args.cache == "static"
+    label = "static cache + torch.compile" if static else "dynamic cache"
+    if static and device.type != "cuda":
+        label = "static cache (no compile: transformers compiles only on GPU)"
+    vocab = model.config.vocab_size
+    for batch in [int(b) for b in args.batches.split(",")]:
+        gen = torch.Generator(device="cpu").manual_seed(batch)
+        ids = torch.randint(10, vocab - 1, (batch, prompt_len), generator=gen).to(device)
+        kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                      min_new_tokens=new_tokens, do_sample=True, temperature=0.7, top_k=0, top_p=1.0)
+        if static:
+            kwargs["cache_implementation"] = "static"
+        with torch.no_grad():
+            start = time.perf_counter()
+            model.generate(**kwargs)  # warm-up: first kernels, and for the static cache the compilation
+            _sync(device)
+            first = time.perf_counter() - start
+            start = time.perf_counter()
+            for _ in range(reps):
+                model.generate(**kwargs)
+            _sync(device)
+            seconds = (time.perf_counter() - start) / reps
+        tps = batch * new_tokens / seconds
+        compiled = "compiled" if hasattr(model, "_compiled_call") else "not compiled"
+        out.add(f"{label}, batch {batch}", f"{tps:,.0f} tokens/s",
+                f"{seconds * 1000 / new_tokens:.1f} ms/step, prompt {prompt_len} + {new_tokens} new, "
+                f"first call {first:.1f}s, {compiled}, peak {_peak_gib(device):.1f} GiB",
+                tokens_per_s=tps, batch=batch, cache=args.cache)
+
+
+class SyntheticTextEnv:
+    """Stands in for TextWorld when it is not installed: room descriptions, admissible actions, never won."""
+
+    def __init__(self, max_steps: int):
+        self.max_steps, self.steps, self.rooms = max_steps, 0, ["kitchen", "cellar", "attic", "garden", "hall"]
+
+    def _observation(self) -> tuple[str, dict]:
+        room = self.rooms[self.steps % len(self.rooms)]
+        exit_ = ["north", "south", "east", "west"][self.steps % 4]
+        info = {"admissible_actions": [f"go {exit_}", "look", "inventory", "open chest", "take lamp"],
+                "won": False, "goal": "Find the coin and take it."}
+        return ROOM_TEXT.format(room=room, exit=exit_), info
+
+    def reset(self, *, seed=None, task_id=None):
+        self.steps = 0
+        return self._observation()
+
+    def step(self, action: str):
+        self.steps += 1
+        observation, info = self._observation()
+        return observation, 0.0, False, self.steps >= self.max_steps, info
+
+    def close(self) -> None:
+        pass
+
+
+def _game_factory(args, max_steps: int):
+    """(factory, description): TextWorld coin_collector level 1 when textworld is installed, else synthetic."""
+    if importlib.util.find_spec("textworld") is not None and not args.synthetic:
+        import tempfile
+
+        import environments
+
+        cache = tempfile.mkdtemp(prefix="gpu-check-games-")
+        kwargs = {"level": 1, "n_train": 4, "cache_dir": cache, "max_steps": max_steps}
+        probe = environments.make("textworld/coin_collector", **kwargs)
+        for task in probe.tasks("train"):
+            probe.game_file(task)  # generate before timing
+        probe.close()
+        return (lambda: environments.make("textworld/coin_collector", **kwargs)), \
+            "TextWorld coin_collector level 1 (4 games)"
+    reason = "--synthetic" if args.synthetic else "textworld not installed"
+    return (lambda: SyntheticTextEnv(max_steps)), f"synthetic text env ({reason})"
+
+
+def section_rollout(args, out: Results) -> None:
+    """The runtime's own path: EpisodeRunner -> TransformersBackend.generate on the GPU, 1/8/32 slots."""
+    from agent_runtime.agent import PromptBuilder
+    from agent_runtime.llm.base import SamplingParams
+    from agent_runtime.llm.transformers_backend import TransformersBackend
+    from agent_runtime.testing import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    model = build_model("qwen2.5-0.5b", args, eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id)
+    device = _device(args)
+    backend = TransformersBackend(model, tokenizer, device=device.type, dtype="bfloat16", context_window=4096)
+    max_steps, new_tokens = (2, 4) if args.cpu_dry_run else (4, 32)
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0.7)
+    factory, env_label = _game_factory(args, max_steps)
+    try:
+        from agent_runtime.runner import EnvSlotSpec, EpisodeRunner, TaskSampler
+    except ImportError as exc:  # the runner's module imports the experience store (sqlalchemy)
+        out.add("runner", "not importable", f"{exc}; measuring backend.generate with batched chats instead")
+        EpisodeRunner = None
+    backend.generate([[{"role": "user", "content": "warm up"}]] * 2, params)
+    for slots in [int(s) for s in args.slots.split(",")]:
+        episodes = slots if args.cpu_dry_run else max(4, 2 * slots)
+        builder = PromptBuilder(family="text", count_tokens=backend.count_tokens,
+                                context_window=backend.context_window, reserve_tokens=new_tokens)
+        calls, gen_seconds, tokens = backend.stats.calls, backend.stats.seconds, backend.stats.completion_tokens
+        start = time.perf_counter()
+        if EpisodeRunner is not None:
+            finished = []
+            spec = EnvSlotSpec("textworld/coin_collector", factory, "text", max_steps)
+            runner = EpisodeRunner(backend, [spec], [builder], params, slots=slots)
+            sampler = TaskSampler([1.0], [[f"train-{i}" for i in range(4)]], seed=0)
+            draws = iter(range(episodes))
+            runner.run(lambda: (lambda i: None if i is None else sampler.draw(i))(next(draws, None)), finished.append)
+            runner.close()
+            errors = [e.error for e in finished if e.outcome == "error"]
+            if errors:
+                raise RuntimeError(f"{len(errors)} episodes errored, first: {errors[0]}")
+            steps = sum(len(e.steps) for e in finished)
+        else:
+            steps = _batched_turns(backend, builder, params, factory, slots, episodes, max_steps)
+        _sync(device)
+        wall = time.perf_counter() - start
+        share = (backend.stats.seconds - gen_seconds) / wall
+        tps = (backend.stats.completion_tokens - tokens) / wall
+        out.add(f"rollout, {slots} slots", f"{60 * episodes / wall:,.1f} episodes/min, {tps:,.0f} gen tokens/s",
+                f"{episodes} episodes x {max_steps} steps ({steps} steps), {new_tokens} new tokens, "
+                f"{backend.stats.calls - calls} generate calls, {share:.0%} of wall in generate, {env_label}, "
+                f"peak {_peak_gib(device):.1f} GiB", tokens_per_s=tps, slots=slots)
+
+
+def _batched_turns(backend, builder, params, factory, slots: int, episodes: int, max_steps: int) -> int:
+    """The runner's turn loop without the runner: `slots` episodes at a time, one generate per turn."""
+    from agent_runtime.agent import Turn
+
+    steps = 0
+    for first in range(0, episodes, slots):
+        envs = [factory() for _ in range(min(slots, episodes - first))]
+        states = [list(env.reset(task_id="train-0")) + [[]] for env in envs]
+        for _ in range(max_steps):
+            chats = [builder.build(history, obs, info.get("admissible_actions")) for obs, info, history in states]
+            for env, state, completion in zip(envs, states, backend.generate(chats, params)):
+                observation, _, _, _, info = env.step(completion.text or "look")
+                state[2].append(Turn(state[0], completion.text))
+                state[0], state[1] = observation, info
+                steps += 1
+        for env in envs:
+            env.close()
+    return steps
+
+
+def section_opcd(args, out: Results) -> None:
+    """Steps of `distill.opcd.OPCDTrainer` on a Qwen3-1.7B-shaped model: training tokens/s and MFU."""
+    from agent_runtime.testing import tiny_tokenizer
+    from distill.opcd import OPCDConfig, OPCDTrainer
+
+    tokenizer = tiny_tokenizer()
+    device = _device(args)
+    batch, new_tokens, steps = (2, 4, 1) if args.cpu_dry_run else (args.opcd_batch, args.opcd_new_tokens,
+                                                                     args.opcd_steps)
+    chats = [[{"role": "system", "content": "You are playing a text adventure game. Reply with one command."},
+              {"role": "user", "content": ROOM_TEXT.format(room=f"room {i}", exit="north")}] for i in range(batch)]
+    attempts = [("default config", {}), ("share_context_cache=False", {"share_context_cache": False})]
+    for label, overrides in attempts:
+        model = build_model("qwen3-1.7b", args, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id)
+        params = n_params(model)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            config = OPCDConfig(batch_size=batch, max_new_tokens=new_tokens, steps=steps + 1, **overrides)
+            trainer = OPCDTrainer(model, tokenizer, config)
+            history = [trainer.step(chats, [LESSONS] * batch) for _ in range(steps + 1)]
+        except Exception as exc:  # report and try the next configuration; the table must say what broke
+            out.add(f"OPCD, {label}", "FAILED", f"{type(exc).__name__}: {str(exc)[:300]}")
+            del model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        timed = history[1:]  # the first step pays for kernel selection and allocator growth
+        seconds = sum(m["seconds"] for m in timed)
+        tokens = sum(m["tokens"] for m in timed)
+        tps = tokens / seconds
+        mfu = 6 * params * tps / H200_BF16_DENSE_FLOPS
+        fractions = {k: sum(m[f"{k}_seconds"] for m in timed) / seconds for k in ("sample", "teacher", "train")}
+        out.add(f"OPCD, {label}", f"{tps:,.0f} training tokens/s, MFU {mfu:.2%}",
+                f"{params / 1e9:.2f}B params, batch {batch}, {tokens / len(timed):.0f} response tokens/step, "
+                f"{seconds / len(timed):.2f} s/step (sample {fractions['sample']:.0%}, teacher "
+                f"{fractions['teacher']:.0%}, train {fractions['train']:.0%}), warm-up step "
+                f"{history[0]['seconds']:.1f}s, peak {_peak_gib(device):.1f} GiB; MFU = 6*params*tokens/s/989e12",
+                tokens_per_s=tps, mfu=mfu)
+        return
+    raise SystemExit("every OPCD configuration failed (see the rows above)")
+
+
+def report(path: Path) -> str:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    lines = ["| section | setting | result | notes |", "|---|---|---|---|"]
+    lines += [f"| {r['section']} | {r['setting']} | {r['result']} | {r['notes']} |" for r in rows]
+    return "\n".join(lines)
+
+
+SECTIONS = {"env": section_env, "hf-generate": section_hf_generate, "rollout": section_rollout, "opcd": section_opcd}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("section", choices=[*SECTIONS, "report"])
+    parser.add_argument("--results", type=Path, required=True, help="JSONL file the rows are appended to")
+    parser.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes, 1-2 iterations, on the CPU")
+    parser.add_argument("--cache", choices=["dynamic", "static"], default="dynamic")
+    parser.add_argument("--batches", default="1,8,32,64")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--slots", default="1,8,32")
+    parser.add_argument("--synthetic", action="store_true", help="rollout on the synthetic env even with textworld")
+    parser.add_argument("--opcd-batch", type=int, default=16)
+    parser.add_argument("--opcd-new-tokens", type=int, default=128)
+    parser.add_argument("--opcd-steps", type=int, default=2, help="timed steps (one warm-up step more is run)")
+    args = parser.parse_args(argv)
+    if args.section == "report":
+        print(report(args.results))
+        return 0
+    SECTIONS[args.section](args, Results(args.results, args.section))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
