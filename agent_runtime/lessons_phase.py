@@ -35,6 +35,8 @@ from memory import ExperienceStore
 
 log = logging.getLogger("agent_runtime.lessons")
 
+PREFILL = "- EXPERIENCE ITEM:"  # a local model's answer starts here (render() continues a final assistant turn)
+
 
 def text_token_counter(backend: PolicyBackend):
     """Tokens of a plain text in the acting model's tokenizer (whitespace words for a scripted policy)."""
@@ -97,8 +99,12 @@ def run_extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id
     writer = extractor_backend(config, backend)
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
 
+    prefill = PREFILL if settings.prefill and settings.style == "structured" and hasattr(writer, "render") else ""
+
     def complete(chats):
-        return [c.text for c in writer.generate(chats, params)]
+        if prefill:
+            chats = [[*chat, {"role": "assistant", "content": prefill}] for chat in chats]
+        return [prefill + c.text for c in writer.generate(chats, params)]
 
     count_tokens = text_token_counter(backend)
     utilities = measure_utilities(store, run_id, min_episodes=settings.utility_min_episodes)

@@ -177,6 +177,8 @@ class AgentLoop:
         try:
             while not self._stop_requested:
                 if self.phase == "PLAY":
+                    if self._target_reached() or self._past_deadline():
+                        break
                     self._play(started, start_episodes, start_tokens)
                     if self._stop_requested:
                         break

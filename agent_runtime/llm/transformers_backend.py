@@ -71,6 +71,9 @@ class TransformersBackend:
         return self._context_window
 
     def render(self, chat: Chat) -> str:
+        """The prompt text. A chat that ends with an assistant message is continued from it (a prefill)."""
+        if chat and chat[-1]["role"] == "assistant":
+            return self.tokenizer.apply_chat_template(chat, continue_final_message=True, tokenize=False)
         return self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
 
     def count_tokens(self, chat: Chat) -> int:

@@ -36,6 +36,9 @@ class LessonsSettings(BaseModel):
     max_item_chars: int = Field(300, ge=20, description="longer items are cut at a word boundary")
     temperature: float = Field(0.7, ge=0.0, description="extractor sampling temperature (paper: 0.7)")
     max_new_tokens: int = Field(384, gt=0, description="extractor response budget")
+    prefill: bool = Field(
+        True, description="start a local extractor's answer with '- EXPERIENCE ITEM:' (small models need it)"
+    )
     max_step_chars: int = Field(600, gt=0, description="per-turn cap when a trajectory is rendered")
     max_trajectory_chars: int = Field(
         6000, gt=0, description="cap on the rendered trajectory (middle turns are elided)"

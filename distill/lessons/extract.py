@@ -224,6 +224,9 @@ def _dedupe(items: list[str]) -> list[str]:
     return out
 
 
+_MARKER_LINE_BREAK = re.compile(r"(EXPERIENCE ITEM:)[ \t]*\n\s*(?![-*•]?\s*\**\s*EXPERIENCE ITEM)", re.IGNORECASE)
+
+
 def parse_items(text: str) -> list[str]:
     """The `- EXPERIENCE ITEM:` items of an answer, in order, without duplicates.
 
@@ -232,7 +235,9 @@ def parse_items(text: str) -> list[str]:
     placeholders ("- EXPERIENCE ITEM: ...") and any junk around them. No marker -> an empty list.
     """
     items: list[str] = []
-    for line in strip_thinking(text).splitlines():
+    # small models often break the line after the marker: join the item's text back onto it
+    text = _MARKER_LINE_BREAK.sub(r"\1 ", strip_thinking(text))
+    for line in text.splitlines():
         markers = list(_MARKER.finditer(line))
         if not markers:
             continue
