@@ -1,6 +1,7 @@
 """The `agent-runtime` command line (also `python -m agent_runtime`).
 
     agent-runtime run CONFIG [--workdir DIR] [--episodes N] [--hours H] [--resume] [--set a.b=c ...]
+    agent-runtime distill CONFIG [--workdir DIR]
     agent-runtime eval CONFIG [--workdir DIR] [--adapter ID] [--no-lessons] [--episodes N]
     agent-runtime memory stats|export|import|reindex|search [--workdir DIR | --db URL] [--json]
     agent-runtime lessons list|show|diff|rollback [--workdir DIR | --db URL] [--json]
@@ -95,6 +96,39 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_distill(args) -> int:
+    from agent_runtime.config import load_config
+    from agent_runtime.consolidate import activate, run_cycle
+    from agent_runtime.llm import make_backend
+    from agent_runtime.loop import default_workdir
+    from memory import ExperienceStore
+
+    config = load_config(args.config, list(args.set or []))
+    if config.model.backend != "transformers":
+        raise UsageError(f"distill trains the policy's weights: it needs backend: transformers, not {config.model.backend}")
+    workdir = args.workdir or default_workdir(config.name)
+    store = ExperienceStore.open(config.memory.url or workdir)
+    try:
+        run = store.find_run(config.name)
+        if run is None:
+            raise UsageError(f"no run named {config.name!r} in {store.url}: play some episodes first (agent-runtime run)")
+        backend = make_backend(config.model, seed=config.seed)
+        activate(backend, store.active_adapter(run.id))
+        report = run_cycle(config, workdir, store, run.id, backend, config.opcd)
+        backend.close()
+    finally:
+        store.close()
+    if report is None:
+        raise UsageError(f"run {run.id} has no live lessons to consolidate (enable lessons and let EXTRACT run)")
+    if args.json:
+        print(json.dumps({"cycle_id": report.cycle_id, "status": report.status, "reasons": report.reasons,
+                          "adapter_id": report.adapter_id, "consolidated": report.consolidated,
+                          "metrics": report.metrics}, default=str))
+    else:
+        print(report.line())
+    return 0
+
+
 def cmd_envs_list(args) -> int:
     import environments
 
@@ -160,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_eval)
+
+    distill = sub.add_parser("distill", help="run one OPCD consolidation cycle on a run's live lessons now")
+    distill.add_argument("config", type=Path)
+    distill.add_argument("--workdir", type=Path)
+    distill.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
+    distill.add_argument("--json", action="store_true")
+    distill.set_defaults(func=cmd_distill)
 
     cli_store.register(sub)
 

@@ -71,6 +71,12 @@ def test_resolved_config_round_trips(tmp_path):
 
 
 def test_shipped_configs_validate():
-    for name in ("quickstart", "smoke"):
-        config = load_config(f"configs/{name}.yaml")
-        assert config.name == name
+    from pathlib import Path
+
+    shipped = sorted(Path("configs").rglob("*.yaml"))
+    assert len(shipped) >= 8
+    for path in shipped:
+        config = load_config(path)
+        assert config.name
+    paper = load_config("configs/paper/frozenlake-qwen3-1.7b.yaml")
+    assert paper.lessons.pools == 10 and paper.opcd.trainer.k == 256 and paper.envs[0].max_steps == 5

@@ -72,3 +72,30 @@ def test_interrupted_cycle_is_rolled_back_on_resume(tmp_path, games_dir, tiny_mo
         assert store.get_cycle(stale).status == "rolled_back" and "interrupted" in store.get_cycle(stale).error
         assert len(store.cycles(run.id)) == 2  # the fresh cycle ran
     assert summary.episodes == 4 and not partial.exists()
+
+
+def test_distill_and_eval_commands(tmp_path, games_dir, tiny_model_dir):
+    import json
+
+    import yaml
+
+    from tests.test_cli import cli
+
+    data = config(games_dir, tiny_model_dir).model_dump(mode="json")
+    data["opcd"]["enabled"] = False  # the loop only plays and extracts; `distill` runs the cycle
+    path = tmp_path / "cycle.yaml"
+    path.write_text(yaml.safe_dump(data))
+    workdir = tmp_path / "w"
+    proc = cli("distill", path, "--workdir", workdir, check=False)
+    assert proc.returncode == 2 and "play some episodes first" in proc.stderr
+    cli("run", path, "--workdir", workdir, "--no-progress")
+    report = json.loads(cli("distill", path, "--workdir", workdir, "--json").stdout)
+    assert report["status"] in ("promoted", "rolled_back") and report["adapter_id"] is not None
+    assert set(report["metrics"]["evaluation"]) >= {"student_without_lessons", "teacher_with_lessons"}
+    rows = json.loads(cli("eval", path, "--workdir", workdir, "--adapter", report["adapter_id"], "--json").stdout)
+    [row] = rows
+    assert row["env_id"] == "textworld/coin_collector" and row["episodes"] == 2
+    lo, hi = row["ci95"]
+    assert 0.0 <= lo <= row["success_rate"] <= hi <= 1.0
+    text = cli("eval", path, "--workdir", workdir, "--no-lessons").stdout
+    assert "95% CI" in text
