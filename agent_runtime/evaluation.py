@@ -9,7 +9,6 @@ metrics hold the per-episode outcomes, so a later comparison can pair them task 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,18 +18,8 @@ from agent_runtime.config import RunConfig
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.llm.base import PolicyBackend, SamplingParams
 from agent_runtime.runner import Draw, EpisodeRunner
+from distill.lessons.gate import wilson_interval
 from memory import EpisodeRecord
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of a success rate (sound at 0/n and n/n, unlike the normal one)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass
