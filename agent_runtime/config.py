@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from distill.lessons.config import LessonsSettings
 from distill.opcd.config import OPCDConfig
@@ -60,6 +60,27 @@ class AgentConfig(_Strict):
     max_history_turns: int = Field(8, ge=0)
 
 
+class RayConfig(_Strict):
+    """Rollout workers on a Ray cluster (`runtime.executor: ray`); see agent_runtime/ray_executor.py."""
+
+    workers: int = Field(2, gt=0, description="rollout workers (Ray actors), each with its own env slots")
+    slots: int | None = Field(None, gt=0, description="env slots per worker; default: runtime.slots")
+    address: str | None = Field(None, description="cluster to join ('auto', 'ray://host:10001'); None: start one here")
+    generation: Literal["local", "server"] = Field(
+        "local", description="local: each worker builds `model`; server: workers use the chat backend on `server`")
+    server: dict[str, Any] = Field(default_factory=dict,
+                                   description="chat backend options (class, kwargs, ...) of the shared server")
+    worker_cpus: float = Field(1.0, ge=0)
+    worker_gpus: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _server_needs_options(self) -> RayConfig:
+        if self.generation == "server" and not self.server:
+            raise ValueError("generation: server needs `server:` chat backend options, e.g. "
+                             "{class: langchain_openai:ChatOpenAI, kwargs: {base_url: http://vllm:8000/v1, model: m}}")
+        return self
+
+
 class RuntimeConfig(_Strict):
     """How episodes are run and when the run stops."""
 
@@ -67,7 +88,8 @@ class RuntimeConfig(_Strict):
     episodes: int | None = Field(None, gt=0, description="stop after this many episodes (None: never)")
     hours: float | None = Field(None, gt=0)
     summary_every: int = Field(10, gt=0)
-    executor: Literal["local"] = "local"
+    executor: Literal["local", "ray"] = "local"
+    ray: RayConfig = Field(default_factory=RayConfig)
 
 
 class ConsolidationSettings(_Strict):

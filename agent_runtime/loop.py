@@ -130,6 +130,7 @@ class AgentLoop:
             activate(self.backend, self.adapter)
         self.progress = progress
         self._stop_requested = False
+        self._ray = None  # the RayExecutor, started at the first PLAY when runtime.executor is ray
 
     def _stored_config(self, config: RunConfig) -> RunConfig:
         """On --resume the run's own config wins; only the stop conditions may change."""
@@ -212,6 +213,12 @@ class AgentLoop:
 
     # -- PLAY -----------------------------------------------------------------------------------------
     def _play(self, started: float, start_episodes: int, start_tokens: int) -> None:
+        if self.config.runtime.executor == "ray":
+            from agent_runtime.ray_executor import RayExecutor
+
+            self._ray = self._ray or RayExecutor(self.config, self.workdir)
+            self._ray.play(self, lambda: self._summary_line(started, start_episodes, start_tokens))
+            return
         target = self.config.runtime.episodes
         reopen = list(self.state["open_draws"])
         model = self.config.model
@@ -320,5 +327,7 @@ class AgentLoop:
                                         "tokens_per_s": s.tokens_per_s, "episodes_per_min": rate}})
 
     def close(self) -> None:
+        if self._ray is not None:
+            self._ray.close()
         self.backend.close()
         self.store.close()

@@ -1,0 +1,291 @@
+"""PLAY on a Ray cluster: K rollout workers (Ray actors), one driver that owns the run.
+
+With `runtime.executor: ray` the loop's PLAY phase hands draws to `RolloutWorker` actors instead of running
+an `EpisodeRunner` in-process. Everything else stays on the driver: the state machine, the task sampler,
+the lesson contexts, EXTRACT and CONSOLIDATE (which use the driver's own backend), and every write to the
+experience store.
+
+Why the driver is the only writer. Each committed episode is written in one transaction together with the
+run state (episodes done, the next draw index, the draws still in flight), exactly as in the local path.
+If workers wrote their episodes themselves, a worker could commit an episode whose draw the driver still
+believes open, and a resume would replay it: exact resume would need a second protocol. Episode records
+are small (kilobytes) next to the seconds it takes to play one, so funnelling them through the driver costs
+little until hundreds of workers (see docs/scaling.md).
+
+The protocol. The driver keeps, per worker, the set of draw indices it has handed out and not yet
+committed. `RolloutWorker.advance(new_draws)` adds draws to the worker's queue, steps its slots (one batched
+generate per turn, as locally) until at least one episode has finished, and returns the finished records.
+The driver commits them, tops the worker up to its slot count and calls `advance` again, so a worker's
+slots are refilled as soon as an episode ends. Each draw travels with its `EpisodeContext` (the lessons for
+that draw), computed on the driver, so workers never read the store.
+
+Faults. A worker that dies (killed, node lost, out of memory) fails its pending `advance`; its open draws go
+back to the front of the queue and are played by the remaining workers; the run goes on. A draw is committed
+only if it is still assigned to the worker that returns it, so nothing is committed twice. A draw that was
+in flight on `MAX_ATTEMPTS` dead workers is committed as a lost episode (outcome "error") instead of being
+retried forever. If every worker is gone, the state is saved and `NoWorkersLeftError` is raised; `run
+--resume` replays the open draws. The driver killed at any moment resumes like the local loop does, from
+the state committed with the last episode.
+
+A promoted adapter reaches the workers as a path: before each PLAY the driver tells every worker to load and
+use the run's active adapter (the workers share the driver's filesystem or a network mount).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter, deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from tqdm.auto import tqdm
+
+from agent_runtime.config import ConfigError, RunConfig, config_from_dict
+from agent_runtime.envs import build_envs, build_prompt_builders
+from agent_runtime.llm import SamplingParams, make_backend
+from agent_runtime.runner import Draw, EpisodeContext, EpisodeRunner
+from memory import EpisodeRecord
+
+if TYPE_CHECKING:
+    from agent_runtime.loop import AgentLoop
+
+log = logging.getLogger("agent_runtime.ray")
+
+MAX_ATTEMPTS = 2  # worker deaths a draw may be in flight for before it is recorded as lost
+_FORWARDED_ENV = ("AGENT_RUNTIME_", "HF_", "TRANSFORMERS_")
+
+
+class NoWorkersLeftError(RuntimeError):
+    """Every rollout worker died; the run's state is saved and `run --resume` continues it."""
+
+
+class RolloutWorker:
+    """One Ray actor: its own environment slots and policy backend (or the chat backend on a shared server)."""
+
+    def __init__(self, config_data: dict, workdir: str, worker_id: int):
+        config = config_from_dict(config_data, source=f"ray worker {worker_id}")
+        settings = config.runtime.ray
+        self.worker_id = worker_id
+        torch.manual_seed(config.seed + worker_id)
+        model = config.model
+        if settings.generation == "server":
+            model = model.model_copy(update={"backend": "chat", "options": dict(settings.server)})
+        self.backend = make_backend(model, seed=config.seed + worker_id)
+        self.envs, _ = build_envs(config, Path(workdir))
+        params = SamplingParams(max_new_tokens=model.max_new_tokens, temperature=model.temperature, top_p=model.top_p)
+        self._queue: deque[Draw] = deque()
+        self._contexts: dict[int, EpisodeContext] = {}
+        self.runner = EpisodeRunner(self.backend, self.envs, build_prompt_builders(config, self.envs, self.backend),
+                                    params, slots=settings.slots or config.runtime.slots,
+                                    policy_name=config.model.name, context_for=lambda d: self._contexts.pop(d.index))
+
+    def slots(self) -> int:
+        return self.runner.slots
+
+    def activate(self, name: str | None, path: str | None, adapter_id: int | None) -> None:
+        """Use the adapter at `path` (loaded on first use), or the base model when `name` is None."""
+        if name is None:
+            if hasattr(self.backend, "use_adapter"):
+                self.backend.use_adapter(None)
+        else:
+            if name not in self.backend.adapters:
+                self.backend.load_adapter(name, path)
+            self.backend.use_adapter(name)
+        self.runner.adapter_id = adapter_id
+
+    def advance(self, assignments: list[tuple[Draw, EpisodeContext]]) -> tuple[list[EpisodeRecord], dict]:
+        """Queue the new draws, play until at least one episode ends (or nothing is left), return the ended ones
+        and the generation counters of this call."""
+        for draw, context in assignments:
+            self._queue.append(draw)
+            self._contexts[draw.index] = context
+        finished: list[EpisodeRecord] = []
+
+        def on_episode(record: EpisodeRecord) -> None:
+            record.metadata["worker"] = self.worker_id
+            finished.append(record)
+
+        stats = self.backend.stats
+        before = (stats.calls, stats.prompt_tokens, stats.completion_tokens, stats.seconds)
+        self.runner.run(lambda: self._queue.popleft() if self._queue else None, on_episode, lambda: bool(finished))
+        after = (stats.calls, stats.prompt_tokens, stats.completion_tokens, stats.seconds)
+        delta = dict(zip(("calls", "prompt_tokens", "completion_tokens", "seconds"),
+                         (b - a for a, b in zip(before, after))))
+        return finished, delta
+
+    def close(self) -> None:
+        self.runner.close()
+        self.backend.close()
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("runtime.executor: ray needs the `ray` package (pip install 'ray==2.60.0'); "
+                          "or set runtime.executor: local") from exc
+    return ray
+
+
+def _worker_env() -> dict[str, str]:
+    """The environment a worker needs to import this project and share its caches, wherever Ray starts it."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    return env
+
+
+def lost_record(draw: Draw, env_id: str, policy: str, attempts: int) -> EpisodeRecord:
+    """The record committed for a draw whose workers kept dying: an errored episode, so the run can go on."""
+    now = datetime.now(UTC)
+    return EpisodeRecord(
+        env_id=env_id, task_id=draw.task_id, seed=draw.seed, policy=policy, adapter_id=None,
+        lesson_set_version=None, outcome="error", won=False, total_return=0.0, prompt_tokens=0,
+        completion_tokens=0, started_at=now, ended_at=now,
+        error=f"lost: in flight on {attempts} rollout workers that died", metadata={"draw": draw.index, "lost": True},
+    )
+
+
+class RayExecutor:
+    """The driver's side: starts the workers, hands out draws, commits what comes back, survives worker deaths."""
+
+    def __init__(self, config: RunConfig, workdir: Path):
+        settings = config.runtime.ray
+        if settings.generation == "server" and config.opcd.enabled:
+            raise ConfigError("runtime.ray.generation: server with opcd.enabled: a promoted adapter would have to "
+                              "be loaded into the shared server, which this version does not do; "
+                              "use generation: local or opcd.enabled: false")
+        ray = _import_ray()
+        self._ray = ray
+        self._owns_cluster = not ray.is_initialized()
+        if self._owns_cluster:
+            ray.init(address=settings.address, include_dashboard=False, log_to_driver=False)
+        worker_class = ray.remote(RolloutWorker).options(
+            num_cpus=settings.worker_cpus, num_gpus=settings.worker_gpus, max_restarts=0,
+            runtime_env={"env_vars": _worker_env()})
+        data = config.model_dump(mode="json")
+        self.workers = {i: worker_class.remote(data, str(workdir), i) for i in range(settings.workers)}
+        self.slots = dict(zip(self.workers, ray.get([w.slots.remote() for w in self.workers.values()])))
+        self.assigned: dict[int, set[int]] = {i: set() for i in self.workers}
+        self.dead: list[int] = []
+        self._attempts: Counter[int] = Counter()
+        self._adapter: tuple | None = None
+
+    def in_flight(self) -> list[int]:
+        return sorted(i for draws in self.assigned.values() for i in draws)
+
+    def broadcast_adapter(self, adapter) -> None:
+        """Make every worker act with `adapter` (an AdapterInfo, by path) or the base model (None)."""
+        key = (adapter.name, str(adapter.path), adapter.id) if adapter is not None else (None, None, None)
+        if key == self._adapter:
+            return
+        self._ray.get([w.activate.remote(*key) for w in self.workers.values()])
+        self._adapter = key
+
+    def play(self, loop: AgentLoop, summary_line: Callable[[], None]) -> None:
+        """One PLAY phase of `loop` on the workers: the same draws, stop rules and commits as the local path."""
+        ray = self._ray
+        assert not self.in_flight(), "a previous PLAY left draws on the workers"
+        state, config = loop.state, loop.config
+        target = config.runtime.episodes
+        reopen = list(state["open_draws"])
+        self.broadcast_adapter(loop.adapter)
+        bar = tqdm(total=target, initial=min(state["episodes"], target or state["episodes"]),
+                   desc=f"PLAY x{len(self.workers)}", unit="ep", disable=not loop.progress, dynamic_ncols=True)
+        pending: dict = {}
+
+        def next_draw() -> Draw | None:
+            if reopen:
+                return loop.sampler.draw(reopen.pop(0))
+            committed_or_running = state["episodes"] + len(self.in_flight())
+            if target is not None and committed_or_running >= target:
+                return None
+            if (loop._extract_due(committed_or_running) or loop._consolidate_due(committed_or_running)
+                    or loop._past_deadline()):
+                return None
+            index = state["next_draw"]
+            state["next_draw"] = index + 1
+            return loop.sampler.draw(index)
+
+        def dispatch(worker: int) -> None:
+            batch = []
+            while len(self.assigned[worker]) < self.slots[worker] and (draw := next_draw()) is not None:
+                batch.append((draw, loop.lessons.for_draw(draw)))
+                self.assigned[worker].add(draw.index)
+            if self.assigned[worker]:
+                pending[self.workers[worker].advance.remote(batch)] = worker
+
+        def commit(worker: int | None, record: EpisodeRecord) -> None:
+            index = record.metadata["draw"]
+            if worker is not None:
+                if index not in self.assigned[worker]:
+                    log.warning("dropped a second result for draw %d from worker %d", index, worker)
+                    return
+                self.assigned[worker].discard(index)
+            state["episodes"] += 1
+            state["won"] += int(record.won)
+            state["errors"] += int(record.outcome == "error")
+            state["open_draws"] = sorted(self.in_flight() + reopen)
+            loop.store.add_episode(loop.run_id, record, run_state=state)
+            bar.update(1)
+            bar.set_postfix(success=f"{state['won'] / state['episodes']:.0%}")
+            if state["episodes"] % config.runtime.summary_every == 0:
+                summary_line()
+
+        def lose(worker: int, exc: Exception) -> None:
+            orphans = sorted(self.assigned.pop(worker))
+            del self.workers[worker], self.slots[worker]
+            self.dead.append(worker)
+            log.warning("rollout worker %d died (%s); re-queueing draws %s", worker, type(exc).__name__, orphans,
+                        extra={"fields": {"worker": worker, "requeued": orphans}})
+            self._attempts.update(orphans)
+            reopen[:0] = [i for i in orphans if self._attempts[i] < MAX_ATTEMPTS]
+            for index in orphans:
+                if self._attempts[index] >= MAX_ATTEMPTS:
+                    draw = loop.sampler.draw(index)
+                    commit(None, lost_record(draw, loop.envs[draw.env_index].env_id, config.model.name,
+                                             self._attempts[index]))
+            if not self.workers:
+                raise NoWorkersLeftError(f"all rollout workers died (last: worker {worker}, {exc}); the run's "
+                                         "state is saved: `run --resume` replays the open draws")
+            busy = set(pending.values())
+            for other in self.workers:
+                if other not in busy:
+                    dispatch(other)
+
+        try:
+            for worker in list(self.workers):
+                dispatch(worker)
+            while pending and not loop._stop_requested:
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+                for ref in ready:
+                    worker = pending.pop(ref)
+                    try:
+                        records, stats = ray.get(ref)
+                    except ray.exceptions.RayActorError as exc:
+                        lose(worker, exc)
+                        continue
+                    for name, value in stats.items():
+                        setattr(loop.backend.stats, name, getattr(loop.backend.stats, name) + value)
+                    for record in records:
+                        commit(worker, record)
+                    dispatch(worker)
+        finally:
+            bar.close()
+            state["open_draws"] = sorted(self.in_flight() + reopen)
+            loop.store.update_run(loop.run_id, state=state)
+            if pending:  # stopped mid-phase: the workers' episodes are abandoned; their draws are open_draws
+                self.close()
+
+    def close(self) -> None:
+        """Kill the workers (and the local cluster, if this executor started it)."""
+        for worker in self.workers.values():
+            self._ray.kill(worker)
+        self.workers, self.slots, self.assigned = {}, {}, {}
+        if self._owns_cluster and self._ray.is_initialized():
+            self._ray.shutdown()
+        self._owns_cluster = False
