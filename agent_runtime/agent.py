@@ -82,9 +82,13 @@ class PromptBuilder:
         return text
 
     def build(self, history: list[Turn], observation: str, admissible: list[str] | None,
-              lessons: list[str] | None = None) -> Chat:
-        """The chat for one decision; `lessons` overrides the builder's own for this episode."""
-        system = {"role": "system", "content": self.system_message(lessons)}
+              lessons: list[str] | None = None, examples: list[str] | None = None) -> Chat:
+        """The chat for one decision; `lessons` overrides the builder's own for this episode, `examples` are
+        retrieved past episodes shown after the lessons."""
+        system_text = self.system_message(lessons)
+        if examples:
+            system_text += "\n\nExamples of past successful episodes:\n" + "\n".join(f"- {e}" for e in examples)
+        system = {"role": "system", "content": system_text}
         current = {"role": "user", "content": self.current_message(observation, admissible)}
         turns = history[-self.max_history_turns:] if self.max_history_turns else []
         while True:

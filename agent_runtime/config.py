@@ -58,6 +58,7 @@ class AgentConfig(_Strict):
     system_prompt: str | None = Field(None, description="default: a prompt per environment family")
     show_admissible_actions: bool = True
     max_history_turns: int = Field(8, ge=0)
+    retrieved_examples: int = Field(0, ge=0, description="past won episodes of the same env shown as examples")
 
 
 class RayConfig(_Strict):
@@ -119,6 +120,7 @@ class EvaluationConfig(_Strict):
 
 class MemoryConfig(_Strict):
     url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite memory.db in the workdir")
+    embedder: str | None = Field(None, description="minilm (default), hash, hash:DIM, or a model directory")
 
 
 class RunConfig(_Strict):

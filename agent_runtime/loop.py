@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from agent_runtime.config import ConfigError, RunConfig, config_from_dict, save_resolved
 from agent_runtime.consolidate import activate, run_cycle
 from agent_runtime.envs import build_envs, build_prompt_builders
+from agent_runtime.examples import example_retriever
 from agent_runtime.lessons_phase import LessonContexts, run_extract
 from agent_runtime.llm import PolicyBackend, SamplingParams, make_backend
 from agent_runtime.runner import Draw, EpisodeRunner, TaskSampler
@@ -111,7 +112,7 @@ class AgentLoop:
         self.sampler = TaskSampler([e.weight for e in config.envs], tasks, config.seed)
         self.backend = backend or make_backend(config.model, seed=config.seed)
         torch.manual_seed(config.seed)
-        self.store = ExperienceStore.open(config.memory.url or self.workdir)
+        self.store = ExperienceStore.open(config.memory.url or self.workdir, embedder=config.memory.embedder)
         save_resolved(config, self.workdir)
         if resume:
             run = self.store.find_run(config.name)
@@ -226,7 +227,8 @@ class AgentLoop:
         builders = build_prompt_builders(self.config, self.envs, self.backend)
         runner = EpisodeRunner(self.backend, self.envs, builders, params, slots=self.config.runtime.slots,
                                policy_name=model.name, context_for=self.lessons.for_draw,
-                               adapter_id=self.adapter.id if self.adapter else None)
+                               adapter_id=self.adapter.id if self.adapter else None,
+                               examples_for=self._examples())
         bar = tqdm(total=target, initial=min(self.state["episodes"], target or self.state["episodes"]),
                    desc="PLAY", unit="ep", disable=not self.progress, dynamic_ncols=True)
 
@@ -262,6 +264,10 @@ class AgentLoop:
             bar.close()
             self.state["open_draws"] = sorted(runner.in_flight() + reopen)
             self.store.update_run(self.run_id, state=self.state)
+
+    def _examples(self):
+        k = self.config.agent.retrieved_examples
+        return example_retriever(self.store, self.run_id, k) if k else None
 
     # -- EXTRACT --------------------------------------------------------------------------------------
     def _extract(self) -> None:

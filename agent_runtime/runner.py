@@ -84,6 +84,7 @@ class _Episode:
     info: dict
     started_at: datetime
     context: EpisodeContext = NO_CONTEXT
+    examples: list[str] = field(default_factory=list)
     history: list[Turn] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     total_return: float = 0.0
@@ -98,7 +99,8 @@ def _now() -> datetime:
 class EpisodeRunner:
     def __init__(self, backend: PolicyBackend, envs: list[EnvSlotSpec], builders: list[PromptBuilder],
                  params: SamplingParams, *, slots: int = 1, policy_name: str = "",
-                 adapter_id: int | None = None, context_for: Callable[[Draw], EpisodeContext] | None = None):
+                 adapter_id: int | None = None, context_for: Callable[[Draw], EpisodeContext] | None = None,
+                 examples_for: Callable[[str, str], list[str]] | None = None):
         assert len(envs) == len(builders), "one prompt builder per environment"
         self.backend = backend
         self.envs = envs
@@ -108,6 +110,7 @@ class EpisodeRunner:
         self.policy_name = policy_name
         self.adapter_id = adapter_id
         self.context_for = context_for or (lambda draw: NO_CONTEXT)
+        self.examples_for = examples_for
         self._instances: list[dict[int, object]] = [{} for _ in range(slots)]
         self._live: list[_Episode | None] = [None] * slots
 
@@ -149,7 +152,8 @@ class EpisodeRunner:
             self._drop_env(slot, draw.env_index)
             ep = _Episode(draw, None, "", {}, started, context)
             return self._record(ep, "error", False, f"reset failed: {type(exc).__name__}: {exc}")
-        self._live[slot] = _Episode(draw, env, observation, dict(info or {}), started, context)
+        examples = self.examples_for(self.envs[draw.env_index].env_id, observation) if self.examples_for else []
+        self._live[slot] = _Episode(draw, env, observation, dict(info or {}), started, context, examples)
         return None
 
     def run(self, next_draw: Callable[[], Draw | None], on_episode: Callable[[EpisodeRecord], None],
@@ -181,7 +185,8 @@ class EpisodeRunner:
             ep = self._live[slot]
             builder = self.builders[ep.draw.env_index]
             lessons = list(ep.context.lessons) if ep.context is not NO_CONTEXT else None
-            chats.append(builder.build(ep.history, ep.observation, ep.info.get("admissible_actions"), lessons))
+            chats.append(builder.build(ep.history, ep.observation, ep.info.get("admissible_actions"), lessons,
+                                       ep.examples))
         completions = self.backend.generate(chats, self.params)
         for slot, completion in zip(live, completions):
             ep = self._live[slot]

@@ -199,3 +199,21 @@ def test_unavailable_phases_fail_before_anything_runs(tmp_path, games_dir):
     with pytest.raises(PhaseNotAvailableError, match="backend: transformers"):
         AgentLoop(make_config(games_dir, opcd={"enabled": True}, lessons={"enabled": True}), tmp_path, progress=False)
     assert not (tmp_path / "memory.db").exists()
+
+
+def test_retrieved_examples_show_past_wins(tmp_path, games_dir):
+    loop = AgentLoop(make_config(games_dir, episodes=12, slots=1, agent={"retrieved_examples": 1},
+                                 memory={"embedder": "hash"}), tmp_path, progress=False)
+    summary = loop.run()
+    loop.close()
+    with ExperienceStore.open(tmp_path) as store:
+        episodes = sorted(store.episodes(summary.run_id, limit=50), key=lambda e: e.metadata["draw"])
+        first_win = next(i for i, e in enumerate(episodes) if e.won)
+        later = [store.episode(e.id).steps[0].prompt for e in episodes[first_win + 1:]]
+    assert later and all("Examples of past successful episodes:" in p and "Winning actions:" in p for p in later)
+    assert "Examples of past" not in store_prompt_of(tmp_path, episodes[0].id)
+
+
+def store_prompt_of(workdir, episode_id):
+    with ExperienceStore.open(workdir) as store:
+        return store.episode(episode_id).steps[0].prompt
