@@ -31,15 +31,17 @@ import torch
 
 H200_BF16_DENSE_FLOPS = 989e12
 SHAPES = {  # the real models' configs, minus the weights
-    "qwen2.5-0.5b": ("Qwen2", dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
-                                   num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
-                                   max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True)),
-    "qwen3-1.7b": ("Qwen3", dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
-                                 num_key_value_heads=8, head_dim=128, intermediate_size=6144, vocab_size=151936,
-                                 max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=True)),
+    "qwen2.5-0.5b": ("Qwen2", {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+                               "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
+                               "max_position_embeddings": 32768, "rope_theta": 1e6, "tie_word_embeddings": True}),
+    "qwen3-1.7b": ("Qwen3", {"hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16,
+                             "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 6144,
+                             "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1e6,
+                             "tie_word_embeddings": True}),
 }
-DRY_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                 intermediate_size=128, vocab_size=1024, max_position_embeddings=4096, tie_word_embeddings=True)
+DRY_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 16, "intermediate_size": 128, "vocab_size": 1024, "max_position_embeddings": 4096,
+             "tie_word_embeddings": True}
 OPTIONAL = ("vllm", "trl", "textworld", "peft", "pydantic", "sqlalchemy", "flash_attn")
 ROOM_TEXT = ("-= {room} =-\nYou arrive in a {room}. A plain, dusty place. There is an exit to the {exit}. "
              "You notice a wooden table, a rusty lamp and a closed chest here. Nothing else catches your eye.")
@@ -135,8 +137,8 @@ def section_hf_generate(args, out: Results) -> None:
     for batch in [int(b) for b in args.batches.split(",")]:
         gen = torch.Generator(device="cpu").manual_seed(batch)
         ids = torch.randint(10, vocab - 1, (batch, prompt_len), generator=gen).to(device)
-        kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                      min_new_tokens=new_tokens, do_sample=True, temperature=0.7, top_k=0, top_p=1.0)
+        kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": new_tokens,
+                  "min_new_tokens": new_tokens, "do_sample": True, "temperature": 0.7, "top_k": 0, "top_p": 1.0}
         if static:
             kwargs["cache_implementation"] = "static"
         with torch.no_grad():
@@ -234,8 +236,8 @@ def section_rollout(args, out: Results) -> None:
             spec = EnvSlotSpec("textworld/coin_collector", factory, "text", max_steps)
             runner = EpisodeRunner(backend, [spec], [builder], params, slots=slots)
             sampler = TaskSampler([1.0], [[f"train-{i}" for i in range(4)]], seed=0)
-            draws = iter(range(episodes))
-            runner.run(lambda: (lambda i: None if i is None else sampler.draw(i))(next(draws, None)), finished.append)
+            draws = iter([sampler.draw(i) for i in range(episodes)])
+            runner.run(lambda draws=draws: next(draws, None), finished.append)
             runner.close()
             errors = [e.error for e in finished if e.outcome == "error"]
             if errors:
@@ -295,7 +297,7 @@ def section_opcd(args, out: Results) -> None:
             config = OPCDConfig(batch_size=batch, max_new_tokens=new_tokens, steps=steps + 1, **overrides)
             trainer = OPCDTrainer(model, tokenizer, config)
             history = [trainer.step(chats, [LESSONS] * batch) for _ in range(steps + 1)]
-        except Exception as exc:  # report and try the next configuration; the table must say what broke
+        except Exception as exc:  # noqa: BLE001 - report and try the next configuration; the table must say what broke
             out.add(f"OPCD, {label}", "FAILED", f"{type(exc).__name__}: {str(exc)[:300]}")
             del model
             if device.type == "cuda":
