@@ -79,6 +79,8 @@ def _load(model_name: str):
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32)
+    with torch.no_grad():  # fault the memory-mapped weights in, so "over model" excludes them
+        sum(float(p.sum()) for p in model.parameters())
     return model, AutoTokenizer.from_pretrained(path)
 
 

@@ -132,7 +132,9 @@ def test_sampling_copy_tracks_the_merged_student(taught, sampler):
     ids = torch.tensor([trainer.render(TRAIN[0])])
     with torch.no_grad():
         student = trainer.model(input_ids=ids).logits
-        sampled = trainer._sampler(input_ids=ids).logits.float()
+        with trainer._sampling_model() as copy_:
+            sampled = copy_(input_ids=ids).logits.float()
+        assert all(p.numel() == 0 for p in trainer._sampler.parameters())  # released after sampling
         base = model(input_ids=ids).logits
     moved = (student - base).abs().mean()
     error = (sampled - student).abs().mean()

@@ -18,9 +18,10 @@ forward KL on the teacher's top-k) and `sft` (cross-entropy on the teacher's sam
 context" baseline needs no training. System-prompt distillation is OPCD with a fixed context string.
 
 Where the time goes and what is done about it (measured in bench/opcd.py):
-- sampling dominates. The student samples from a separate copy of the weights with the adapter merged in
-  (unmerged LoRA costs extra matmuls per decoded token), in bf16 by default (`config.sampler`), refreshed
-  after each optimizer step by writing W + BA into the copy;
+- sampling dominates. The student samples from a copy of the weights with the adapter merged in (unmerged
+  LoRA costs extra matmuls per decoded token), in bf16 by default (`config.sampler`): W + BA is written into
+  the copy just before sampling and the copy's weights are released right after, so the copy never adds to
+  the memory peak of the training half of the step;
 - the teacher runs once over the token prefix that all teacher prompts of the batch share (the system prompt
   and, when every sample got the same lesson pool, the lessons) and reuses that KV cache for every row;
 - losses are computed from final hidden states in sequence chunks (`chunked_topk_divergence`), so the
@@ -103,9 +104,9 @@ def _response_hidden(causal_lm, prompts: list[list[int]], responses: list[list[i
     return out.last_hidden_state[:, width - 1:width - 1 + longest]
 
 
-def _frozen_copy(model, dtype: torch.dtype):
-    """A frozen copy of `model` in `dtype`, made without ever holding a second full-precision copy."""
-    memo = {id(p): torch.nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=False)
+def _empty_copy(model, dtype: torch.dtype):
+    """A frozen copy of `model`'s modules whose parameters hold no memory until `_sampling_model` fills them."""
+    memo = {id(p): torch.nn.Parameter(torch.empty(0, dtype=dtype, device=p.device), requires_grad=False)
             for p in model.parameters()}
     return copy.deepcopy(model, memo).eval()  # buffers (rotary frequencies) stay in full precision
 
@@ -140,8 +141,8 @@ class OPCDTrainer:
         self._eos_ids = sorted({tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None})
         self._sampler = None
         if config.sampler != "live":
-            dtype = torch.bfloat16 if config.sampler == "merged-bf16" else torch.float32
-            self._sampler = _frozen_copy(model, dtype)
+            self._sampler_dtype = torch.bfloat16 if config.sampler == "merged-bf16" else torch.float32
+            self._sampler = _empty_copy(model, self._sampler_dtype)
         self._teacher = teacher_model
         if config.full_finetune:
             self.model = model
@@ -160,7 +161,6 @@ class OPCDTrainer:
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         assert self._params, "nothing to train"
         self.optimizer = torch.optim.AdamW(self._params, lr=config.lr, weight_decay=config.weight_decay)
-        self._refresh_sampler()
 
     # -- set-up ------------------------------------------------------------------------------------------
     def _attach_lora(self, model):
@@ -206,20 +206,35 @@ class OPCDTrainer:
                     yield self._student_lm
 
     @torch.no_grad()
-    def _refresh_sampler(self) -> None:
-        """Write the student's current weights (LoRA merged in) into the sampling copy."""
+    def _sampler_sources(self) -> Iterator[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """(sampling-copy parameter, the student's current value for it, LoRA merged in) pairs."""
+        modules = dict(self._student_lm.named_modules())
+        params = dict(self._student_lm.named_parameters())
+        for name, param in self._sampler.named_parameters():
+            module_name, _, leaf = name.rpartition(".")
+            module = modules.get(module_name)
+            if leaf == "weight" and "default" in getattr(module, "lora_A", {}):
+                yield param, module.base_layer.weight + module.get_delta_weight("default")
+            else:
+                yield param, params[name]
+
+    @contextlib.contextmanager
+    def _sampling_model(self) -> Iterator[torch.nn.Module]:
+        """The model the student samples from: the live model, or the sampling copy filled with the student's
+        current merged weights for the duration of the block. The copy's weights are released afterwards, so
+        they never add to the training step's memory peak (refilling costs one cast of the weights)."""
         if self._sampler is None:
+            yield self.model
             return
-        targets = dict(self._sampler.named_modules())
-        if self.config.full_finetune:
-            sampler_params = dict(self._sampler.named_parameters())
-            for name, param in self.model.named_parameters():
-                sampler_params[name].copy_(param)
-            return
-        for name, module in self._student_lm.named_modules():
-            if hasattr(module, "get_delta_weight") and "default" in getattr(module, "lora_A", {}):
-                merged = module.base_layer.weight + module.get_delta_weight("default")
-                targets[name].weight.copy_(merged)
+        dtype = self._sampler_dtype
+        with torch.no_grad():
+            for param, value in self._sampler_sources():
+                param.data = value.detach().to(dtype)  # aliases fp32 weights that need no merge: no copy
+        try:
+            yield self._sampler
+        finally:
+            for param in self._sampler.parameters():
+                param.data = torch.empty(0, dtype=dtype, device=param.device)
 
     # -- prompts and sampling ----------------------------------------------------------------------------
     def render(self, chat: Chat) -> list[int]:
@@ -253,7 +268,8 @@ class OPCDTrainer:
         return responses
 
     def _sample_student(self, prompts: list[list[int]]) -> list[list[int]]:
-        return self._generate(self._sampler if self._sampler is not None else self.model, prompts)
+        with self._sampling_model() as sampler:
+            return self._generate(sampler, prompts)
 
     def _sample_teacher(self, prompts: list[list[int]]) -> list[list[int]]:
         with self._teacher_lm() as teacher:
@@ -308,7 +324,6 @@ class OPCDTrainer:
             raise DivergenceError(f"step {self.steps_done}: gradient norm is {grad_norm}; aborting the run")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self._refresh_sampler()
         self.steps_done += 1
         finished = time.perf_counter()
         metrics = {
