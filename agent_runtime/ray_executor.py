@@ -171,7 +171,8 @@ class RayExecutor:
         self.workers = {i: worker_class.remote(data, str(workdir), i) for i in range(settings.workers)}
         self.slots = dict(zip(self.workers, ray.get([w.slots.remote() for w in self.workers.values()])))
         self.assigned: dict[int, set[int]] = {i: set() for i in self.workers}
-        self.dead: list[int] = []
+        self.dead: list[int] = []  # workers lost, in order
+        self.requeued: list[int] = []  # draws taken back from dead workers, in order
         self._attempts: Counter[int] = Counter()
         self._adapter: tuple | None = None
 
@@ -243,6 +244,7 @@ class RayExecutor:
             log.warning("rollout worker %d died (%s); re-queueing draws %s", worker, type(exc).__name__, orphans,
                         extra={"fields": {"worker": worker, "requeued": orphans}})
             self._attempts.update(orphans)
+            self.requeued.extend(orphans)
             reopen[:0] = [i for i in orphans if self._attempts[i] < MAX_ATTEMPTS]
             for index in orphans:
                 if self._attempts[index] >= MAX_ATTEMPTS:
