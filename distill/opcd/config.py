@@ -48,7 +48,8 @@ class OPCDConfig(BaseModel):
     gradient_checkpointing: bool = Field(
         True, description="recompute the student's activations in the backward pass instead of keeping them: "
         "about half the training memory for one more student forward (cheap next to sampling and the teacher)")
-    chunk_size: int = Field(128, ge=1, description="response positions per loss chunk (bounds logits memory)")
+    chunk_size: int = Field(32, ge=1, description="response positions per loss chunk: bounds the logits memory "
+                            "to about 6 x batch x chunk x vocabulary floats")
     sampler: Sampler = Field(
         "merged-bf16", description="what the student samples from: a bf16 copy with the adapter merged "
         "(fastest on CPUs with bf16 support and on GPUs), an fp32 merged copy, or the live training model "
