@@ -15,10 +15,8 @@ from memory import ExperienceStore
 
 ray = pytest.importorskip("ray")
 
-pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def ray_cluster():
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100_000_000, log_to_driver=False)
     yield
@@ -67,7 +65,8 @@ def test_ray_settings_are_validated():
         config_from_dict({**base, "runtime": {"executor": "ray", "ray": {"wrokers": 2}}})
 
 
-def test_killed_worker_draws_are_replayed_once(tmp_path, games_dir, memory_url):
+@pytest.mark.slow
+def test_killed_worker_draws_are_replayed_once(ray_cluster, tmp_path, games_dir, memory_url):
     loop = AgentLoop(make_config(games_dir, memory_url=memory_url), tmp_path / "run", progress=False)
     after_commits(loop, 3, lambda loop: ray.kill(loop._ray.workers[0]))
     summary = loop.run()
@@ -85,7 +84,8 @@ def test_killed_worker_draws_are_replayed_once(tmp_path, games_dir, memory_url):
     assert {w for _, w in rows} == {0, 1}
 
 
-def test_driver_stopped_then_resumed_on_fresh_workers(tmp_path, games_dir):
+@pytest.mark.slow
+def test_driver_stopped_then_resumed_on_fresh_workers(ray_cluster, tmp_path, games_dir):
     loop = AgentLoop(make_config(games_dir, episodes=10), tmp_path, progress=False)
     after_commits(loop, 4, lambda loop: loop.request_stop())
     first = loop.run()
@@ -107,7 +107,8 @@ def test_driver_stopped_then_resumed_on_fresh_workers(tmp_path, games_dir):
         assert sorted(d for d, _ in committed(store, first.run_id)) == list(range(10))
 
 
-def test_tiny_model_on_workers_and_adapter_broadcast(tmp_path, games_dir, tiny_model_dir):
+@pytest.mark.slow
+def test_tiny_model_on_workers_and_adapter_broadcast(ray_cluster, tmp_path, games_dir, tiny_model_dir):
     from peft import LoraConfig, get_peft_model
 
     from agent_runtime.testing import tiny_model_and_tokenizer
