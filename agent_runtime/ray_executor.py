@@ -34,6 +34,7 @@ use the run's active adapter (the workers share the driver's filesystem or a net
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections import Counter, deque
 from collections.abc import Callable
@@ -139,6 +140,16 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
+def _check_resources(available: dict, settings) -> None:
+    """Fail now, with the numbers, instead of waiting forever for workers the cluster cannot place."""
+    for name, per_worker in (("CPU", settings.worker_cpus), ("GPU", settings.worker_gpus)):
+        need, have = settings.workers * per_worker, available.get(name, 0.0)
+        if need > have:
+            raise ConfigError(f"runtime.ray: {settings.workers} workers x {per_worker} {name} = {need:g} {name}s, "
+                              f"but the Ray cluster has {have:g}; lower runtime.ray.workers or "
+                              f"worker_{name.lower()}s, or add nodes")
+
+
 def lost_record(draw: Draw, env_id: str, policy: str, attempts: int) -> EpisodeRecord:
     """The record committed for a draw whose workers kept dying: an errored episode, so the run can go on."""
     now = datetime.now(UTC)
@@ -163,7 +174,10 @@ class RayExecutor:
         self._ray = ray
         self._owns_cluster = not ray.is_initialized()
         if self._owns_cluster:
-            ray.init(address=settings.address, include_dashboard=False, log_to_driver=False)
+            local = {} if settings.address else {"num_cpus": max(os.cpu_count() or 1,
+                                                                 math.ceil(settings.workers * settings.worker_cpus))}
+            ray.init(address=settings.address, include_dashboard=False, log_to_driver=False, **local)
+        _check_resources(ray.cluster_resources(), settings)
         worker_class = ray.remote(RolloutWorker).options(
             num_cpus=settings.worker_cpus, num_gpus=settings.worker_gpus, max_restarts=0,
             runtime_env={"env_vars": _worker_env()})

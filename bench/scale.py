@@ -33,6 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch
+
 from agent_runtime.config import RunConfig, config_from_dict
 from agent_runtime.loop import AgentLoop
 from agent_runtime.ray_executor import RayExecutor
@@ -104,8 +106,10 @@ def run_setting(args, executor: str, workers: int, root: Path) -> Row:
 
 def table(rows: list[Row], args) -> str:
     base = rows[0].per_min if rows else 0.0
-    lines = [f"model {args.model}, {args.episodes} episodes per setting, {args.slots} slots per worker, "
-             f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}", "",
+    head = (f"model {args.model}, {args.episodes} episodes per setting, {args.slots} slots per worker, "
+            f"{os.cpu_count()} cores, {args.threads} torch thread(s) per process, "
+            f"load average {os.getloadavg()[0]:.1f}")
+    lines = [head, "",
              "| executor | workers | slots | startup s | play s | episodes/min | vs local | commit ms/ep |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -124,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
                         default=Path(os.environ.get("AGENT_RUNTIME_CACHE", Path.home() / ".cache/agent-runtime"))
                         / "bench-games")
     parser.add_argument("--memory-url", help="SQLAlchemy URL of a shared store (default: SQLite per setting)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of the driver (the local baseline); Ray gives each worker "
+                             "OMP_NUM_THREADS = worker_cpus = 1, so 1 compares like with like")
     parser.add_argument("--quick", action="store_true", help="skip the local baseline")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     counts = [int(x) for x in args.workers.split(",")]
 
     import ray

@@ -134,3 +134,12 @@ def test_tiny_model_on_workers_and_adapter_broadcast(ray_cluster, tmp_path, game
     assert [e.metadata["draw"] for e in episodes] == [0, 1, 2, 3]
     assert all(e.policy == str(tiny_model_dir) and e.completion_tokens > 0 for e in episodes)
     assert [e.adapter_id for e in episodes] == [None, None, adapter_id, adapter_id]
+
+
+@pytest.mark.slow
+def test_workers_the_cluster_cannot_place_fail_at_once(ray_cluster, tmp_path, games_dir):
+    config = make_config(games_dir, workers=8)  # 8 x 0.5 CPU on a 2-CPU cluster
+    loop = AgentLoop(config, tmp_path, progress=False)
+    with pytest.raises(ConfigError, match=r"8 workers x 0.5 CPU = 4 CPUs, but the Ray cluster has 2"):
+        loop.run()
+    loop.close()
