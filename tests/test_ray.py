@@ -143,3 +143,27 @@ def test_workers_the_cluster_cannot_place_fail_at_once(ray_cluster, tmp_path, ga
     with pytest.raises(ConfigError, match=r"8 workers x 0.5 CPU = 4 CPUs, but the Ray cluster has 2"):
         loop.run()
     loop.close()
+
+
+@pytest.mark.slow
+def test_all_workers_lost_then_resume_commits_each_draw_once(ray_cluster, tmp_path, games_dir):
+    from agent_runtime.ray_executor import NoWorkersLeftError
+
+    loop = AgentLoop(make_config(games_dir, episodes=10), tmp_path, progress=False)
+    after_commits(loop, 2, lambda loop: [ray.kill(w) for w in loop._ray.workers.values()])
+    with pytest.raises(NoWorkersLeftError, match="all rollout workers died"):
+        loop.run()
+    loop.close()
+    with ExperienceStore.open(tmp_path) as store:
+        [run] = store.runs()
+        assert run.status == "stopped" and run.state["open_draws"]
+    loop = AgentLoop(make_config(games_dir, episodes=10), tmp_path, resume=True, progress=False)
+    summary = loop.run()
+    loop.close()
+    assert summary.episodes == 10
+    with ExperienceStore.open(tmp_path) as store:
+        episodes = store.episodes(summary.run_id, limit=100)
+    assert sorted(e.metadata["draw"] for e in episodes) == list(range(10))
+    lost = [e for e in episodes if e.metadata.get("lost")]
+    assert all(e.outcome == "error" and e.error.startswith("lost: in flight on 2") for e in lost)
+    assert summary.errors == len(lost)
