@@ -21,7 +21,7 @@ def test_rollout_bench_quick_prints_a_consistent_table(tmp_path, games_dir):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "rollout.py"), "--quick", "--threads", "1",
          "--games-dir", str(games_dir), "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| tiny | 1 | 4 |" in proc.stdout and "| tiny | 4 | 4 |" in proc.stdout
@@ -38,3 +38,31 @@ def test_rollout_bench_quick_prints_a_consistent_table(tmp_path, games_dir):
         assert 0 < row["share_prefill"] <= row["share_model_generate"]
     assert rows[1]["mean_batch"] == 1.0
     assert rows[4]["mean_batch"] > 1.0  # the four slots really were batched into one generate call
+
+
+def _gpu_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_gpu_check_sections_run_in_cpu_dry_run(tmp_path, capsys):
+    gpu_check = _gpu_check()
+    results = tmp_path / "rows.jsonl"
+    dry = ["--results", str(results), "--cpu-dry-run"]
+    assert gpu_check.main(["hf-generate", "--batches", "2", *dry]) == 0
+    assert gpu_check.main(["rollout", "--slots", "2", "--synthetic", *dry]) == 0
+    assert gpu_check.main(["opcd", *dry]) == 0
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["section"] for r in rows] == ["hf-generate", "rollout", "opcd"]
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    assert "synthetic text env" in rows[1]["notes"] and "2 episodes x 2 steps (4 steps)" in rows[1]["notes"]
+    assert rows[2]["setting"] == "OPCD, default config" and 0 <= rows[2]["mfu"] < 1
+    capsys.readouterr()
+    assert gpu_check.main(["report", "--results", str(results)]) == 0
+    table = capsys.readouterr().out
+    assert table.count("\n") == len(rows) + 2 and "| opcd | OPCD, default config |" in table
