@@ -167,3 +167,20 @@ def test_all_workers_lost_then_resume_commits_each_draw_once(ray_cluster, tmp_pa
     lost = [e for e in episodes if e.metadata.get("lost")]
     assert all(e.outcome == "error" and e.error.startswith("lost: in flight on 2") for e in lost)
     assert summary.errors == len(lost)
+
+
+@pytest.mark.slow
+def test_generation_server_gives_workers_the_chat_backend(ray_cluster, tmp_path, games_dir):
+    """`generation: server`: the workers talk to a chat model (a vLLM server in production, a fake one here)
+    while the driver keeps the configured `model` for the phases it runs."""
+    config = make_config(games_dir, episodes=4, envs=[{"id": "math/gsm_symbolic"}])
+    config.runtime.ray.server = {"class": "langchain_core.language_models.fake_chat_models:FakeListChatModel",
+                                 "kwargs": {"responses": ["The answer is \\boxed{-1}."]}}
+    config.runtime.ray.generation = "server"
+    loop = AgentLoop(config, tmp_path, progress=False)
+    summary = loop.run()
+    loop.close()
+    assert summary.episodes == 4
+    with ExperienceStore.open(tmp_path) as store:
+        episodes = [store.episode(e.id) for e in store.episodes(summary.run_id)]
+    assert all(e.outcome == "lost" and e.steps[0].response == "The answer is \\boxed{-1}." for e in episodes)
