@@ -62,8 +62,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def _peak_gib(device: torch.device) -> float:
-    return torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+def _peak(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "peak memory not tracked on CPU"
+    return f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
 
 
 def build_model(shape: str, args, *, eos_token_id: int = 2, pad_token_id: int = 3):
@@ -155,7 +157,7 @@ def section_hf_generate(args, out: Results) -> None:
         compiled = "compiled" if hasattr(model, "_compiled_call") else "not compiled"
         out.add(f"{label}, batch {batch}", f"{tps:,.0f} tokens/s",
                 f"{seconds * 1000 / new_tokens:.1f} ms/step, prompt {prompt_len} + {new_tokens} new, "
-                f"first call {first:.1f}s, {compiled}, peak {_peak_gib(device):.1f} GiB",
+                f"first call {first:.1f}s, {compiled}, {_peak(device)}",
                 tokens_per_s=tps, batch=batch, cache=args.cache)
 
 
@@ -252,7 +254,7 @@ def section_rollout(args, out: Results) -> None:
         out.add(f"rollout, {slots} slots", f"{60 * episodes / wall:,.1f} episodes/min, {tps:,.0f} gen tokens/s",
                 f"{episodes} episodes x {max_steps} steps ({steps} steps), {new_tokens} new tokens, "
                 f"{backend.stats.calls - calls} generate calls, {share:.0%} of wall in generate, {env_label}, "
-                f"peak {_peak_gib(device):.1f} GiB", tokens_per_s=tps, slots=slots)
+                f"{_peak(device)}", tokens_per_s=tps, slots=slots)
 
 
 def _batched_turns(backend, builder, params, factory, slots: int, episodes: int, max_steps: int) -> int:
@@ -313,7 +315,7 @@ def section_opcd(args, out: Results) -> None:
                 f"{params / 1e9:.2f}B params, batch {batch}, {tokens / len(timed):.0f} response tokens/step, "
                 f"{seconds / len(timed):.2f} s/step (sample {fractions['sample']:.0%}, teacher "
                 f"{fractions['teacher']:.0%}, train {fractions['train']:.0%}), warm-up step "
-                f"{history[0]['seconds']:.1f}s, peak {_peak_gib(device):.1f} GiB; MFU = 6*params*tokens/s/989e12",
+                f"{history[0]['seconds']:.1f}s, {_peak(device)}; MFU = 6*params*tokens/s/989e12",
                 tokens_per_s=tps, mfu=mfu)
         return
     raise SystemExit("every OPCD configuration failed (see the rows above)")

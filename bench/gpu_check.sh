@@ -51,7 +51,8 @@ section() {  # name, limit in seconds, gpu_check.py arguments...
   local begin rc
   begin=$(date +%s)
   echo "== $name (limit ${limit}s)"
-  timeout -k 10 "$limit" "$PY" bench/gpu_check.py "$@" --results "$RESULTS" "${DRY[@]}" >>"$LOG" 2>&1
+  # ${DRY[@]+...}: an empty array under `set -u` is an error in bash < 4.4
+  timeout -k 10 "$limit" "$PY" bench/gpu_check.py "$@" --results "$RESULTS" ${DRY[@]+"${DRY[@]}"} >>"$LOG" 2>&1
   rc=$?
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
     fail_row "$1" "$name" "TIMED OUT after ${limit}s" "rows measured before the timeout are kept; see $LOG"
@@ -69,7 +70,7 @@ if "$PY" -c "import distill.opcd" >>"$LOG" 2>&1; then
 else
   fail_row opcd "OPCD step" "skipped" "import distill.opcd failed: $(tail -n 1 "$LOG" | tr '|' '/' | cut -c1-200)"
 fi
-section "HF generate, static cache + torch.compile" 135 hf-generate --cache static
+section "HF generate, static cache + torch.compile" 120 hf-generate --cache static
 
 echo
 echo "# gpu_check: $(( $(date +%s) - STARTED ))s in all; full log in $LOG"
