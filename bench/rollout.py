@@ -4,16 +4,21 @@ The runner steps N environment slots together and sends every live slot's prompt
 `backend.generate` per turn; this measures what that batching buys on CPU. Setting = (model, slots); each
 setting plays the same fixed draws (max(`--episodes`, slots) of them; draw k is the same task and seed
 everywhere) of TextWorld coin_collector level 1 from a small task pool whose games are generated once,
-before any timing, under `~/.cache/agent-runtime/bench-games` (`--games-dir` moves it). Models: `tiny` (the random tiny Llama of
-`agent_runtime.testing`) and `smollm2` (SmolLM2-135M-Instruct, `resolve_model("smollm2-135m-instruct")`),
-both with the transformers backend on CPU and the runtime's default sampling (32 new tokens, temperature
-0.7). `EpisodeRunner` is driven directly; finished episodes are only counted (no SQL writes are timed).
+before any timing, under `~/.cache/agent-runtime/bench-games` (`--games-dir` moves it). Models: `tiny`
+(the random tiny Llama of `agent_runtime.testing`) and `smollm2` (SmolLM2-135M-Instruct,
+`resolve_model("smollm2-135m-instruct")`), both with the transformers backend on CPU and the runtime's
+default sampling (32 new tokens, temperature 0.7). `EpisodeRunner` is driven directly; finished episodes
+are only counted (no SQL writes are timed).
 
 Besides the rates, each row says where the wall time went, measured by thin timing wrappers (nothing in
 the runtime is changed): `model.generate` (the decode loop, prefill included), the rest of
 `backend.generate` (chat-template rendering, tokenization, padding, decoding text), prompt building
 (`PromptBuilder.build`, which renders and tokenizes the chat again to fit the context window), and the
 environments (`reset` + `step`). "pad" is the share of the prompt batch that was left padding.
+
+What to read in it: on CPU a decode step is memory-bound (batch 8 costs about twice batch 1), but the
+prompt's prefill is compute-bound and grows linearly with the number of rows, so the prefill share of the
+wall time (in brackets) is what caps the speedup of more slots.
 
     .venv/bin/python bench/rollout.py                        # tiny + smollm2, slots 1,4,8,16
     .venv/bin/python bench/rollout.py --models tiny --slots 1,8 --episodes 32
