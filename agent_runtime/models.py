@@ -18,6 +18,7 @@ Three kinds of names are accepted:
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -83,18 +84,32 @@ def _gguf_path(alias: GGUFAlias) -> Path:
     return path
 
 
+def _drop_quantization_config(config_json: Path) -> None:
+    data = json.loads(config_json.read_text())
+    if "quantization_config" in data:
+        del data["quantization_config"]
+        tmp = config_json.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, config_json)
+
+
 def ensure_alias_checkpoint(name: str) -> Path:
     """Convert the alias's GGUF into a plain checkpoint once; return the checkpoint directory."""
     alias = ALIASES[name]
     target = cache_root() / "models" / name
     if (target / "config.json").is_file():
+        _drop_quantization_config(target / "config.json")  # checkpoints converted by 0.1.0 still carry it
         return target
     gguf = _gguf_path(alias)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    plain = type(quantized)(quantized.config)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        # the weights are de-quantized now; left in, it makes every later load keep them GGUF-packed (slower)
+        del config.quantization_config
+    plain = type(quantized)(config)
     plain.load_state_dict(quantized.state_dict())
     plain.generation_config = quantized.generation_config
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ def tiny_model_dir(tmp_path_factory):
 def tiny_backend(tiny_model_dir):
     from agent_runtime.llm.transformers_backend import TransformersBackend
 
-    return TransformersBackend.from_pretrained(str(tiny_model_dir))
+    return TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32")  # exact comparisons
 
 
 @pytest.fixture(scope="session")

@@ -53,7 +53,7 @@ def test_lora_adapters_load_and_switch(tmp_path, tiny_model_dir):
     peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "o_proj"],
                                                   init_lora_weights=False))
     peft_model.save_pretrained(tmp_path / "adapter")
-    backend = TransformersBackend.from_pretrained(str(tiny_model_dir))
+    backend = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32")
     params = SamplingParams(max_new_tokens=6, temperature=0.0, logprobs=True)
     base = backend.generate(chats(1), params)[0]
     backend.load_adapter("a1", tmp_path / "adapter")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from agent_runtime.models import ALIASES, UnknownModelError, resolve_model
@@ -39,8 +42,10 @@ def test_alias_converts_once_and_generates():
 
     path = resolve_model("smollm2-135m-instruct")
     assert (tuple(ALIASES) == ("smollm2-135m-instruct",))
-    files = {p.name for p in __import__("pathlib").Path(path).iterdir()}
+    files = {p.name for p in Path(path).iterdir()}
     assert "config.json" in files and any(f.endswith(".safetensors") for f in files)
+    config = json.loads((Path(path) / "config.json").read_text())
+    assert "quantization_config" not in config  # a plain checkpoint, not GGUF-packed weights
     assert resolve_model("smollm2-135m-instruct") == path  # cached: no second conversion
     backend = TransformersBackend.from_pretrained(path)
     [out] = backend.generate([[{"role": "user", "content": "What is 2+3? Answer with a number."}]],
