@@ -55,10 +55,12 @@ MAX_COMMAND_CHARS = 200
 def safe_command(action: str) -> str:
     """What the Z-machine interpreter can take: printable ASCII on one line, bounded in length.
 
-    Jericho's frotz hangs on a NUL byte and crashes the process on some long or non-ASCII input, so
-    anything else is dropped here; the game then answers the cleaned command with its own feedback.
+    Jericho's frotz hangs on a NUL byte, crashes the process on some long or non-ASCII input, and loops
+    forever on an unknown backslash command, so all of that is dropped here; the game then answers the
+    cleaned command with its own feedback.
     """
-    cleaned = "".join(ch if 32 <= ord(ch) < 127 else " " for ch in action)
+    # a backslash starts one of dumb-frotz's own commands; unknown ones make it loop forever, printing
+    cleaned = "".join(ch if 32 <= ord(ch) < 127 and ch != "\\" else " " for ch in action)
     return " ".join(cleaned.split())[:MAX_COMMAND_CHARS]
 
 

@@ -176,3 +176,16 @@ def test_gsm_symbolic_seeds_never_wrap():
     assert env.task_id == f"{train_templates[15]}-0"
     env.reset(seed=80 * 7 + 3)
     assert env.task_id == f"{train_templates[3]}-7"
+
+
+def test_textworld_survives_interpreter_hostile_commands(tmp_path):
+    """NUL bytes hang frotz, backslash commands make it loop forever, some long non-ASCII input crashed it:
+    each gets the game's own feedback instead."""
+    import environments
+
+    env = environments.make("textworld/coin_collector", cache_dir=str(tmp_path), level=1, n_train=2)
+    env.reset(task_id=env.tasks("train")[0])
+    for action in ("\x00go north", "\\oin pastdownouth", "\\\\", "é\x19take " * 60, "go north " * 80):
+        result = env.step(action)
+        assert isinstance(result.observation, str) and result.observation
+    env.close()
