@@ -187,6 +187,9 @@ def _cap(text: str, max_chars: int) -> tuple[str, bool]:
     return cut.rstrip(" ,;:-"), True
 
 
+MIN_ITEM_WORDS = 3  # "xxx", "experiment": a small model's filler, not a transferable rule
+
+
 def screen_item(text: str, max_chars: int = 300) -> Screened:
     """Clean one item (control tokens, role markers, newlines, markdown edges, length) or reject it.
 
@@ -206,6 +209,9 @@ def screen_item(text: str, max_chars: int = 300) -> Screened:
         return Screened(None, reason)
     if not cleaned or not any(c.isalnum() for c in cleaned):
         return Screened(None, "empty")
+    is_delete = re.match(r"\s*DELETE\s*#\d+", cleaned, re.IGNORECASE)
+    if not is_delete and len(re.findall(r"[^\W\d_]{2,}", cleaned)) < MIN_ITEM_WORDS:
+        return Screened(None, f"too short to be a rule (fewer than {MIN_ITEM_WORDS} words)")
     cleaned, truncated = _cap(cleaned, max_chars)
     return Screened(cleaned, None, truncated)
 
