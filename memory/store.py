@@ -322,13 +322,7 @@ class ExperienceStore(LearningMixin, RetrievalMixin, TransferMixin):
         newest_first: bool = True,
     ) -> list[EpisodeInfo]:
         """Episodes (without steps) matching the filters, newest first by default."""
-        query = select(Episode)
-        if run_id is not None:
-            query = query.where(Episode.run_id == run_id)
-        if env_id is not None:
-            query = query.where(Episode.env_id == env_id)
-        if outcome is not None:
-            query = query.where(Episode.outcome == outcome)
+        query = select(Episode).where(*_episode_filters(run_id, env_id, outcome))
         order = Episode.id.desc() if newest_first else Episode.id
         with self._read() as session:
             rows = session.scalars(query.order_by(order).limit(limit).offset(offset))
@@ -337,13 +331,7 @@ class ExperienceStore(LearningMixin, RetrievalMixin, TransferMixin):
     def count_episodes(
         self, run_id: int | None = None, *, env_id: str | None = None, outcome: str | None = None
     ) -> int:
-        query = select(func.count(Episode.id))
-        if run_id is not None:
-            query = query.where(Episode.run_id == run_id)
-        if env_id is not None:
-            query = query.where(Episode.env_id == env_id)
-        if outcome is not None:
-            query = query.where(Episode.outcome == outcome)
+        query = select(func.count(Episode.id)).where(*_episode_filters(run_id, env_id, outcome))
         with self._read() as session:
             return int(session.scalar(query) or 0)
 
@@ -368,6 +356,12 @@ class ExperienceStore(LearningMixin, RetrievalMixin, TransferMixin):
                 "lessons": int(session.scalar(lessons) or 0),
                 "outcomes": {o: int(n) for o, n in session.execute(outcomes)},
             }
+
+
+def _episode_filters(run_id: int | None, env_id: str | None, outcome: str | None) -> list[Any]:
+    """The WHERE conditions shared by the episode listing and counting reads."""
+    pairs = ((Episode.run_id, run_id), (Episode.env_id, env_id), (Episode.outcome, outcome))
+    return [column == value for column, value in pairs if value is not None]
 
 
 def _validate_episode(record: EpisodeRecord) -> None:

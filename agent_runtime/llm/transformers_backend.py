@@ -65,8 +65,9 @@ class TransformersBackend:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-            model = AutoModelForCausalLM.from_pretrained(name_or_path)
+            # offline by design: a Hugging Face id must already be in the local cache
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, local_files_only=True)
         except OSError as exc:
             raise BackendError(
                 f"cannot load model {name_or_path!r} offline: {exc}. Give a local checkpoint path, a model already "
