@@ -8,17 +8,27 @@ LoRA adapters (peft) are loaded by name and switched with `use_adapter(name)`; `
 base model. With `dtype: auto` the model runs in bf16 on CUDA and on CPUs with native bf16 support
 (AVX512-BF16/AMX: measured 1.7x faster generation than fp32 for SmolLM2-135M on this kind of machine, see
 bench/RESULTS.md), else in float32.
+
+Shared-prefix KV cache: in the agent loop every slot's prompt starts with the same system prompt and lessons
+block, and prefill is compute-bound on CPU. When all rows of a batch share a long enough token prefix, that
+prefix is run once (its KV cache kept per prefix and adapter), repeated for every row, and the rows are laid
+out as [prefix][left padding][rest of the prompt]; position ids come from the attention mask, so every row
+sees the same positions as without the cache and greedy decoding gives the same tokens.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
 from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams, apply_stop
 
+_PREFIX_CACHE_ENTRIES = 4
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -45,8 +55,12 @@ class TransformersBackend:
     name = "transformers"
 
     def __init__(self, model, tokenizer, *, context_window: int | None = None, device: str = "cpu",
-                 dtype: str = "auto"):
-        """Wrap an already loaded model and tokenizer (tests build tiny ones in code)."""
+                 dtype: str = "auto", prefix_cache: bool = True, min_shared_prefix: int = 32):
+        """Wrap an already loaded model and tokenizer (tests build tiny ones in code).
+
+        `prefix_cache` turns the shared-prefix KV cache on; it is used only for batches of two or more rows
+        that share at least `min_shared_prefix` prompt tokens.
+        """
         self.device = resolve_device(device)
         torch_dtype = _DTYPES.get(dtype) or auto_dtype(self.device)
         self.model = model.to(device=self.device, dtype=torch_dtype).eval()
@@ -59,6 +73,9 @@ class TransformersBackend:
         self.adapters: dict[str, str] = {}
         self.active_adapter: str | None = None
         self.stats = BackendStats()
+        self.prefix_cache = prefix_cache
+        self.min_shared_prefix = min_shared_prefix
+        self._prefix_kv: OrderedDict[tuple, object] = OrderedDict()  # (adapter, prefix ids) -> prefix KV cache
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, **kwargs) -> TransformersBackend:
@@ -102,6 +119,7 @@ class TransformersBackend:
         else:
             self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name).eval()
         self.adapters[name] = path
+        self._prefix_kv.clear()
         self.use_adapter(name)
 
     def use_adapter(self, name: str | None) -> None:
@@ -109,6 +127,7 @@ class TransformersBackend:
         if name is not None and name not in self.adapters:
             raise BackendError(f"unknown adapter {name!r}; loaded: {', '.join(self.adapters) or 'none'}")
         self.active_adapter = name
+        self._prefix_kv.clear()
         if name is not None:
             self.model.set_adapter(name)
 
@@ -119,8 +138,9 @@ class TransformersBackend:
             return []
         start = time.perf_counter()
         texts = [self.render(chat) for chat in prompts]
-        batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        prompt_lens = batch["attention_mask"].sum(dim=1).tolist()
+        rows = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        prompt_lens = [len(r) for r in rows]
+        shared = self._shared_prefix(rows)
         if params.seed is not None:
             torch.manual_seed(params.seed)
         sample = params.temperature > 0
@@ -134,10 +154,12 @@ class TransformersBackend:
         if sample:
             gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
         disabled = self.active_adapter is None and hasattr(self.model, "disable_adapter")
-        if disabled:
-            with self.model.disable_adapter():
-                out = self.model.generate(**batch, **gen_kwargs)
-        else:
+        with self.model.disable_adapter() if disabled else contextlib.nullcontext():
+            if shared:
+                batch = self._prefixed_batch(rows, shared)
+                gen_kwargs["cache"] = self._expanded_prefix_kv(rows[0][:shared], len(rows))
+            else:
+                batch = self.tokenizer.pad({"input_ids": rows}, return_tensors="pt").to(self.device)
             out = self.model.generate(**batch, **gen_kwargs)
         new_tokens = out.sequences[:, batch["input_ids"].shape[1]:]
         logprobs = None
@@ -165,6 +187,43 @@ class TransformersBackend:
             c.latency_s = elapsed
         self.stats.record(completions, elapsed)
         return completions
+
+    # Shared-prefix KV cache ---------------------------------------------------------------------------
+    def _shared_prefix(self, rows: list[list[int]]) -> int:
+        """Tokens all rows share, leaving each row at least one token of its own; 0 when not worth caching."""
+        if not self.prefix_cache or len(rows) < 2:
+            return 0
+        length = min(len(r) for r in rows)
+        common = next((i for i in range(length) if any(r[i] != rows[0][i] for r in rows[1:])), length)
+        common = min(common, length - 1)
+        return common if common >= self.min_shared_prefix else 0
+
+    def _prefixed_batch(self, rows: list[list[int]], shared: int) -> dict[str, torch.Tensor]:
+        """input_ids and attention_mask laid out as [shared prefix][left padding][rest of the prompt]."""
+        width = max(len(r) - shared for r in rows)
+        ids = torch.full((len(rows), shared + width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, row in enumerate(rows):
+            ids[i, :shared] = torch.tensor(row[:shared])
+            ids[i, shared + width - (len(row) - shared):] = torch.tensor(row[shared:])
+            mask[i, :shared] = 1
+            mask[i, shared + width - (len(row) - shared):] = 1
+        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+
+    def _expanded_prefix_kv(self, prefix: list[int], batch: int):
+        """A fresh copy of the prefix's KV cache (computed once per prefix and adapter) repeated `batch` times."""
+        key = (self.active_adapter, tuple(prefix))
+        cache = self._prefix_kv.get(key)
+        if cache is None:
+            ids = torch.tensor([prefix], device=self.device)
+            cache = self.model(input_ids=ids, use_cache=True).cache
+            self._prefix_kv[key] = cache
+            while len(self._prefix_kv) > _PREFIX_CACHE_ENTRIES:
+                self._prefix_kv.popitem(last=False)
+        self._prefix_kv.move_to_end(key)
+        cache = copy.deepcopy(cache)  # generate extends the cache in place; the stored one must stay the prefix
+        cache.batch_repeat_interleave(batch)
+        return cache
 
     def _eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
