@@ -16,12 +16,17 @@ the runtime is changed): `model.generate` (the decode loop, prefill included), t
 (`PromptBuilder.build`, which renders and tokenizes the chat again to fit the context window), and the
 environments (`reset` + `step`). "pad" is the share of the prompt batch that was left padding.
 
+`--lessons N` puts N lesson lines into the system prompt (about 25 tokens each), as a learning run does;
+`--no-prefix-cache` turns off the backend's shared-prefix KV cache, to compare. With the cache on, the
+shared prefix's one forward pass is not a `model.generate` call, so it counts as backend overhead.
+
 What to read in it: on CPU a decode step is memory-bound (batch 8 costs about twice batch 1), but the
 prompt's prefill is compute-bound and grows linearly with the number of rows, so the prefill share of the
 wall time (in brackets) is what caps the speedup of more slots.
 
     .venv/bin/python bench/rollout.py                        # tiny + smollm2, slots 1,4,8,16
     .venv/bin/python bench/rollout.py --models tiny --slots 1,8 --episodes 32
+    .venv/bin/python bench/rollout.py --models smollm2 --slots 1,8 --lessons 20 --no-prefix-cache
     .venv/bin/python bench/rollout.py --profile smollm2:8    # cProfile of one setting, top functions
     .venv/bin/python bench/rollout.py --quick                # seconds; what tests/test_bench_smoke.py runs
 
@@ -166,16 +171,17 @@ class _TimedBackend:
         self._backend.close()
 
 
-def load_backend(model: str, dtype: str = "auto") -> TransformersBackend:
+def load_backend(model: str, dtype: str = "auto", prefix_cache: bool = True) -> TransformersBackend:
     if model == "tiny":
         from agent_runtime.testing import tiny_model_and_tokenizer
 
         net, tokenizer = tiny_model_and_tokenizer()
-        return TransformersBackend(net, tokenizer, device="cpu", dtype=dtype)
+        return TransformersBackend(net, tokenizer, device="cpu", dtype=dtype, prefix_cache=prefix_cache)
     if model == "smollm2":
         from agent_runtime.models import resolve_model
 
-        return TransformersBackend.from_pretrained(resolve_model("smollm2-135m-instruct"), device="cpu", dtype=dtype)
+        return TransformersBackend.from_pretrained(resolve_model("smollm2-135m-instruct"), device="cpu", dtype=dtype,
+                                                   prefix_cache=prefix_cache)
     raise SystemExit(f"unknown model {model!r}; accepted: {', '.join(MODELS)}")
 
 
@@ -202,7 +208,7 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
     kwargs = env_kwargs(args)
     spec = EnvSlotSpec(ENV_ID, lambda: _TimedEnv(environments.make(ENV_ID, **kwargs), timers), "text", args.max_steps)
     builder = PromptBuilder(family="text", count_tokens=timed.count_tokens, context_window=timed.context_window,
-                            reserve_tokens=args.max_new_tokens)
+                            reserve_tokens=args.max_new_tokens, lessons=bench_lessons(args.lessons))
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     runner = EpisodeRunner(timed, [spec], [_TimedBuilder(builder, timers)], params, slots=slots, policy_name=model)
     sampler = TaskSampler([1.0], [[f"train-{i}" for i in range(args.tasks)]], seed=args.seed)
@@ -234,6 +240,14 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
         "pad_share": timers.padded_tokens / total_prompt if total_prompt else 0.0,
         "mean_prompt_tokens": timers.prompt_tokens / max(1, steps),
     }
+
+
+def bench_lessons(n: int) -> list[str]:
+    """`n` distinct lesson lines of the kind the extractor writes (about 25 tokens each)."""
+    things = ["coin", "door", "key", "chest", "lamp", "map", "box", "note"]
+    rooms = ["kitchen", "cellar", "garden", "attic", "hall", "study", "pantry", "porch"]
+    return [f"When you see the {things[i % 8]} in the {rooms[i // 8 % 8]}, check the admissible actions first "
+            f"and prefer 'take {things[i % 8]}' over moving on (lesson {i + 1})." for i in range(n)]
 
 
 def _next_draw(sampler: TaskSampler, draws):
@@ -294,6 +308,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="the backend's dtype (auto = float32 on CPU, the runtime's default)")
+    parser.add_argument("--lessons", type=int, default=0, help="lesson lines in the system prompt")
+    parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                        help="turn off the backend's shared-prompt-prefix KV cache")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--games-dir", type=Path,
                         default=Path(os.environ.get("AGENT_RUNTIME_CACHE", "~/.cache/agent-runtime")).expanduser()
@@ -323,18 +340,19 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"# rollout throughput: {ENV_ID} level 1, {args.tasks} tasks, max({args.episodes}, slots) "
               f"episodes/setting, "
               f"max {args.max_steps} steps, {args.max_new_tokens} new tokens, T={args.temperature}, CPU, "
-              f"{args.dtype} weights, torch threads {torch.get_num_threads()}, games ready in {pregen:.1f}s, "
+              f"{args.dtype} weights, {args.lessons} lessons, prefix cache {'on' if args.prefix_cache else 'off'}, "
+              f"torch threads {torch.get_num_threads()}, games ready in {pregen:.1f}s, "
               f"load average {os.getloadavg()[0]:.1f} at start")
     if args.profile:
         model, _, slots = args.profile.partition(":")
-        backend = load_backend(model, args.dtype)
+        backend = load_backend(model, args.dtype, args.prefix_cache)
         warm_up(backend, args)
         print(header)
         print(profile_setting(backend, model, int(slots or 1), args))
         return 0
     rows = []
     for model in models:
-        backend = load_backend(model, args.dtype)
+        backend = load_backend(model, args.dtype, args.prefix_cache)
         warm_up(backend, args)
         for slots in slot_counts:
             rows.append(run_setting(backend, model, slots, args))
