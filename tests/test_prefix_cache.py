@@ -73,7 +73,10 @@ def test_matches_the_plain_path_with_an_adapter_active(tmp_path, tiny_model_dir)
         backend.load_adapter("a1", tmp_path / "adapter")
         assert not backend._prefix_kv  # loading an adapter drops prefixes computed without it
         tuned = backend.generate(chats(), params)
+        backend.use_adapter("a1")  # re-activating the active adapter keeps its prefix, switching drops it
+        assert bool(backend._prefix_kv) == flag
         backend.use_adapter(None)
+        assert not backend._prefix_kv
         back = backend.generate(chats(), params)
         outs[flag] = (base, tuned, back)
     for cached, plain in zip(outs[True], outs[False]):

@@ -119,15 +119,16 @@ class TransformersBackend:
         else:
             self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name).eval()
         self.adapters[name] = path
-        self._prefix_kv.clear()
+        self._prefix_kv.clear()  # new weights: no stored prefix was computed with them
         self.use_adapter(name)
 
     def use_adapter(self, name: str | None) -> None:
         """Switch the active adapter; None runs the base model."""
         if name is not None and name not in self.adapters:
             raise BackendError(f"unknown adapter {name!r}; loaded: {', '.join(self.adapters) or 'none'}")
+        if name != self.active_adapter:  # callers re-activate the same adapter per batch; keep its prefixes then
+            self._prefix_kv.clear()
         self.active_adapter = name
-        self._prefix_kv.clear()
         if name is not None:
             self.model.set_adapter(name)
 
