@@ -104,3 +104,10 @@ def test_vllm_backend_fails_clearly_without_vllm():
 def test_cuda_without_gpu_is_a_clear_error(tiny_model_dir):
     with pytest.raises(BackendError, match="no CUDA GPU is available"):
         make_backend(ModelConfig(name=str(tiny_model_dir), device="cuda"))
+
+
+def test_transformers_options_reach_the_backend(tiny_model_dir):
+    backend = make_backend(ModelConfig(name=str(tiny_model_dir), options={"prefix_cache": False}))
+    assert backend.prefix_cache is False
+    with pytest.raises(BackendError, match="unknown prefix_cahe; accepted: min_shared_prefix, prefix_cache"):
+        make_backend(ModelConfig(name=str(tiny_model_dir), options={"prefix_cahe": False}))

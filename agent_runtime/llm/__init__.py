@@ -26,11 +26,17 @@ def make_backend(model_config, *, seed: int = 0) -> PolicyBackend:
         from agent_runtime.llm.transformers_backend import TransformersBackend
         from agent_runtime.models import resolve_model
 
+        accepted = {"prefix_cache", "min_shared_prefix"}
+        unknown = set(options) - accepted
+        if unknown:
+            raise BackendError(f"model.options for the transformers backend: unknown {', '.join(sorted(unknown))}; "
+                               f"accepted: {', '.join(sorted(accepted))}")
         backend = TransformersBackend.from_pretrained(
             resolve_model(model_config.name),
             context_window=model_config.context_window,
             device=model_config.device,
             dtype=model_config.dtype,
+            **options,
         )
         if model_config.adapter:
             backend.load_adapter("configured", model_config.adapter)
