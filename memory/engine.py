@@ -121,7 +121,7 @@ def _sqlite_engine(url: URL, read_only: bool) -> Engine:
         cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys = ON")
         if not read_only:
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _enable_wal(cursor)
             cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.close()
 
@@ -140,6 +140,22 @@ def _postgres_engine(url: URL, read_only: bool) -> Engine:
     return create_engine(
         url, pool_pre_ping=True, connect_args=connect_args, json_serializer=json_dumps
     )
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch to WAL. Turning WAL on takes an exclusive lock without calling SQLite's busy handler, so
+    processes opening a new database together can see "database is locked" here: retry with backoff."""
+    import sqlite3
+    import time
+
+    for attempt in range(40):
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == 39:
+                raise
+            time.sleep(min(0.01 * (attempt + 1), 0.25))
 
 
 def make_engine(url: URL, *, read_only: bool = False) -> Engine:

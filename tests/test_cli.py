@@ -62,6 +62,7 @@ def test_user_errors_exit_2_with_a_message(tmp_path):
     proc = cli("run", unknown, "--workdir", tmp_path / "w2", check=False)
     assert proc.returncode == 2 and "textworld/coin_collector" in proc.stderr  # lists the known ids
     proc = cli("run", "configs/smoke.yaml", "--workdir", tmp_path / "w3", "--set", "model.backend=transformers",
+               "--set", "model.options={}",
                "--set", "model.name=not-a-model", check=False)
     assert proc.returncode == 2 and "smollm2-135m-instruct" in proc.stderr
     proc = cli("memory", "stats", "--workdir", tmp_path / "empty", check=False)
