@@ -81,7 +81,7 @@ def test_killed_worker_draws_are_replayed_once(ray_cluster, tmp_path, games_dir,
     assert sorted(d for d, _ in rows) == list(range(12)), "every draw committed exactly once"
     by_draw = dict(rows)
     assert all(by_draw[d] == 1 for d in requeued), "the orphaned draws were replayed by worker 1"
-    assert {w for _, w in rows} == {0, 1}
+    # (which worker the first 3 commits came from depends on timing, so it is not asserted)
 
 
 @pytest.mark.slow
