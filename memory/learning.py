@@ -398,13 +398,7 @@ class LearningMixin:
 
     def cycles(self, run_id: int | None = None, *, status: str | None = None) -> list[CycleInfo]:
         """OPCD cycles, oldest first."""
-        query = select(Cycle).order_by(Cycle.id)
-        if run_id is not None:
-            query = query.where(Cycle.run_id == run_id)
-        if status is not None:
-            query = query.where(Cycle.status == status)
-        with self._read() as session:
-            return [to_info(CycleInfo, r) for r in session.scalars(query)]
+        return self._by_run_and_status(Cycle, CycleInfo, run_id, status)
 
     def promote_cycle(self, cycle_id: int, lesson_ids: Sequence[int]) -> None:
         """Atomically: cycle promoted, its adapter active (the run's previous one retired), and
@@ -482,13 +476,17 @@ class LearningMixin:
 
     def adapters(self, run_id: int | None = None, *, status: str | None = None) -> list[AdapterInfo]:
         """Adapters, oldest first."""
-        query = select(Adapter).order_by(Adapter.id)
+        return self._by_run_and_status(Adapter, AdapterInfo, run_id, status)
+
+    def _by_run_and_status(self, model: Any, info: Any, run_id: int | None, status: str | None) -> list[Any]:
+        """Rows of `model` (oldest first) filtered by run and status, as `info` records."""
+        query = select(model).order_by(model.id)
         if run_id is not None:
-            query = query.where(Adapter.run_id == run_id)
+            query = query.where(model.run_id == run_id)
         if status is not None:
-            query = query.where(Adapter.status == status)
+            query = query.where(model.status == status)
         with self._read() as session:
-            return [to_info(AdapterInfo, r) for r in session.scalars(query)]
+            return [to_info(info, r) for r in session.scalars(query)]
 
     def active_adapter(self, run_id: int | None = None) -> AdapterInfo | None:
         """The newest adapter with status "active" (of the run, if given), or None."""
