@@ -73,6 +73,16 @@ class RayConfig(_Strict):
                                    description="chat backend options (class, kwargs, ...) of the shared server")
     worker_cpus: float = Field(1.0, ge=0)
     worker_gpus: float = Field(0.0, ge=0)
+    replace_workers: int = Field(
+        2, ge=0, description="dead rollout workers replaced by fresh ones (per driver process); 0: go on with "
+        "the workers that are left")
+    learner: Literal["worker", "driver"] = Field(
+        "worker", description="where EXTRACT and CONSOLIDATE run: a designated Ray actor (the learner, with "
+        "learner_gpus GPUs) or the driver process")
+    learner_cpus: float = Field(1.0, ge=0)
+    learner_gpus: float = Field(0.0, ge=0, description="GPUs of the learner; with more than one, OPCD trains "
+                                "data-parallel over them (one accelerate process per GPU)")
+    learner_device: str = Field("auto", description="the learner's model device (auto: cuda when it has a GPU)")
 
     @model_validator(mode="after")
     def _server_needs_options(self) -> RayConfig:

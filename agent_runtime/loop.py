@@ -215,10 +215,7 @@ class AgentLoop:
     # -- PLAY -----------------------------------------------------------------------------------------
     def _play(self, started: float, start_episodes: int, start_tokens: int) -> None:
         if self.config.runtime.executor == "ray":
-            from agent_runtime.ray_executor import RayExecutor
-
-            self._ray = self._ray or RayExecutor(self.config, self.workdir)
-            self._ray.play(self, lambda: self._summary_line(started, start_episodes, start_tokens))
+            self._executor().play(self, lambda: self._summary_line(started, start_episodes, start_tokens))
             return
         target = self.config.runtime.episodes
         reopen = list(self.state["open_draws"])
@@ -265,6 +262,19 @@ class AgentLoop:
             self.state["open_draws"] = sorted(runner.in_flight() + reopen)
             self.store.update_run(self.run_id, state=self.state)
 
+    def _executor(self):
+        """The RayExecutor, started on first use (a resumed run may start in EXTRACT or CONSOLIDATE)."""
+        if self._ray is None:
+            from agent_runtime.ray_executor import RayExecutor
+
+            self._ray = RayExecutor(self.config, self.workdir)
+        return self._ray
+
+    def _on_learner(self) -> bool:
+        """EXTRACT and CONSOLIDATE run on the Ray learner rather than in this process."""
+        runtime = self.config.runtime
+        return runtime.executor == "ray" and runtime.ray.learner == "worker"
+
     def _examples(self):
         k = self.config.agent.retrieved_examples
         return example_retriever(self.store, self.run_id, k) if k else None
@@ -273,8 +283,11 @@ class AgentLoop:
     def _extract(self) -> None:
         n = self.config.lessons.episodes_per_extraction
         recent = self.store.episodes(self.run_id, limit=n, newest_first=True)
-        report = run_extract(self.config, self.workdir, self.store, self.run_id, self.backend,
-                             sorted(e.id for e in recent))
+        episode_ids = sorted(e.id for e in recent)
+        if self._on_learner():
+            report = self._executor().extract(self, episode_ids)
+        else:
+            report = run_extract(self.config, self.workdir, self.store, self.run_id, self.backend, episode_ids)
         self.state["extractions"] += 1
         self.state["last_extract_at"] = self.state["episodes"]
         self.lessons.reload()
@@ -294,9 +307,19 @@ class AgentLoop:
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['loss']:.3f}")
 
+        def poll() -> None:  # the learner writes the cycle's curves step by step; show them as they come
+            for cycle in self.store.cycles(self.run_id, status="running"):
+                losses = (cycle.curves or {}).get("loss", [])
+                if len(losses) > bar.n:
+                    bar.update(len(losses) - bar.n)
+                    bar.set_postfix(loss=f"{losses[-1]:.3f}")
+
         try:
-            report = run_cycle(self.config, self.workdir, self.store, self.run_id, self.backend, self.config.opcd,
-                               progress=progress)
+            if self._on_learner():
+                report = self._executor().consolidate(self, on_poll=poll if self.progress else None)
+            else:
+                report = run_cycle(self.config, self.workdir, self.store, self.run_id, self.backend,
+                                   self.config.opcd, progress=progress)
         finally:
             bar.close()
         self.state["last_consolidate_at"] = self.state["episodes"]

@@ -49,7 +49,7 @@ from agent_runtime.config import ConfigError, RunConfig, config_from_dict
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.llm import SamplingParams, make_backend
 from agent_runtime.runner import Draw, EpisodeContext, EpisodeRunner
-from memory import EpisodeRecord
+from memory import EpisodeRecord, ExperienceStore
 
 if TYPE_CHECKING:
     from agent_runtime.loop import AgentLoop
@@ -57,11 +57,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("agent_runtime.ray")
 
 MAX_ATTEMPTS = 2  # worker deaths a draw may be in flight for before it is recorded as lost
+LEARNER_ATTEMPTS = 2  # learner deaths a phase survives (each time on a fresh learner) before the run stops
 _FORWARDED_ENV = ("AGENT_RUNTIME_", "HF_", "TRANSFORMERS_")
 
 
 class NoWorkersLeftError(RuntimeError):
     """Every rollout worker died; the run's state is saved and `run --resume` continues it."""
+
+
+class LearnerLostError(RuntimeError):
+    """The learner died during a phase on every attempt; the run's state is saved and `run --resume` continues."""
 
 
 class RolloutWorker:
@@ -123,6 +128,64 @@ class RolloutWorker:
         self.backend.close()
 
 
+class Learner:
+    """The designated worker of EXTRACT and CONSOLIDATE (a Ray actor; the GPU worker when there is one).
+
+    It opens the run's store itself (the shared PostgreSQL, or the SQLite file on a shared disk) and writes what
+    those phases write: extractions, lesson sets, OPCD cycles, adapters, evaluations. The run state stays the
+    driver's: it moves the cursor once a phase returns, so a learner (or driver) killed mid-phase leaves the
+    cursor on that phase and the phase runs again, exactly as in the local loop (an interrupted cycle is rolled
+    back first). With more than one GPU the OPCD trainer runs data-parallel over them.
+    """
+
+    def __init__(self, config_data: dict, workdir: str):
+        config = config_from_dict(config_data, source="ray learner")
+        settings = config.runtime.ray
+        trainer = config.opcd.trainer
+        gpus = int(settings.learner_gpus)
+        if gpus > 1 and getattr(trainer, "processes", 1) == 1:  # one data-parallel process per GPU unless configured otherwise
+            config.opcd.trainer = trainer.model_copy(update={"processes": gpus})
+        config.model = config.model.model_copy(update={"device": settings.learner_device})
+        self.config, self.workdir = config, Path(workdir)
+        torch.manual_seed(config.seed)
+        self.backend = make_backend(config.model, seed=config.seed)
+        self.store = ExperienceStore.open(config.memory.url or self.workdir, embedder=config.memory.embedder)
+
+    def where(self) -> dict:
+        """Where this learner runs: process, host and device (recorded with the phases it ran)."""
+        import socket
+
+        device = getattr(self.backend, "device", None)
+        return {"pid": os.getpid(), "host": socket.gethostname(), "device": str(device) if device else None,
+                "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+
+    def _act_with_run_adapter(self, run_id: int) -> None:
+        from agent_runtime.consolidate import activate
+
+        if hasattr(self.backend, "use_adapter"):
+            activate(self.backend, self.store.active_adapter(run_id))
+
+    def extract(self, run_id: int, episode_ids: list[int]):
+        from agent_runtime.lessons_phase import run_extract
+
+        self._act_with_run_adapter(run_id)
+        return run_extract(self.config, self.workdir, self.store, run_id, self.backend, episode_ids)
+
+    def consolidate(self, run_id: int):
+        from agent_runtime.consolidate import run_cycle
+
+        self._act_with_run_adapter(run_id)
+        report = run_cycle(self.config, self.workdir, self.store, run_id, self.backend, self.config.opcd)
+        if report is not None:
+            report.metrics["learner"] = self.where()
+            self.store.update_cycle(report.cycle_id, metrics=report.metrics)
+        return report
+
+    def close(self) -> None:
+        self.backend.close()
+        self.store.close()
+
+
 def _import_ray():
     try:
         import ray
@@ -140,13 +203,15 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def _check_resources(available: dict, settings) -> None:
+def _check_resources(available: dict, settings, *, learner: bool) -> None:
     """Fail now, with the numbers, instead of waiting forever for workers the cluster cannot place."""
     for name, per_worker in (("CPU", settings.worker_cpus), ("GPU", settings.worker_gpus)):
-        need, have = settings.workers * per_worker, available.get(name, 0.0)
+        extra = getattr(settings, f"learner_{name.lower()}s") if learner else 0.0
+        need, have = settings.workers * per_worker + extra, available.get(name, 0.0)
         if need > have:
-            raise ConfigError(f"runtime.ray: {settings.workers} workers x {per_worker} {name} = {need:g} {name}s, "
-                              f"but the Ray cluster has {have:g}; lower runtime.ray.workers or "
+            plus = f" + the learner's {extra:g}" if extra else ""
+            raise ConfigError(f"runtime.ray: {settings.workers} workers x {per_worker} {name}{plus} = {need:g} "
+                              f"{name}s, but the Ray cluster has {have:g}; lower runtime.ray.workers or "
                               f"worker_{name.lower()}s, or add nodes")
 
 
@@ -166,29 +231,47 @@ class RayExecutor:
 
     def __init__(self, config: RunConfig, workdir: Path):
         settings = config.runtime.ray
-        if settings.generation == "server" and config.opcd.enabled:
-            raise ConfigError("runtime.ray.generation: server with opcd.enabled: a promoted adapter would have to "
-                              "be loaded into the shared server, which this version does not do; "
-                              "use generation: local or opcd.enabled: false")
         ray = _import_ray()
         self._ray = ray
+        self._settings = settings
         self._owns_cluster = not ray.is_initialized()
         if self._owns_cluster:
-            local = {} if settings.address else {"num_cpus": max(os.cpu_count() or 1,
-                                                                 math.ceil(settings.workers * settings.worker_cpus))}
+            need = settings.workers * settings.worker_cpus + settings.learner_cpus * (settings.learner == "worker")
+            local = {} if settings.address else {"num_cpus": max(os.cpu_count() or 1, math.ceil(need))}
             ray.init(address=settings.address, include_dashboard=False, log_to_driver=False, **local)
-        _check_resources(ray.cluster_resources(), settings)
-        worker_class = ray.remote(RolloutWorker).options(
-            num_cpus=settings.worker_cpus, num_gpus=settings.worker_gpus, max_restarts=0,
-            runtime_env={"env_vars": _worker_env()})
-        data = config.model_dump(mode="json")
-        self.workers = {i: worker_class.remote(data, str(workdir), i) for i in range(settings.workers)}
-        self.slots = dict(zip(self.workers, ray.get([w.slots.remote() for w in self.workers.values()])))
-        self.assigned: dict[int, set[int]] = {i: set() for i in self.workers}
+        uses_learner = settings.learner == "worker" and (config.lessons.enabled or config.opcd.enabled)
+        _check_resources(ray.cluster_resources(), settings, learner=uses_learner)
+        env = {"env_vars": _worker_env()}
+        self._worker_class = ray.remote(RolloutWorker).options(
+            num_cpus=settings.worker_cpus, num_gpus=settings.worker_gpus, max_restarts=0, runtime_env=env)
+        self._learner_class = ray.remote(Learner).options(
+            num_cpus=settings.learner_cpus, num_gpus=settings.learner_gpus, max_restarts=0, runtime_env=env)
+        self._data, self._workdir = config.model_dump(mode="json"), str(workdir)
+        self._slots_per_worker = settings.slots or config.runtime.slots
+        self.workers: dict[int, object] = {}
+        self.slots: dict[int, int] = {}
+        self.assigned: dict[int, set[int]] = {}
         self.dead: list[int] = []  # workers lost, in order
+        self.replaced: list[int] = []  # workers started in place of dead ones, in order
         self.requeued: list[int] = []  # draws taken back from dead workers, in order
         self._attempts: Counter[int] = Counter()
         self._adapter: tuple | None = None
+        self._next_worker = 0
+        self.learner = None  # started on the first EXTRACT or CONSOLIDATE
+        self.learners_lost = 0
+        self.poll_hooks: list[Callable[[], None]] = []  # called while the driver waits on the learner (tests)
+        for _ in range(settings.workers):
+            self._start_worker()
+
+    def _start_worker(self) -> int:
+        """A fresh rollout worker (acting with the current adapter); its id is never reused."""
+        worker_id = self._next_worker
+        self._next_worker += 1
+        actor = self._worker_class.remote(self._data, self._workdir, worker_id)
+        if self._adapter is not None:
+            actor.activate.remote(*self._adapter)  # actor calls run in order: before its first advance
+        self.workers[worker_id], self.slots[worker_id], self.assigned[worker_id] = actor, self._slots_per_worker, set()
+        return worker_id
 
     def in_flight(self) -> list[int]:
         return sorted(i for draws in self.assigned.values() for i in draws)
@@ -265,6 +348,11 @@ class RayExecutor:
                     draw = loop.sampler.draw(index)
                     commit(None, lost_record(draw, loop.envs[draw.env_index].env_id, config.model.name,
                                              self._attempts[index]))
+            if len(self.replaced) < self._settings.replace_workers:
+                fresh = self._start_worker()
+                self.replaced.append(fresh)
+                log.warning("started rollout worker %d in place of worker %d", fresh, worker,
+                            extra={"fields": {"worker": fresh, "replaces": worker}})
             if not self.workers:
                 raise NoWorkersLeftError(f"all rollout workers died (last: worker {worker}, {exc}); the run's "
                                          "state is saved: `run --resume` replays the open draws")
@@ -297,10 +385,48 @@ class RayExecutor:
             if pending:  # stopped mid-phase: the workers' episodes are abandoned; their draws are open_draws
                 self.close()
 
+    # EXTRACT and CONSOLIDATE on the learner ---------------------------------------------------------
+    def extract(self, loop: AgentLoop, episode_ids: list[int]):
+        """`run_extract` on the learner; the driver moves the cursor when it returns."""
+        return self._on_learner(loop, "extract", episode_ids)
+
+    def consolidate(self, loop: AgentLoop, on_poll: Callable[[], None] | None = None):
+        """One OPCD cycle on the learner; `on_poll` runs while the driver waits (it shows the cycle's progress)."""
+        return self._on_learner(loop, "consolidate", on_poll=on_poll)
+
+    def _on_learner(self, loop: AgentLoop, method: str, *args, on_poll: Callable[[], None] | None = None):
+        """Run a phase on the learner. A learner that dies is replaced and the phase runs again from its start
+        (a half-done cycle is rolled back first, as on resume); after LEARNER_ATTEMPTS deaths the run stops
+        with its cursor on the phase, for `run --resume`."""
+        ray = self._ray
+        for attempt in range(1, LEARNER_ATTEMPTS + 1):
+            if self.learner is None:
+                self.learner = self._learner_class.remote(self._data, self._workdir)
+            ref = getattr(self.learner, method).remote(loop.run_id, *args)
+            try:
+                while not ray.wait([ref], timeout=0.5)[0]:
+                    for hook in [*self.poll_hooks, *([on_poll] if on_poll else [])]:
+                        hook()
+                return ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                self.learner = None
+                self.learners_lost += 1
+                for stale in loop.store.cycles(loop.run_id, status="running"):
+                    loop.store.rollback_cycle(stale.id, error="interrupted: the learner died during the cycle")
+                log.warning("the learner died during %s (attempt %d of %d): %s", method.upper(), attempt,
+                            LEARNER_ATTEMPTS, type(exc).__name__, extra={"fields": {"phase": method}})
+                if attempt == LEARNER_ATTEMPTS:
+                    raise LearnerLostError(f"the learner died {attempt} times during {method.upper()}; the run's "
+                                           "state is saved: `run --resume` runs the phase again") from exc
+        raise AssertionError("unreachable")
+
     def close(self) -> None:
-        """Kill the workers (and the local cluster, if this executor started it)."""
+        """Kill the workers and the learner (and the local cluster, if this executor started it)."""
         for worker in self.workers.values():
             self._ray.kill(worker)
+        if self.learner is not None:
+            self._ray.kill(self.learner)
+            self.learner = None
         self.workers, self.slots, self.assigned = {}, {}, {}
         if self._owns_cluster and self._ray.is_initialized():
             self._ray.shutdown()

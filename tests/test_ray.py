@@ -23,14 +23,14 @@ def ray_cluster():
     ray.shutdown()
 
 
-def make_config(games_dir, *, episodes=12, workers=2, slots=2, model=None, memory_url=None, envs=None):
+def make_config(games_dir, *, episodes=12, workers=2, slots=2, model=None, memory_url=None, envs=None, **ray_opts):
     data = {
         "name": "t",
         "model": model or {"name": "scripted", "backend": "scripted"},
         "envs": envs or [{"id": "textworld/coin_collector", "max_steps": 4,
                           "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)}}],
         "runtime": {"slots": 1, "episodes": episodes, "executor": "ray", "summary_every": 1000,
-                    "ray": {"workers": workers, "slots": slots, "worker_cpus": 0.5}},
+                    "ray": {"workers": workers, "slots": slots, "worker_cpus": 0.5, **ray_opts}},
     }
     if memory_url is not None:
         data["memory"] = {"url": memory_url}
@@ -67,7 +67,8 @@ def test_ray_settings_are_validated():
 
 @pytest.mark.slow
 def test_killed_worker_draws_are_replayed_once(ray_cluster, tmp_path, games_dir, memory_url):
-    loop = AgentLoop(make_config(games_dir, memory_url=memory_url), tmp_path / "run", progress=False)
+    config = make_config(games_dir, memory_url=memory_url, replace_workers=0)
+    loop = AgentLoop(config, tmp_path / "run", progress=False)
     after_commits(loop, 3, lambda loop: ray.kill(loop._ray.workers[0]))
     summary = loop.run()
     dead, requeued = list(loop._ray.dead), list(loop._ray.requeued)
@@ -149,7 +150,7 @@ def test_workers_the_cluster_cannot_place_fail_at_once(ray_cluster, tmp_path, ga
 def test_all_workers_lost_then_resume_commits_each_draw_once(ray_cluster, tmp_path, games_dir):
     from agent_runtime.ray_executor import NoWorkersLeftError
 
-    loop = AgentLoop(make_config(games_dir, episodes=10), tmp_path, progress=False)
+    loop = AgentLoop(make_config(games_dir, episodes=10, replace_workers=0), tmp_path, progress=False)
     after_commits(loop, 2, lambda loop: [ray.kill(w) for w in loop._ray.workers.values()])
     with pytest.raises(NoWorkersLeftError, match="all rollout workers died"):
         loop.run()
@@ -184,3 +185,100 @@ def test_generation_server_gives_workers_the_chat_backend(ray_cluster, tmp_path,
     with ExperienceStore.open(tmp_path) as store:
         episodes = [store.episode(e.id) for e in store.episodes(summary.run_id)]
     assert all(e.outcome == "lost" and e.steps[0].response == "The answer is \\boxed{-1}." for e in episodes)
+
+
+@pytest.mark.slow
+def test_dead_workers_are_replaced_and_the_fresh_ones_play(ray_cluster, tmp_path, games_dir):
+    loop = AgentLoop(make_config(games_dir, episodes=12), tmp_path, progress=False)
+    after_commits(loop, 3, lambda loop: [ray.kill(w) for w in list(loop._ray.workers.values())])
+    summary = loop.run()
+    dead, replaced = list(loop._ray.dead), list(loop._ray.replaced)
+    loop.close()
+    assert summary.episodes == 12 and sorted(dead) == [0, 1] and replaced == [2, 3]
+    with ExperienceStore.open(tmp_path) as store:
+        rows = committed(store, summary.run_id)
+    assert sorted(d for d, _ in rows) == list(range(12)), "every draw committed exactly once"
+    workers = [w for _, w in rows]  # (records the dead workers returned before the kill are still committed)
+    assert set(workers) <= {0, 1, 2, 3} and workers.count(2) + workers.count(3) >= 12 - 6, "the fresh ones played"
+
+
+@pytest.mark.slow
+def test_generation_server_gets_the_promoted_adapter(ray_cluster, tmp_path, games_dir):
+    """`generation: server` with a promoted adapter: each worker has the (fake) vLLM server load it by path
+    and then asks for it by name; the server loads it once."""
+    from tests.fake_vllm import LoraEndpoint
+
+    endpoint = LoraEndpoint()
+    config = make_config(games_dir, episodes=2, slots=1, envs=[{"id": "math/gsm_symbolic"}])
+    config.runtime.ray.server = {"class": "tests.fake_vllm:ServedModelChat",
+                                 "kwargs": {"model": "base", "base_url": endpoint.url}}
+    config.runtime.ray.generation = "server"
+    loop = AgentLoop(config, tmp_path, progress=False)
+    loop.run()
+    adapter = tmp_path / "adapters" / "cycle-1"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    adapter_id = loop.store.add_adapter("cycle-1", str(adapter), run_id=loop.run_id, status="active")
+    loop.adapter = loop.store.active_adapter(loop.run_id)  # what PROMOTE does
+    loop.config.runtime.episodes = 4
+    summary = loop.run()
+    loop.close()
+    endpoint.close()
+    assert endpoint.loaded == {"cycle-1": str(adapter)}
+    assert [r["lora_name"] for r in endpoint.requests] == ["cycle-1", "cycle-1"]  # one per worker
+    with ExperienceStore.open(tmp_path) as store:
+        episodes = sorted((store.episode(e.id) for e in store.episodes(summary.run_id)),
+                          key=lambda e: e.metadata["draw"])
+    assert [e.steps[0].response.split()[-1] for e in episodes] == ["base", "base", "cycle-1", "cycle-1"]
+    assert [e.adapter_id for e in episodes] == [None, None, adapter_id, adapter_id]
+
+
+def learner_config(games_dir, tiny_model_dir, **ray_opts):
+    from tests.test_consolidate import config as cycle_config
+
+    data = cycle_config(games_dir, tiny_model_dir).model_dump(mode="json")
+    data["runtime"] = {"slots": 1, "episodes": 4, "executor": "ray", "summary_every": 1000,
+                       "ray": {"workers": 1, "slots": 2, "worker_cpus": 0.5, "learner_cpus": 0.5, **ray_opts}}
+    return config_from_dict(data)
+
+
+@pytest.mark.slow
+def test_extract_and_consolidate_run_on_the_learner(ray_cluster, tmp_path, games_dir, tiny_model_dir):
+    import os
+
+    loop = AgentLoop(learner_config(games_dir, tiny_model_dir), tmp_path, progress=False)
+    summary = loop.run()
+    lost = loop._ray.learners_lost
+    loop.close()
+    assert summary.episodes == 4 and summary.extractions == 2 and summary.cycles == 1 and lost == 0
+    with ExperienceStore.open(tmp_path) as store:
+        [cycle] = store.cycles(summary.run_id)
+        assert cycle.status in ("promoted", "rolled_back") and len(cycle.curves["loss"]) == 3
+        where = cycle.metrics["learner"]
+        assert where["pid"] != os.getpid() and where["device"] == "cpu"
+        assert store.lessons(summary.run_id), "the learner's extractions reached the shared store"
+        if cycle.status == "promoted":
+            assert summary.adapter == f"cycle-{cycle.id}"
+
+
+@pytest.mark.slow
+def test_learner_killed_mid_cycle_is_replaced_and_the_cycle_rerun(ray_cluster, tmp_path, games_dir,
+                                                                  tiny_model_dir):
+    loop = AgentLoop(learner_config(games_dir, tiny_model_dir), tmp_path, progress=False)
+    executor = loop._executor()
+    killed = []
+
+    def kill_once_a_cycle_runs() -> None:
+        if not killed and loop.store.cycles(loop.run_id, status="running"):
+            killed.append(True)
+            ray.kill(executor.learner)
+
+    executor.poll_hooks.append(kill_once_a_cycle_runs)
+    summary = loop.run()
+    lost = executor.learners_lost
+    loop.close()
+    assert killed and lost == 1 and summary.cycles == 1 and summary.episodes == 4
+    with ExperienceStore.open(tmp_path) as store:
+        first, second = store.cycles(summary.run_id)
+    assert first.status == "rolled_back" and "learner died" in first.error
+    assert second.status in ("promoted", "rolled_back") and len(second.curves["loss"]) == 3

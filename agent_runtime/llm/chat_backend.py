@@ -8,6 +8,15 @@ reports it, else from `tokenizer` (a model name for the local tokenizer) when co
 Sampling parameters other than `stop` belong to the chat model's own constructor (providers name them
 differently), so `temperature` etc. go in `options.kwargs`.
 
+LoRA adapters on a vLLM server. `load_adapter(name, path)` asks the server to load a LoRA adapter at run
+time (vLLM's `POST /v1/load_lora_adapter`; the server must run with `--enable-lora` and the environment
+variable `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`, and see `path` on its own filesystem), and
+`use_adapter(name)` makes the requests name that adapter as their model (vLLM serves each loaded adapter as
+a model of that name); `use_adapter(None)` goes back to the base model. The server's address is
+`options.lora_api`, by default `kwargs.base_url`; the kwarg naming the served model is `options.model_field`
+(default `model`). An adapter the server already holds counts as loaded, so several workers may load the
+same one.
+
 Config form:
 
     model:
@@ -22,7 +31,10 @@ Config form:
 from __future__ import annotations
 
 import importlib
+import json
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams, apply_stop
@@ -59,12 +71,18 @@ class ChatBackend:
     name = "chat"
 
     def __init__(self, chat_model, *, context_window: int = 32768, max_concurrency: int = 8,
-                 tokenizer=None):
+                 tokenizer=None, spec: str | None = None, kwargs: dict[str, Any] | None = None,
+                 lora_api: str | None = None, model_field: str = "model"):
+        """`spec` and `kwargs` (how `chat_model` was built) let `use_adapter` rebuild it for another served model."""
         self.chat_model = chat_model
         self._context_window = context_window
         self.max_concurrency = max_concurrency
         self.tokenizer = tokenizer
         self.stats = BackendStats()
+        self._spec, self._kwargs, self._model_field = spec, dict(kwargs or {}), model_field
+        self.lora_api = (lora_api or self._kwargs.get("base_url") or "").rstrip("/") or None
+        self.adapters: dict[str, str] = {}
+        self.active_adapter: str | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any], *, context_window: int | None = None) -> ChatBackend:
@@ -72,7 +90,8 @@ class ChatBackend:
         spec = options.pop("class", None)
         if not spec:
             raise BackendError("the chat backend needs model.options.class, e.g. langchain_openai:ChatOpenAI")
-        model = load_chat_model(spec, options.pop("kwargs", {}))
+        kwargs = options.pop("kwargs", {})
+        model = load_chat_model(spec, kwargs)
         tokenizer = None
         if options.get("tokenizer"):
             from transformers import AutoTokenizer
@@ -80,12 +99,52 @@ class ChatBackend:
             from agent_runtime.models import resolve_model
 
             tokenizer = AutoTokenizer.from_pretrained(resolve_model(options.pop("tokenizer")))
-        unknown = set(options) - {"max_concurrency"}
+        unknown = set(options) - {"max_concurrency", "lora_api", "model_field"}
         if unknown:
             raise BackendError(f"chat backend: unknown option(s) {', '.join(sorted(unknown))}; "
-                               "accepted: class, kwargs, max_concurrency, tokenizer")
+                               "accepted: class, kwargs, max_concurrency, tokenizer, lora_api, model_field")
         return cls(model, context_window=context_window or 32768,
-                   max_concurrency=options.get("max_concurrency", 8), tokenizer=tokenizer)
+                   max_concurrency=options.get("max_concurrency", 8), tokenizer=tokenizer, spec=spec,
+                   kwargs=kwargs, lora_api=options.get("lora_api"), model_field=options.get("model_field", "model"))
+
+    # LoRA adapters on the server ---------------------------------------------------------------------
+    def load_adapter(self, name: str, path: str) -> None:
+        """Have the server load the LoRA adapter at `path` (its path) as model `name`, then use it."""
+        if self.lora_api is None:
+            raise BackendError("chat backend: loading a LoRA adapter needs the server's address: set "
+                               "model.options.lora_api (e.g. http://vllm:8000/v1) or kwargs.base_url")
+        body = json.dumps({"lora_name": name, "lora_path": str(path)}).encode()
+        request = urllib.request.Request(f"{self.lora_api}/load_lora_adapter", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=120):
+                pass
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            if "already" not in detail.lower():  # another worker loaded it first: that is fine
+                raise BackendError(
+                    f"chat backend: the server refused LoRA adapter {name!r} at {path}: HTTP {exc.code} {detail}; "
+                    "a vLLM server needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and the "
+                    "path must exist on the server's machine") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise BackendError(f"chat backend: cannot reach {self.lora_api} to load LoRA adapter {name!r}: "
+                               f"{exc}") from None
+        self.adapters[name] = str(path)
+        self.use_adapter(name)
+
+    def use_adapter(self, name: str | None) -> None:
+        """Send requests to the served adapter `name` (loaded with `load_adapter`), or to the base model (None)."""
+        if name == self.active_adapter:
+            return
+        if name is not None and name not in self.adapters:
+            raise BackendError(f"unknown adapter {name!r}; loaded: {', '.join(self.adapters) or 'none'}")
+        if self._spec is None:
+            raise BackendError("chat backend: switching adapters needs a backend built from options (class, kwargs)")
+        kwargs = dict(self._kwargs)
+        if name is not None:
+            kwargs[self._model_field] = name
+        self.chat_model = load_chat_model(self._spec, kwargs)
+        self.active_adapter = name
 
     @property
     def context_window(self) -> int:
