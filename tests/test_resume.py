@@ -82,3 +82,25 @@ def test_sigterm_finishes_the_turn_commits_and_exits_0(tmp_path, games_dir):
     # the draws in flight at SIGTERM are replayed first (there may be more than 5 with 8 slots), then new ones
     assert draws == list(range(len(draws))), "every draw exactly once, none skipped"
     assert len(draws) == max(n + 5, n + in_flight)
+
+
+def test_ray_driver_sigkill_then_resume(tmp_path, games_dir):
+    """The driver of a Ray run killed with SIGKILL (its workers and local cluster go with it) resumes like the
+    local loop: every draw committed exactly once."""
+    ray_args = ("--set", "runtime.executor=ray", "--set", "runtime.ray.workers=2", "--set",
+                "runtime.ray.worker_cpus=0.5", "--set", "runtime.ray.slots=2")
+    workdir, total = tmp_path / "run", 40
+    proc = start(workdir, games_dir, total, *ray_args)
+    wait_for(workdir, 12, proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = committed(workdir)
+    proc = start(workdir, games_dir, total, "--resume", *ray_args)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    with ExperienceStore.open(workdir) as store:
+        [run] = store.runs()
+        draws = sorted(e.metadata["draw"] for e in store.episodes(run.id, limit=10_000))
+        assert draws == list(range(total)), "every draw exactly once: nothing lost, nothing duplicated"
+        assert run.state["episodes"] == total and run.status == "finished"
+    assert 12 <= killed_at < total
