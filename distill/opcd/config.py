@@ -5,6 +5,9 @@ AdamW step per batch at a constant learning rate in 1e-6..5e-6, gradient clip 1.
 is 0.6 for math and 0.7 for games in the paper; the default here is the games value. The same config drives
 the baselines (`objective`), so a comparison changes one field.
 
+`processes` only tells the job runner how many ranks to launch; the trainer itself follows whatever
+torch.distributed group it runs in, so the same config file serves a laptop and a multi-GPU worker.
+
 System-prompt distillation (the paper's MedMCQA / safety set-ups) is not a separate mode: it is OPCD with a
 fixed context string (the system prompt) passed as the context of every sample.
 """
@@ -58,6 +61,10 @@ class OPCDConfig(BaseModel):
         True, description="run the teacher once over the token prefix that all teacher prompts of a batch "
         "share (the system prompt and the lessons when they are the same) and reuse its KV cache")
     min_shared_prefix: int = Field(32, ge=1, description="shorter shared prefixes are not worth a separate pass")
+    processes: int = Field(
+        1, ge=1, description="data-parallel training processes, one per device: 1 trains in the calling process; "
+        "N > 1 makes `distill.opcd.job.run_job` launch N ranks (gloo on CPU, one per GPU with NCCL on CUDA), "
+        "each taking its share of every global batch of `batch_size` prompts, gradients averaged by tokens")
     seed: int = 0
     eval_seed: int = Field(1234, description="sampling seed of evaluate_kl, fixed so evaluations compare")
     divergence_max_loss: float = Field(

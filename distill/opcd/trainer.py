@@ -26,6 +26,21 @@ Where the time goes and what is done about it (measured in bench/opcd.py):
   and, when every sample got the same lesson pool, the lessons) and reuses that KV cache for every row;
 - losses are computed from final hidden states in sequence chunks (`chunked_topk_divergence`), so the
   (B, T, V) logits of the two models are never held at once.
+
+Data parallel (`OPCDConfig.processes`, launched by `distill.opcd.job`): when this process is one rank of an
+initialised `torch.distributed` group (what an accelerate launch or `PartialState` sets up), every method
+below is a collective that all ranks call in the same order with the same arguments. `batch_size` stays the
+GLOBAL number of prompts per optimizer step: each rank takes its contiguous share of every global batch (the
+union is exactly the single-process batch), samples with its own seed, and the LoRA gradients are summed
+across ranks with each rank's weighted by its share of the batch's response tokens, so the result is the
+gradient of the global token mean even when the ranks sampled different lengths. The loss the divergence
+guard sees and the gradient the clip sees are the global ones, so every rank takes the same decision. This
+is an explicit all-reduce rather than a DistributedDataParallel wrapper because the student is run through
+its decoder stack and output head separately and back-propagated chunk by chunk (several `backward` calls
+per step, with gradient checkpointing), which DDP's one-forward-one-backward reducer does not support.
+`evaluate_kl` gives the same value on every rank (the evaluation batches are dealt out to the ranks and
+the per-prompt values summed), equal to the single-process value. Only rank 0 calls `on_step` and writes
+the adapter.
 """
 
 from __future__ import annotations
@@ -104,6 +119,32 @@ def _response_hidden(causal_lm, prompts: list[list[int]], responses: list[list[i
     return out.last_hidden_state[:, width - 1:width - 1 + longest]
 
 
+def _world() -> tuple[int, int]:
+    """(rank, number of ranks) of the initialised torch.distributed group; (0, 1) outside one."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _buckets(params: list[torch.nn.Parameter], limit: int = 1 << 25) -> Iterator[list[torch.nn.Parameter]]:
+    """Parameters grouped by dtype and device into buckets of about `limit` elements, for one all-reduce
+    each (hundreds of tiny LoRA tensors would otherwise cost one round trip apiece)."""
+    groups: dict[tuple, list[torch.nn.Parameter]] = {}
+    for param in params:
+        groups.setdefault((param.dtype, param.device), []).append(param)
+    for group in groups.values():
+        bucket, size = [], 0
+        for param in group:
+            bucket.append(param)
+            size += param.numel()
+            if size >= limit:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
+
+
 def _empty_copy(model, dtype: torch.dtype):
     """A frozen copy of `model`'s modules whose parameters hold no memory until `_sampling_model` fills them."""
     memo = {id(p): torch.nn.Parameter(torch.empty(0, dtype=dtype, device=p.device), requires_grad=False)
@@ -161,6 +202,11 @@ class OPCDTrainer:
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         assert self._params, "nothing to train"
         self.optimizer = torch.optim.AdamW(self._params, lr=config.lr, weight_decay=config.weight_decay)
+        self.rank, self.world_size = _world()
+        if self.world_size > 1:  # every rank starts from rank 0's adapter, whatever its own seed drew
+            with torch.no_grad():
+                for param in self._params:
+                    torch.distributed.broadcast(param.data, src=0)
 
     # -- set-up ------------------------------------------------------------------------------------------
     def _attach_lora(self, model):
@@ -293,31 +339,44 @@ class OPCDTrainer:
         """One optimizer step on a batch: sample, score, loss, AdamW. Returns the step's metrics."""
         if len(prompts) != len(contexts):
             raise ValueError(f"{len(prompts)} prompts but {len(contexts)} contexts; give one context per prompt")
+        if not prompts:
+            raise ValueError("an empty batch; a step needs at least one prompt")
         cfg = self.config
         started = time.perf_counter()
-        student_ids = [self.render(p) for p in prompts]
-        teacher_ids = [self.render(with_context(p, c)) for p, c in zip(prompts, contexts)]
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed * 1_000_003 + self.steps_done)
-            if cfg.objective == "opcd":
-                responses = self._sample_student(student_ids)
-            else:
-                responses = self._sample_teacher(teacher_ids)
-        sampled = time.perf_counter()
-        targets, mask = self._pad_responses(responses)
-        teacher_hidden, teacher_head = self._teacher_hidden(teacher_ids, responses)
-        scored = time.perf_counter()
-        self.model.train()
-        student_lm = self._student_lm
-        hidden = _response_hidden(student_lm, student_ids, responses, pad_id=self._pad_id)
-        divergence = {"opcd": "reverse", "off_policy": "forward", "sft": "cross_entropy"}[cfg.objective]
-        result = chunked_topk_divergence(
-            hidden, teacher_hidden, mask, student_head=_parts(student_lm)[1], teacher_head=teacher_head,
-            targets=targets, divergence=divergence, k=cfg.k,
-            temperature=1.0 if divergence == "cross_entropy" else cfg.temperature,
-            renormalize=cfg.renormalize, chunk_size=cfg.chunk_size)
-        del hidden, teacher_hidden
-        self._guard(result.loss)
+        batch_size = len(prompts)
+        share = self._share(batch_size)
+        prompts, contexts = prompts[share], contexts[share]
+        result, sampled, scored = None, started, started
+        if prompts:  # a rank gets no prompts only when the global batch is smaller than the number of ranks
+            student_ids = [self.render(p) for p in prompts]
+            teacher_ids = [self.render(with_context(p, c)) for p, c in zip(prompts, contexts)]
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.seed * 1_000_003 + self.steps_done + (self.rank << 40))
+                if cfg.objective == "opcd":
+                    responses = self._sample_student(student_ids)
+                else:
+                    responses = self._sample_teacher(teacher_ids)
+            sampled = time.perf_counter()
+            targets, mask = self._pad_responses(responses)
+            teacher_hidden, teacher_head = self._teacher_hidden(teacher_ids, responses)
+            scored = time.perf_counter()
+            self.model.train()
+            student_lm = self._student_lm
+            hidden = _response_hidden(student_lm, student_ids, responses, pad_id=self._pad_id)
+            divergence = {"opcd": "reverse", "off_policy": "forward", "sft": "cross_entropy"}[cfg.objective]
+            result = chunked_topk_divergence(
+                hidden, teacher_hidden, mask, student_head=_parts(student_lm)[1], teacher_head=teacher_head,
+                targets=targets, divergence=divergence, k=cfg.k,
+                temperature=1.0 if divergence == "cross_entropy" else cfg.temperature,
+                renormalize=cfg.renormalize, chunk_size=cfg.chunk_size)
+            del hidden, teacher_hidden
+        if self.world_size > 1:
+            loss, sampled_kl, tokens = self._global_loss(result)
+        else:
+            loss, sampled_kl, tokens = result.loss, result.sampled_kl, result.tokens
+        self._guard(loss)
+        if self.world_size > 1:
+            self._average_gradients(result.tokens if result else 0, tokens)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip))
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
@@ -327,15 +386,44 @@ class OPCDTrainer:
         self.steps_done += 1
         finished = time.perf_counter()
         metrics = {
-            "step": self.steps_done, "objective": cfg.objective, "loss": result.loss,
-            "kl_estimate": result.sampled_kl if cfg.objective == "opcd" else float("nan"),
-            "tokens": result.tokens, "grad_norm": grad_norm, "seconds": finished - started,
+            "step": self.steps_done, "objective": cfg.objective, "loss": loss,
+            "kl_estimate": sampled_kl if cfg.objective == "opcd" else float("nan"),
+            "tokens": tokens, "grad_norm": grad_norm, "seconds": finished - started,
             "sample_seconds": sampled - started, "teacher_seconds": scored - sampled,
             "train_seconds": finished - scored,
-            "response_length": result.tokens / len(responses),
+            "response_length": tokens / batch_size,
         }
         self.history.append(metrics)
         return metrics
+
+    def _share(self, n: int) -> slice:
+        """This rank's contiguous share of `n` global items (the first n % world_size ranks take one more)."""
+        base, extra = divmod(n, self.world_size)
+        start = self.rank * base + min(self.rank, extra)
+        return slice(start, start + base + (self.rank < extra))
+
+    def _global_loss(self, result) -> tuple[float, float, int]:
+        """(loss, sampled KL, tokens) of the global batch: the ranks' token means, weighted by their tokens."""
+        local = [0.0, 0.0, 0.0] if result is None else [
+            result.tokens, result.loss * result.tokens, result.sampled_kl * result.tokens]
+        totals = torch.tensor(local, dtype=torch.float64, device=self.model.device)
+        torch.distributed.all_reduce(totals)
+        tokens = int(totals[0].item())
+        return totals[1].item() / max(tokens, 1), totals[2].item() / max(tokens, 1), tokens
+
+    @torch.no_grad()
+    def _average_gradients(self, local_tokens: int, global_tokens: int) -> None:
+        """Turn every rank's gradient (of its own token mean) into the gradient of the global token mean:
+        sum over ranks of (local tokens / global tokens) x local gradient, the same on every rank."""
+        weight = local_tokens / max(global_tokens, 1)
+        for bucket in _buckets(self._params):
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                              for p in bucket]).mul_(weight)
+            torch.distributed.all_reduce(flat)
+            offset = 0
+            for param in bucket:
+                param.grad = flat[offset:offset + param.numel()].view_as(param)
+                offset += param.numel()
 
     def _pad_responses(self, responses: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         longest = max(len(r) for r in responses)
@@ -373,7 +461,8 @@ class OPCDTrainer:
         chats (drawn in order; training stops early when it cannot fill a batch). `context_source`: one string for every sample (system-prompt distillation, or
         one lesson set), a sequence of strings (one drawn at random per sample: the lesson pools), or a
         callable `chat -> context`. `on_step(metrics)` is called after each step (log it, save, stop by
-        raising). A NaN or diverging loss raises `DivergenceError`.
+        raising); under data parallel on rank 0 only (an exception there ends rank 0, and the launcher then
+        stops the others). A NaN or diverging loss raises `DivergenceError` (on every rank at once).
         """
         rng = random.Random(self.config.seed)
         prompts = self._prompt_stream(prompt_source, rng)
@@ -385,7 +474,7 @@ class OPCDTrainer:
                 break
             metrics = self.step(batch, [pick(chat) for chat in batch])
             out.append(metrics)
-            if on_step is not None:
+            if on_step is not None and self.rank == 0:
                 on_step(metrics)
         return out
 
@@ -418,11 +507,15 @@ class OPCDTrainer:
     @torch.no_grad()
     def kl_per_prompt(self, prompts: list[Chat], contexts: list[str]) -> list[float]:
         """Exact (full-vocabulary) reverse KL per response token, student without context vs teacher with it,
-        on one student sample per prompt drawn with the fixed `eval_seed`; one value per prompt."""
+        on one student sample per prompt drawn with the fixed `eval_seed`; one value per prompt. Under data
+        parallel the batches are dealt out to the ranks round-robin and the values summed, so every rank
+        returns the single-process values."""
         if len(prompts) != len(contexts):
             raise ValueError(f"{len(prompts)} prompts but {len(contexts)} contexts; give one context per prompt")
-        values = []
-        for start in range(0, len(prompts), self.config.batch_size):
+        values = torch.zeros(len(prompts), dtype=torch.float64, device=self.model.device)
+        for index, start in enumerate(range(0, len(prompts), self.config.batch_size)):
+            if index % self.world_size != self.rank:
+                continue
             chats = prompts[start:start + self.config.batch_size]
             student_ids = [self.render(p) for p in chats]
             teacher_ids = [self.render(with_context(p, c)) for p, c in zip(chats, contexts[start:])]
@@ -440,8 +533,10 @@ class OPCDTrainer:
                     hidden[row:row + 1], teacher_hidden[row:row + 1], mask, student_head=head,
                     teacher_head=teacher_head, k=head.weight.shape[0],
                     temperature=self.config.temperature, chunk_size=self.config.chunk_size, backward=False)
-                values.append(result.loss)
-        return values
+                values[start + row] = result.loss
+        if self.world_size > 1:
+            torch.distributed.all_reduce(values)
+        return values.tolist()
 
     def evaluate_kl(self, prompts: list[Chat], contexts: list[str] | str) -> float:
         """Held-out mean per-token reverse KL(student without context || teacher with it); lower is better."""
@@ -450,8 +545,16 @@ class OPCDTrainer:
         return statistics.fmean(self.kl_per_prompt(prompts, contexts))
 
     def save_adapter(self, path: str | Path, *, overwrite: bool = False, metadata: dict | None = None) -> Path:
-        """Write the trained adapter (or the full model when full_finetune) atomically to `path`."""
+        """Write the trained adapter (or the full model when full_finetune) atomically to `path`. Under data
+        parallel rank 0 writes it (the ranks hold the same weights) and every rank returns once it is written."""
         path = Path(path)
+        if self.rank == 0:
+            self._write(path, overwrite=overwrite, metadata=metadata)
+        if self.world_size > 1:
+            torch.distributed.barrier()
+        return path
+
+    def _write(self, path: Path, *, overwrite: bool, metadata: dict | None) -> None:
         with atomic_directory(path, overwrite=overwrite) as partial:
             if self.config.full_finetune:
                 self.model.save_pretrained(partial)
@@ -463,4 +566,3 @@ class OPCDTrainer:
                 "base_model": getattr(self._student_lm.config, "_name_or_path", None),
                 "last_metrics": self.history[-1] if self.history else None, **(metadata or {}),
             })
-        return path
