@@ -3,7 +3,8 @@
 CONSOLIDATE. The prompts are the per-turn prefixes of the run's recent episodes, rebuilt exactly as the
 agent saw them but without lessons (OEL's recipe for multi-turn agents); a tenth of them is held out. The
 contexts are the live lesson set, one pool per sample, as the block the agent puts in its system prompt.
-`distill.opcd.OPCDTrainer` trains a LoRA adapter whose parent is the run's active adapter (the teacher is
+`distill.opcd.OPCDTrainer` (through `distill.opcd.run_job`: in this process, or data parallel over
+`opcd.trainer.processes` ranks, one per GPU) trains a LoRA adapter whose parent is the run's active adapter (the teacher is
 that parent with the lessons), logging loss and KL per step into the cycle row. The adapter is written
 atomically under `<workdir>/adapters/cycle-<id>`. A NaN or diverging loss aborts the cycle: ROLLBACK.
 
@@ -30,9 +31,10 @@ from agent_runtime.agent import Turn, lessons_section
 from agent_runtime.config import ConsolidationSettings, RunConfig
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.evaluation import EvalResult, evaluate
+from agent_runtime.models import resolve_model
 from distill.lessons import live_lessons
 from distill.lessons.versions import create_version
-from distill.opcd import DivergenceError, OPCDTrainer, remove_partial_writes
+from distill.opcd import DivergenceError, TrainJob, remove_partial_writes, run_job
 from memory import ExperienceStore
 
 log = logging.getLogger("agent_runtime.consolidate")
@@ -75,18 +77,6 @@ def episode_prefixes(config: RunConfig, workdir: Path, store: ExperienceStore, r
     return out
 
 
-def _load_base(config: RunConfig):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from agent_runtime.models import resolve_model
-
-    path = resolve_model(config.model.name)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return AutoModelForCausalLM.from_pretrained(path), tokenizer
-
-
 def _eval(config, workdir, backend, *, lessons, n, envs=None) -> list[EvalResult]:
     if envs is not None:
         config = config.model_copy(update={"envs": envs})
@@ -117,11 +107,15 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     adapters_dir = workdir / "adapters"
     if adapters_dir.exists():
         remove_partial_writes(adapters_dir)  # what a killed cycle left half-written
-    model, tokenizer = _load_base(config)
-    trainer = OPCDTrainer(model, tokenizer, settings.trainer, parent_adapter=parent.path if parent else None)
     per_lesson = {x.id: _lesson_prompts(x, pairs, heldout) for x in lessons}
-    before = trainer.evaluate_kl(heldout, contexts[0])
-    lesson_before = {i: trainer.evaluate_kl(p, lessons_section([_text(lessons, i)])) for i, p in per_lesson.items()}
+    kl_sets = {"heldout": (heldout, contexts[0]),
+               **{f"lesson:{i}": (p, lessons_section([_text(lessons, i)])) for i, p in per_lesson.items()}}
+    path = adapters_dir / f"cycle-{cycle_id}"
+    device = getattr(backend, "device", None)
+    job = TrainJob(model_path=resolve_model(config.model.name), config=settings.trainer, train_prompts=train,
+                   contexts=contexts, output=str(path), parent_adapter=parent.path if parent else None,
+                   kl_sets=kl_sets, metadata={"cycle_id": cycle_id, "run_id": run_id},
+                   device="cuda" if getattr(device, "type", None) == "cuda" else "cpu", overwrite=True)
     curves: dict[str, list] = {"loss": [], "kl": [], "grad_norm": []}
 
     def on_step(m: dict) -> None:
@@ -133,21 +127,20 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
             progress(m)
 
     try:
-        trainer.train(train, contexts, on_step=on_step)
+        result = run_job(job, on_step=on_step)
     except DivergenceError as exc:
         store.rollback_cycle(cycle_id, error=str(exc))
         return CycleReport(cycle_id, "rolled_back", [str(exc)])
-    after = trainer.evaluate_kl(heldout, contexts[0])
-    lesson_after = {i: trainer.evaluate_kl(p, lessons_section([_text(lessons, i)])) for i, p in per_lesson.items()}
-    path = adapters_dir / f"cycle-{cycle_id}"
-    trainer.save_adapter(path, overwrite=True, metadata={"cycle_id": cycle_id, "run_id": run_id})
+    before, after = result.kl_before["heldout"], result.kl_after["heldout"]
+    lesson_before = {i: result.kl_before[f"lesson:{i}"] for i in per_lesson}
+    lesson_after = {i: result.kl_after[f"lesson:{i}"] for i in per_lesson}
     adapter_id = store.add_adapter(f"cycle-{cycle_id}", str(path), run_id=run_id,
                                    parent_id=parent.id if parent else None, base_model=config.model.name)
     metrics: dict[str, Any] = {"heldout_kl": {"before": before, "after": after}, "prompts": len(train),
-                               "heldout_prompts": len(heldout), "lesson_kl": {
+                               "heldout_prompts": len(heldout), "processes": settings.trainer.processes,
+                               "train_seconds": result.seconds, "lesson_kl": {
                                    str(i): {"before": lesson_before[i], "after": lesson_after[i]} for i in per_lesson}}
     store.update_cycle(cycle_id, adapter_id=adapter_id, metrics=metrics)
-    del trainer, model
 
     # EVALUATE ------------------------------------------------------------------------------------------
     n = settings.eval_episodes or config.evaluation.episodes_per_env

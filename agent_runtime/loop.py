@@ -31,6 +31,8 @@ from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.examples import example_retriever
 from agent_runtime.lessons_phase import LessonContexts, run_extract
 from agent_runtime.llm import PolicyBackend, SamplingParams, make_backend
+from agent_runtime.llm.base import BackendStats
+from agent_runtime.models import resolve_model
 from agent_runtime.runner import Draw, EpisodeRunner, TaskSampler
 from distill.lessons import sync_statuses
 from memory import EpisodeRecord, ExperienceStore
@@ -84,6 +86,12 @@ def check_phases(config: RunConfig) -> None:
             f"(got {config.model.backend}); set opcd.enabled: false or use the transformers backend")
     if config.opcd.enabled and not config.lessons.enabled:
         raise PhaseNotAvailableError("opcd.enabled: consolidation distils the lessons, so lessons.enabled must be true")
+    processes, on_driver = config.opcd.trainer.processes, config.runtime.executor == "local"
+    if config.opcd.enabled and processes > 1 and on_driver and config.model.device.startswith("cuda"):
+        gpus = torch.cuda.device_count()
+        if processes > gpus:
+            raise PhaseNotAvailableError(f"opcd.trainer.processes: {processes} data-parallel ranks on CUDA need one "
+                                         f"GPU each, but {gpus} are visible; lower processes to {gpus} or fewer")
 
 
 def _json_log(workdir: Path) -> logging.Handler:
@@ -110,7 +118,15 @@ class AgentLoop:
         self.config = config
         self.envs, tasks = build_envs(config, self.workdir)
         self.sampler = TaskSampler([e.weight for e in config.envs], tasks, config.seed)
-        self.backend = backend or make_backend(config.model, seed=config.seed)
+        # Under Ray with the learner on a worker the driver never generates: it does not load the model at all
+        # (a driver on a CPU node next to the database), and counts the workers' tokens in its own stats.
+        self._backend = backend
+        self._driver_generates = not (config.runtime.executor == "ray" and config.runtime.ray.learner == "worker")
+        if self._backend is None and self._driver_generates:
+            self._backend = make_backend(config.model, seed=config.seed)
+        elif self._backend is None and config.model.backend in ("transformers", "vllm"):
+            resolve_model(config.model.name)  # an unknown model fails here, not on every worker
+        self.stats = self._backend.stats if self._backend is not None else BackendStats()
         torch.manual_seed(config.seed)
         self.store = ExperienceStore.open(config.memory.url or self.workdir, embedder=config.memory.embedder)
         save_resolved(config, self.workdir)
@@ -127,11 +143,20 @@ class AgentLoop:
         self.state.setdefault("open_draws", [])
         self.lessons = LessonContexts(self.store, self.run_id, config.lessons.pools, config.lessons.seed)
         self.adapter = self.store.active_adapter(self.run_id)
-        if self.adapter is not None:
-            activate(self.backend, self.adapter)
+        if self.adapter is not None and self._backend is not None:
+            activate(self._backend, self.adapter)
         self.progress = progress
         self._stop_requested = False
         self._ray = None  # the RayExecutor, started at the first PLAY when runtime.executor is ray
+
+    @property
+    def backend(self) -> PolicyBackend:
+        """The driver's own policy (loaded on first use when the driver does not generate)."""
+        if self._backend is None:
+            self._backend = make_backend(self.config.model, seed=self.config.seed)
+            if self.adapter is not None:
+                activate(self._backend, self.adapter)
+        return self._backend
 
     def _stored_config(self, config: RunConfig) -> RunConfig:
         """On --resume the run's own config wins; only the stop conditions may change."""
@@ -170,7 +195,7 @@ class AgentLoop:
         started = time.monotonic()
         self._deadline = started + self.config.runtime.hours * 3600 if self.config.runtime.hours else None
         start_episodes = self.state["episodes"]
-        start_tokens = self.backend.stats.completion_tokens
+        start_tokens = self.stats.completion_tokens
         handler = _json_log(self.workdir)
         log.addHandler(handler)
         log.setLevel(logging.INFO)
@@ -328,7 +353,8 @@ class AgentLoop:
             return
         self.state["cycles"] += 1
         self.adapter = self.store.active_adapter(self.run_id)
-        activate(self.backend, self.adapter)
+        if self._backend is not None:
+            activate(self._backend, self.adapter)
         self.lessons.reload()
         tqdm.write(report.line())
         log.info(report.line(), extra={"fields": {"phase": "CONSOLIDATE", "cycle": asdict(report)}})
@@ -336,7 +362,7 @@ class AgentLoop:
     # -- reporting ------------------------------------------------------------------------------------
     def _summary(self, started: float, start_episodes: int, start_tokens: int) -> RunSummary:
         seconds = time.monotonic() - started
-        stats = self.backend.stats
+        stats = self.stats
         tokens = stats.completion_tokens - start_tokens
         return RunSummary(
             run_id=self.run_id, episodes=self.state["episodes"], won=self.state["won"], errors=self.state["errors"],
@@ -358,5 +384,6 @@ class AgentLoop:
     def close(self) -> None:
         if self._ray is not None:
             self._ray.close()
-        self.backend.close()
+        if self._backend is not None:
+            self._backend.close()
         self.store.close()

@@ -143,7 +143,7 @@ class Learner:
         settings = config.runtime.ray
         trainer = config.opcd.trainer
         gpus = int(settings.learner_gpus)
-        if gpus > 1 and getattr(trainer, "processes", 1) == 1:  # one data-parallel process per GPU unless configured otherwise
+        if gpus > 1 and trainer.processes == 1:  # one data-parallel process per GPU unless configured otherwise
             config.opcd.trainer = trainer.model_copy(update={"processes": gpus})
         config.model = config.model.model_copy(update={"device": settings.learner_device})
         self.config, self.workdir = config, Path(workdir)
@@ -374,7 +374,7 @@ class RayExecutor:
                         lose(worker, exc)
                         continue
                     for name, value in stats.items():
-                        setattr(loop.backend.stats, name, getattr(loop.backend.stats, name) + value)
+                        setattr(loop.stats, name, getattr(loop.stats, name) + value)
                     for record in records:
                         commit(worker, record)
                     dispatch(worker)

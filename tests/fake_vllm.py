@@ -37,7 +37,7 @@ class LoraEndpoint:
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's naming)
+            def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 endpoint.requests.append({"path": self.path, **body})
                 if self.path != "/v1/load_lora_adapter":

@@ -99,3 +99,21 @@ def test_distill_and_eval_commands(tmp_path, games_dir, tiny_model_dir):
     assert 0.0 <= lo <= row["success_rate"] <= hi <= 1.0
     text = cli("eval", path, "--workdir", workdir, "--no-lessons").stdout
     assert "95% CI" in text
+
+
+def test_cycle_trains_data_parallel(tmp_path, games_dir, tiny_model_dir):
+    """opcd.trainer.processes: 2 runs the cycle's training as two data-parallel ranks (gloo on CPU); the cycle
+    row gets its curves step by step from rank 0 and the adapter is written once."""
+    cfg = config(games_dir, tiny_model_dir)
+    cfg.opcd.trainer = cfg.opcd.trainer.model_copy(update={"processes": 2})
+    loop = AgentLoop(cfg, tmp_path, progress=False)
+    summary = loop.run()
+    loop.close()
+    assert summary.cycles == 1
+    with ExperienceStore.open(tmp_path) as store:
+        [cycle] = store.cycles(summary.run_id)
+        assert cycle.metrics["processes"] == 2 and len(cycle.curves["loss"]) == 3
+        assert cycle.metrics["heldout_kl"]["after"] >= 0
+        adapter = store.get_adapter(cycle.adapter_id)
+    written = [p.name for p in (tmp_path / "adapters").iterdir()]
+    assert written == [Path(adapter.path).name] and (Path(adapter.path) / "adapter_config.json").is_file()

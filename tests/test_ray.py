@@ -56,6 +56,14 @@ def committed(store, run_id):
     return [(e.metadata["draw"], e.metadata.get("worker")) for e in store.episodes(run_id, limit=10_000)]
 
 
+def test_unknown_model_fails_on_the_driver_before_any_worker_starts(tmp_path, games_dir):
+    from agent_runtime.models import UnknownModelError
+
+    config = make_config(games_dir, model={"name": "no-such-model"})
+    with pytest.raises(UnknownModelError, match="unknown model 'no-such-model'"):
+        AgentLoop(config, tmp_path, progress=False)
+
+
 def test_ray_settings_are_validated():
     base = {"name": "t", "envs": [{"id": "math/gsm_symbolic"}], "runtime": {"executor": "ray"}}
     assert config_from_dict(base).runtime.ray.workers == 2
@@ -248,9 +256,10 @@ def test_extract_and_consolidate_run_on_the_learner(ray_cluster, tmp_path, games
 
     loop = AgentLoop(learner_config(games_dir, tiny_model_dir), tmp_path, progress=False)
     summary = loop.run()
-    lost = loop._ray.learners_lost
+    lost, driver_model = loop._ray.learners_lost, loop._backend
     loop.close()
     assert summary.episodes == 4 and summary.extractions == 2 and summary.cycles == 1 and lost == 0
+    assert driver_model is None, "the driver neither plays nor learns, so it never loads the model"
     with ExperienceStore.open(tmp_path) as store:
         [cycle] = store.cycles(summary.run_id)
         assert cycle.status in ("promoted", "rolled_back") and len(cycle.curves["loss"]) == 3

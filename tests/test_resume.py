@@ -96,7 +96,7 @@ def test_ray_driver_sigkill_then_resume(tmp_path, games_dir):
     proc.wait()
     killed_at = committed(workdir)
     proc = start(workdir, games_dir, total, "--resume", *ray_args)
-    out, err = proc.communicate(timeout=600)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     with ExperienceStore.open(workdir) as store:
         [run] = store.runs()
