@@ -1,9 +1,9 @@
 """PLAY on a Ray cluster: K rollout workers (Ray actors), one driver that owns the run.
 
 With `runtime.executor: ray` the loop's PLAY phase hands draws to `RolloutWorker` actors instead of running
-an `EpisodeRunner` in-process. Everything else stays on the driver: the state machine, the task sampler,
-the lesson contexts, EXTRACT and CONSOLIDATE (which use the driver's own backend), and every write to the
-experience store.
+an `EpisodeRunner` in-process. The state machine, the task sampler, the lesson contexts and every episode
+write stay on the driver. EXTRACT and CONSOLIDATE run on the `Learner`, a designated actor with its own
+model (the GPU worker; OPCD data parallel over its GPUs), or on the driver with `runtime.ray.learner: driver`.
 
 Why the driver is the only writer. Each committed episode is written in one transaction together with the
 run state (episodes done, the next draw index, the draws still in flight), exactly as in the local path.
@@ -23,12 +23,14 @@ Faults. A worker that dies (killed, node lost, out of memory) fails its pending 
 back to the front of the queue and are played by the remaining workers; the run goes on. A draw is committed
 only if it is still assigned to the worker that returns it, so nothing is committed twice. A draw that was
 in flight on `MAX_ATTEMPTS` dead workers is committed as a lost episode (outcome "error") instead of being
-retried forever. If every worker is gone, the state is saved and `NoWorkersLeftError` is raised; `run
+retried forever. A dead worker is replaced by a fresh actor up to `runtime.ray.replace_workers` times.
+A learner that dies mid-phase is replaced and the phase reruns from its start. If every worker is gone, the state is saved and `NoWorkersLeftError` is raised; `run
 --resume` replays the open draws. The driver killed at any moment resumes like the local loop does, from
 the state committed with the last episode.
 
 A promoted adapter reaches the workers as a path: before each PLAY the driver tells every worker to load and
-use the run's active adapter (the workers share the driver's filesystem or a network mount).
+use the run's active adapter (the workers share the driver's filesystem or a network mount). With
+`generation: server` the workers' chat backends have the vLLM server load it (runtime LoRA loading).
 """
 
 from __future__ import annotations
