@@ -241,26 +241,28 @@ def test_generation_server_gets_the_promoted_adapter(ray_cluster, tmp_path, game
     assert [e.adapter_id for e in episodes] == [None, None, adapter_id, adapter_id]
 
 
-def learner_config(games_dir, tiny_model_dir, **ray_opts):
+def learner_config(games_dir, tiny_model_dir, memory_url=None, **ray_opts):
     from tests.test_consolidate import config as cycle_config
 
     data = cycle_config(games_dir, tiny_model_dir).model_dump(mode="json")
+    if memory_url is not None:
+        data["memory"] = {"url": memory_url}
     data["runtime"] = {"slots": 1, "episodes": 4, "executor": "ray", "summary_every": 1000,
                        "ray": {"workers": 1, "slots": 2, "worker_cpus": 0.5, "learner_cpus": 0.5, **ray_opts}}
     return config_from_dict(data)
 
 
 @pytest.mark.slow
-def test_extract_and_consolidate_run_on_the_learner(ray_cluster, tmp_path, games_dir, tiny_model_dir):
+def test_extract_and_consolidate_run_on_the_learner(ray_cluster, tmp_path, games_dir, tiny_model_dir, memory_url):
     import os
 
-    loop = AgentLoop(learner_config(games_dir, tiny_model_dir), tmp_path, progress=False)
+    loop = AgentLoop(learner_config(games_dir, tiny_model_dir, memory_url), tmp_path, progress=False)
     summary = loop.run()
     lost, driver_model = loop._ray.learners_lost, loop._backend
     loop.close()
     assert summary.episodes == 4 and summary.extractions == 2 and summary.cycles == 1 and lost == 0
     assert driver_model is None, "the driver neither plays nor learns, so it never loads the model"
-    with ExperienceStore.open(tmp_path) as store:
+    with ExperienceStore.open(memory_url) as store:
         [cycle] = store.cycles(summary.run_id)
         assert cycle.status in ("promoted", "rolled_back") and len(cycle.curves["loss"]) == 3
         where = cycle.metrics["learner"]
