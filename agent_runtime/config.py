@@ -80,8 +80,9 @@ class RayConfig(_Strict):
         "worker", description="where EXTRACT and CONSOLIDATE run: a designated Ray actor (the learner, with "
         "learner_gpus GPUs) or the driver process")
     learner_cpus: float = Field(1.0, ge=0)
-    learner_gpus: float = Field(0.0, ge=0, description="GPUs of the learner; with more than one, OPCD trains "
-                                "data-parallel over them (one accelerate process per GPU)")
+    learner_gpus: float | None = Field(
+        None, ge=0, description="GPUs of the learner; with more than one, OPCD trains data parallel over them (one "
+        "rank per GPU). Default: one GPU when the cluster has one the rollout workers do not claim, else none")
     learner_device: str = Field("auto", description="the learner's model device (auto: cuda when it has a GPU)")
 
     @model_validator(mode="after")

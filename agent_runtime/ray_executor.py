@@ -144,7 +144,7 @@ class Learner:
         config = config_from_dict(config_data, source="ray learner")
         settings = config.runtime.ray
         trainer = config.opcd.trainer
-        gpus = int(settings.learner_gpus)
+        gpus = int(settings.learner_gpus or 0)
         if gpus > 1 and trainer.processes == 1:  # one data-parallel process per GPU unless configured otherwise
             config.opcd.trainer = trainer.model_copy(update={"processes": gpus})
         config.model = config.model.model_copy(update={"device": settings.learner_device})
@@ -158,8 +158,11 @@ class Learner:
         import socket
 
         device = getattr(self.backend, "device", None)
+        import ray
+
         return {"pid": os.getpid(), "host": socket.gethostname(), "device": str(device) if device else None,
-                "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+                "ray_gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+                "processes": self.config.opcd.trainer.processes}
 
     def _act_with_run_adapter(self, run_id: int) -> None:
         from agent_runtime.consolidate import activate
@@ -205,10 +208,18 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
+def learner_gpus(settings, available: dict) -> float:
+    """The learner's GPUs: as configured, else one when the cluster has a GPU the rollout workers leave free."""
+    if settings.learner_gpus is not None:
+        return settings.learner_gpus
+    free = available.get("GPU", 0.0) - settings.workers * settings.worker_gpus
+    return 1.0 if free >= 1 else 0.0
+
+
 def _check_resources(available: dict, settings, *, learner: bool) -> None:
     """Fail now, with the numbers, instead of waiting forever for workers the cluster cannot place."""
     for name, per_worker in (("CPU", settings.worker_cpus), ("GPU", settings.worker_gpus)):
-        extra = getattr(settings, f"learner_{name.lower()}s") if learner else 0.0
+        extra = (settings.learner_cpus if name == "CPU" else learner_gpus(settings, available)) if learner else 0.0
         need, have = settings.workers * per_worker + extra, available.get(name, 0.0)
         if need > have:
             plus = f" + the learner's {extra:g}" if extra else ""
@@ -246,9 +257,11 @@ class RayExecutor:
         env = {"env_vars": _worker_env()}
         self._worker_class = ray.remote(RolloutWorker).options(
             num_cpus=settings.worker_cpus, num_gpus=settings.worker_gpus, max_restarts=0, runtime_env=env)
+        gpus = learner_gpus(settings, ray.cluster_resources())
         self._learner_class = ray.remote(Learner).options(
-            num_cpus=settings.learner_cpus, num_gpus=settings.learner_gpus, max_restarts=0, runtime_env=env)
+            num_cpus=settings.learner_cpus, num_gpus=gpus, max_restarts=0, runtime_env=env)
         self._data, self._workdir = config.model_dump(mode="json"), str(workdir)
+        self._data["runtime"]["ray"]["learner_gpus"] = gpus  # what the learner was given, for its data parallel
         self._slots_per_worker = settings.slots or config.runtime.slots
         self.workers: dict[int, object] = {}
         self.slots: dict[int, int] = {}

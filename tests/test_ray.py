@@ -64,6 +64,20 @@ def test_unknown_model_fails_on_the_driver_before_any_worker_starts(tmp_path, ga
         AgentLoop(config, tmp_path, progress=False)
 
 
+def test_the_learner_takes_a_gpu_when_the_cluster_has_a_free_one():
+    from agent_runtime.ray_executor import learner_gpus
+
+    settings = config_from_dict({"name": "t", "envs": [{"id": "math/gsm_symbolic"}],
+                                 "runtime": {"executor": "ray", "ray": {"workers": 2}}}).runtime.ray
+    assert learner_gpus(settings, {"CPU": 8}) == 0
+    assert learner_gpus(settings, {"CPU": 8, "GPU": 1}) == 1
+    settings.worker_gpus = 0.5
+    assert learner_gpus(settings, {"CPU": 8, "GPU": 1}) == 0  # the workers claim it
+    assert learner_gpus(settings, {"CPU": 8, "GPU": 3}) == 1
+    settings.learner_gpus = 2
+    assert learner_gpus(settings, {"CPU": 8, "GPU": 3}) == 2
+
+
 def test_ray_settings_are_validated():
     base = {"name": "t", "envs": [{"id": "math/gsm_symbolic"}], "runtime": {"executor": "ray"}}
     assert config_from_dict(base).runtime.ray.workers == 2
