@@ -17,8 +17,11 @@ the runtime is changed): `model.generate` (the decode loop, prefill included), t
 environments (`reset` + `step`). "pad" is the share of the prompt batch that was left padding.
 
 `--lessons N` puts N lesson lines into the system prompt (about 25 tokens each), as a learning run does;
-`--no-prefix-cache` turns off the backend's shared-prefix KV cache, to compare. With the cache on, the
-shared prefix's one forward pass is not a `model.generate` call, so it counts as backend overhead.
+`--no-prefix-cache` turns off the backend's prefix KV cache, to compare, and `--prefix-cache-tokens 0` keeps
+only its within-call part (a prefix shared by the rows of one call, run once) and stores nothing across
+turns. With the cache on, a shared prefix's one forward pass is not a `model.generate` call, so it counts as
+backend overhead; "prefilled" is the share of the prompt tokens that went through the model (the rest came
+from the cache).
 
 What to read in it: on CPU a decode step is memory-bound (batch 8 costs about twice batch 1), but the
 prompt's prefill is compute-bound and grows linearly with the number of rows, so the prefill share of the
@@ -171,17 +174,20 @@ class _TimedBackend:
         self._backend.close()
 
 
-def load_backend(model: str, dtype: str = "auto", prefix_cache: bool = True) -> TransformersBackend:
+def load_backend(model: str, dtype: str = "auto", prefix_cache: bool = True,
+                 prefix_cache_tokens: int | None = None) -> TransformersBackend:
+    options = {"device": "cpu", "dtype": dtype, "prefix_cache": prefix_cache}
+    if prefix_cache_tokens is not None:
+        options["prefix_cache_tokens"] = prefix_cache_tokens
     if model == "tiny":
         from agent_runtime.testing import tiny_model_and_tokenizer
 
         net, tokenizer = tiny_model_and_tokenizer()
-        return TransformersBackend(net, tokenizer, device="cpu", dtype=dtype, prefix_cache=prefix_cache)
+        return TransformersBackend(net, tokenizer, **options)
     if model == "smollm2":
         from agent_runtime.models import resolve_model
 
-        return TransformersBackend.from_pretrained(resolve_model("smollm2-135m-instruct"), device="cpu", dtype=dtype,
-                                                   prefix_cache=prefix_cache)
+        return TransformersBackend.from_pretrained(resolve_model("smollm2-135m-instruct"), **options)
     raise SystemExit(f"unknown model {model!r}; accepted: {', '.join(MODELS)}")
 
 
@@ -214,6 +220,8 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
     sampler = TaskSampler([1.0], [[f"train-{i}" for i in range(args.tasks)]], seed=args.seed)
     draws = iter(range(max(args.episodes, slots)))
     episodes = []
+    backend.clear_prefix_cache()  # every setting starts cold
+    prompt_before, prefilled_before = backend.prefix_stats.prompt_tokens, backend.prefix_stats.prefilled_tokens
     torch.manual_seed(args.seed)
     start, cpu_start = time.perf_counter(), time.process_time()
     try:
@@ -229,6 +237,8 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
     steps = sum(len(e.steps) for e in episodes)
     other = wall - timers.backend_generate - timers.build - timers.env
     total_prompt = timers.prompt_tokens + timers.padded_tokens
+    prompted = backend.prefix_stats.prompt_tokens - prompt_before
+    prefilled = backend.prefix_stats.prefilled_tokens - prefilled_before
     return {
         "model": model, "slots": slots, "episodes": len(episodes), "steps": steps, "won": sum(e.won for e in episodes),
         "wall_s": wall, "cpu_s": cpu, "episodes_per_min": 60 * len(episodes) / wall, "steps_per_s": steps / wall,
@@ -239,6 +249,7 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
         "share_prompt_build": timers.build / wall, "share_env": timers.env / wall, "share_other": other / wall,
         "pad_share": timers.padded_tokens / total_prompt if total_prompt else 0.0,
         "mean_prompt_tokens": timers.prompt_tokens / max(1, steps),
+        "prefilled_share": prefilled / prompted if prompted else 0.0,
     }
 
 
@@ -266,8 +277,8 @@ def table(rows: list[dict]) -> str:
     lines = [
         ("| model | slots | episodes | steps | wall s | CPU s | episodes/min | gen tokens/s | speedup vs 1 slot "
          "| speedup, CPU time | mean batch | model.generate (prefill) | backend overhead | prompt build | env "
-         "| other | prompt tokens | pad |"),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+         "| other | prompt tokens | pad | prefilled |"),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         one = base.get(r["model"])
@@ -279,7 +290,7 @@ def table(rows: list[dict]) -> str:
             f"| {r['mean_batch']:.1f} "
             f"| {r['share_model_generate']:.0%} ({r['share_prefill']:.0%}) | {r['share_backend_overhead']:.0%} "
             f"| {r['share_prompt_build']:.0%} | {r['share_env']:.0%} | {r['share_other']:.0%} "
-            f"| {r['mean_prompt_tokens']:.0f} | {r['pad_share']:.0%} |"
+            f"| {r['mean_prompt_tokens']:.0f} | {r['pad_share']:.0%} | {r['prefilled_share']:.0%} |"
         )
     return "\n".join(lines)
 
@@ -310,7 +321,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the backend's dtype (auto = float32 on CPU, the runtime's default)")
     parser.add_argument("--lessons", type=int, default=0, help="lesson lines in the system prompt")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
-                        help="turn off the backend's shared-prompt-prefix KV cache")
+                        help="turn off the backend's prefix KV cache")
+    parser.add_argument("--prefix-cache-tokens", type=int, default=None,
+                        help="token budget of the cache's store across turns (0: within a call only; "
+                             "default: the backend's)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--games-dir", type=Path,
                         default=Path(os.environ.get("AGENT_RUNTIME_CACHE", "~/.cache/agent-runtime")).expanduser()
@@ -340,19 +354,20 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"# rollout throughput: {ENV_ID} level 1, {args.tasks} tasks, max({args.episodes}, slots) "
               f"episodes/setting, "
               f"max {args.max_steps} steps, {args.max_new_tokens} new tokens, T={args.temperature}, CPU, "
-              f"{args.dtype} weights, {args.lessons} lessons, prefix cache {'on' if args.prefix_cache else 'off'}, "
+              f"{args.dtype} weights, {args.lessons} lessons, prefix cache {'on' if args.prefix_cache else 'off'}"
+              f"{'' if args.prefix_cache_tokens is None else f' ({args.prefix_cache_tokens} tokens)'}, "
               f"torch threads {torch.get_num_threads()}, games ready in {pregen:.1f}s, "
               f"load average {os.getloadavg()[0]:.1f} at start")
     if args.profile:
         model, _, slots = args.profile.partition(":")
-        backend = load_backend(model, args.dtype, args.prefix_cache)
+        backend = load_backend(model, args.dtype, args.prefix_cache, args.prefix_cache_tokens)
         warm_up(backend, args)
         print(header)
         print(profile_setting(backend, model, int(slots or 1), args))
         return 0
     rows = []
     for model in models:
-        backend = load_backend(model, args.dtype, args.prefix_cache)
+        backend = load_backend(model, args.dtype, args.prefix_cache, args.prefix_cache_tokens)
         warm_up(backend, args)
         for slots in slot_counts:
             rows.append(run_setting(backend, model, slots, args))

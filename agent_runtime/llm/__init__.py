@@ -26,7 +26,7 @@ def make_backend(model_config, *, seed: int = 0) -> PolicyBackend:
         from agent_runtime.llm.transformers_backend import TransformersBackend
         from agent_runtime.models import resolve_model
 
-        accepted = {"prefix_cache", "min_shared_prefix"}
+        accepted = {"prefix_cache", "min_shared_prefix", "prefix_cache_tokens"}
         unknown = set(options) - accepted
         if unknown:
             raise BackendError(f"model.options for the transformers backend: unknown {', '.join(sorted(unknown))}; "

@@ -9,26 +9,32 @@ base model. With `dtype: auto` the model runs in bf16 on CUDA and on CPUs with n
 (AVX512-BF16/AMX: measured 1.7x faster generation than fp32 for SmolLM2-135M on this kind of machine, see
 bench/RESULTS.md), else in float32.
 
-Shared-prefix KV cache: in the agent loop every slot's prompt starts with the same system prompt and lessons
-block, and prefill is compute-bound on CPU. When all rows of a batch share a long enough token prefix, that
-prefix is run once (its KV cache kept per prefix and adapter), repeated for every row, and the rows are laid
-out as [prefix][left padding][rest of the prompt]; position ids come from the attention mask, so every row
-sees the same positions as without the cache and greedy decoding gives the same tokens.
+Prefix KV cache (per row, across calls): in the agent loop every slot's prompt starts with the same system
+prompt and lessons block, and each turn's prompt is the previous turn's prompt plus the reply and the next
+observation; prefill is compute-bound on CPU, so re-running that history every turn is what caps the speedup
+of more slots. After each call the KV cache of every row's tokens (prompt and reply, cut at EOS) is kept; at
+the next call every row takes the stored sequence with the longest common token prefix and only its new
+suffix is prefilled. Rows that match nothing (a cold start) share their common prefix instead: it is run
+once for all of them. The batch is laid out as [left padding][cached part][padding][new part] and the rows'
+cached KV is left-padded to the same width; position ids come from the attention mask, so every row sees the
+same positions as without the cache and greedy decoding gives the same tokens. Any prompt is correct, a
+prompt whose history lost its oldest turns just matches less. The store is an LRU bounded in tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
+import itertools
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams, apply_stop
 
-_PREFIX_CACHE_ENTRIES = 4
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -51,15 +57,62 @@ def auto_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if native_bf16 else torch.float32
 
 
+@dataclass
+class _CachedSequence:
+    """Token ids and their batch-1 KV cache, per layer (kv_heads, tokens, head_dim)."""
+
+    ids: np.ndarray
+    prompt_len: int  # the first `prompt_len` ids were the prompt, the rest the reply
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+
+@dataclass
+class PrefixCacheStats:
+    """What the prefix cache saved, summed over calls; `prefilled_tokens` counts every prompt token run through
+    the model (a shared prefix once), so `prefilled_tokens / prompt_tokens` is the prefill left to do."""
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens whose KV came from a stored sequence of an earlier call
+    shared_tokens: int = 0  # prompt tokens covered by a prefix run once for several rows of the call
+    prefilled_tokens: int = 0
+    evicted: int = 0  # stored sequences dropped to stay within the token budget
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+def _plain_kv_layers(model) -> bool:
+    """Whether the model's cache is one plain growing (key, value) pair per layer: no sliding windows, no
+    recurrent state. Only then can a row's KV be cut out and spliced into another batch."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    try:
+        cache = DynamicCache(config=model.config)
+    except Exception:  # noqa: BLE001 -- a config the cache cannot read: treat as not spliceable
+        return False
+    return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
 class TransformersBackend:
     name = "transformers"
 
     def __init__(self, model, tokenizer, *, context_window: int | None = None, device: str = "cpu",
-                 dtype: str = "auto", prefix_cache: bool = True, min_shared_prefix: int = 32):
+                 dtype: str = "auto", prefix_cache: bool = True, min_shared_prefix: int = 32,
+                 prefix_cache_tokens: int = 40960):
         """Wrap an already loaded model and tokenizer (tests build tiny ones in code).
 
-        `prefix_cache` turns the shared-prefix KV cache on; it is used only for batches of two or more rows
-        that share at least `min_shared_prefix` prompt tokens.
+        `prefix_cache` turns the prefix KV cache on; a row reuses a stored sequence, or a prefix shared with
+        other rows of the call, only when that covers at least `min_shared_prefix` of its prompt tokens.
+        `prefix_cache_tokens` bounds the stored sequences (least recently used go first; 0 keeps nothing
+        across calls). A stored token costs 2 x layers x kv_heads x head_dim x bytes per value: SmolLM2-135M
+        (30 layers, 3 KV heads of 64) 45 KB in float32, 22.5 KB in bf16, so the default 40960 tokens (16 slots
+        x 2.5k tokens) is at most 1.8 GB (fp32) of host or GPU memory. Models whose cache is not one plain
+        (key, value) pair per layer (sliding windows, recurrent state) run without the cache.
         """
         self.device = resolve_device(device)
         torch_dtype = _DTYPES.get(dtype) or auto_dtype(self.device)
@@ -73,9 +126,14 @@ class TransformersBackend:
         self.adapters: dict[str, str] = {}
         self.active_adapter: str | None = None
         self.stats = BackendStats()
-        self.prefix_cache = prefix_cache
+        self.prefix_cache = prefix_cache and _plain_kv_layers(self.model)
         self.min_shared_prefix = min_shared_prefix
-        self._prefix_kv: OrderedDict[tuple, object] = OrderedDict()  # (adapter, prefix ids) -> prefix KV cache
+        self.prefix_cache_tokens = prefix_cache_tokens
+        self.prefix_stats = PrefixCacheStats()
+        # stored sequences of the active adapter, least recently used first; cleared when the weights change
+        self._store: OrderedDict[int, _CachedSequence] = OrderedDict()
+        self._store_tokens = 0
+        self._store_ids = itertools.count()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, **kwargs) -> TransformersBackend:
@@ -119,15 +177,15 @@ class TransformersBackend:
         else:
             self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name).eval()
         self.adapters[name] = path
-        self._prefix_kv.clear()  # new weights: no stored prefix was computed with them
+        self.clear_prefix_cache()  # new weights: no stored sequence was computed with them
         self.use_adapter(name)
 
     def use_adapter(self, name: str | None) -> None:
         """Switch the active adapter; None runs the base model."""
         if name is not None and name not in self.adapters:
             raise BackendError(f"unknown adapter {name!r}; loaded: {', '.join(self.adapters) or 'none'}")
-        if name != self.active_adapter:  # callers re-activate the same adapter per batch; keep its prefixes then
-            self._prefix_kv.clear()
+        if name != self.active_adapter:  # callers re-activate the same adapter per batch; keep its cache then
+            self.clear_prefix_cache()
         self.active_adapter = name
         if name is not None:
             self.model.set_adapter(name)
@@ -141,7 +199,6 @@ class TransformersBackend:
         texts = [self.render(chat) for chat in prompts]
         rows = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         prompt_lens = [len(r) for r in rows]
-        shared = self._shared_prefix(rows)
         if params.seed is not None:
             torch.manual_seed(params.seed)
         sample = params.temperature > 0
@@ -154,23 +211,30 @@ class TransformersBackend:
         }
         if sample:
             gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
+        arrays = [np.asarray(r, dtype=np.int64) for r in rows]
         disabled = self.active_adapter is None and hasattr(self.model, "disable_adapter")
         with self.model.disable_adapter() if disabled else contextlib.nullcontext():
-            if shared:
-                batch = self._prefixed_batch(rows, shared)
-                gen_kwargs["cache"] = self._expanded_prefix_kv(rows[0][:shared], len(rows))
+            sources, cached = self._plan(arrays)
+            if any(cached):
+                batch = self._cached_batch(rows, cached)
+                gen_kwargs["cache"] = self._batched_cache(sources, cached)
             else:
                 batch = self.tokenizer.pad({"input_ids": rows}, return_tensors="pt").to(self.device)
             out = self.model.generate(**batch, **gen_kwargs)
-        new_tokens = out.sequences[:, batch["input_ids"].shape[1]:]
+        width = batch["input_ids"].shape[1]
+        new_tokens = out.sequences[:, width:]
         logprobs = None
         if params.logprobs:
             steps = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # (B, T, V), tempered as sampled
             logprobs = steps.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         eos_ids = self._eos_ids()
+        generated = new_tokens.tolist()
+        cuts = [next((j for j, t in enumerate(row) if t in eos_ids), None) for row in generated]
+        if self.prefix_cache:
+            self._store_rows(out, batch["attention_mask"], arrays, generated, cuts)
         completions = []
-        for i, row in enumerate(new_tokens.tolist()):
-            cut = next((j for j, t in enumerate(row) if t in eos_ids), None)
+        for i, row in enumerate(generated):
+            cut = cuts[i]
             ids = row[: cut + 1] if cut is not None else row
             gen_ids = [t for t in ids if t not in eos_ids]
             text = self.tokenizer.decode(gen_ids, skip_special_tokens=True)
@@ -189,42 +253,120 @@ class TransformersBackend:
         self.stats.record(completions, elapsed)
         return completions
 
-    # Shared-prefix KV cache ---------------------------------------------------------------------------
-    def _shared_prefix(self, rows: list[list[int]]) -> int:
+    # Prefix KV cache -----------------------------------------------------------------------------------
+    def clear_prefix_cache(self) -> None:
+        self._store.clear()
+        self._store_tokens = 0
+
+    def _plan(self, rows: list[np.ndarray]) -> tuple[list[_CachedSequence | None], list[int]]:
+        """For every row, the cached sequence it starts from and how many of its tokens that covers (0: none).
+
+        A row takes the stored sequence with the longest common prefix; rows left without one share their
+        common prefix, run once here. Every row keeps at least one token to prefill (generate needs one).
+        """
+        sources: list[_CachedSequence | None] = [None] * len(rows)
+        cached = [0] * len(rows)
+        stats = self.prefix_stats
+        stats.prompt_tokens += sum(len(r) for r in rows)
+        if self.prefix_cache:
+            for i, row in enumerate(rows):
+                best, best_len = None, 0
+                for key, entry in self._store.items():
+                    n = _common_prefix(row, entry.ids)
+                    if n > best_len:
+                        best, best_len = key, n
+                best_len = min(best_len, len(row) - 1)
+                if best_len >= self.min_shared_prefix:
+                    sources[i], cached[i] = self._store[best], best_len
+                    self._store.move_to_end(best)
+            stats.reused_tokens += sum(cached)
+            cold = [i for i in range(len(rows)) if sources[i] is None]
+            shared = self._shared_prefix([rows[i] for i in cold])
+            if shared:
+                prefix = self._run_prefix(rows[cold[0]][:shared])
+                for i in cold:
+                    sources[i], cached[i] = prefix, shared
+                stats.shared_tokens += shared * len(cold)
+                stats.prefilled_tokens += shared
+        stats.prefilled_tokens += sum(len(r) - c for r, c in zip(rows, cached))
+        return sources, cached
+
+    def _shared_prefix(self, rows: list) -> int:
         """Tokens all rows share, leaving each row at least one token of its own; 0 when not worth caching."""
         if not self.prefix_cache or len(rows) < 2:
             return 0
         length = min(len(r) for r in rows)
-        common = next((i for i in range(length) if any(r[i] != rows[0][i] for r in rows[1:])), length)
-        common = min(common, length - 1)
+        block = np.stack([np.asarray(r[:length], dtype=np.int64) for r in rows])
+        diff = np.flatnonzero((block != block[0]).any(axis=0))
+        common = min(int(diff[0]) if diff.size else length, length - 1)
         return common if common >= self.min_shared_prefix else 0
 
-    def _prefixed_batch(self, rows: list[list[int]], shared: int) -> dict[str, torch.Tensor]:
-        """input_ids and attention_mask laid out as [shared prefix][left padding][rest of the prompt]."""
-        width = max(len(r) - shared for r in rows)
-        ids = torch.full((len(rows), shared + width), self.tokenizer.pad_token_id, dtype=torch.long)
+    def _run_prefix(self, ids: np.ndarray) -> _CachedSequence:
+        cache = self.model(input_ids=torch.as_tensor(ids, device=self.device)[None], use_cache=True).cache
+        return _CachedSequence(ids, len(ids), [layer.keys[0] for layer in cache.layers],
+                               [layer.values[0] for layer in cache.layers])
+
+    def _cached_batch(self, rows: list[list[int]], cached: list[int]) -> dict[str, torch.Tensor]:
+        """input_ids and attention_mask laid out as [left pad][cached part][pad][rest of the prompt]."""
+        width, rest = max(cached), max(len(r) - c for r, c in zip(rows, cached))
+        ids = torch.full((len(rows), width + rest), self.tokenizer.pad_token_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        for i, row in enumerate(rows):
-            ids[i, :shared] = torch.tensor(row[:shared])
-            ids[i, shared + width - (len(row) - shared):] = torch.tensor(row[shared:])
-            mask[i, :shared] = 1
-            mask[i, shared + width - (len(row) - shared):] = 1
+        for i, (row, c) in enumerate(zip(rows, cached)):
+            ids[i, width - c: width] = torch.tensor(row[:c], dtype=torch.long)
+            ids[i, width + rest - (len(row) - c):] = torch.tensor(row[c:], dtype=torch.long)
+            mask[i, width - c: width] = 1
+            mask[i, width + rest - (len(row) - c):] = 1
         return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
 
-    def _expanded_prefix_kv(self, prefix: list[int], batch: int):
-        """A fresh copy of the prefix's KV cache (computed once per prefix and adapter) repeated `batch` times."""
-        key = (self.active_adapter, tuple(prefix))
-        cache = self._prefix_kv.get(key)
-        if cache is None:
-            ids = torch.tensor([prefix], device=self.device)
-            cache = self.model(input_ids=ids, use_cache=True).cache
-            self._prefix_kv[key] = cache
-            while len(self._prefix_kv) > _PREFIX_CACHE_ENTRIES:
-                self._prefix_kv.popitem(last=False)
-        self._prefix_kv.move_to_end(key)
-        cache = copy.deepcopy(cache)  # generate extends the cache in place; the stored one must stay the prefix
-        cache.batch_repeat_interleave(batch)
-        return cache
+    def _batched_cache(self, sources: list[_CachedSequence | None], cached: list[int]):
+        """A fresh cache with every row's first `cached[i]` KV positions, left-padded to the widest (the padding
+        is masked out); generate extends it in place, the stored tensors are only read."""
+        from transformers import DynamicCache
+
+        width = max(cached)
+        some = next(s for s in sources if s is not None)
+        layers = []
+        for layer in range(len(some.keys)):
+            ref = some.keys[layer]
+            keys = ref.new_zeros((len(sources), ref.shape[0], width, ref.shape[2]))
+            values = torch.zeros_like(keys)
+            for i, (source, c) in enumerate(zip(sources, cached)):
+                if c:
+                    keys[i, :, width - c:] = source.keys[layer][:, :c]
+                    values[i, :, width - c:] = source.values[layer][:, :c]
+            layers.append((keys, values))
+        return DynamicCache(ddp_cache_data=layers)
+
+    def _store_rows(self, out, mask: torch.Tensor, rows: list[np.ndarray], generated: list[list[int]],
+                    cuts: list[int | None]) -> None:
+        """Keep every row's KV: its prompt tokens (where the mask is 1) and the generated tokens that went
+        through the model (all but the last sampled one, up to EOS)."""
+        cache = getattr(out, "cache", None)
+        width, steps = mask.shape[1], len(generated[0])
+        if self.prefix_cache_tokens <= 0 or cache is None or cache.get_seq_length() != width + steps - 1:
+            return
+        for i, row in enumerate(rows):
+            fed = min(cuts[i] + 1, steps - 1) if cuts[i] is not None else steps - 1
+            positions = torch.cat([mask[i].nonzero().squeeze(1),
+                                   torch.arange(width, width + fed, device=mask.device)])
+            ids = np.concatenate([row, np.asarray(generated[i][:fed], dtype=np.int64)])
+            keys = [layer.keys[i].index_select(1, positions) for layer in cache.layers]
+            values = [layer.values[i].index_select(1, positions) for layer in cache.layers]
+            self._insert(_CachedSequence(ids, len(row), keys, values))
+
+    def _insert(self, entry: _CachedSequence) -> None:
+        """Add a sequence; one whose prompt it continues is superseded (that slot moved on), and the least
+        recently used go while the store is over its token budget."""
+        if len(entry.ids) > self.prefix_cache_tokens:
+            return
+        for key, old in list(self._store.items()):
+            if _common_prefix(old.ids, entry.ids) >= old.prompt_len:
+                self._store_tokens -= len(self._store.pop(key).ids)
+        self._store[next(self._store_ids)] = entry
+        self._store_tokens += len(entry.ids)
+        while self._store_tokens > self.prefix_cache_tokens:
+            self._store_tokens -= len(self._store.popitem(last=False)[1].ids)
+            self.prefix_stats.evicted += 1
 
     def _eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
