@@ -214,3 +214,14 @@ def test_the_store_stays_within_its_token_budget(tiny_model_dir):
     none = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32", prefix_cache_tokens=0)
     assert_same(play(none, SCHEDULE, params), plain)
     assert not none._store and none.prefix_stats.reused_tokens == 0 and none.prefix_stats.shared_tokens > 0
+
+
+def test_the_preallocated_cache_layer_grows_past_its_planned_room():
+    from agent_runtime.llm.transformers_backend import _preallocated_layer_class
+
+    layer = _preallocated_layer_class()(capacity=3)
+    keys = [torch.randn(2, 1, n, 4) for n in (2, 1, 3, 1)]  # a prefill, then more than the 3 planned
+    for k in keys:
+        out, _ = layer.update(k, -k)
+    assert torch.equal(out, torch.cat(keys, dim=2)) and torch.equal(layer.values, -out)
+    assert layer.get_seq_length() == 7
