@@ -46,17 +46,23 @@ def test_sigkill_during_play_then_resume(tmp_path, games_dir):
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         seen.append(committed(workdir))
-    proc = start(workdir, games_dir, total, "--resume")
-    out, err = proc.communicate(timeout=600)
+    resume_to_the_end(workdir, games_dir, total)
+    assert seen[0] >= 20 and seen[1] >= 70
+
+
+def resume_to_the_end(workdir, games_dir, total, *extra) -> None:
+    """`run --resume` to `total` episodes; then every draw is committed exactly once and the counters agree."""
+    proc = start(workdir, games_dir, total, "--resume", *extra)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     with ExperienceStore.open(workdir) as store:
         [run] = store.runs()
-        draws = sorted(e.metadata["draw"] for e in store.episodes(run.id, limit=10_000))
+        episodes = store.episodes(run.id, limit=10_000)
+        draws = sorted(e.metadata["draw"] for e in episodes)
         assert draws == list(range(total)), "every draw exactly once: nothing lost, nothing duplicated"
         assert run.state["episodes"] == total == store.stats()["episodes"]
-        assert run.state["won"] == sum(e.won for e in store.episodes(run.id, limit=10_000))
+        assert run.state["won"] == sum(e.won for e in episodes)
         assert run.status == "finished"
-    assert seen[0] >= 20 and seen[1] >= 70
 
 
 def test_sigterm_finishes_the_turn_commits_and_exits_0(tmp_path, games_dir):
@@ -95,12 +101,5 @@ def test_ray_driver_sigkill_then_resume(tmp_path, games_dir):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     killed_at = committed(workdir)
-    proc = start(workdir, games_dir, total, "--resume", *ray_args)
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err
-    with ExperienceStore.open(workdir) as store:
-        [run] = store.runs()
-        draws = sorted(e.metadata["draw"] for e in store.episodes(run.id, limit=10_000))
-        assert draws == list(range(total)), "every draw exactly once: nothing lost, nothing duplicated"
-        assert run.state["episodes"] == total and run.status == "finished"
+    resume_to_the_end(workdir, games_dir, total, *ray_args)
     assert 12 <= killed_at < total
