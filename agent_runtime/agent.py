@@ -5,6 +5,11 @@ lessons), the recent turns of the episode as user/assistant pairs, and the curre
 admissible actions when the game knows them. It is fitted to the model's context window by dropping the
 oldest turns first; the lessons and the current observation are never dropped.
 
+Past turns show their observation without the action list by default (shorter prompts: an ALFWorld list
+is 30-50 actions). With `history_shows_admissible` every past turn is shown exactly as it was sent, so a
+conversation only grows at its end and the backend's per-slot KV cache reuses all of it (see
+`TransformersBackend`); that costs context, and buys prefill: see bench/RESULTS.md.
+
 Replies are parsed per environment family:
 
 - `text` (TextWorld, ALFWorld): the first non-empty line, with chatter such as "> " or "Action:" removed;
@@ -53,6 +58,7 @@ def lessons_section(lessons: list[str]) -> str:
 class Turn:
     observation: str
     response: str
+    admissible: list[str] | None = None  # the actions listed with the observation when it was current
 
 
 @dataclass
@@ -64,6 +70,7 @@ class PromptBuilder:
     context_window: int
     system_prompt: str | None = None
     show_admissible_actions: bool = True
+    history_shows_admissible: bool = False
     max_history_turns: int = 8
     reserve_tokens: int = 64  # room for the reply
     lessons: list[str] = field(default_factory=list)
@@ -94,7 +101,9 @@ class PromptBuilder:
         while True:
             chat = [system]
             for turn in turns:
-                chat.append({"role": "user", "content": turn.observation.strip()})
+                shown = self.current_message(turn.observation, turn.admissible) if self.history_shows_admissible \
+                    else turn.observation.strip()
+                chat.append({"role": "user", "content": shown})
                 chat.append({"role": "assistant", "content": turn.response.strip()})
             chat.append(current)
             if not turns or self.count_tokens(chat) + self.reserve_tokens <= self.context_window:

@@ -57,6 +57,9 @@ class AgentConfig(_Strict):
 
     system_prompt: str | None = Field(None, description="default: a prompt per environment family")
     show_admissible_actions: bool = True
+    history_shows_admissible: bool = Field(
+        False, description="past turns keep the action list they were shown with: the prompt then only grows at "
+        "its end, so the per-slot KV cache reuses it whole (faster), at the cost of context")
     max_history_turns: int = Field(8, ge=0)
     retrieved_examples: int = Field(0, ge=0, description="past won episodes of the same env shown as examples")
 

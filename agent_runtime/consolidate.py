@@ -73,7 +73,7 @@ def episode_prefixes(config: RunConfig, workdir: Path, store: ExperienceStore, r
         history: list[Turn] = []
         for step in episode.steps:
             out.append((builder.build(history, step.observation, step.admissible_actions, lessons=[]), [info.id]))
-            history.append(Turn(step.observation, step.response))
+            history.append(Turn(step.observation, step.response, step.admissible_actions))
     return out
 
 

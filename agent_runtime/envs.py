@@ -39,6 +39,7 @@ def build_prompt_builders(config: RunConfig, specs: list[EnvSlotSpec], backend: 
     return [PromptBuilder(
         family=spec.family, count_tokens=backend.count_tokens, context_window=backend.context_window,
         system_prompt=agent.system_prompt, show_admissible_actions=agent.show_admissible_actions,
+        history_shows_admissible=agent.history_shows_admissible,
         max_history_turns=agent.max_history_turns, reserve_tokens=config.model.max_new_tokens,
         lessons=list(lessons or []),
     ) for spec in specs]

@@ -214,7 +214,7 @@ class EpisodeRunner:
                                                       if k in ("won", "score")},
             ))
             ep.total_return += float(reward)
-            ep.history.append(Turn(ep.observation, completion.text))
+            ep.history.append(Turn(ep.observation, completion.text, list(admissible) if admissible else None))
             ep.observation, ep.info = observation, dict(info or {})
             if error is not None:
                 self._live[slot] = None

@@ -214,7 +214,8 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
     kwargs = env_kwargs(args)
     spec = EnvSlotSpec(ENV_ID, lambda: _TimedEnv(environments.make(ENV_ID, **kwargs), timers), "text", args.max_steps)
     builder = PromptBuilder(family="text", count_tokens=timed.count_tokens, context_window=timed.context_window,
-                            reserve_tokens=args.max_new_tokens, lessons=bench_lessons(args.lessons))
+                            reserve_tokens=args.max_new_tokens, lessons=bench_lessons(args.lessons),
+                            history_shows_admissible=args.history_admissible)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     runner = EpisodeRunner(timed, [spec], [_TimedBuilder(builder, timers)], params, slots=slots, policy_name=model)
     sampler = TaskSampler([1.0], [[f"train-{i}" for i in range(args.tasks)]], seed=args.seed)
@@ -325,6 +326,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prefix-cache-tokens", type=int, default=None,
                         help="token budget of the cache's store across turns (0: within a call only; "
                              "default: the backend's)")
+    parser.add_argument("--history-admissible", action="store_true",
+                        help="past turns keep their action list (agent.history_shows_admissible): append-only prompts")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--games-dir", type=Path,
                         default=Path(os.environ.get("AGENT_RUNTIME_CACHE", "~/.cache/agent-runtime")).expanduser()
@@ -356,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
               f"max {args.max_steps} steps, {args.max_new_tokens} new tokens, T={args.temperature}, CPU, "
               f"{args.dtype} weights, {args.lessons} lessons, prefix cache {'on' if args.prefix_cache else 'off'}"
               f"{'' if args.prefix_cache_tokens is None else f' ({args.prefix_cache_tokens} tokens)'}, "
+              f"history {'with' if args.history_admissible else 'without'} action lists, "
               f"torch threads {torch.get_num_threads()}, games ready in {pregen:.1f}s, "
               f"load average {os.getloadavg()[0]:.1f} at start")
     if args.profile:

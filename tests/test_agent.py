@@ -42,3 +42,21 @@ def test_history_limit():
                             max_history_turns=2)
     chat = builder.build([Turn(str(i), str(i)) for i in range(5)], "now", None)
     assert len(chat) == 1 + 2 * 2 + 1
+
+
+def test_history_shows_admissible_makes_the_prompt_append_only():
+    backend = ScriptedBackend()
+    steps = [("You are in a hall.", ["go east", "look"], "go east"), ("You see a coin.", ["take coin"], "take coin")]
+    for shows in (False, True):
+        builder = PromptBuilder(family="text", count_tokens=backend.count_tokens, context_window=10_000,
+                                history_shows_admissible=shows)
+        history: list[Turn] = []
+        sent = []
+        for observation, admissible, reply in steps:
+            sent.append(builder.build(history, observation, admissible))
+            history.append(Turn(observation, reply, admissible))
+        first, second = sent
+        extends = second[:len(first)] == first and second[len(first)] == {"role": "assistant", "content": "go east"}
+        assert extends == shows  # as sent, or without the action list
+        assert ("go east | look" in second[1]["content"]) == shows
+        assert "take coin" in second[-1]["content"]

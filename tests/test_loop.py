@@ -217,3 +217,19 @@ def test_retrieved_examples_show_past_wins(tmp_path, games_dir):
 def store_prompt_of(workdir, episode_id):
     with ExperienceStore.open(workdir) as store:
         return store.episode(episode_id).steps[0].prompt
+
+
+def test_history_shows_admissible_sends_each_turn_as_an_extension_of_the_last(tmp_path, games_dir):
+    """agent.history_shows_admissible: every prompt of an episode starts with the previous prompt (what the
+    per-slot KV cache needs to reuse all of it)."""
+    config = make_config(games_dir, episodes=4, agent={"history_shows_admissible": True})
+    loop = AgentLoop(config, tmp_path, progress=False)
+    loop.run()
+    loop.close()
+    with ExperienceStore.open(tmp_path) as store:
+        episodes = [store.episode(e.id) for e in store.episodes(loop.run_id)]
+    multi = [e for e in episodes if len(e.steps) > 1]
+    assert multi, "some coin_collector episode takes more than one step"
+    for episode in multi:
+        for before, after in zip(episode.steps, episode.steps[1:]):
+            assert after.prompt.startswith(before.prompt + "\n<assistant> " + before.response)
