@@ -70,7 +70,7 @@ def main() -> None:
     print(f"\nOPCD data parallel, {args.model}, global batch {args.batch_size}, {args.max_new_tokens} new tokens\n")
     print("| ranks | job wall s | s/step | train tokens/s | vs 1 rank | held-out KL before -> after |")
     print("|---:|---:|---:|---:|---:|---|")
-    base = rows[0][3]
+    base = next((r[3] for r in rows if r[0] == 1), rows[0][3])
     for processes, wall, per_step, tps, before, after in rows:
         print(f"| {processes} | {wall:.1f} | {per_step:.2f} | {tps:.1f} | {tps / base:.2f}x | {before:.3f} -> {after:.3f} |")
 
