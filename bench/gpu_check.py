@@ -222,7 +222,7 @@ def section_rollout(args, out: Results) -> None:
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.7)
     factory, env_label = _game_factory(args, max_steps)
     try:
-        from agent_runtime.runner import EnvSlotSpec, EpisodeRunner, TaskSampler
+        from agent_runtime.runner import EpisodeRunner
     except ImportError as exc:  # the runner's module imports the experience store (sqlalchemy)
         out.add("runner", "not importable", f"{exc}; measuring backend.generate with batched chats instead")
         EpisodeRunner = None
@@ -231,30 +231,49 @@ def section_rollout(args, out: Results) -> None:
         episodes = slots if args.cpu_dry_run else max(4, 2 * slots)
         builder = PromptBuilder(family="text", count_tokens=backend.count_tokens,
                                 context_window=backend.context_window, reserve_tokens=new_tokens)
-        calls, gen_seconds, tokens = backend.stats.calls, backend.stats.seconds, backend.stats.completion_tokens
-        start = time.perf_counter()
-        if EpisodeRunner is not None:
-            finished = []
-            spec = EnvSlotSpec("textworld/coin_collector", factory, "text", max_steps)
-            runner = EpisodeRunner(backend, [spec], [builder], params, slots=slots)
-            sampler = TaskSampler([1.0], [[f"train-{i}" for i in range(4)]], seed=0)
-            draws = iter([sampler.draw(i) for i in range(episodes)])
-            runner.run(lambda draws=draws: next(draws, None), finished.append)
-            runner.close()
-            errors = [e.error for e in finished if e.outcome == "error"]
-            if errors:
-                raise RuntimeError(f"{len(errors)} episodes errored, first: {errors[0]}")
-            steps = sum(len(e.steps) for e in finished)
-        else:
-            steps = _batched_turns(backend, builder, params, factory, slots, episodes, max_steps)
-        _sync(device)
-        wall = time.perf_counter() - start
-        share = (backend.stats.seconds - gen_seconds) / wall
-        tps = (backend.stats.completion_tokens - tokens) / wall
-        out.add(f"rollout, {slots} slots", f"{60 * episodes / wall:,.1f} episodes/min, {tps:,.0f} gen tokens/s",
-                f"{episodes} episodes x {max_steps} steps ({steps} steps), {new_tokens} new tokens, "
-                f"{backend.stats.calls - calls} generate calls, {share:.0%} of wall in generate, {env_label}, "
-                f"{_peak(device)}", tokens_per_s=tps, slots=slots)
+        try:
+            _rollout_row(args, out, backend, builder, params, factory, env_label, EpisodeRunner, slots, episodes,
+                         max_steps, new_tokens, device)
+        except Exception as exc:  # e.g. this transformers' cache API differs from the one tested
+            if not backend.prefix_cache:
+                raise
+            out.add(f"rollout, {slots} slots", "FAILED with the prefix cache",
+                    f"{type(exc).__name__}: {str(exc)[:300]}; measuring with the prefix cache off")
+            backend.prefix_cache = False
+            _rollout_row(args, out, backend, builder, params, factory, env_label, EpisodeRunner, slots, episodes,
+                         max_steps, new_tokens, device)
+
+
+def _rollout_row(args, out, backend, builder, params, factory, env_label, EpisodeRunner, slots, episodes,
+                 max_steps, new_tokens, device) -> None:
+    """One row of the rollout section: `episodes` episodes on `slots` slots through the runtime's runner."""
+    calls, gen_seconds, tokens = backend.stats.calls, backend.stats.seconds, backend.stats.completion_tokens
+    start = time.perf_counter()
+    if EpisodeRunner is not None:
+        from agent_runtime.runner import EnvSlotSpec, TaskSampler
+
+        finished = []
+        spec = EnvSlotSpec("textworld/coin_collector", factory, "text", max_steps)
+        runner = EpisodeRunner(backend, [spec], [builder], params, slots=slots)
+        sampler = TaskSampler([1.0], [[f"train-{i}" for i in range(4)]], seed=0)
+        draws = iter([sampler.draw(i) for i in range(episodes)])
+        runner.run(lambda draws=draws: next(draws, None), finished.append)
+        runner.close()
+        errors = [e.error for e in finished if e.outcome == "error"]
+        if errors:
+            raise RuntimeError(f"{len(errors)} episodes errored, first: {errors[0]}")
+        steps = sum(len(e.steps) for e in finished)
+    else:
+        steps = _batched_turns(backend, builder, params, factory, slots, episodes, max_steps)
+    _sync(device)
+    wall = time.perf_counter() - start
+    share = (backend.stats.seconds - gen_seconds) / wall
+    tps = (backend.stats.completion_tokens - tokens) / wall
+    cache = "prefix cache on" if backend.prefix_cache else "prefix cache off"
+    out.add(f"rollout, {slots} slots", f"{60 * episodes / wall:,.1f} episodes/min, {tps:,.0f} gen tokens/s",
+            f"{episodes} episodes x {max_steps} steps ({steps} steps), {new_tokens} new tokens, "
+            f"{backend.stats.calls - calls} generate calls, {share:.0%} of wall in generate, {cache}, "
+            f"{env_label}, {_peak(device)}", tokens_per_s=tps, slots=slots)
 
 
 def _batched_turns(backend, builder, params, factory, slots: int, episodes: int, max_steps: int) -> int:
