@@ -28,6 +28,18 @@ def backends(tiny_model_dir):
     return on, off
 
 
+def save_random_adapter(path) -> None:
+    """A LoRA adapter with random (not zero) weights for the tiny model, so that it changes the outputs."""
+    from peft import LoraConfig, get_peft_model
+
+    from agent_runtime.testing import tiny_model_and_tokenizer
+
+    model, _ = tiny_model_and_tokenizer()
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "o_proj"],
+                                                  init_lora_weights=False))
+    peft_model.save_pretrained(path)
+
+
 def test_the_prompts_share_a_long_prefix(backends):
     on, _ = backends
     rows = [on.tokenizer(on.render(c), add_special_tokens=False)["input_ids"] for c in chats()]
@@ -63,14 +75,7 @@ def test_seeded_sampling_repeats_and_matches_the_plain_path(backends):
 
 
 def test_matches_the_plain_path_with_an_adapter_active(tmp_path, tiny_model_dir):
-    from peft import LoraConfig, get_peft_model
-
-    from agent_runtime.testing import tiny_model_and_tokenizer
-
-    model, _ = tiny_model_and_tokenizer()
-    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "o_proj"],
-                                                  init_lora_weights=False))
-    peft_model.save_pretrained(tmp_path / "adapter")
+    save_random_adapter(tmp_path / "adapter")
     params = SamplingParams(max_new_tokens=10, temperature=0.0, logprobs=True)
     outs = {}
     for flag in (True, False):
@@ -182,14 +187,7 @@ def test_rows_continue_their_own_stored_conversation(tiny_model_dir):
 
 
 def test_adapter_switches_between_turns_match_the_plain_path(tmp_path, tiny_model_dir):
-    from peft import LoraConfig, get_peft_model
-
-    from agent_runtime.testing import tiny_model_and_tokenizer
-
-    model, _ = tiny_model_and_tokenizer()
-    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "o_proj"],
-                                                  init_lora_weights=False))
-    peft_model.save_pretrained(tmp_path / "adapter")
+    save_random_adapter(tmp_path / "adapter")
     params = SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=True)
     schedule, adapters = SCHEDULE[:4], [None, "a1", "a1", None]
     runs = []
