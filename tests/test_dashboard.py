@@ -350,3 +350,22 @@ def test_dashboard_imports_only_memory_of_ours() -> None:
                 top = name.split(".")[0]
                 if top in ours:
                     assert top == "memory" or name.startswith("agent_runtime.dashboard"), f"{path.name} imports {name}"
+
+
+def test_lessons_are_paged(client: TestClient, seeded: tuple[Path, dict[str, int]]) -> None:
+    _, ids = seeded
+    with ExperienceStore.open(seeded[0], read_only=True) as store:
+        total = store.count_lessons(ids["run"])
+    assert total >= 4, "the demo store has several lessons"
+    listed = []
+    page = 1
+    while True:
+        body = client.get(f"/lessons?run={ids['run']}&per_page=3&page={page}").text
+        assert f"lessons ({total})" in body and f"page {page} of {-(-total // 3)}" in body
+        table = body.split("<tbody>")[1].split("</tbody>")[0]
+        listed += [int(i) for i in re.findall(r'<td><a href="/lessons/(\d+)">', table)]
+        if "newer →" not in body:
+            break
+        assert f"page={page + 1}" in body
+        page += 1
+    assert len(listed) == total == len(set(listed)) and listed == sorted(listed), "each lesson once, oldest first"

@@ -207,6 +207,9 @@ def lessons(request: Request) -> HTMLResponse:
     for lesson in in_set:
         by_pool.setdefault(lesson.pool, []).append(lesson)
     baseline = reads.success_without_lessons(store, run_id) if run_id is not None else None
+    page = _int(request, "page", 1, minimum=1) or 1
+    per_page = min(_int(request, "per_page", PER_PAGE, minimum=1) or PER_PAGE, MAX_PER_PAGE)
+    total = store.count_lessons(run_id, status=status, pool=pool)
     return _page(
         request,
         "lessons.html",
@@ -218,7 +221,10 @@ def lessons(request: Request) -> HTMLResponse:
         pool=pool,
         statuses=LESSON_STATUSES,
         status_counts={s: store.count_lessons(run_id, status=s) for s in LESSON_STATUSES},
-        lessons=store.lessons(run_id, status=status, pool=pool, limit=MAX_PER_PAGE),
+        lessons=store.lessons(run_id, status=status, pool=pool, limit=per_page, offset=(page - 1) * per_page),
+        total=total,
+        page=page,
+        pages=max(1, -(-total // per_page)),
         baseline=baseline,
         utilities=reads.stored_utilities(store, run_id),
     )
