@@ -295,3 +295,20 @@ def test_extract_phase_runs_pools_in_their_own_order(ctx) -> None:
     assert all(t <= 40 for t in result.curation.tokens.values())
     lesson = store.get_lesson(version.lesson_ids[0])
     assert lesson.extraction_id is not None and len(lesson.source_episode_ids) == 1
+
+
+def test_diff_follows_merges_through_lessons_no_version_held(ctx):
+    """A and B in v1; one round merges A into C and then C and B into D; v2 holds D. The diff links A and B to
+    D (merged), instead of showing them as removed and D as unrelated."""
+    from distill.lessons.versions import create_version
+
+    store, run_id, _ = ctx
+    a = store.add_lesson("Take the coin first.", run_id=run_id)
+    b = store.add_lesson("Look before moving.", run_id=run_id)
+    create_version(store, run_id, [a, b])
+    c = store.add_lesson("Take the coin first, always.", run_id=run_id, metadata={"merged_from": [a]})
+    d = store.add_lesson("Look, then take the coin.", run_id=run_id, metadata={"merged_from": [c, b]})
+    create_version(store, run_id, [d])
+    diff = diff_versions(store, run_id, 1, 2)
+    assert sorted(diff.merged) == [(a, d), (b, d)] and not diff.updated
+    assert [x.id for x in diff.added] == [d] and sorted(x.id for x in diff.removed) == [a, b]

@@ -206,10 +206,32 @@ def diff_versions(store: ExperienceStore, run_id: int | None, old: int, new: int
     )
     removed = set(removed_ids)
     for lesson in diff.added:
-        merged, updated = predecessors(lesson)
-        diff.merged += [(i, lesson.id) for i in merged if i in removed]
-        diff.updated += [(i, lesson.id) for i in updated if i in removed]
+        for relation, ancestor in _ancestors_among(store, run_id, lesson, removed, wanted):
+            (diff.merged if relation == "merged" else diff.updated).append((ancestor, lesson.id))
     return diff
+
+
+def _ancestors_among(store: ExperienceStore, run_id: int | None, lesson: LessonInfo, targets: set[int],
+                     stop: set[int]) -> list[tuple[str, int]]:
+    """The `targets` this lesson descends from, through lessons in neither version (one curation round can
+    merge a lesson into a new one and that one into another). The relation is the first hop's: a lesson that
+    merged an intermediate descends from what that intermediate replaced by merging."""
+    merged, updated = predecessors(lesson)
+    found: list[tuple[str, int]] = []
+    todo = [("merged", i) for i in merged] + [("updated", i) for i in updated]
+    seen = {lesson.id}
+    while todo:
+        relation, parent_id = todo.pop(0)
+        if parent_id in seen:
+            continue
+        seen.add(parent_id)
+        if parent_id in targets:
+            found.append((relation, parent_id))
+        elif parent_id not in stop:  # an intermediate that no version held: follow it
+            for parent in store.lessons(run_id, ids=[parent_id]):
+                more_merged, more_updated = predecessors(parent)
+                todo += [(relation, i) for i in more_merged + more_updated]
+    return found
 
 
 def lesson_provenance(store: ExperienceStore, lesson_id: int) -> dict[str, Any]:
