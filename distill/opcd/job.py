@@ -155,6 +155,8 @@ def _launch(job: TrainJob, on_step: Callable[[dict], None] | None, folder: Path)
            "PYTHONPATH": os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH")] if p)}
     if job.device == "cpu":  # torchrun would pin every rank to one thread
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
+        if sys.platform.startswith("linux"):  # one machine: gloo on loopback, whatever the hostname resolves to
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                "--nproc_per_node", str(processes), "--max_restarts", "0", "-m", "distill.opcd.job", str(job_file)]
     with open(folder / "output.log", "wb") as log:
