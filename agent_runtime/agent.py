@@ -5,10 +5,11 @@ lessons), the recent turns of the episode as user/assistant pairs, and the curre
 admissible actions when the game knows them. It is fitted to the model's context window by dropping the
 oldest turns first; the lessons and the current observation are never dropped.
 
-Past turns show their observation without the action list by default (shorter prompts: an ALFWorld list
-is 30-50 actions). With `history_shows_admissible` every past turn is shown exactly as it was sent, so a
-conversation only grows at its end and the backend's per-slot KV cache reuses all of it (see
-`TransformersBackend`); that costs context, and buys prefill: see bench/RESULTS.md.
+Past turns are shown exactly as they were sent, action list included (`history_shows_admissible`, the
+default): the transcript only grows at its end, so the transformers backend's per-slot KV cache (and vLLM's
+prefix caching on GPU) reuses all of it and a turn prefills only the new observation. Switched off, past
+observations lose their lists (shorter prompts: an ALFWorld list is 30-50 actions), and every turn
+re-prefills from the previous observation on. See bench/RESULTS.md for what each costs.
 
 Replies are parsed per environment family:
 
@@ -70,7 +71,7 @@ class PromptBuilder:
     context_window: int
     system_prompt: str | None = None
     show_admissible_actions: bool = True
-    history_shows_admissible: bool = False
+    history_shows_admissible: bool = True
     max_history_turns: int = 8
     reserve_tokens: int = 64  # room for the reply
     lessons: list[str] = field(default_factory=list)

@@ -58,8 +58,10 @@ class AgentConfig(_Strict):
     system_prompt: str | None = Field(None, description="default: a prompt per environment family")
     show_admissible_actions: bool = True
     history_shows_admissible: bool = Field(
-        False, description="past turns keep the action list they were shown with: the prompt then only grows at "
-        "its end, so the per-slot KV cache reuses it whole (faster), at the cost of context")
+        True, description="past turns keep the action list they were shown with, so the transcript is "
+        "append-only and a KV cache (the transformers backend's per-slot cache, vLLM's prefix caching) reuses it "
+        "whole; false shows past observations without their lists (shorter prompts, every turn re-prefilled "
+        "from the previous observation on)")
     max_history_turns: int = Field(8, ge=0)
     retrieved_examples: int = Field(0, ge=0, description="past won episodes of the same env shown as examples")
 

@@ -6,9 +6,11 @@ setting plays the same fixed draws (max(`--episodes`, slots) of them; draw k is 
 everywhere) of TextWorld coin_collector level 1 from a small task pool whose games are generated once,
 before any timing, under `~/.cache/agent-runtime/bench-games` (`--games-dir` moves it). Models: `tiny`
 (the random tiny Llama of `agent_runtime.testing`) and `smollm2` (SmolLM2-135M-Instruct,
-`resolve_model("smollm2-135m-instruct")`), both with the transformers backend on CPU and the runtime's
-default sampling (32 new tokens, temperature 0.7). `EpisodeRunner` is driven directly; finished episodes
-are only counted (no SQL writes are timed).
+`resolve_model("smollm2-135m-instruct")`), both with the transformers backend on CPU, 32 new tokens, greedy by default (`--temperature 0`): with
+sampling, a reply depends on the batch it was drawn in, so each slot count would play different episodes
+and the totals would move by ~10%; greedy makes the rows compare the same episodes (bf16 batch numerics
+can still end a reply a token earlier: compare the generated tokens/s column too). `EpisodeRunner` is
+driven directly; finished episodes are only counted (no SQL writes are timed).
 
 Besides the rates, each row says where the wall time went, measured by thin timing wrappers (nothing in
 the runtime is changed): `model.generate` (the decode loop, prefill included), the rest of
@@ -315,7 +317,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="episodes per setting, at least one per slot (draw k is the same everywhere)")
     parser.add_argument("--max-steps", type=int, default=4, help="step budget of an episode")
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0 (default): greedy, so every slot count plays the same episodes and the rows compare "
+                        "equal work; sampled replies differ with the batch and move the totals by ~10%%")
     parser.add_argument("--tasks", type=int, default=8, help="size of the coin_collector task pool")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
@@ -326,8 +330,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prefix-cache-tokens", type=int, default=None,
                         help="token budget of the cache's store across turns (0: within a call only; "
                              "default: the backend's)")
-    parser.add_argument("--history-admissible", action="store_true",
-                        help="past turns keep their action list (agent.history_shows_admissible): append-only prompts")
+    parser.add_argument("--no-history-admissible", dest="history_admissible", action="store_false",
+                        help="past turns without their action list (agent.history_shows_admissible: false): "
+                        "prompts that are not append-only")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--games-dir", type=Path,
                         default=Path(os.environ.get("AGENT_RUNTIME_CACHE", "~/.cache/agent-runtime")).expanduser()
