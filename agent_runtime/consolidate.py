@@ -195,6 +195,12 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     return CycleReport(cycle_id, "promoted", [], adapter_id, consolidated, metrics)
 
 
+def roll_back_interrupted(store: ExperienceStore, run_id: int, why: str) -> None:
+    """Roll back the run's cycles still marked running: whatever ran them stopped before the end."""
+    for stale in store.cycles(run_id, status="running"):
+        store.rollback_cycle(stale.id, error=f"interrupted: {why}")
+
+
 def activate(backend, adapter) -> None:
     """Make the acting backend use `adapter` (an AdapterInfo, loaded on first use) or the base model (None)."""
     if adapter is None:

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agent_runtime.config import ConfigError, RunConfig, config_from_dict, save_resolved
-from agent_runtime.consolidate import activate, run_cycle
+from agent_runtime.consolidate import activate, roll_back_interrupted, run_cycle
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.examples import example_retriever
 from agent_runtime.lessons_phase import LessonContexts, run_extract
@@ -121,8 +121,7 @@ class AgentLoop:
         # Under Ray with the learner on a worker the driver never generates: it does not load the model at all
         # (a driver on a CPU node next to the database), and counts the workers' tokens in its own stats.
         self._backend = backend
-        self._driver_generates = not (config.runtime.executor == "ray" and config.runtime.ray.learner == "worker")
-        if self._backend is None and self._driver_generates:
+        if self._backend is None and not self._on_learner():
             self._backend = make_backend(config.model, seed=config.seed)
         elif self._backend is None and config.model.backend in ("transformers", "vllm"):
             resolve_model(config.model.name)  # an unknown model fails here, not on every worker
@@ -323,8 +322,7 @@ class AgentLoop:
     def _consolidate(self) -> None:
         """One OPCD cycle. The cycle row is the cursor inside it: a cycle found still running here was
         interrupted (the process died); it is rolled back and a fresh cycle starts."""
-        for stale in self.store.cycles(self.run_id, status="running"):
-            self.store.rollback_cycle(stale.id, error="interrupted: the process stopped during the cycle")
+        roll_back_interrupted(self.store, self.run_id, "the process stopped during the cycle")
         bar = tqdm(total=self.config.opcd.trainer.steps, desc="CONSOLIDATE", unit="step",
                    disable=not self.progress, dynamic_ncols=True)
 

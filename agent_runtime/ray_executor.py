@@ -48,7 +48,9 @@ import torch
 from tqdm.auto import tqdm
 
 from agent_runtime.config import ConfigError, RunConfig, config_from_dict
+from agent_runtime.consolidate import activate, roll_back_interrupted, run_cycle
 from agent_runtime.envs import build_envs, build_prompt_builders
+from agent_runtime.lessons_phase import run_extract
 from agent_runtime.llm import SamplingParams, make_backend
 from agent_runtime.runner import Draw, EpisodeContext, EpisodeRunner
 from memory import EpisodeRecord, ExperienceStore
@@ -141,13 +143,8 @@ class Learner:
     """
 
     def __init__(self, config_data: dict, workdir: str):
+        """`config_data` is the run's config as the learner runs it (see `learner_config`)."""
         config = config_from_dict(config_data, source="ray learner")
-        settings = config.runtime.ray
-        trainer = config.opcd.trainer
-        gpus = int(settings.learner_gpus or 0)
-        if gpus > 1 and trainer.processes == 1:  # one data-parallel process per GPU unless configured otherwise
-            config.opcd.trainer = trainer.model_copy(update={"processes": gpus})
-        config.model = config.model.model_copy(update={"device": settings.learner_device})
         self.config, self.workdir = config, Path(workdir)
         torch.manual_seed(config.seed)
         self.backend = make_backend(config.model, seed=config.seed)
@@ -165,20 +162,14 @@ class Learner:
                 "processes": self.config.opcd.trainer.processes}
 
     def _act_with_run_adapter(self, run_id: int) -> None:
-        from agent_runtime.consolidate import activate
-
         if hasattr(self.backend, "use_adapter"):
             activate(self.backend, self.store.active_adapter(run_id))
 
     def extract(self, run_id: int, episode_ids: list[int]):
-        from agent_runtime.lessons_phase import run_extract
-
         self._act_with_run_adapter(run_id)
         return run_extract(self.config, self.workdir, self.store, run_id, self.backend, episode_ids)
 
     def consolidate(self, run_id: int):
-        from agent_runtime.consolidate import run_cycle
-
         self._act_with_run_adapter(run_id)
         report = run_cycle(self.config, self.workdir, self.store, run_id, self.backend, self.config.opcd)
         if report is not None:
@@ -216,10 +207,21 @@ def learner_gpus(settings, available: dict) -> float:
     return 1.0 if free >= 1 else 0.0
 
 
-def _check_resources(available: dict, settings, *, learner: bool) -> None:
-    """Fail now, with the numbers, instead of waiting forever for workers the cluster cannot place."""
+def learner_config(config: RunConfig, gpus: float) -> dict:
+    """The run's config as the learner runs it: its model on `learner_device`, and OPCD data parallel over its
+    GPUs (one rank per GPU) unless `opcd.trainer.processes` says otherwise."""
+    data = config.model_dump(mode="json")
+    data["model"]["device"] = config.runtime.ray.learner_device
+    if int(gpus) > 1 and config.opcd.trainer.processes == 1:
+        data["opcd"]["trainer"]["processes"] = int(gpus)
+    return data
+
+
+def _check_resources(available: dict, settings, learner: dict[str, float]) -> None:
+    """Fail now, with the numbers, instead of waiting forever for workers the cluster cannot place;
+    `learner` is what the learner takes ({} when no phase runs on it)."""
     for name, per_worker in (("CPU", settings.worker_cpus), ("GPU", settings.worker_gpus)):
-        extra = (settings.learner_cpus if name == "CPU" else learner_gpus(settings, available)) if learner else 0.0
+        extra = learner.get(name, 0.0)
         need, have = settings.workers * per_worker + extra, available.get(name, 0.0)
         if need > have:
             plus = f" + the learner's {extra:g}" if extra else ""
@@ -248,20 +250,21 @@ class RayExecutor:
         self._ray = ray
         self._settings = settings
         self._owns_cluster = not ray.is_initialized()
+        uses_learner = settings.learner == "worker" and (config.lessons.enabled or config.opcd.enabled)
         if self._owns_cluster:
-            need = settings.workers * settings.worker_cpus + settings.learner_cpus * (settings.learner == "worker")
+            need = settings.workers * settings.worker_cpus + settings.learner_cpus * uses_learner
             local = {} if settings.address else {"num_cpus": max(os.cpu_count() or 1, math.ceil(need))}
             ray.init(address=settings.address, include_dashboard=False, log_to_driver=False, **local)
-        uses_learner = settings.learner == "worker" and (config.lessons.enabled or config.opcd.enabled)
-        _check_resources(ray.cluster_resources(), settings, learner=uses_learner)
+        available = ray.cluster_resources()
+        gpus = learner_gpus(settings, available)
+        _check_resources(available, settings, {"CPU": settings.learner_cpus, "GPU": gpus} if uses_learner else {})
         env = {"env_vars": _worker_env()}
         self._worker_class = ray.remote(RolloutWorker).options(
             num_cpus=settings.worker_cpus, num_gpus=settings.worker_gpus, max_restarts=0, runtime_env=env)
-        gpus = learner_gpus(settings, ray.cluster_resources())
         self._learner_class = ray.remote(Learner).options(
             num_cpus=settings.learner_cpus, num_gpus=gpus, max_restarts=0, runtime_env=env)
         self._data, self._workdir = config.model_dump(mode="json"), str(workdir)
-        self._data["runtime"]["ray"]["learner_gpus"] = gpus  # what the learner was given, for its data parallel
+        self._learner_data = learner_config(config, gpus)
         self._slots_per_worker = settings.slots or config.runtime.slots
         self.workers: dict[int, object] = {}
         self.slots: dict[int, int] = {}
@@ -414,9 +417,11 @@ class RayExecutor:
         (a half-done cycle is rolled back first, as on resume); after LEARNER_ATTEMPTS deaths the run stops
         with its cursor on the phase, for `run --resume`."""
         ray = self._ray
-        for attempt in range(1, LEARNER_ATTEMPTS + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             if self.learner is None:
-                self.learner = self._learner_class.remote(self._data, self._workdir)
+                self.learner = self._learner_class.remote(self._learner_data, self._workdir)
             ref = getattr(self.learner, method).remote(loop.run_id, *args)
             try:
                 while not ray.wait([ref], timeout=0.5)[0]:
@@ -426,14 +431,12 @@ class RayExecutor:
             except ray.exceptions.RayActorError as exc:
                 self.learner = None
                 self.learners_lost += 1
-                for stale in loop.store.cycles(loop.run_id, status="running"):
-                    loop.store.rollback_cycle(stale.id, error="interrupted: the learner died during the cycle")
+                roll_back_interrupted(loop.store, loop.run_id, "the learner died during the cycle")
                 log.warning("the learner died during %s (attempt %d of %d): %s", method.upper(), attempt,
                             LEARNER_ATTEMPTS, type(exc).__name__, extra={"fields": {"phase": method}})
                 if attempt == LEARNER_ATTEMPTS:
                     raise LearnerLostError(f"the learner died {attempt} times during {method.upper()}; the run's "
                                            "state is saved: `run --resume` runs the phase again") from exc
-        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Kill the workers and the learner (and the local cluster, if this executor started it)."""

@@ -78,6 +78,18 @@ def test_the_learner_takes_a_gpu_when_the_cluster_has_a_free_one():
     assert learner_gpus(settings, {"CPU": 8, "GPU": 3}) == 2
 
 
+def test_the_learner_trains_one_rank_per_gpu_on_its_device():
+    from agent_runtime.ray_executor import learner_config
+
+    config = config_from_dict({"name": "t", "envs": [{"id": "math/gsm_symbolic"}],
+                               "runtime": {"executor": "ray", "ray": {"learner_device": "cuda"}}})
+    assert learner_config(config, 4)["opcd"]["trainer"]["processes"] == 4
+    assert learner_config(config, 1)["opcd"]["trainer"]["processes"] == 1
+    assert learner_config(config, 4)["model"]["device"] == "cuda" and config.model.device == "cpu"
+    config.opcd.trainer.processes = 2  # configured explicitly: kept
+    assert learner_config(config, 4)["opcd"]["trainer"]["processes"] == 2
+
+
 def test_ray_settings_are_validated():
     base = {"name": "t", "envs": [{"id": "math/gsm_symbolic"}], "runtime": {"executor": "ray"}}
     assert config_from_dict(base).runtime.ray.workers == 2
