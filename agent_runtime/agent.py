@@ -11,7 +11,13 @@ prefix caching on GPU) reuses all of it and a turn prefills only the new observa
 observations lose their lists (shorter prompts: an ALFWorld list is 30-50 actions), and every turn
 re-prefills from the previous observation on. See bench/RESULTS.md for what each costs.
 
-Replies are parsed per environment family:
+How the agent acts (`action_mode`): in `choice` mode (the default wherever the game lists its admissible
+actions, and for the arena games' four moves) the reply is exactly one action of the set, drawn from the
+model's own distribution restricted to the set (`distill.opcd.choice`); in `free` mode (the default for math)
+the model writes a reply and the action is parsed from it. A small model that answers a game with prose still
+ranks the admissible actions sensibly, and that ranking is what its lessons move.
+
+Free replies are parsed per environment family:
 
 - `text` (TextWorld, ALFWorld): the first non-empty line, with chatter such as "> " or "Action:" removed;
   matched case-insensitively against the admissible actions when the game lists them.
@@ -28,7 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent_runtime.llm.base import Chat
-from agent_runtime.llm.scripted import ADMISSIBLE_PREFIX, ADMISSIBLE_SEPARATOR
+
+ADMISSIBLE_PREFIX = "Admissible actions:"  # how the action list is shown; the scripted backend reads it back
+ADMISSIBLE_SEPARATOR = " | "
+ARENA_MOVES = ("[up]", "[down]", "[left]", "[right]")
+ACTION_MODES = ("auto", "choice", "free")
 
 SYSTEM_PROMPTS = {
     "text": (
@@ -44,9 +54,22 @@ SYSTEM_PROMPTS = {
     ),
 }
 
+CHOICE_SYSTEM_PROMPTS = {  # in choice mode the reply is the move itself: no reasoning to ask for
+    "arena": "You are playing a grid puzzle game. Reply with exactly one move: [up], [down], [left] or [right].",
+}
+
 _CHATTER = re.compile(r"^\s*(?:>+|[-*]\s|\d+[.)]\s|(?:action|command|next action|answer)\s*:)\s*", re.IGNORECASE)
 _ARENA_MOVE = re.compile(r"\[\s*(up|down|left|right|w|a|s|d)\s*\]", re.IGNORECASE)
 _WASD = {"w": "up", "a": "left", "s": "down", "d": "right"}
+
+
+def resolve_action_mode(mode: str, family: str) -> str:
+    """`choice` or `free` for an environment family: `auto` chooses among actions wherever a game has them."""
+    if mode not in ACTION_MODES:
+        raise ValueError(f"unknown action_mode {mode!r}; accepted: {', '.join(ACTION_MODES)}")
+    if mode == "auto":
+        return "free" if family == "math" else "choice"
+    return mode
 
 
 def lessons_section(lessons: list[str]) -> str:
@@ -75,9 +98,22 @@ class PromptBuilder:
     max_history_turns: int = 8
     reserve_tokens: int = 64  # room for the reply
     lessons: list[str] = field(default_factory=list)
+    action_mode: str = "free"  # resolved: "choice" or "free"
+
+    def choices(self, admissible: list[str] | None) -> list[str] | None:
+        """The set a choice-mode decision picks from (the game's admissible actions, or the arena's moves);
+        None when this decision is written freely."""
+        if self.action_mode != "choice" or self.family == "math":
+            return None
+        if admissible:
+            return list(admissible)
+        return list(ARENA_MOVES) if self.family == "arena" else None
 
     def system_message(self, lessons: list[str] | None = None) -> str:
-        text = self.system_prompt or SYSTEM_PROMPTS.get(self.family, SYSTEM_PROMPTS["text"])
+        default = SYSTEM_PROMPTS.get(self.family, SYSTEM_PROMPTS["text"])
+        if self.action_mode == "choice":
+            default = CHOICE_SYSTEM_PROMPTS.get(self.family, default)
+        text = self.system_prompt or default
         lessons = self.lessons if lessons is None else lessons
         if lessons:
             text += "\n\n" + lessons_section(lessons)

@@ -56,6 +56,10 @@ class AgentConfig(_Strict):
     """Prompt assembly."""
 
     system_prompt: str | None = Field(None, description="default: a prompt per environment family")
+    action_mode: Literal["auto", "choice", "free"] = Field(
+        "auto", description="choice: the reply is one admissible action (or arena move) drawn from the model's "
+        "distribution restricted to that set; free: the model writes a reply and the action is parsed from it; "
+        "auto: choice wherever the game lists actions or has fixed moves, free for math")
     show_admissible_actions: bool = True
     history_shows_admissible: bool = Field(
         True, description="past turns keep the action list they were shown with, so the transcript is "

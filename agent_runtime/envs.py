@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import environments
-from agent_runtime.agent import PromptBuilder
+from agent_runtime.agent import PromptBuilder, resolve_action_mode
 from agent_runtime.config import RunConfig
 from agent_runtime.llm.base import PolicyBackend
 from agent_runtime.runner import EnvSlotSpec
@@ -41,5 +41,5 @@ def build_prompt_builders(config: RunConfig, specs: list[EnvSlotSpec], backend: 
         system_prompt=agent.system_prompt, show_admissible_actions=agent.show_admissible_actions,
         history_shows_admissible=agent.history_shows_admissible,
         max_history_turns=agent.max_history_turns, reserve_tokens=config.model.max_new_tokens,
-        lessons=list(lessons or []),
+        lessons=list(lessons or []), action_mode=resolve_action_mode(agent.action_mode, spec.family),
     ) for spec in specs]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from agent_runtime.agent import PromptBuilder, Turn, parse_action
-from agent_runtime.llm.base import PolicyBackend, SamplingParams
+from agent_runtime.llm.base import BackendError, ChoiceBackend, PolicyBackend, SamplingParams
 from memory import EpisodeRecord, StepRecord
 
 INVALID_ACTION_FEEDBACK = "That reply did not contain a valid action. Reply with one command."
@@ -102,6 +102,9 @@ class EpisodeRunner:
                  adapter_id: int | None = None, context_for: Callable[[Draw], EpisodeContext] | None = None,
                  examples_for: Callable[[str, str], list[str]] | None = None):
         assert len(envs) == len(builders), "one prompt builder per environment"
+        if any(b.action_mode == "choice" for b in builders) and not isinstance(backend, ChoiceBackend):
+            raise BackendError(f"agent.action_mode choice: the {getattr(backend, 'name', type(backend).__name__)} "
+                               "backend cannot choose among actions; set agent.action_mode: free")
         self.backend = backend
         self.envs = envs
         self.builders = builders
@@ -180,19 +183,21 @@ class EpisodeRunner:
             self._turn(live, on_episode)
 
     def _turn(self, live: list[int], on_episode: Callable[[EpisodeRecord], None]) -> None:
-        chats = []
+        chats, offered = [], []
         for slot in live:
             ep = self._live[slot]
             builder = self.builders[ep.draw.env_index]
             lessons = list(ep.context.lessons) if ep.context is not NO_CONTEXT else None
-            chats.append(builder.build(ep.history, ep.observation, ep.info.get("admissible_actions"), lessons,
-                                       ep.examples))
-        completions = self.backend.generate(chats, self.params)
-        for slot, completion in zip(live, completions):
+            options = builder.choices(ep.info.get("admissible_actions"))
+            offered.append(options)
+            chats.append(builder.build(ep.history, ep.observation, options or ep.info.get("admissible_actions"),
+                                       lessons, ep.examples))
+        completions = self._act(chats, offered)
+        for slot, completion, options in zip(live, completions, offered):
             ep = self._live[slot]
             spec = self.envs[ep.draw.env_index]
-            admissible = ep.info.get("admissible_actions")
-            action = parse_action(spec.family, completion.text, admissible)
+            admissible = options or ep.info.get("admissible_actions")
+            action = completion.text if options else parse_action(spec.family, completion.text, admissible)
             ep.prompt_tokens += completion.prompt_tokens
             ep.completion_tokens += completion.completion_tokens
             error = None
@@ -205,13 +210,16 @@ class EpisodeRunner:
                 except Exception as exc:
                     error = f"step failed: {type(exc).__name__}: {exc}"
                     observation, reward, terminated, truncated, info = "", 0.0, False, False, {}
+            step_info = {k: v for k, v in (info or {}).items() if k in ("won", "score")}
+            step_info["action_mode"] = "choice" if options else "free"
+            if completion.choice_logprobs is not None:
+                step_info["choice_logprobs"] = [round(x, 6) for x in completion.choice_logprobs]
             ep.steps.append(StepRecord(
                 index=len(ep.steps), observation=ep.observation, prompt=completion.prompt_text,
                 response=completion.text, action=action, valid_action=action is not None, reward=float(reward),
                 admissible_actions=list(admissible) if admissible is not None else None,
                 prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
-                latency_s=completion.latency_s, info={k: v for k, v in (info or {}).items()
-                                                      if k in ("won", "score")},
+                latency_s=completion.latency_s, info=step_info,
             ))
             ep.total_return += float(reward)
             ep.history.append(Turn(ep.observation, completion.text, list(admissible) if admissible else None))
@@ -227,6 +235,21 @@ class EpisodeRunner:
             elif truncated or len(ep.steps) >= spec.max_steps:
                 self._live[slot] = None
                 on_episode(self._record(ep, "truncated", False))
+
+    def _act(self, chats: list, offered: list[list[str] | None]) -> list:
+        """One batched call per way of acting: `choose` for the rows with a choice set, `generate` for the rest."""
+        out: list = [None] * len(chats)
+        choice_rows = [i for i, options in enumerate(offered) if options]
+        free_rows = [i for i, options in enumerate(offered) if not options]
+        if choice_rows:
+            chosen = self.backend.choose([chats[i] for i in choice_rows], [offered[i] for i in choice_rows],
+                                         self.params)
+            for i, completion in zip(choice_rows, chosen):
+                out[i] = completion
+        if free_rows:
+            for i, completion in zip(free_rows, self.backend.generate([chats[i] for i in free_rows], self.params)):
+                out[i] = completion
+        return out
 
     def close(self) -> None:
         for instances in self._instances:

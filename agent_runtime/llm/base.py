@@ -35,6 +35,9 @@ class Completion:
     prompt_text: str = ""  # the prompt as the model saw it (chat template applied), for the experience store
     latency_s: float = 0.0
     completion_tokens: int = -1  # defaults to len(token_ids); a remote chat model may report a count without ids
+    # choice mode: log pi(a) of every action of the set offered, in its order (None: not a choice, or a backend
+    # that only knows the chosen action); `text` is then the chosen action and `logprobs` [log pi(chosen)]
+    choice_logprobs: list[float] | None = None
 
     def __post_init__(self) -> None:
         if self.completion_tokens < 0:
@@ -58,6 +61,34 @@ class PolicyBackend(Protocol):
     def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Completion]: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ChoiceBackend(Protocol):
+    """A backend that can act in choice mode: for each chat, one action drawn from `choices[i]`.
+
+    The draw follows the backend's own distribution over the set (temperature applies; greedy at 0), and the
+    completion's text is exactly one element of the set. What "its own distribution" is depends on the
+    backend (the transformers backend: the softmax of every action's sequence log-probability; vLLM: decoding
+    constrained to the set; a remote chat model: its free reply mapped to the closest action)."""
+
+    def choose(self, prompts: list[Chat], choices: list[list[str]], params: SamplingParams) -> list[Completion]: ...
+
+
+def closest_action(reply: str, choices: list[str]) -> str:
+    """The action of `choices` nearest to a free reply: an exact (case-insensitive) match, else the action the
+    reply starts with or contains, else the most similar string (difflib ratio)."""
+    import difflib
+
+    text = reply.strip().lower()
+    lowered = [c.lower() for c in choices]
+    if text in lowered:
+        return choices[lowered.index(text)]
+    first_line = text.splitlines()[0].strip() if text else ""
+    for candidates in ([c for c in lowered if first_line.startswith(c)], [c for c in lowered if c in text]):
+        if candidates:
+            return choices[lowered.index(max(candidates, key=len))]
+    return max(choices, key=lambda c: difflib.SequenceMatcher(None, text, c.lower()).ratio())
 
 
 @dataclass

@@ -37,7 +37,15 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams, apply_stop
+from agent_runtime.llm.base import (
+    BackendError,
+    BackendStats,
+    Chat,
+    Completion,
+    SamplingParams,
+    apply_stop,
+    closest_action,
+)
 
 
 def _to_langchain(chat: Chat) -> list:
@@ -178,6 +186,15 @@ class ChatBackend:
                 latency_s=elapsed,
             ))
         self.stats.record(out, elapsed)
+        return out
+
+    def choose(self, prompts: list[Chat], choices: list[list[str]], params: SamplingParams) -> list[Completion]:
+        """Choice mode for a remote chat model: its free reply, mapped to the closest admissible action
+        (`closest_action`). The model's distribution over the set is not observable through a chat API, so
+        `choice_logprobs` stays None and OPCD cannot distil these steps' choice policy."""
+        out = self.generate(prompts, params)
+        for completion, options in zip(out, choices):
+            completion.text = closest_action(completion.text, options)
         return out
 
     def close(self) -> None:

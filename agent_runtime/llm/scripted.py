@@ -19,14 +19,14 @@ Token counts are whitespace words, which is all a smoke test needs.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
 
-from agent_runtime.llm.base import BackendStats, Chat, Completion, SamplingParams
+from agent_runtime.agent import ADMISSIBLE_PREFIX, ADMISSIBLE_SEPARATOR
+from agent_runtime.llm.base import BackendStats, Chat, Completion, SamplingParams, closest_action
 
-ADMISSIBLE_PREFIX = "Admissible actions:"
-ADMISSIBLE_SEPARATOR = " | "
 _BRACKETED = re.compile(r"\[([a-z]+)\]")
 _ALWAYS_REPLY = re.compile(r"Always reply: (.+)$", re.MULTILINE)
 
@@ -99,6 +99,16 @@ class ScriptedBackend:
                 prompt_text="\n".join(f"<{m['role']}> {m['content']}" for m in chat),
             ))
         self.stats.record(out, time.perf_counter() - start)
+        return out
+
+    def choose(self, prompts: list[Chat], choices: list[list[str]], params: SamplingParams) -> list[Completion]:
+        """Choice mode: the scripted reply mapped to the closest action of the set; the recorded distribution
+        is uniform (a script has none of its own)."""
+        out = self.generate(prompts, params)
+        for completion, options in zip(out, choices):
+            completion.text = closest_action(completion.text, options)
+            completion.choice_logprobs = [-math.log(len(options))] * len(options)
+            completion.logprobs = [-math.log(len(options))]
         return out
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams, apply_stop
+from distill.opcd.choice import action_token_ids, choice_distribution, choice_logprobs, lm_parts, pack_choices
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -327,6 +328,92 @@ class TransformersBackend:
             c.latency_s = elapsed
         self.stats.record(completions, elapsed)
         return completions
+
+    # Choice mode -------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def choose(self, prompts: list[Chat], choices: list[list[str]], params: SamplingParams) -> list[Completion]:
+        """One action per chat, drawn from softmax(log p(action | chat) / temperature) over its set (greedy at
+        temperature 0). Every action's sequence log-probability (its tokens and the end-of-turn token) comes
+        from one packed forward per group of rows (`distill.opcd.choice`), continuing each row's cached prefix;
+        the chosen action's KV is kept, so the next turn, whose prompt continues with it, reuses all of it."""
+        if not prompts:
+            return []
+        assert len(prompts) == len(choices) and all(choices), "a non-empty action set per chat"
+        start = time.perf_counter()
+        texts = [self.render(chat) for chat in prompts]
+        rows = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        end_id = self.tokenizer.eos_token_id
+        actions = [action_token_ids(self.tokenizer, text, row, options, end_id)
+                   for text, row, options in zip(texts, rows, choices)]
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        completions = []
+        for group in self._choice_groups(rows, actions):
+            scores, stored = self._score_group([rows[i] for i in group], [actions[i] for i in group])
+            picks = []
+            for i, logp in zip(group, scores):
+                # the policy acted with; at temperature 0 the recorded distribution is the untempered one
+                dist = choice_distribution(logp.float().cpu(), params.temperature or 1.0)
+                pick = int(logp.argmax()) if params.temperature == 0 else int(torch.multinomial(dist.exp(), 1))
+                picks.append(pick)
+                completions.append(Completion(
+                    text=choices[i][pick], token_ids=actions[i][pick], prompt_tokens=len(rows[i]),
+                    logprobs=[float(dist[pick])], prompt_text=texts[i], choice_logprobs=dist.tolist()))
+            stored(picks)
+        elapsed = time.perf_counter() - start
+        for c in completions:
+            c.latency_s = elapsed
+        self.stats.record(completions, elapsed)
+        return completions
+
+    def _choice_groups(self, rows: list[list[int]], actions: list[list[list[int]]], budget: int = 1 << 24):
+        """Rows in groups whose packed attention mask (rows x queries x keys) stays within `budget` entries."""
+        group, widest, longest = [], 0, 0
+        for i, (row, acts) in enumerate(zip(rows, actions)):
+            w, n = max(widest, sum(len(a) for a in acts)), max(longest, len(row))
+            if group and (len(group) + 1) * (w + n) * (w + n) > budget:
+                yield group
+                group, w, n = [], sum(len(a) for a in acts), len(row)
+            group.append(i)
+            widest, longest = w, n
+        if group:
+            yield group
+
+    def _score_group(self, rows: list[list[int]], actions: list[list[list[int]]]):
+        """(sequence log-probabilities of every action of every row, `store(picks)`): the rows' cached prefixes
+        are continued, and `store` keeps each row's prompt plus its picked action in the prefix cache."""
+        from peft import PeftModel
+
+        lm = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+        decoder, head = lm_parts(lm)
+        arrays = [np.asarray(r, dtype=np.int64) for r in rows]
+        disabled = self.active_adapter is None and hasattr(self.model, "disable_adapter")
+        with self.model.disable_adapter() if disabled else contextlib.nullcontext():
+            sources, cached = self._plan(arrays)
+            past_width = max(cached)
+            packed = pack_choices([r[c:] for r, c in zip(rows, cached)], actions, pad_id=self.tokenizer.pad_token_id,
+                                  past_lengths=cached, past_width=past_width)
+            cache = None
+            if self.prefix_cache:
+                cache = self._batched_cache(sources, cached, past_width + packed.input_ids.shape[1])
+            scores = choice_logprobs(decoder, head, packed, past=cache)
+
+        def store(picks: list[int]) -> None:
+            if cache is None or self.prefix_cache_tokens <= 0:
+                return
+            for i, (row, pick) in enumerate(zip(arrays, picks)):
+                start, fed = packed.segments[i][pick]
+                rest = len(row) - cached[i]
+                positions = torch.cat([
+                    torch.arange(past_width - cached[i], past_width),
+                    torch.arange(past_width + packed.rest - rest, past_width + packed.rest),
+                    torch.arange(past_width + start, past_width + start + fed)]).to(self.device)
+                ids = np.concatenate([row, np.asarray(packed.targets[i][pick][:fed], dtype=np.int64)])
+                keys = [layer.keys[i].index_select(1, positions) for layer in cache.layers]
+                values = [layer.values[i].index_select(1, positions) for layer in cache.layers]
+                self._insert(_CachedSequence(ids, len(row), keys, values))
+
+        return scores, store
 
     # Prefix KV cache -----------------------------------------------------------------------------------
     def clear_prefix_cache(self) -> None:

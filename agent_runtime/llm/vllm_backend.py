@@ -15,7 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams, apply_stop
+from agent_runtime.llm.base import (
+    BackendError,
+    BackendStats,
+    Chat,
+    Completion,
+    SamplingParams,
+    apply_stop,
+    closest_action,
+)
 
 
 def import_vllm():
@@ -97,6 +105,39 @@ class VLLMBackend:
             ))
         self.stats.record(out, elapsed)
         return out
+
+    def choose(self, prompts: list[Chat], choices: list[list[str]], params: SamplingParams) -> list[Completion]:
+        """Choice mode through vLLM's structured outputs: decoding constrained to the set's strings (token by
+        token over the trie of the actions, so the draw follows vLLM's per-token renormalised distribution,
+        not the softmax of whole-sequence log-probabilities the transformers backend uses). Only the chosen
+        action is known, so `choice_logprobs` stays None."""
+        start = time.perf_counter()
+        texts = [self.render(chat) for chat in prompts]
+        lora = self.adapters.get(self.active_adapter) if self.active_adapter else None
+        sampling = [self._vllm.SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p,
+                                              max_tokens=params.max_new_tokens, seed=params.seed, logprobs=0,
+                                              **self._choice_kwargs(options)) for options in choices]
+        outputs = self.llm.generate(texts, sampling, lora_request=lora, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        out = []
+        for text, result, options in zip(texts, outputs, choices):
+            gen = result.outputs[0]
+            logprob = None
+            if gen.logprobs is not None:
+                logprob = [sum(step[tok].logprob for step, tok in zip(gen.logprobs, gen.token_ids))]
+            out.append(Completion(
+                text=closest_action(gen.text, options), token_ids=list(gen.token_ids),
+                prompt_tokens=len(result.prompt_token_ids), logprobs=logprob, prompt_text=text, latency_s=elapsed))
+        self.stats.record(out, elapsed)
+        return out
+
+    def _choice_kwargs(self, options: list[str]) -> dict[str, Any]:
+        """The constraint in the installed vLLM's words (`structured_outputs` now, `guided_decoding` before)."""
+        from vllm import sampling_params as sp
+
+        if hasattr(sp, "StructuredOutputsParams"):
+            return {"structured_outputs": sp.StructuredOutputsParams(choice=list(options))}
+        return {"guided_decoding": sp.GuidedDecodingParams(choice=list(options))}
 
     def close(self) -> None:
         self.llm = None

@@ -58,8 +58,9 @@ from pathlib import Path
 import torch
 
 from distill.opcd.adapters import atomic_directory, write_metadata
+from distill.opcd.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices
 from distill.opcd.config import OPCDConfig
-from distill.opcd.losses import chunked_topk_divergence
+from distill.opcd.losses import ChunkedLoss, chunked_topk_divergence
 
 Chat = list[dict[str, str]]
 ContextSource = str | Sequence[str] | Callable[[Chat], str]
@@ -78,15 +79,6 @@ def with_context(chat: Chat, context: str) -> Chat:
     return [{"role": "system", "content": context}, *chat]
 
 
-def _parts(causal_lm) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(decoder stack returning final normalised hidden states, output head) of a causal LM."""
-    config = causal_lm.config
-    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
-        raise NotImplementedError(f"{type(causal_lm).__name__} post-processes its logits (softcapping/scale); "
-                                  "the chunked loss applies the output head alone and would be wrong")
-    return causal_lm.base_model, causal_lm.get_output_embeddings()
-
-
 def _response_hidden(causal_lm, prompts: list[list[int]], responses: list[list[int]], *, pad_id: int,
                      shared_prefix: int = 0) -> torch.Tensor:
     """Final hidden states (B, R, H) at the positions that predict each response token.
@@ -94,7 +86,7 @@ def _response_hidden(causal_lm, prompts: list[list[int]], responses: list[list[i
     Layout per row: [shared prefix][left padding][rest of the prompt][response][right padding]. When
     `shared_prefix` > 0 (no-grad use only) the prefix is run once and its KV cache repeated for every row.
     """
-    decoder, _ = _parts(causal_lm)
+    decoder, _ = lm_parts(causal_lm)
     device = causal_lm.device
     batch, longest = len(prompts), max(len(r) for r in responses)
     rests = [p[shared_prefix:] for p in prompts]
@@ -332,13 +324,19 @@ class OPCDTrainer:
         with self._teacher_lm() as teacher:
             hidden = _response_hidden(teacher, prompts, responses, pad_id=self._pad_id,
                                       shared_prefix=self._shared_prefix(prompts))
-            return hidden, _parts(teacher)[1]
+            return hidden, lm_parts(teacher)[1]
 
     # -- training ----------------------------------------------------------------------------------------
-    def step(self, prompts: list[Chat], contexts: list[str]) -> dict:
-        """One optimizer step on a batch: sample, score, loss, AdamW. Returns the step's metrics."""
+    def step(self, prompts: list[Chat], contexts: list[str], choices: list[list[str]] | None = None) -> dict:
+        """One optimizer step on a batch: sample, score, loss, AdamW. Returns the step's metrics.
+
+        With `choices` (one action set per prompt: the agent acts by choosing), the step distils the choice
+        policy instead: the divergence between the student's and the teacher's distributions over each set,
+        computed exactly (`distill.opcd.choice`); nothing is sampled except the SFT baseline's teacher draws."""
         if len(prompts) != len(contexts):
             raise ValueError(f"{len(prompts)} prompts but {len(contexts)} contexts; give one context per prompt")
+        if choices is not None and len(choices) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(choices)} action sets; give one set per prompt")
         if not prompts:
             raise ValueError("an empty batch; a step needs at least one prompt")
         cfg = self.config
@@ -346,8 +344,13 @@ class OPCDTrainer:
         batch_size = len(prompts)
         share = self._share(batch_size)
         prompts, contexts = prompts[share], contexts[share]
+        choices = choices[share] if choices is not None else None
         result, sampled, scored = None, started, started
-        if prompts:  # a rank gets no prompts only when the global batch is smaller than the number of ranks
+        divergence = {"opcd": "reverse", "off_policy": "forward", "sft": "cross_entropy"}[cfg.objective]
+        if prompts and choices is not None:
+            result = self._choice_loss(prompts, contexts, choices, divergence)
+            sampled = scored = time.perf_counter()
+        elif prompts:  # a rank gets no prompts only when the global batch is smaller than the number of ranks
             student_ids = [self.render(p) for p in prompts]
             teacher_ids = [self.render(with_context(p, c)) for p, c in zip(prompts, contexts)]
             with torch.random.fork_rng(devices=[]):
@@ -363,9 +366,8 @@ class OPCDTrainer:
             self.model.train()
             student_lm = self._student_lm
             hidden = _response_hidden(student_lm, student_ids, responses, pad_id=self._pad_id)
-            divergence = {"opcd": "reverse", "off_policy": "forward", "sft": "cross_entropy"}[cfg.objective]
             result = chunked_topk_divergence(
-                hidden, teacher_hidden, mask, student_head=_parts(student_lm)[1], teacher_head=teacher_head,
+                hidden, teacher_hidden, mask, student_head=lm_parts(student_lm)[1], teacher_head=teacher_head,
                 targets=targets, divergence=divergence, k=cfg.k,
                 temperature=1.0 if divergence == "cross_entropy" else cfg.temperature,
                 renormalize=cfg.renormalize, chunk_size=cfg.chunk_size)
@@ -395,6 +397,42 @@ class OPCDTrainer:
         }
         self.history.append(metrics)
         return metrics
+
+    def _choice_scores(self, prompts: list[Chat], contexts: list[str], choices: list[list[str]]):
+        """(student, teacher) sequence log-probabilities of every action; the student's carry gradients when
+        they are enabled. Action tokens are the same in both views: they follow the assistant turn's header."""
+        student_ids = [self.render(p) for p in prompts]
+        teacher_ids = [self.render(with_context(p, c)) for p, c in zip(prompts, contexts)]
+        actions = []
+        for chat, options in zip(prompts, choices):
+            text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            actions.append(action_token_ids(self.tokenizer, text, ids, options, self.tokenizer.eos_token_id))
+        self.model.eval()
+        with self._teacher_lm() as teacher:
+            teacher_logp = choice_logprobs(*lm_parts(teacher), pack_choices(teacher_ids, actions, pad_id=self._pad_id))
+        self.model.train(torch.is_grad_enabled())
+        student_logp = choice_logprobs(*lm_parts(self._student_lm),
+                                       pack_choices(student_ids, actions, pad_id=self._pad_id))
+        return student_logp, teacher_logp
+
+    def _choice_loss(self, prompts: list[Chat], contexts: list[str], choices: list[list[str]],
+                     divergence: str) -> ChunkedLoss:
+        """The choice-policy divergence of the batch, back-propagated; `tokens` counts decisions."""
+        cfg = self.config
+        student, teacher = self._choice_scores(prompts, contexts, choices)
+        picks = None
+        if divergence == "cross_entropy":  # SFT: one action drawn from the teacher's choice policy per prompt
+            generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.steps_done + (self.rank << 40))
+            picks = [int(torch.multinomial((t.detach().float().cpu() / cfg.temperature).softmax(-1), 1,
+                                           generator=generator)) for t in teacher]
+        loss = choice_divergence(student, teacher, divergence=divergence, temperature=cfg.temperature,
+                                 teacher_picks=picks)
+        loss.backward()
+        with torch.no_grad():
+            kl = choice_divergence([s.detach() for s in student], teacher, divergence="reverse",
+                                   temperature=cfg.temperature)
+        return ChunkedLoss(loss=float(loss), sampled_kl=float(kl), tokens=len(prompts))
 
     def _share(self, n: int) -> slice:
         """This rank's contiguous share of `n` global items (the first n % world_size ranks take one more)."""
@@ -454,7 +492,8 @@ class OPCDTrainer:
             raise DivergenceError(f"step {self.steps_done}: {problem}; aborting the run (roll the adapter back)")
 
     def train(self, prompt_source: Sequence[Chat] | Iterable[Chat], context_source: ContextSource,
-              steps: int | None = None, on_step: Callable[[dict], None] | None = None) -> list[dict]:
+              steps: int | None = None, on_step: Callable[[dict], None] | None = None,
+              choices: Sequence[list[str]] | None = None) -> list[dict]:
         """Run `steps` (default config.steps) optimizer steps; returns the per-step metrics.
 
         `prompt_source`: a sequence of chats (reshuffled every pass with the config seed) or an iterator of
@@ -463,8 +502,13 @@ class OPCDTrainer:
         callable `chat -> context`. `on_step(metrics)` is called after each step (log it, save, stop by
         raising); under data parallel on rank 0 only (an exception there ends rank 0, and the launcher then
         stops the others). A NaN or diverging loss raises `DivergenceError` (on every rank at once).
+        `choices`: one action set per prompt of a sequence `prompt_source`: the choice policy is distilled.
         """
         rng = random.Random(self.config.seed)
+        if choices is not None:
+            if not isinstance(prompt_source, Sequence) or len(choices) != len(prompt_source):
+                raise ValueError("choices needs a sequence of prompts and one action set per prompt")
+            prompt_source = list(zip(prompt_source, choices))
         prompts = self._prompt_stream(prompt_source, rng)
         pick = self._context_picker(context_source, rng)
         out = []
@@ -472,7 +516,10 @@ class OPCDTrainer:
             batch = list(itertools.islice(prompts, self.config.batch_size))
             if len(batch) < self.config.batch_size:  # an iterator ran dry: stop at the last full batch
                 break
-            metrics = self.step(batch, [pick(chat) for chat in batch])
+            sets = None
+            if choices is not None:
+                batch, sets = [chat for chat, _ in batch], [options for _, options in batch]
+            metrics = self.step(batch, [pick(chat) for chat in batch], sets)
             out.append(metrics)
             if on_step is not None and self.rank == 0:
                 on_step(metrics)
@@ -505,9 +552,11 @@ class OPCDTrainer:
 
     # -- evaluation and saving ---------------------------------------------------------------------------
     @torch.no_grad()
-    def kl_per_prompt(self, prompts: list[Chat], contexts: list[str]) -> list[float]:
+    def kl_per_prompt(self, prompts: list[Chat], contexts: list[str],
+                      choices: list[list[str]] | None = None) -> list[float]:
         """Exact (full-vocabulary) reverse KL per response token, student without context vs teacher with it,
-        on one student sample per prompt drawn with the fixed `eval_seed`; one value per prompt. Under data
+        on one student sample per prompt drawn with the fixed `eval_seed`; one value per prompt. With `choices`,
+        the exact reverse KL between the two choice policies over each prompt's action set. Under data
         parallel the batches are dealt out to the ranks round-robin and the values summed, so every rank
         returns the single-process values."""
         if len(prompts) != len(contexts):
@@ -517,6 +566,13 @@ class OPCDTrainer:
             if index % self.world_size != self.rank:
                 continue
             chats = prompts[start:start + self.config.batch_size]
+            if choices is not None:
+                sets = choices[start:start + len(chats)]
+                student, teacher = self._choice_scores(chats, contexts[start:start + len(chats)], sets)
+                for row, (s, t) in enumerate(zip(student, teacher)):
+                    values[start + row] = float(choice_divergence([s], [t], divergence="reverse",
+                                                                  temperature=self.config.temperature))
+                continue
             student_ids = [self.render(p) for p in chats]
             teacher_ids = [self.render(with_context(p, c)) for p, c in zip(chats, contexts[start:])]
             with torch.random.fork_rng(devices=[]):
@@ -525,7 +581,7 @@ class OPCDTrainer:
             teacher_hidden, teacher_head = self._teacher_hidden(teacher_ids, responses)
             self.model.eval()
             hidden = _response_hidden(self._student_lm, student_ids, responses, pad_id=self._pad_id)
-            head = _parts(self._student_lm)[1]
+            head = lm_parts(self._student_lm)[1]
             for row in range(len(chats)):
                 mask = torch.zeros(1, hidden.shape[1], device=hidden.device)
                 mask[0, :len(responses[row])] = 1
@@ -538,11 +594,13 @@ class OPCDTrainer:
             torch.distributed.all_reduce(values)
         return values.tolist()
 
-    def evaluate_kl(self, prompts: list[Chat], contexts: list[str] | str) -> float:
-        """Held-out mean per-token reverse KL(student without context || teacher with it); lower is better."""
+    def evaluate_kl(self, prompts: list[Chat], contexts: list[str] | str,
+                    choices: list[list[str]] | None = None) -> float:
+        """Held-out mean reverse KL(student without context || teacher with it), per response token or, with
+        `choices`, per decision; lower is better."""
         if isinstance(contexts, str):
             contexts = [contexts] * len(prompts)
-        return statistics.fmean(self.kl_per_prompt(prompts, contexts))
+        return statistics.fmean(self.kl_per_prompt(prompts, contexts, choices))
 
     def save_adapter(self, path: str | Path, *, overwrite: bool = False, metadata: dict | None = None) -> Path:
         """Write the trained adapter (or the full model when full_finetune) atomically to `path`. Under data

@@ -1,0 +1,191 @@
+"""The choice policy: an agent that acts by choosing among admissible actions, scored in one packed pass.
+
+When a game lists its admissible actions, the agent's policy is the distribution over that set:
+`pi(a | x) = softmax_a(log p(a | x) / tau)`, where `log p(a | x)` is the log-probability that the model's
+whole reply is exactly `a` (its tokens followed by the end-of-turn token). A small model that answers an
+observation with prose still ranks the actions sensibly, and a lesson in its context moves that ranking;
+this module computes the ranking for acting (`agent_runtime`'s backends) and for distilling it (OPCD's
+choice objective, `choice_divergence`).
+
+How one forward scores every action of every row (no repeated prompt, no per-action KV copies): each row is
+laid out as [left padding][prompt][segment 1][segment 2]...[right padding], where segment j holds the tokens
+of action j that must be fed to predict the rest (all its tokens but the last, the end-of-turn token), and a
+4-D attention mask lets a segment see the prompt and its own earlier tokens only. Position ids restart at the
+prompt's length in every segment, so each action is scored exactly as if it alone followed the prompt. The
+first token of every action is predicted from the prompt's last position. Compute is the prompt plus the
+actions' tokens, once; memory is one (rows, queries, keys) mask.
+
+The same layout continues a KV cache: `past` (a transformers cache holding each row's earlier tokens,
+left-padded to one width, with `past_mask` saying which of its positions are real) makes the prompt here the
+rest of the row's prompt, which is what the transformers backend's per-slot prefix cache needs.
+
+Divergences over the set are exact (every action is scored, no sampling): reverse KL(student || teacher) is
+the on-policy objective (the expectation under the student, as OPCD), forward KL the off-policy baseline,
+and cross-entropy on a teacher-drawn action the SFT baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def lm_parts(causal_lm) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(decoder stack returning final normalised hidden states, output head) of a causal LM."""
+    config = causal_lm.config
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        raise NotImplementedError(f"{type(causal_lm).__name__} post-processes its logits (softcapping/scale); "
+                                  "scoring from hidden states applies the output head alone and would be wrong")
+    return causal_lm.base_model, causal_lm.get_output_embeddings()
+
+
+def action_token_ids(tokenizer, prompt_text: str, prompt_ids: list[int], actions: list[str],
+                     end_id: int) -> list[list[int]]:
+    """Each action's token ids as they follow the prompt, with the end-of-turn token `end_id` appended.
+
+    Actions are tokenized on their own (cheap: a prompt can be a thousand tokens and a set fifty actions),
+    after checking on the first action that this is how they tokenize after the prompt; a tokenizer that
+    merges across that boundary gets each action tokenized after the full prompt instead."""
+    alone = [tokenizer(a, add_special_tokens=False)["input_ids"] for a in actions]
+    joined = tokenizer(prompt_text + actions[0], add_special_tokens=False)["input_ids"]
+    if joined != list(prompt_ids) + alone[0]:
+        alone = []
+        for action in actions:
+            ids = tokenizer(prompt_text + action, add_special_tokens=False)["input_ids"]
+            n = next((i for i, (x, y) in enumerate(zip(ids, prompt_ids)) if x != y), min(len(ids), len(prompt_ids)))
+            alone.append(ids[n:])
+    return [ids + [end_id] for ids in alone]
+
+
+@dataclass
+class PackedChoices:
+    """One batch laid out for `choice_logprobs` (see the module docstring)."""
+
+    input_ids: torch.Tensor  # (B, R + S): the rest of each prompt, left-padded to R, then its segments
+    position_ids: torch.Tensor  # (B, R + S)
+    mask: torch.Tensor  # (B, 1, R + S, P + R + S) bool: may query q attend to key k
+    first: torch.Tensor  # (B,) column of each prompt's last token (predicts every action's first token)
+    segments: list[list[tuple[int, int]]]  # per row, per action: (start column, fed tokens) in the input
+    targets: list[list[list[int]]]  # per row, per action: its token ids, end-of-turn included
+    rest: int  # R: the width of the prompt part
+
+
+def pack_choices(prompts: list[list[int]], choices: list[list[list[int]]], *, pad_id: int,
+                 past_lengths: list[int] | None = None, past_width: int = 0) -> PackedChoices:
+    """Lay out rows of (prompt token ids, action token ids with the end-of-turn token) for one forward.
+
+    `past_lengths[i]` real tokens of row i already sit in a cache of `past_width` columns (right-aligned);
+    `prompts[i]` is then the rest of that row's prompt (at least one token: it predicts the first action
+    token).
+    """
+    assert len(prompts) == len(choices), "one action list per prompt"
+    assert all(prompts) and all(all(len(a) >= 1 for a in row) and row for row in choices), \
+        "every prompt needs a token and every row at least one non-empty action"
+    past_lengths = past_lengths or [0] * len(prompts)
+    rest = max(len(p) for p in prompts)
+    fed = [[len(a) - 1 for a in row] for row in choices]
+    seg_width = max(sum(row) for row in fed)
+    width = rest + seg_width
+    batch = len(prompts)
+    ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    positions = torch.zeros((batch, width), dtype=torch.long)
+    mask = torch.zeros((batch, 1, width, past_width + width), dtype=torch.bool)
+    segments: list[list[tuple[int, int]]] = []
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    for b, (prompt, row, row_fed) in enumerate(zip(prompts, choices, fed)):
+        start = rest - len(prompt)
+        past = past_lengths[b]
+        ids[b, start:rest] = torch.tensor(prompt)
+        positions[b, start:rest] = torch.arange(past, past + len(prompt))
+        prompt_cols = slice(past_width + start, past_width + rest)
+        # the prompt: its cached part, then causal over its own tokens
+        mask[b, 0, start:rest, past_width - past:past_width] = True
+        mask[b, 0, start:rest, prompt_cols] = causal[start:rest, start:rest]
+        column, spans = rest, []
+        for action, n in zip(row, row_fed):
+            spans.append((column, n))
+            if n:
+                cols = slice(column, column + n)
+                ids[b, cols] = torch.tensor(action[:n])
+                positions[b, cols] = torch.arange(past + len(prompt), past + len(prompt) + n)
+                mask[b, 0, cols, past_width - past:past_width] = True
+                mask[b, 0, cols, prompt_cols] = True
+                mask[b, 0, cols, past_width + column:past_width + column + n] = causal[:n, :n]
+            column += n
+        segments.append(spans)
+    # padding queries attend to themselves only, so no row of the mask is empty (softmax over nothing is NaN)
+    empty = ~mask.any(-1)
+    if empty.any():
+        b, _, q = empty.nonzero(as_tuple=True)
+        mask[b, 0, q, past_width + q] = True
+    return PackedChoices(ids, positions, mask, torch.full((batch,), rest - 1), segments,
+                         [[list(a) for a in row] for row in choices], rest)
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive float mask every attention implementation accepts."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
+def choice_logprobs(decoder, head, packed: PackedChoices, *, past=None) -> list[torch.Tensor]:
+    """Per row, a (n_actions,) tensor: each action's sequence log-probability given its prompt.
+
+    `decoder` returns final hidden states (a causal LM's `.model`), `head` is its output layer; gradients flow
+    when enabled. With `past`, the cache is extended by this call (its rows then hold prompt and segments).
+    """
+    device = head.weight.device
+    dtype = head.weight.dtype if head.weight.is_floating_point() else torch.float32
+    out = decoder(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
+                  attention_mask=_additive(packed.mask.to(device), dtype), cache=past,
+                  use_cache=past is not None)
+    hidden = out.last_hidden_state
+    rows, cols, targets, owners = [], [], [], []
+    for b, (spans, actions) in enumerate(zip(packed.segments, packed.targets)):
+        for j, ((start, n), action) in enumerate(zip(spans, actions)):
+            # token 0 is predicted by the prompt's last column, token t > 0 by the segment's column t - 1
+            rows.extend([b] * len(action))
+            cols.extend([int(packed.first[b])] + list(range(start, start + n)))
+            targets.extend(action)
+            owners.extend([(b, j)] * len(action))
+    picked = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
+    token_logp = head(picked).float().log_softmax(-1)
+    token_logp = token_logp.gather(-1, torch.tensor(targets, device=device)[:, None]).squeeze(-1)
+    result = []
+    index = 0
+    for b, actions in enumerate(packed.targets):
+        sums = []
+        for action in actions:
+            sums.append(token_logp[index:index + len(action)].sum())
+            index += len(action)
+        result.append(torch.stack(sums))
+    return result
+
+
+def choice_distribution(logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log pi(a | x) over the set: the log-softmax of the sequence log-probabilities at `temperature` (> 0)."""
+    assert temperature > 0, "a distribution needs a positive temperature; greedy is the argmax"
+    return (logprobs / temperature).log_softmax(-1)
+
+
+def choice_divergence(student: list[torch.Tensor], teacher: list[torch.Tensor], *, divergence: str,
+                      temperature: float, teacher_picks: list[int] | None = None) -> torch.Tensor:
+    """Mean over rows of the divergence between the two choice policies (each row's set may differ in size).
+
+    `reverse`: KL(student || teacher), the on-policy OPCD objective, exact over the set. `forward`:
+    KL(teacher || student), the off-policy baseline. `cross_entropy`: -log pi_student(a) of the teacher's
+    drawn action `teacher_picks[i]` (SFT on teacher samples). The teacher is treated as constant.
+    """
+    losses = []
+    for i, (s, t) in enumerate(zip(student, teacher)):
+        log_s, log_t = choice_distribution(s, temperature), choice_distribution(t.detach(), temperature)
+        if divergence == "reverse":
+            losses.append((log_s.exp() * (log_s - log_t)).sum())
+        elif divergence == "forward":
+            losses.append((log_t.exp() * (log_t - log_s)).sum())
+        elif divergence == "cross_entropy":
+            assert teacher_picks is not None, "cross_entropy needs the teacher's drawn actions"
+            losses.append(-log_s[teacher_picks[i]])
+        else:
+            raise ValueError(f"unknown divergence {divergence!r}; accepted: reverse, forward, cross_entropy")
+    return torch.stack(losses).mean()
