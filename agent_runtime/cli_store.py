@@ -2,9 +2,13 @@
 
     agent-runtime memory stats|export|import|reindex|search [--workdir DIR | --db URL] [--json]
     agent-runtime lessons list|show|diff|rollback [--workdir DIR | --db URL] [--run ID] [--json]
+    agent-runtime lessons add TEXT [TEXT ...] [--workdir DIR | --db URL] [--run ID] [--config CONFIG.yaml] [--json]
+    agent-runtime lessons retire ID [ID ...] [--workdir DIR | --db URL] [--run ID] [--json]
 
-Reads open the store read-only; `memory import`, `memory reindex` and `lessons rollback` write. The run a
-lessons command acts on is `--run ID`, else the newest run in the store.
+Reads open the store read-only; `memory import`, `memory reindex`, `lessons rollback|add|retire` write. The
+run a lessons command acts on is `--run ID`, else the newest run in the store (`lessons add --config`: the
+run of that config's name, created from the config if the store has none, so that `agent-runtime run CONFIG
+--resume` continues it). `lessons add` exits 1 when a text was rejected (the others still go in).
 """
 
 from __future__ import annotations
@@ -140,11 +144,13 @@ def cmd_lessons_list(args) -> int:
         else:
             version, lessons = live_lessons(store, run_id)
     rows = [{"id": x.id, "pool": x.pool, "status": x.status, "text": x.text, "sources": x.source_episode_ids,
-             "times_in_context": x.times_in_context} for x in lessons]
+             "source": x.metadata.get("source", "extracted"), "times_in_context": x.times_in_context}
+            for x in lessons]
     head = (f"run {run_id}, lesson set v{version.version} ({len(rows)} lessons)" if version is not None
             else f"run {run_id}: {len(rows)} lessons")
     _print(args, {"run_id": run_id, "version": version.version if version else None, "lessons": rows},
-           [head] + [f"#{r['id']:<5} pool {r['pool']} [{r['status']}] {r['text']}" for r in rows])
+           [head] + [f"#{r['id']:<5} pool {r['pool']} [{r['status']}]{' (user)' if r['source'] == 'user' else ''} "
+                      f"{r['text']}" for r in rows])
     return 0
 
 
@@ -179,6 +185,81 @@ def cmd_lessons_diff(args) -> int:
     return 0
 
 
+def _run_config(run):
+    from agent_runtime.config import config_from_dict
+
+    return config_from_dict(run.config, source=f"the stored config of run {run.id}")
+
+
+def _add_target(args, config) -> str:
+    """Where `lessons add` writes: --db, else the config's memory.url, else the workdir (made if a config
+    can create the run there)."""
+    if args.db:
+        return args.db
+    if config is not None and config.memory.url and args.workdir is None:
+        return config.memory.url
+    if args.workdir is not None:
+        workdir = args.workdir
+    elif config is not None:
+        from agent_runtime.loop import default_workdir
+
+        workdir = default_workdir(config.name)
+    else:
+        workdir = Path(".")
+    if not (workdir / "memory.db").exists():
+        if config is None:
+            raise UsageError(f"no run in {workdir} (no memory.db): pass --config CONFIG.yaml to create the run, "
+                             f"or start one first (agent-runtime run CONFIG --workdir {workdir})")
+        workdir.mkdir(parents=True, exist_ok=True)
+    return str(workdir)
+
+
+def cmd_lessons_add(args) -> int:
+    from agent_runtime.config import load_config
+    from agent_runtime.lessons_phase import add_lessons, add_seed_lessons
+    from memory import ExperienceStore
+    from memory.embeddings import make_embedder
+
+    config = load_config(args.config) if args.config else None
+    with ExperienceStore.open(_add_target(args, config)) as store:
+        created = False
+        if args.run is not None:
+            run = store.get_run(args.run)
+        elif config is not None:
+            run = store.find_run(config.name)
+            if run is None:
+                run = store.get_run(store.create_run(config.name, config.model_dump(mode="json")))
+                created = True
+        else:
+            runs = store.runs()
+            if not runs:
+                raise UsageError(f"no run in {store.url}: pass --config CONFIG.yaml to create one, or start a run "
+                                 "first (agent-runtime run CONFIG)")
+            run = runs[-1]
+        run_config = _run_config(run)
+        spec = run_config.lessons.embedder or run_config.memory.embedder
+        embedder = make_embedder(spec) if spec else None
+        seeded = add_seed_lessons(run_config, store, run.id) if created else None
+        result = add_lessons(run_config, store, run.id, args.text, embedder=embedder, note="lessons add")
+    payload = {**result.to_dict(), "created_run": created,
+               "seed": seeded.to_dict() if seeded is not None else None}
+    head = [f"created run {run.id} ({run.name}) from {args.config}" if created else f"run {run.id} ({run.name})"]
+    _print(args, payload, head + result.lines())
+    return 1 if result.rejected else 0
+
+
+def cmd_lessons_retire(args) -> int:
+    from agent_runtime.lessons_phase import config_token_counter
+    from distill.lessons import retire_lessons
+
+    with open_store(args, read_only=False) as store:
+        run_id = _run_id(store, args)
+        count_tokens = config_token_counter(_run_config(store.get_run(run_id)).model)
+        result = retire_lessons(store, run_id, args.lesson_ids, count_tokens=count_tokens, note="lessons retire")
+    _print(args, result.to_dict(), result.lines())
+    return 0
+
+
 def cmd_lessons_rollback(args) -> int:
     from distill.lessons import restore_version
 
@@ -190,12 +271,33 @@ def cmd_lessons_rollback(args) -> int:
     return 0
 
 
+ADD_HELP = """Add lessons written by a person to every lesson pool of a run.
+
+Each text goes through the same doors as an extracted lesson: the safety screen (a rejected text is
+reported with its reason and not added; the others still go in; exit code 1), the token budget (a text
+longer than the whole budget is rejected; otherwise the oldest lowest-utility lessons make room), and the
+curator (a near-duplicate of a lesson already there is reported and not added twice; one that contradicts
+a similar lesson replaces it). The lessons are stored with provenance "user" (lesson metadata source=user,
+an extraction by "user" without episodes) and make ONE new lesson-set version:
+- live at once when the run's gate is off (lessons.gate_episodes: 0, or lessons.enabled: false);
+- with the gate on, a candidate: the gate needs the policy and the environments, so the loop plays it at
+  the run's next EXTRACT phase (agent-runtime run CONFIG --resume), before it extracts.
+With --config and no run of that name in the store, the run is created from the config (with its
+lessons.seed), so that `agent-runtime run CONFIG --resume --workdir W` continues it."""
+
+RETIRE_HELP = """Take lessons out of the live set: a new live version without them (and a pending candidate
+is written again without them); their status becomes retired. A lesson added to several pools has one id
+per pool (see `lessons list`). An unknown id, or a lesson of another run or not in the live set, is an
+error and nothing is written."""
+
+
 def register(sub) -> None:
     memory = sub.add_parser("memory", help="inspect and maintain the experience memory")
     msub = memory.add_subparsers(dest="memory_cmd", required=True)
 
-    def command(parent, name, func, help_text):
-        p = parent.add_parser(name, help=help_text)
+    def command(parent, name, func, help_text, description=None):
+        p = parent.add_parser(name, help=help_text, description=description,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
         add_store_args(p)
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=func)
@@ -227,3 +329,12 @@ def register(sub) -> None:
     rollback = command(lsub, "rollback", cmd_lessons_rollback, "make an earlier lesson-set version live again")
     rollback.add_argument("version", type=int)
     rollback.add_argument("--run", type=int)
+    add = command(lsub, "add", cmd_lessons_add, "add lessons written by a person to every pool of a run",
+                  description=ADD_HELP)
+    add.add_argument("text", nargs="+", help="one lesson per argument: one general rule in one sentence")
+    add.add_argument("--run", type=int, help="the run (default: the run of --config's name, else the newest)")
+    add.add_argument("--config", type=Path, help="a run config: its run is used, or created if the store has none")
+    retire = command(lsub, "retire", cmd_lessons_retire, "take lessons out of the live set (a new version)",
+                     description=RETIRE_HELP)
+    retire.add_argument("lesson_ids", nargs="+", type=int, metavar="ID", help="lesson ids (see `lessons list`)")
+    retire.add_argument("--run", type=int)

@@ -7,27 +7,41 @@ budget, and evaluation episodes for the gate. With `gate_episodes > 0`, a new le
 *candidate*: the current live set and the candidate play the same held-out tasks with the same seeds, and
 the candidate goes live only if it does not lower success by more than `gate_margin`; either way the
 decision is stored with its numbers.
+
+Lessons a person writes (`agent-runtime lessons add`, `lessons.seed` of a new run) enter through
+`add_lessons`, the one function both the CLI and the loop call (the logic is `distill.lessons.user`). With
+the gate on (`lessons.enabled` and `gate_episodes > 0`) their version is a candidate, and the next EXTRACT
+phase gates it before it extracts -- the gate needs the policy and the environments, which the CLI does not
+load; with the gate off it is live at once. Outside the loop the budget is counted with the run model's
+tokenizer alone (`config_token_counter`), so the CLI never loads weights.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent_runtime.config import RunConfig
+from tqdm.auto import tqdm
+
+from agent_runtime.config import ModelConfig, RunConfig
 from agent_runtime.evaluation import evaluate
-from agent_runtime.llm.base import PolicyBackend, SamplingParams
+from agent_runtime.llm.base import BackendError, PolicyBackend, SamplingParams
 from agent_runtime.runner import Draw, EpisodeContext
 from distill.lessons import (
     LessonCurator,
     LessonExtractor,
+    UserAddResult,
+    add_user_lessons,
     decide_gate,
     extract_phase,
     live_lessons,
     load_utilities,
     measure_utilities,
+    pending_user_candidate,
     store_gate_decision,
     store_utilities,
 )
@@ -44,6 +58,52 @@ def text_token_counter(backend: PolicyBackend):
     if tokenizer is None:
         return lambda text: len(text.split())
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def config_token_counter(model: ModelConfig) -> Callable[[str], int]:
+    """Tokens of a plain text as `text_token_counter` counts them for this model, from its tokenizer alone
+    (no weights are loaded): whitespace words for the scripted backend and a chat model without a
+    `tokenizer` option."""
+    if model.backend == "scripted" or (model.backend == "chat" and not model.options.get("tokenizer")):
+        return lambda text: len(text.split())
+    from transformers import AutoTokenizer
+
+    from agent_runtime.models import resolve_model
+
+    name = model.options["tokenizer"] if model.backend == "chat" else model.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(name), local_files_only=True)
+    except OSError as exc:
+        raise BackendError(f"cannot load the tokenizer of {name!r} offline to count the lesson budget: {exc}") from None
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def user_lessons_gated(config: RunConfig) -> bool:
+    """Whether a person's lessons wait for the gate (a candidate) rather than go live at once."""
+    return config.lessons.enabled and config.lessons.gate_episodes > 0
+
+
+def add_lessons(config: RunConfig, store: ExperienceStore, run_id: int, texts: Sequence[str], *,
+                backend: PolicyBackend | None = None, embedder=None, note: str = "") -> UserAddResult:
+    """Add lessons a person wrote to every pool of the run (`distill.lessons.add_user_lessons`): a candidate
+    for the next EXTRACT's gate when `user_lessons_gated(config)`, else live. The budget is counted with
+    `backend`'s tokenizer, or the configured model's when no backend is loaded."""
+    count_tokens = text_token_counter(backend) if backend is not None else config_token_counter(config.model)
+    return add_user_lessons(store, run_id, texts, config.lessons, count_tokens=count_tokens, embedder=embedder,
+                            candidate=user_lessons_gated(config), note=note)
+
+
+def add_seed_lessons(config: RunConfig, store: ExperienceStore, run_id: int,
+                     backend: PolicyBackend | None = None) -> UserAddResult | None:
+    """`lessons.seed` into a NEW run (the caller creates the run; a resumed run never comes here)."""
+    if not config.lessons.seed:
+        return None
+    result = add_lessons(config, store, run_id, config.lessons.seed, backend=backend, note="lessons.seed")
+    for item in result.items:
+        if item.status != "added":
+            log.warning("lessons.seed: %s %r: %s", item.status, item.text, item.reason)
+    tqdm.write("lessons.seed: " + result.lines()[-1], file=sys.stderr)  # stdout may carry --json
+    return result
 
 
 def extractor_backend(config: RunConfig, policy: PolicyBackend) -> PolicyBackend:
@@ -84,12 +144,16 @@ class ExtractReport:
     rejected: int
     version: int | None
     gate: str | None
+    contrastive: int = 0  # extractions that read a won/lost pair
+    user_gate: str | None = None  # the gate's decision on a person's pending lessons, taken first
 
     def line(self) -> str:
         gate = f"; gate: {self.gate}" if self.gate else ""
+        user = f"user lessons {self.user_gate}; " if self.user_gate else ""
+        pairs = f", {self.contrastive} contrastive" if self.contrastive else ""
         where = f"lesson set v{self.version}" if self.version is not None else "no change to the lessons"
-        return (f"EXTRACT: {self.episodes} episodes -> {self.items} items ({self.empty} empty, "
-                f"{self.rejected} rejected) -> {where}{gate}")
+        return (f"EXTRACT: {user}{self.episodes} episodes -> {self.items} items ({self.empty} empty, "
+                f"{self.rejected} rejected{pairs}) -> {where}{gate}")
 
 
 def run_extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend,
@@ -114,15 +178,20 @@ def run_extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id
     curator = LessonCurator.from_settings(store, run_id, settings, count_tokens=count_tokens,
                                           utilities=load_utilities(store, run_id))
     gated = settings.gate_episodes > 0
+    pending = pending_user_candidate(store, run_id)
+    user_gate = None
+    if gated and pending is not None:  # a person's lessons, added while the gate was on, are gated first
+        user_gate = _gate(config, workdir, store, run_id, backend, curator, pending.version)
     result = extract_phase(store, run_id, episode_ids, extractor, curator, candidate=gated,
-                           batch=settings.extract_batch)
+                           batch=settings.extract_batch, contrastive=settings.contrastive,
+                           lookback=settings.contrastive_lookback)
     items = sum(len(r.proposals) for r in result.recorded)
     version = result.curation.version if result.curation else None
     gate = None
     if gated and version is not None:
         gate = _gate(config, workdir, store, run_id, backend, curator, version.version)
     return ExtractReport(len(episode_ids), items, result.empty_extractions, result.rejected_items,
-                         version.version if version else None, gate)
+                         version.version if version else None, gate, result.contrastive_extractions, user_gate)
 
 
 def _gate(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend,

@@ -29,7 +29,7 @@ from agent_runtime.config import ConfigError, RunConfig, config_from_dict, save_
 from agent_runtime.consolidate import activate, roll_back_interrupted, run_cycle
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.examples import example_retriever
-from agent_runtime.lessons_phase import LessonContexts, run_extract
+from agent_runtime.lessons_phase import LessonContexts, add_seed_lessons, run_extract
 from agent_runtime.llm import PolicyBackend, SamplingParams, make_backend
 from agent_runtime.llm.base import BackendStats
 from agent_runtime.models import resolve_model
@@ -136,11 +136,12 @@ class AgentLoop:
         else:
             self.run_id = self.store.create_run(config.name, config.model_dump(mode="json"))
             self.state, self.phase = {}, "PLAY"
+            add_seed_lessons(config, self.store, self.run_id, self._backend)
         for key in ("episodes", "won", "errors", "next_draw", "extractions", "last_extract_at", "cycles",
                     "last_consolidate_at"):
             self.state.setdefault(key, 0)
         self.state.setdefault("open_draws", [])
-        self.lessons = LessonContexts(self.store, self.run_id, config.lessons.pools, config.lessons.seed)
+        self.lessons = LessonContexts(self.store, self.run_id, config.lessons.pools, config.lessons.pool_seed)
         self.adapter = self.store.active_adapter(self.run_id)
         if self.adapter is not None and self._backend is not None:
             activate(self._backend, self.adapter)

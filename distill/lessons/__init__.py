@@ -1,20 +1,25 @@
 """Lessons: experience items extracted from trajectories, curated under a token budget, versioned, gated.
 
 The pieces (each module's docstring has the details):
-- `distill.lessons.extract`: the extraction prompt, `parse_items`, `LessonExtractor`, `record_extraction`.
+- `distill.lessons.extract`: the extraction prompt (single or contrastive), `parse_items`, `LessonExtractor`,
+  `record_extraction`; `distill.lessons.render` shows episodes and lessons to it.
+- `distill.lessons.contrast`: `pick_partners`, a won/lost partner per episode for the contrastive prompt.
 - `distill.lessons.safety`: cleaning and rejecting items (control tokens, injections, secrets, length).
 - `distill.lessons.curate`: `LessonCurator` (add / merge / update / delete, budget, pools), `render_lessons`.
 - `distill.lessons.versions`: live and candidate versions, promote, reject, restore, diff.
 - `distill.lessons.gate`: `decide_gate` (promote or block, with its numbers) and per-lesson utility.
 - `distill.lessons.phase`: `extract_phase`, one EXTRACT phase end to end.
+- `distill.lessons.user`: lessons a person writes (`add_user_lessons`, `retire_lessons`), same doors.
+- `distill.lessons.stats`: `extraction_stats`, how many extracted items pass the screen and go live.
 - `distill.lessons.config`: `LessonsSettings`, every knob.
 
 Storage is the experience memory (`memory.ExperienceStore`); this package never imports agent_runtime.
 """
 
 from distill.lessons.config import LessonsSettings
+from distill.lessons.contrast import pick_partners
 from distill.lessons.curate import Change, CurationResult, LessonCurator, render_lessons
-from distill.lessons.errors import GateInputError, LessonsError, UnknownVersionError
+from distill.lessons.errors import GateInputError, LessonsError, UnknownLessonError, UnknownVersionError
 from distill.lessons.extract import (
     ExtractionOutcome,
     ExtractionRequest,
@@ -39,9 +44,19 @@ from distill.lessons.gate import (
 )
 from distill.lessons.phase import PhaseResult, extract_phase
 from distill.lessons.safety import Rejection, redact_secrets, screen_item, screen_items, strip_control
+from distill.lessons.stats import ExtractionStats, extraction_stats
+from distill.lessons.user import (
+    RetireResult,
+    UserAddResult,
+    UserItem,
+    add_user_lessons,
+    pending_user_candidate,
+    retire_lessons,
+)
 from distill.lessons.versions import (
     LessonSetDiff,
     diff_versions,
+    is_user_version,
     lesson_provenance,
     live_lessons,
     live_version,
@@ -57,6 +72,7 @@ __all__ = [
     "CurationResult",
     "ExtractionOutcome",
     "ExtractionRequest",
+    "ExtractionStats",
     "GateDecision",
     "GateInputError",
     "LessonCurator",
@@ -69,11 +85,18 @@ __all__ = [
     "Proposal",
     "RecordedExtraction",
     "Rejection",
+    "RetireResult",
+    "UnknownLessonError",
     "UnknownVersionError",
+    "UserAddResult",
+    "UserItem",
+    "add_user_lessons",
     "build_prompt",
     "decide_gate",
     "diff_versions",
     "extract_phase",
+    "extraction_stats",
+    "is_user_version",
     "lesson_provenance",
     "lesson_utilities",
     "live_lessons",
@@ -84,12 +107,15 @@ __all__ = [
     "parse_items",
     "parse_operation",
     "pending_candidate",
+    "pending_user_candidate",
+    "pick_partners",
     "promote_candidate",
     "record_extraction",
     "redact_secrets",
     "reject_candidate",
     "render_lessons",
     "restore_version",
+    "retire_lessons",
     "screen_item",
     "screen_items",
     "store_gate_decision",

@@ -5,15 +5,20 @@ embeds as its `lessons:` section. Defaults suit the quickstart (a 135M model wit
 256-token lesson budget); the paper's settings are `budget_tokens: 8192` for games and `16384` for
 math, with `pools: 10`.
 
+`seed` is a list of lessons a person wrote (see `distill.lessons.user`); the integer that seeds each pool's
+episode order is `pool_seed` (an integer `seed`, its old name, is still read as `pool_seed`).
+
 Why one model: the extractor, the curator and the gate read their knobs from it, the run stores it
 resolved with every run, and a typo in a YAML file fails loudly instead of silently using a default.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from distill.lessons.safety import screen_item
 
 
 class LessonsSettings(BaseModel):
@@ -50,7 +55,17 @@ class LessonsSettings(BaseModel):
         256, ge=0, description="tokens of the rendered lesson block per pool (paper: 8192 games, 16384 math)"
     )
     pools: int = Field(1, ge=1, description="independent lesson pools (paper: 10); one is drawn per prompt")
-    seed: int = Field(1, description="pool p uses seed + p")
+    pool_seed: int = Field(1, description="pool p visits an EXTRACT phase's episodes in an order seeded by pool_seed + p")
+    seed: list[str] = Field(
+        default_factory=list,
+        description="lessons written by a person, added to every pool when a new run starts (as `lessons add`)",
+    )
+    contrastive: bool = Field(
+        False, description="show the extractor a won and a lost trajectory of the same environment side by side"
+    )
+    contrastive_lookback: int = Field(
+        200, ge=0, description="older episodes of the run searched for a contrasting partner (0: only those read)"
+    )
     embedder: str | None = Field(None, description="embedder spec for similarity; None: the store's")
     merge_threshold: float = Field(
         0.9, gt=0.0, le=1.0, description="cosine at or above which a new item merges into an existing one"
@@ -68,6 +83,31 @@ class LessonsSettings(BaseModel):
     gate_margin: float = Field(
         0.05, ge=0.0, le=1.0, description="block a candidate whose success rate is lower by more than this"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _int_seed_is_the_pool_seed(cls, data: Any) -> Any:
+        """Configs (and runs stored in databases) from before `pool_seed` gave the pool seed as `seed: 1`."""
+        if isinstance(data, dict) and isinstance(data.get("seed"), int) and not isinstance(data["seed"], bool):
+            if "pool_seed" in data and data["pool_seed"] != data["seed"]:
+                raise ValueError(
+                    f"seed: {data['seed']} is the old name of pool_seed, which is also given ({data['pool_seed']}); "
+                    "keep pool_seed, and give seed as a list of lesson texts"
+                )
+            data = {k: v for k, v in data.items() if k != "seed"} | {"pool_seed": data["seed"]}
+        return data
+
+    @model_validator(mode="after")
+    def _seed_lessons_pass_the_screen(self) -> LessonsSettings:
+        for i, text in enumerate(self.seed):
+            verdict = screen_item(text, self.max_item_chars)
+            if not verdict.accepted:
+                raise ValueError(
+                    f"seed[{i}] ({text[:60]!r}) is rejected by the lesson safety screen: {verdict.reason}; "
+                    "write it as one general rule of at least three words, without instructions to the model "
+                    "about its prompt and without secrets"
+                )
+        return self
 
     @model_validator(mode="after")
     def _thresholds(self) -> LessonsSettings:

@@ -8,8 +8,9 @@ What:
   `LessonsSettings`. A round is `begin()` (working sets from the live version), any number of
   `apply(proposals)` (from `distill.lessons.extract.record_extraction`), `working(pool)` (what the
   extractor is shown), and `commit(candidate=...) -> CurationResult` (one new version, or none if
-  nothing changed). `live_lessons(pool)`, `restore(version)`, `promote(version)`, `reject(version)`,
-  `diff(v1, v2)` wrap `distill.lessons.versions`. `pool_seed(pool)` is `seed + pool`.
+  nothing changed). `duplicate_of(text, pool)` says whether an item would merge into a working lesson
+  (`agent-runtime lessons add` skips those). `live_lessons(pool)`, `restore(version)`,
+  `promote(version)`, `reject(version)`, `diff(v1, v2)` wrap `distill.lessons.versions`. `pool_seed(pool)` is `seed + pool` (`seed` is `LessonsSettings.pool_seed`).
 
 How each proposal is decided (the documented rule):
 1. "DELETE #id": the lesson leaves its pool (ignored, and logged, if it is not in that pool).
@@ -166,7 +167,7 @@ class LessonCurator:
             embedder=embedder,
             budget_tokens=settings.budget_tokens,
             pools=settings.pools,
-            seed=settings.seed,
+            seed=settings.pool_seed,
             merge_threshold=settings.merge_threshold,
             conflict_threshold=settings.conflict_threshold,
             utilities=utilities,
@@ -275,11 +276,7 @@ class LessonCurator:
         if not pool:
             pool.append(new)
             return [Change("add", p, new.id, None, reason="empty pool")]
-        self._embed_all([new.text] + [x.text for x in pool])
-        sims = np.array([float(self._vector(new.text) @ self._vector(x.text)) for x in pool])
-        identical = [i for i, x in enumerate(pool) if _normal(x.text) == _normal(new.text)]
-        best = identical[0] if identical else int(np.argmax(sims))
-        similarity = float(sims[best])
+        best, similarity, identical = self._nearest(new.text, pool)
         opposite = has_negation(pool[best].text) != has_negation(new.text)
         if not identical and opposite and similarity >= self.conflict_threshold:
             old = pool.pop(best)
@@ -295,6 +292,28 @@ class LessonCurator:
             return [Change("merge", p, pool[best].id, old.id, similarity, f"merged #{new.id}")]
         pool.append(new)
         return [Change("add", p, new.id, None, similarity, "new")]
+
+    def _nearest(self, text: str, pool: list[LessonInfo]) -> tuple[int, float, bool]:
+        """(position, cosine, identical) of the pool's lesson closest to `text`; an identical text (ignoring
+        case and punctuation) comes first. The pool must not be empty."""
+        self._embed_all([text] + [x.text for x in pool])
+        sims = np.array([float(self._vector(text) @ self._vector(x.text)) for x in pool])
+        identical = [i for i, x in enumerate(pool) if _normal(x.text) == _normal(text)]
+        best = identical[0] if identical else int(np.argmax(sims))
+        return best, float(sims[best]), bool(identical)
+
+    def duplicate_of(self, text: str, pool: int) -> tuple[LessonInfo, float] | None:
+        """The working lesson that `text` would be merged into by `apply` (identical, or at least
+        `merge_threshold` similar without opposite polarity), with the similarity; None if it is new."""
+        assert self._work is not None, "call begin() before duplicate_of()"
+        members = self._work.get(pool, [])
+        if not members:
+            return None
+        best, similarity, identical = self._nearest(text, members)
+        opposite = has_negation(members[best].text) != has_negation(text)
+        if identical or (similarity >= self.merge_threshold and not opposite):
+            return members[best], similarity
+        return None
 
     def _merge(self, old: LessonInfo, new: LessonInfo, proposal: Proposal) -> LessonInfo:
         """A new row: the old text and position, both provenances."""
@@ -361,11 +380,12 @@ class LessonCurator:
             )
         return dropped
 
-    def commit(self, *, candidate: bool = False, note: str = "") -> CurationResult:
+    def commit(self, *, candidate: bool = False, note: str = "", label: str = "") -> CurationResult:
         """Write the round's working pools as one new version (a candidate for the gate, or live).
 
         Returns a result whose `version` is None when the pools equal the base version (no change).
-        The version's `token_count` is that of its largest pool (one pool enters a prompt).
+        The version's `token_count` is that of its largest pool (one pool enters a prompt). The note is
+        `label` (which says who made the version, e.g. "user:"), the changes per pool, then `note`.
         """
         assert self._work is not None, "call begin() before commit()"
         ids = [x.id for p in sorted(self._work) for x in self._work[p]]
@@ -378,7 +398,7 @@ class LessonCurator:
             self.begin(self._base.version if self._base is not None else None)
             return CurationResult(None, changes, tokens)
         summary = summarize(changes)
-        text = "; ".join(x for x in (summary, note) if x)
+        text = "; ".join(x for x in (label, summary, note) if x)
         info = versions.create_version(
             self.store,
             self.run_id,

@@ -14,5 +14,12 @@ class UnknownVersionError(LessonsError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class UnknownLessonError(LessonsError, KeyError):
+    """A lesson id that is not (or no longer) in the run's lesson set, or belongs to another run."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class GateInputError(LessonsError, ValueError):
     """The gate was given outcomes it cannot compare (no episodes, or not the same seeds)."""

@@ -3,7 +3,10 @@
 What:
 - `build_prompt(episode, current, *, style, max_items, ...) -> list[dict]`: the extraction chat (one
   user message) for one stored episode (`memory.EpisodeInfo` with its steps) and the pool's current
-  lessons (`LessonInfo`s, shown with their ids so the extractor may correct one).
+  lessons (`LessonInfo`s, shown with their ids so the extractor may correct one); with `partner=`, an
+  episode of the opposite result, the contrastive prompt (ExpeL-style): a won and a lost trajectory
+  side by side, and the question what the won one did that the lost one did not. Trajectories are
+  rendered by `distill.lessons.render`.
 - `parse_items(text) -> list[str]`: the items of a structured answer, tolerant of thinking blocks,
   markdown, numbering, echoed placeholders and junk; `parse_free_text(text)` for the free-text style.
 - `parse_operation(item) -> Operation`: an item is an addition, or an explicit correction of an existing
@@ -24,7 +27,9 @@ final outcome, infer the rules and why it was won or lost, append a few general 
 experience, one `- EXPERIENCE ITEM:` per line; a free-text variant without the line format), in our own
 words, plus two things the runtime needs: item ids, so that a wrong lesson can be corrected instead of
 contradicted, and a length limit, because items enter every later prompt. The trajectory is cleaned of
-chat-template control tokens before it is shown: environment text is untrusted.
+chat-template control tokens before it is shown: environment text is untrusted. The contrastive variant
+exists because a small extractor shown one trajectory tends to restate it vaguely; a pair isolates the
+decisive difference (ExpeL compares successes with failures the same way).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from distill.lessons.safety import Rejection, redact_secrets, screen_items, strip_control
+from distill.lessons.render import ITEM_PREFIX, render_current, render_trajectory
+from distill.lessons.safety import Rejection, redact_secrets, screen_items
 
 if TYPE_CHECKING:
     from memory import EpisodeInfo, ExperienceStore, LessonInfo
@@ -43,7 +49,6 @@ Chat = list[dict[str, str]]
 Complete = Callable[[list[Chat]], list[str]]
 Style = Literal["structured", "free"]
 STYLES = ("structured", "free")
-ITEM_PREFIX = "- EXPERIENCE ITEM:"
 
 _THINK_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.IGNORECASE | re.DOTALL)
 _THINK_OPEN = re.compile(r"<(?:think|thinking|reasoning)>", re.IGNORECASE)
@@ -60,80 +65,6 @@ _OPERATION = re.compile(
 )
 
 
-# -- rendering ---------------------------------------------------------------------------------
-
-
-def _clip(text: str, limit: int) -> str:
-    """At most `limit` characters, keeping the head and the tail (a math answer comes last)."""
-    text = text.strip()
-    if len(text) <= limit:
-        return text
-    tail = (limit - 5) // 3
-    return text[: limit - 5 - tail].rstrip() + " ... " + text[len(text) - tail :].lstrip()
-
-
-def _clean(text: str | None, limit: int) -> str:
-    return _clip(strip_control(text or ""), limit)
-
-
-def describe_outcome(episode: EpisodeInfo) -> str:
-    """One line: how the episode ended, in the terms the extractor should learn from."""
-    verdict = {
-        "won": "WON (the goal was reached)",
-        "lost": "LOST (the episode ended without reaching the goal)",
-        "truncated": "NOT FINISHED (the turn limit was reached before the goal)",
-        "error": "FAILED WITH AN ERROR",
-    }.get(episode.outcome, episode.outcome.upper())
-    line = f"{verdict} after {episode.num_steps} turn(s), total reward {episode.total_return:g}."
-    if episode.error:
-        line += f" Error: {_clean(episode.error, 300)}"
-    return line
-
-
-def render_trajectory(episode: EpisodeInfo, *, max_step_chars: int = 600, max_chars: int = 6000) -> str:
-    """The episode as the extractor reads it: task, turns, final outcome and feedback.
-
-    Each turn shows the observation, the model's response, the parsed action and the reward. If the
-    whole exceeds `max_chars`, middle turns are elided (the start and the end carry the most signal).
-    """
-    head = [f"Environment: {episode.env_id}", f"Task: {_clean(episode.goal or episode.task_id, 500)}"]
-    turns = []
-    for step in episode.steps:
-        action = step.action if step.action is not None else "(no valid action could be read)"
-        turns.append(
-            f"Turn {step.index + 1}\n"
-            f"Observation: {_clean(step.observation, max_step_chars)}\n"
-            f"Your response: {_clean(step.response, max_step_chars)}\n"
-            f"Action: {_clean(action, 200)} (reward {step.reward:g})"
-        )
-    feedback = episode.metadata.get("final_observation") or episode.metadata.get("feedback")
-    tail = [f"Final outcome: {describe_outcome(episode)}"]
-    if feedback:
-        tail.append(f"Final feedback from the environment: {_clean(str(feedback), max_step_chars)}")
-    budget = max_chars - sum(len(x) + 1 for x in head + tail)
-    kept = list(turns)
-    while kept and sum(len(t) + 2 for t in kept) > budget and len(kept) > 2:
-        del kept[len(kept) // 2]
-    if len(kept) < len(turns):
-        middle = len(kept) // 2
-        kept.insert(middle, f"[... {len(turns) - len(kept)} turn(s) omitted ...]")
-    body = "\n\n".join(kept) if kept else "(no turns were played)"
-    return "\n".join(head) + "\n\n" + _clip(body, max(budget, 200)) + "\n\n" + "\n".join(tail)
-
-
-def render_current(current: Sequence[LessonInfo | str]) -> str:
-    """The pool's lessons as the extractor sees them: `[#id] text`, or a note that there are none."""
-    if not current:
-        return "No experience yet."
-    lines = []
-    for lesson in current:
-        if isinstance(lesson, str):
-            lines.append(f"{ITEM_PREFIX} {lesson}")
-        else:
-            lines.append(f"{ITEM_PREFIX} [#{lesson.id}] {lesson.text}")
-    return "\n".join(lines)
-
-
 _INTRO = (
     "You keep a short list of experience: general lessons that help you do better in this kind of "
     "task. Below is one of your own past attempts, from the first observation to the final outcome, "
@@ -141,10 +72,29 @@ _INTRO = (
     "## The attempt\n{trajectory}\n\n"
     "## Your current experience\n# Experience\n{current}\n\n"
 )
+_INTRO_PAIR = (
+    "You keep a short list of experience: general lessons that help you do better in this kind of "
+    "task. Below are two of your own past attempts {where}, each from the first observation to the final "
+    "outcome: attempt A was WON and attempt B was {lost}. They are followed by the experience you had at "
+    "the time.\n\n"
+    "## Attempt A (WON)\n{won_trajectory}\n\n"
+    "## Attempt B ({lost})\n{lost_trajectory}\n\n"
+    "## Your current experience\n# Experience\n{current}\n\n"
+)
+_STUDY = {
+    ("structured", False): "Study the attempt closely. Compare what you did with how the environment reacted, "
+    "work out the rules of the environment, and find the real reasons the attempt succeeded or failed.",
+    ("free", False): "Study the attempt closely: infer the rules of the environment and the principles "
+    "behind winning and losing.",
+    ("structured", True): "Compare the two attempts closely, turn by turn. Find what the won attempt A did "
+    "that the lost attempt B did not (or what B did that A avoided), and why that difference decided the "
+    "outcome.",
+    ("free", True): "Compare the two attempts closely: find what the won attempt A did that the lost "
+    "attempt B did not, and the principle behind that difference.",
+}
 _STRUCTURED = (
     "## What to do\n"
-    "Study the attempt closely. Compare what you did with how the environment reacted, work out the "
-    "rules of the environment, and find the real reasons the attempt succeeded or failed. Then write "
+    "{study} Then write "
     "at most {max_items} NEW experience item(s) that would help in future attempts at other tasks of "
     "this kind.\n\n"
     "Rules:\n"
@@ -160,13 +110,13 @@ _STRUCTURED = (
 )
 _FREE = (
     "## What to do\n"
-    "Study the attempt closely: infer the rules of the environment and the principles behind winning "
-    "and losing. Then write additional experience for future attempts at other tasks of this kind, to "
+    "{study} Then write additional experience for future attempts at other tasks of this kind, to "
     "be appended to your current experience: at most {max_items} short, general point(s), without "
     "repeating what you already know.\n\n"
     "Reason briefly, then finish with:\n"
     "New experience:\n"
 )
+_NOT_WON = {"lost": "LOST", "truncated": "NOT FINISHED", "error": "FAILED WITH AN ERROR"}
 
 
 def build_prompt(
@@ -178,14 +128,38 @@ def build_prompt(
     max_item_chars: int = 300,
     max_step_chars: int = 600,
     max_trajectory_chars: int = 6000,
+    partner: EpisodeInfo | None = None,
 ) -> Chat:
-    """The extraction chat for one episode (a single user message, which every chat template accepts)."""
+    """The extraction chat for one episode (a single user message, which every chat template accepts).
+
+    With a `partner` of the opposite result (one won, the other not), the prompt is contrastive: both
+    trajectories side by side, the won one first, each within half of `max_trajectory_chars` (so the
+    prompt is no longer than a single-trajectory one), and the question is what the won one did that
+    the lost one did not.
+    """
     if style not in STYLES:
         raise ValueError(f"unknown extraction style {style!r}; known: {', '.join(STYLES)}")
-    trajectory = render_trajectory(episode, max_step_chars=max_step_chars, max_chars=max_trajectory_chars)
-    text = _INTRO.format(trajectory=trajectory, current=render_current(current))
+    if partner is None:
+        trajectory = render_trajectory(episode, max_step_chars=max_step_chars, max_chars=max_trajectory_chars)
+        text = _INTRO.format(trajectory=trajectory, current=render_current(current))
+    else:
+        if episode.won == partner.won:
+            raise ValueError(
+                f"a contrastive prompt needs one won and one not won episode; episodes {episode.id} and "
+                f"{partner.id} are both {'won' if episode.won else 'not won'}"
+            )
+        won, lost = (episode, partner) if episode.won else (partner, episode)
+        half = max(max_trajectory_chars // 2, 400)
+        text = _INTRO_PAIR.format(
+            where="at the same task" if won.task_id == lost.task_id else "in the same environment",
+            lost=_NOT_WON.get(lost.outcome, lost.outcome.upper()),
+            won_trajectory=render_trajectory(won, max_step_chars=max_step_chars, max_chars=half),
+            lost_trajectory=render_trajectory(lost, max_step_chars=max_step_chars, max_chars=half),
+            current=render_current(current),
+        )
     task = _STRUCTURED if style == "structured" else _FREE
-    text += task.format(max_items=max_items, max_chars=max_item_chars, prefix=ITEM_PREFIX)
+    study = _STUDY[(style, partner is not None)]
+    text += task.format(study=study, max_items=max_items, max_chars=max_item_chars, prefix=ITEM_PREFIX)
     return [{"role": "user", "content": text}]
 
 
@@ -309,19 +283,30 @@ class ExtractionOutcome:
     raw: str
     items: list[str]
     rejected: list[Rejection] = field(default_factory=list)
+    contrast: dict[str, Any] | None = None  # {"won": id, "lost": id, "same_task": bool} for a contrastive prompt
 
     @property
     def empty(self) -> bool:
         return not self.items
 
+    @property
+    def episode_ids(self) -> list[int]:
+        """The episodes the extractor read: this one, and its contrasting partner if it had one."""
+        if self.contrast is None:
+            return [self.episode_id]
+        partner = self.contrast["lost"] if self.contrast["won"] == self.episode_id else self.contrast["won"]
+        return [self.episode_id, partner]
+
 
 @dataclass(frozen=True)
 class ExtractionRequest:
-    """One extraction to run: an episode (with steps), the lessons shown with it, and the pool."""
+    """One extraction to run: an episode (with steps), the lessons shown with it, the pool, and (for a
+    contrastive prompt) a partner episode with steps and the opposite result."""
 
     episode: EpisodeInfo
     current: Sequence[LessonInfo | str]
     pool: int = 0
+    partner: EpisodeInfo | None = None
 
 
 class LessonExtractor:
@@ -362,7 +347,9 @@ class LessonExtractor:
             name=name or settings.extractor,
         )
 
-    def prompt(self, episode: EpisodeInfo, current: Sequence[LessonInfo | str] = ()) -> Chat:
+    def prompt(
+        self, episode: EpisodeInfo, current: Sequence[LessonInfo | str] = (), partner: EpisodeInfo | None = None
+    ) -> Chat:
         return build_prompt(
             episode,
             current,
@@ -371,6 +358,7 @@ class LessonExtractor:
             max_item_chars=self.max_item_chars,
             max_step_chars=self.max_step_chars,
             max_trajectory_chars=self.max_trajectory_chars,
+            partner=partner,
         )
 
     def parse(self, raw: str) -> tuple[list[str], list[Rejection]]:
@@ -396,12 +384,13 @@ class LessonExtractor:
         if not requests:
             return []
         for request in requests:
-            if request.episode.num_steps and not request.episode.steps:
-                raise ValueError(
-                    f"episode {request.episode.id} was read without its steps; read it with "
-                    "ExperienceStore.episode(id) (lists leave steps empty)"
-                )
-        chats = [self.prompt(r.episode, r.current) for r in requests]
+            for episode in (request.episode, request.partner):
+                if episode is not None and episode.num_steps and not episode.steps:
+                    raise ValueError(
+                        f"episode {episode.id} was read without its steps; read it with "
+                        "ExperienceStore.episode(id) (lists leave steps empty)"
+                    )
+        chats = [self.prompt(r.episode, r.current, r.partner) for r in requests]
         answers = self.complete(chats)
         if len(answers) != len(chats):
             raise ValueError(f"the completion function returned {len(answers)} answers for {len(chats)} chats")
@@ -419,9 +408,17 @@ class LessonExtractor:
                     raw=raw or "",
                     items=items,
                     rejected=rejected,
+                    contrast=_contrast(request.episode, request.partner),
                 )
             )
         return outcomes
+
+
+def _contrast(episode: EpisodeInfo, partner: EpisodeInfo | None) -> dict[str, Any] | None:
+    if partner is None:
+        return None
+    won, lost = (episode, partner) if episode.won else (partner, episode)
+    return {"won": won.id, "lost": lost.id, "same_task": won.task_id == lost.task_id}
 
 
 # -- recording ---------------------------------------------------------------------------------
@@ -455,7 +452,8 @@ def record_extraction(
 ) -> RecordedExtraction:
     """Store the extraction and its proposed lessons (status "proposed") in one transaction.
 
-    Each lesson carries its provenance: the source episode, this extraction, the pool, the env; an
+    Each lesson carries its provenance: the source episode(s) -- both of a contrastive pair, whose roles
+    are kept in the extraction's `metadata["contrast"]` --, this extraction, the pool, the env; an
     UPDATE also names its target in the lesson metadata. DELETEs and rejections are kept in the
     extraction's metadata. An empty outcome is recorded too (with `metadata["empty"] = True`).
     """
@@ -477,11 +475,13 @@ def record_extraction(
         "rejected": [{"text": r.text, "reason": r.reason} for r in outcome.rejected],
         "deletes": [o.target for o in operations if o.op == "delete"],
     }
+    if outcome.contrast is not None:
+        metadata["contrast"] = dict(outcome.contrast)
     extraction_id, lesson_ids = store.record_extraction(
         outcome.extractor,
         lessons,
         run_id=run_id,
-        episode_ids=[outcome.episode_id],
+        episode_ids=outcome.episode_ids,
         prompt=redact_secrets(outcome.prompt),
         response=redact_secrets(outcome.raw),
         env_id=outcome.env_id,
@@ -489,7 +489,7 @@ def record_extraction(
         metadata=metadata,
     )
     ids = iter(lesson_ids)
-    sources = (outcome.episode_id,)
+    sources = tuple(outcome.episode_ids)
     proposals = [
         Proposal(
             op=o.op,

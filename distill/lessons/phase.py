@@ -6,7 +6,8 @@ What: `extract_phase(store, run_id, episode_ids, extractor, curator, *, candidat
 lessons as they stand after the previous ones were curated -- the accumulation of the OPCD/OEL papers.
 All pools advance together, so one batched completion call serves every pool at each step. Every
 extraction (empty ones included) is recorded with its provenance before it is curated, and the round
-ends with one new lesson-set version: a candidate for the gate (`candidate=True`) or live.
+ends with one new lesson-set version: a candidate for the gate (`candidate=True`) or live. With
+`contrastive=True` an episode is shown next to a partner of the opposite result (`distill.lessons.contrast`).
 
 Why here and not in the loop: it is the lessons' own logic (pools, seeds, ordering, provenance); the
 loop only decides when to call it and runs the gate's evaluation episodes.
@@ -18,6 +19,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from distill.lessons.contrast import pick_partners
 from distill.lessons.curate import CurationResult, LessonCurator
 from distill.lessons.extract import (
     ExtractionOutcome,
@@ -49,6 +51,10 @@ class PhaseResult:
     def rejected_items(self) -> int:
         return sum(len(o.rejected) for o in self.outcomes)
 
+    @property
+    def contrastive_extractions(self) -> int:
+        return sum(o.contrast is not None for o in self.outcomes)
+
 
 def extract_phase(
     store: ExperienceStore,
@@ -60,11 +66,19 @@ def extract_phase(
     candidate: bool = False,
     batch: int = 1,
     note: str = "",
+    contrastive: bool = False,
+    lookback: int = 200,
 ) -> PhaseResult:
-    """Extract from `episode_ids` into every pool and commit the curated pools as one version."""
+    """Extract from `episode_ids` into every pool and commit the curated pools as one version.
+
+    With `contrastive`, each episode that has a partner of the opposite result in the same environment
+    (`distill.lessons.contrast.pick_partners`, looking `lookback` episodes back) is extracted from with
+    the won/lost pair side by side; the others with the single-trajectory prompt.
+    """
     assert batch >= 1, f"batch must be at least 1, got {batch}"
     # An episode that never got a turn (its reset failed) has nothing to learn from.
     episodes = [e for e in (store.episode(i) for i in episode_ids) if e.steps]
+    partners = pick_partners(store, run_id, episodes, lookback=lookback) if contrastive else {}
     curator.begin()
     orders = []
     for pool in range(curator.pools):
@@ -74,7 +88,7 @@ def extract_phase(
     result = PhaseResult()
     for start in range(0, len(episodes), batch):
         requests = [
-            ExtractionRequest(episode, curator.working(pool), pool)
+            ExtractionRequest(episode, curator.working(pool), pool, partners.get(episode.id))
             for pool, order in enumerate(orders)
             for episode in order[start : start + batch]
         ]

@@ -22,7 +22,8 @@ Why this design:
 - Every version is a new row and nothing is edited in place, so history is complete: a candidate that
   the gate blocked stays visible, followed by a live version that keeps the previous set.
 - A version's kind is the prefix of its note: "candidate: ..." or "live: ..." (a version without a
-  prefix, written by another tool, counts as live). The live set is the newest live version. Writing
+  prefix, written by another tool, counts as live; "user:" after the kind marks a version a person made,
+  `is_user_version`). The live set is the newest live version. Writing
   the version row is the single commit point; statuses are derived from the versions afterwards
   (`sync_statuses`), so a crash between the two is repaired by calling it again.
 - Statuses: members of the live set are "active"; members of a pending candidate stay "proposed";
@@ -42,10 +43,19 @@ if TYPE_CHECKING:
 
 CANDIDATE = "candidate:"
 LIVE = "live:"
+USER = "user:"  # right after the kind: a version a person made (`lessons add`/`retire`, `lessons.seed`)
 
 
 def is_candidate(info: LessonSetInfo) -> bool:
     return info.note.startswith(CANDIDATE)
+
+
+def is_user_version(info: LessonSetInfo) -> bool:
+    """Whether a person made this version (its note reads "candidate: user: ..." or "live: user: ...")."""
+    for kind in (CANDIDATE, LIVE):
+        if info.note.startswith(kind):
+            return info.note[len(kind) :].lstrip().startswith(USER)
+    return False
 
 
 def live_version(store: ExperienceStore, run_id: int | None) -> LessonSetInfo | None:
