@@ -5,10 +5,11 @@ extraction calls (a person's `lessons add` calls are left out), or only the cont
 (`contrastive=True`) or only the single-trajectory ones (`False`):
 - calls: `extractions`, `empty` (nothing parseable), `contrastive`;
 - items: `items` that passed the safety screen (and `max_items`), `rejected` with `rejected_by_reason`;
-- lessons (the rows those items became, DELETEs make none): `lessons`, of which `live` (the row, or the
-  row that replaced a conflicting lesson with its text, was in a live version), `merged` (a near-duplicate
-  absorbed into a lesson that was live: its provenance reached the prompt, its wording did not), and
-  `never_live` (blocked by the gate, dropped by the budget, or still pending);
+- lessons (the rows those items became, DELETEs make none; rows the curator wrote as successors are not
+  counted again): `lessons`, of which `live` (its text reached a live version: the row itself, or a
+  successor that kept its text -- a merge keeps the older lesson's, a conflict carries the newer one's),
+  `merged` (a near-duplicate absorbed into a lesson that went live: its provenance reached the prompt,
+  its wording did not), and `never_live` (blocked by the gate, dropped by the budget, or still pending);
 - the gate's decisions on the run's candidates: `gate_promoted`, `gate_blocked` (all calls together: a
   candidate mixes the items of a whole phase).
 
@@ -71,15 +72,17 @@ def extraction_stats(store: ExperienceStore, run_id: int, *, contrastive: bool |
 
     lessons = store.lessons(run_id)
     live_ids = {i for v in store.lesson_sets(run_id) if not is_candidate(v) for i in v.lesson_ids}
-    children: dict[int, list[tuple[str, int]]] = {}
+    children: dict[int, list[tuple[str, int]]] = {}  # row -> (relation, successor row) written by the curator
     for lesson in lessons:
-        for parent in lesson.metadata.get("merged_from", []):
-            children.setdefault(int(parent), []).append(("merged", lesson.id))
+        # a merge keeps the first lesson's text and absorbs the second; a conflict carries the new text on
+        for i, parent in enumerate(lesson.metadata.get("merged_from", [])):
+            children.setdefault(int(parent), []).append(("carried" if i == 0 else "merged", lesson.id))
         if lesson.metadata.get("proposed_as") is not None:
-            children.setdefault(int(lesson.metadata["proposed_as"]), []).append(("replaced", lesson.id))
+            children.setdefault(int(lesson.metadata["proposed_as"]), []).append(("carried", lesson.id))
     wanted = {x.id for x in calls}
     for lesson in lessons:
-        if lesson.extraction_id not in wanted:
+        successor = "merged_from" in lesson.metadata or "replaces" in lesson.metadata
+        if lesson.extraction_id not in wanted or successor:  # count what the extractor proposed, once
             continue
         stats.lessons += 1
         fate = _fate(lesson.id, live_ids, children)
@@ -94,8 +97,8 @@ def extraction_stats(store: ExperienceStore, run_id: int, *, contrastive: bool |
 
 
 def _fate(lesson_id: int, live_ids: set[int], children: dict[int, list[tuple[str, int]]]) -> str:
-    """The fate of one row: live, merged or never_live. Whether the row, or a row descended from it, was
-    ever live; the first hop says whether its own text went on (a replacement) or only its provenance."""
+    """The fate of one proposed row: live, merged or never_live. Whether the row, or a row descended from
+    it, was ever live; the first hop says whether its own text went on ("carried") or only its provenance."""
     if lesson_id in live_ids:
         return "live"
     todo = list(children.get(lesson_id, []))
@@ -106,6 +109,6 @@ def _fate(lesson_id: int, live_ids: set[int], children: dict[int, list[tuple[str
             continue
         seen.add(child)
         if child in live_ids:
-            return "live" if relation == "replaced" else "merged"
+            return "live" if relation == "carried" else "merged"
         todo += [(relation, grandchild) for _, grandchild in children.get(child, [])]
     return "never_live"
