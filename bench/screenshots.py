@@ -1,10 +1,11 @@
 """Regenerate the dashboard screenshots in docs/screenshots/ from the demo store.
 
-    .venv/bin/python bench/screenshots.py [--out docs/screenshots] [--chromium /usr/bin/chromium]
+    .venv/bin/python bench/screenshots.py [--out docs/screenshots] [--chromium /usr/bin/chromium] [--only learning]
 
 What: seeds `agent_runtime.dashboard.demo` into a temporary directory, serves the dashboard on a free
 localhost port, and has headless Chromium (Playwright) capture each page at 1280 px wide: overview,
-episodes, one episode, lessons, lesson-set versions, one OPCD cycle, search. Prints a markdown table
+learning, episodes, one episode, lessons, lesson-set versions, one OPCD cycle, search (`--only`, which
+can repeat, keeps the named ones). Prints a markdown table
 of the files and their sizes; fails if a page did not draw its charts or a PNG exceeds 300 KB.
 """
 
@@ -30,6 +31,7 @@ def pages(ids: dict[str, int]) -> list[tuple[str, str, bool]]:
     """(file stem, path, has charts) for each page to capture."""
     return [
         ("overview", f"/?run={ids['run']}", True),
+        ("learning", f"/learning?run={ids['run']}", True),
         ("episodes", f"/episodes?run={ids['run']}", False),
         ("episode", f"/episodes/{ids['source_episode']}", True),
         ("lessons", f"/lessons?run={ids['run']}", False),
@@ -43,6 +45,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
     parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--only", action="append", metavar="STEM", help="capture only this page (repeatable)")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -53,7 +56,9 @@ def main() -> int:
         with running_server(create_app(tmp)) as base, sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=args.chromium, headless=True, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1280, "height": 900})
-            for stem, path, charts in pages(ids):
+            chosen = [p for p in pages(ids) if not args.only or p[0] in args.only]
+            assert chosen, f"--only {args.only} names no page; known: {', '.join(p[0] for p in pages(ids))}"
+            for stem, path, charts in chosen:
                 page.goto(base + path)
                 if charts:
                     page.wait_for_selector(".charts[data-state=drawn] canvas", timeout=10_000)

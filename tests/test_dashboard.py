@@ -8,6 +8,8 @@ file; the app opens it read-only. `tests/test_dashboard_browser.py` drives the s
 from __future__ import annotations
 
 import hashlib
+import html
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,9 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from agent_runtime.dashboard import app as dashboard_app
-from agent_runtime.dashboard import create_app, reads, serve
+from agent_runtime.dashboard import create_app, learning, reads, serve
 from agent_runtime.dashboard.demo import DEMO_EMBEDDER, ENVS, episode_record, seed_demo_store
-from memory import ExperienceStore, ReadOnlyStoreError, StoreUnavailableError
+from memory import ExperienceStore, ReadOnlyStoreError, StepRecord, StoreUnavailableError
 
 XSS = "<script>alert(1)</script>"
 ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
@@ -60,7 +62,7 @@ def client(seeded: tuple[Path, dict[str, int]]) -> TestClient:
 def page_urls(ids: dict[str, int]) -> list[str]:
     run, cycle = ids["run"], ids["cycle"]
     return [
-        "/", f"/?run={run}", f"/partials/overview?run={run}",
+        "/", f"/?run={run}", f"/partials/overview?run={run}", "/learning", f"/learning?run={run}&window=5",
         "/episodes", f"/episodes?run={run}&env={ENVS[0]}&outcome=won&page=1", f"/episodes/{ids['xss_episode']}",
         "/lessons", f"/lessons?run={run}&status=active&pool=0", "/lessons/versions",
         f"/lessons/{ids['xss_lesson']}", "/cycles", f"/cycles/{cycle}", "/search", "/search?q=frozen+lake",
@@ -151,9 +153,12 @@ def test_cycle_page_shows_decision_evaluations_and_lineage(client: TestClient, s
     body = client.get(f"/cycles/{ids['cycle']}").text
     assert "promoted: the adapter became the active one" in body
     assert "student without lessons reached 92%" in body
-    for condition in ("student without lessons", "student with lessons", "teacher with lessons", "out-of-distribution"):
+    for condition in ("consolidated: student without lessons", "student with lessons", "teacher with lessons",
+                      "base: teacher without lessons", "student retention"):
         assert condition in body
     assert "adapter-1" in body and "base model" in body
+    low, high = reads.wilson_interval(11, 20)  # the demo's teacher with lessons on its first environment
+    assert f"{100 * low:.1f}% to {100 * high:.1f}%" in body
 
 
 def test_episode_filters_and_paging(client: TestClient, seeded: tuple[Path, dict[str, int]]) -> None:
@@ -369,3 +374,234 @@ def test_lessons_are_paged(client: TestClient, seeded: tuple[Path, dict[str, int
         assert f"page={page + 1}" in body
         page += 1
     assert len(listed) == total == len(set(listed)) and listed == sorted(listed), "each lesson once, oldest first"
+
+
+# -- the learning view -------------------------------------------------------------------------
+
+LEARNING_WINS = (False, False, True, True, False, True, True, True, True, False)
+
+
+def seed_learning_store(target: Path | str, **open_options: Any) -> dict[str, Any]:
+    """Ten episodes: three without lessons, three with lesson-set v1, one with v1 and a new adapter,
+    three with v2 and the adapter (an episode of another run in between); one promoted cycle with
+    evaluations (two environments pooled, a stored interval, a differently spelt condition, an
+    unknown `random` condition, a condition named only by its policy) and a running one without."""
+    with ExperienceStore.open(target, **open_options) as store:
+        run = store.create_run("learning", {})
+        other = store.create_run("other", {})
+        lesson = store.add_lesson("Look before you leap.", run_id=run)
+        v1 = store.create_lesson_set(run, [lesson]).version
+        cycle = store.start_cycle(run, {}, lesson_set_version=v1)
+        adapter = store.add_adapter("cycle-1", "adapters/cycle-1", run_id=run)
+        store.update_cycle(cycle, adapter_id=adapter, metrics={"heldout_kl": {"before": 0.8, "after": 0.2}})
+        v2 = store.create_lesson_set(run, [lesson]).version
+        ids = {"run": run, "cycle": cycle, "adapter": adapter, "v1": v1, "v2": v2, "episodes": []}
+        for i, won in enumerate(LEARNING_WINS):
+            version = None if i < 3 else (v1 if i < 7 else v2)
+            record = episode_record(ENVS[0], f"t{i}", won=won, n_steps=1, seed=i, lesson_set_version=version,
+                                    adapter_id=adapter if i >= 6 else None,
+                                    lessons_in_context=[lesson] if version else ())
+            ids["episodes"].append(store.add_episode(run, record))
+            if i == 4:
+                store.add_episode(other, episode_record(ENVS[1], "elsewhere", won=True, n_steps=1))
+        for condition, env_id, n, rate, extra in (
+            ("teacher_without_lessons", ENVS[0], 10, 0.3, {}),
+            ("teacher_without_lessons", ENVS[1], 10, 0.5, {}),
+            ("teacher_with_lessons", ENVS[0], 20, 0.75, {"ci95": [0.5, 0.9]}),
+            ("student without lessons", ENVS[0], 20, 0.7, {}),
+            ("random", ENVS[0], 20, 0.1, {"ci95": [0.03, 0.3]}),
+            (None, ENVS[0], 4, 0.5, {}),
+        ):
+            metrics = {"episodes": [{"won": True}] * n, **extra}
+            if condition:
+                metrics["condition"] = condition
+            store.add_evaluation(env_id, run_id=run, cycle_id=cycle, adapter_id=adapter, split="eval",
+                                 policy="Out-of-distribution probe", num_episodes=n, success_rate=rate,
+                                 metrics=metrics)
+        store.add_evaluation("*", run_id=run, cycle_id=cycle, split="lesson-utility", num_episodes=99,
+                             success_rate=1.0, metrics={"condition": "teacher_with_lessons"})
+        store.promote_cycle(cycle, [])
+        ids["running_cycle"] = store.start_cycle(run, {}, lesson_set_version=v2, base_adapter_id=adapter)
+        step = StepRecord(index=0, observation="a fork", prompt="p", response="ACTION: go north",
+                          action="go north", valid_action=True, reward=0.0,
+                          admissible_actions=["go north", f"<b>go south</b> {XSS}", "wait"],
+                          info={"action_mode": "choice", "choice_logprobs": [math.log(0.7), math.log(0.2), math.log(0.1)]})
+        skewed = StepRecord(index=1, observation="again", prompt="p", response="ACTION: wait", action="wait",
+                            valid_action=True, reward=0.0, admissible_actions=["go north", "wait", "look"],
+                            info={"action_mode": "choice", "choice_logprobs": [-0.1, -2.0]})
+        free = StepRecord(index=2, observation="free text", prompt="p", response="ACTION: look", action="look",
+                          valid_action=True, reward=1.0, admissible_actions=["look"], info={"action_mode": "text"})
+        record = episode_record(ENVS[0], "choice", won=True, n_steps=1)
+        record.steps = [step, skewed, free]
+        ids["choice_episode"] = store.add_episode(other, record)
+    return ids
+
+
+@pytest.fixture(scope="module")
+def learning_client(tmp_path_factory: pytest.TempPathFactory) -> tuple[TestClient, dict[str, Any]]:
+    workdir = tmp_path_factory.mktemp("learning")
+    ids = seed_learning_store(workdir)
+    with TestClient(create_app(workdir), base_url="http://127.0.0.1") as test_client:
+        yield test_client, ids
+
+
+def expected_rolling(window: int) -> list[tuple[float, int]]:
+    wins = [int(w) for w in LEARNING_WINS]
+    return [(sum(wins[max(0, i - window + 1):i + 1]), min(window, i + 1)) for i in range(len(wins))]
+
+
+def test_learning_curve_rolling_rate_band_and_marks(learning_client: tuple[TestClient, dict[str, Any]]) -> None:
+    client, ids = learning_client
+    payload = client.get(f"/api/runs/{ids['run']}/learning.json?window=3").json()
+    (chart,) = payload["charts"]
+    assert chart["x"] == list(range(1, 11)), "x is the episode's ordinal in its run, not its id"
+    series = {s["label"]: s["values"] for s in chart["series"]}
+    assert list(series) == ["success (last 3)", "95% high", "95% low"]
+    assert chart["bands"] == [{"upper": "95% high", "lower": "95% low"}]
+    expected = expected_rolling(3)
+    assert series["success (last 3)"] == pytest.approx([w / n for w, n in expected])
+    assert series["success (last 3)"][:4] == pytest.approx([0.0, 0.0, 1 / 3, 2 / 3])
+    for (w, n), low, high in zip(expected, series["95% low"], series["95% high"], strict=True):
+        assert (low, high) == pytest.approx(reads.wilson_interval(w, n))
+        assert 0.0 <= low <= w / n <= high <= 1.0
+    assert series["95% high"][0] == pytest.approx(0.7935, abs=1e-4)  # 0 of 1: Wilson, not the normal approximation
+    episodes = ids["episodes"]
+    assert chart["marks"] == [
+        {"x": 4, "label": f"lessons v{ids['v1']}", "kind": "lesson_set", "version": ids["v1"], "episode_id": episodes[3]},
+        {"x": 7, "label": "adapter cycle-1", "kind": "adapter", "adapter_id": ids["adapter"], "episode_id": episodes[6]},
+        {"x": 8, "label": f"lessons v{ids['v2']}", "kind": "lesson_set", "version": ids["v2"], "episode_id": episodes[7]},
+    ]
+    default = client.get(f"/api/runs/{ids['run']}/learning.json").json()["charts"][0]
+    assert default["title"].startswith("rolling success rate (last 20 episodes)")
+    assert default["series"][0]["values"] == pytest.approx([w / n for w, n in expected_rolling(20)])
+
+
+def test_learning_curve_is_sampled_for_long_runs(learning_client: tuple[TestClient, dict[str, Any]],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    client, ids = learning_client
+    monkeypatch.setattr(reads, "MAX_POINTS", 4)
+    chart = client.get(f"/api/runs/{ids['run']}/learning.json?window=3").json()["charts"][0]
+    assert chart["x"] == [3, 6, 9, 10], "every third point (10 / 4 rounded up) and the last"
+    expected = expected_rolling(3)
+    assert chart["series"][0]["values"] == pytest.approx([expected[x - 1][0] / expected[x - 1][1] for x in chart["x"]])
+    assert [m["x"] for m in chart["marks"]] == [4, 7, 8], "marks keep their exact positions"
+
+
+def test_learning_matrix_and_headline(learning_client: tuple[TestClient, dict[str, Any]]) -> None:
+    client, ids = learning_client
+    payload = client.get(f"/api/runs/{ids['run']}/learning.json").json()
+    matrix = payload["matrix"]
+    assert [c["key"] for c in matrix["columns"]] == [
+        "teacher_without_lessons", "teacher_with_lessons", "student_without_lessons", "random",
+        "out_of_distribution_probe"]
+    assert matrix["columns"][-1]["label"] == "Out-of-distribution probe", "unknown conditions keep their name"
+    first, running = matrix["rows"]
+    assert (first["cycle_id"], first["status"], first["heldout_kl"]) == (
+        ids["cycle"], "promoted", {"before": 0.8, "after": 0.2})
+    assert (running["cycle_id"], running["status"], running["cells"]) == (ids["running_cycle"], "running", {})
+    cells = first["cells"]
+    low, high = reads.wilson_interval(8, 20)  # 3 of 10 and 5 of 10, pooled over the two environments
+    assert cells["teacher_without_lessons"] == pytest.approx({"rate": 0.4, "low": low, "high": high, "n": 20})
+    assert cells["teacher_with_lessons"] == pytest.approx({"rate": 0.75, "low": 0.5, "high": 0.9, "n": 20})
+    assert cells["random"] == pytest.approx({"rate": 0.1, "low": 0.03, "high": 0.3, "n": 20})
+    assert cells["student_without_lessons"]["rate"] == pytest.approx(0.7)
+    assert cells["out_of_distribution_probe"]["n"] == 4
+    headline = payload["headline"]
+    assert headline["cycle_id"] == ids["cycle"], "the newest cycle with evaluations, not the running one"
+    assert list(headline["rates"]) == ["base", "with lessons", "consolidated"]
+    assert headline["rates"]["consolidated"]["rate"] == pytest.approx(0.7)
+
+
+def test_learning_page(learning_client: tuple[TestClient, dict[str, Any]]) -> None:
+    client, ids = learning_client
+    body = client.get(f"/learning?run={ids['run']}&window=7").text
+    assert f'data-src="/api/runs/{ids["run"]}/learning.json?window=7"' in body
+    assert f'href="/cycles/{ids["cycle"]}">cycle {ids["cycle"]}</a>' in body
+    for shown in ("base: teacher without lessons", "consolidated: student without lessons", ">random<",
+                 "Out-of-distribution probe", "0.800 → 0.200", "40.0%", "75.0%", "[50.0%, 90.0%] n=20",
+                 "lessons v1", "adapter cycle-1", f'href="/episodes/{ids["episodes"][6]}"'):
+        assert shown in body, shown
+    headline = body.split('class="headline"')[1].split("</section>")[0]
+    assert re.findall(r"<b>([^<]+)</b>", headline) == ["40.0%", "75.0%", "70.0%"]
+    assert 'href="/learning?run=' in client.get(f"/?run={ids['run']}").text  # linked from the overview
+    assert '<a href="/learning?run=' in client.get("/cycles").text  # and from the nav
+    empty = client.get(f"/learning?run={ids['run'] + 1}").text
+    assert "no OPCD cycles in this run yet" in empty and "no OPCD cycle of this run has been evaluated yet" in empty
+
+
+def test_episode_page_shows_the_choice_distribution(learning_client: tuple[TestClient, dict[str, Any]]) -> None:
+    client, ids = learning_client
+    body = client.get(f"/episodes/{ids['choice_episode']}").text
+    first, second, third = body.split('class="step"')[1:]
+    assert "choice distribution" in first
+    chosen = re.search(r'<tr class="on chosen">(.*?)</tr>', first, re.DOTALL).group(1)
+    assert "go north" in chosen and "70.0%" in chosen
+    assert "20.0%" in first and "10.0%" in first and 'value="0.7' in first
+    assert "&lt;b&gt;go south&lt;/b&gt;" in first and ESCAPED in first and XSS not in body
+    assert "choice_logprobs holds 2 values for 3 admissible actions" in second
+    assert "choice distribution" not in third
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [("/learning?run=abc", "'run' must be an integer"), ("/learning?run=0", "'run' must be at least 1"),
+     ("/learning?run=99999999999", "'run' must be at most"), ("/learning?window=0", "'window' must be at least 1"),
+     ("/learning?window=x", "'window' must be an integer"), ("/learning?window=10001", "'window' must be at most"),
+     ("/api/runs/1/learning.json?window=-3", "'window' must be at least 1"),
+     ("/api/runs/1/success.json?window=soon", "'window' must be an integer"),
+     ("/api/runs/abc/learning.json", "path parameter 'run_id' must be an integer, got 'abc'"),
+     ("/api/runs/0/learning.json", "'run_id' must be between 1 and"),
+     ("/episodes/abc", "path parameter 'episode_id' must be an integer"),
+     ("/episodes?adapter=-99999999999999999999", "'adapter' must be at least -2147483648")],
+)
+def test_learning_bad_parameters_are_400(learning_client: tuple[TestClient, dict[str, Any]], url: str,
+                                         message: str) -> None:
+    client, _ = learning_client
+    response = client.get(url)
+    assert response.status_code == 400, response.text[:300]
+    text = response.json()["detail"] if url.startswith("/api/") else html.unescape(response.text)
+    assert message in text
+
+
+def test_learning_view_on_postgres(learning_client: tuple[TestClient, dict[str, Any]], tmp_path: Path) -> None:
+    from tests.pg import require_pg, reset_pg
+
+    url = require_pg()
+    reset_pg(url)
+    ids = seed_learning_store(url, index_dir=tmp_path)
+    sqlite_client, sqlite_ids = learning_client
+    assert ids["run"] == sqlite_ids["run"] and ids["episodes"] == sqlite_ids["episodes"], "both stores start empty"
+    with TestClient(create_app(url), base_url="http://127.0.0.1") as client:
+        for query in ("?window=3", "?window=20"):
+            path = f"/api/runs/{ids['run']}/learning.json{query}"
+            assert client.get(path).json() == sqlite_client.get(path).json(), query
+        assert "[50.0%, 90.0%] n=20" in client.get(f"/learning?run={ids['run']}").text
+
+
+def test_learning_unknown_run_is_404(learning_client: tuple[TestClient, dict[str, Any]]) -> None:
+    client, _ = learning_client
+    assert client.get("/learning?run=999").status_code == 404
+    assert client.get("/api/runs/999/learning.json").json()["detail"].startswith("no run")
+
+
+def test_learning_view_of_an_empty_store(tmp_path: Path) -> None:
+    ExperienceStore.open(tmp_path).close()
+    client = TestClient(create_app(tmp_path), base_url="http://127.0.0.1")
+    assert "No runs yet" in client.get("/learning").text
+    with ExperienceStore.open(tmp_path) as store:
+        run = store.create_run("fresh", {})
+    chart = client.get(f"/api/runs/{run}/learning.json").json()
+    assert chart["charts"][0]["x"] == [] and chart["charts"][0]["note"] == "no episodes yet"
+    assert chart["matrix"] == {"columns": [], "rows": []} and chart["headline"] is None
+
+
+def test_wilson_interval_matches_distill() -> None:
+    gate = pytest.importorskip("distill.lessons.gate")
+    for successes, n in ((0, 0), (0, 1), (3, 7), (20, 20), (8, 20)):
+        assert reads.wilson_interval(successes, n) == pytest.approx(gate.wilson_interval(successes, n))
+
+
+def test_condition_names() -> None:
+    assert learning.condition_key("Student without-lessons") == "student_without_lessons"
+    assert learning.condition_label("teacher without lessons") == "base: teacher without lessons"
+    assert learning.condition_label("random") == "random"

@@ -2,7 +2,8 @@
 
 A uvicorn server on a free localhost port serves the app over a seeded SQLite store while another
 thread keeps writing episodes into the same store (a loop at work). The browser visits every page,
-clicks into an episode, a lesson and a cycle, sees the uPlot charts draw (a canvas appears), filters
+clicks into an episode, a lesson and a cycle, sees the uPlot charts draw (a canvas appears; on the
+learning page with its interval band and lesson-set marks, reached from the overview's link), filters
 the episode table through HTMX, watches the overview's live counter move, and must never:
 - request anything from an address other than localhost (every request is checked and such a one
   aborted and reported),
@@ -94,6 +95,20 @@ def test_dashboard_in_chromium_while_a_loop_writes(tmp_path: Path) -> None:
             episodes_card = page.locator("#overview-live .card").nth(1).locator("b")
             shown = int(episodes_card.inner_text())
             expect(episodes_card).not_to_have_text(str(shown), timeout=12_000)  # the 5 s poll saw the writer
+
+            page.locator(f"main a[href='/learning?run={ids['run']}']").click()
+            page.wait_for_url(f"{base}/learning?run={ids['run']}")
+            chart = page.locator("#learning-chart[data-state=drawn] .chart canvas")
+            expect(chart).to_have_count(1, timeout=10_000)
+            expect(chart).to_be_visible()
+            expect(page.locator("#learning-chart .u-legend")).to_contain_text("95% high")
+            expect(page.locator("table.marks .key.lesson_set").first).to_have_text("lessons v1")
+            expect(page.locator("table.matrix th", has_text="consolidated: student without lessons")).to_have_count(1)
+            page.fill("input[name=window]", "5")
+            page.press("input[name=window]", "Enter")
+            page.wait_for_url(f"{base}/learning?run={ids['run']}&window=5")
+            expect(page.locator("#learning-chart[data-state=drawn] .u-title")).to_contain_text("last 5 episodes",
+                                                                                               timeout=10_000)
 
             page.goto(f"{base}/episodes?run={ids['run']}")
             page.select_option("select[name=outcome]", "won")

@@ -38,11 +38,14 @@ from urllib.parse import urlencode
 
 import jinja2
 from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from agent_runtime.dashboard.learning import condition_label
+from agent_runtime.dashboard.reads import finite
 from memory import ExperienceStore, NotFoundError
 
 HERE = Path(__file__).parent
@@ -82,8 +85,9 @@ def _format_dt(value: dt.datetime | None) -> str:
     return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if value else ""
 
 
-def _pct(value: float | None) -> str:
-    return "" if value is None else f"{100 * value:.1f}%"
+def _pct(value: Any) -> str:
+    number = finite(value)
+    return "" if number is None else f"{100 * number:.1f}%"
 
 
 def _pretty_json(value: Any) -> str:
@@ -109,7 +113,7 @@ def _templates() -> Jinja2Templates:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=_format_dt, pct=_pct, pretty=_pretty_json)
+    env.filters.update(when=_format_dt, pct=_pct, pretty=_pretty_json, condition=condition_label)
     env.globals.update(query=_query)
     return Jinja2Templates(env=env)
 
@@ -214,6 +218,14 @@ def create_app(
     @app.exception_handler(NotFoundError)
     async def not_found(request: Request, exc: NotFoundError) -> Response:
         return error_page(request, 404, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> Response:
+        # a path parameter that is not an integer ("/episodes/abc"): 400 naming it, not FastAPI's 422
+        problems = [f"{e['loc'][0]} parameter {e['loc'][-1]!r} must be an integer, got {e.get('input')!r}"
+                    if e.get("type") == "int_parsing" else f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                    for e in exc.errors()]
+        return error_page(request, 400, "; ".join(problems))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

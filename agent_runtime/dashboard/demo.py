@@ -3,8 +3,10 @@
 What: `seed_demo_store(target)` writes one run over two environments through the `ExperienceStore`
 API: about a hundred episodes whose success rises as lessons arrive, lesson extractions, five
 lesson-set versions across two pools, two OPCD cycles (one promoted, one rolled back) with loss and
-KL curves, evaluations under the four conditions, validation-gate decisions, measured lesson utilities, an adapter lineage, and hashed embeddings so search
-works. `episode_record(...)` builds one episode, for tests and for the live-writer in the browser
+KL curves and the evaluations `agent_runtime.consolidate` stores (teacher and student, with and
+without lessons, per environment, plus retention, each with its 95% interval), validation-gate
+decisions, measured lesson utilities, an adapter lineage, episodes after the first promotion played
+in choice mode (a log-probability per admissible action), and hashed embeddings so search works. `episode_record(...)` builds one episode, for tests and for the live-writer in the browser
 test; `running_server(app)` serves an app on a free localhost port in a thread (the browser test
 and the screenshot script).
 
@@ -17,6 +19,7 @@ cycles fall between the episodes they followed, as in a real run.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import random
 import threading
@@ -25,10 +28,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from agent_runtime.dashboard.reads import wilson_interval
 from memory import EpisodeRecord, ExperienceStore, StepRecord
 from memory.embeddings import HashEmbedder
 
 ENVS = ("textarena/frozenlake", "textworld/coin_collector")
+RETENTION_ENV = "math/arithmetic"
 DEMO_EMBEDDER = HashEmbedder(dim=64)
 LESSON_TEXTS = (
     "Before stepping, check whether the next tile is a hole; holes are only visible one step ahead.",
@@ -67,8 +72,10 @@ def episode_record(
     lesson_set_version: int | None = None,
     lessons_in_context: Sequence[int] = (),
     observation: str | None = None,
+    choice: bool = False,
 ) -> EpisodeRecord:
-    """A plausible finished episode; `observation` replaces the first step's observation if given."""
+    """A plausible finished episode; `observation` replaces the first step's observation if given;
+    `choice` plays it in choice mode (each step's info holds a log-probability per admissible action)."""
     rng = random.Random(seed)
     ended_at = ended_at or now()
     actions = ["go north", "go east", "take coin", "move down", "move right"]
@@ -76,6 +83,11 @@ def episode_record(
     for i in range(n_steps):
         last = i == n_steps - 1
         action = rng.choice(actions) if not last or not won else "take coin"
+        info: dict[str, Any] = {"turn": i + 1}
+        if choice:
+            weights = [rng.random() + (3.0 if a == action else 0.0) for a in actions]
+            info.update(action_mode="choice",
+                        choice_logprobs=[round(math.log(w / sum(weights)), 4) for w in weights])
         steps.append(
             StepRecord(
                 index=i,
@@ -83,14 +95,14 @@ def episode_record(
                 else _observation(env_id, task_id, i, rng),
                 prompt=f"<|system|>You play {env_id}.\n<|user|>turn {i + 1}: what do you do?",
                 response=f"I think the best move is to {action}.\nACTION: {action}",
-                action=action if rng.random() > 0.1 else None,
+                action=action if choice or rng.random() > 0.1 else None,
                 valid_action=True,
                 reward=1.0 if (last and won) else 0.0,
                 admissible_actions=actions,
                 prompt_tokens=180 + 40 * i,
                 completion_tokens=24,
                 latency_s=0.4,
-                info={"turn": i + 1},
+                info=info,
             )
         )
     steps[-1].valid_action = steps[-1].action is not None
@@ -137,6 +149,7 @@ def seed_demo_store(target: str | os.PathLike[str], *, episodes: int = 120) -> d
                 env_id, f"{env_id.split('/')[1]}-{n % 9}", won=rng.random() < p_win,
                 n_steps=rng.randint(2, 6), seed=n, adapter_id=adapter_id,
                 lesson_set_version=version if lessons_now else None, lessons_in_context=lessons_now,
+                choice=adapter_id is not None,
             )
             episode_id = store.add_episode(run_id, record, run_state={"episodes": n + 1})
             ids.setdefault("first_episode", episode_id)
@@ -172,16 +185,10 @@ def seed_demo_store(target: str | os.PathLike[str], *, episodes: int = 120) -> d
                     cycle, adapter_id=new_adapter, status="succeeded", ended=True,
                     curves={"loss": _curve(rng, 1.2, 0.35), "kl": _curve(rng, 0.8, 0.12 if promoted else 0.5)},
                     metrics={"final_loss": 0.35, "reasons": ["student without lessons reached 92% of the teacher with lessons"]
-                             if promoted else ["out-of-distribution success fell 9 points (limit 5)"]},
+                             if promoted else ["retention fell 9 points (limit 5)"],
+                             "heldout_kl": {"before": 0.81, "after": 0.12 if promoted else 0.5}},
                 )
-                for condition, rate, split in (("student without lessons", 0.55 if promoted else 0.5, "eval"),
-                                               ("student with lessons", 0.62, "eval"),
-                                               ("teacher with lessons", 0.6, "eval"),
-                                               ("out-of-distribution", 0.4 if promoted else 0.31, "ood")):
-                    store.add_evaluation(ENVS[0], run_id=run_id, cycle_id=cycle, adapter_id=new_adapter,
-                                         lesson_set_version=version, split=split, policy=condition,
-                                         num_episodes=20, success_rate=rate, mean_return=rate,
-                                         metrics={"condition": condition})
+                _add_cycle_evaluations(store, run_id, cycle, new_adapter, version, promoted)
                 if promoted:
                     store.promote_cycle(cycle, context[:2])
                     adapter_id = new_adapter
@@ -204,6 +211,23 @@ def seed_demo_store(target: str | os.PathLike[str], *, episodes: int = 120) -> d
         store.reindex()
         ids["last_episode"] = episode_id
         return ids
+
+
+def _add_cycle_evaluations(store: ExperienceStore, run_id: int, cycle: int, adapter: int, version: int | None,
+                           promoted: bool) -> None:
+    """The rows `agent_runtime.consolidate` writes for a cycle: one per condition and environment."""
+    rates = {"teacher_with_lessons": 0.6, "teacher_without_lessons": 0.35 if promoted else 0.45,
+             "student_with_lessons": 0.65, "student_without_lessons": 0.55 if promoted else 0.4}
+    rows = [(c, env, rate + (0.05 if i else -0.05)) for c, rate in rates.items() for i, env in enumerate(ENVS)]
+    rows += [("teacher_retention", RETENTION_ENV, 0.5), ("student_retention", RETENTION_ENV, 0.5 if promoted else 0.4)]
+    for condition, env_id, rate in rows:
+        n = 20
+        successes = round(rate * n)
+        low, high = wilson_interval(successes, n)
+        store.add_evaluation(env_id, run_id=run_id, cycle_id=cycle, adapter_id=adapter, lesson_set_version=version,
+                             split="eval", policy="smollm2-135m-instruct", num_episodes=n,
+                             success_rate=successes / n, mean_return=successes / n,
+                             metrics={"condition": condition, "ci95": [low, high]})
 
 
 @contextmanager

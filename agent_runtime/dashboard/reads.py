@@ -3,14 +3,17 @@
 What: paged and filtered episode lists (task, adapter, lesson-set version), per-run counts, the
 success-rate series behind the overview charts, a lesson's provenance in both directions (the lessons
 an episode produced, the lesson-set versions that held a lesson), lesson-set diffs, adapter lineage,
-OPCD curves normalised for plotting, and which embedder made the stored vectors.
+OPCD curves normalised for plotting, a step's choice distribution, the Wilson interval every success
+rate on the dashboard is shown with, and which embedder made the stored vectors. The learning view's
+reads (`learning.py`) build on these.
 
 Why here and not in `memory`: these are views for one screen, not part of the memory's contract; they
 use only the store's engine, which the dashboard opens read-only at the driver, so nothing here can
 write. Everything returns plain values or `memory.records` dataclasses.
 
 Chart data has one shape everywhere (`Chart`): a shared x axis, named series aligned to it (None where
-a series has no value yet), optional vertical marks (cycle boundaries). `static/dashboard.js` draws it.
+a series has no value yet), optional vertical marks (cycle boundaries, lesson sets and adapters going
+live) and bands (an interval shaded between two of the series). `static/dashboard.js` draws it.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ from sqlalchemy.orm import Session
 
 from memory import EpisodeInfo, ExperienceStore, LessonInfo, LessonSetInfo, NotFoundError
 from memory.models import Adapter, Cycle, Embedding, Episode, Lesson, LessonSet, LessonSetMember, Step
-from memory.records import AdapterInfo, CycleInfo, EvaluationInfo, to_info
+from memory.records import AdapterInfo, CycleInfo, EvaluationInfo, StepInfo, to_info
 
 MAX_POINTS = 400
+Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 
 
 @contextmanager
-def _session(store: ExperienceStore) -> Iterator[Session]:
+def read_session(store: ExperienceStore) -> Iterator[Session]:
+    """One transaction over the store's engine (read-only at the driver: see `create_app`)."""
     with Session(store.engine) as session, session.begin():
         yield session
 
@@ -70,7 +75,7 @@ def episode_page(
     store: ExperienceStore, where: EpisodeFilter, *, page: int, per_page: int
 ) -> tuple[list[EpisodeInfo], int]:
     """One page (1-based) of matching episodes, newest first, and the number of matches."""
-    with _session(store) as session:
+    with read_session(store) as session:
         total = int(session.scalar(where.apply(select(func.count(Episode.id)))) or 0)
         rows = session.scalars(
             where.apply(select(Episode))
@@ -83,11 +88,55 @@ def episode_page(
 
 def step_prompt(store: ExperienceStore, episode_id: int, index: int) -> str:
     """The full prompt of one step (the episode page loads prompts only when opened: they are long)."""
-    with _session(store) as session:
+    with read_session(store) as session:
         prompt = session.scalar(select(Step.prompt).where(Step.episode_id == episode_id, Step.index == index))
     if prompt is None:
         raise NotFoundError(f"episode {episode_id} has no step {index} in {store.url}")
     return prompt
+
+
+@dataclass
+class ChoiceOption:
+    """One admissible action of a step played in choice mode, with the probability the policy gave it."""
+
+    action: str
+    probability: float | None  # None when the stored log-probability is not a finite number
+    chosen: bool
+
+
+@dataclass
+class ChoiceDistribution:
+    """What a choice-mode step's `info` says about the policy's distribution over admissible actions."""
+
+    options: list[ChoiceOption]
+    problem: str = ""  # why the distribution cannot be shown, when it cannot
+
+    @property
+    def total(self) -> float:
+        return sum(o.probability or 0.0 for o in self.options)
+
+
+def choice_distribution(step: StepInfo) -> ChoiceDistribution | None:
+    """The step's distribution over its admissible actions, when it was played in choice mode.
+
+    A choice-mode step stores `info["action_mode"] == "choice"` and `info["choice_logprobs"]`, one
+    log-probability per admissible action, in the same order. None for any other step.
+    """
+    info = step.info or {}
+    if info.get("action_mode") != "choice" or "choice_logprobs" not in info:
+        return None
+    logprobs = info["choice_logprobs"]
+    actions = step.admissible_actions or []
+    if not isinstance(logprobs, list) or len(logprobs) != len(actions):
+        count = len(logprobs) if isinstance(logprobs, list) else type(logprobs).__name__
+        return ChoiceDistribution([], f"choice_logprobs holds {count} values for {len(actions)} admissible actions")
+    options = []
+    for action, logprob in zip(actions, logprobs, strict=True):
+        value = finite(logprob)
+        # a log-probability is at most 0; allow rounding noise above it
+        probability = min(1.0, math.exp(value)) if value is not None and value <= 1e-6 else None
+        options.append(ChoiceOption(str(action), probability, action == step.action))
+    return ChoiceDistribution(options)
 
 
 def env_ids(store: ExperienceStore, run_id: int | None = None) -> list[str]:
@@ -95,20 +144,20 @@ def env_ids(store: ExperienceStore, run_id: int | None = None) -> list[str]:
     query = select(Episode.env_id).distinct().order_by(Episode.env_id)
     if run_id is not None:
         query = query.where(Episode.run_id == run_id)
-    with _session(store) as session:
+    with read_session(store) as session:
         return list(session.scalars(query))
 
 
 def run_counts(store: ExperienceStore) -> dict[int, tuple[int, int]]:
     """Per run id: (episodes, episodes won)."""
     query = select(Episode.run_id, func.count(Episode.id), func.sum(Episode.won.cast(Integer)))
-    with _session(store) as session:
+    with read_session(store) as session:
         return {rid: (int(n), int(w or 0)) for rid, n, w in session.execute(query.group_by(Episode.run_id))}
 
 
 def lessons_from_episode(store: ExperienceStore, episode: EpisodeInfo) -> list[LessonInfo]:
     """The lessons whose provenance names this episode (searched within the episode's run)."""
-    with _session(store) as session:
+    with read_session(store) as session:
         candidates = session.execute(
             select(Lesson.id, Lesson.source_episode_ids).where(
                 (Lesson.run_id == episode.run_id) | Lesson.run_id.is_(None)
@@ -123,7 +172,7 @@ def lessons_from_episode(store: ExperienceStore, episode: EpisodeInfo) -> list[L
 
 def versions_holding(store: ExperienceStore, lesson_id: int) -> list[int]:
     """The lesson-set version numbers that contain the lesson, ascending."""
-    with _session(store) as session:
+    with read_session(store) as session:
         return list(
             session.scalars(
                 select(LessonSet.version)
@@ -165,7 +214,7 @@ def adapter_lineage(store: ExperienceStore, adapter_id: int) -> list[AdapterInfo
     chain: list[AdapterInfo] = []
     seen: set[int] = set()
     current: int | None = adapter_id
-    with _session(store) as session:
+    with read_session(store) as session:
         while current is not None and current not in seen:
             row = session.get(Adapter, current)
             if row is None:
@@ -184,7 +233,7 @@ def _with_lessons() -> Any:
 
 def success_without_lessons(store: ExperienceStore, run_id: int) -> float | None:
     """The run's success rate over episodes played with no lessons in context (the lessons' baseline)."""
-    with _session(store) as session:
+    with read_session(store) as session:
         n, won = session.execute(
             select(func.count(Episode.id), func.sum(Episode.won.cast(Integer))).where(
                 Episode.run_id == run_id, ~_with_lessons()
@@ -194,7 +243,7 @@ def success_without_lessons(store: ExperienceStore, run_id: int) -> float | None
 
 
 def lessons_consolidated_by(store: ExperienceStore, cycle_id: int) -> list[int]:
-    with _session(store) as session:
+    with read_session(store) as session:
         return list(
             session.scalars(
                 select(Lesson.id).where(Lesson.consolidated_cycle_id == cycle_id).order_by(Lesson.id)
@@ -270,6 +319,7 @@ class Chart:
     marks: list[dict[str, Any]] = field(default_factory=list)
     y_range: tuple[float, float] | None = None
     note: str = ""
+    bands: list[tuple[str, str]] = field(default_factory=list)  # (upper, lower) series labels to shade between
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -281,15 +331,36 @@ class Chart:
             "marks": self.marks,
             "y_range": list(self.y_range) if self.y_range else None,
             "note": self.note,
+            "bands": [{"upper": upper, "lower": lower} for upper, lower in self.bands],
         }
 
 
-def _finite(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
+    """The value as a float, or None when it is not a finite number (NaN, infinity, text, None)."""
     try:
         number = float(value)
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
+
+
+def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a success rate (0..1); (0, 1) when n is 0.
+
+    The same formula as `distill.lessons.gate.wilson_interval` (the dashboard imports only `memory`;
+    tests/test_dashboard.py checks that the two agree).
+    """
+    if n <= 0:
+        return (0.0, 1.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(max(0.0, p * (1 - p)) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def sample_stride(n: int) -> int:
+    """Keep every stride-th of `n` points (and the last) so that a chart has at most MAX_POINTS."""
+    return max(1, math.ceil(n / MAX_POINTS))
 
 
 def success_charts(store: ExperienceStore, run_id: int, *, window: int = 20) -> list[Chart]:
@@ -299,7 +370,7 @@ def success_charts(store: ExperienceStore, run_id: int, *, window: int = 20) -> 
     x is the episode's ordinal in the run; each series is the success rate over its last `window`
     episodes, carried forward between its own episodes; at most MAX_POINTS points are kept.
     """
-    with _session(store) as session:
+    with read_session(store) as session:
         rows = session.execute(
             select(Episode.env_id, Episode.won, _with_lessons())
             .where(Episode.run_id == run_id)
@@ -316,7 +387,7 @@ def success_charts(store: ExperienceStore, run_id: int, *, window: int = 20) -> 
             )
             marks.append({"x": int(position or 0), "label": f"cycle {cycle_id} {status}", "status": status})
     n = len(rows)
-    stride = max(1, math.ceil(n / MAX_POINTS))
+    stride = sample_stride(n)
     keep = [i for i in range(n) if i % stride == stride - 1 or i == n - 1]
     per_env = Chart(f"success rate per environment (last {window} episodes)", "episode", "success",
                     y_range=(0.0, 1.0))
@@ -359,7 +430,7 @@ def episode_chart(episode: EpisodeInfo) -> Chart:
     rewards: list[float | None] = []
     returns: list[float | None] = []
     for step in episode.steps:
-        reward = _finite(step.reward) or 0.0
+        reward = finite(step.reward) or 0.0
         total += reward
         chart.x.append(step.index)
         rewards.append(reward)
@@ -376,14 +447,14 @@ def _curve_points(values: Any) -> tuple[list[float], list[float | None]] | None:
         xs = values.get("x", values.get("step"))
         ys = values.get("y", values.get("value"))
         if isinstance(xs, list) and isinstance(ys, list) and len(xs) == len(ys):
-            return [_finite(x) or 0.0 for x in xs], [_finite(y) for y in ys]
+            return [finite(x) or 0.0 for x in xs], [finite(y) for y in ys]
         return None
     if not isinstance(values, list) or not values:
         return None
     if all(isinstance(v, list | tuple) and len(v) == 2 for v in values):
-        return [_finite(x) or 0.0 for x, _ in values], [_finite(y) for _, y in values]
+        return [finite(x) or 0.0 for x, _ in values], [finite(y) for _, y in values]
     if all(isinstance(v, int | float) or v is None for v in values):
-        return [float(i) for i in range(len(values))], [_finite(v) for v in values]
+        return [float(i) for i in range(len(values))], [finite(v) for v in values]
     return None
 
 
@@ -430,7 +501,7 @@ MINILM_NAME = "all-MiniLM-L6-v2"
 
 def stored_embedder(store: ExperienceStore) -> str | None:
     """The name of the embedder that made most stored vectors, or None when there are none."""
-    with _session(store) as session:
+    with read_session(store) as session:
         row = session.execute(
             select(Embedding.model, func.count(Embedding.id))
             .group_by(Embedding.model)

@@ -1,16 +1,18 @@
 """The dashboard's pages and JSON chart endpoints (all GET; every page has a shareable URL).
 
-Pages: `/` overview, `/episodes` (filterable, paged) and `/episodes/{id}`, `/lessons`,
-`/lessons/versions` and `/lessons/{id}`, `/cycles` and `/cycles/{id}`, `/search`.
+Pages: `/` overview, `/learning` (is the agent learning: rolling success, cycle evaluations),
+`/episodes` (filterable, paged) and `/episodes/{id}`, `/lessons`, `/lessons/versions` and
+`/lessons/{id}`, `/cycles` and `/cycles/{id}`, `/search`.
 Fragments for HTMX: a page asked with the `HX-Request` header returns only its changing part
 (`/partials/overview` is the overview's live block, polled every few seconds;
 `/episodes/{id}/steps/{index}/prompt` is a step's full prompt, loaded when it is opened).
-Charts: `/api/runs/{id}/success.json`, `/api/episodes/{id}/rewards.json`,
-`/api/cycles/{id}/curves.json`, each `{"charts": [...]}` in the shape of `reads.Chart`.
+Charts: `/api/runs/{id}/success.json`, `/api/runs/{id}/learning.json` (which also carries the
+evaluation matrix and the headline), `/api/episodes/{id}/rewards.json`, `/api/cycles/{id}/curves.json`,
+each `{"charts": [...]}` in the shape of `reads.Chart`.
 
 Endpoints are plain `def`s: FastAPI runs them in its thread pool, and the store is safe for
 concurrent reads. Query parameters are parsed here (not by FastAPI) so that an empty form field
-means "any" instead of a 422.
+means "any" and a bad value gets a 400 that names the parameter.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from agent_runtime.dashboard import learning as learning_reads
 from agent_runtime.dashboard import reads
 from memory import ExperienceStore, MemoryStoreError, RunInfo
 from memory.models import EPISODE_OUTCOMES, LESSON_STATUSES
@@ -32,13 +35,19 @@ get = functools.partial(router.api_route, methods=["GET", "HEAD"])
 PER_PAGE = 50
 MAX_PER_PAGE = 500
 SEARCH_K = 10
+WINDOW = 20
+MAX_WINDOW = 10_000
+MAX_INT = 2**31 - 1  # ids are 32-bit integers in PostgreSQL; larger values overflow SQLite's binding
 
 
 def _store(request: Request) -> ExperienceStore:
     return request.app.state.store
 
 
-def _int(request: Request, name: str, default: int | None = None, *, minimum: int | None = None) -> int | None:
+def _int(
+    request: Request, name: str, default: int | None = None, *, minimum: int = -MAX_INT - 1, maximum: int = MAX_INT
+) -> int | None:
+    """An integer query parameter, `default` when absent or empty; 400 when not an integer or out of range."""
     raw = request.query_params.get(name, "").strip()
     if raw == "":
         return default
@@ -46,9 +55,16 @@ def _int(request: Request, name: str, default: int | None = None, *, minimum: in
         value = int(raw)
     except ValueError:
         raise HTTPException(400, f"query parameter {name!r} must be an integer, got {raw!r}") from None
-    if minimum is not None and value < minimum:
+    if value < minimum:
         raise HTTPException(400, f"query parameter {name!r} must be at least {minimum}, got {value}")
+    if value > maximum:
+        raise HTTPException(400, f"query parameter {name!r} must be at most {maximum}, got {value}")
     return value
+
+
+def _window(request: Request) -> int:
+    """The rolling window of the success charts (`?window=`, episodes)."""
+    return _int(request, "window", WINDOW, minimum=1, maximum=MAX_WINDOW) or WINDOW
 
 
 def _text(request: Request, name: str) -> str | None:
@@ -73,7 +89,7 @@ def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
 
 def _selected_run(request: Request, runs: list[RunInfo]) -> int | None:
     """The `run` query parameter, defaulting to the newest run."""
-    run_id = _int(request, "run")
+    run_id = _int(request, "run", minimum=1)
     if run_id is None:
         return runs[-1].id if runs else None
     if all(r.id != run_id for r in runs):
@@ -112,12 +128,54 @@ def overview_live(request: Request) -> HTMLResponse:
     return _render(request, "_overview_live.html", _overview_context(request))
 
 
-@get("/api/runs/{run_id}/success.json")
-def success_json(request: Request, run_id: int) -> JSONResponse:
+def _known_run(request: Request, run_id: int) -> ExperienceStore:
+    """The store, once the path's run id is in range and names a run (400 or 404 otherwise)."""
+    if not 1 <= run_id <= MAX_INT:
+        raise HTTPException(400, f"path parameter 'run_id' must be between 1 and {MAX_INT}, got {run_id}")
     store = _store(request)
     store.get_run(run_id)
-    window = _int(request, "window", 20, minimum=1) or 20
-    return JSONResponse({"charts": [c.as_json() for c in reads.success_charts(store, run_id, window=window)]})
+    return store
+
+
+@get("/api/runs/{run_id}/success.json")
+def success_json(request: Request, run_id: int) -> JSONResponse:
+    store = _known_run(request, run_id)
+    charts = reads.success_charts(store, run_id, window=_window(request))
+    return JSONResponse({"charts": [c.as_json() for c in charts]})
+
+
+# -- learning ----------------------------------------------------------------------------------
+
+
+@get("/learning", response_class=HTMLResponse)
+def learning(request: Request) -> HTMLResponse:
+    store = _store(request)
+    runs = store.runs()
+    run_id = _selected_run(request, runs)
+    window = _window(request)
+    matrix = learning_reads.evaluation_matrix(store, run_id) if run_id is not None else None
+    return _page(
+        request,
+        "learning.html",
+        runs=runs,
+        run_id=run_id,
+        run=next((r for r in runs if r.id == run_id), None),
+        window=window,
+        matrix=matrix,
+        headline=learning_reads.headline(matrix) if matrix else None,
+        marks=learning_reads.live_marks(store, run_id) if run_id is not None else [],
+    )
+
+
+@get("/api/runs/{run_id}/learning.json")
+def learning_json(request: Request, run_id: int) -> JSONResponse:
+    """The learning page's data: its chart, and the cycles' evaluation matrix and headline."""
+    store = _known_run(request, run_id)
+    chart = learning_reads.learning_chart(store, run_id, window=_window(request))
+    matrix = learning_reads.evaluation_matrix(store, run_id)
+    top = learning_reads.headline(matrix)
+    return JSONResponse({"charts": [chart.as_json()], "matrix": matrix.as_json(),
+                         "headline": top.as_json() if top else None})
 
 
 # -- episodes ----------------------------------------------------------------------------------
@@ -167,6 +225,7 @@ def episode(request: Request, episode_id: int) -> HTMLResponse:
         in_context=in_context,
         missing_lessons=sorted(set(info.lessons_in_context) - {lesson.id for lesson in in_context}),
         produced=reads.lessons_from_episode(store, info),
+        choices={s.index: reads.choice_distribution(s) for s in info.steps},
         run_id=info.run_id,
     )
 

@@ -1,13 +1,17 @@
 /* Draws every <div class="charts" data-src="..."> with uPlot from our own JSON endpoints.
  *
- * An endpoint answers {"charts": [{title, x_label, y_label, x, series: [{label, values}], marks, y_range, note}]}
- * (see agent_runtime/dashboard/reads.py: Chart). data-refresh="N" refetches every N seconds and redraws in
+ * An endpoint answers {"charts": [{title, x_label, y_label, x, series: [{label, values}], marks, y_range, note,
+ * bands: [{upper, lower}]}]} (see agent_runtime/dashboard/reads.py: Chart). A mark is a vertical line with its
+ * label, coloured by its status (OPCD cycles) or kind (lesson_set, adapter); a band shades between two series. data-refresh="N" refetches every N seconds and redraws in
  * place, so a page left open follows a running loop. No inline script and no eval: the page's
  * Content-Security-Policy is default-src 'self'. Text reaches the DOM only through textContent. */
 (function () {
   "use strict";
   var PALETTE = ["#2f6fdd", "#e8590c", "#1a7f37", "#9c36b5", "#c2255c", "#0b7285", "#5c940d", "#495057"];
-  var MARK_COLORS = { promoted: "#1a7f37", rolled_back: "#b42318", failed: "#b42318" };
+  var MARK_COLORS = { promoted: "#1a7f37", rolled_back: "#b42318", failed: "#b42318",
+                      lesson_set: "#9c36b5", adapter: "#0b7285" };
+  var SOLID_KINDS = { adapter: true };
+  var BAND_FILL = "rgba(47, 111, 221, 0.15)";
 
   function marksPlugin(marks) {
     return {
@@ -16,17 +20,20 @@
           var ctx = u.ctx;
           ctx.save();
           ctx.lineWidth = 1.5 * devicePixelRatio;
-          ctx.setLineDash([5 * devicePixelRatio, 4 * devicePixelRatio]);
           ctx.font = (10 * devicePixelRatio) + "px system-ui, sans-serif";
-          marks.forEach(function (m) {
+          ctx.textAlign = "left";  // uPlot leaves the context right-aligned after drawing its axes
+          ctx.textBaseline = "alphabetic";
+          marks.forEach(function (m, i) {
             var x = Math.round(u.valToPos(m.x, "x", true));
             if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) return;
-            ctx.strokeStyle = ctx.fillStyle = MARK_COLORS[m.status] || "#868e96";
+            ctx.strokeStyle = ctx.fillStyle = MARK_COLORS[m.status] || MARK_COLORS[m.kind] || "#868e96";
+            ctx.setLineDash(SOLID_KINDS[m.kind] ? [] : [5 * devicePixelRatio, 4 * devicePixelRatio]);
             ctx.beginPath();
             ctx.moveTo(x, u.bbox.top);
             ctx.lineTo(x, u.bbox.top + u.bbox.height);
             ctx.stroke();
-            ctx.fillText(m.label, x + 3 * devicePixelRatio, u.bbox.top + 10 * devicePixelRatio);
+            // labels of neighbouring marks take turns on three rows so that they do not overprint
+            ctx.fillText(m.label, x + 3 * devicePixelRatio, u.bbox.top + (10 + 12 * (i % 3)) * devicePixelRatio);
           });
           ctx.restore();
         }]
@@ -36,9 +43,20 @@
 
   function options(chart, width) {
     var series = [{ label: chart.x_label }];
+    var index = {};
+    var edges = {};
+    (chart.bands || []).forEach(function (b) { edges[b.upper] = edges[b.lower] = true; });
+    var color = 0;
     chart.series.forEach(function (s, i) {
-      series.push({ label: s.label, stroke: PALETTE[i % PALETTE.length], width: 2, spanGaps: true, points: { show: chart.x.length < 60 } });
+      index[s.label] = i + 1;
+      if (edges[s.label]) {
+        series.push({ label: s.label, stroke: "rgba(47, 111, 221, 0.45)", width: 1, spanGaps: true, points: { show: false } });
+        return;
+      }
+      series.push({ label: s.label, stroke: PALETTE[color++ % PALETTE.length], width: 2, spanGaps: true, points: { show: chart.x.length < 60 } });
     });
+    var bands = (chart.bands || []).filter(function (b) { return index[b.upper] && index[b.lower]; })
+      .map(function (b) { return { series: [index[b.upper], index[b.lower]], fill: BAND_FILL }; });
     var y = { auto: true };
     if (chart.y_range) y = { auto: false, range: chart.y_range };
     return {
@@ -46,6 +64,7 @@
       scales: { x: { time: false }, y: y },
       axes: [{ label: chart.x_label }, { label: chart.y_label }],
       series: series,
+      bands: bands,
       plugins: [marksPlugin(chart.marks || [])]
     };
   }
