@@ -107,7 +107,8 @@ class UserAddResult:
             if item.status == "added":
                 ids = ", ".join(f"#{i}" for i in item.lesson_ids)
                 replaced = f" (replaces {', '.join(f'#{i}' for i in item.replaced)})" if item.replaced else ""
-                out.append(f"added {ids}{replaced}: {item.text}")
+                cut = f" ({item.reason})" if item.reason else ""
+                out.append(f"added {ids}{replaced}{cut}: {item.text}")
             else:
                 out.append(f"{item.status}: {item.text!r}: {item.reason}")
         for change in self.changes:
@@ -132,9 +133,9 @@ def _normal(text: str) -> str:
     return re.sub(r"\W+", " ", text.lower()).strip()
 
 
-def _screen(texts: Sequence[str], settings: Any, count_tokens: Callable[[str], int]) -> list[UserItem | str]:
-    """Per text: the cleaned text to add, or a UserItem saying why not (steps 1-3 of the module doc)."""
-    out: list[UserItem | str] = []
+def _screen(texts: Sequence[str], settings: Any, count_tokens: Callable[[str], int]) -> list[UserItem]:
+    """Per text: the cleaned text to add (status "added" so far), or why not (steps 1-3 of the module doc)."""
+    out: list[UserItem] = []
     seen: dict[str, int] = {}
     for i, text in enumerate(texts):
         preview = redact_secrets(re.sub(r"\s+", " ", text).strip())[:200]
@@ -156,7 +157,7 @@ def _screen(texts: Sequence[str], settings: Any, count_tokens: Callable[[str], i
             out.append(UserItem(cleaned, "duplicate", f"repeats text {seen[_normal(cleaned)] + 1} of this call"))
             continue
         seen[_normal(cleaned)] = i
-        out.append(cleaned)
+        out.append(UserItem(cleaned, "added", f"cut to {settings.max_item_chars} characters" if verdict.truncated else ""))
     return out
 
 
@@ -175,25 +176,21 @@ def add_user_lessons(
     curator = LessonCurator.from_settings(store, run_id, settings, count_tokens=count_tokens, embedder=embedder)
     pending = pending_user_candidate(store, run_id)
     curator.begin(pending.version if pending is not None else None)
-    screened = _screen(texts, settings, count_tokens)
-    items: list[UserItem] = []
+    items = _screen(texts, settings, count_tokens)
     specs: list[dict[str, Any]] = []
-    for entry in screened:
-        if isinstance(entry, UserItem):
-            items.append(entry)
+    for item in items:
+        if item.status != "added":
             continue
-        item = UserItem(entry, "added")
         for pool in range(curator.pools):
-            found = curator.duplicate_of(entry, pool)
+            found = curator.duplicate_of(item.text, pool)
             if found is None:
-                specs.append({"text": entry, "pool": pool, "token_count": count_tokens(entry),
+                specs.append({"text": item.text, "pool": pool, "token_count": count_tokens(item.text),
                               "metadata": {"source": SOURCE}})
             else:
                 item.duplicate_of.append(found[0].id)
         if len(item.duplicate_of) == curator.pools:
             ids = ", ".join(f"#{i}" for i in item.duplicate_of)
             item.status, item.reason = "duplicate", f"already in the lessons as {ids}"
-        items.append(item)
     result = UserAddResult(run_id, items, candidate=candidate)
     if not specs:
         return result
