@@ -128,6 +128,9 @@ class ConsolidationSettings(_Strict):
     promote_margin: float = Field(0.05, ge=0, le=1, description="allowed drop of the student without lessons")
     retention_margin: float = Field(0.05, ge=0, le=1, description="allowed drop on the retention set")
     internalized_ratio: float = Field(0.5, gt=0, le=1, description="per-lesson KL after/before for consolidation")
+    min_kl_drop: float = Field(
+        0.1, ge=0, le=1, description="promote only when the held-out KL to the teacher fell by at least this "
+        "fraction of its start-of-cycle value (0: any cycle that did not raise it)")
 
 
 class EvaluationConfig(_Strict):

@@ -12,9 +12,15 @@ EVALUATE. On the held-out tasks with fixed seeds: the student without lessons, t
 the teacher (parent) with and without lessons, and the retention set (environments the cycle did not train
 on, e.g. math when training on games) for the student and the parent, all without lessons.
 
-PROMOTE when the student without lessons did not fall below the parent without lessons by more than
-`promote_margin` and retention did not fall by more than `retention_margin`; the acting policy switches to
-the new adapter. Lessons the student has internalised (its held-out KL to the teacher with that lesson fell
+In choice mode (the steps were choices among admissible actions) the prompts are those steps and the
+trainer distils the choice policy (exact KL over each step's action set, `distill.opcd.choice`); the
+held-out KL is then the choice policies' KL. A random-admissible player is evaluated beside them, the
+baseline every success rate is read against.
+
+PROMOTE only on evidence (`decide_promotion`): the held-out KL to the teacher fell by at least `min_kl_drop`
+of its start-of-cycle value, the student did not fall below the parent by more than `promote_margin`
+(without lessons, and with them), and retention did not fall by more than `retention_margin`; the acting
+policy switches to the new adapter. Lessons the student has internalised (its held-out KL to the teacher with that lesson fell
 to `internalized_ratio` of the start-of-cycle value) are marked consolidated and leave the context. Otherwise
 ROLLBACK: the adapter stays on disk, marked rejected, and the reasons are stored with the cycle.
 """
@@ -59,9 +65,18 @@ class CycleReport:
         return f"{head}{kl_s}; {shown}{extra}" + (f" ({'; '.join(self.reasons)})" if self.reasons else "")
 
 
+@dataclass(frozen=True)
+class Decision:
+    """One per-turn prompt of a logged episode, as the agent saw it but without lessons."""
+
+    chat: list[dict]
+    episode_ids: list[int]
+    choices: list[str] | None = None  # the action set of a choice-mode step
+
+
 def episode_prefixes(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
-                     limit: int) -> list[tuple[list[dict], list[int]]]:
-    """(chat without lessons, source episode ids) for every turn of the run's `limit` newest episodes."""
+                     limit: int) -> list[Decision]:
+    """Every turn of the run's `limit` newest episodes, rebuilt without lessons."""
     specs, _ = build_envs(config, workdir)
     builders = {s.env_id: b for s, b in zip(specs, build_prompt_builders(config, specs, backend))}
     out = []
@@ -72,7 +87,9 @@ def episode_prefixes(config: RunConfig, workdir: Path, store: ExperienceStore, r
         episode = store.episode(info.id)
         history: list[Turn] = []
         for step in episode.steps:
-            out.append((builder.build(history, step.observation, step.admissible_actions, lessons=[]), [info.id]))
+            chat = builder.build(history, step.observation, step.admissible_actions, lessons=[])
+            choices = step.admissible_actions if (step.info or {}).get("action_mode") == "choice" else None
+            out.append(Decision(chat, [info.id], list(choices) if choices else None))
             history.append(Turn(step.observation, step.response, step.admissible_actions))
     return out
 
@@ -88,6 +105,28 @@ def _rate(results: list[EvalResult]) -> float:
     return sum(r.successes for r in results) / n if n else 0.0
 
 
+def decide_promotion(rates: dict[str, float], kl_before: float, kl_after: float,
+                     settings: ConsolidationSettings) -> list[str]:
+    """The reasons not to promote a cycle's adapter (none: promote). Evidence is needed both ways: the held-out
+    KL of the student without lessons to the teacher with them must have fallen by `min_kl_drop` of its
+    start-of-cycle value (a cycle that did not move towards the teacher learned nothing), and no evaluated
+    condition may have regressed beyond its margin."""
+    reasons = []
+    if not kl_before > 0:
+        reasons.append(f"held-out KL before training is {kl_before:.4f}: the lessons do not change the policy, "
+                       "there is nothing to distil")
+    elif not kl_after <= (1.0 - settings.min_kl_drop) * kl_before:
+        reasons.append(f"held-out KL {kl_before:.4f} -> {kl_after:.4f} did not fall by {settings.min_kl_drop:.0%}")
+    pairs = [("student_without_lessons", "teacher_without_lessons", settings.promote_margin, "without lessons"),
+             ("student_with_lessons", "teacher_with_lessons", settings.promote_margin, "with lessons"),
+             ("student_retention", "teacher_retention", settings.retention_margin, "retention")]
+    for student, parent, margin, what in pairs:
+        if student in rates and parent in rates and rates[student] < rates[parent] - margin:
+            reasons.append(f"{what}: student {rates[student]:.2f} fell below the parent's {rates[parent]:.2f} "
+                           f"by more than {margin}")
+    return reasons
+
+
 def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
               settings: ConsolidationSettings, *, progress=None) -> CycleReport | None:
     """One whole cycle, stored with its outcome and reasons; None when there are no lessons to consolidate."""
@@ -99,22 +138,34 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
                                  lesson_set_version=live.version, base_adapter_id=parent.id if parent else None)
     pools = sorted({x.pool for x in lessons})
     contexts = [lessons_section([x.text for x in lessons if x.pool == p]) for p in pools]
-    pairs = episode_prefixes(config, workdir, store, run_id, backend, settings.recent_episodes)
-    random.Random(f"cycle:{cycle_id}").shuffle(pairs)
-    pairs = pairs[:settings.max_prompts]
-    held = max(1, len(pairs) // 10)
-    heldout, train = [c for c, _ in pairs[:held]], [c for c, _ in pairs[held:]] or [c for c, _ in pairs]
+    decisions = episode_prefixes(config, workdir, store, run_id, backend, settings.recent_episodes)
+    # The agent acts by choosing wherever it can: then the choice policy is what is distilled, on the
+    # choice-mode steps (free-mode steps of the same run, e.g. math beside games, wait for a free-mode cycle).
+    choice_mode = any(d.choices for d in decisions)
+    if choice_mode:
+        decisions = [d for d in decisions if d.choices]
+    random.Random(f"cycle:{cycle_id}").shuffle(decisions)
+    decisions = decisions[:settings.max_prompts]
+    held = max(1, len(decisions) // 10)
+    heldout, train = decisions[:held], decisions[held:] or decisions
     adapters_dir = workdir / "adapters"
     if adapters_dir.exists():
         remove_partial_writes(adapters_dir)  # what a killed cycle left half-written
-    per_lesson = {x.id: _lesson_prompts(x, pairs, heldout) for x in lessons}
-    kl_sets = {"heldout": (heldout, contexts[0]),
-               **{f"lesson:{i}": (p, lessons_section([_text(lessons, i)])) for i, p in per_lesson.items()}}
+    per_lesson = {x.id: _lesson_prompts(x, decisions, heldout) for x in lessons}
+    kl_sets = {"heldout": ([d.chat for d in heldout], contexts[0]),
+               **{f"lesson:{i}": ([d.chat for d in ds], lessons_section([_text(lessons, i)]))
+                  for i, ds in per_lesson.items()}}
+    kl_choices = {}
+    if choice_mode:
+        kl_choices = {"heldout": [d.choices for d in heldout],
+                      **{f"lesson:{i}": [d.choices for d in ds] for i, ds in per_lesson.items()}}
     path = adapters_dir / f"cycle-{cycle_id}"
     device = getattr(backend, "device", None)
-    job = TrainJob(model_path=resolve_model(config.model.name), config=settings.trainer, train_prompts=train,
-                   contexts=contexts, output=str(path), parent_adapter=parent.path if parent else None,
-                   kl_sets=kl_sets, metadata={"cycle_id": cycle_id, "run_id": run_id},
+    job = TrainJob(model_path=resolve_model(config.model.name), config=settings.trainer,
+                   train_prompts=[d.chat for d in train], contexts=contexts, output=str(path),
+                   parent_adapter=parent.path if parent else None, kl_sets=kl_sets, kl_choices=kl_choices,
+                   train_choices=[d.choices for d in train] if choice_mode else None,
+                   metadata={"cycle_id": cycle_id, "run_id": run_id},
                    device="cuda" if getattr(device, "type", None) == "cuda" else "cpu", overwrite=True)
     curves: dict[str, list] = {"loss": [], "kl": [], "grad_norm": []}
 
@@ -138,6 +189,7 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
                                    parent_id=parent.id if parent else None, base_model=config.model.name)
     metrics: dict[str, Any] = {"heldout_kl": {"before": before, "after": after}, "prompts": len(train),
                                "heldout_prompts": len(heldout), "processes": settings.trainer.processes,
+                               "objective": "choice" if choice_mode else "tokens",
                                "train_seconds": result.seconds, "lesson_kl": {
                                    str(i): {"before": lesson_before[i], "after": lesson_after[i]} for i in per_lesson}}
     store.update_cycle(cycle_id, adapter_id=adapter_id, metrics=metrics)
@@ -145,7 +197,7 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     # EVALUATE ------------------------------------------------------------------------------------------
     n = settings.eval_episodes or config.evaluation.episodes_per_env
     texts = [x.text for x in lessons if x.pool == pools[0]]
-    evals: dict[str, list[EvalResult]] = {}
+    evals: dict[str, list[EvalResult]] = {"random": _eval(config, workdir, random_policy(config), lessons=[], n=n)}
     activate(backend, parent)
     evals["teacher_with_lessons"] = _eval(config, workdir, backend, lessons=texts, n=n)
     evals["teacher_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
@@ -168,13 +220,7 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     metrics["evaluation"] = rates
 
     # PROMOTE or ROLLBACK -------------------------------------------------------------------------------
-    reasons = []
-    if rates["student_without_lessons"] < rates["teacher_without_lessons"] - settings.promote_margin:
-        reasons.append(f"student without lessons {rates['student_without_lessons']:.2f} fell below the parent's "
-                       f"{rates['teacher_without_lessons']:.2f} by more than {settings.promote_margin}")
-    if retention and rates["student_retention"] < rates["teacher_retention"] - settings.retention_margin:
-        reasons.append(f"retention {rates['student_retention']:.2f} fell below {rates['teacher_retention']:.2f} "
-                       f"by more than {settings.retention_margin}")
+    reasons = decide_promotion(rates, before, after, settings)
     if reasons:
         metrics["decision"], metrics["reasons"] = "rolled_back", reasons
         store.update_cycle(cycle_id, metrics=metrics)
@@ -185,14 +231,22 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
                     if lesson_after[i] <= settings.internalized_ratio * lesson_before[i]
                     and rates["student_without_lessons"] >= rates["teacher_with_lessons"] - settings.promote_margin]
     metrics["decision"] = "promoted"
-    metrics["reasons"] = [f"student without lessons {rates['student_without_lessons']:.2f} vs parent "
-                          f"{rates['teacher_without_lessons']:.2f} (margin {settings.promote_margin})"]
+    metrics["reasons"] = [f"held-out KL {before:.4f} -> {after:.4f}; student without lessons "
+                          f"{rates['student_without_lessons']:.2f} vs parent {rates['teacher_without_lessons']:.2f} "
+                          f"(margin {settings.promote_margin})"]
     store.update_cycle(cycle_id, metrics=metrics)
     store.promote_cycle(cycle_id, consolidated)
     if consolidated:
         remaining = [i for i in live.lesson_ids if i not in set(consolidated)]
         create_version(store, run_id, remaining, note=f"cycle {cycle_id} consolidated {len(consolidated)} lessons")
     return CycleReport(cycle_id, "promoted", [], adapter_id, consolidated, metrics)
+
+
+def random_policy(config: RunConfig):
+    """The random-admissible baseline: a uniformly random action of each decision's set, seeded."""
+    from agent_runtime.llm.scripted import ScriptedBackend
+
+    return ScriptedBackend(seed=config.evaluation.seed)
 
 
 def roll_back_interrupted(store: ExperienceStore, run_id: int, why: str) -> None:
@@ -215,8 +269,8 @@ def _text(lessons, lesson_id: int) -> str:
     return next(x.text for x in lessons if x.id == lesson_id)
 
 
-def _lesson_prompts(lesson, pairs, fallback, limit: int = 4):
+def _lesson_prompts(lesson, decisions: list[Decision], fallback: list[Decision], limit: int = 4) -> list[Decision]:
     """Prompts from the lesson's own source episodes (its 'source tasks'), else the held-out prompts."""
     sources = set(lesson.source_episode_ids)
-    own = [chat for chat, episode_ids in pairs if sources & set(episode_ids)]
+    own = [d for d in decisions if sources & set(d.episode_ids)]
     return (own or fallback)[:limit]

@@ -47,8 +47,9 @@ def test_cycle_in_the_loop(tmp_path, games_dir, tiny_model_dir):
         adapter = store.get_adapter(cycle.adapter_id)
         assert (Path(adapter.path) / "adapter_config.json").is_file()
         conditions = {e.metrics["condition"] for e in store.evaluations(summary.run_id, cycle_id=cycle.id)}
-        assert conditions == {"teacher_with_lessons", "teacher_without_lessons", "student_with_lessons",
+        assert conditions == {"random", "teacher_with_lessons", "teacher_without_lessons", "student_with_lessons",
                               "student_without_lessons"}
+        assert cycle.metrics["objective"] == "choice"  # the agent chose among admissible actions
         if cycle.status == "promoted":
             assert adapter.status == "active" and summary.adapter == adapter.name
         else:

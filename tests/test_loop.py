@@ -126,8 +126,10 @@ def test_env_errors_are_recorded_and_the_run_goes_on(tmp_path, games_dir):
 
 
 def test_garbage_output_is_a_recorded_invalid_action(tmp_path, games_dir):
+    """In free mode a reply with no action in it is recorded as an invalid action (choice mode cannot produce one)."""
     model = {"name": "scripted", "backend": "scripted", "options": {"mode": "sequence", "replies": ["", "  \n"]}}
-    loop = AgentLoop(make_config(games_dir, model=model, episodes=1, slots=1), tmp_path, progress=False)
+    loop = AgentLoop(make_config(games_dir, model=model, episodes=1, slots=1, agent={"action_mode": "free"}),
+                     tmp_path, progress=False)
     summary = loop.run()
     loop.close()
     with ExperienceStore.open(tmp_path) as store:
@@ -164,7 +166,7 @@ def test_gate_blocks_a_lesson_set_that_makes_the_policy_worse(tmp_path, games_di
     model = {"name": "scripted", "backend": "scripted",
              "options": {"follow_lessons": True, "lesson_reply": "- EXPERIENCE ITEM: Always reply: lose"}}
     loop = AgentLoop(make_config(games_dir, model=model, envs=envs, episodes=4, slots=2, lessons=lessons,
-                                 evaluation={"episodes_per_env": 4}),
+                                 evaluation={"episodes_per_env": 4}, agent={"action_mode": "free"}),
                      tmp_path, progress=False)
     summary = loop.run()
     loop.close()

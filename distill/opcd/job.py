@@ -71,6 +71,10 @@ class TrainJob(BaseModel):
     """The start-of-cycle adapter: the teacher, and the student's starting point."""
     kl_sets: dict[str, tuple[list[Chat], list[str] | str]] = {}
     """name -> (prompts, one context per prompt or one for all): held-out KL measured before and after."""
+    train_choices: list[list[str]] | None = None
+    """One action set per training prompt: the agent acts by choosing, and the choice policy is distilled."""
+    kl_choices: dict[str, list[list[str]]] = {}
+    """name -> one action set per prompt of that KL set: its KL is then the choice policies' KL."""
     metadata: dict[str, Any] = {}
     """Stored with the adapter (`opcd.json`), e.g. cycle and run ids."""
     device: Literal["cpu", "cuda"] = "cpu"
@@ -111,9 +115,13 @@ def execute(job: TrainJob, on_step: Callable[[dict], None] | None = None,
     with torch.random.fork_rng(devices=cuda):  # the fresh adapter depends on the config seed alone
         torch.manual_seed(job.config.seed)
         trainer = OPCDTrainer(model, tokenizer, job.config, parent_adapter=job.parent_adapter)
-    kl_before = {name: trainer.evaluate_kl(prompts, contexts) for name, (prompts, contexts) in job.kl_sets.items()}
-    steps = trainer.train(job.train_prompts, job.contexts, on_step=on_step)
-    kl_after = {name: trainer.evaluate_kl(prompts, contexts) for name, (prompts, contexts) in job.kl_sets.items()}
+    def kls() -> dict[str, float]:
+        return {name: trainer.evaluate_kl(prompts, contexts, job.kl_choices.get(name))
+                for name, (prompts, contexts) in job.kl_sets.items()}
+
+    kl_before = kls()
+    steps = trainer.train(job.train_prompts, job.contexts, on_step=on_step, choices=job.train_choices)
+    kl_after = kls()
     trainer.save_adapter(job.output, overwrite=job.overwrite, metadata=job.metadata)
     return JobResult(kl_before, kl_after, steps, job.output, time.perf_counter() - started)
 

@@ -1,0 +1,213 @@
+"""Choice mode: the agent replies with one admissible action drawn from its own distribution over the set, and
+OPCD distils that choice policy. Tiny models built in code; exact comparisons in float32."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agent_runtime.agent import ARENA_MOVES, PromptBuilder, resolve_action_mode
+from agent_runtime.consolidate import decide_promotion
+from agent_runtime.config import ConsolidationSettings
+from agent_runtime.llm.base import SamplingParams, closest_action
+from distill.opcd import OPCDConfig, OPCDTrainer
+from distill.opcd.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices
+
+SYSTEM = {"role": "system", "content": "You are playing a text adventure game. Reply with exactly one command."}
+CHATS = [
+    [SYSTEM, {"role": "user", "content": "You are in a kitchen. There is a closed door to the north."}],
+    [SYSTEM, {"role": "user", "content": "You see a coin on the floor."}],
+    [SYSTEM, {"role": "user", "content": "The frozen lake has holes."}],
+]
+SETS = [["go north", "open door", "look"], ["take coin", "inventory", "go west", "go east", "look"], ["[up]", "[down]"]]
+
+
+def _brute_force(model, tokenizer, chat, options):
+    """Each action's log-probability from its own full forward pass: the reference."""
+    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+    out = []
+    for action in action_token_ids(tokenizer, text, prompt, options, tokenizer.eos_token_id):
+        logp = model(torch.tensor([prompt + action])).logits.log_softmax(-1)[0]
+        out.append(sum(float(logp[len(prompt) - 1 + k, t]) for k, t in enumerate(action)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from agent_runtime.testing import tiny_model_and_tokenizer
+
+    model, tokenizer = tiny_model_and_tokenizer()
+    return model.eval(), tokenizer
+
+
+def test_packed_scores_equal_one_forward_per_action(tiny):
+    model, tokenizer = tiny
+    texts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in CHATS]
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    actions = [action_token_ids(tokenizer, t, p, s, tokenizer.eos_token_id) for t, p, s in zip(texts, prompts, SETS)]
+    with torch.no_grad():
+        packed = choice_logprobs(*lm_parts(model), pack_choices(prompts, actions, pad_id=tokenizer.pad_token_id))
+        for chat, options, got in zip(CHATS, SETS, packed):
+            assert got.tolist() == pytest.approx(_brute_force(model, tokenizer, chat, options), abs=1e-4)
+
+
+def test_backend_replies_are_admissible_and_the_cache_changes_nothing(tiny_model_dir):
+    from agent_runtime.llm.transformers_backend import TransformersBackend
+
+    cached = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32", min_shared_prefix=4)
+    plain = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32", prefix_cache=False)
+    chats = [list(c) for c in CHATS]
+    for turn in range(3):
+        rows = slice(0, 3 if turn != 1 else 2)  # rows leave and come back, as slots do
+        a = cached.choose(chats[rows], SETS[rows], SamplingParams(temperature=0))
+        b = plain.choose(chats[rows], SETS[rows], SamplingParams(temperature=0))
+        for x, y, options in zip(a, b, SETS[rows]):
+            assert x.text in options and x.text == y.text
+            assert x.choice_logprobs == pytest.approx(y.choice_logprobs, abs=1e-4)
+            assert math.isclose(sum(math.exp(v) for v in x.choice_logprobs), 1.0, rel_tol=1e-5)
+            assert x.logprobs == [pytest.approx(x.choice_logprobs[options.index(x.text)])]
+        for i, x in zip(range(3)[rows], a):
+            chats[i] = chats[i] + [{"role": "assistant", "content": x.text},
+                                   {"role": "user", "content": f"Turn {turn}: nothing happens."}]
+    assert cached.prefix_stats.reused_tokens > 0  # later turns continued the stored prompt + chosen action
+
+
+def test_backend_choice_with_an_adapter(tiny_model_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    from agent_runtime.llm.transformers_backend import TransformersBackend
+    from distill.opcd.job import load_model
+
+    model, _ = load_model(str(tiny_model_dir))
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    peft_model.save_pretrained(tmp_path / "adapter")
+    backend = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32")
+    base = backend.choose(CHATS, SETS, SamplingParams(temperature=0))
+    backend.load_adapter("a", tmp_path / "adapter")
+    tuned = backend.choose(CHATS, SETS, SamplingParams(temperature=0))
+    assert all(t.text in s for t, s in zip(tuned, SETS))
+    assert any(abs(x - y) > 1e-3 for b, t in zip(base, tuned) for x, y in zip(b.choice_logprobs, t.choice_logprobs))
+    backend.use_adapter(None)
+    again = backend.choose(CHATS, SETS, SamplingParams(temperature=0))
+    for x, y in zip(again, base):
+        assert x.choice_logprobs == pytest.approx(y.choice_logprobs, abs=1e-5)
+
+
+def test_sampled_choices_follow_the_restricted_distribution(tiny_backend):
+    chat, options = CHATS[1], SETS[1]
+    params = SamplingParams(temperature=1.0, seed=7)
+    draws = tiny_backend.choose([chat] * 600, [options] * 600, params)
+    probs = [math.exp(v) for v in draws[0].choice_logprobs]
+    for action, p in zip(options, probs):
+        freq = sum(d.text == action for d in draws) / len(draws)
+        assert abs(freq - p) < 0.06, (action, freq, p)
+    hot = tiny_backend.choose([chat], [options], SamplingParams(temperature=0.5))[0]
+    sharper = [math.exp(v) for v in hot.choice_logprobs]
+    assert max(sharper) > max(probs)  # temperature applies to the set distribution
+
+
+def test_action_mode_defaults_and_the_arena_moves():
+    assert resolve_action_mode("auto", "text") == "choice"
+    assert resolve_action_mode("auto", "arena") == "choice"
+    assert resolve_action_mode("auto", "math") == "free"
+    assert resolve_action_mode("free", "text") == "free"
+    with pytest.raises(ValueError, match="accepted: auto, choice, free"):
+        resolve_action_mode("pick", "text")
+    arena = PromptBuilder("arena", count_tokens=lambda c: 0, context_window=1000, action_mode="choice")
+    assert arena.choices(None) == list(ARENA_MOVES)
+    assert "Reply with exactly one move" in arena.system_message()
+    text = PromptBuilder("text", count_tokens=lambda c: 0, context_window=1000, action_mode="choice")
+    assert text.choices(["go east", "look"]) == ["go east", "look"] and text.choices(None) is None
+    free = PromptBuilder("text", count_tokens=lambda c: 0, context_window=1000, action_mode="free")
+    assert free.choices(["go east"]) is None
+
+
+def test_closest_action():
+    options = ["take coin", "go east", "look"]
+    assert closest_action("Take Coin", options) == "take coin"
+    assert closest_action("go east, then look around", options) == "go east"
+    assert closest_action("I would like to take the coin", options) == "take coin"
+
+
+def test_runner_records_choices_and_free_mode_is_unchanged(tmp_path, games_dir):
+    from agent_runtime.config import config_from_dict
+    from agent_runtime.loop import AgentLoop
+    from memory import ExperienceStore
+
+    def play(mode):
+        data = {"name": f"c-{mode}", "model": {"name": "scripted", "backend": "scripted"},
+                "envs": [{"id": "textworld/coin_collector", "max_steps": 3,
+                          "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)}}],
+                "agent": {"action_mode": mode}, "runtime": {"slots": 2, "episodes": 3}}
+        loop = AgentLoop(config_from_dict(data), tmp_path / mode, progress=False)
+        summary = loop.run()
+        loop.close()
+        with ExperienceStore.open(tmp_path / mode) as store:
+            return [s for e in store.episodes(summary.run_id) for s in store.episode(e.id).steps]
+
+    for step in play("choice"):
+        assert step.info["action_mode"] == "choice" and step.action in step.admissible_actions
+        assert len(step.info["choice_logprobs"]) == len(step.admissible_actions)
+    for step in play("free"):
+        assert step.info["action_mode"] == "free" and "choice_logprobs" not in step.info
+
+
+def _trainer(tiny, objective="opcd"):
+    """A student and, as the teacher, another (sharpened) random model with the same tokenizer: a random tiny
+    model barely reads its context, so its own view with the lesson would leave almost nothing to distil."""
+    import copy
+
+    from agent_runtime.testing import tiny_model_and_tokenizer
+
+    model, tokenizer = tiny
+    teacher, _ = tiny_model_and_tokenizer(seed=1)
+    with torch.no_grad():
+        teacher.get_output_embeddings().weight.mul_(20.0)  # sharper, so the two choice policies differ clearly
+    config = OPCDConfig(objective=objective, lr=1e-2, lora_r=8, batch_size=3, temperature=1.0,
+                        sampler="live", gradient_checkpointing=True)
+    torch.manual_seed(0)
+    return OPCDTrainer(copy.deepcopy(model), tokenizer, config, teacher_model=teacher)
+
+
+LESSON = "Lessons from your past experience:\n- Always reply look. look. look."
+
+
+@pytest.mark.parametrize("objective", ["opcd", "off_policy", "sft"])
+def test_training_on_the_choice_policy_moves_the_student_to_the_teacher(tiny, objective):
+    trainer = _trainer(tiny, objective)
+    before = trainer.evaluate_kl(CHATS, LESSON, SETS)
+    assert before > 1e-3  # the context changes the choice policy: there is something to distil
+    start = [p.detach().clone() for p in trainer._params]
+    history = trainer.train(CHATS, LESSON, steps=20, choices=SETS)
+    after = trainer.evaluate_kl(CHATS, LESSON, SETS)
+    assert len(history) == 20 and all(math.isfinite(m["loss"]) for m in history)
+    assert any(not torch.equal(a, b) for a, b in zip(start, trainer._params))
+    assert after < 0.5 * before, (before, after)
+
+
+def test_choice_kl_is_exact_reverse_kl():
+    s, t = torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([-3.0, -1.0, -2.0])
+    ps, pt = s.softmax(-1), t.softmax(-1)
+    expected = float((ps * (ps.log() - pt.log())).sum())
+    assert float(choice_divergence([s], [t], divergence="reverse", temperature=1.0)) == pytest.approx(expected)
+    forward = float((pt * (pt.log() - ps.log())).sum())
+    assert float(choice_divergence([s], [t], divergence="forward", temperature=1.0)) == pytest.approx(forward)
+    assert float(choice_divergence([s], [t], divergence="cross_entropy", temperature=1.0,
+                                   teacher_picks=[1])) == pytest.approx(-float(ps.log()[1]))
+
+
+def test_promotion_needs_evidence():
+    settings = ConsolidationSettings(min_kl_drop=0.1, promote_margin=0.05)
+    rates = {"teacher_without_lessons": 0.4, "student_without_lessons": 0.8, "teacher_with_lessons": 0.9,
+             "student_with_lessons": 0.9}
+    assert decide_promotion(rates, 0.2, 0.05, settings) == []
+    [reason] = decide_promotion(rates, 0.017, 0.018, settings)  # the quickstart's old cycle: KL rose
+    assert "did not fall by 10%" in reason
+    assert "nothing to distil" in decide_promotion(rates, 0.0, 0.0, settings)[0]
+    worse = {**rates, "student_without_lessons": 0.3}
+    assert any("without lessons" in r for r in decide_promotion(worse, 0.2, 0.05, settings))
+    retention = {**rates, "teacher_retention": 0.5, "student_retention": 0.3}
+    assert any("retention" in r for r in decide_promotion(retention, 0.2, 0.05, settings))
