@@ -36,15 +36,21 @@ def cmd_run(args) -> int:
         overrides.append(f"runtime.hours={args.hours}")
     config = load_config(args.config, overrides)
     workdir = args.workdir or default_workdir(config.name)
+    from agent_runtime.report import learning_table
+
     loop = AgentLoop(config, workdir, resume=args.resume, progress=not args.no_progress)
     try:
         summary = loop.run()
+        table = learning_table(loop.store, loop.run_id)
     finally:
         loop.close()
     if args.json:
-        print(json.dumps({**summary.__dict__, "success_rate": summary.success_rate, "workdir": str(workdir)}))
+        print(json.dumps({**summary.__dict__, "success_rate": summary.success_rate, "workdir": str(workdir),
+                          "learning_table": table}))
     else:
         print(summary.line())
+        if table:
+            print(table)
         print(f"memory: {workdir / 'memory.db'}  (inspect: agent-runtime memory stats --workdir {workdir})")
     return 0
 

@@ -211,3 +211,18 @@ def test_promotion_needs_evidence():
     assert any("without lessons" in r for r in decide_promotion(worse, 0.2, 0.05, settings))
     retention = {**rates, "teacher_retention": 0.5, "student_retention": 0.3}
     assert any("retention" in r for r in decide_promotion(retention, 0.2, 0.05, settings))
+
+
+def test_large_sets_are_decoded_under_a_token_trie(tiny_model_dir):
+    from agent_runtime.llm.transformers_backend import TransformersBackend
+    from distill.opcd.choice import ActionTrie
+
+    trie = ActionTrie(["go east", "go west"], [[5, 6, 9], [5, 7, 9]])
+    assert sorted(trie.allowed([5])) == [6, 7] and trie.allowed([5, 8]) == [] and trie.action([5, 7, 9]) == "go west"
+    backend = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32", choice_trie_above=2)
+    sets = [SETS[1], SETS[0], SETS[2]]  # 5 and 3 actions take the trie, 2 are scored
+    for params in (SamplingParams(temperature=0), SamplingParams(temperature=1.0, seed=3)):
+        out = backend.choose([CHATS[1], CHATS[0], CHATS[2]] * 4, sets * 4, params)
+        assert all(c.text in options for c, options in zip(out, sets * 4))
+        assert [c.choice_logprobs is None for c in out[:3]] == [True, True, False]
+        assert all(c.logprobs and c.logprobs[0] <= 0 for c in out)

@@ -9,6 +9,7 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
 from agent_runtime.config import config_from_dict
 from agent_runtime.loop import AgentLoop
+from agent_runtime.report import learning_table
 from memory import ExperienceStore
 
 
@@ -50,6 +51,10 @@ def test_cycle_in_the_loop(tmp_path, games_dir, tiny_model_dir):
         assert conditions == {"random", "teacher_with_lessons", "teacher_without_lessons", "student_with_lessons",
                               "student_without_lessons"}
         assert cycle.metrics["objective"] == "choice"  # the agent chose among admissible actions
+        table = learning_table(store, summary.run_id)
+        for label in ("random admissible action", "base policy, no lessons", "base policy + lessons in context",
+                      "consolidated adapter, no lessons", "McNemar p=", "95% CI"):
+            assert label in table
         if cycle.status == "promoted":
             assert adapter.status == "active" and summary.adapter == adapter.name
         else:

@@ -187,3 +187,13 @@ def test_extract_gate_and_promote_or_block_end_to_end(store) -> None:
     assert [e.metrics["promote"] for e in gates] == [True, False]
     notes = [s.note for s in store.lesson_sets(run_id)]
     assert notes[-1].startswith("live: kept v2; blocked candidate v3; blocked: candidate")
+
+
+def test_mcnemar_exact_p_values():
+    from distill.lessons.gate import mcnemar_p
+
+    assert mcnemar_p([False] * 10, [True] * 10) == pytest.approx(2 / 1024)
+    assert mcnemar_p([True] * 10, [False] * 10) == pytest.approx(2 / 1024)  # two-sided
+    assert mcnemar_p([True, False] * 5, [True, False] * 5) == 1.0  # no discordant pair
+    # 3 up, 1 down: 2 * P(X <= 1 | n=4) = 2 * 5/16
+    assert mcnemar_p([False, False, False, True, True], [True, True, True, False, True]) == pytest.approx(10 / 16)

@@ -28,14 +28,21 @@ import functools
 import itertools
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams, apply_stop
-from distill.opcd.choice import action_token_ids, choice_distribution, choice_logprobs, lm_parts, pack_choices
+from distill.opcd.choice import (
+    ActionTrie,
+    action_token_ids,
+    choice_distribution,
+    choice_logprobs,
+    lm_parts,
+    pack_choices,
+)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -170,7 +177,7 @@ class TransformersBackend:
 
     def __init__(self, model, tokenizer, *, context_window: int | None = None, device: str = "cpu",
                  dtype: str = "auto", prefix_cache: bool = True, min_shared_prefix: int = 32,
-                 prefix_cache_tokens: int = 40960):
+                 prefix_cache_tokens: int = 40960, choice_trie_above: int = 256):
         """Wrap an already loaded model and tokenizer (tests build tiny ones in code).
 
         `prefix_cache` turns the prefix KV cache on; a row reuses a stored sequence, or a prefix shared with
@@ -180,6 +187,9 @@ class TransformersBackend:
         (30 layers, 3 KV heads of 64) 45 KB in float32, 22.5 KB in bf16, so the default 40960 tokens (16 slots
         x 2.5k tokens) is at most 1.8 GB (fp32) of host or GPU memory. Models whose cache is not one plain
         (key, value) pair per layer (sliding windows, recurrent state) run without the cache.
+
+        `choice_trie_above`: in choice mode, action sets larger than this are decoded under a token-trie
+        constraint instead of having every action scored (the packed scoring grows with the set's tokens).
         """
         self.device = resolve_device(device)
         torch_dtype = _DTYPES.get(dtype) or auto_dtype(self.device)
@@ -198,6 +208,7 @@ class TransformersBackend:
         self.min_shared_prefix = min_shared_prefix
         self.prefix_cache_tokens = prefix_cache_tokens
         self.prefix_stats = PrefixCacheStats()
+        self.choice_trie_above = choice_trie_above
         # stored sequences of the active adapter, least recently used first; cleared when the weights change
         self._store: OrderedDict[int, _CachedSequence] = OrderedDict()
         self._store_tokens = 0
@@ -260,7 +271,9 @@ class TransformersBackend:
 
     # Generation ----------------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompts: list[Chat], params: SamplingParams, *, tries: list | None = None) -> list[Completion]:
+        """Batched generation; with `tries` (one `ActionTrie` per chat) decoding is constrained to each row's
+        action set, token by token (choice mode for sets too large to score whole)."""
         if not prompts:
             return []
         start = time.perf_counter()
@@ -291,6 +304,8 @@ class TransformersBackend:
                 batch = self._cached_batch(rows, cached)
             else:
                 batch = self.tokenizer.pad({"input_ids": rows}, return_tensors="pt").to(self.device)
+            if tries is not None:
+                gen_kwargs["prefix_allowed_tokens_fn"] = self._trie_constraint(tries, batch["input_ids"].shape[1])
             if self.prefix_cache:  # off: the stock path, which the tests compare against
                 capacity = batch["input_ids"].shape[1] + params.max_new_tokens
                 gen_kwargs["cache"] = self._batched_cache(sources, cached, capacity)
@@ -347,8 +362,10 @@ class TransformersBackend:
                    for text, row, options in zip(texts, rows, choices)]
         if params.seed is not None:
             torch.manual_seed(params.seed)
-        completions = []
-        for group in self._choice_groups(rows, actions):
+        completions: list[Completion] = [None] * len(rows)  # type: ignore[list-item]
+        scored = [i for i, options in enumerate(choices) if len(options) <= self.choice_trie_above]
+        for group in self._choice_groups([rows[i] for i in scored], [actions[i] for i in scored]):
+            group = [scored[g] for g in group]
             scores, stored = self._score_group([rows[i] for i in group], [actions[i] for i in group])
             picks = []
             for i, logp in zip(group, scores):
@@ -356,15 +373,38 @@ class TransformersBackend:
                 dist = choice_distribution(logp.float().cpu(), params.temperature or 1.0)
                 pick = int(logp.argmax()) if params.temperature == 0 else int(torch.multinomial(dist.exp(), 1))
                 picks.append(pick)
-                completions.append(Completion(
+                completions[i] = Completion(
                     text=choices[i][pick], token_ids=actions[i][pick], prompt_tokens=len(rows[i]),
-                    logprobs=[float(dist[pick])], prompt_text=texts[i], choice_logprobs=dist.tolist()))
+                    logprobs=[float(dist[pick])], prompt_text=texts[i], choice_logprobs=dist.tolist())
             stored(picks)
+        large = [i for i in range(len(rows)) if completions[i] is None]
+        if large:  # sets too large to score whole: decode constrained to the set's token trie
+            tries = [ActionTrie(choices[i], actions[i]) for i in large]
+            longest = max(len(a) for i in large for a in actions[i])
+            decoded = self.generate([prompts[i] for i in large], replace(params, max_new_tokens=longest, logprobs=True,
+                                                                        stop=()), tries=tries)
+            for i, trie, completion in zip(large, tries, decoded):
+                completion.text = trie.action(completion.token_ids)
+                assert completion.text is not None, "constrained decoding left the action set"
+                completion.logprobs = [sum(completion.logprobs or [])]
+                completions[i] = completion
         elapsed = time.perf_counter() - start
         for c in completions:
             c.latency_s = elapsed
         self.stats.record(completions, elapsed)
         return completions
+
+    def _trie_constraint(self, tries: list, width: int):
+        """generate's `prefix_allowed_tokens_fn`: row i may only continue an action of `tries[i]`."""
+        pad, eos_ids = self.tokenizer.pad_token_id, self._eos_ids()
+
+        def allowed(row: int, ids: torch.Tensor) -> list[int]:
+            generated = ids[width:].tolist()
+            if any(t in eos_ids for t in generated):
+                return [pad]  # finished: generate pads the row from here on
+            return tries[row].allowed(generated) or [pad]
+
+        return allowed
 
     def _choice_groups(self, rows: list[list[int]], actions: list[list[list[int]]], budget: int = 1 << 24):
         """Rows in groups whose packed attention mask (rows x queries x keys) stays within `budget` entries."""

@@ -89,6 +89,16 @@ class GateDecision:
         return out
 
 
+def mcnemar_p(a: Sequence[bool], b: Sequence[bool]) -> float:
+    """Exact two-sided McNemar p-value of paired outcomes: a binomial test (p = 1/2) on the discordant pairs."""
+    up = sum(1 for x, y in zip(a, b) if y and not x)
+    down = sum(1 for x, y in zip(a, b) if x and not y)
+    n = up + down
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, k) for k in range(min(up, down) + 1)) / 2 ** n)
+
+
 def _score(value: bool | float) -> float:
     score = float(value)
     if not 0.0 <= score <= 1.0:

@@ -162,6 +162,31 @@ def choice_logprobs(decoder, head, packed: PackedChoices, *, past=None) -> list[
     return result
 
 
+class ActionTrie:
+    """The token sequences of an action set as a trie, for decoding constrained to the set (sets too large to
+    score every action): `allowed(prefix)` is the tokens that continue some action, `action(ids)` the action a
+    finished sequence spells. Each sequence ends with the end-of-turn token, so a finished sequence is whole."""
+
+    def __init__(self, actions: list[str], token_ids: list[list[int]]):
+        self.root: dict = {}
+        self.by_ids = {tuple(ids): action for action, ids in zip(actions, token_ids)}
+        for ids in token_ids:
+            node = self.root
+            for token in ids:
+                node = node.setdefault(token, {})
+
+    def allowed(self, prefix: list[int]) -> list[int]:
+        node = self.root
+        for token in prefix:
+            node = node.get(token)
+            if node is None:
+                return []
+        return list(node)
+
+    def action(self, ids: list[int]) -> str | None:
+        return self.by_ids.get(tuple(ids))
+
+
 def choice_distribution(logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
     """log pi(a | x) over the set: the log-softmax of the sequence log-probabilities at `temperature` (> 0)."""
     assert temperature > 0, "a distribution needs a positive temperature; greedy is the argmax"

@@ -1,0 +1,84 @@
+"""The learning table: what a run's newest OPCD cycle measured, in the form a person reads in ten seconds.
+
+Every cycle evaluates, on the same held-out tasks with the same seeds, a random admissible player, the parent
+policy (the base model at the first cycle) without and with the live lessons, and the new adapter without
+lessons (see `agent_runtime.consolidate`). This module reads those evaluation rows back and prints one line
+per condition with its success rate, Wilson 95% interval and number of tasks, plus the paired comparison with
+the parent without lessons (task by task: the difference and an exact McNemar p-value). `agent-runtime run`
+prints it at the end of a run that completed a cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distill.lessons.gate import mcnemar_p, wilson_interval
+from memory import ExperienceStore
+
+ROWS = (
+    ("random", "random admissible action"),
+    ("teacher_without_lessons", "base policy, no lessons"),
+    ("teacher_with_lessons", "base policy + lessons in context"),
+    ("student_without_lessons", "consolidated adapter, no lessons"),
+    ("student_with_lessons", "consolidated adapter + lessons"),
+    ("teacher_retention", "retention: base policy"),
+    ("student_retention", "retention: consolidated adapter"),
+)
+REFERENCE = {"teacher_with_lessons": "teacher_without_lessons", "student_without_lessons": "teacher_without_lessons",
+             "student_with_lessons": "teacher_with_lessons", "student_retention": "teacher_retention"}
+
+
+@dataclass
+class Condition:
+    name: str
+    outcomes: dict[tuple, bool]  # (env, task, seed) -> won
+
+    @property
+    def wins(self) -> int:
+        return sum(self.outcomes.values())
+
+    @property
+    def n(self) -> int:
+        return len(self.outcomes)
+
+
+def cycle_conditions(store: ExperienceStore, run_id: int, cycle_id: int) -> dict[str, Condition]:
+    """Each evaluated condition of a cycle, pooled over its environments, keyed by task for pairing."""
+    out: dict[str, Condition] = {}
+    for row in store.evaluations(run_id, cycle_id=cycle_id):
+        name = (row.metrics or {}).get("condition")
+        if not name:
+            continue
+        condition = out.setdefault(name, Condition(name, {}))
+        for episode in row.metrics.get("episodes", []):
+            condition.outcomes[(row.env_id, episode["task_id"], episode["seed"])] = bool(episode["won"])
+    return out
+
+
+def learning_table(store: ExperienceStore, run_id: int) -> str | None:
+    """The newest evaluated cycle of the run as a text table; None when no cycle was evaluated."""
+    cycles = [c for c in store.cycles(run_id) if (c.metrics or {}).get("evaluation")]
+    if not cycles:
+        return None
+    cycle = cycles[-1]
+    conditions = cycle_conditions(store, run_id, cycle.id)
+    lines = [f"Held-out success after OPCD cycle {cycle.id} ({cycle.status}); same tasks and seeds in every row:"]
+    for name, label in ROWS:
+        condition = conditions.get(name)
+        if condition is None or condition.n == 0:
+            continue
+        lo, hi = wilson_interval(condition.wins, condition.n)
+        line = (f"  {label:<34} {condition.wins:>3}/{condition.n:<3} {condition.wins / condition.n:6.1%} "
+                f"[95% CI {lo:.0%}-{hi:.0%}]")
+        reference = conditions.get(REFERENCE.get(name, ""))
+        if reference is not None:
+            keys = sorted(set(condition.outcomes) & set(reference.outcomes))
+            a, b = [reference.outcomes[k] for k in keys], [condition.outcomes[k] for k in keys]
+            if keys:
+                line += (f"  {(sum(b) - sum(a)) / len(keys):+.0%} vs {REFERENCE[name].replace('_', ' ')} "
+                         f"(paired, McNemar p={mcnemar_p(a, b):.2g})")
+        lines.append(line)
+    kl = (cycle.metrics or {}).get("heldout_kl")
+    if kl:
+        lines.append(f"  held-out KL(student || teacher with lessons): {kl['before']:.4f} -> {kl['after']:.4f}")
+    return "\n".join(lines)
