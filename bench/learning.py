@@ -11,6 +11,7 @@ level 1 with one step (find the named object among distractors; base ~75%), whic
 
 Arms, every one on the same 40 held-out tasks with the same seeds, greedy (paired comparisons):
   random        a uniformly random admissible action (the baseline every rate is read against)
+  level1        random and base on coin-collector level 1, first decision: choice mode where no lesson is needed
   base          the model without lessons
   given         the user's lesson in context (`lessons add` / `lessons.seed`): GIVEN below
   own           the agent's own lessons in context: extracted by the model itself from 16 of its own
@@ -57,6 +58,7 @@ OBJECTIVES = ("opcd", "off_policy", "sft")
 ENV = {"id": "textworld/coin_collector", "max_steps": 3, "kwargs": {"level": 2, "n_train": 32, "n_eval": 40}}
 RETENTION = {"id": "textworld/treasure_hunter", "max_steps": 1, "kwargs": {"level": 1, "n_train": 8, "n_eval": 40}}
 TRAINER = {"steps": 12, "batch_size": 8, "lr": 1e-4, "lora_r": 8, "temperature": 0.7}
+LEVEL1 = {"id": "textworld/coin_collector", "max_steps": 1, "kwargs": {"level": 1, "n_train": 8, "n_eval": 40}}
 TRAIN_EPISODES = 16
 HERE = Path(__file__).resolve().parent
 
@@ -200,6 +202,8 @@ class Study:
         self.evaluate("harmful", lessons=[GIVEN, HARMFUL])
         self.evaluate("retention:base", env=RETENTION)
         self.evaluate("retention:random", env=RETENTION, policy=random_policy(study_config()))
+        self.evaluate("level1:base", env=LEVEL1)
+        self.evaluate("level1:random", env=LEVEL1, policy=random_policy(study_config()))
         for seed in SEEDS:
             print(f"seed {seed}", flush=True)
             with ExperienceStore.open(self.workdir / f"seed-{seed}.db", embedder="hash") as store:
@@ -277,6 +281,14 @@ def report(results: dict) -> str:
         out.append("Same budget, paired against OPCD: " + "; ".join(compare) + ".")
     gate = decide_gate(given, results["harmful"], margin=0.05)
     out.append(f"Lesson gate on the harmful candidate: {gate.reason}.")
+    for s in SEEDS:
+        if f"own:{s}" in results:
+            own_gate = decide_gate(base, results[f"own:{s}"], margin=0.05)
+            out.append(f"Lesson gate on the agent's own lessons, seed {s} (current: none): {own_gate.reason}.")
+    if "level1:base" in results:
+        out.append(f"Choice mode where the base model needs no lesson (coin-collector level 1, first decision, "
+                   f"n=40): random {rate(results['level1:random'])}, base {rate(results['level1:base'])}, "
+                   f"McNemar p {mcnemar_p(results['level1:random'], results['level1:base']):.2g}.")
     ret = [results["retention:base"]] + [results[f"{o}:{s}:retention"] for o in OBJECTIVES for s in SEEDS
                                          if f"{o}:{s}:retention" in results]
     out.append(f"Retention (treasure-hunter level 1, 1 step, n=40, not trained on): random "

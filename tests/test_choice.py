@@ -226,3 +226,14 @@ def test_large_sets_are_decoded_under_a_token_trie(tiny_model_dir):
         assert all(c.text in options for c, options in zip(out, sets * 4))
         assert [c.choice_logprobs is None for c in out[:3]] == [True, True, False]
         assert all(c.logprobs and c.logprobs[0] <= 0 for c in out)
+
+
+def test_chat_backend_maps_its_reply_to_the_closest_action():
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    from agent_runtime.llm.chat_backend import ChatBackend
+
+    backend = ChatBackend(FakeListChatModel(responses=["I think I should take the coin now.", "GO EAST"]))
+    out = backend.choose(CHATS[:2], [["go east", "take coin", "look"], ["look", "go east"]], SamplingParams())
+    assert [c.text for c in out] == ["take coin", "go east"]
+    assert all(c.choice_logprobs is None for c in out)  # a chat API does not expose the set distribution

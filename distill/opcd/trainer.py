@@ -13,6 +13,12 @@ The teacher is, without a second copy of the weights in memory:
 or, with a copy: an explicit `teacher_model` (a larger model sharing the tokenizer: cross-size distillation),
 or, for `full_finetune`, a frozen copy of the model taken before the first step.
 
+Choice mode (the agent acts by choosing among admissible actions): a step given one action set per prompt
+distils the policy the agent acts with, the distribution over the set, instead of free text: the student's
+and the teacher's sequence log-probabilities of every action come from one packed forward each
+(`distill.opcd.choice`) and the divergence is exact over the set, so nothing is sampled. The objectives map
+over: `opcd` reverse KL, `off_policy` forward KL, `sft` cross-entropy on an action drawn from the teacher.
+
 Baselines share this loop through `config.objective`: `off_policy` (the teacher samples with the context,
 forward KL on the teacher's top-k) and `sft` (cross-entropy on the teacher's samples). The "lessons in
 context" baseline needs no training. System-prompt distillation is OPCD with a fixed context string.
@@ -27,7 +33,8 @@ Where the time goes and what is done about it (measured in bench/opcd.py):
 - losses are computed from final hidden states in sequence chunks (`chunked_topk_divergence`), so the
   (B, T, V) logits of the two models are never held at once.
 
-Data parallel (`OPCDConfig.processes`, launched by `distill.opcd.job`): when this process is one rank of an
+Data parallel (`OPCDConfig.processes`, launched by `distill.opcd.job`; the collectives are in
+`distill.opcd.collectives`): when this process is one rank of an
 initialised `torch.distributed` group (what an accelerate launch or `PartialState` sets up), every method
 below is a collective that all ranks call in the same order with the same arguments. `batch_size` stays the
 GLOBAL number of prompts per optimizer step: each rank takes its contiguous share of every global batch (the
@@ -59,6 +66,7 @@ import torch
 
 from distill.opcd.adapters import atomic_directory, write_metadata
 from distill.opcd.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices
+from distill.opcd.collectives import average_gradients, global_loss, world
 from distill.opcd.config import OPCDConfig
 from distill.opcd.losses import ChunkedLoss, chunked_topk_divergence
 
@@ -109,32 +117,6 @@ def _response_hidden(causal_lm, prompts: list[list[int]], responses: list[list[i
     out = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
                   cache=cache, use_cache=cache is not None)
     return out.last_hidden_state[:, width - 1:width - 1 + longest]
-
-
-def _world() -> tuple[int, int]:
-    """(rank, number of ranks) of the initialised torch.distributed group; (0, 1) outside one."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _buckets(params: list[torch.nn.Parameter], limit: int = 1 << 25) -> Iterator[list[torch.nn.Parameter]]:
-    """Parameters grouped by dtype and device into buckets of about `limit` elements, for one all-reduce
-    each (hundreds of tiny LoRA tensors would otherwise cost one round trip apiece)."""
-    groups: dict[tuple, list[torch.nn.Parameter]] = {}
-    for param in params:
-        groups.setdefault((param.dtype, param.device), []).append(param)
-    for group in groups.values():
-        bucket, size = [], 0
-        for param in group:
-            bucket.append(param)
-            size += param.numel()
-            if size >= limit:
-                yield bucket
-                bucket, size = [], 0
-        if bucket:
-            yield bucket
 
 
 def _empty_copy(model, dtype: torch.dtype):
@@ -194,7 +176,7 @@ class OPCDTrainer:
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         assert self._params, "nothing to train"
         self.optimizer = torch.optim.AdamW(self._params, lr=config.lr, weight_decay=config.weight_decay)
-        self.rank, self.world_size = _world()
+        self.rank, self.world_size = world()
         if self.world_size > 1:  # every rank starts from rank 0's adapter, whatever its own seed drew
             with torch.no_grad():
                 for param in self._params:
@@ -373,12 +355,12 @@ class OPCDTrainer:
                 renormalize=cfg.renormalize, chunk_size=cfg.chunk_size)
             del hidden, teacher_hidden
         if self.world_size > 1:
-            loss, sampled_kl, tokens = self._global_loss(result)
+            loss, sampled_kl, tokens = global_loss(result, self.model.device)
         else:
             loss, sampled_kl, tokens = result.loss, result.sampled_kl, result.tokens
         self._guard(loss)
         if self.world_size > 1:
-            self._average_gradients(result.tokens if result else 0, tokens)
+            average_gradients(self._params, result.tokens if result else 0, tokens)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip))
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
@@ -439,29 +421,6 @@ class OPCDTrainer:
         base, extra = divmod(n, self.world_size)
         start = self.rank * base + min(self.rank, extra)
         return slice(start, start + base + (self.rank < extra))
-
-    def _global_loss(self, result) -> tuple[float, float, int]:
-        """(loss, sampled KL, tokens) of the global batch: the ranks' token means, weighted by their tokens."""
-        local = [0.0, 0.0, 0.0] if result is None else [
-            result.tokens, result.loss * result.tokens, result.sampled_kl * result.tokens]
-        totals = torch.tensor(local, dtype=torch.float64, device=self.model.device)
-        torch.distributed.all_reduce(totals)
-        tokens = int(totals[0].item())
-        return totals[1].item() / max(tokens, 1), totals[2].item() / max(tokens, 1), tokens
-
-    @torch.no_grad()
-    def _average_gradients(self, local_tokens: int, global_tokens: int) -> None:
-        """Turn every rank's gradient (of its own token mean) into the gradient of the global token mean:
-        sum over ranks of (local tokens / global tokens) x local gradient, the same on every rank."""
-        weight = local_tokens / max(global_tokens, 1)
-        for bucket in _buckets(self._params):
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                              for p in bucket]).mul_(weight)
-            torch.distributed.all_reduce(flat)
-            offset = 0
-            for param in bucket:
-                param.grad = flat[offset:offset + param.numel()].view_as(param)
-                offset += param.numel()
 
     def _pad_responses(self, responses: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         longest = max(len(r) for r in responses)
