@@ -1,6 +1,6 @@
 """OPCDTrainer: the learning check (issue 7 item 5), teacher/student plumbing, divergence guard, adapter I/O.
 
-The tiny model is first taught (plain SFT, ~10 s) to answer "take coin" when the system message carries the
+The tiny model is first taught (plain SFT, ~2 s) to answer "take coin" when the system message carries the
 lesson and a random move otherwise, so that the context changes the teacher's distribution strongly; the
 trainers must then move that behaviour into the LoRA weights of the student, which never sees the lesson.
 """
@@ -40,31 +40,72 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
+def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int):
+    """(prompt, answer) token rows right-padded into input_ids, attention_mask, and labels on the answers only."""
+    width = max(len(p) + len(a) for p, a in rows)
+    ids = torch.full((len(rows), width), pad_id)
+    labels, mask = torch.full((len(rows), width), -100), torch.zeros(len(rows), width, dtype=torch.long)
+    for r, (p, a) in enumerate(rows):
+        ids[r, :len(p) + len(a)] = torch.tensor(p + a)
+        labels[r, len(p):len(p) + len(a)] = torch.tensor(a)
+        mask[r, :len(p) + len(a)] = 1
+    return ids, mask, labels
+
+
 @pytest.fixture(scope="module")
 def taught():
-    """A tiny Llama that says "take coin" with the lesson in context, and a random move without it."""
+    """A tiny Llama that says "take coin" with the lesson in context, and a random move without it.
+
+    Trained until a probe shows that behaviour, not for a fixed number of steps: learning to look back at the
+    lesson is a sudden transition whose step depends on float rounding, which differs between CPUs (MKL and
+    ATen pick AVX2/AVX-512 kernels by CPU, and threads change reduction order). At lr 1e-2 without clipping
+    this probe passed anywhere from step 60 to 140 over 8 data seeds, and at step 60 P(take coin | lesson)
+    was 0.38 to 0.68 depending on the kernels alone: the fixed 60 steps gave a teacher that the lesson barely
+    changed on some CPUs. Clipping the gradient and halving the lr make the transition early and tight (step
+    40-50 over 16 data seeds, with AVX-512, AVX2 or plain kernels and 1 or 2 threads); the loop stops there,
+    and the assert says so if it never comes."""
     model, tok = tiny_model_and_tokenizer("llama", hidden_size=64, layers=2, heads=4)
+
+    def encode(chat):
+        return tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True),
+                   add_special_tokens=False)["input_ids"]
+
+    coin = tok("take coin", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    probe_rooms = TRAIN[:4] + HELD_OUT[:4]
+    probe = _batch([(encode(with_context(c, LESSON)), coin) for c in probe_rooms]
+                   + [(encode(c), coin[:1]) for c in probe_rooms], tok.pad_token_id)  # P(first token "take")
+
+    def probe_probabilities() -> tuple[float, float]:
+        """(lowest P("take coin<eos>") with the lesson, highest P("take") without it) over the probe rooms."""
+        ids, mask, labels = probe
+        with torch.no_grad():
+            logprobs = model(input_ids=ids, attention_mask=mask).logits[:, :-1].log_softmax(-1)
+        targets = labels[:, 1:]
+        picked = logprobs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1) * (targets != -100)
+        p = picked.sum(-1).exp()
+        return float(p[:len(probe_rooms)].min()), float(p[len(probe_rooms):].max())
+
     rng = random.Random(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(60):
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    for step in range(1, 301):
         rows = []
         for _ in range(16):
             lesson = rng.random() < 0.5
             chat = with_context(room(rng.randrange(30)), LESSON) if lesson else room(rng.randrange(30))
-            prompt = tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True),
-                         add_special_tokens=False)["input_ids"]
             answer = tok("take coin" if lesson else rng.choice(MOVES), add_special_tokens=False)["input_ids"]
-            rows.append((prompt, answer + [tok.eos_token_id]))
-        width = max(len(p) + len(a) for p, a in rows)
-        ids = torch.full((16, width), tok.pad_token_id)
-        labels, mask = torch.full((16, width), -100), torch.zeros(16, width, dtype=torch.long)
-        for r, (p, a) in enumerate(rows):
-            ids[r, :len(p) + len(a)] = torch.tensor(p + a)
-            labels[r, len(p):len(p) + len(a)] = torch.tensor(a)
-            mask[r, :len(p) + len(a)] = 1
+            rows.append((encode(chat), answer + [tok.eos_token_id]))
+        ids, mask, labels = _batch(rows, tok.pad_token_id)
         model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
+        if step % 10 == 0:
+            with_lesson, without = probe_probabilities()
+            if with_lesson > 0.95 and without < 0.02:
+                break
+    assert with_lesson > 0.95 and without < 0.02, (
+        f"the tiny teacher did not learn the lesson in {step} steps: P(take coin | lesson) >= {with_lesson:.3f},"
+        f" P(take | no lesson) <= {without:.3f}")
     return model.eval(), tok
 
 
@@ -80,8 +121,14 @@ def _lora_weights(trainer) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("objective", ["opcd", "off_policy", "sft"])
 def test_short_run_halves_the_held_out_reverse_kl_and_moves_the_lora_weights(taught, objective):
+    """lr 5e-3 and k = the whole tiny vocabulary (exact KL). At the shared config's lr 2e-2 every objective
+    overshoots and the student often ends up worse than it started; with k=64 of 512 tokens OPCD's loss (the
+    paper's, not renormalised over the top-k) keeps falling below zero after the student has learnt the lesson
+    by moving mass off its top-k, until it samples noise: whether the run passed depended on when it stopped.
+    Seeded because the LoRA init and the final samples draw from the global RNG (else: on the tests before)."""
     model, tok = taught
-    trainer = OPCDTrainer(copy.deepcopy(model), tok, _config(objective=objective))
+    torch.manual_seed(0)
+    trainer = OPCDTrainer(copy.deepcopy(model), tok, _config(objective=objective, lr=5e-3, k=len(tok)))
     before_weights = _lora_weights(trainer)
     before = trainer.evaluate_kl(HELD_OUT, LESSON)
     history = trainer.train(TRAIN, LESSON)
