@@ -54,10 +54,11 @@ class EvalResult:
 
 
 def evaluate(config: RunConfig, workdir: Path, backend: PolicyBackend, *, lessons: list[str] | None = None,
-             episodes_per_env: int | None = None, slots: int | None = None) -> list[EvalResult]:
-    """Play the first N eval tasks of every environment of the config; return one result per environment."""
+             episodes_per_env: int | None = None, slots: int | None = None, split: str = "eval") -> list[EvalResult]:
+    """Play the first N tasks of `split` (the held-out eval split by default) of every environment of the
+    config; return one result per environment."""
     n = episodes_per_env or config.evaluation.episodes_per_env
-    specs, task_lists = build_envs(config, workdir, split="eval")
+    specs, task_lists = build_envs(config, workdir, split=split)
     builders = build_prompt_builders(config, specs, backend, lessons)
     params = SamplingParams(max_new_tokens=config.model.max_new_tokens, temperature=config.evaluation.temperature,
                             top_p=config.model.top_p)

@@ -194,6 +194,17 @@ def run_extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id
                          version.version if version else None, gate, result.contrastive_extractions, user_gate)
 
 
+def gate_user_lessons(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int,
+                      backend: PolicyBackend) -> str | None:
+    """Gate a person's pending lessons now (the loop calls this before it plays, so that `lessons.seed` and
+    `lessons add` go live as soon as the gate lets them); the gate's reason, or None when nothing waited."""
+    if not user_lessons_gated(config) or pending_user_candidate(store, run_id) is None:
+        return None
+    curator = LessonCurator.from_settings(store, run_id, config.lessons, count_tokens=text_token_counter(backend),
+                                          utilities=load_utilities(store, run_id))
+    return _gate(config, workdir, store, run_id, backend, curator, pending_user_candidate(store, run_id).version)
+
+
 def _gate(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend,
           curator: LessonCurator, candidate_version: int) -> str:
     settings = config.lessons
@@ -203,7 +214,8 @@ def _gate(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int,
     candidate = [by_id[i].text for i in candidate_set.lesson_ids if by_id[i].pool == 0]
 
     def outcomes(lessons: list[str]) -> dict:
-        results = evaluate(config, workdir, backend, lessons=lessons, episodes_per_env=settings.gate_episodes)
+        results = evaluate(config, workdir, backend, lessons=lessons, episodes_per_env=settings.gate_episodes,
+                           split=settings.gate_split)
         return {(r.env_id, e["task_id"], e["seed"]): e["won"] for r in results for e in r.episodes}
 
     decision = decide_gate(outcomes([x.text for x in current]), outcomes(candidate), margin=settings.gate_margin)

@@ -29,7 +29,7 @@ from agent_runtime.config import ConfigError, RunConfig, config_from_dict, save_
 from agent_runtime.consolidate import activate, roll_back_interrupted, run_cycle
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.examples import example_retriever
-from agent_runtime.lessons_phase import LessonContexts, add_seed_lessons, run_extract
+from agent_runtime.lessons_phase import LessonContexts, add_seed_lessons, gate_user_lessons, run_extract
 from agent_runtime.llm import PolicyBackend, SamplingParams, make_backend
 from agent_runtime.llm.base import BackendStats
 from agent_runtime.models import resolve_model
@@ -206,6 +206,7 @@ class AgentLoop:
                 if self.phase == "PLAY":
                     if self._target_reached() or self._past_deadline():
                         break
+                    self._gate_user_lessons()
                     self._play(started, start_episodes, start_tokens)
                     if self._stop_requested:
                         break
@@ -233,6 +234,14 @@ class AgentLoop:
             log.removeHandler(handler)
             handler.close()
         return summary
+
+    def _gate_user_lessons(self) -> None:
+        """A person's lessons waiting for the gate are gated before the next episodes are played."""
+        reason = gate_user_lessons(self.config, self.workdir, self.store, self.run_id, self.backend)
+        if reason is not None:
+            self.lessons.reload()
+            log.info(f"lesson gate on a person's lessons: {reason}")
+            tqdm.write(f"lesson gate on a person's lessons: {reason}")
 
     def _past_deadline(self) -> bool:
         return self._deadline is not None and time.monotonic() > self._deadline

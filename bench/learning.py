@@ -18,11 +18,11 @@ Arms, every one on the same 40 held-out tasks with the same seeds, greedy (paire
                 train episodes (contrastive won/lost extraction), after the safety screen
   opcd          the student WITHOUT the lesson after one OPCD cycle on the choice policy (exact reverse KL over
                 each step's admissible set), prompts = the per-turn prefixes of 16 train episodes the agent
-                played with the lesson in context (the loop's PLAY), 12 steps, batch 8, lr 1e-4, LoRA r 8
+                played with the lesson in context (the loop's PLAY), 8 steps, batch 4, lr 1e-4, LoRA r 8
   off_policy    the same budget, forward KL (the teacher's choice distribution as the target)
   sft           the same budget, cross-entropy on an action drawn from the teacher's choice distribution
   harmful       HARMFUL added to the given lesson, as a candidate lesson set: the gate must block it
-  retention     base vs each trained adapter on treasure-hunter (not trained on)
+  retention     base vs the OPCD adapters on treasure-hunter (not trained on)
   cycles        three OPCD cycles in a row (seed 0): each plays new episodes with its parent adapter and the
                 lesson, and trains on top of the parent; success without lessons after each
 Training arms and own lessons repeat over 3 seeds (episode sampling, LoRA init, batch order).
@@ -57,7 +57,7 @@ SEEDS = (0, 1, 2)
 OBJECTIVES = ("opcd", "off_policy", "sft")
 ENV = {"id": "textworld/coin_collector", "max_steps": 3, "kwargs": {"level": 2, "n_train": 32, "n_eval": 40}}
 RETENTION = {"id": "textworld/treasure_hunter", "max_steps": 1, "kwargs": {"level": 1, "n_train": 8, "n_eval": 40}}
-TRAINER = {"steps": 12, "batch_size": 8, "lr": 1e-4, "lora_r": 8, "temperature": 0.7}
+TRAINER = {"steps": 8, "batch_size": 4, "lr": 1e-4, "lora_r": 8, "temperature": 0.7, "gradient_checkpointing": False}
 LEVEL1 = {"id": "textworld/coin_collector", "max_steps": 1, "kwargs": {"level": 1, "n_train": 8, "n_eval": 40}}
 TRAIN_EPISODES = 16
 HERE = Path(__file__).resolve().parent
@@ -107,6 +107,15 @@ class Study:
             self._backend = make_backend(study_config().model, seed=0)
         return self._backend
 
+    def acting_with(self, adapter: str | None):
+        """The policy with `adapter` (a directory) switched in, or the base model."""
+        from types import SimpleNamespace
+
+        from agent_runtime.consolidate import activate
+
+        activate(self.backend, SimpleNamespace(name=Path(adapter).name, path=adapter) if adapter else None)
+        return self.backend
+
     def cached(self, key: str, compute):
         if key not in self.results:
             started = time.perf_counter()
@@ -118,19 +127,11 @@ class Study:
     def evaluate(self, key: str, *, lessons=(), adapter: str | None = None, env=ENV, policy=None) -> list[bool]:
         """Won/lost per held-out task (ordered by seed), for one condition."""
         from agent_runtime.config import EnvEntry
-        from agent_runtime.consolidate import activate
         from agent_runtime.evaluation import evaluate
 
         def compute():
             config = study_config().model_copy(update={"envs": [EnvEntry.model_validate(env)]})
-            backend = policy or self.backend
-            if policy is None:
-                activate(backend, None)
-                if adapter is not None:
-                    name = Path(adapter).name
-                    if name not in backend.adapters:
-                        backend.load_adapter(name, adapter)
-                    backend.use_adapter(name)
+            backend = policy or self.acting_with(adapter)
             [result] = evaluate(config, self.workdir, backend, lessons=list(lessons))
             return [bool(e["won"]) for e in result.episodes]
 
@@ -138,19 +139,12 @@ class Study:
 
     def play(self, store, run_id: int, seed: int, lessons: list[str], adapter: str | None, draws: range) -> list[int]:
         """Train episodes the way the loop's PLAY has them (sampled at the model's temperature), into the store."""
-        from agent_runtime.consolidate import activate
         from agent_runtime.envs import build_envs, build_prompt_builders
         from agent_runtime.llm.base import SamplingParams
         from agent_runtime.runner import EpisodeContext, EpisodeRunner, TaskSampler
 
         config = study_config(seed)
-        backend = self.backend
-        activate(backend, None)
-        if adapter is not None:
-            name = Path(adapter).name
-            if name not in backend.adapters:
-                backend.load_adapter(name, adapter)
-            backend.use_adapter(name)
+        backend = self.acting_with(adapter)
         specs, tasks = build_envs(config, self.workdir)
         sampler = TaskSampler([1.0], tasks, seed)
         queue = [sampler.draw(i) for i in draws]
@@ -180,8 +174,8 @@ class Study:
             job = TrainJob(model_path=resolve_model("smollm2-135m-instruct"), config=config.opcd.trainer,
                            train_prompts=[d.chat for d in decisions], train_choices=[d.choices for d in decisions],
                            contexts=context, output=str(out), parent_adapter=parent, overwrite=True,
-                           kl_sets={"train": ([d.chat for d in decisions], context)},
-                           kl_choices={"train": [d.choices for d in decisions]})
+                           kl_sets={"train": ([d.chat for d in decisions[:16]], context)},
+                           kl_choices={"train": [d.choices for d in decisions[:16]]})
             result = run_job(job, on_step=lambda m: print(f"    step {m['step']} loss {m['loss']:.4f}", flush=True))
             return {"adapter": str(out), "decisions": len(decisions), "seconds": result.seconds,
                     "kl_before": result.kl_before["train"], "kl_after": result.kl_after["train"],
@@ -206,22 +200,27 @@ class Study:
         self.evaluate("level1:random", env=LEVEL1, policy=random_policy(study_config()))
         for seed in SEEDS:
             print(f"seed {seed}", flush=True)
-            with ExperienceStore.open(self.workdir / f"seed-{seed}.db", embedder="hash") as store:
+            db = self.workdir / f"seed-{seed}.db"
+            if f"own:{seed}:lessons" not in self.results:  # the seed's experience was not completed: replay it
+                for stale in db.parent.glob(db.name + "*"):
+                    stale.unlink()
+            with ExperienceStore.open(db, embedder="hash") as store:
                 run = store.find_run(f"learning-study-{seed}")
                 run_id = run.id if run else store.create_run(f"learning-study-{seed}",
                                                              study_config(seed).model_dump(mode="json"))
-                if not store.episodes(run_id, limit=1):
+                if f"own:{seed}:lessons" not in self.results:
                     own = self.play(store, run_id, seed, [], None, range(TRAIN_EPISODES))
                     self.play(store, run_id, seed, [GIVEN], None, range(TRAIN_EPISODES, 2 * TRAIN_EPISODES))
                     run_extract(study_config(seed), self.workdir, store, run_id, self.backend, own)
                     self.results[f"own:{seed}:lessons"] = [x.text for x in live_lessons(store, run_id)[1]]
-                    self.results[f"own:{seed}:stats"] = extraction_stats(store, run_id)
+                    self.results[f"own:{seed}:stats"] = extraction_stats(store, run_id).to_dict()
                     self.save()
                 self.evaluate(f"own:{seed}", lessons=self.results[f"own:{seed}:lessons"])
                 for objective in OBJECTIVES:
                     trained = self.train(f"{objective}:{seed}", store, run_id, seed, objective)
                     self.evaluate(f"{objective}:{seed}:without", adapter=trained["adapter"])
-                    self.evaluate(f"{objective}:{seed}:retention", adapter=trained["adapter"], env=RETENTION)
+                    if objective == "opcd":
+                        self.evaluate(f"{objective}:{seed}:retention", adapter=trained["adapter"], env=RETENTION)
                 if seed == SEEDS[0]:
                     parent = self.results[f"opcd:{seed}"]["adapter"]
                     for cycle in (2, 3):

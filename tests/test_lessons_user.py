@@ -145,7 +145,7 @@ def test_without_a_run_or_a_config_the_error_says_what_to_pass(tmp_path, capsys)
     assert "pass --config CONFIG.yaml to create one, or start a run first" in capsys.readouterr().err
 
 
-def test_with_the_gate_on_the_lessons_are_a_candidate_that_the_next_extract_gates(tmp_path, games_dir, capsys):
+def test_with_the_gate_on_the_lessons_are_a_candidate_gated_before_the_loop_plays(tmp_path, games_dir, capsys):
     config_path = write_config(
         tmp_path, games_dir, envs=[{"id": "tests.test_loop:LessonSensitiveEnv"}],
         lessons={"enabled": True, "extract_every": 2, "gate_episodes": 2}, evaluation={"episodes_per_env": 2},
@@ -165,7 +165,7 @@ def test_with_the_gate_on_the_lessons_are_a_candidate_that_the_next_extract_gate
         gates = [e for e in store.evaluations(run_id) if e.split == "gate"]
         assert gates[0].metrics["candidate_version"] == out["version"] and gates[0].metrics["promote"] is True
         assert GOAL in [x.text for x in live_lessons(store, run_id)[1]]
-        assert all(not e.lessons_in_context for e in store.episodes(run_id)), "not in context before the gate"
+        assert all(e.lessons_in_context for e in store.episodes(run_id)), "live as soon as the gate let it"
 
 
 def test_adds_while_the_gate_is_on_build_on_the_pending_candidate_and_retire_keeps_it(tmp_path, games_dir, capsys):

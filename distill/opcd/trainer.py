@@ -414,7 +414,7 @@ class OPCDTrainer:
         with torch.no_grad():
             kl = choice_divergence([s.detach() for s in student], teacher, divergence="reverse",
                                    temperature=cfg.temperature)
-        return ChunkedLoss(loss=float(loss), sampled_kl=float(kl), tokens=len(prompts))
+        return ChunkedLoss(loss=float(loss.detach()), sampled_kl=float(kl), tokens=len(prompts))
 
     def _share(self, n: int) -> slice:
         """This rank's contiguous share of `n` global items (the first n % world_size ranks take one more)."""
