@@ -111,6 +111,9 @@ class _TimedBuilder:
     def __init__(self, builder: PromptBuilder, timers: Timers):
         self._builder, self._timers = builder, timers
 
+    def __getattr__(self, name):  # everything but build (action_mode, choices, ...) is the builder's own
+        return getattr(self._builder, name)
+
     def build(self, *args, **kwargs):
         start = time.perf_counter()
         try:
@@ -172,6 +175,14 @@ class _TimedBackend:
             self._timers.backend_generate += time.perf_counter() - start
             self._timers.batch_sizes.append(len(prompts))
 
+    def choose(self, prompts, choices, params):
+        start = time.perf_counter()
+        try:
+            return self._backend.choose(prompts, choices, params)
+        finally:
+            self._timers.backend_generate += time.perf_counter() - start
+            self._timers.batch_sizes.append(len(prompts))
+
     def close(self) -> None:
         self._backend.close()
 
@@ -217,7 +228,7 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
     spec = EnvSlotSpec(ENV_ID, lambda: _TimedEnv(environments.make(ENV_ID, **kwargs), timers), "text", args.max_steps)
     builder = PromptBuilder(family="text", count_tokens=timed.count_tokens, context_window=timed.context_window,
                             reserve_tokens=args.max_new_tokens, lessons=bench_lessons(args.lessons),
-                            history_shows_admissible=args.history_admissible)
+                            history_shows_admissible=args.history_admissible, action_mode=args.action_mode)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     runner = EpisodeRunner(timed, [spec], [_TimedBuilder(builder, timers)], params, slots=slots, policy_name=model)
     sampler = TaskSampler([1.0], [[f"train-{i}" for i in range(args.tasks)]], seed=args.seed)
@@ -325,6 +336,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="the backend's dtype (auto = float32 on CPU, the runtime's default)")
     parser.add_argument("--lessons", type=int, default=0, help="lesson lines in the system prompt")
+    parser.add_argument("--action-mode", choices=("free", "choice"), default="free",
+                        help="free: the model writes each command (what the tables below measured); choice: it "
+                        "picks one admissible action (every action scored in one packed pass)")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                         help="turn off the backend's prefix KV cache")
     parser.add_argument("--prefix-cache-tokens", type=int, default=None,
