@@ -280,8 +280,8 @@ curator (a near-duplicate of a lesson already there is reported and not added tw
 a similar lesson replaces it). The lessons are stored with provenance "user" (lesson metadata source=user,
 an extraction by "user" without episodes) and make ONE new lesson-set version:
 - live at once when the run's gate is off (lessons.gate_episodes: 0, or lessons.enabled: false);
-- with the gate on, a candidate: the gate needs the policy and the environments, so the loop plays it at
-  the run's next EXTRACT phase (agent-runtime run CONFIG --resume), before it extracts.
+- with the gate on, a candidate: the gate needs the policy and the environments, so the loop plays it
+  as soon as it runs again (agent-runtime run CONFIG --resume), before it plays an episode.
 With --config and no run of that name in the store, the run is created from the config (with its
 lessons.seed), so that `agent-runtime run CONFIG --resume --workdir W` continues it."""
 

@@ -10,10 +10,11 @@ decision is stored with its numbers.
 
 Lessons a person writes (`agent-runtime lessons add`, `lessons.seed` of a new run) enter through
 `add_lessons`, the one function both the CLI and the loop call (the logic is `distill.lessons.user`). With
-the gate on (`lessons.enabled` and `gate_episodes > 0`) their version is a candidate, and the next EXTRACT
-phase gates it before it extracts -- the gate needs the policy and the environments, which the CLI does not
-load; with the gate off it is live at once. Outside the loop the budget is counted with the run model's
-tokenizer alone (`config_token_counter`), so the CLI never loads weights.
+the gate on (`lessons.enabled` and `gate_episodes > 0`) their version is a candidate, which the loop gates before it
+next plays (`gate_user_lessons`; an EXTRACT phase that finds one still pending gates it first) -- the gate needs
+the policy and the environments, which the CLI does not load; with the gate off it is live at once. Outside
+the loop the budget is counted with the run model's tokenizer alone (`config_token_counter`), so the CLI never
+loads weights.
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ def user_lessons_gated(config: RunConfig) -> bool:
 def add_lessons(config: RunConfig, store: ExperienceStore, run_id: int, texts: Sequence[str], *,
                 backend: PolicyBackend | None = None, embedder=None, note: str = "") -> UserAddResult:
     """Add lessons a person wrote to every pool of the run (`distill.lessons.add_user_lessons`): a candidate
-    for the next EXTRACT's gate when `user_lessons_gated(config)`, else live. The budget is counted with
-    `backend`'s tokenizer, or the configured model's when no backend is loaded."""
+    for the gate the loop runs before it next plays when `user_lessons_gated(config)`, else live. The budget
+    is counted with `backend`'s tokenizer, or the configured model's when no backend is loaded."""
     count_tokens = text_token_counter(backend) if backend is not None else config_token_counter(config.model)
     return add_user_lessons(store, run_id, texts, config.lessons, count_tokens=count_tokens, embedder=embedder,
                             candidate=user_lessons_gated(config), note=note)

@@ -62,8 +62,11 @@ def learning_table(store: ExperienceStore, run_id: int) -> str | None:
         return None
     cycle = cycles[-1]
     conditions = cycle_conditions(store, run_id, cycle.id)
+    # the teacher rows are the cycle's parent: the base model at the first cycle, the live adapter later
+    parent = "base model" if cycle.base_adapter_id is None else "parent adapter"
+    labels = {name: label.replace("base policy", parent) for name, label in ROWS}
     lines = [f"Held-out success after OPCD cycle {cycle.id} ({cycle.status}); same tasks and seeds in every row:"]
-    for name, label in ROWS:
+    for name, label in labels.items():
         condition = conditions.get(name)
         if condition is None or condition.n == 0:
             continue
@@ -75,7 +78,7 @@ def learning_table(store: ExperienceStore, run_id: int) -> str | None:
             keys = sorted(set(condition.outcomes) & set(reference.outcomes))
             a, b = [reference.outcomes[k] for k in keys], [condition.outcomes[k] for k in keys]
             if keys:
-                line += (f"  {(sum(b) - sum(a)) / len(keys):+.0%} vs {REFERENCE[name].replace('_', ' ')} "
+                line += (f"  {(sum(b) - sum(a)) / len(keys):+.0%} vs {labels[REFERENCE[name]]} "
                          f"(paired, McNemar p={mcnemar_p(a, b):.2g})")
         lines.append(line)
     kl = (cycle.metrics or {}).get("heldout_kl")

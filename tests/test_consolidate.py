@@ -52,7 +52,7 @@ def test_cycle_in_the_loop(tmp_path, games_dir, tiny_model_dir):
                               "student_without_lessons"}
         assert cycle.metrics["objective"] == "choice"  # the agent chose among admissible actions
         table = learning_table(store, summary.run_id)
-        for label in ("random admissible action", "base policy, no lessons", "base policy + lessons in context",
+        for label in ("random admissible action", "base model, no lessons", "base model + lessons in context",
                       "consolidated adapter, no lessons", "McNemar p=", "95% CI"):
             assert label in table
         if cycle.status == "promoted":

@@ -117,7 +117,7 @@ class UserAddResult:
         if self.version is None:
             out.append("no new lesson-set version")
         elif self.candidate:
-            out.append(f"lesson set v{self.version.version} is a candidate: the gate plays it at the run's next EXTRACT")
+            out.append(f"lesson set v{self.version.version} is a candidate: the loop gates it before it plays")
         else:
             out.append(f"lesson set v{self.version.version} is live")
         return out
