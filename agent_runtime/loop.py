@@ -29,12 +29,18 @@ from agent_runtime.config import ConfigError, RunConfig, config_from_dict, save_
 from agent_runtime.consolidate import activate, roll_back_interrupted, run_cycle
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.examples import example_retriever
-from agent_runtime.lessons_phase import LessonContexts, add_seed_lessons, gate_user_lessons, run_extract
+from agent_runtime.lessons_phase import (
+    LessonContexts,
+    add_seed_lessons,
+    gate_user_lessons,
+    run_extract,
+    user_lessons_gated,
+)
 from agent_runtime.llm import PolicyBackend, SamplingParams, make_backend
 from agent_runtime.llm.base import BackendStats
 from agent_runtime.models import resolve_model
 from agent_runtime.runner import Draw, EpisodeRunner, TaskSampler
-from distill.lessons import sync_statuses
+from distill.lessons import pending_user_candidate, sync_statuses
 from memory import EpisodeRecord, ExperienceStore
 
 log = logging.getLogger("agent_runtime.loop")
@@ -236,7 +242,10 @@ class AgentLoop:
         return summary
 
     def _gate_user_lessons(self) -> None:
-        """A person's lessons waiting for the gate are gated before the next episodes are played."""
+        """A person's lessons waiting for the gate are gated before the next episodes are played (here, by the
+        driver's own policy: the model is loaded for it only when something waits)."""
+        if not user_lessons_gated(self.config) or pending_user_candidate(self.store, self.run_id) is None:
+            return
         reason = gate_user_lessons(self.config, self.workdir, self.store, self.run_id, self.backend)
         if reason is not None:
             self.lessons.reload()
