@@ -20,8 +20,9 @@ baseline every success rate is read against.
 PROMOTE only on evidence (`decide_promotion`): the held-out KL to the teacher fell by at least `min_kl_drop`
 of its start-of-cycle value, the student did not fall below the parent by more than `promote_margin`
 (without lessons, and with them), and retention did not fall by more than `retention_margin`; the acting
-policy switches to the new adapter. Lessons the student has internalised (its held-out KL to the teacher with that lesson fell
-to `internalized_ratio` of the start-of-cycle value) are marked consolidated and leave the context. Otherwise
+policy switches to the new adapter. Lessons the student has internalised (its held-out KL to the teacher
+with that lesson fell to `internalized_ratio` of the start-of-cycle value) are marked consolidated and leave
+the context. Otherwise
 ROLLBACK: the adapter stays on disk, marked rejected, and the reasons are stored with the cycle.
 """
 
@@ -231,9 +232,9 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
                     if lesson_after[i] <= settings.internalized_ratio * lesson_before[i]
                     and rates["student_without_lessons"] >= rates["teacher_with_lessons"] - settings.promote_margin]
     metrics["decision"] = "promoted"
-    metrics["reasons"] = [f"held-out KL {before:.4f} -> {after:.4f}; student without lessons "
-                          f"{rates['student_without_lessons']:.2f} vs parent {rates['teacher_without_lessons']:.2f} "
-                          f"(margin {settings.promote_margin})"]
+    metrics["reasons"] = [(f"held-out KL {before:.4f} -> {after:.4f}; student without lessons "
+                           f"{rates['student_without_lessons']:.2f} vs parent {rates['teacher_without_lessons']:.2f} "
+                           f"(margin {settings.promote_margin})")]
     store.update_cycle(cycle_id, metrics=metrics)
     store.promote_cycle(cycle_id, consolidated)
     if consolidated:

@@ -268,8 +268,9 @@ def report(results: dict) -> str:
         if key in results and sum(given) != sum(base):
             gains.append((sum(results[key]) - sum(base)) / (sum(given) - sum(base)))
     if gains:
-        out.append(f"Gain kept by OPCD (student without lessons - base) / (given - base): "
-                   f"{', '.join(f'{g:.0%}' for g in gains)} over {len(gains)} seeds, mean {statistics.fmean(gains):.0%}.")
+        shown = ", ".join(f"{g:.0%}" for g in gains)
+        out.append(f"Gain kept by OPCD (student without lessons - base) / (given - base): {shown} over "
+                   f"{len(gains)} seeds, mean {statistics.fmean(gains):.0%}.")
     compare = []
     for objective in ("off_policy", "sft"):
         for s in SEEDS:
