@@ -21,8 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-from agent_runtime import __version__, cli_store
-from agent_runtime.cli_store import UsageError, add_store_args
+from agent_runtime import __version__, cli_lessons, cli_memory
+from agent_runtime.cli_common import UsageError, add_store_args, store_target
 
 
 def cmd_run(args) -> int:
@@ -151,7 +151,6 @@ def cmd_envs_list(args) -> int:
 
 def cmd_envs_check(args) -> int:
     import environments
-
     from agent_runtime.config import ConfigError, apply_overrides
 
     try:
@@ -171,7 +170,7 @@ def cmd_envs_check(args) -> int:
 def cmd_dashboard(args) -> int:
     from agent_runtime.dashboard import serve
 
-    serve(cli_store.store_target(args), host=args.host, port=args.port, token=args.token)
+    serve(store_target(args), host=args.host, port=args.port, token=args.token)
     return 0
 
 
@@ -208,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--json", action="store_true")
     distill.set_defaults(func=cmd_distill)
 
-    cli_store.register(sub)
+    cli_memory.register(sub)
+    cli_lessons.register(sub)
 
     envs = sub.add_parser("envs", help="list and check environments").add_subparsers(dest="envs_cmd", required=True)
     ls = envs.add_parser("list", help="registered environments (built-in and plugins)")
@@ -232,9 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from agent_runtime.checkpoints import UnknownModelError
     from agent_runtime.config import ConfigError
     from agent_runtime.llm.base import BackendError
-    from agent_runtime.models import UnknownModelError
     from distill.lessons.errors import LessonsError
     from environments import EnvError
     from memory.errors import MemoryStoreError

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from distill.lessons.config import LessonsSettings
+from distill.config_base import StrictConfig
+from distill.lessons.config import LessonsConfig
 from distill.opcd.config import OPCDConfig
 
 
@@ -24,11 +25,7 @@ class ConfigError(ValueError):
     """A configuration file or override is wrong; the message says where and what is accepted."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ModelConfig(_Strict):
+class ModelConfig(StrictConfig):
     """The acting policy."""
 
     name: str = Field("smollm2-135m-instruct", description="alias, Hugging Face id, or local path")
@@ -43,7 +40,7 @@ class ModelConfig(_Strict):
     options: dict[str, Any] = Field(default_factory=dict, description="backend-specific options")
 
 
-class EnvEntry(_Strict):
+class EnvEntry(StrictConfig):
     """One environment of the run's mixture."""
 
     id: str
@@ -52,7 +49,7 @@ class EnvEntry(_Strict):
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
-class AgentConfig(_Strict):
+class AgentConfig(StrictConfig):
     """Prompt assembly."""
 
     system_prompt: str | None = Field(None, description="default: a prompt per environment family")
@@ -70,7 +67,7 @@ class AgentConfig(_Strict):
     retrieved_examples: int = Field(0, ge=0, description="past won episodes of the same env shown as examples")
 
 
-class RayConfig(_Strict):
+class RayConfig(StrictConfig):
     """Rollout workers on a Ray cluster (`runtime.executor: ray`); see agent_runtime/ray_executor.py."""
 
     workers: int = Field(2, gt=0, description="rollout workers (Ray actors), each with its own env slots")
@@ -102,7 +99,7 @@ class RayConfig(_Strict):
         return self
 
 
-class RuntimeConfig(_Strict):
+class RuntimeConfig(StrictConfig):
     """How episodes are run and when the run stops."""
 
     slots: int = Field(1, gt=0, description="environments stepped together, one batched generate per turn")
@@ -113,7 +110,7 @@ class RuntimeConfig(_Strict):
     ray: RayConfig = Field(default_factory=RayConfig)
 
 
-class ConsolidationSettings(_Strict):
+class ConsolidationConfig(StrictConfig):
     """The CONSOLIDATE / EVALUATE / PROMOTE phases (the `opcd:` section); see agent_runtime/consolidate.py."""
 
     enabled: bool = False
@@ -133,7 +130,7 @@ class ConsolidationSettings(_Strict):
         "fraction of its start-of-cycle value (0: any cycle that did not raise it)")
 
 
-class EvaluationConfig(_Strict):
+class EvaluationConfig(StrictConfig):
     """Held-out evaluation (`agent-runtime eval`, and the EVALUATE phase)."""
 
     episodes_per_env: int = Field(20, gt=0, description="eval-split tasks per environment, always the first N")
@@ -141,20 +138,20 @@ class EvaluationConfig(_Strict):
     seed: int = 1234
 
 
-class MemoryConfig(_Strict):
+class MemoryConfig(StrictConfig):
     url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite memory.db in the workdir")
     embedder: str | None = Field(None, description="minilm (default), hash, hash:DIM, or a model directory")
 
 
-class RunConfig(_Strict):
+class RunConfig(StrictConfig):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int = 0
     model: ModelConfig = Field(default_factory=ModelConfig)
     envs: list[EnvEntry] = Field(..., min_length=1)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    lessons: LessonsSettings = Field(default_factory=LessonsSettings)
-    opcd: ConsolidationSettings = Field(default_factory=ConsolidationSettings)
+    lessons: LessonsConfig = Field(default_factory=LessonsConfig)
+    opcd: ConsolidationConfig = Field(default_factory=ConsolidationConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
 

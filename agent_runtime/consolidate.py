@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from agent_runtime.agent import Turn, lessons_section
-from agent_runtime.config import ConsolidationSettings, RunConfig
+from agent_runtime.checkpoints import resolve_model
+from agent_runtime.config import ConsolidationConfig, RunConfig
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.evaluation import EvalResult, evaluate
-from agent_runtime.models import resolve_model
 from distill.lessons import live_lessons
 from distill.lessons.versions import create_version
 from distill.opcd import DivergenceError, TrainJob, remove_partial_writes, run_job
@@ -107,7 +107,7 @@ def _rate(results: list[EvalResult]) -> float:
 
 
 def decide_promotion(rates: dict[str, float], kl_before: float, kl_after: float,
-                     settings: ConsolidationSettings) -> list[str]:
+                     settings: ConsolidationConfig) -> list[str]:
     """The reasons not to promote a cycle's adapter (none: promote). Evidence is needed both ways: the held-out
     KL of the student without lessons to the teacher with them must have fallen by `min_kl_drop` of its
     start-of-cycle value (a cycle that did not move towards the teacher learned nothing), and no evaluated
@@ -129,7 +129,7 @@ def decide_promotion(rates: dict[str, float], kl_before: float, kl_after: float,
 
 
 def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
-              settings: ConsolidationSettings, *, progress=None) -> CycleReport | None:
+              settings: ConsolidationConfig, *, progress=None) -> CycleReport | None:
     """One whole cycle, stored with its outcome and reasons; None when there are no lessons to consolidate."""
     live, lessons = live_lessons(store, run_id)
     if not lessons:

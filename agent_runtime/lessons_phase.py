@@ -69,7 +69,7 @@ def config_token_counter(model: ModelConfig) -> Callable[[str], int]:
         return lambda text: len(text.split())
     from transformers import AutoTokenizer
 
-    from agent_runtime.models import resolve_model
+    from agent_runtime.checkpoints import resolve_model
 
     name = model.options["tokenizer"] if model.backend == "chat" else model.name
     try:

@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import ConfigError, RunConfig, config_from_dict, save_resolved
 from agent_runtime.consolidate import activate, roll_back_interrupted, run_cycle
 from agent_runtime.envs import build_envs, build_prompt_builders
-from agent_runtime.examples import example_retriever
 from agent_runtime.lessons_phase import (
     LessonContexts,
     add_seed_lessons,
@@ -38,7 +38,7 @@ from agent_runtime.lessons_phase import (
 )
 from agent_runtime.llm import PolicyBackend, SamplingParams, make_backend
 from agent_runtime.llm.base import BackendStats
-from agent_runtime.models import resolve_model
+from agent_runtime.retrieved_examples import example_retriever
 from agent_runtime.runner import Draw, EpisodeRunner, TaskSampler
 from distill.lessons import pending_user_candidate, sync_statuses
 from memory import EpisodeRecord, ExperienceStore

@@ -162,7 +162,7 @@ class Study:
         """One OPCD-style cycle's training on the run's newest episodes (the loop's CONSOLIDATE, by hand)."""
         from agent_runtime.agent import lessons_section
         from agent_runtime.consolidate import episode_prefixes
-        from agent_runtime.models import resolve_model
+        from agent_runtime.checkpoints import resolve_model
         from distill.opcd import TrainJob, run_job
 
         def compute():

@@ -71,7 +71,7 @@ def _load(model_name: str):
         return tiny_model_and_tokenizer("llama", hidden_size=128, layers=4, heads=4)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from agent_runtime.models import resolve_model
+    from agent_runtime.checkpoints import resolve_model
 
     path = resolve_model("smollm2-135m-instruct")
     # A checkpoint converted from GGUF may still carry the GGUF quantization_config: transformers then keeps the

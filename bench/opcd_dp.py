@@ -30,7 +30,7 @@ def _model_path(name: str, folder: Path) -> str:
         from agent_runtime.testing import save_tiny_model
 
         return str(save_tiny_model(folder / "tiny"))
-    from agent_runtime.models import resolve_model
+    from agent_runtime.checkpoints import resolve_model
 
     return resolve_model("smollm2-135m-instruct")
 

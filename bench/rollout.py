@@ -198,7 +198,7 @@ def load_backend(model: str, dtype: str = "auto", prefix_cache: bool = True,
         net, tokenizer = tiny_model_and_tokenizer()
         return TransformersBackend(net, tokenizer, **options)
     if model == "smollm2":
-        from agent_runtime.models import resolve_model
+        from agent_runtime.checkpoints import resolve_model
 
         return TransformersBackend.from_pretrained(resolve_model("smollm2-135m-instruct"), **options)
     raise SystemExit(f"unknown model {model!r}; accepted: {', '.join(MODELS)}")

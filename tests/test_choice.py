@@ -10,7 +10,7 @@ import torch
 
 from agent_runtime.agent import ARENA_MOVES, PromptBuilder, resolve_action_mode
 from agent_runtime.consolidate import decide_promotion
-from agent_runtime.config import ConsolidationSettings
+from agent_runtime.config import ConsolidationConfig
 from agent_runtime.llm.base import SamplingParams, closest_action
 from distill.opcd import OPCDConfig, OPCDTrainer
 from distill.opcd.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices
@@ -200,7 +200,7 @@ def test_choice_kl_is_exact_reverse_kl():
 
 
 def test_promotion_needs_evidence():
-    settings = ConsolidationSettings(min_kl_drop=0.1, promote_margin=0.05)
+    settings = ConsolidationConfig(min_kl_drop=0.1, promote_margin=0.05)
     rates = {"teacher_without_lessons": 0.4, "student_without_lessons": 0.8, "teacher_with_lessons": 0.9,
              "student_with_lessons": 0.9}
     assert decide_promotion(rates, 0.2, 0.05, settings) == []

@@ -10,7 +10,7 @@ from distill.lessons import (
     ExtractionOutcome,
     LessonCurator,
     LessonExtractor,
-    LessonsSettings,
+    LessonsConfig,
     UnknownVersionError,
     diff_versions,
     extract_phase,
@@ -281,7 +281,7 @@ def test_extract_phase_runs_pools_in_their_own_order(ctx) -> None:
             out.append(f"- EXPERIENCE ITEM: Remember lesson number {len(calls)} from {task}.")
         return out
 
-    settings = LessonsSettings(pools=2, budget_tokens=40, merge_threshold=0.99, conflict_threshold=0.99)
+    settings = LessonsConfig(pools=2, budget_tokens=40, merge_threshold=0.99, conflict_threshold=0.99)
     cur = LessonCurator.from_settings(store, run_id, settings, count_tokens=words)
     extractor = LessonExtractor.from_settings(complete, settings)
     result = extract_phase(store, run_id, eps[:4], extractor, cur, candidate=True)

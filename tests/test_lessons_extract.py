@@ -12,7 +12,7 @@ from agent_runtime.loop import AgentLoop
 from distill.lessons import (
     LessonCurator,
     LessonExtractor,
-    LessonsSettings,
+    LessonsConfig,
     build_prompt,
     extract_phase,
     extraction_stats,
@@ -139,7 +139,7 @@ def test_extractor_batches_keeps_max_items_and_records_empty(store, episode) -> 
         seen.append(len(chats))
         return [MESSY, "no idea, sorry"]
 
-    extractor = LessonExtractor.from_settings(complete, LessonsSettings(max_items=2))
+    extractor = LessonExtractor.from_settings(complete, LessonsConfig(max_items=2))
     full, empty = extractor.extract([ep, ep], [])
     assert seen == [2]
     assert full.items == [

@@ -57,7 +57,7 @@ def committed(store, run_id):
 
 
 def test_unknown_model_fails_on_the_driver_before_any_worker_starts(tmp_path, games_dir):
-    from agent_runtime.models import UnknownModelError
+    from agent_runtime.checkpoints import UnknownModelError
 
     config = make_config(games_dir, model={"name": "no-such-model"})
     with pytest.raises(UnknownModelError, match="unknown model 'no-such-model'"):

@@ -23,8 +23,8 @@ def make_backend(model_config, *, seed: int = 0) -> PolicyBackend:
         except TypeError as exc:
             raise BackendError(f"model.options for the scripted backend: {exc}") from None
     if kind == "transformers":
+        from agent_runtime.checkpoints import resolve_model
         from agent_runtime.llm.transformers_backend import TransformersBackend
-        from agent_runtime.models import resolve_model
 
         accepted = {"prefix_cache", "min_shared_prefix", "prefix_cache_tokens"}
         unknown = set(options) - accepted
@@ -46,8 +46,8 @@ def make_backend(model_config, *, seed: int = 0) -> PolicyBackend:
 
         return ChatBackend.from_options(options, context_window=model_config.context_window)
     if kind == "vllm":
+        from agent_runtime.checkpoints import resolve_model
         from agent_runtime.llm.vllm_backend import VLLMBackend, import_vllm
-        from agent_runtime.models import resolve_model
 
         import_vllm()  # fail on a missing vLLM before converting or loading any weights
         backend = VLLMBackend(resolve_model(model_config.name), context_window=model_config.context_window,

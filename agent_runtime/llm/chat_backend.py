@@ -104,7 +104,7 @@ class ChatBackend:
         if options.get("tokenizer"):
             from transformers import AutoTokenizer
 
-            from agent_runtime.models import resolve_model
+            from agent_runtime.checkpoints import resolve_model
 
             tokenizer = AutoTokenizer.from_pretrained(resolve_model(options.pop("tokenizer")))
         unknown = set(options) - {"max_concurrency", "lora_api", "model_field"}

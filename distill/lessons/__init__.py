@@ -11,12 +11,12 @@ The pieces (each module's docstring has the details):
 - `distill.lessons.phase`: `extract_phase`, one EXTRACT phase end to end.
 - `distill.lessons.user`: lessons a person writes (`add_user_lessons`, `retire_lessons`), same doors.
 - `distill.lessons.stats`: `extraction_stats`, how many extracted items pass the screen and go live.
-- `distill.lessons.config`: `LessonsSettings`, every knob.
+- `distill.lessons.config`: `LessonsConfig`, every knob.
 
 Storage is the experience memory (`memory.ExperienceStore`); this package never imports agent_runtime.
 """
 
-from distill.lessons.config import LessonsSettings
+from distill.lessons.config import LessonsConfig
 from distill.lessons.contrast import pick_partners
 from distill.lessons.curate import Change, CurationResult, LessonCurator, render_lessons
 from distill.lessons.errors import GateInputError, LessonsError, UnknownLessonError, UnknownVersionError
@@ -79,8 +79,8 @@ __all__ = [
     "LessonExtractor",
     "LessonSetDiff",
     "LessonUtility",
+    "LessonsConfig",
     "LessonsError",
-    "LessonsSettings",
     "PhaseResult",
     "Proposal",
     "RecordedExtraction",

@@ -1,4 +1,4 @@
-"""`LessonsSettings`: every knob of lesson extraction, curation and the validation gate, in one model.
+"""`LessonsConfig`: every knob of lesson extraction, curation and the validation gate, in one model.
 
 What: a strict pydantic model (unknown keys are errors, assignments are validated) that the run config
 embeds as its `lessons:` section. Defaults suit the quickstart (a 135M model with a short context: a
@@ -16,15 +16,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from distill.config_base import StrictConfig
 from distill.lessons.safety import screen_item
 
 
-class LessonsSettings(BaseModel):
+class LessonsConfig(StrictConfig):
     """Lesson extraction (EXTRACT phase), curation under a budget, and the validation gate."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     enabled: bool = Field(False, description="run the EXTRACT phase at all")
     extract_every: int = Field(8, gt=0, description="episodes between two EXTRACT phases")
@@ -98,7 +97,7 @@ class LessonsSettings(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _seed_lessons_pass_the_screen(self) -> LessonsSettings:
+    def _seed_lessons_pass_the_screen(self) -> LessonsConfig:
         for i, text in enumerate(self.seed):
             verdict = screen_item(text, self.max_item_chars)
             if not verdict.accepted:
@@ -110,7 +109,7 @@ class LessonsSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _thresholds(self) -> LessonsSettings:
+    def _thresholds(self) -> LessonsConfig:
         if self.conflict_threshold > self.merge_threshold:
             raise ValueError(
                 f"conflict_threshold ({self.conflict_threshold}) must not exceed merge_threshold "

@@ -5,12 +5,12 @@ What:
   and one `- EXPERIENCE ITEM:` line per lesson; "" for no lessons). The budget is counted on this text.
 - `LessonCurator(store, run_id, *, count_tokens, embedder=None, budget_tokens=256, pools=1, seed=1,
   merge_threshold=0.9, conflict_threshold=0.75, utilities=None)`; `from_settings(...)` builds one from
-  `LessonsSettings`. A round is `begin()` (working sets from the live version), any number of
+  `LessonsConfig`. A round is `begin()` (working sets from the live version), any number of
   `apply(proposals)` (from `distill.lessons.extract.record_extraction`), `working(pool)` (what the
   extractor is shown), and `commit(candidate=...) -> CurationResult` (one new version, or none if
   nothing changed). `duplicate_of(text, pool)` says whether an item would merge into a working lesson
   (`agent-runtime lessons add` skips those). `live_lessons(pool)`, `restore(version)`,
-  `promote(version)`, `reject(version)`, `diff(v1, v2)` wrap `distill.lessons.versions`. `pool_seed(pool)` is `seed + pool` (`seed` is `LessonsSettings.pool_seed`).
+  `promote(version)`, `reject(version)`, `diff(v1, v2)` wrap `distill.lessons.versions`. `pool_seed(pool)` is `seed + pool` (`seed` is `LessonsConfig.pool_seed`).
 
 How each proposal is decided (the documented rule):
 1. "DELETE #id": the lesson leaves its pool (ignored, and logged, if it is not in that pool).
@@ -155,7 +155,7 @@ class LessonCurator:
         embedder: Embedder | None = None,
         utilities: Mapping[int, float] | None = None,
     ) -> LessonCurator:
-        """A curator configured by a `LessonsSettings` (its `embedder` spec is used if none is given)."""
+        """A curator configured by a `LessonsConfig` (its `embedder` spec is used if none is given)."""
         if embedder is None and settings.embedder:
             from memory.embeddings import make_embedder
 

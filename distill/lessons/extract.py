@@ -336,7 +336,7 @@ class LessonExtractor:
 
     @classmethod
     def from_settings(cls, complete: Complete, settings: Any, *, name: str | None = None) -> LessonExtractor:
-        """An extractor configured by a `LessonsSettings`."""
+        """An extractor configured by a `LessonsConfig`."""
         return cls(
             complete,
             style=settings.style,

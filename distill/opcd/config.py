@@ -16,16 +16,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from distill.config_base import StrictConfig
 
 Objective = Literal["opcd", "off_policy", "sft"]
 Sampler = Literal["merged-bf16", "merged-fp32", "live"]
 
 
-class OPCDConfig(BaseModel):
+class OPCDConfig(StrictConfig):
     """One consolidation run. Field docs say what each knob does and why its default is what it is."""
-
-    model_config = ConfigDict(extra="forbid")
 
     objective: Objective = Field(
         "opcd", description="opcd: student samples, reverse KL on the student's top-k (the method); "

@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import Field
 
+from distill.config_base import StrictConfig
 from distill.opcd.config import OPCDConfig
 from distill.opcd.trainer import Chat, DivergenceError, OPCDTrainer
 
@@ -54,10 +55,10 @@ class JobError(RuntimeError):
     """A training job failed for a reason other than divergence (bad model path, a crash in a rank, ...)."""
 
 
-class TrainJob(BaseModel):
+class TrainJob(StrictConfig):
     """Everything one training run needs, as data (it round-trips through JSON)."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = StrictConfig.model_config | {"protected_namespaces": ()}
 
     model_path: str
     """A local checkpoint directory (or a Hugging Face id already in the cache: nothing is downloaded)."""
@@ -69,13 +70,13 @@ class TrainJob(BaseModel):
     """Where the adapter is written (atomically)."""
     parent_adapter: str | None = None
     """The start-of-cycle adapter: the teacher, and the student's starting point."""
-    kl_sets: dict[str, tuple[list[Chat], list[str] | str]] = {}
+    kl_sets: dict[str, tuple[list[Chat], list[str] | str]] = Field(default_factory=dict)
     """name -> (prompts, one context per prompt or one for all): held-out KL measured before and after."""
     train_choices: list[list[str]] | None = None
     """One action set per training prompt: the agent acts by choosing, and the choice policy is distilled."""
-    kl_choices: dict[str, list[list[str]]] = {}
+    kl_choices: dict[str, list[list[str]]] = Field(default_factory=dict)
     """name -> one action set per prompt of that KL set: its KL is then the choice policies' KL."""
-    metadata: dict[str, Any] = {}
+    metadata: dict[str, Any] = Field(default_factory=dict)
     """Stored with the adapter (`opcd.json`), e.g. cycle and run ids."""
     device: Literal["cpu", "cuda"] = "cpu"
     overwrite: bool = False

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_runtime.models import ALIASES, UnknownModelError, resolve_model
+from agent_runtime.checkpoints import ALIASES, UnknownModelError, resolve_model
 
 
 def test_unknown_alias_lists_the_aliases():

@@ -1,129 +1,22 @@
-"""The CLI commands that read or maintain the experience store: `memory ...` and `lessons ...`.
+"""The `lessons` commands: the agent's lessons, their provenance and versions, and a person's own lessons.
 
-    agent-runtime memory stats|export|import|reindex|search [--workdir DIR | --db URL] [--json]
     agent-runtime lessons list|show|diff|rollback [--workdir DIR | --db URL] [--run ID] [--json]
     agent-runtime lessons add TEXT [TEXT ...] [--workdir DIR | --db URL] [--run ID] [--config CONFIG.yaml] [--json]
     agent-runtime lessons retire ID [ID ...] [--workdir DIR | --db URL] [--run ID] [--json]
 
-Reads open the store read-only; `memory import`, `memory reindex`, `lessons rollback|add|retire` write. The
-run a lessons command acts on is `--run ID`, else the newest run in the store (`lessons add --config`: the
-run of that config's name, created from the config if the store has none, so that `agent-runtime run CONFIG
---resume` continues it). `lessons add` exits 1 when a text was rejected (the others still go in).
+`list`, `show` and `diff` open the store read-only; `rollback`, `add` and `retire` write. The run a command
+acts on is `--run ID`, else the newest run in the store (`lessons add --config`: the run of that config's
+name, created from the config if the store has none, so that `agent-runtime run CONFIG --resume` continues
+it). `lessons add` exits 1 when a text was rejected (the others still go in).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from pathlib import Path
 
-from tqdm.auto import tqdm
+from agent_runtime.cli_common import UsageError, add_command, open_store, print_result
 
 
-class UsageError(Exception):
-    """A user-facing error: printed without a traceback, exit code 2."""
-
-
-def add_store_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workdir", type=Path, help="the run directory holding memory.db (default: .)")
-    p.add_argument("--db", help="a SQLAlchemy URL instead of a workdir (e.g. postgresql+psycopg://...)")
-
-
-def store_target(args) -> str:
-    if args.db:
-        return args.db
-    workdir = args.workdir or Path(".")
-    if not (workdir / "memory.db").exists():
-        raise UsageError(f"no memory.db in {workdir}; pass --workdir DIR of a run, or --db URL")
-    return str(workdir)
-
-
-def open_store(args, read_only: bool = True, **kwargs):
-    from memory import ExperienceStore
-
-    return ExperienceStore.open(store_target(args), read_only=read_only, **kwargs)
-
-
-def _print(args, payload, text_lines) -> None:
-    if args.json:
-        print(json.dumps(payload, default=str))
-    else:
-        for line in text_lines:
-            print(line)
-
-
-def _progress():
-    bars: dict[str, tqdm] = {}
-
-    def update(what: str, done: int, total: int) -> None:
-        bar = bars.get(what) or bars.setdefault(what, tqdm(total=total, desc=what, unit="item", leave=False))
-        bar.total = total
-        bar.n = done
-        bar.refresh()
-
-    return update, bars
-
-
-# -- memory ---------------------------------------------------------------------------------------------
-def cmd_stats(args) -> int:
-    with open_store(args) as store:
-        stats = store.stats()
-    _print(args, stats, [f"{k:>12}: {v}" for k, v in stats.items()])
-    return 0
-
-
-def cmd_export(args) -> int:
-    with open_store(args) as store:
-        counts = store.export_jsonl(sys.stdout if str(args.path) == "-" else args.path)
-    if str(args.path) != "-":
-        _print(args, counts, [f"exported to {args.path}: " + ", ".join(f"{v} {k}" for k, v in counts.items())])
-    return 0
-
-
-def cmd_import(args) -> int:
-    if not Path(args.path).is_file():
-        raise UsageError(f"no such file: {args.path}")
-    if args.db:
-        target = args.db
-    else:
-        target = str(args.workdir or Path("."))
-    from memory import ExperienceStore
-
-    with ExperienceStore.open(target) as store:
-        counts = store.import_jsonl(args.path)
-    _print(args, counts, [f"imported from {args.path}: " + ", ".join(f"{v} {k}" for k, v in counts.items())])
-    return 0
-
-
-def cmd_reindex(args) -> int:
-    update, bars = _progress()
-    with open_store(args, read_only=False) as store:
-        status = store.reindex(progress=update)
-    for bar in bars.values():
-        bar.close()
-    _print(args, status, [f"{kind}: {info}" for kind, info in status.items()])
-    return 0
-
-
-def cmd_search(args) -> int:
-    # read-write: a search first embeds what is not embedded yet, so it sees everything stored
-    with open_store(args, read_only=False) as store:
-        if args.kind == "lessons":
-            hits = store.search_lessons(args.query, args.k, run_id=args.run)
-            rows = [{"id": h.id, "score": h.score, "text": h.item.text, "status": h.item.status} for h in hits]
-            lines = [f"{r['score']:.3f}  lesson {r['id']} [{r['status']}]  {r['text']}" for r in rows]
-        else:
-            hits = store.search_episodes(args.query, args.k, run_id=args.run, env_id=args.env)
-            rows = [{"id": h.id, "score": h.score, "env_id": h.item.env_id, "task_id": h.item.task_id,
-                     "outcome": h.item.outcome, "goal": h.item.goal} for h in hits]
-            lines = [f"{r['score']:.3f}  episode {r['id']} {r['env_id']} {r['task_id']} {r['outcome']}  "
-                     f"{(r['goal'] or '')[:80]}" for r in rows]
-    _print(args, rows, lines or ["no matches"])
-    return 0
-
-
-# -- lessons --------------------------------------------------------------------------------------------
 def _run_id(store, args) -> int:
     if args.run is not None:
         store.get_run(args.run)
@@ -148,7 +41,7 @@ def cmd_lessons_list(args) -> int:
             for x in lessons]
     head = (f"run {run_id}, lesson set v{version.version} ({len(rows)} lessons)" if version is not None
             else f"run {run_id}: {len(rows)} lessons")
-    _print(args, {"run_id": run_id, "version": version.version if version else None, "lessons": rows},
+    print_result(args, {"run_id": run_id, "version": version.version if version else None, "lessons": rows},
            [head] + [f"#{r['id']:<5} pool {r['pool']} [{r['status']}]{' (user)' if r['source'] == 'user' else ''} "
                       f"{r['text']}" for r in rows])
     return 0
@@ -167,7 +60,7 @@ def cmd_lessons_show(args) -> int:
                      f"({ep['num_steps']} steps)")
     for parent in info.get("ancestry", []):
         lines.append(f"  {parent['relation']} #{parent['id']}: {parent['text']}")
-    _print(args, info, lines)
+    print_result(args, info, lines)
     return 0
 
 
@@ -181,7 +74,7 @@ def cmd_lessons_diff(args) -> int:
     lines += [f"- #{x['id']} {x['text']}" for x in diff["removed"]]
     lines += [f"  merged #{a} into #{b}" for a, b in diff["merged"]]
     lines += [f"  updated #{a} -> #{b}" for a, b in diff["updated"]]
-    _print(args, diff, lines)
+    print_result(args, diff, lines)
     return 0
 
 
@@ -244,7 +137,7 @@ def cmd_lessons_add(args) -> int:
     payload = {**result.to_dict(), "created_run": created,
                "seed": seeded.to_dict() if seeded is not None else None}
     head = [f"created run {run.id} ({run.name}) from {args.config}" if created else f"run {run.id} ({run.name})"]
-    _print(args, payload, head + result.lines())
+    print_result(args, payload, head + result.lines())
     return 1 if result.rejected else 0
 
 
@@ -256,7 +149,7 @@ def cmd_lessons_retire(args) -> int:
         run_id = _run_id(store, args)
         count_tokens = config_token_counter(_run_config(store.get_run(run_id)).model)
         result = retire_lessons(store, run_id, args.lesson_ids, count_tokens=count_tokens, note="lessons retire")
-    _print(args, result.to_dict(), result.lines())
+    print_result(args, result.to_dict(), result.lines())
     return 0
 
 
@@ -266,7 +159,7 @@ def cmd_lessons_rollback(args) -> int:
     with open_store(args, read_only=False) as store:
         run_id = _run_id(store, args)
         info = restore_version(store, run_id, args.version, note=f"rollback to v{args.version} from the CLI")
-    _print(args, {"run_id": run_id, "restored": args.version, "new_version": info.version},
+    print_result(args, {"run_id": run_id, "restored": args.version, "new_version": info.version},
            [f"run {run_id}: lesson set v{args.version} restored as v{info.version}"])
     return 0
 
@@ -292,49 +185,26 @@ error and nothing is written."""
 
 
 def register(sub) -> None:
-    memory = sub.add_parser("memory", help="inspect and maintain the experience memory")
-    msub = memory.add_subparsers(dest="memory_cmd", required=True)
-
-    def command(parent, name, func, help_text, description=None):
-        p = parent.add_parser(name, help=help_text, description=description,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-        add_store_args(p)
-        p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.set_defaults(func=func)
-        return p
-
-    command(msub, "stats", cmd_stats, "counts of runs, episodes, steps, lessons")
-    command(msub, "export", cmd_export, "write the whole store as versioned JSONL").add_argument(
-        "path", help="output file, or - for stdout")
-    command(msub, "import", cmd_import, "read a JSONL export into the store (all or nothing)").add_argument("path")
-    command(msub, "reindex", cmd_reindex, "recompute missing vectors and rebuild every FAISS index from SQL")
-    search = command(msub, "search", cmd_search, "semantic search over lessons or episodes")
-    search.add_argument("query")
-    search.add_argument("--kind", choices=("lessons", "episodes"), default="lessons")
-    search.add_argument("-k", type=int, default=5)
-    search.add_argument("--run", type=int)
-    search.add_argument("--env")
-
     lessons = sub.add_parser("lessons", help="the agent's lessons: list, provenance, versions")
     lsub = lessons.add_subparsers(dest="lessons_cmd", required=True)
-    ls = command(lsub, "list", cmd_lessons_list, "the live lesson set (or every lesson with --status)")
+    ls = add_command(lsub, "list", cmd_lessons_list, "the live lesson set (or every lesson with --status)")
     ls.add_argument("--run", type=int)
     ls.add_argument("--status", choices=("proposed", "active", "consolidated", "retired"))
-    show = command(lsub, "show", cmd_lessons_show, "one lesson with its provenance")
+    show = add_command(lsub, "show", cmd_lessons_show, "one lesson with its provenance")
     show.add_argument("lesson_id", type=int)
-    diff = command(lsub, "diff", cmd_lessons_diff, "what changed between two lesson-set versions")
+    diff = add_command(lsub, "diff", cmd_lessons_diff, "what changed between two lesson-set versions")
     diff.add_argument("old", type=int)
     diff.add_argument("new", type=int)
     diff.add_argument("--run", type=int)
-    rollback = command(lsub, "rollback", cmd_lessons_rollback, "make an earlier lesson-set version live again")
+    rollback = add_command(lsub, "rollback", cmd_lessons_rollback, "make an earlier lesson-set version live again")
     rollback.add_argument("version", type=int)
     rollback.add_argument("--run", type=int)
-    add = command(lsub, "add", cmd_lessons_add, "add lessons written by a person to every pool of a run",
+    add = add_command(lsub, "add", cmd_lessons_add, "add lessons written by a person to every pool of a run",
                   description=ADD_HELP)
     add.add_argument("text", nargs="+", help="one lesson per argument: one general rule in one sentence")
     add.add_argument("--run", type=int, help="the run (default: the run of --config's name, else the newest)")
     add.add_argument("--config", type=Path, help="a run config: its run is used, or created if the store has none")
-    retire = command(lsub, "retire", cmd_lessons_retire, "take lessons out of the live set (a new version)",
+    retire = add_command(lsub, "retire", cmd_lessons_retire, "take lessons out of the live set (a new version)",
                      description=RETIRE_HELP)
     retire.add_argument("lesson_ids", nargs="+", type=int, metavar="ID", help="lesson ids (see `lessons list`)")
     retire.add_argument("--run", type=int)
