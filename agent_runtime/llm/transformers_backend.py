@@ -1,6 +1,7 @@
 """The `transformers` policy backend: batched generation with a Hugging Face causal LM, CPU or CUDA.
 
-Prompts are rendered with the tokenizer's chat template and left-padded into one batch (decoder-only models
+Prompts are rendered with the tokenizer's chat template and tokenised by `distill.chat_tokens.encode_chat`
+(content is data: special-token text in it stays text), left-padded into one batch (decoder-only models
 continue from the right edge, so padding goes on the left), generated with the KV cache, and cut at the first
 EOS or stop string. Sampling is seeded per call when `SamplingParams.seed` is set, so a run repeats.
 
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 
 from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams, apply_stop
+from distill.chat_tokens import encode_chat, render_chat
 from distill.opcd.choice import (
     ActionTrie,
     action_token_ids,
@@ -235,12 +237,10 @@ class TransformersBackend:
 
     def render(self, chat: Chat) -> str:
         """The prompt text. A chat that ends with an assistant message is continued from it (a prefill)."""
-        if chat and chat[-1]["role"] == "assistant":
-            return self.tokenizer.apply_chat_template(chat, continue_final_message=True, tokenize=False)
-        return self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        return render_chat(self.tokenizer, chat)
 
     def count_tokens(self, chat: Chat) -> int:
-        return len(self.tokenizer(self.render(chat), add_special_tokens=False)["input_ids"])
+        return len(encode_chat(self.tokenizer, chat).ids)
 
     # LoRA adapters -------------------------------------------------------------------------------------
     def load_adapter(self, name: str, path: str | Path) -> None:
@@ -277,8 +277,8 @@ class TransformersBackend:
         if not prompts:
             return []
         start = time.perf_counter()
-        texts = [self.render(chat) for chat in prompts]
-        rows = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        encoded = [encode_chat(self.tokenizer, chat) for chat in prompts]
+        texts, rows = [p.text for p in encoded], [p.ids for p in encoded]
         prompt_lens = [len(r) for r in rows]
         if params.seed is not None:
             torch.manual_seed(params.seed)
@@ -355,11 +355,11 @@ class TransformersBackend:
             return []
         assert len(prompts) == len(choices) and all(choices), "a non-empty action set per chat"
         start = time.perf_counter()
-        texts = [self.render(chat) for chat in prompts]
-        rows = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        encoded = [encode_chat(self.tokenizer, chat) for chat in prompts]
+        texts, rows = [p.text for p in encoded], [p.ids for p in encoded]
         end_id = self.tokenizer.eos_token_id
-        actions = [action_token_ids(self.tokenizer, text, row, options, end_id)
-                   for text, row, options in zip(texts, rows, choices)]
+        actions = [action_token_ids(self.tokenizer, chat, row, options, end_id)
+                   for chat, row, options in zip(prompts, rows, choices)]
         if params.seed is not None:
             torch.manual_seed(params.seed)
         completions: list[Completion] = [None] * len(rows)  # type: ignore[list-item]

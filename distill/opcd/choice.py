@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from distill.chat_tokens import Chat, encode_chat, encode_text
+
 
 def lm_parts(causal_lm) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(decoder stack returning final normalised hidden states, output head) of a causal LM."""
@@ -40,19 +42,21 @@ def lm_parts(causal_lm) -> tuple[torch.nn.Module, torch.nn.Module]:
     return causal_lm.base_model, causal_lm.get_output_embeddings()
 
 
-def action_token_ids(tokenizer, prompt_text: str, prompt_ids: list[int], actions: list[str],
+def action_token_ids(tokenizer, chat: Chat, prompt_ids: list[int], actions: list[str],
                      end_id: int) -> list[list[int]]:
-    """Each action's token ids as they follow the prompt, with the end-of-turn token `end_id` appended.
+    """Each action's token ids as they follow the prompt of `chat` (whose ids are `prompt_ids`, from
+    `encode_chat`), with the end-of-turn token `end_id` appended. Actions are data: special-token text in them
+    stays text.
 
     Actions are tokenized on their own (cheap: a prompt can be a thousand tokens and a set fifty actions),
     after checking on the first action that this is how they tokenize after the prompt; a tokenizer that
     merges across that boundary gets each action tokenized after the full prompt instead."""
-    alone = [tokenizer(a, add_special_tokens=False)["input_ids"] for a in actions]
-    joined = tokenizer(prompt_text + actions[0], add_special_tokens=False)["input_ids"]
+    alone = [encode_text(tokenizer, a) for a in actions]
+    joined = encode_chat(tokenizer, chat, continuation=actions[0]).ids
     if joined != list(prompt_ids) + alone[0]:
         alone = []
         for action in actions:
-            ids = tokenizer(prompt_text + action, add_special_tokens=False)["input_ids"]
+            ids = encode_chat(tokenizer, chat, continuation=action).ids
             n = next((i for i, (x, y) in enumerate(zip(ids, prompt_ids)) if x != y), min(len(ids), len(prompt_ids)))
             alone.append(ids[n:])
     return [ids + [end_id] for ids in alone]

@@ -64,6 +64,7 @@ from pathlib import Path
 
 import torch
 
+from distill.chat_tokens import encode_chat
 from distill.opcd.adapters import atomic_directory, write_metadata
 from distill.opcd.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices
 from distill.opcd.collectives import average_gradients, global_loss, world
@@ -258,9 +259,9 @@ class OPCDTrainer:
 
     # -- prompts and sampling ----------------------------------------------------------------------------
     def render(self, chat: Chat) -> list[int]:
-        """Token ids of a chat prompt, ready for the assistant's turn (cut to max_prompt_tokens from the left)."""
-        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        """Token ids of a chat prompt, ready for the assistant's turn (cut to max_prompt_tokens from the left);
+        content (observations, replies, the teacher's lessons) is tokenised as text (`distill.chat_tokens`)."""
+        ids = encode_chat(self.tokenizer, chat).ids
         if self.config.max_prompt_tokens:
             ids = ids[-self.config.max_prompt_tokens:]
         return ids
@@ -387,9 +388,8 @@ class OPCDTrainer:
         teacher_ids = [self.render(with_context(p, c)) for p, c in zip(prompts, contexts)]
         actions = []
         for chat, options in zip(prompts, choices):
-            text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            actions.append(action_token_ids(self.tokenizer, text, ids, options, self.tokenizer.eos_token_id))
+            ids = encode_chat(self.tokenizer, chat).ids
+            actions.append(action_token_ids(self.tokenizer, chat, ids, options, self.tokenizer.eos_token_id))
         self.model.eval()
         with self._teacher_lm() as teacher:
             teacher_logp = choice_logprobs(*lm_parts(teacher), pack_choices(teacher_ids, actions, pad_id=self._pad_id))
