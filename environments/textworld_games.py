@@ -14,6 +14,12 @@ tasks use them: cooking's "test" recipe split and simple's test foods.)
 Rewards are differences of the game's cumulative score; `info` carries admissible_actions, won,
 score, max_score and goal. `expert_actions()` returns the game's walkthrough (for tests and oracle
 baselines).
+
+The interpreter runs in a child process with a private working directory (`environments.interpreter`),
+and only game commands reach it: an interpreter meta-command (`save`, `restore`, `restart`, `undo`,
+`script`, `verbose`, `score`, TextWorld's `print_state`, ...) is answered as an unknown verb
+(`UNKNOWN_VERB`), with reward 0, the state unchanged and `info["meta_command"]` naming the word; it
+still uses one step of the budget, like any other invalid action.
 """
 
 from __future__ import annotations
@@ -24,13 +30,16 @@ import os
 import re
 import shutil
 import tempfile
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from environments.base import EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task, resolve_cache_dir
+from environments.interpreter import UNKNOWN_VERB, InterpreterProcess, meta_command, safe_command
+
+__all__ = ["TextWorldEnv", "coin_collector", "cooking", "custom", "game_seed", "safe_command", "simple",
+           "treasure_hunter"]
 
 EVAL_SEED_OFFSET = 1_000_000
 _GENERATOR_VERSION = "1"  # bump when generation changes so old cache entries are not reused
@@ -47,21 +56,6 @@ def _clean(text: str) -> str:
         lines = lines[art[-1] + 1 :]
     lines = [line for line in lines if not line.startswith(">") and line.strip() not in _NOISE]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(line.rstrip() for line in lines)).strip()
-
-
-MAX_COMMAND_CHARS = 200
-
-
-def safe_command(action: str) -> str:
-    """What the Z-machine interpreter can take: printable ASCII on one line, bounded in length.
-
-    Jericho's frotz hangs on a NUL byte, crashes the process on some long or non-ASCII input, and loops
-    forever on an unknown backslash command, so all of that is dropped here; the game then answers the
-    cleaned command with its own feedback.
-    """
-    # a backslash starts one of dumb-frotz's own commands; unknown ones make it loop forever, printing
-    cleaned = "".join(ch if 32 <= ord(ch) < 127 and ch != "\\" else " " for ch in action)
-    return " ".join(cleaned.split())[:MAX_COMMAND_CHARS]
 
 
 def game_seed(task_id: str) -> int:
@@ -102,7 +96,7 @@ class TextWorldEnv(EpisodicEnv):
         self.challenge, self.settings = challenge, dict(settings)
         self.cache_dir = resolve_cache_dir(cache_dir) / "textworld"
         self._counts = {"train": n_train, "eval": n_eval}
-        self._env: Any = None
+        self._game: InterpreterProcess | None = None
         self._loaded_path: Path | None = None
         self._state: Any = None
         self._walkthrough: list[str] = []
@@ -168,21 +162,23 @@ class TextWorldEnv(EpisodicEnv):
 
     # -- playing --------------------------------------------------------------------------------
     def _load(self, path: Path) -> None:
-        import textworld
-
-        if self._loaded_path == path:
+        if self._game is not None and self._game.alive and self._loaded_path == path:
             return
-        self._close_game()
-        infos = textworld.EnvInfos(
-            admissible_commands=True, won=True, lost=True, score=True, max_score=True, objective=True,
-            policy_commands=True, extras=["walkthrough"],
-        )
-        with warnings.catch_warnings():  # jericho: "not fully supported" is about its own score tracking
-            warnings.simplefilter("ignore")
-            self._env = textworld.start(str(path), request_infos=infos)
+        if self._game is None:
+            self._game = InterpreterProcess()
+        self._loaded_path = None
+        self._game.load(path, {
+            "admissible_commands": True, "won": True, "lost": True, "score": True, "max_score": True,
+            "objective": True, "policy_commands": True, "extras": ["walkthrough"],
+        })
         self._loaded_path = path
 
-    def _info(self, state: Any) -> dict[str, Any]:
+    @property
+    def interpreter(self) -> InterpreterProcess | None:
+        """The interpreter process of the loaded game (None before the first reset and after close)."""
+        return self._game
+
+    def _info(self, state: dict[str, Any]) -> dict[str, Any]:
         return {
             "admissible_actions": sorted(state["admissible_commands"] or []),
             "won": bool(state["won"]),
@@ -193,14 +189,17 @@ class TextWorldEnv(EpisodicEnv):
 
     def _reset(self, task_id: str) -> tuple[str, dict[str, Any]]:
         self._load(self.game_file(task_id))
-        state = self._env.reset()
+        state = self._game.reset()
         self._state = state
         self._walkthrough = list(state.get("extra.walkthrough") or state["policy_commands"] or [])
         return _clean(state["feedback"]), self._info(state)
 
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        meta = meta_command(action)
+        if meta is not None:  # never sent: the game's state, score and files stay as they are
+            return UNKNOWN_VERB, 0.0, False, {**self._info(self._state), "meta_command": meta}
         previous = self._state["score"] or 0
-        state, _, done = self._env.step(safe_command(action))
+        state, done = self._game.step(safe_command(action))
         self._state = state
         reward = (state["score"] or 0) - previous
         terminated = bool(done or state["won"] or state["lost"])
@@ -212,13 +211,10 @@ class TextWorldEnv(EpisodicEnv):
             raise RuntimeError(f"{self.spec.id}: call reset() before expert_actions()")
         return list(self._walkthrough)
 
-    def _close_game(self) -> None:
-        if self._env is not None:
-            self._env.close()
-        self._env, self._loaded_path = None, None
-
     def close(self) -> None:
-        self._close_game()
+        if self._game is not None:
+            self._game.close()
+        self._game, self._loaded_path = None, None
         self._state = None
         self._active = False
 

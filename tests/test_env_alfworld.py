@@ -105,3 +105,21 @@ def test_generation_is_deterministic_across_processes():
                               env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": repo}).stdout.strip()
                for seed in ("1", "2")}
     assert len(digests) == 1 and len(digests.pop()) == 64
+
+
+def test_interpreter_meta_commands_change_nothing(simple_env, tmp_path, monkeypatch):
+    """ALFWorld's PDDL engine applies only admissible commands; meta-commands are flagged like TextWorld's,
+    answered with its usual "Nothing happens.", and neither change the game nor write files."""
+    from tests.test_env_interpreter import META
+
+    monkeypatch.chdir(tmp_path)
+    _, before = simple_env.reset(task_id="train-0")
+    for command in META:
+        result = simple_env.step(command)
+        assert result.observation == "Nothing happens." and result.reward == 0.0 and not result.terminated
+        assert result.info["admissible_actions"] == before["admissible_actions"]
+        assert result.info["meta_command"], command
+    simple_env.reset(task_id="train-0")
+    for action in simple_env.expert_actions():
+        assert simple_env.step(action).info.get("meta_command") is None
+    assert list(tmp_path.iterdir()) == []

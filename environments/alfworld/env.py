@@ -14,7 +14,10 @@ Scores on generated games are not comparable with published ALFWorld numbers (di
 layouts, our own object placement); `spec.kwargs["source"]` and `info["source"]` say which kind you have.
 
 Observations, admissible actions and the win condition are alfworld's (TextWorld's PDDL backend with
-alfworld's name demangler); reward is 1 on the winning step, 0 otherwise.
+alfworld's name demangler); reward is 1 on the winning step, 0 otherwise. The PDDL engine applies only
+admissible commands (anything else is "Nothing happens.") and writes no files; interpreter
+meta-commands (`save`, `restore`, ...; `environments.interpreter.meta_command`) get the same answer
+without reaching it, flagged in `info["meta_command"]` as TextWorld flags them.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from typing import Any
 
 from environments.base import EnvError, EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task, resolve_cache_dir
+from environments.interpreter import meta_command
 
 _GENERATOR_VERSION = "1"
 MAX_ATTEMPTS = 40
+NOTHING_HAPPENS = "Nothing happens."  # the PDDL engine's answer to a command it cannot apply
 
 
 class AlfworldDataError(EnvError, FileNotFoundError):
@@ -109,6 +114,7 @@ class AlfworldEnv(EpisodicEnv):
         self._env: Any = None
         self._loaded: Path | None = None
         self._walkthrough: list[str] = []
+        self._state: Any = None
         self._goal = ""
 
     def _tasks(self, split: str) -> Sequence[str]:
@@ -212,7 +218,7 @@ class AlfworldEnv(EpisodicEnv):
             self._env = textworld.start(str(folder / "game.tw-pddl"), request_infos=infos,
                                         wrappers=[AlfredDemangler, AlfredInfos])
             self._loaded = folder
-        state = self._env.reset()
+        state = self._state = self._env.reset()
         feedback = state["feedback"]
         self._goal = feedback.split("Your task is to: ", 1)[-1].strip() if "Your task is to: " in feedback else ""
         return feedback.strip(), self._info(state)
@@ -223,8 +229,12 @@ class AlfworldEnv(EpisodicEnv):
                 "goal": self._goal, "source": self.source}
 
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        meta = meta_command(action)
+        if meta is not None:  # the PDDL engine would not apply it either; flagged as TextWorld flags it
+            return NOTHING_HAPPENS, 0.0, False, {**self._info(self._state), "meta_command": meta}
         state, _, done = self._env.step(action.strip())
-        feedback = state["feedback"].strip() or "Nothing happens."
+        self._state = state
+        feedback = state["feedback"].strip() or NOTHING_HAPPENS
         won = bool(state["won"])
         return feedback, float(won), bool(done or won), self._info(state)
 
