@@ -2,14 +2,15 @@
 
     agent-runtime run CONFIG [--workdir DIR] [--episodes N] [--hours H] [--resume] [--set a.b=c ...]
     agent-runtime distill CONFIG [--workdir DIR]
-    agent-runtime eval CONFIG [--workdir DIR] [--adapter ID] [--no-lessons] [--episodes N]
+    agent-runtime eval CONFIG [--workdir DIR] [--adapter ID] [--no-lessons] [--pool K] [--episodes N]
     agent-runtime memory stats|export|import|reindex|search [--workdir DIR | --db URL] [--json]
     agent-runtime lessons list|show|diff|rollback [--workdir DIR | --db URL] [--json]
     agent-runtime envs list [--json]
     agent-runtime envs check ENV_ID
     agent-runtime dashboard [--workdir DIR | --db URL] [--host H] [--port P] [--token T]
 
-Every command takes `--workdir` (default `./runs/<config name>`); long work shows a progress bar on stderr;
+`run`, `distill` and `eval` take `--workdir` (default `./runs/<config name>`); the `memory`, `lessons` and
+`dashboard` commands take `--workdir` (default `.`) or `--db URL`; long work shows a progress bar on stderr;
 `--json` prints a machine-readable answer on stdout. User errors (a bad config, an unknown environment or
 model) print one clear message and exit 2; nothing is half-written.
 """
@@ -59,7 +60,9 @@ def cmd_eval(args) -> int:
     from agent_runtime.config import load_config
     from agent_runtime.evaluation import evaluate
     from agent_runtime.llm import make_backend
+    from agent_runtime.llm.base import BackendError, activate
     from agent_runtime.loop import default_workdir
+    from distill.lessons import live_lessons
     from memory import ExperienceStore
 
     overrides = list(args.set or [])
@@ -72,13 +75,13 @@ def cmd_eval(args) -> int:
         run = store.find_run(config.name)
         adapter = store.get_adapter(args.adapter) if args.adapter is not None else None
         lessons: list[str] = []
-        if not args.no_lessons and run is not None:
-            lessons = [lesson.text for lesson in store.lessons(run.id, status="active")]
+        if not args.no_lessons and run is not None:  # one pool, as each episode of the loop sees one
+            lessons = [lesson.text for lesson in live_lessons(store, run.id, pool=args.pool)[1]]
         backend = make_backend(config.model, seed=config.seed)
-        if adapter is not None:
-            if not hasattr(backend, "load_adapter"):
-                raise UsageError(f"--adapter: the {config.model.backend} backend cannot load LoRA adapters")
-            backend.load_adapter(adapter.name, adapter.path)
+        try:
+            activate(backend, adapter)
+        except BackendError as exc:
+            raise UsageError(f"--adapter: {exc}") from None
         results = evaluate(config, workdir, backend, lessons=lessons)
         rows = []
         for result in results:
@@ -104,8 +107,9 @@ def cmd_eval(args) -> int:
 
 def cmd_distill(args) -> int:
     from agent_runtime.config import load_config
-    from agent_runtime.consolidate import activate, run_cycle
+    from agent_runtime.consolidate import run_cycle
     from agent_runtime.llm import make_backend
+    from agent_runtime.llm.base import activate
     from agent_runtime.loop import default_workdir
     from memory import ExperienceStore
 
@@ -194,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("config", type=Path)
     ev.add_argument("--workdir", type=Path)
     ev.add_argument("--adapter", type=int, help="an adapter id from the store (default: the base model)")
-    ev.add_argument("--no-lessons", action="store_true", help="leave the run's active lessons out of the prompt")
+    ev.add_argument("--no-lessons", action="store_true", help="leave the run's live lessons out of the prompt")
+    ev.add_argument("--pool", type=int, default=0,
+                    help="the lesson pool whose live lessons go into the prompt (default 0, as a cycle evaluates)")
     ev.add_argument("--episodes", type=int, help="eval tasks per environment (default: evaluation.episodes_per_env)")
     ev.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     ev.add_argument("--json", action="store_true")

@@ -39,6 +39,7 @@ from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import ConsolidationConfig, RunConfig
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.evaluation import EvalResult, evaluate
+from agent_runtime.llm.base import AdapterBackend, LocalModelBackend, activate, require
 from distill.lessons import live_lessons
 from distill.lessons.versions import create_version
 from distill.opcd import DivergenceError, TrainJob, remove_partial_writes, run_job
@@ -131,6 +132,8 @@ def decide_promotion(rates: dict[str, float], kl_before: float, kl_after: float,
 def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
               settings: ConsolidationConfig, *, progress=None) -> CycleReport | None:
     """One whole cycle, stored with its outcome and reasons; None when there are no lessons to consolidate."""
+    require(backend, AdapterBackend, "an OPCD cycle (it evaluates the parent and the new adapter)")
+    backend = require(backend, LocalModelBackend, "an OPCD cycle (it trains on the acting policy's device)")
     live, lessons = live_lessons(store, run_id)
     if not lessons:
         return None
@@ -161,13 +164,12 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
         kl_choices = {"heldout": [d.choices for d in heldout],
                       **{f"lesson:{i}": [d.choices for d in ds] for i, ds in per_lesson.items()}}
     path = adapters_dir / f"cycle-{cycle_id}"
-    device = getattr(backend, "device", None)
     job = TrainJob(model_path=resolve_model(config.model.name), config=settings.trainer,
                    train_prompts=[d.chat for d in train], contexts=contexts, output=str(path),
                    parent_adapter=parent.path if parent else None, kl_sets=kl_sets, kl_choices=kl_choices,
                    train_choices=[d.choices for d in train] if choice_mode else None,
                    metadata={"cycle_id": cycle_id, "run_id": run_id},
-                   device="cuda" if getattr(device, "type", None) == "cuda" else "cpu", overwrite=True)
+                   device="cuda" if backend.device.type == "cuda" else "cpu", overwrite=True)
     curves: dict[str, list] = {"loss": [], "kl": [], "grad_norm": []}
 
     def on_step(m: dict) -> None:
@@ -254,16 +256,6 @@ def roll_back_interrupted(store: ExperienceStore, run_id: int, why: str) -> None
     """Roll back the run's cycles still marked running: whatever ran them stopped before the end."""
     for stale in store.cycles(run_id, status="running"):
         store.rollback_cycle(stale.id, error=f"interrupted: {why}")
-
-
-def activate(backend, adapter) -> None:
-    """Make the acting backend use `adapter` (an AdapterInfo, loaded on first use) or the base model (None)."""
-    if adapter is None:
-        backend.use_adapter(None)
-        return
-    if adapter.name not in backend.adapters:
-        backend.load_adapter(adapter.name, adapter.path)
-    backend.use_adapter(adapter.name)
 
 
 def _text(lessons, lesson_id: int) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import environments
 from agent_runtime.agent import PromptBuilder, resolve_action_mode
 from agent_runtime.config import RunConfig
-from agent_runtime.llm.base import PolicyBackend
+from agent_runtime.llm.base import PolicyBackend, SamplingParams
 from agent_runtime.runner import EnvSlotSpec
 
 
@@ -31,6 +31,11 @@ def build_envs(config: RunConfig, workdir: Path, split: str = "train") -> tuple[
         finally:
             probe.close()
     return specs, tasks
+
+
+def sampling_params(model) -> SamplingParams:
+    """How the acting policy samples, from the run's `ModelConfig`."""
+    return SamplingParams(max_new_tokens=model.max_new_tokens, temperature=model.temperature, top_p=model.top_p)
 
 
 def build_prompt_builders(config: RunConfig, specs: list[EnvSlotSpec], backend: PolicyBackend,

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from agent_runtime.config import ModelConfig, RunConfig
 from agent_runtime.evaluation import evaluate
-from agent_runtime.llm.base import BackendError, PolicyBackend, SamplingParams
+from agent_runtime.llm.base import BackendError, PolicyBackend, SamplingParams, TokenizerBackend
 from agent_runtime.runner import Draw, EpisodeContext
 from distill.lessons import (
     LessonCurator,
@@ -55,9 +55,9 @@ PREFILL = "- EXPERIENCE ITEM:"  # a local model's answer starts here (render() c
 
 def text_token_counter(backend: PolicyBackend):
     """Tokens of a plain text in the acting model's tokenizer (whitespace words for a scripted policy)."""
-    tokenizer = getattr(backend, "tokenizer", None)
-    if tokenizer is None:
+    if not isinstance(backend, TokenizerBackend):
         return lambda text: len(text.split())
+    tokenizer = backend.tokenizer
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -164,7 +164,9 @@ def run_extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id
     writer = extractor_backend(config, backend)
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
 
-    prefill = PREFILL if settings.prefill and settings.style == "structured" and hasattr(writer, "render") else ""
+    # a backend that renders its own chat template continues a final assistant turn; a remote chat model may not
+    continues = isinstance(writer, TokenizerBackend)
+    prefill = PREFILL if settings.prefill and settings.style == "structured" and continues else ""
 
     def complete(chats):
         if prefill:

@@ -27,25 +27,22 @@ from tqdm.auto import tqdm
 
 from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import ConfigError, RunConfig, config_from_dict, save_resolved
-from agent_runtime.consolidate import activate, roll_back_interrupted, run_cycle
-from agent_runtime.envs import build_envs, build_prompt_builders
-from agent_runtime.lessons_phase import (
-    LessonContexts,
-    add_seed_lessons,
-    gate_user_lessons,
-    run_extract,
-    user_lessons_gated,
-)
-from agent_runtime.llm import PolicyBackend, SamplingParams, make_backend
-from agent_runtime.llm.base import BackendStats
+from agent_runtime.consolidate import roll_back_interrupted
+from agent_runtime.envs import build_envs
+from agent_runtime.lessons_phase import LessonContexts, add_seed_lessons, gate_user_lessons, user_lessons_gated
+from agent_runtime.llm import PolicyBackend, make_backend
+from agent_runtime.llm.base import BackendStats, activate
+from agent_runtime.play import Executor, LocalExecutor, PlaySession, RunState, Schedule
 from agent_runtime.retrieved_examples import example_retriever
-from agent_runtime.runner import Draw, EpisodeRunner, TaskSampler
+from agent_runtime.runner import TaskSampler
 from distill.lessons import pending_user_candidate, sync_statuses
-from memory import EpisodeRecord, ExperienceStore
+from memory import ExperienceStore
 
 log = logging.getLogger("agent_runtime.loop")
 
-PHASES = ("PLAY", "EXTRACT", "CONSOLIDATE", "EVALUATE", "PROMOTE", "ROLLBACK")
+# The cursor's values. EVALUATE, PROMOTE and ROLLBACK run inside CONSOLIDATE (`run_cycle`), whose cycle row is
+# their cursor: the run's own cursor never stops on them.
+PHASES = ("PLAY", "EXTRACT", "CONSOLIDATE")
 
 
 class PhaseNotAvailableError(ConfigError):
@@ -125,35 +122,33 @@ class AgentLoop:
         self.envs, tasks = build_envs(config, self.workdir)
         self.sampler = TaskSampler([e.weight for e in config.envs], tasks, config.seed)
         # Under Ray with the learner on a worker the driver never generates: it does not load the model at all
-        # (a driver on a CPU node next to the database), and counts the workers' tokens in its own stats.
+        # (a driver on a CPU node next to the database); its executor counts the workers' tokens.
         self._backend = backend
         if self._backend is None and not self._on_learner():
             self._backend = make_backend(config.model, seed=config.seed)
         elif self._backend is None and config.model.backend in ("transformers", "vllm"):
             resolve_model(config.model.name)  # an unknown model fails here, not on every worker
-        self.stats = self._backend.stats if self._backend is not None else BackendStats()
+        # Generation counters of the acting policy: the driver's backend, or the Ray workers' summed up.
+        self.stats = BackendStats() if config.runtime.executor == "ray" else self._backend.stats
         torch.manual_seed(config.seed)
         self.store = ExperienceStore.open(config.memory.url or self.workdir, embedder=config.memory.embedder)
         save_resolved(config, self.workdir)
         if resume:
             run = self.store.find_run(config.name)
-            self.run_id, self.state, self.phase = run.id, dict(run.state or {}), run.phase or "PLAY"
+            self.run_id, self.state, self.phase = run.id, RunState.from_stored(run.state), run.phase or "PLAY"
             sync_statuses(self.store, self.run_id)
         else:
             self.run_id = self.store.create_run(config.name, config.model_dump(mode="json"))
-            self.state, self.phase = {}, "PLAY"
+            self.state, self.phase = RunState(), "PLAY"
             add_seed_lessons(config, self.store, self.run_id, self._backend)
-        for key in ("episodes", "won", "errors", "next_draw", "extractions", "last_extract_at", "cycles",
-                    "last_consolidate_at"):
-            self.state.setdefault(key, 0)
-        self.state.setdefault("open_draws", [])
         self.lessons = LessonContexts(self.store, self.run_id, config.lessons.pools, config.lessons.pool_seed)
         self.adapter = self.store.active_adapter(self.run_id)
         if self.adapter is not None and self._backend is not None:
             activate(self._backend, self.adapter)
         self.progress = progress
-        self._stop_requested = False
-        self._ray = None  # the RayExecutor, started at the first PLAY when runtime.executor is ray
+        self.schedule = Schedule(config)
+        self.stop_requested = False
+        self._executor: Executor | None = None  # built on first use (a resumed run may start in any phase)
 
     @property
     def backend(self) -> PolicyBackend:
@@ -163,6 +158,21 @@ class AgentLoop:
             if self.adapter is not None:
                 activate(self._backend, self.adapter)
         return self._backend
+
+    @property
+    def executor(self) -> Executor:
+        """Where the phases run: this process, or Ray workers (`runtime.executor`)."""
+        if self._executor is None:
+            k = self.config.agent.retrieved_examples
+            local = LocalExecutor(self.config, self.workdir, self.store, self.envs, lambda: self.backend,
+                                  examples_for=example_retriever(self.store, self.run_id, k) if k else None)
+            if self.config.runtime.executor == "ray":
+                from agent_runtime.ray_executor import RayExecutor
+
+                self._executor = RayExecutor(self.config, self.workdir, driver=local, stats=self.stats)
+            else:
+                self._executor = local
+        return self._executor
 
     def _stored_config(self, config: RunConfig) -> RunConfig:
         """On --resume the run's own config wins; only the stop conditions may change."""
@@ -177,30 +187,18 @@ class AgentLoop:
         return stored
 
     def request_stop(self, *_args) -> None:
-        self._stop_requested = True
+        self.stop_requested = True
 
     # -- the state machine ---------------------------------------------------------------------------
     def _move(self, phase: str) -> None:
         assert phase in PHASES, phase
         self.phase = phase
-        self.store.update_run(self.run_id, phase=phase, state=self.state)
-
-    def _extract_due(self, episodes: int) -> bool:
-        settings = self.config.lessons
-        return settings.enabled and episodes >= self.state["last_extract_at"] + settings.extract_every
-
-    def _consolidate_due(self, episodes: int) -> bool:
-        settings = self.config.opcd
-        return settings.enabled and episodes >= self.state["last_consolidate_at"] + settings.consolidate_every
-
-    def _target_reached(self) -> bool:
-        target = self.config.runtime.episodes
-        return target is not None and self.state["episodes"] >= target and not self.state["open_draws"]
+        self.store.update_run(self.run_id, phase=phase, state=self.state.stored())
 
     def run(self) -> RunSummary:
         started = time.monotonic()
-        self._deadline = started + self.config.runtime.hours * 3600 if self.config.runtime.hours else None
-        start_episodes = self.state["episodes"]
+        self.schedule = Schedule.starting_now(self.config)
+        start_episodes = self.state.episodes
         start_tokens = self.stats.completion_tokens
         handler = _json_log(self.workdir)
         log.addHandler(handler)
@@ -208,23 +206,22 @@ class AgentLoop:
         previous = {sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         self.store.update_run(self.run_id, status="running")
         try:
-            while not self._stop_requested:
+            while not self.stop_requested:
                 if self.phase == "PLAY":
-                    if self._target_reached() or self._past_deadline():
+                    if self.schedule.over(self.state):
                         break
                     self._gate_user_lessons()
                     self._play(started, start_episodes, start_tokens)
-                    if self._stop_requested:
+                    if self.stop_requested:
                         break
-                    if self._extract_due(self.state["episodes"]):
-                        self._move("EXTRACT")
-                    elif self._consolidate_due(self.state["episodes"]):
-                        self._move("CONSOLIDATE")
-                    elif self._target_reached() or self._past_deadline():
+                    after = self.schedule.after_play(self.state)
+                    if after is not None:
+                        self._move(after)
+                    elif self.schedule.over(self.state):
                         break
                 elif self.phase == "EXTRACT":
                     self._extract()
-                    self._move("CONSOLIDATE" if self._consolidate_due(self.state["episodes"]) else "PLAY")
+                    self._move(self.schedule.after_extract(self.state))
                 elif self.phase == "CONSOLIDATE":
                     self._consolidate()
                     self._move("PLAY")
@@ -233,8 +230,8 @@ class AgentLoop:
         finally:
             for sig, old in previous.items():
                 signal.signal(sig, old)
-            status = "finished" if self._target_reached() and self.phase == "PLAY" else "stopped"
-            self.store.update_run(self.run_id, state=self.state, status=status)
+            status = "finished" if self.schedule.target_reached(self.state) and self.phase == "PLAY" else "stopped"
+            self.store.update_run(self.run_id, state=self.state.stored(), status=status)
             summary = self._summary(started, start_episodes, start_tokens)
             log.info(summary.line(), extra={"fields": {"summary": asdict(summary)}})
             log.removeHandler(handler)
@@ -252,87 +249,42 @@ class AgentLoop:
             log.info(f"lesson gate on a person's lessons: {reason}")
             tqdm.write(f"lesson gate on a person's lessons: {reason}")
 
-    def _past_deadline(self) -> bool:
-        return self._deadline is not None and time.monotonic() > self._deadline
-
     # -- PLAY -----------------------------------------------------------------------------------------
     def _play(self, started: float, start_episodes: int, start_tokens: int) -> None:
-        if self.config.runtime.executor == "ray":
-            self._executor().play(self, lambda: self._summary_line(started, start_episodes, start_tokens))
-            return
+        executor = self.executor
         target = self.config.runtime.episodes
-        reopen = list(self.state["open_draws"])
-        model = self.config.model
-        params = SamplingParams(max_new_tokens=model.max_new_tokens, temperature=model.temperature, top_p=model.top_p)
-        builders = build_prompt_builders(self.config, self.envs, self.backend)
-        runner = EpisodeRunner(self.backend, self.envs, builders, params, slots=self.config.runtime.slots,
-                               policy_name=model.name, context_for=self.lessons.for_draw,
-                               adapter_id=self.adapter.id if self.adapter else None,
-                               examples_for=self._examples())
-        bar = tqdm(total=target, initial=min(self.state["episodes"], target or self.state["episodes"]),
-                   desc="PLAY", unit="ep", disable=not self.progress, dynamic_ncols=True)
+        done = self.state.episodes
+        bar = tqdm(total=target, initial=min(done, target or done), desc=executor.label, unit="ep",
+                   disable=not self.progress, dynamic_ncols=True)
 
-        def next_draw() -> Draw | None:
-            if reopen:
-                return self.sampler.draw(reopen.pop(0))
-            committed_or_running = self.state["episodes"] + len(runner.in_flight())
-            if target is not None and committed_or_running >= target:
-                return None
-            if (self._extract_due(committed_or_running) or self._consolidate_due(committed_or_running)
-                    or self._past_deadline()):
-                return None
-            index = self.state["next_draw"]
-            self.state["next_draw"] = index + 1
-            return self.sampler.draw(index)
-
-        def on_episode(record: EpisodeRecord) -> None:
-            self.state["episodes"] += 1
-            self.state["won"] += int(record.won)
-            self.state["errors"] += int(record.outcome == "error")
-            self.state["open_draws"] = sorted(runner.in_flight() + reopen)
-            self.store.add_episode(self.run_id, record, run_state=self.state)
+        def on_commit(state: RunState) -> None:
             bar.update(1)
-            done = self.state["episodes"]
-            bar.set_postfix(success=f"{self.state['won'] / done:.0%}")
-            if done % self.config.runtime.summary_every == 0:
+            bar.set_postfix(success=f"{state.won / state.episodes:.0%}")
+            if state.episodes % self.config.runtime.summary_every == 0:
                 self._summary_line(started, start_episodes, start_tokens)
 
+        session = PlaySession(self.state, self.schedule, self.sampler, self.store, self.run_id,
+                              context_for=self.lessons.for_draw, should_stop=lambda: self.stop_requested,
+                              on_commit=on_commit)
         try:
-            runner.run(next_draw, on_episode, lambda: self._stop_requested)
+            executor.play(session, self.adapter)
         finally:
-            runner.close()
             bar.close()
-            self.state["open_draws"] = sorted(runner.in_flight() + reopen)
-            self.store.update_run(self.run_id, state=self.state)
-
-    def _executor(self):
-        """The RayExecutor, started on first use (a resumed run may start in EXTRACT or CONSOLIDATE)."""
-        if self._ray is None:
-            from agent_runtime.ray_executor import RayExecutor
-
-            self._ray = RayExecutor(self.config, self.workdir)
-        return self._ray
+            self.state = session.state
+            session.save()
 
     def _on_learner(self) -> bool:
         """EXTRACT and CONSOLIDATE run on the Ray learner rather than in this process."""
         runtime = self.config.runtime
         return runtime.executor == "ray" and runtime.ray.learner == "worker"
 
-    def _examples(self):
-        k = self.config.agent.retrieved_examples
-        return example_retriever(self.store, self.run_id, k) if k else None
-
     # -- EXTRACT --------------------------------------------------------------------------------------
     def _extract(self) -> None:
         n = self.config.lessons.episodes_per_extraction
         recent = self.store.episodes(self.run_id, limit=n, newest_first=True)
-        episode_ids = sorted(e.id for e in recent)
-        if self._on_learner():
-            report = self._executor().extract(self, episode_ids)
-        else:
-            report = run_extract(self.config, self.workdir, self.store, self.run_id, self.backend, episode_ids)
-        self.state["extractions"] += 1
-        self.state["last_extract_at"] = self.state["episodes"]
+        report = self.executor.extract(self.run_id, sorted(e.id for e in recent))
+        self.state.extractions += 1
+        self.state.last_extract_at = self.state.episodes
         self.lessons.reload()
         tqdm.write(report.line())
         log.info(report.line(), extra={"fields": {"phase": "EXTRACT", **asdict(report)}})
@@ -349,7 +301,7 @@ class AgentLoop:
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['loss']:.3f}")
 
-        def poll() -> None:  # the learner writes the cycle's curves step by step; show them as they come
+        def poll() -> None:  # a learner elsewhere writes the cycle's curves step by step; show them as they come
             for cycle in self.store.cycles(self.run_id, status="running"):
                 losses = (cycle.curves or {}).get("loss", [])
                 if len(losses) > bar.n:
@@ -357,18 +309,14 @@ class AgentLoop:
                     bar.set_postfix(loss=f"{losses[-1]:.3f}")
 
         try:
-            if self._on_learner():
-                report = self._executor().consolidate(self, on_poll=poll if self.progress else None)
-            else:
-                report = run_cycle(self.config, self.workdir, self.store, self.run_id, self.backend,
-                                   self.config.opcd, progress=progress)
+            report = self.executor.consolidate(self.run_id, progress=progress, on_poll=poll if self.progress else None)
         finally:
             bar.close()
-        self.state["last_consolidate_at"] = self.state["episodes"]
+        self.state.last_consolidate_at = self.state.episodes
         if report is None:
             tqdm.write("CONSOLIDATE: no live lessons yet; nothing to consolidate")
             return
-        self.state["cycles"] += 1
+        self.state.cycles += 1
         self.adapter = self.store.active_adapter(self.run_id)
         if self._backend is not None:
             activate(self._backend, self.adapter)
@@ -379,14 +327,14 @@ class AgentLoop:
     # -- reporting ------------------------------------------------------------------------------------
     def _summary(self, started: float, start_episodes: int, start_tokens: int) -> RunSummary:
         seconds = time.monotonic() - started
-        stats = self.stats
+        stats, state = self.stats, self.state
         tokens = stats.completion_tokens - start_tokens
         return RunSummary(
-            run_id=self.run_id, episodes=self.state["episodes"], won=self.state["won"], errors=self.state["errors"],
-            new_episodes=self.state["episodes"] - start_episodes, seconds=seconds, completion_tokens=tokens,
+            run_id=self.run_id, episodes=state.episodes, won=state.won, errors=state.errors,
+            new_episodes=state.episodes - start_episodes, seconds=seconds, completion_tokens=tokens,
             tokens_per_s=stats.completion_tokens / stats.seconds if stats.seconds > 0 else 0.0,
-            stopped_by_signal=self._stop_requested, extractions=self.state["extractions"],
-            lesson_set_version=self.lessons.version, cycles=self.state["cycles"],
+            stopped_by_signal=self.stop_requested, extractions=state.extractions,
+            lesson_set_version=self.lessons.version, cycles=state.cycles,
             adapter=self.adapter.name if self.adapter else None,
         )
 
@@ -399,8 +347,8 @@ class AgentLoop:
                                         "tokens_per_s": s.tokens_per_s, "episodes_per_min": rate}})
 
     def close(self) -> None:
-        if self._ray is not None:
-            self._ray.close()
+        if self._executor is not None:
+            self._executor.close()
         if self._backend is not None:
             self._backend.close()
         self.store.close()

@@ -45,18 +45,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from tqdm.auto import tqdm
 
 from agent_runtime.config import ConfigError, RunConfig, config_from_dict
-from agent_runtime.consolidate import activate, roll_back_interrupted, run_cycle
-from agent_runtime.envs import build_envs, build_prompt_builders
+from agent_runtime.consolidate import roll_back_interrupted, run_cycle
+from agent_runtime.envs import build_envs, build_prompt_builders, sampling_params
 from agent_runtime.lessons_phase import run_extract
-from agent_runtime.llm import SamplingParams, make_backend
+from agent_runtime.llm import make_backend
+from agent_runtime.llm.base import BackendStats, LocalModelBackend, activate
 from agent_runtime.runner import Draw, EpisodeContext, EpisodeRunner
-from memory import EpisodeRecord, ExperienceStore
+from memory import AdapterInfo, EpisodeRecord, ExperienceStore
 
 if TYPE_CHECKING:
-    from agent_runtime.loop import AgentLoop
+    from agent_runtime.play import LocalExecutor, PlaySession
 
 log = logging.getLogger("agent_runtime.ray")
 
@@ -86,7 +86,7 @@ class RolloutWorker:
             model = model.model_copy(update={"backend": "chat", "options": dict(settings.server)})
         self.backend = make_backend(model, seed=config.seed + worker_id)
         self.envs, _ = build_envs(config, Path(workdir))
-        params = SamplingParams(max_new_tokens=model.max_new_tokens, temperature=model.temperature, top_p=model.top_p)
+        params = sampling_params(model)
         self._queue: deque[Draw] = deque()
         self._contexts: dict[int, EpisodeContext] = {}
         self.runner = EpisodeRunner(self.backend, self.envs, build_prompt_builders(config, self.envs, self.backend),
@@ -96,16 +96,10 @@ class RolloutWorker:
     def slots(self) -> int:
         return self.runner.slots
 
-    def activate(self, name: str | None, path: str | None, adapter_id: int | None) -> None:
-        """Use the adapter at `path` (loaded on first use), or the base model when `name` is None."""
-        if name is None:
-            if hasattr(self.backend, "use_adapter"):
-                self.backend.use_adapter(None)
-        else:
-            if name not in self.backend.adapters:
-                self.backend.load_adapter(name, path)
-            self.backend.use_adapter(name)
-        self.runner.adapter_id = adapter_id
+    def activate(self, adapter: AdapterInfo | None) -> None:
+        """Act with `adapter` (by its path, loaded on first use), or the base model (None)."""
+        activate(self.backend, adapter)
+        self.runner.adapter_id = adapter.id if adapter is not None else None
 
     def advance(self, assignments: list[tuple[Draw, EpisodeContext]]) -> tuple[list[EpisodeRecord], dict]:
         """Queue the new draws, play until at least one episode ends (or nothing is left), return the ended ones
@@ -154,7 +148,7 @@ class Learner:
         """Where this learner runs: process, host and device (recorded with the phases it ran)."""
         import socket
 
-        device = getattr(self.backend, "device", None)
+        device = self.backend.device if isinstance(self.backend, LocalModelBackend) else None
         import ray
 
         return {"pid": os.getpid(), "host": socket.gethostname(), "device": str(device) if device else None,
@@ -162,8 +156,7 @@ class Learner:
                 "processes": self.config.opcd.trainer.processes}
 
     def _act_with_run_adapter(self, run_id: int) -> None:
-        if hasattr(self.backend, "use_adapter"):
-            activate(self.backend, self.store.active_adapter(run_id))
+        activate(self.backend, self.store.active_adapter(run_id))
 
     def extract(self, run_id: int, episode_ids: list[int]):
         self._act_with_run_adapter(run_id)
@@ -242,13 +235,17 @@ def lost_record(draw: Draw, env_id: str, policy: str, attempts: int) -> EpisodeR
 
 
 class RayExecutor:
-    """The driver's side: starts the workers, hands out draws, commits what comes back, survives worker deaths."""
+    """The driver's side: starts the workers, hands out a `PlaySession`'s draws, commits what comes back through
+    it, and survives worker and learner deaths. EXTRACT and CONSOLIDATE run on the learner, or on `driver` (the
+    in-process executor) with `runtime.ray.learner: driver`."""
 
-    def __init__(self, config: RunConfig, workdir: Path):
+    def __init__(self, config: RunConfig, workdir: Path, *, driver: LocalExecutor, stats: BackendStats | None = None):
         settings = config.runtime.ray
         ray = _import_ray()
         self._ray = ray
         self._settings = settings
+        self.driver = driver
+        self.stats = stats if stats is not None else BackendStats()  # the workers' generation, summed
         self._owns_cluster = not ray.is_initialized()
         uses_learner = settings.learner == "worker" and (config.lessons.enabled or config.opcd.enabled)
         if self._owns_cluster:
@@ -265,6 +262,7 @@ class RayExecutor:
             num_cpus=settings.learner_cpus, num_gpus=gpus, max_restarts=0, runtime_env=env)
         self._data, self._workdir = config.model_dump(mode="json"), str(workdir)
         self._learner_data = learner_config(config, gpus)
+        self._policy, self._env_ids = config.model.name, [e.id for e in config.envs]
         self._slots_per_worker = settings.slots or config.runtime.slots
         self.workers: dict[int, object] = {}
         self.slots: dict[int, int] = {}
@@ -273,7 +271,8 @@ class RayExecutor:
         self.replaced: list[int] = []  # workers started in place of dead ones, in order
         self.requeued: list[int] = []  # draws taken back from dead workers, in order
         self._attempts: Counter[int] = Counter()
-        self._adapter: tuple | None = None
+        self._adapter: tuple | None = None  # (name, path, id) the workers act with
+        self._adapter_info: AdapterInfo | None = None
         self._next_worker = 0
         self.learner = None  # started on the first EXTRACT or CONSOLIDATE
         self.learners_lost = 0
@@ -281,76 +280,53 @@ class RayExecutor:
         for _ in range(settings.workers):
             self._start_worker()
 
+    @property
+    def label(self) -> str:
+        return f"PLAY x{len(self.workers)}"
+
     def _start_worker(self) -> int:
         """A fresh rollout worker (acting with the current adapter); its id is never reused."""
         worker_id = self._next_worker
         self._next_worker += 1
         actor = self._worker_class.remote(self._data, self._workdir, worker_id)
         if self._adapter is not None:
-            actor.activate.remote(*self._adapter)  # actor calls run in order: before its first advance
+            actor.activate.remote(self._adapter_info)  # actor calls run in order: before its first advance
         self.workers[worker_id], self.slots[worker_id], self.assigned[worker_id] = actor, self._slots_per_worker, set()
         return worker_id
 
     def in_flight(self) -> list[int]:
         return sorted(i for draws in self.assigned.values() for i in draws)
 
-    def broadcast_adapter(self, adapter) -> None:
-        """Make every worker act with `adapter` (an AdapterInfo, by path) or the base model (None)."""
+    def broadcast_adapter(self, adapter: AdapterInfo | None) -> None:
+        """Make every worker act with `adapter` (by path) or the base model (None)."""
         key = (adapter.name, str(adapter.path), adapter.id) if adapter is not None else (None, None, None)
         if key == self._adapter:
             return
-        self._ray.get([w.activate.remote(*key) for w in self.workers.values()])
-        self._adapter = key
+        self._ray.get([w.activate.remote(adapter) for w in self.workers.values()])
+        self._adapter, self._adapter_info = key, adapter
 
-    def play(self, loop: AgentLoop, summary_line: Callable[[], None]) -> None:
-        """One PLAY phase of `loop` on the workers: the same draws, stop rules and commits as the local path."""
+    def play(self, session: PlaySession, adapter: AdapterInfo | None) -> None:
+        """One PLAY phase on the workers: the session's draws, each finished episode committed through it."""
         ray = self._ray
         assert not self.in_flight(), "a previous PLAY left draws on the workers"
-        state, config = loop.state, loop.config
-        target = config.runtime.episodes
-        reopen = list(state["open_draws"])
-        self.broadcast_adapter(loop.adapter)
-        bar = tqdm(total=target, initial=min(state["episodes"], target or state["episodes"]),
-                   desc=f"PLAY x{len(self.workers)}", unit="ep", disable=not loop.progress, dynamic_ncols=True)
+        self.broadcast_adapter(adapter)
         pending: dict = {}
-
-        def next_draw() -> Draw | None:
-            if reopen:
-                return loop.sampler.draw(reopen.pop(0))
-            committed_or_running = state["episodes"] + len(self.in_flight())
-            if target is not None and committed_or_running >= target:
-                return None
-            if (loop._extract_due(committed_or_running) or loop._consolidate_due(committed_or_running)
-                    or loop._past_deadline()):
-                return None
-            index = state["next_draw"]
-            state["next_draw"] = index + 1
-            return loop.sampler.draw(index)
 
         def dispatch(worker: int) -> None:
             batch = []
-            while len(self.assigned[worker]) < self.slots[worker] and (draw := next_draw()) is not None:
-                batch.append((draw, loop.lessons.for_draw(draw)))
+            while len(self.assigned[worker]) < self.slots[worker] and (draw := session.next_draw()) is not None:
+                batch.append((draw, session.context_for(draw)))
                 self.assigned[worker].add(draw.index)
             if self.assigned[worker]:
                 pending[self.workers[worker].advance.remote(batch)] = worker
 
-        def commit(worker: int | None, record: EpisodeRecord) -> None:
+        def commit(worker: int, record: EpisodeRecord) -> None:
             index = record.metadata["draw"]
-            if worker is not None:
-                if index not in self.assigned[worker]:
-                    log.warning("dropped a second result for draw %d from worker %d", index, worker)
-                    return
-                self.assigned[worker].discard(index)
-            state["episodes"] += 1
-            state["won"] += int(record.won)
-            state["errors"] += int(record.outcome == "error")
-            state["open_draws"] = sorted(self.in_flight() + reopen)
-            loop.store.add_episode(loop.run_id, record, run_state=state)
-            bar.update(1)
-            bar.set_postfix(success=f"{state['won'] / state['episodes']:.0%}")
-            if state["episodes"] % config.runtime.summary_every == 0:
-                summary_line()
+            if index not in self.assigned[worker]:
+                log.warning("dropped a second result for draw %d from worker %d", index, worker)
+                return
+            self.assigned[worker].discard(index)
+            session.commit(record)
 
         def lose(worker: int, exc: Exception) -> None:
             orphans = sorted(self.assigned.pop(worker))
@@ -360,12 +336,12 @@ class RayExecutor:
                         extra={"fields": {"worker": worker, "requeued": orphans}})
             self._attempts.update(orphans)
             self.requeued.extend(orphans)
-            reopen[:0] = [i for i in orphans if self._attempts[i] < MAX_ATTEMPTS]
+            session.give_back([i for i in orphans if self._attempts[i] < MAX_ATTEMPTS])
             for index in orphans:
                 if self._attempts[index] >= MAX_ATTEMPTS:
-                    draw = loop.sampler.draw(index)
-                    commit(None, lost_record(draw, loop.envs[draw.env_index].env_id, config.model.name,
-                                             self._attempts[index]))
+                    draw = session.sampler.draw(index)
+                    session.commit(lost_record(draw, self._env_ids[draw.env_index], self._policy,
+                                               self._attempts[index]))
             if len(self.replaced) < self._settings.replace_workers:
                 fresh = self._start_worker()
                 self.replaced.append(fresh)
@@ -382,7 +358,7 @@ class RayExecutor:
         try:
             for worker in list(self.workers):
                 dispatch(worker)
-            while pending and not loop._stop_requested:
+            while pending and not session.should_stop():
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
                 for ref in ready:
                     worker = pending.pop(ref)
@@ -392,27 +368,32 @@ class RayExecutor:
                         lose(worker, exc)
                         continue
                     for name, value in stats.items():
-                        setattr(loop.stats, name, getattr(loop.stats, name) + value)
+                        setattr(self.stats, name, getattr(self.stats, name) + value)
                     for record in records:
                         commit(worker, record)
                     dispatch(worker)
         finally:
-            bar.close()
-            state["open_draws"] = sorted(self.in_flight() + reopen)
-            loop.store.update_run(loop.run_id, state=state)
-            if pending:  # stopped mid-phase: the workers' episodes are abandoned; their draws are open_draws
+            if pending or self.in_flight():  # stopped mid-phase: the workers' episodes are abandoned (open draws)
                 self.close()
 
-    # EXTRACT and CONSOLIDATE on the learner ---------------------------------------------------------
-    def extract(self, loop: AgentLoop, episode_ids: list[int]):
+    # EXTRACT and CONSOLIDATE on the learner (or the driver) ----------------------------------------------
+    def _learner_is_driver(self) -> bool:
+        return self._settings.learner == "driver"
+
+    def extract(self, run_id: int, episode_ids: list[int]):
         """`run_extract` on the learner; the driver moves the cursor when it returns."""
-        return self._on_learner(loop, "extract", episode_ids)
+        if self._learner_is_driver():
+            return self.driver.extract(run_id, episode_ids)
+        return self._on_learner(run_id, "extract", episode_ids)
 
-    def consolidate(self, loop: AgentLoop, on_poll: Callable[[], None] | None = None):
+    def consolidate(self, run_id: int, progress: Callable[[dict], None] | None = None,
+                    on_poll: Callable[[], None] | None = None):
         """One OPCD cycle on the learner; `on_poll` runs while the driver waits (it shows the cycle's progress)."""
-        return self._on_learner(loop, "consolidate", on_poll=on_poll)
+        if self._learner_is_driver():
+            return self.driver.consolidate(run_id, progress=progress)
+        return self._on_learner(run_id, "consolidate", on_poll=on_poll)
 
-    def _on_learner(self, loop: AgentLoop, method: str, *args, on_poll: Callable[[], None] | None = None):
+    def _on_learner(self, run_id: int, method: str, *args, on_poll: Callable[[], None] | None = None):
         """Run a phase on the learner. A learner that dies is replaced and the phase runs again from its start
         (a half-done cycle is rolled back first, as on resume); after LEARNER_ATTEMPTS deaths the run stops
         with its cursor on the phase, for `run --resume`."""
@@ -422,7 +403,7 @@ class RayExecutor:
             attempt += 1
             if self.learner is None:
                 self.learner = self._learner_class.remote(self._learner_data, self._workdir)
-            ref = getattr(self.learner, method).remote(loop.run_id, *args)
+            ref = getattr(self.learner, method).remote(run_id, *args)
             try:
                 while not ray.wait([ref], timeout=0.5)[0]:
                     for hook in [*self.poll_hooks, *([on_poll] if on_poll else [])]:
@@ -431,7 +412,7 @@ class RayExecutor:
             except ray.exceptions.RayActorError as exc:
                 self.learner = None
                 self.learners_lost += 1
-                roll_back_interrupted(loop.store, loop.run_id, "the learner died during the cycle")
+                roll_back_interrupted(self.driver.store, run_id, "the learner died during the cycle")
                 log.warning("the learner died during %s (attempt %d of %d): %s", method.upper(), attempt,
                             LEARNER_ATTEMPTS, type(exc).__name__, extra={"fields": {"phase": method}})
                 if attempt == LEARNER_ATTEMPTS:
@@ -446,6 +427,7 @@ class RayExecutor:
             self._ray.kill(self.learner)
             self.learner = None
         self.workers, self.slots, self.assigned = {}, {}, {}
+        self._adapter = self._adapter_info = None
         if self._owns_cluster and self._ray.is_initialized():
             self._ray.shutdown()
         self._owns_cluster = False

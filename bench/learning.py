@@ -111,7 +111,7 @@ class Study:
         """The policy with `adapter` (a directory) switched in, or the base model."""
         from types import SimpleNamespace
 
-        from agent_runtime.consolidate import activate
+        from agent_runtime.llm.base import activate
 
         activate(self.backend, SimpleNamespace(name=Path(adapter).name, path=adapter) if adapter else None)
         return self.backend
@@ -161,8 +161,8 @@ class Study:
     def train(self, key: str, store, run_id: int, seed: int, objective: str, parent: str | None = None) -> dict:
         """One OPCD-style cycle's training on the run's newest episodes (the loop's CONSOLIDATE, by hand)."""
         from agent_runtime.agent import lessons_section
-        from agent_runtime.consolidate import episode_prefixes
         from agent_runtime.checkpoints import resolve_model
+        from agent_runtime.consolidate import episode_prefixes
         from distill.opcd import TrainJob, run_job
 
         def compute():

@@ -37,7 +37,6 @@ import torch
 
 from agent_runtime.config import RunConfig, config_from_dict
 from agent_runtime.loop import AgentLoop
-from agent_runtime.ray_executor import RayExecutor
 
 
 @dataclass
@@ -94,7 +93,7 @@ def run_setting(args, executor: str, workers: int, root: Path) -> Row:
     startup = 0.0
     if executor == "ray":  # build the workers before the clock starts (the loop would at its first PLAY)
         t = time.perf_counter()
-        loop._ray = RayExecutor(loop.config, loop.workdir)
+        assert loop.executor is not None
         startup = time.perf_counter() - t
     t = time.perf_counter()
     summary = loop.run()

@@ -103,9 +103,9 @@ def test_ray_settings_are_validated():
 def test_killed_worker_draws_are_replayed_once(ray_cluster, tmp_path, games_dir, memory_url):
     config = make_config(games_dir, memory_url=memory_url, replace_workers=0)
     loop = AgentLoop(config, tmp_path / "run", progress=False)
-    after_commits(loop, 3, lambda loop: ray.kill(loop._ray.workers[0]))
+    after_commits(loop, 3, lambda loop: ray.kill(loop.executor.workers[0]))
     summary = loop.run()
-    dead, requeued = list(loop._ray.dead), list(loop._ray.requeued)
+    dead, requeued = list(loop.executor.dead), list(loop.executor.requeued)
     loop.close()
     assert summary.episodes == 12 and dead == [0]
     assert requeued, "worker 0 had episodes in flight when it died"
@@ -185,7 +185,7 @@ def test_all_workers_lost_then_resume_commits_each_draw_once(ray_cluster, tmp_pa
     from agent_runtime.ray_executor import NoWorkersLeftError
 
     loop = AgentLoop(make_config(games_dir, episodes=10, replace_workers=0), tmp_path, progress=False)
-    after_commits(loop, 2, lambda loop: [ray.kill(w) for w in loop._ray.workers.values()])
+    after_commits(loop, 2, lambda loop: [ray.kill(w) for w in loop.executor.workers.values()])
     with pytest.raises(NoWorkersLeftError, match="all rollout workers died"):
         loop.run()
     loop.close()
@@ -224,9 +224,9 @@ def test_generation_server_gives_workers_the_chat_backend(ray_cluster, tmp_path,
 @pytest.mark.slow
 def test_dead_workers_are_replaced_and_the_fresh_ones_play(ray_cluster, tmp_path, games_dir):
     loop = AgentLoop(make_config(games_dir, episodes=12), tmp_path, progress=False)
-    after_commits(loop, 3, lambda loop: [ray.kill(w) for w in list(loop._ray.workers.values())])
+    after_commits(loop, 3, lambda loop: [ray.kill(w) for w in list(loop.executor.workers.values())])
     summary = loop.run()
-    dead, replaced = list(loop._ray.dead), list(loop._ray.replaced)
+    dead, replaced = list(loop.executor.dead), list(loop.executor.replaced)
     loop.close()
     assert summary.episodes == 12 and sorted(dead) == [0, 1] and replaced == [2, 3]
     with ExperienceStore.open(tmp_path) as store:
@@ -240,11 +240,11 @@ def test_dead_workers_are_replaced_and_the_fresh_ones_play(ray_cluster, tmp_path
 def test_generation_server_gets_the_promoted_adapter(ray_cluster, tmp_path, games_dir):
     """`generation: server` with a promoted adapter: each worker has the (fake) vLLM server load it by path
     and then asks for it by name; the server loads it once."""
-    from tests.fake_vllm import LoraEndpoint
+    from agent_runtime.llm.fake_chat import LoraEndpoint
 
     endpoint = LoraEndpoint()
     config = make_config(games_dir, episodes=2, slots=1, envs=[{"id": "math/gsm_symbolic"}])
-    config.runtime.ray.server = {"class": "tests.fake_vllm:ServedModelChat",
+    config.runtime.ray.server = {"class": "agent_runtime.llm.fake_chat:ServedModelChat",
                                  "kwargs": {"model": "base", "base_url": endpoint.url}}
     config.runtime.ray.generation = "server"
     loop = AgentLoop(config, tmp_path, progress=False)
@@ -267,10 +267,8 @@ def test_generation_server_gets_the_promoted_adapter(ray_cluster, tmp_path, game
     assert [e.adapter_id for e in episodes] == [None, None, adapter_id, adapter_id]
 
 
-def learner_config(games_dir, tiny_model_dir, memory_url=None, **ray_opts):
-    from tests.test_consolidate import config as cycle_config
-
-    data = cycle_config(games_dir, tiny_model_dir).model_dump(mode="json")
+def learner_config(cycle_config, memory_url=None, **ray_opts):
+    data = cycle_config().model_dump(mode="json")
     if memory_url is not None:
         data["memory"] = {"url": memory_url}
     data["runtime"] = {"slots": 1, "episodes": 4, "executor": "ray", "summary_every": 1000,
@@ -279,12 +277,12 @@ def learner_config(games_dir, tiny_model_dir, memory_url=None, **ray_opts):
 
 
 @pytest.mark.slow
-def test_extract_and_consolidate_run_on_the_learner(ray_cluster, tmp_path, games_dir, tiny_model_dir, memory_url):
+def test_extract_and_consolidate_run_on_the_learner(ray_cluster, tmp_path, cycle_config, memory_url):
     import os
 
-    loop = AgentLoop(learner_config(games_dir, tiny_model_dir, memory_url), tmp_path, progress=False)
+    loop = AgentLoop(learner_config(cycle_config, memory_url), tmp_path, progress=False)
     summary = loop.run()
-    lost, driver_model = loop._ray.learners_lost, loop._backend
+    lost, driver_model = loop.executor.learners_lost, loop._backend
     loop.close()
     assert summary.episodes == 4 and summary.extractions == 2 and summary.cycles == 1 and lost == 0
     assert driver_model is None, "the driver neither plays nor learns, so it never loads the model"
@@ -299,10 +297,9 @@ def test_extract_and_consolidate_run_on_the_learner(ray_cluster, tmp_path, games
 
 
 @pytest.mark.slow
-def test_learner_killed_mid_cycle_is_replaced_and_the_cycle_rerun(ray_cluster, tmp_path, games_dir,
-                                                                  tiny_model_dir):
-    loop = AgentLoop(learner_config(games_dir, tiny_model_dir), tmp_path, progress=False)
-    executor = loop._executor()
+def test_learner_killed_mid_cycle_is_replaced_and_the_cycle_rerun(ray_cluster, tmp_path, cycle_config):
+    loop = AgentLoop(learner_config(cycle_config), tmp_path, progress=False)
+    executor = loop.executor
     killed = []
 
     def kill_once_a_cycle_runs() -> None:

@@ -4,12 +4,18 @@
 `Completion` per chat, in order. A completion carries the text, the generated token ids, the token counts and,
 when asked for and the backend can, per-token log-probabilities. Batching is the runtime's job (the episode
 runner sends every live environment slot's prompt in one call); a backend is free to split a batch further.
+
+Beyond that, a backend may have optional capabilities, each a protocol here: `ChoiceBackend` (act by choosing
+among admissible actions), `AdapterBackend` (act with LoRA adapters, loaded by path), `TokenizerBackend` (its
+model's own tokenizer counts tokens) and `LocalModelBackend` (the weights live in this process, on a device). Callers check a capability once, with
+`require`, where they start to depend on it, and get an error naming the backend and what needs it; nobody
+probes with `hasattr`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 Message = dict[str, str]
 Chat = list[Message]
@@ -73,6 +79,64 @@ class ChoiceBackend(Protocol):
     constrained to the set; a remote chat model: its free reply mapped to the closest action)."""
 
     def choose(self, prompts: list[Chat], choices: list[list[str]], params: SamplingParams) -> list[Completion]: ...
+
+
+@runtime_checkable
+class AdapterBackend(Protocol):
+    """A backend that acts with LoRA adapters: each loaded once by name from a path, one (or none) in use."""
+
+    adapters: dict[str, Any]  # loaded adapters by name
+    active_adapter: str | None
+
+    def load_adapter(self, name: str, path: str) -> None: ...
+
+    def use_adapter(self, name: str | None) -> None:
+        """Act with the loaded adapter `name`, or the base model (None)."""
+
+
+@runtime_checkable
+class TokenizerBackend(Protocol):
+    """A backend with its model's own tokenizer (a Hugging Face tokenizer): it counts text tokens exactly."""
+
+    tokenizer: Any
+
+
+@runtime_checkable
+class LocalModelBackend(Protocol):
+    """A backend whose weights and tokenizer live in this process: its device is where a learner next to it
+    trains."""
+
+    tokenizer: Any
+    device: Any  # a torch.device
+
+
+Capability = TypeVar("Capability")
+
+_CAPABILITIES = {ChoiceBackend: "choose among admissible actions", AdapterBackend: "act with LoRA adapters",
+                 TokenizerBackend: "count tokens with its own tokenizer",
+                 LocalModelBackend: "hold its weights in this process"}
+
+
+def require(backend: PolicyBackend, capability: type[Capability], purpose: str) -> Capability:
+    """`backend` as a `capability` backend, or a BackendError saying which backend lacks what, for what."""
+    if not isinstance(backend, capability):
+        name = getattr(backend, "name", type(backend).__name__)
+        raise BackendError(f"{purpose} needs a backend that can {_CAPABILITIES[capability]}; "
+                           f"the {name} backend cannot")
+    return backend
+
+
+def activate(backend: PolicyBackend, adapter) -> None:
+    """Make `backend` act with `adapter` (anything with `name` and `path`, such as the store's AdapterInfo;
+    loaded on first use) or with the base model (None; a backend without adapters already does)."""
+    if adapter is None:
+        if isinstance(backend, AdapterBackend):
+            backend.use_adapter(None)
+        return
+    backend = require(backend, AdapterBackend, f"acting with adapter {adapter.name}")
+    if adapter.name not in backend.adapters:
+        backend.load_adapter(adapter.name, str(adapter.path))
+    backend.use_adapter(adapter.name)
 
 
 def closest_action(reply: str, choices: list[str]) -> str:

@@ -1,0 +1,230 @@
+"""PLAY written once: the run's typed state, when the other phases are due, and the session every executor drives.
+
+`RunState` is what the run row's `state` column holds: counters, nothing derived, so `--resume` is exact
+without pickling anything. `Schedule` is the only place that says when EXTRACT and CONSOLIDATE are due and
+when the run stops. `PlaySession` is one PLAY phase's bookkeeping: it hands out draws (draws left open by an
+earlier session first, then new ones while no phase is due), tracks which draws are in flight, and commits
+each finished episode together with the state that includes it, in one transaction.
+
+An executor decides only *where* episodes are played: `LocalExecutor` here (an `EpisodeRunner` in this
+process), `agent_runtime.ray_executor.RayExecutor` on Ray actors (with its fault handling). Both take draws
+from `PlaySession.next_draw`, hand finished episodes to `PlaySession.commit` and give draws back with
+`PlaySession.give_back` when they cannot play them; neither touches the state.
+
+The state moves only after its commit: a failed write leaves the state as it was and puts the draw back at
+the front of the open draws, so a resumed run replays it (nothing counted that is not stored).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from agent_runtime.config import RunConfig
+from agent_runtime.runner import Draw, EpisodeContext, EpisodeRunner, TaskSampler
+from memory import EpisodeRecord, ExperienceStore
+
+if TYPE_CHECKING:
+    from agent_runtime.consolidate import CycleReport
+    from agent_runtime.lessons_phase import ExtractReport
+    from agent_runtime.llm.base import PolicyBackend
+    from agent_runtime.runner import EnvSlotSpec
+
+
+@dataclass
+class RunState:
+    """The run's persisted counters (the run row's `state`)."""
+
+    episodes: int = 0  # committed episodes
+    won: int = 0
+    errors: int = 0
+    next_draw: int = 0  # the first draw index never handed out
+    open_draws: list[int] = field(default_factory=list)  # handed out, not committed: replayed on resume
+    extractions: int = 0
+    last_extract_at: int = 0  # episodes committed when the last EXTRACT ran
+    cycles: int = 0
+    last_consolidate_at: int = 0
+
+    @classmethod
+    def from_stored(cls, data: dict | None) -> RunState:
+        """The state as stored by this or an earlier version (missing counters start at 0)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in known})
+
+    def stored(self) -> dict:
+        return asdict(self)
+
+    def with_episode(self, record: EpisodeRecord, open_draws: list[int]) -> RunState:
+        """The state once `record` is committed."""
+        return replace(self, episodes=self.episodes + 1, won=self.won + int(record.won),
+                       errors=self.errors + int(record.outcome == "error"), open_draws=sorted(open_draws))
+
+
+class Schedule:
+    """When a phase is due and when the run is over: the one copy of these rules."""
+
+    def __init__(self, config: RunConfig, deadline: float | None = None):
+        self.config = config
+        self.deadline = deadline  # time.monotonic() after which no new draw starts
+
+    @classmethod
+    def starting_now(cls, config: RunConfig) -> Schedule:
+        hours = config.runtime.hours
+        return cls(config, time.monotonic() + hours * 3600 if hours else None)
+
+    def extract_due(self, state: RunState, episodes: int | None = None) -> bool:
+        settings = self.config.lessons
+        episodes = state.episodes if episodes is None else episodes
+        return settings.enabled and episodes >= state.last_extract_at + settings.extract_every
+
+    def consolidate_due(self, state: RunState, episodes: int | None = None) -> bool:
+        settings = self.config.opcd
+        episodes = state.episodes if episodes is None else episodes
+        return settings.enabled and episodes >= state.last_consolidate_at + settings.consolidate_every
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def target_reached(self, state: RunState) -> bool:
+        target = self.config.runtime.episodes
+        return target is not None and state.episodes >= target and not state.open_draws
+
+    def over(self, state: RunState) -> bool:
+        """No more PLAY: the episode target is reached or the time is up."""
+        return self.target_reached(state) or self.past_deadline()
+
+    def may_draw(self, state: RunState, committed_or_running: int) -> bool:
+        """Whether a new draw may start, counting the episodes still running as done."""
+        target = self.config.runtime.episodes
+        if target is not None and committed_or_running >= target:
+            return False
+        return not (self.extract_due(state, committed_or_running) or self.consolidate_due(state, committed_or_running)
+                    or self.past_deadline())
+
+    def after_play(self, state: RunState) -> str | None:
+        """The phase a finished PLAY leads to (None: none is due)."""
+        if self.extract_due(state):
+            return "EXTRACT"
+        if self.consolidate_due(state):
+            return "CONSOLIDATE"
+        return None
+
+    def after_extract(self, state: RunState) -> str:
+        return "CONSOLIDATE" if self.consolidate_due(state) else "PLAY"
+
+
+class PlaySession:
+    """One PLAY phase: draws out, episodes in, each commit with the state that counts it."""
+
+    def __init__(self, state: RunState, schedule: Schedule, sampler: TaskSampler, store: ExperienceStore,
+                 run_id: int, *, context_for: Callable[[Draw], EpisodeContext], should_stop: Callable[[], bool],
+                 on_commit: Callable[[RunState], None] | None = None):
+        self.state = state
+        self.schedule = schedule
+        self.sampler = sampler
+        self.store = store
+        self.run_id = run_id
+        self.context_for = context_for
+        self.should_stop = should_stop
+        self._on_commit = on_commit or (lambda state: None)
+        self._reopen = list(state.open_draws)  # draws to play first, in order
+        self._in_flight: set[int] = set()
+
+    def next_draw(self) -> Draw | None:
+        """The next draw to play: an open one first, then a new one while the schedule allows it."""
+        if self._reopen:
+            index = self._reopen.pop(0)
+        elif self.schedule.may_draw(self.state, self.state.episodes + len(self._in_flight)):
+            index = self.state.next_draw
+            self.state.next_draw += 1
+        else:
+            return None
+        self._in_flight.add(index)
+        return self.sampler.draw(index)
+
+    def give_back(self, indices: list[int]) -> None:
+        """Draws an executor could not finish (a worker died): they are handed out again before new ones."""
+        self._in_flight.difference_update(indices)
+        self._reopen[:0] = sorted(indices)
+
+    def in_flight(self) -> list[int]:
+        return sorted(self._in_flight)
+
+    def open_draws(self) -> list[int]:
+        return sorted(self._in_flight | set(self._reopen))
+
+    def commit(self, record: EpisodeRecord) -> None:
+        """Store a finished episode with the state that counts it; the state moves only if the write succeeds."""
+        index = record.metadata["draw"]
+        assert index in self._in_flight, f"draw {index} was not handed out by this session"
+        after = self.state.with_episode(record, sorted((self._in_flight - {index}) | set(self._reopen)))
+        try:
+            self.store.add_episode(self.run_id, record, run_state=after.stored())
+        except BaseException:
+            self.give_back([index])  # replayed on resume (or by this session, if the caller goes on)
+            raise
+        self._in_flight.discard(index)
+        self.state = after
+        self._on_commit(after)
+
+    def save(self) -> None:
+        """Persist the state with every draw not committed as open (the end of the phase, or a stop)."""
+        self.state.open_draws = self.open_draws()
+        self.store.update_run(self.run_id, state=self.state.stored())
+
+
+class Executor(Protocol):
+    """Where the loop's phases run. PLAY drives a `PlaySession`; EXTRACT and CONSOLIDATE return their reports."""
+
+    label: str  # shown on the PLAY progress bar
+
+    def play(self, session: PlaySession, adapter) -> None: ...
+
+    def extract(self, run_id: int, episode_ids: list[int]) -> ExtractReport: ...
+
+    def consolidate(self, run_id: int, progress: Callable[[dict], None] | None = None,
+                    on_poll: Callable[[], None] | None = None) -> CycleReport | None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """Every phase in this process, with the driver's own backend (built on first use)."""
+
+    label = "PLAY"
+
+    def __init__(self, config: RunConfig, workdir: Path, store: ExperienceStore, envs: list[EnvSlotSpec],
+                 backend: Callable[[], PolicyBackend], examples_for=None):
+        self.config, self.workdir, self.store, self.envs = config, Path(workdir), store, envs
+        self._backend = backend
+        self.examples_for = examples_for
+
+    def play(self, session: PlaySession, adapter) -> None:
+        from agent_runtime.envs import build_prompt_builders, sampling_params
+
+        backend = self._backend()
+        runner = EpisodeRunner(backend, self.envs, build_prompt_builders(self.config, self.envs, backend),
+                               sampling_params(self.config.model), slots=self.config.runtime.slots,
+                               policy_name=self.config.model.name, context_for=session.context_for,
+                               adapter_id=adapter.id if adapter else None, examples_for=self.examples_for)
+        try:
+            runner.run(session.next_draw, session.commit, session.should_stop)
+        finally:
+            runner.close()
+
+    def extract(self, run_id: int, episode_ids: list[int]) -> ExtractReport:
+        from agent_runtime.lessons_phase import run_extract
+
+        return run_extract(self.config, self.workdir, self.store, run_id, self._backend(), episode_ids)
+
+    def consolidate(self, run_id: int, progress=None, on_poll=None) -> CycleReport | None:
+        from agent_runtime.consolidate import run_cycle
+
+        return run_cycle(self.config, self.workdir, self.store, run_id, self._backend(), self.config.opcd,
+                         progress=progress)
+
+    def close(self) -> None:
+        """Nothing of its own to release: the backend belongs to the loop."""
