@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from agent_runtime.agent import PromptBuilder, Turn, parse_action
-from agent_runtime.llm.base import BackendError, ChoiceBackend, PolicyBackend, SamplingParams
+from agent_runtime.llm.base import ChoiceBackend, PolicyBackend, SamplingParams, require
 from memory import EpisodeRecord, StepRecord
 
 INVALID_ACTION_FEEDBACK = "That reply did not contain a valid action. Reply with one command."
@@ -102,9 +102,8 @@ class EpisodeRunner:
                  adapter_id: int | None = None, context_for: Callable[[Draw], EpisodeContext] | None = None,
                  examples_for: Callable[[str, str], list[str]] | None = None):
         assert len(envs) == len(builders), "one prompt builder per environment"
-        if any(b.action_mode == "choice" for b in builders) and not isinstance(backend, ChoiceBackend):
-            raise BackendError(f"agent.action_mode choice: the {getattr(backend, 'name', type(backend).__name__)} "
-                               "backend cannot choose among actions; set agent.action_mode: free")
+        if any(b.action_mode == "choice" for b in builders):
+            require(backend, ChoiceBackend, "agent.action_mode choice (set agent.action_mode: free otherwise)")
         self.backend = backend
         self.envs = envs
         self.builders = builders

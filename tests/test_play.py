@@ -1,0 +1,102 @@
+"""PLAY written once: the run's typed state, the schedule of phases and stops, and the play session's commits.
+
+A commit that fails leaves the state where it was and the draw open, so the counters never count an episode
+that is not stored and a resumed run replays exactly that draw (the local loop and the Ray executor share the
+session, so both are covered by it; the Ray path is run in tests/test_ray.py). Backend capabilities are
+checked once, with an error that names the backend.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_runtime.config import config_from_dict
+from agent_runtime.llm.base import AdapterBackend, BackendError, ChoiceBackend, activate, require
+from agent_runtime.llm.scripted import ScriptedBackend
+from agent_runtime.loop import AgentLoop
+from agent_runtime.play import RunState, Schedule
+from memory import ExperienceStore
+
+
+def make_config(games_dir, *, episodes=6, slots=2, memory_url=None, **extra):
+    data = {"name": "t", "model": {"name": "scripted", "backend": "scripted"},
+            "envs": [{"id": "textworld/coin_collector", "max_steps": 4,
+                      "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)}}],
+            "runtime": {"slots": slots, "episodes": episodes}, **extra}
+    if memory_url is not None:
+        data["memory"] = {"url": memory_url}
+    return config_from_dict(data)
+
+
+def fail_commit(loop, n: int, exc: Exception) -> None:
+    """Make the n-th `add_episode` of `loop`'s store raise `exc` (before anything is written)."""
+    add_episode, count = loop.store.add_episode, {"n": 0}
+
+    def wrapped(*args, **kwargs):
+        count["n"] += 1
+        if count["n"] == n:
+            raise exc
+        return add_episode(*args, **kwargs)
+
+    loop.store.add_episode = wrapped
+
+
+def test_state_reads_what_earlier_versions_stored():
+    old = {"episodes": 3, "won": 1, "next_draw": 5, "open_draws": [3, 4]}
+    state = RunState.from_stored(old)
+    assert (state.episodes, state.won, state.next_draw, state.open_draws, state.cycles) == (3, 1, 5, [3, 4], 0)
+    assert RunState.from_stored(state.stored()) == state and RunState.from_stored(None) == RunState()
+
+
+def test_schedule_is_the_one_place_phases_fall_due(games_dir):
+    config = make_config(games_dir, episodes=20, lessons={"enabled": True, "extract_every": 4},
+                         opcd={"consolidate_every": 8})
+    config.opcd.enabled = True
+    schedule = Schedule(config)
+    state = RunState(episodes=4)
+    assert schedule.after_play(state) == "EXTRACT" and schedule.after_extract(state) == "PLAY"
+    state.last_extract_at = 4
+    assert schedule.after_play(state) is None
+    assert schedule.may_draw(state, 7) and not schedule.may_draw(state, 8)  # counting the episodes in flight
+    state.episodes, state.last_extract_at = 8, 8
+    assert schedule.after_play(state) == "CONSOLIDATE"
+    state.episodes, state.last_consolidate_at, state.open_draws = 20, 16, [19]
+    assert not schedule.over(state), "a draw still open keeps the run going"
+    state.open_draws = []
+    assert schedule.over(state) and not schedule.may_draw(state, 20)
+    assert Schedule(config, deadline=0.0).past_deadline()
+
+
+def test_a_failed_commit_leaves_the_state_and_the_draw_open(tmp_path, games_dir, memory_url):
+    """The third commit fails: two episodes counted and stored, draw 2 open, and the resumed run replays it once."""
+    config = make_config(games_dir, episodes=6, slots=1, memory_url=memory_url)
+    loop = AgentLoop(config, tmp_path, progress=False)
+    fail_commit(loop, 3, OSError("disk full"))
+    with pytest.raises(OSError, match="disk full"):
+        loop.run()
+    loop.close()
+    with ExperienceStore.open(memory_url) as store:
+        [run] = store.runs()
+        rows = sorted(e.metadata["draw"] for e in store.episodes(run.id))
+        assert run.state["episodes"] == len(rows) == 2 and rows == [0, 1]
+        assert run.state["open_draws"] == [2] and run.state["next_draw"] == 3 and run.status == "stopped"
+    loop = AgentLoop(config, tmp_path, resume=True, progress=False)
+    summary = loop.run()
+    loop.close()
+    assert summary.episodes == 6
+    with ExperienceStore.open(memory_url) as store:
+        assert sorted(e.metadata["draw"] for e in store.episodes(summary.run_id)) == list(range(6))
+
+
+def test_capabilities_are_checked_with_the_backend_named():
+    scripted = ScriptedBackend()
+    assert require(scripted, ChoiceBackend, "choice mode") is scripted
+    with pytest.raises(BackendError, match="opcd needs a backend that can act with LoRA adapters; the scripted"):
+        require(scripted, AdapterBackend, "opcd")
+    activate(scripted, None)  # the base model: what a backend without adapters already acts with
+
+    class Adapter:
+        name, path = "cycle-1", "/nowhere"
+
+    with pytest.raises(BackendError, match="acting with adapter cycle-1 needs .* the scripted backend cannot"):
+        activate(scripted, Adapter())
