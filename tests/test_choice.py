@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from agent_runtime.agent import ARENA_MOVES, PromptBuilder, resolve_action_mode
-from agent_runtime.consolidate import decide_promotion
 from agent_runtime.config import ConsolidationConfig
+from agent_runtime.consolidate import decide_promotion
 from agent_runtime.llm.base import SamplingParams, closest_action
 from distill.opcd import OPCDConfig, OPCDTrainer
 from distill.opcd.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices

@@ -16,7 +16,8 @@ import torch
 from agent_runtime.testing import tiny_model_and_tokenizer
 from distill.opcd.adapters import load_adapter
 from distill.opcd.config import OPCDConfig
-from distill.opcd.trainer import DivergenceError, OPCDTrainer, _response_hidden, with_context
+from distill.opcd.scoring import response_hidden
+from distill.opcd.trainer import DivergenceError, OPCDTrainer, with_context
 
 LESSON = "Lessons from your past experience: always take coin."
 MOVES = ["go north", "go south", "go east", "go west", "look", "inventory", "open door"]
@@ -148,9 +149,9 @@ def test_teacher_is_the_base_model_with_the_adapter_disabled(taught):
     trainer.train(TRAIN, LESSON)
     prompts, responses = [trainer.render(c) for c in TRAIN[:3]], [[5, 6, 7], [8], [9, 10]]
     with torch.no_grad():
-        reference = _response_hidden(model, prompts, responses, pad_id=tok.pad_token_id)
+        reference = response_hidden(model, prompts, responses, pad_id=tok.pad_token_id)
         teacher, _ = trainer._teacher_hidden(prompts, responses)
-        student = _response_hidden(trainer._student_lm, prompts, responses, pad_id=tok.pad_token_id)
+        student = response_hidden(trainer._student_lm, prompts, responses, pad_id=tok.pad_token_id)
     torch.testing.assert_close(teacher, reference, rtol=1e-4, atol=1e-5)
     assert not torch.allclose(student, reference, atol=1e-3)  # the student did move
 
@@ -163,8 +164,8 @@ def test_shared_context_prefix_cache_gives_the_same_hidden_states(taught):
     assert shared >= 8
     responses = [[11, 12, 13, 14], [15], [16, 17], [18, 19, 20]]
     with torch.no_grad():
-        once = _response_hidden(model, prompts, responses, pad_id=tok.pad_token_id, shared_prefix=shared)
-        full = _response_hidden(model, prompts, responses, pad_id=tok.pad_token_id)
+        once = response_hidden(model, prompts, responses, pad_id=tok.pad_token_id, shared_prefix=shared)
+        full = response_hidden(model, prompts, responses, pad_id=tok.pad_token_id)
     mask = torch.zeros(4, 4, dtype=torch.bool)
     for row, r in enumerate(responses):
         mask[row, :len(r)] = True
@@ -179,9 +180,9 @@ def test_sampling_copy_tracks_the_merged_student(taught, sampler):
     ids = torch.tensor([trainer.render(TRAIN[0])])
     with torch.no_grad():
         student = trainer.model(input_ids=ids).logits
-        with trainer._sampling_model() as copy_:
+        with trainer.policies.sampling_model() as copy_:
             sampled = copy_(input_ids=ids).logits.float()
-        assert all(p.numel() == 0 for p in trainer._sampler.parameters())  # released after sampling
+        assert all(p.numel() == 0 for p in trainer.policies.sampler.model.parameters())  # released after sampling
         base = model(input_ids=ids).logits
     moved = (student - base).abs().mean()
     error = (sampled - student).abs().mean()
@@ -227,7 +228,7 @@ def test_adapter_round_trip_and_parent_adapter_becomes_the_teacher(taught, tmp_p
     prompts, responses = [second.render(HELD_OUT[0])], [[5, 6]]
     with torch.no_grad():
         teacher, _ = second._teacher_hidden(prompts, responses)
-        parent = _response_hidden(load_adapter(copy.deepcopy(model), path).get_base_model(), prompts, responses,
+        parent = response_hidden(load_adapter(copy.deepcopy(model), path).get_base_model(), prompts, responses,
                                   pad_id=tok.pad_token_id)
     torch.testing.assert_close(teacher, parent, rtol=1e-4, atol=1e-5)
 
@@ -235,10 +236,10 @@ def test_adapter_round_trip_and_parent_adapter_becomes_the_teacher(taught, tmp_p
 def test_full_finetune_and_cross_size_teacher_run(taught):
     model, tok = taught
     full = OPCDTrainer(copy.deepcopy(model), tok, _config(full_finetune=True, lr=1e-3, steps=2))
-    teacher_before = {n: p.clone() for n, p in full._teacher.named_parameters()}
+    teacher_before = {n: p.clone() for n, p in full.policies.teacher_model.named_parameters()}
     full.train(TRAIN, LESSON)
     assert any(not torch.equal(p, model.state_dict()[n]) for n, p in full.model.named_parameters())
-    assert all(torch.equal(p, teacher_before[n]) for n, p in full._teacher.named_parameters())
+    assert all(torch.equal(p, teacher_before[n]) for n, p in full.policies.teacher_model.named_parameters())
 
     bigger, _ = tiny_model_and_tokenizer("llama", hidden_size=96, layers=3, heads=4, seed=1)
     cross = OPCDTrainer(copy.deepcopy(model), tok, _config(steps=2), teacher_model=bigger)

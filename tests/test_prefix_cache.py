@@ -1,5 +1,5 @@
-"""The transformers backend's prefix KV cache: same greedy tokens, prompt lengths and logprobs as the plain batched
-path (base model and with a LoRA adapter), within one call (a prefix shared by the rows) and across calls (each
+"""The transformers backend's prefix KV cache (`agent_runtime.llm.prefix_cache`): same greedy tokens, prompt
+lengths and logprobs as the plain batched path (base model and with a LoRA adapter), within one call (a prefix shared by the rows) and across calls (each
 row's stored conversation, as an agent loop sends it turn after turn: rows joining and leaving, a history cut at
 the front, an adapter switch); seeded sampling still repeats; the cache really saves prefill; the store stays
 within its token budget; short or single-row batches and a disabled cache fall back to plain generation."""
@@ -43,7 +43,7 @@ def save_random_adapter(path) -> None:
 def test_the_prompts_share_a_long_prefix(backends):
     on, _ = backends
     rows = [on.tokenizer(on.render(c), add_special_tokens=False)["input_ids"] for c in chats()]
-    assert on._shared_prefix(rows) >= 100
+    assert on.prefix_kv.shared_prefix(rows) >= 100
     assert len(set(map(len, rows))) > 1  # the rows need padding, so the layout matters
 
 
@@ -53,7 +53,7 @@ def test_greedy_tokens_logprobs_and_prompt_lengths_match_the_plain_path(backends
     on.clear_prefix_cache()
     before = on.prefix_stats.shared_tokens
     cached, plain = on.generate(chats(), params), off.generate(chats(), params)
-    assert on.prefix_stats.shared_tokens - before >= 300 and not off._store  # the shared prefix was really used
+    assert on.prefix_stats.shared_tokens - before >= 300 and not off.prefix_kv.entries  # the shared prefix was used
     assert [c.token_ids for c in cached] == [c.token_ids for c in plain]
     assert [c.prompt_tokens for c in cached] == [c.prompt_tokens for c in plain]
     assert [c.text for c in cached] == [c.text for c in plain]
@@ -63,7 +63,7 @@ def test_greedy_tokens_logprobs_and_prompt_lengths_match_the_plain_path(backends
     again = on.generate(chats(), params)  # the second call reuses the stored rows, which must be unchanged
     assert [c.token_ids for c in again] == [c.token_ids for c in plain]
     assert on.prefix_stats.reused_tokens - reused == sum(c.prompt_tokens - 1 for c in plain)
-    assert len(on._store) == 3
+    assert len(on.prefix_kv.entries) == 3
 
 
 def test_seeded_sampling_repeats_and_matches_the_plain_path(backends):
@@ -82,12 +82,12 @@ def test_matches_the_plain_path_with_an_adapter_active(tmp_path, tiny_model_dir)
         backend = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32", prefix_cache=flag)
         base = backend.generate(chats(), params)
         backend.load_adapter("a1", tmp_path / "adapter")
-        assert not backend._store  # loading an adapter drops sequences computed without it
+        assert not backend.prefix_kv.entries  # loading an adapter drops sequences computed without it
         tuned = backend.generate(chats(), params)
         backend.use_adapter("a1")  # re-activating the active adapter keeps its sequences, switching drops them
-        assert bool(backend._store) == flag
+        assert bool(backend.prefix_kv.entries) == flag
         backend.use_adapter(None)
-        assert not backend._store
+        assert not backend.prefix_kv.entries
         back = backend.generate(chats(), params)
         outs[flag] = (base, tuned, back)
     for cached, plain in zip(outs[True], outs[False]):
@@ -103,11 +103,11 @@ def test_short_prefixes_single_rows_and_identical_prompts(backends):
     on, _ = backends
     short = [[{"role": "user", "content": "go north"}], [{"role": "user", "content": "go south"}]]
     rows = [on.tokenizer(on.render(c), add_special_tokens=False)["input_ids"] for c in short]
-    assert on._shared_prefix(rows) == 0  # below min_shared_prefix
-    assert on._shared_prefix(rows[:1]) == 0
+    assert on.prefix_kv.shared_prefix(rows) == 0  # below min_shared_prefix
+    assert on.prefix_kv.shared_prefix(rows[:1]) == 0
     same = [chats()[0], chats()[0]]
     rows = [on.tokenizer(on.render(c), add_special_tokens=False)["input_ids"] for c in same]
-    assert on._shared_prefix(rows) == len(rows[0]) - 1  # every row keeps one token of its own
+    assert on.prefix_kv.shared_prefix(rows) == len(rows[0]) - 1  # every row keeps one token of its own
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     a, b = on.generate(same, params)
     assert a.token_ids == b.token_ids == on.generate(same[:1], params)[0].token_ids
@@ -177,13 +177,13 @@ def test_rows_continue_their_own_stored_conversation(tiny_model_dir):
     backend = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32")
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     play(backend, [["a", "b"], ["a", "b"]], params)
-    assert len(backend._store) == 2  # one sequence per slot: each turn supersedes the slot's previous one
-    rows = [e.ids for e in backend._store.values()]
+    assert len(backend.prefix_kv.entries) == 2  # one sequence per slot: each turn supersedes the slot's last one
+    rows = [e.ids for e in backend.prefix_kv.entries.values()]
     before = backend.prefix_stats.reused_tokens
     turns = play(backend, [["a", "b"], ["a", "b"], ["a", "b"]], params)  # the same conversations again
     # every prompt but the first turn's was stored (prompt + reply), so only the new observation is prefilled
     assert backend.prefix_stats.reused_tokens - before > sum(len(r) for r in rows)
-    assert len(backend._store) == 2 and sum(c.prompt_tokens for c in turns[0]) > 0
+    assert len(backend.prefix_kv.entries) == 2 and sum(c.prompt_tokens for c in turns[0]) > 0
 
 
 def test_adapter_switches_between_turns_match_the_plain_path(tmp_path, tiny_model_dir):
@@ -206,18 +206,19 @@ def test_the_store_stays_within_its_token_budget(tiny_model_dir):
     small = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32",
                                                 prefix_cache_tokens=2 * longest)
     assert_same(play(small, SCHEDULE, params), plain)
-    assert small.prefix_stats.evicted > 0 and len(small._store) <= 2
-    assert small._store_tokens == sum(len(e.ids) for e in small._store.values()) <= 2 * longest
+    assert small.prefix_stats.evicted > 0 and len(small.prefix_kv.entries) <= 2
+    assert small.prefix_kv.tokens == sum(len(e.ids) for e in small.prefix_kv.entries.values()) <= 2 * longest
     assert small.prefix_stats.reused_tokens > 0  # what fits is still reused
     none = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32", prefix_cache_tokens=0)
     assert_same(play(none, SCHEDULE, params), plain)
-    assert not none._store and none.prefix_stats.reused_tokens == 0 and none.prefix_stats.shared_tokens > 0
+    assert not none.prefix_kv.entries
+    assert none.prefix_stats.reused_tokens == 0 and none.prefix_stats.shared_tokens > 0
 
 
 def test_the_preallocated_cache_layer_grows_past_its_planned_room():
-    from agent_runtime.llm.transformers_backend import _preallocated_layer_class
+    from distill.opcd.prefix_kv import preallocated_layer_class
 
-    layer = _preallocated_layer_class()(capacity=3)
+    layer = preallocated_layer_class()(capacity=3)
     keys = [torch.randn(2, 1, n, 4) for n in (2, 1, 3, 1)]  # a prefill, then more than the 3 planned
     for k in keys:
         out, _ = layer.update(k, -k)

@@ -10,32 +10,23 @@ base model. With `dtype: auto` the model runs in bf16 on CUDA and on CPUs with n
 (AVX512-BF16/AMX: measured 1.7x faster generation than fp32 for SmolLM2-135M on this kind of machine, see
 bench/RESULTS.md), else in float32.
 
-Prefix KV cache (per row, across calls): in the agent loop every slot's prompt starts with the same system
-prompt and lessons block, and each turn's prompt is the previous turn's prompt plus the reply and the next
-observation; prefill is compute-bound on CPU, so re-running that history every turn is what caps the speedup
-of more slots. After each call the KV cache of every row's tokens (prompt and reply, cut at EOS) is kept; at
-the next call every row takes the stored sequence with the longest common token prefix and only its new
-suffix is prefilled. Rows that match nothing (a cold start) share their common prefix instead: it is run
-once for all of them. The batch is laid out as [left padding][cached part][padding][new part] and the rows'
-cached KV is left-padded to the same width; position ids come from the attention mask, so every row sees the
-same positions as without the cache and greedy decoding gives the same tokens. Any prompt is correct, a
-prompt whose history lost its oldest turns just matches less. The store is an LRU bounded in tokens.
+A prefix KV cache (per row, across calls: `agent_runtime.llm.prefix_cache`) makes an agent's next turn
+prefill only its new observation; the same greedy tokens as without it. Choice mode (`choose`) scores every
+admissible action in one packed forward (`distill.opcd.choice`) continuing the same cache.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import itertools
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams, apply_stop
+from agent_runtime.llm.prefix_cache import PrefixCache, PrefixCacheStats
 from distill.chat_tokens import encode_chat, render_chat
 from distill.opcd.choice import (
     ActionTrie,
@@ -66,85 +57,6 @@ def auto_dtype(device: torch.device) -> torch.dtype:
         return torch.bfloat16
     native_bf16 = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)()
     return torch.bfloat16 if native_bf16 else torch.float32
-
-
-@dataclass
-class _CachedSequence:
-    """Token ids and their batch-1 KV cache, per layer (kv_heads, tokens, head_dim)."""
-
-    ids: np.ndarray
-    prompt_len: int  # the first `prompt_len` ids were the prompt, the rest the reply
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-
-
-@dataclass
-class PrefixCacheStats:
-    """What the prefix cache saved, summed over calls; `prefilled_tokens` counts every prompt token run through
-    the model (a shared prefix once), so `prefilled_tokens / prompt_tokens` is the prefill left to do."""
-
-    prompt_tokens: int = 0
-    reused_tokens: int = 0  # prompt tokens whose KV came from a stored sequence of an earlier call
-    shared_tokens: int = 0  # prompt tokens covered by a prefix run once for several rows of the call
-    prefilled_tokens: int = 0
-    evicted: int = 0  # stored sequences dropped to stay within the token budget
-
-
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if diff.size else n
-
-
-def _plain_kv_layers(model) -> int:
-    """The number of layers when the model's cache is one plain growing (key, value) pair per layer (no sliding
-    windows, no recurrent state), else 0. Only then can a row's KV be cut out and spliced into another batch."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    try:
-        cache = DynamicCache(config=model.config)
-    except Exception:  # noqa: BLE001 -- a config the cache cannot read: treat as not spliceable
-        return 0
-    return len(cache.layers) if all(type(layer) is DynamicLayer for layer in cache.layers) else 0
-
-
-@functools.cache
-def _preallocated_layer_class():
-    from transformers.cache_utils import DynamicLayer
-
-    class PreallocatedLayer(DynamicLayer):
-        """A cache layer that writes new tokens into room allocated up front instead of concatenating: the stock
-        layer's torch.cat copies the whole cache at every decode step (10% of the CPU time in a profile at
-        batch 8 with ~700 tokens of context; a batch-8 call measured 3-4% faster with this layer). `keys` and
-        `values` are views of the filled part."""
-
-        def __init__(self, capacity: int, keys: torch.Tensor | None = None, values: torch.Tensor | None = None,
-                     filled: int = 0):
-            super().__init__()
-            self.capacity, self.filled = capacity, filled
-            self.key_room, self.value_room = keys, values  # (batch, kv_heads, capacity, head_dim) or None
-            if keys is not None:
-                self.lazy_initialization(keys, values)
-                self.keys, self.values = keys[:, :, :filled], values[:, :, :filled]
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            start, end = self.filled, self.filled + key_states.shape[-2]
-            if self.key_room is None or end > self.key_room.shape[-2]:  # more than planned: grow
-                shape = (*key_states.shape[:2], max(end, self.capacity, 2 * start), key_states.shape[-1])
-                key_room, value_room = key_states.new_zeros(shape), value_states.new_zeros(shape)
-                if start:
-                    key_room[:, :, :start], value_room[:, :, :start] = self.keys, self.values
-                self.key_room, self.value_room = key_room, value_room
-            self.key_room[:, :, start:end] = key_states
-            self.value_room[:, :, start:end] = value_states
-            self.filled = end
-            self.keys, self.values = self.key_room[:, :, :end], self.value_room[:, :, :end]
-            return self.keys, self.values
-
-    return PreallocatedLayer
 
 
 class InverseCDFSampler:
@@ -205,16 +117,10 @@ class TransformersBackend:
         self.adapters: dict[str, str] = {}
         self.active_adapter: str | None = None
         self.stats = BackendStats()
-        self._layers = _plain_kv_layers(self.model)
-        self.prefix_cache = prefix_cache and self._layers > 0
-        self.min_shared_prefix = min_shared_prefix
-        self.prefix_cache_tokens = prefix_cache_tokens
-        self.prefix_stats = PrefixCacheStats()
+        # stored sequences of the active adapter; cleared when the weights change
+        self.prefix_kv = PrefixCache(self.model, enabled=prefix_cache, min_shared_prefix=min_shared_prefix,
+                                     max_tokens=prefix_cache_tokens)
         self.choice_trie_above = choice_trie_above
-        # stored sequences of the active adapter, least recently used first; cleared when the weights change
-        self._store: OrderedDict[int, _CachedSequence] = OrderedDict()
-        self._store_tokens = 0
-        self._store_ids = itertools.count()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, **kwargs) -> TransformersBackend:
@@ -299,16 +205,16 @@ class TransformersBackend:
         arrays = [np.asarray(r, dtype=np.int64) for r in rows]
         disabled = self.active_adapter is None and hasattr(self.model, "disable_adapter")
         with self.model.disable_adapter() if disabled else contextlib.nullcontext():
-            sources, cached = self._plan(arrays)
+            sources, cached = self.prefix_kv.plan(self.model, arrays)
             if any(cached):
-                batch = self._cached_batch(rows, cached)
+                batch = self.prefix_kv.batch_inputs(rows, cached, self.tokenizer.pad_token_id, self.device)
             else:
                 batch = self.tokenizer.pad({"input_ids": rows}, return_tensors="pt").to(self.device)
             if tries is not None:
                 gen_kwargs["prefix_allowed_tokens_fn"] = self._trie_constraint(tries, batch["input_ids"].shape[1])
             if self.prefix_cache:  # off: the stock path, which the tests compare against
                 capacity = batch["input_ids"].shape[1] + params.max_new_tokens
-                gen_kwargs["cache"] = self._batched_cache(sources, cached, capacity)
+                gen_kwargs["cache"] = self.prefix_kv.batch_cache(sources, cached, capacity)
             out = self.model.generate(**batch, **gen_kwargs)
         width = batch["input_ids"].shape[1]
         new_tokens = out.sequences[:, width:]
@@ -322,7 +228,7 @@ class TransformersBackend:
         generated = new_tokens.tolist()
         cuts = [next((j for j, t in enumerate(row) if t in eos_ids), None) for row in generated]
         if self.prefix_cache:
-            self._store_rows(out, batch["attention_mask"], arrays, generated, cuts)
+            self.prefix_kv.keep_generated(out, batch["attention_mask"], arrays, generated, cuts)
         completions = []
         for i, row in enumerate(generated):
             cut = cuts[i]
@@ -429,17 +335,17 @@ class TransformersBackend:
         arrays = [np.asarray(r, dtype=np.int64) for r in rows]
         disabled = self.active_adapter is None and hasattr(self.model, "disable_adapter")
         with self.model.disable_adapter() if disabled else contextlib.nullcontext():
-            sources, cached = self._plan(arrays)
+            sources, cached = self.prefix_kv.plan(self.model, arrays)
             past_width = max(cached)
             packed = pack_choices([r[c:] for r, c in zip(rows, cached)], actions, pad_id=self.tokenizer.pad_token_id,
                                   past_lengths=cached, past_width=past_width)
             cache = None
             if self.prefix_cache:
-                cache = self._batched_cache(sources, cached, past_width + packed.input_ids.shape[1])
+                cache = self.prefix_kv.batch_cache(sources, cached, past_width + packed.input_ids.shape[1])
             scores = choice_logprobs(decoder, head, packed, past=cache)
 
         def store(picks: list[int]) -> None:
-            if cache is None or self.prefix_cache_tokens <= 0:
+            if cache is None:
                 return
             for i, (row, pick) in enumerate(zip(arrays, picks)):
                 start, fed = packed.segments[i][pick]
@@ -449,132 +355,26 @@ class TransformersBackend:
                     torch.arange(past_width + packed.rest - rest, past_width + packed.rest),
                     torch.arange(past_width + start, past_width + start + fed)]).to(self.device)
                 ids = np.concatenate([row, np.asarray(packed.targets[i][pick][:fed], dtype=np.int64)])
-                keys = [layer.keys[i].index_select(1, positions) for layer in cache.layers]
-                values = [layer.values[i].index_select(1, positions) for layer in cache.layers]
-                self._insert(_CachedSequence(ids, len(row), keys, values))
+                self.prefix_kv.keep(cache, i, positions, ids, len(row))
 
         return scores, store
 
-    # Prefix KV cache -----------------------------------------------------------------------------------
+    # Prefix KV cache (`agent_runtime.llm.prefix_cache`) ----------------------------------------------------
+    @property
+    def prefix_cache(self) -> bool:
+        """Whether the prefix KV cache is on (settable: False runs the stock path, which the tests compare to)."""
+        return self.prefix_kv.enabled
+
+    @prefix_cache.setter
+    def prefix_cache(self, value: bool) -> None:
+        self.prefix_kv.enabled = value
+
+    @property
+    def prefix_stats(self) -> PrefixCacheStats:
+        return self.prefix_kv.stats
+
     def clear_prefix_cache(self) -> None:
-        self._store.clear()
-        self._store_tokens = 0
-
-    def _plan(self, rows: list[np.ndarray]) -> tuple[list[_CachedSequence | None], list[int]]:
-        """For every row, the cached sequence it starts from and how many of its tokens that covers (0: none).
-
-        A row takes the stored sequence with the longest common prefix; rows left without one share their
-        common prefix, run once here. Every row keeps at least one token to prefill (generate needs one).
-        """
-        sources: list[_CachedSequence | None] = [None] * len(rows)
-        cached = [0] * len(rows)
-        stats = self.prefix_stats
-        stats.prompt_tokens += sum(len(r) for r in rows)
-        if self.prefix_cache:
-            for i, row in enumerate(rows):
-                best, best_len = None, 0
-                for key, entry in self._store.items():
-                    n = _common_prefix(row, entry.ids)
-                    if n > best_len:
-                        best, best_len = key, n
-                best_len = min(best_len, len(row) - 1)
-                if best_len >= self.min_shared_prefix:
-                    sources[i], cached[i] = self._store[best], best_len
-                    self._store.move_to_end(best)
-            stats.reused_tokens += sum(cached)
-            cold = [i for i in range(len(rows)) if sources[i] is None]
-            shared = self._shared_prefix([rows[i] for i in cold])
-            if shared:
-                prefix = self._run_prefix(rows[cold[0]][:shared])
-                for i in cold:
-                    sources[i], cached[i] = prefix, shared
-                stats.shared_tokens += shared * len(cold)
-                stats.prefilled_tokens += shared
-        stats.prefilled_tokens += sum(len(r) - c for r, c in zip(rows, cached))
-        return sources, cached
-
-    def _shared_prefix(self, rows: list) -> int:
-        """Tokens all rows share, leaving each row at least one token of its own; 0 when not worth caching."""
-        if not self.prefix_cache or len(rows) < 2:
-            return 0
-        length = min(len(r) for r in rows)
-        block = np.stack([np.asarray(r[:length], dtype=np.int64) for r in rows])
-        diff = np.flatnonzero((block != block[0]).any(axis=0))
-        common = min(int(diff[0]) if diff.size else length, length - 1)
-        return common if common >= self.min_shared_prefix else 0
-
-    def _run_prefix(self, ids: np.ndarray) -> _CachedSequence:
-        cache = self.model(input_ids=torch.as_tensor(ids, device=self.device)[None], use_cache=True).cache
-        return _CachedSequence(ids, len(ids), [layer.keys[0] for layer in cache.layers],
-                               [layer.values[0] for layer in cache.layers])
-
-    def _cached_batch(self, rows: list[list[int]], cached: list[int]) -> dict[str, torch.Tensor]:
-        """input_ids and attention_mask laid out as [left pad][cached part][pad][rest of the prompt]."""
-        width, rest = max(cached), max(len(r) - c for r, c in zip(rows, cached))
-        ids = torch.full((len(rows), width + rest), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, (row, c) in enumerate(zip(rows, cached)):
-            ids[i, width - c: width] = torch.tensor(row[:c], dtype=torch.long)
-            ids[i, width + rest - (len(row) - c):] = torch.tensor(row[c:], dtype=torch.long)
-            mask[i, width - c: width] = 1
-            mask[i, width + rest - (len(row) - c):] = 1
-        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
-
-    def _batched_cache(self, sources: list[_CachedSequence | None], cached: list[int], capacity: int):
-        """A fresh cache with room for `capacity` tokens per row, holding every row's first `cached[i]` KV
-        positions left-padded to the widest (the padding is masked out); the stored tensors are only read."""
-        from transformers import DynamicCache
-
-        layer_class = _preallocated_layer_class()
-        width = max(cached)
-        some = next((s for s in sources if s is not None), None)
-        if some is None:
-            layers = [layer_class(capacity) for _ in range(self._layers)]
-        else:
-            layers = []
-            for layer in range(self._layers):
-                ref = some.keys[layer]
-                keys = ref.new_zeros((len(sources), ref.shape[0], capacity, ref.shape[2]))
-                values = torch.zeros_like(keys)
-                for i, (source, c) in enumerate(zip(sources, cached)):
-                    if c:
-                        keys[i, :, width - c: width] = source.keys[layer][:, :c]
-                        values[i, :, width - c: width] = source.values[layer][:, :c]
-                layers.append(layer_class(capacity, keys, values, width))
-        cache = DynamicCache()
-        cache.layers = layers
-        return cache
-
-    def _store_rows(self, out, mask: torch.Tensor, rows: list[np.ndarray], generated: list[list[int]],
-                    cuts: list[int | None]) -> None:
-        """Keep every row's KV: its prompt tokens (where the mask is 1) and the generated tokens that went
-        through the model (all but the last sampled one, up to EOS)."""
-        cache = getattr(out, "cache", None)
-        width, steps = mask.shape[1], len(generated[0])
-        if self.prefix_cache_tokens <= 0 or cache is None or cache.get_seq_length() != width + steps - 1:
-            return
-        for i, row in enumerate(rows):
-            fed = min(cuts[i] + 1, steps - 1) if cuts[i] is not None else steps - 1
-            positions = torch.cat([mask[i].nonzero().squeeze(1),
-                                   torch.arange(width, width + fed, device=mask.device)])
-            ids = np.concatenate([row, np.asarray(generated[i][:fed], dtype=np.int64)])
-            keys = [layer.keys[i].index_select(1, positions) for layer in cache.layers]
-            values = [layer.values[i].index_select(1, positions) for layer in cache.layers]
-            self._insert(_CachedSequence(ids, len(row), keys, values))
-
-    def _insert(self, entry: _CachedSequence) -> None:
-        """Add a sequence; one whose prompt it continues is superseded (that slot moved on), and the least
-        recently used go while the store is over its token budget."""
-        if len(entry.ids) > self.prefix_cache_tokens:
-            return
-        for key, old in list(self._store.items()):
-            if _common_prefix(old.ids, entry.ids) >= old.prompt_len:
-                self._store_tokens -= len(self._store.pop(key).ids)
-        self._store[next(self._store_ids)] = entry
-        self._store_tokens += len(entry.ids)
-        while self._store_tokens > self.prefix_cache_tokens:
-            self._store_tokens -= len(self._store.popitem(last=False)[1].ids)
-            self.prefix_stats.evicted += 1
+        self.prefix_kv.clear()
 
     def _eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}

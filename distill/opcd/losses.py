@@ -1,6 +1,6 @@
 """Distillation losses for OPCD and its off-policy baseline, exact and memory-conscious.
 
-OPCD's objective (arXiv 2602.12275, DESIGN.md "The method"): at every response position t, with
+OPCD's objective (arXiv 2602.12275; docs/architecture.md): at every response position t, with
 p = softmax(logits / tau) and S_t the student's top-k token ids (picked without gradient from the student's
 own tempered distribution),
 

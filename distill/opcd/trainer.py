@@ -1,17 +1,22 @@
 """`OPCDTrainer`: on-policy context distillation of a context (lessons, a system prompt) into weights.
 
-One step (DESIGN.md "The method"): the student (the current policy plus a trainable LoRA adapter) samples one
-response per prompt WITHOUT the context, at the config's temperature, up to and including the first EOS; the
-teacher (the frozen start-of-cycle policy) scores the same response tokens with the context appended to the
-system message of the same prompt; the loss is `topk_reverse_kl` on the student's top-k, token-mean over the
-batch; one AdamW step at a constant learning rate with the gradient clipped to 1.0.
+One step (the method: docs/architecture.md): the student (the current policy plus a trainable LoRA adapter)
+samples one response per prompt WITHOUT the context, at the config's temperature, up to and including the
+first EOS; the teacher (the frozen start-of-cycle policy) scores the same response tokens with the context
+appended to the system message of the same prompt; the loss is `topk_reverse_kl` on the student's top-k,
+token-mean over the batch; one AdamW step at a constant learning rate with the gradient clipped to 1.0.
 
-The teacher is, without a second copy of the weights in memory:
-- no parent adapter: the same model with the adapter disabled (the base policy);
-- a parent adapter (the promoted adapter of the last cycle): the same model with that adapter switched in,
-  frozen, while the student starts as a copy of it;
-or, with a copy: an explicit `teacher_model` (a larger model sharing the tokenizer: cross-size distillation),
-or, for `full_finetune`, a frozen copy of the model taken before the first step.
+This module is the loop: steps, the train loop over prompt and context sources, the divergence guard,
+evaluation and saving. Its parts live beside it, one job each:
+- `distill.opcd.policies`: the student and the teacher from one base model (LoRA attached, the teacher as the
+  adapter disabled, a parent adapter switched in, or a frozen copy), and `with_context`, the teacher's prompt;
+- `distill.opcd.sampler`: the student samples from a copy of its weights with the adapter merged in, bf16 by
+  default, released right after sampling so it never adds to the training half's memory peak;
+- `distill.opcd.scoring`: hidden states at the response positions; the teacher runs the token prefix all its
+  prompts share (system prompt, lessons) once (`distill.opcd.prefix_kv`);
+- `distill.opcd.losses`: the divergences, from hidden states in sequence chunks, so the (B, T, V) logits of
+  the two models are never held at once; `distill.opcd.choice`: the choice policy;
+- `distill.chat_tokens`: prompts to token ids, the content (observations, lessons) tokenised as text.
 
 Choice mode (the agent acts by choosing among admissible actions): a step given one action set per prompt
 distils the policy the agent acts with, the distribution over the set, instead of free text: the student's
@@ -22,16 +27,6 @@ over: `opcd` reverse KL, `off_policy` forward KL, `sft` cross-entropy on an acti
 Baselines share this loop through `config.objective`: `off_policy` (the teacher samples with the context,
 forward KL on the teacher's top-k) and `sft` (cross-entropy on the teacher's samples). The "lessons in
 context" baseline needs no training. System-prompt distillation is OPCD with a fixed context string.
-
-Where the time goes and what is done about it (measured in bench/opcd.py):
-- sampling dominates. The student samples from a copy of the weights with the adapter merged in (unmerged
-  LoRA costs extra matmuls per decoded token), in bf16 by default (`config.sampler`): W + BA is written into
-  the copy just before sampling and the copy's weights are released right after, so the copy never adds to
-  the memory peak of the training half of the step;
-- the teacher runs once over the token prefix that all teacher prompts of the batch share (the system prompt
-  and, when every sample got the same lesson pool, the lessons) and reuses that KV cache for every row;
-- losses are computed from final hidden states in sequence chunks (`chunked_topk_divergence`), so the
-  (B, T, V) logits of the two models are never held at once.
 
 Data parallel (`OPCDConfig.processes`, launched by `distill.opcd.job`; the collectives are in
 `distill.opcd.collectives`): when this process is one rank of an
@@ -52,8 +47,6 @@ the adapter.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import itertools
 import math
 import random
@@ -64,14 +57,19 @@ from pathlib import Path
 
 import torch
 
-from distill.chat_tokens import encode_chat
+from distill.chat_tokens import Chat, encode_chat
 from distill.opcd.adapters import atomic_directory, write_metadata
 from distill.opcd.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices
 from distill.opcd.collectives import average_gradients, global_loss, world
 from distill.opcd.config import OPCDConfig
 from distill.opcd.losses import ChunkedLoss, chunked_topk_divergence
+from distill.opcd.policies import Policies, with_context
+from distill.opcd.prefix_kv import plain_kv_layers, shared_prefix_length
+from distill.opcd.sampler import sample_responses
+from distill.opcd.scoring import pad_responses, response_hidden
 
-Chat = list[dict[str, str]]
+__all__ = ["DivergenceError", "OPCDTrainer", "with_context"]
+
 ContextSource = str | Sequence[str] | Callable[[Chat], str]
 
 
@@ -79,73 +77,11 @@ class DivergenceError(RuntimeError):
     """The loss became NaN/inf or diverged; the run must be aborted and its adapter rolled back."""
 
 
-def with_context(chat: Chat, context: str) -> Chat:
-    """The teacher's view of a prompt: `context` appended to the system message (added when there is none)."""
-    if not context:
-        return list(chat)
-    if chat and chat[0].get("role") == "system":
-        return [{**chat[0], "content": f"{chat[0]['content']}\n\n{context}"}, *chat[1:]]
-    return [{"role": "system", "content": context}, *chat]
-
-
-def _response_hidden(causal_lm, prompts: list[list[int]], responses: list[list[int]], *, pad_id: int,
-                     shared_prefix: int = 0) -> torch.Tensor:
-    """Final hidden states (B, R, H) at the positions that predict each response token.
-
-    Layout per row: [shared prefix][left padding][rest of the prompt][response][right padding]. When
-    `shared_prefix` > 0 (no-grad use only) the prefix is run once and its KV cache repeated for every row.
-    """
-    decoder, _ = lm_parts(causal_lm)
-    device = causal_lm.device
-    batch, longest = len(prompts), max(len(r) for r in responses)
-    rests = [p[shared_prefix:] for p in prompts]
-    assert all(rests), "every row must keep at least one prompt token after the shared prefix"
-    width = max(len(r) for r in rests)
-    ids = torch.full((batch, width + longest), pad_id, dtype=torch.long)
-    mask = torch.zeros(batch, shared_prefix + width + longest, dtype=torch.long)
-    mask[:, :shared_prefix] = 1
-    for row, (rest, response) in enumerate(zip(rests, responses)):
-        ids[row, width - len(rest):width] = torch.tensor(rest)
-        ids[row, width:width + len(response)] = torch.tensor(response)
-        mask[row, shared_prefix + width - len(rest):shared_prefix + width + len(response)] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared_prefix:]
-    cache = None
-    if shared_prefix:
-        assert not torch.is_grad_enabled(), "the shared-prefix cache is for the frozen teacher only"
-        prefix = torch.tensor([prompts[0][:shared_prefix]], device=device)
-        cache = decoder(input_ids=prefix, use_cache=True).cache
-        cache.batch_repeat_interleave(batch)
-    out = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                  cache=cache, use_cache=cache is not None)
-    return out.last_hidden_state[:, width - 1:width - 1 + longest]
-
-
-def _empty_copy(model, dtype: torch.dtype):
-    """A frozen copy of `model`'s modules whose parameters hold no memory until `_sampling_model` fills them."""
-    memo = {id(p): torch.nn.Parameter(torch.empty(0, dtype=dtype, device=p.device), requires_grad=False)
-            for p in model.parameters()}
-    return copy.deepcopy(model, memo).eval()  # buffers (rotary frequencies) stay in full precision
-
-
-def _common_prefix(rows: list[list[int]]) -> int:
-    length = min(len(r) for r in rows)
-    for i in range(length):
-        if any(r[i] != rows[0][i] for r in rows[1:]):
-            return i
-    return length
-
-
 class OPCDTrainer:
     """Distils `contexts` into `model` (see the module docstring). `model` is a plain transformers causal LM."""
 
     def __init__(self, model, tokenizer, config: OPCDConfig, *, teacher_model=None,
                  parent_adapter: str | Path | None = None):
-        from peft import PeftModel
-
-        if isinstance(model, PeftModel):
-            raise TypeError("pass the base model; the current adapter goes in parent_adapter=<its directory>")
-        if config.full_finetune and parent_adapter is not None:
-            raise ValueError("full_finetune trains the model's own weights; merge the parent adapter first")
         self.config = config
         self.tokenizer = tokenizer
         self.parent_adapter = str(parent_adapter) if parent_adapter else None
@@ -155,25 +91,11 @@ class OPCDTrainer:
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         eos = model.generation_config.eos_token_id
         self._eos_ids = sorted({tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None})
-        self._sampler = None
-        if config.sampler != "live":
-            self._sampler_dtype = torch.bfloat16 if config.sampler == "merged-bf16" else torch.float32
-            self._sampler = _empty_copy(model, self._sampler_dtype)
-        self._teacher = teacher_model
-        if config.full_finetune:
-            self.model = model
-            if teacher_model is None:
-                self._teacher = copy.deepcopy(model).eval().requires_grad_(False)
-        else:
-            self.model = self._attach_lora(model)
-        if self._teacher is not None:
-            self._teacher.eval().requires_grad_(False)
-        if config.gradient_checkpointing:
-            lm = self._student_lm
-            if hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5.2 renamed it
-                lm.activation_checkpointing_enable({"use_reentrant": False})
-            else:
-                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.policies = Policies(model, config, teacher_model=teacher_model, parent_adapter=self.parent_adapter)
+        self.model = self.policies.model
+        # the teacher's shared prefix is spliced into its batch cache: only for models whose cache allows it
+        self._share_teacher_prefix = config.share_context_cache and plain_kv_layers(
+            self.policies.teacher_model or self.policies.student_lm) > 0
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         assert self._params, "nothing to train"
         self.optimizer = torch.optim.AdamW(self._params, lr=config.lr, weight_decay=config.weight_decay)
@@ -183,79 +105,9 @@ class OPCDTrainer:
                 for param in self._params:
                     torch.distributed.broadcast(param.data, src=0)
 
-    # -- set-up ------------------------------------------------------------------------------------------
-    def _attach_lora(self, model):
-        from peft import LoraConfig, PeftModel, get_peft_model
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
-        model.requires_grad_(False)
-        if self.parent_adapter:
-            peft_model = PeftModel.from_pretrained(model, self.parent_adapter, adapter_name="default",
-                                                   is_trainable=True)
-            if self._teacher is None:
-                peft_model.load_adapter(self.parent_adapter, adapter_name="parent", is_trainable=False)
-            peft_model.set_adapter("default")
-            return peft_model
-        lora = LoraConfig(r=self.config.lora_r, lora_alpha=self.config.lora_alpha,
-                          lora_dropout=self.config.lora_dropout, target_modules=self.config.lora_target_modules,
-                          bias="none", task_type="CAUSAL_LM")
-        peft_model = get_peft_model(model, lora)
-        if isinstance(peft_model.get_base_model().get_output_embeddings(), BaseTunerLayer):
-            raise ValueError(  # noqa: TRY004 - a bad config value, not a bad argument type
-                "lora_target_modules must not include the output head: the teacher's logits are computed with "
-                "the head outside the adapter switch")
-        return peft_model
-
     @property
     def _student_lm(self):
-        return self.model if self.config.full_finetune else self.model.get_base_model()
-
-    @contextlib.contextmanager
-    def _teacher_lm(self) -> Iterator[torch.nn.Module]:
-        """The teacher as a plain causal LM, switched in for the duration of the block (no gradients)."""
-        with torch.no_grad():
-            if self._teacher is not None:
-                yield self._teacher
-            elif self.parent_adapter:
-                self.model.set_adapter("parent", inference_mode=True)
-                try:
-                    yield self._student_lm
-                finally:
-                    self.model.set_adapter("default")
-            else:
-                with self.model.disable_adapter():
-                    yield self._student_lm
-
-    @torch.no_grad()
-    def _sampler_sources(self) -> Iterator[tuple[torch.nn.Parameter, torch.Tensor]]:
-        """(sampling-copy parameter, the student's current value for it, LoRA merged in) pairs."""
-        modules = dict(self._student_lm.named_modules())
-        params = dict(self._student_lm.named_parameters())
-        for name, param in self._sampler.named_parameters():
-            module_name, _, leaf = name.rpartition(".")
-            module = modules.get(module_name)
-            if leaf == "weight" and "default" in getattr(module, "lora_A", {}):
-                yield param, module.base_layer.weight + module.get_delta_weight("default")
-            else:
-                yield param, params[name]
-
-    @contextlib.contextmanager
-    def _sampling_model(self) -> Iterator[torch.nn.Module]:
-        """The model the student samples from: the live model, or the sampling copy filled with the student's
-        current merged weights for the duration of the block. The copy's weights are released afterwards, so
-        they never add to the training step's memory peak (refilling costs one cast of the weights)."""
-        if self._sampler is None:
-            yield self.model
-            return
-        dtype = self._sampler_dtype
-        with torch.no_grad():
-            for param, value in self._sampler_sources():
-                param.data = value.detach().to(dtype)  # aliases fp32 weights that need no merge: no copy
-        try:
-            yield self._sampler
-        finally:
-            for param in self._sampler.parameters():
-                param.data = torch.empty(0, dtype=dtype, device=param.device)
+        return self.policies.student_lm
 
     # -- prompts and sampling ----------------------------------------------------------------------------
     def render(self, chat: Chat) -> list[int]:
@@ -266,46 +118,27 @@ class OPCDTrainer:
             ids = ids[-self.config.max_prompt_tokens:]
         return ids
 
-    @torch.no_grad()
     def _generate(self, causal_lm, prompts: list[list[int]]) -> list[list[int]]:
-        """One sample per prompt at the config temperature (no top-k/top-p), cut after the first EOS."""
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
-        was_training = causal_lm.training
-        causal_lm.eval()
-        out = causal_lm.generate(
-            input_ids=ids.to(causal_lm.device), attention_mask=mask.to(causal_lm.device), do_sample=True,
-            temperature=self.config.temperature, top_k=0, top_p=1.0, max_new_tokens=self.config.max_new_tokens,
-            eos_token_id=self._eos_ids, pad_token_id=self._pad_id)
-        causal_lm.train(was_training)
-        responses = []
-        for row in out[:, width:].tolist():
-            cut = next((i for i, tok in enumerate(row) if tok in self._eos_ids), len(row) - 1)
-            responses.append(row[:cut + 1])
-        return responses
+        cfg = self.config
+        return sample_responses(causal_lm, prompts, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                                eos_ids=self._eos_ids, pad_id=self._pad_id)
 
     def _sample_student(self, prompts: list[list[int]]) -> list[list[int]]:
-        with self._sampling_model() as sampler:
+        with self.policies.sampling_model() as sampler:
             return self._generate(sampler, prompts)
 
     def _sample_teacher(self, prompts: list[list[int]]) -> list[list[int]]:
-        with self._teacher_lm() as teacher:
+        with self.policies.teacher() as teacher:
             return self._generate(teacher, prompts)
 
     def _shared_prefix(self, prompts: list[list[int]]) -> int:
-        if not self.config.share_context_cache or len(prompts) < 2:
-            return 0
-        length = min(_common_prefix(prompts), min(len(p) for p in prompts) - 1)
-        return length if length >= self.config.min_shared_prefix else 0
+        """Tokens all teacher prompts share (system prompt, lessons), when worth running once; else 0."""
+        return shared_prefix_length(prompts, self.config.min_shared_prefix) if self._share_teacher_prefix else 0
 
     def _teacher_hidden(self, prompts: list[list[int]], responses: list[list[int]]) -> tuple[torch.Tensor, object]:
         self.model.eval()
-        with self._teacher_lm() as teacher:
-            hidden = _response_hidden(teacher, prompts, responses, pad_id=self._pad_id,
+        with self.policies.teacher() as teacher:
+            hidden = response_hidden(teacher, prompts, responses, pad_id=self._pad_id,
                                       shared_prefix=self._shared_prefix(prompts))
             return hidden, lm_parts(teacher)[1]
 
@@ -343,12 +176,12 @@ class OPCDTrainer:
                 else:
                     responses = self._sample_teacher(teacher_ids)
             sampled = time.perf_counter()
-            targets, mask = self._pad_responses(responses)
+            targets, mask = pad_responses(responses, self._pad_id, self.model.device)
             teacher_hidden, teacher_head = self._teacher_hidden(teacher_ids, responses)
             scored = time.perf_counter()
             self.model.train()
             student_lm = self._student_lm
-            hidden = _response_hidden(student_lm, student_ids, responses, pad_id=self._pad_id)
+            hidden = response_hidden(student_lm, student_ids, responses, pad_id=self._pad_id)
             result = chunked_topk_divergence(
                 hidden, teacher_hidden, mask, student_head=lm_parts(student_lm)[1], teacher_head=teacher_head,
                 targets=targets, divergence=divergence, k=cfg.k,
@@ -391,7 +224,7 @@ class OPCDTrainer:
             ids = encode_chat(self.tokenizer, chat).ids
             actions.append(action_token_ids(self.tokenizer, chat, ids, options, self.tokenizer.eos_token_id))
         self.model.eval()
-        with self._teacher_lm() as teacher:
+        with self.policies.teacher() as teacher:
             teacher_logp = choice_logprobs(*lm_parts(teacher), pack_choices(teacher_ids, actions, pad_id=self._pad_id))
         self.model.train(torch.is_grad_enabled())
         student_logp = choice_logprobs(*lm_parts(self._student_lm),
@@ -421,15 +254,6 @@ class OPCDTrainer:
         base, extra = divmod(n, self.world_size)
         start = self.rank * base + min(self.rank, extra)
         return slice(start, start + base + (self.rank < extra))
-
-    def _pad_responses(self, responses: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        longest = max(len(r) for r in responses)
-        targets = torch.full((len(responses), longest), self._pad_id, dtype=torch.long)
-        mask = torch.zeros(len(responses), longest)
-        for row, response in enumerate(responses):
-            targets[row, :len(response)] = torch.tensor(response)
-            mask[row, :len(response)] = 1
-        return targets.to(self.model.device), mask.to(self.model.device)
 
     def _guard(self, loss: float) -> None:
         """Abort before the optimizer step on a NaN/inf, an absurd loss, or repeated spikes."""
@@ -539,7 +363,7 @@ class OPCDTrainer:
                 responses = self._sample_student(student_ids)
             teacher_hidden, teacher_head = self._teacher_hidden(teacher_ids, responses)
             self.model.eval()
-            hidden = _response_hidden(self._student_lm, student_ids, responses, pad_id=self._pad_id)
+            hidden = response_hidden(self._student_lm, student_ids, responses, pad_id=self._pad_id)
             head = lm_parts(self._student_lm)[1]
             for row in range(len(chats)):
                 mask = torch.zeros(1, hidden.shape[1], device=hidden.device)

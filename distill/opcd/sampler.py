@@ -1,0 +1,80 @@
+"""Where OPCD's samples come from: one response per prompt, drawn from the student's merged weights.
+
+Sampling dominates an OPCD step (57-64% of it, measured), and unmerged LoRA costs extra matmuls at every
+decoded token (16-35% per decode step; bench/RESULTS.md, "OPCD training", has the step times). So the student samples from a copy of the
+model whose weights are W + BA, written in just before sampling, in bf16 by default (generation about 2x on
+CPU) or fp32 (`OPCDConfig.sampler`); the copy's parameters are emptied right after, so it never adds to the
+memory peak of the training half of the step (refilling costs one cast of the weights). `sampler: live`
+samples from the training model itself: no extra memory, slower.
+
+`sample_responses` is plain ancestral sampling at the config temperature (no top-k/top-p: the loss is defined
+on the student's own distribution), each response cut after its first EOS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+
+import torch
+
+
+class MergedSampler:
+    """A frozen copy of the student's modules whose parameters hold memory only inside `weights_of(student)`."""
+
+    def __init__(self, model, dtype: torch.dtype):
+        """`model`: the plain causal LM, before any adapter is attached to it."""
+        self.dtype = dtype
+        memo = {id(p): torch.nn.Parameter(torch.empty(0, dtype=dtype, device=p.device), requires_grad=False)
+                for p in model.parameters()}
+        self.model = copy.deepcopy(model, memo).eval()  # buffers (rotary frequencies) stay in full precision
+
+    @torch.no_grad()
+    def _sources(self, student_lm) -> Iterator[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """(copy parameter, the student's current value for it, LoRA merged in) pairs."""
+        modules = dict(student_lm.named_modules())
+        params = dict(student_lm.named_parameters())
+        for name, param in self.model.named_parameters():
+            module_name, _, leaf = name.rpartition(".")
+            module = modules.get(module_name)
+            if leaf == "weight" and "default" in getattr(module, "lora_A", {}):
+                yield param, module.base_layer.weight + module.get_delta_weight("default")
+            else:
+                yield param, params[name]
+
+    @contextlib.contextmanager
+    def weights_of(self, student_lm) -> Iterator[torch.nn.Module]:
+        """The copy, filled with `student_lm`'s current merged weights for the duration of the block."""
+        with torch.no_grad():
+            for param, value in self._sources(student_lm):
+                param.data = value.detach().to(self.dtype)  # aliases fp32 weights that need no merge: no copy
+        try:
+            yield self.model
+        finally:
+            for param in self.model.parameters():
+                param.data = torch.empty(0, dtype=self.dtype, device=param.device)
+
+
+@torch.no_grad()
+def sample_responses(causal_lm, prompts: list[list[int]], *, temperature: float, max_new_tokens: int,
+                     eos_ids: list[int], pad_id: int) -> list[list[int]]:
+    """One sample per prompt (token ids) at `temperature`, cut after the first EOS."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    was_training = causal_lm.training
+    causal_lm.eval()
+    out = causal_lm.generate(
+        input_ids=ids.to(causal_lm.device), attention_mask=mask.to(causal_lm.device), do_sample=True,
+        temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+        eos_token_id=eos_ids, pad_token_id=pad_id)
+    causal_lm.train(was_training)
+    responses = []
+    for row in out[:, width:].tolist():
+        cut = next((i for i, tok in enumerate(row) if tok in eos_ids), len(row) - 1)
+        responses.append(row[:cut + 1])
+    return responses

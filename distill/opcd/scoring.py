@@ -1,0 +1,64 @@
+"""The forward passes of an OPCD step: final hidden states at the positions that predict each response token.
+
+The loss (`distill.opcd.losses.chunked_topk_divergence`) is computed from hidden states and the output head in
+sequence chunks, so the (B, T, V) logits of the student and the teacher are never held at once; this module
+lays out a batch of (prompt, response) rows for one decoder pass and returns those hidden states.
+
+The teacher's prompts of a batch usually start with the same tokens (the system prompt and, when every sample
+got the same lesson pool, the lessons): that prefix is run once and its KV cache reused for every row
+(`distill.opcd.prefix_kv`, the same splice the transformers backend uses for its slots), which took 60% off
+the teacher forward. Only the frozen teacher does this; the student needs gradients through every position.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from distill.opcd.choice import lm_parts
+from distill.opcd.prefix_kv import batched_cache, plain_kv_layers, run_prefix
+
+
+def response_hidden(causal_lm, prompts: list[list[int]], responses: list[list[int]], *, pad_id: int,
+                    shared_prefix: int = 0) -> torch.Tensor:
+    """Final hidden states (B, R, H) at the positions that predict each response token.
+
+    Layout per row: [shared prefix][left padding][rest of the prompt][response][right padding]. When
+    `shared_prefix` > 0 (no-grad use only, a model whose cache can be spliced) the prefix is run once and its
+    KV cache shared by every row.
+    """
+    decoder, _ = lm_parts(causal_lm)
+    device = causal_lm.device
+    batch, longest = len(prompts), max(len(r) for r in responses)
+    rests = [p[shared_prefix:] for p in prompts]
+    assert all(rests), "every row must keep at least one prompt token after the shared prefix"
+    width = max(len(r) for r in rests)
+    ids = torch.full((batch, width + longest), pad_id, dtype=torch.long)
+    mask = torch.zeros(batch, shared_prefix + width + longest, dtype=torch.long)
+    mask[:, :shared_prefix] = 1
+    for row, (rest, response) in enumerate(zip(rests, responses)):
+        ids[row, width - len(rest):width] = torch.tensor(rest)
+        ids[row, width:width + len(response)] = torch.tensor(response)
+        mask[row, shared_prefix + width - len(rest):shared_prefix + width + len(response)] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared_prefix:]
+    cache = None
+    if shared_prefix:
+        assert not torch.is_grad_enabled(), "the shared-prefix cache is for the frozen teacher only"
+        layers = plain_kv_layers(causal_lm)
+        assert layers, f"{type(causal_lm).__name__}'s cache cannot be spliced; call with shared_prefix=0"
+        prefix = run_prefix(decoder, np.asarray(prompts[0][:shared_prefix], dtype=np.int64))
+        cache = batched_cache([prefix] * batch, [shared_prefix] * batch, shared_prefix + width + longest, layers)
+    out = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                  cache=cache, use_cache=cache is not None)
+    return out.last_hidden_state[:, width - 1:width - 1 + longest]
+
+
+def pad_responses(responses: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(targets (B, R) right-padded with `pad_id`, mask (B, R): 1 on response tokens)."""
+    longest = max(len(r) for r in responses)
+    targets = torch.full((len(responses), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(responses), longest)
+    for row, response in enumerate(responses):
+        targets[row, :len(response)] = torch.tensor(response)
+        mask[row, :len(response)] = 1
+    return targets.to(device), mask.to(device)
