@@ -2,6 +2,8 @@
 
 Open it with `ExperienceStore.open(workdir_or_url)`; write episodes as `EpisodeRecord`s; read back
 dataclasses from `memory.records`. The errors it raises on purpose derive from `MemoryStoreError`.
+The named values of state columns (a lesson set's status and maker, an evaluation's kind) are exported
+here, so that no caller spells them. Test doubles (record builders, a demo store) are `memory.testing`.
 This package imports nothing else of ours (see docs/DESIGN: agent_runtime -> distill -> memory).
 """
 
@@ -16,6 +18,18 @@ from memory.errors import (
     NotFoundError,
     ReadOnlyStoreError,
     StoreUnavailableError,
+)
+from memory.models import (
+    EVALUATION_EVAL,
+    EVALUATION_GATE,
+    EVALUATION_KINDS,
+    EVALUATION_LESSON_UTILITY,
+    LESSON_SET_CANDIDATE,
+    LESSON_SET_LIVE,
+    LESSON_SET_MAKERS,
+    LESSON_SET_STATUSES,
+    MADE_BY_AGENT,
+    MADE_BY_USER,
 )
 from memory.records import (
     AdapterInfo,
@@ -34,6 +48,16 @@ from memory.records import (
 from memory.store import ExperienceStore
 
 __all__ = [
+    "EVALUATION_EVAL",
+    "EVALUATION_GATE",
+    "EVALUATION_KINDS",
+    "EVALUATION_LESSON_UTILITY",
+    "LESSON_SET_CANDIDATE",
+    "LESSON_SET_LIVE",
+    "LESSON_SET_MAKERS",
+    "LESSON_SET_STATUSES",
+    "MADE_BY_AGENT",
+    "MADE_BY_USER",
     "AdapterInfo",
     "CycleInfo",
     "DatabaseOutdatedError",

@@ -14,6 +14,8 @@ Why this shape:
   declarative class, so those columns are named `metadata` in SQL but `meta` in Python. NaN and
   infinities inside JSON values are stored as null (`memory.engine.json_dumps`), the same on both
   backends, since PostgreSQL's JSONB cannot hold them.
+- State lives in columns with named values (the constants below), never in free text: a lesson set's
+  `status` and `made_by`, an evaluation's `kind`. A lesson set's `note` is prose for people.
 - The schema is created and evolved only by the Alembic migrations in `memory/migrations/`;
   `tests/test_memory_schema.py` checks that these classes and the migrations agree.
 """
@@ -55,6 +57,23 @@ LESSON_STATUSES = ("proposed", "active", "consolidated", "retired")
 ADAPTER_STATUSES = ("candidate", "active", "rejected", "retired")
 CYCLE_STATUSES = ("running", "succeeded", "failed", "promoted", "rolled_back")
 EMBEDDING_KINDS = ("episode", "lesson")
+
+# A lesson-set version is live (the lessons in context from then on) or a candidate awaiting the gate;
+# the live set is the newest live version.
+LESSON_SET_LIVE = "live"
+LESSON_SET_CANDIDATE = "candidate"
+LESSON_SET_STATUSES = (LESSON_SET_LIVE, LESSON_SET_CANDIDATE)
+# Who made a version: the agent's own phases, or a person (`lessons add|retire`, `lessons.seed`), whose
+# pending candidate the loop gates before it plays.
+MADE_BY_AGENT = "agent"
+MADE_BY_USER = "user"
+LESSON_SET_MAKERS = (MADE_BY_AGENT, MADE_BY_USER)
+# What an evaluation row holds: a policy played held-out episodes ("eval"), the validation gate's decision
+# on a candidate lesson set ("gate"), or lesson utilities measured on logged episodes ("lesson-utility").
+EVALUATION_EVAL = "eval"
+EVALUATION_GATE = "gate"
+EVALUATION_LESSON_UTILITY = "lesson-utility"
+EVALUATION_KINDS = (EVALUATION_EVAL, EVALUATION_GATE, EVALUATION_LESSON_UTILITY)
 
 
 def utcnow() -> dt.datetime:
@@ -241,10 +260,16 @@ class LessonSet(Base):
     """A numbered, immutable version of the lessons in context (per run); episodes cite its number."""
 
     __tablename__ = "lesson_sets"
-    __table_args__ = (UniqueConstraint("run_id", "version", name="uq_lesson_sets_run_version"),)
+    __table_args__ = (
+        UniqueConstraint("run_id", "version", name="uq_lesson_sets_run_version"),
+        CheckConstraint(f"status IN {LESSON_SET_STATUSES}", name="status"),
+        CheckConstraint(f"made_by IN {LESSON_SET_MAKERS}", name="made_by"),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
     version: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(20), default=LESSON_SET_LIVE)
+    made_by: Mapped[str] = mapped_column(String(20), default=MADE_BY_AGENT)
     token_count: Mapped[int] = mapped_column(Integer, default=0)
     note: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
@@ -262,10 +287,13 @@ class LessonSetMember(Base):
 
 
 class Evaluation(Base):
-    """One evaluation of a policy (optionally an adapter, lesson set or cycle) on an environment split."""
+    """One evaluation of a policy (optionally an adapter, lesson set or cycle) on an environment split,
+    or (by `kind`) a gate decision or measured lesson utilities."""
 
     __tablename__ = "evaluations"
+    __table_args__ = (CheckConstraint(f"kind IN {EVALUATION_KINDS}", name="kind"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(20), default=EVALUATION_EVAL)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
     adapter_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"), index=True)
     cycle_id: Mapped[int | None] = mapped_column(ForeignKey("opcd_cycles.id"), index=True)

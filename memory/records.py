@@ -137,12 +137,15 @@ class LessonInfo:
 
 @dataclass
 class LessonSetInfo:
-    """One lesson-set version: its number within the run and the ordered lesson ids it holds."""
+    """One lesson-set version: its number within the run, the ordered lesson ids it holds, whether it
+    is live or a candidate (`status`) and who made it (`made_by`: "agent" or "user")."""
 
     id: int
     run_id: int | None
     version: int
     lesson_ids: list[int]
+    status: str
+    made_by: str
     token_count: int
     note: str
     created_at: dt.datetime
@@ -193,7 +196,10 @@ class AdapterInfo:
 
 @dataclass
 class EvaluationInfo:
+    """One evaluation row; `kind` says what it holds ("eval", "gate" or "lesson-utility")."""
+
     id: int
+    kind: str
     run_id: int | None
     adapter_id: int | None
     cycle_id: int | None

@@ -2,9 +2,12 @@
 
 What: open a store from a workdir, an SQLite file or a URL (`ExperienceStore.open`), migrate it,
 and read and write it. This module holds the core -- opening, runs, episodes with their steps,
-stats; the other tables' methods come from mixins in sibling modules, each documented there:
-`memory.learning` (lessons, lesson sets, extractions, OPCD cycles, adapters, evaluations),
-`memory.retrieval` (embeddings, FAISS indexes, search) and `memory.transfer` (JSONL export/import).
+stats; the other tables' methods come from one mixin per family of tables, each documented in its
+module: `memory.lesson_store` (lessons and extractions), `memory.lesson_set_store` (lesson-set
+versions), `memory.cycle_store` (OPCD cycles, promotion and rollback), `memory.adapter_store`,
+`memory.evaluation_store`, `memory.retrieval` (embeddings, FAISS indexes, search) and
+`memory.transfer` (JSONL export/import). Callers see one object; `memory.store_mixin` says what the
+parts share.
 
 Why this way:
 - Writes are batched by construction: `add_episode` writes an episode, all its steps and (if given)
@@ -36,6 +39,8 @@ from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, Stat
 from sqlalchemy.orm import Session, sessionmaker
 
 from memory import migrate
+from memory.adapter_store import AdaptersMixin
+from memory.cycle_store import CyclesMixin
 from memory.embeddings import Embedder
 from memory.engine import describe, make_engine, resolve_url
 from memory.errors import (
@@ -45,7 +50,9 @@ from memory.errors import (
     ReadOnlyStoreError,
     StoreUnavailableError,
 )
-from memory.learning import LearningMixin
+from memory.evaluation_store import EvaluationsMixin
+from memory.lesson_set_store import LessonSetsMixin
+from memory.lesson_store import LessonsMixin
 from memory.models import EPISODE_OUTCOMES, Episode, Lesson, Run, Step, utcnow
 from memory.records import EpisodeInfo, EpisodeRecord, RunInfo, StepInfo, to_info
 from memory.retrieval import RetrievalMixin
@@ -65,7 +72,15 @@ def episode_summary(record: EpisodeRecord) -> str:
     return text[:SUMMARY_CHARS]
 
 
-class ExperienceStore(LearningMixin, RetrievalMixin, TransferMixin):
+class ExperienceStore(
+    LessonsMixin,
+    LessonSetsMixin,
+    CyclesMixin,
+    AdaptersMixin,
+    EvaluationsMixin,
+    RetrievalMixin,
+    TransferMixin,
+):
     """The experience memory. Create with `ExperienceStore.open(target)`; thread-safe for reads."""
 
     def __init__(

@@ -1,10 +1,41 @@
-"""Shared fixtures: an isolated cache root, and a tiny model checkpoint built in code once per session."""
+"""What the tests share, as fixtures (tests never import one another; shipped doubles are `memory.testing`,
+`agent_runtime.testing` and `agent_runtime.llm.fake_chat`):
+
+- an isolated cache root (autouse), a tiny model checkpoint built in code once per session, a game cache;
+- PostgreSQL: `pg_url`, an empty test database, or a skip (a failure in CI) without a server;
+- the memory: `memory_url` (a fresh SQLite workdir, and the PostgreSQL database: parametrized) and
+  `store`, a migrated store on it with a cheap deterministic embedder;
+- `cli`: runs `python -m agent_runtime ARGS` in a subprocess;
+- `cycle_config`: the whole-cycle run config on the tiny model (PLAY, EXTRACT with a fake extractor,
+  CONSOLIDATE, EVALUATE);
+- `seed_with_xss`: the demo store plus an episode and a lesson carrying a script payload.
+
+PostgreSQL: the URL comes from AGENT_RUNTIME_TEST_PG_URL (default: the server `.ci/postgres.sh`
+starts). Each test process works in its own database (`<name>_<pid>`, created when the role may create
+databases, dropped at exit), so two test runs against one server cannot reset each other's tables.
+"""
 
 from __future__ import annotations
 
-import pytest
+import atexit
+import functools
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
-pytest_plugins = ["tests.fixtures_memory"]
+import pytest
+from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from memory import ExperienceStore
+from memory.embeddings import HashEmbedder
+
+PG_URL_ENV = "AGENT_RUNTIME_TEST_PG_URL"
+DEFAULT_PG_URL = "postgresql+psycopg://agent:agent@127.0.0.1:5432/agent_test"
+XSS = "<script>alert(1)</script>"
 
 
 @pytest.fixture(autouse=True)
@@ -38,3 +69,166 @@ def tiny_backend(tiny_model_dir):
 def games_dir(tmp_path_factory):
     """One game cache for the whole session, so each TextWorld game is generated once."""
     return tmp_path_factory.mktemp("games")
+
+
+# -- PostgreSQL --------------------------------------------------------------------------------
+
+
+@functools.cache
+def _unreachable_reason(url: str) -> str | None:
+    engine = create_engine(url, connect_args={"connect_timeout": 3})
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("select 1"))
+        return None
+    except SQLAlchemyError as exc:  # any failure to connect is a reason to skip (or fail in CI)
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    finally:
+        engine.dispose()
+
+
+@functools.cache
+def _private_database(url: str) -> str:
+    """A database of this process's own on the same server, or `url` if it cannot be created."""
+    base = make_url(url)
+    name = f"{base.database}_{os.getpid()}"
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except SQLAlchemyError:
+        return url  # no CREATEDB privilege: share the configured database
+    finally:
+        engine.dispose()
+    atexit.register(_drop_database, url, name)
+    return base.set(database=name).render_as_string(hide_password=False)
+
+
+def _drop_database(url: str, name: str) -> None:
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    except SQLAlchemyError:
+        pass  # best effort at interpreter exit
+    finally:
+        engine.dispose()
+
+
+def _reset(url: str) -> None:
+    """Drop everything in the test database's public schema (the role owns it)."""
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("DROP SCHEMA public CASCADE"))
+            conn.execute(text("CREATE SCHEMA public"))
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def pg_url() -> str:
+    """The URL of an empty PostgreSQL test database; skips the test (fails it in CI) when no server answers."""
+    url = os.environ.get(PG_URL_ENV) or DEFAULT_PG_URL
+    reason = _unreachable_reason(url)
+    if reason is not None:
+        message = (
+            f"PostgreSQL not reachable at {make_url(url).render_as_string(hide_password=True)} "
+            f"({reason}); start one with `source .ci/postgres.sh` or set {PG_URL_ENV}"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    private = _private_database(url)
+    _reset(private)
+    return private
+
+
+# -- the memory --------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def memory_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database: a workdir on SQLite, or the reset test database on PostgreSQL."""
+    if request.param == "sqlite":
+        return str(tmp_path / "work")
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def store(memory_url: str, tmp_path: Path) -> Iterator[ExperienceStore]:
+    """A freshly migrated store with a cheap deterministic embedder."""
+    opened = ExperienceStore.open(memory_url, index_dir=tmp_path / "index", embedder=HashEmbedder(dim=32))
+    yield opened
+    opened.close()
+
+
+# -- the runtime -------------------------------------------------------------------------------
+
+
+def _run_cli(*args: Any, check: bool = True, timeout: float = 600, cwd: Path | None = None):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, "-m", "agent_runtime", *map(str, args)], check=False, capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=cwd)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`cli(*args, check=True, timeout=600, cwd=None)`: run the CLI in a subprocess; with `check`, a
+    non-zero exit fails the test showing both streams."""
+    return _run_cli
+
+
+@pytest.fixture
+def cycle_config(games_dir, tiny_model_dir) -> Callable[..., Any]:
+    """`cycle_config(**opcd)`: a run config that plays 4 coin-collector games on the tiny model, extracts
+    every 2 with a fake extractor, and consolidates after 4 (3 OPCD steps); `opcd` overrides that section."""
+    from agent_runtime.config import config_from_dict
+
+    def make(**opcd: Any):
+        return config_from_dict({
+            "name": "cycle", "model": {"name": str(tiny_model_dir), "max_new_tokens": 4},
+            "envs": [{"id": "textworld/coin_collector", "max_steps": 2,
+                      "kwargs": {"level": 1, "n_train": 4, "n_eval": 2, "cache_dir": str(games_dir)}}],
+            "runtime": {"slots": 2, "episodes": 4},
+            "lessons": {"enabled": True, "extract_every": 2, "gate_episodes": 0, "embedder": "hash",
+                        "extractor": "agent_runtime.llm.fake_chat:LessonWriter"},
+            "evaluation": {"episodes_per_env": 2},
+            "opcd": {"enabled": True, "consolidate_every": 4, "recent_episodes": 4,
+                     "trainer": {"steps": 3, "batch_size": 2, "max_new_tokens": 6, "lr": 1e-3, "k": 16,
+                                 "lora_r": 4, "sampler": "live"}, **opcd},
+        })
+
+    return make
+
+
+# -- the dashboard -----------------------------------------------------------------------------
+
+
+def _seed_with_xss(workdir: Path) -> dict[str, int]:
+    from memory.testing import DEMO_EMBEDDER, DEMO_ENVS, game_episode, seed_demo_store
+
+    ids = seed_demo_store(workdir, episodes=60)
+    with ExperienceStore.open(workdir, embedder=DEMO_EMBEDDER) as opened:
+        record = game_episode(DEMO_ENVS[1], f"task {XSS}", won=False, observation=f"A note reads {XSS} here.")
+        record.goal = f"goal {XSS}"
+        record.steps[0].prompt = f"prompt {XSS}"
+        ids["xss_episode"] = opened.add_episode(ids["run"], record)
+        _, lesson_ids = opened.record_extraction(
+            "extractor", [f"Never trust {XSS} in a room description."], run_id=ids["run"],
+            episode_ids=[ids["xss_episode"]], prompt=f"prompt {XSS}", response=f"- EXPERIENCE ITEM: {XSS}",
+        )
+        ids["xss_lesson"] = lesson_ids[0]
+        opened.embed_pending()
+    return ids
+
+
+@pytest.fixture(scope="session")
+def seed_with_xss() -> Callable[[Path], dict[str, int]]:
+    """`seed_with_xss(workdir) -> ids`: the demo store (60 episodes) plus an episode and a lesson whose texts
+    carry `<script>alert(1)</script>`; the ids are the demo's plus "xss_episode" and "xss_lesson"."""
+    return _seed_with_xss

@@ -1,8 +1,9 @@
 """The dashboard through FastAPI's TestClient: every route, the safety rules, and the reads behind them.
 
-The store is the demo store (`agent_runtime.dashboard.demo`) plus a hostile episode and lesson whose
-text is `<script>alert(1)</script>`, written through the ExperienceStore API into a temporary SQLite
-file; the app opens it read-only. `tests/test_dashboard_browser.py` drives the same app in Chromium.
+The store is the demo store (`memory.testing.seed_demo_store`) plus a hostile episode and lesson whose
+text is `<script>alert(1)</script>` (the `seed_with_xss` fixture), written through the ExperienceStore
+API into a temporary SQLite file; the app opens it read-only. `tests/test_dashboard_browser.py` drives
+the same app in Chromium.
 """
 
 from __future__ import annotations
@@ -21,33 +22,26 @@ from sqlalchemy.exc import OperationalError
 
 from agent_runtime.dashboard import app as dashboard_app
 from agent_runtime.dashboard import create_app, learning, reads, serve
-from agent_runtime.dashboard.demo import DEMO_EMBEDDER, ENVS, episode_record, seed_demo_store
-from memory import ExperienceStore, ReadOnlyStoreError, StepRecord, StoreUnavailableError
+from memory import (
+    EVALUATION_GATE,
+    EVALUATION_LESSON_UTILITY,
+    LESSON_SET_CANDIDATE,
+    MADE_BY_USER,
+    ExperienceStore,
+    ReadOnlyStoreError,
+    StepRecord,
+    StoreUnavailableError,
+)
+from memory.rates import wilson_interval
+from memory.testing import DEMO_ENVS, game_episode
 
 XSS = "<script>alert(1)</script>"
 ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
 PACKAGE = Path(dashboard_app.__file__).parent
 
 
-def seed_with_xss(workdir: Path) -> dict[str, int]:
-    """The demo store plus an episode and a lesson carrying an XSS payload; returns their ids."""
-    ids = seed_demo_store(workdir, episodes=60)
-    with ExperienceStore.open(workdir, embedder=DEMO_EMBEDDER) as store:
-        record = episode_record(ENVS[1], f"task {XSS}", won=False, observation=f"A note reads {XSS} here.")
-        record.goal = f"goal {XSS}"
-        record.steps[0].prompt = f"prompt {XSS}"
-        ids["xss_episode"] = store.add_episode(ids["run"], record)
-        _, lesson_ids = store.record_extraction(
-            "extractor", [f"Never trust {XSS} in a room description."], run_id=ids["run"],
-            episode_ids=[ids["xss_episode"]], prompt=f"prompt {XSS}", response=f"- EXPERIENCE ITEM: {XSS}",
-        )
-        ids["xss_lesson"] = lesson_ids[0]
-        store.embed_pending()
-    return ids
-
-
 @pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
+def seeded(tmp_path_factory: pytest.TempPathFactory, seed_with_xss) -> tuple[Path, dict[str, int]]:
     workdir = tmp_path_factory.mktemp("dashboard")
     return workdir, seed_with_xss(workdir)
 
@@ -63,7 +57,7 @@ def page_urls(ids: dict[str, int]) -> list[str]:
     run, cycle = ids["run"], ids["cycle"]
     return [
         "/", f"/?run={run}", f"/partials/overview?run={run}", "/learning", f"/learning?run={run}&window=5",
-        "/episodes", f"/episodes?run={run}&env={ENVS[0]}&outcome=won&page=1", f"/episodes/{ids['xss_episode']}",
+        "/episodes", f"/episodes?run={run}&env={DEMO_ENVS[0]}&outcome=won&page=1", f"/episodes/{ids['xss_episode']}",
         "/lessons", f"/lessons?run={run}&status=active&pool=0", "/lessons/versions",
         f"/lessons/{ids['xss_lesson']}", "/cycles", f"/cycles/{cycle}", "/search", "/search?q=frozen+lake",
         f"/episodes/{ids['xss_episode']}/steps/0/prompt",
@@ -87,7 +81,7 @@ def test_json_chart_endpoints(client: TestClient, seeded: tuple[Path, dict[str, 
     per_env, lessons = success
     assert per_env["marks"] == lessons["marks"] == [
         {"x": 60, "label": f"cycle {ids['cycle']} promoted", "status": "promoted"}]
-    assert {s["label"] for s in per_env["series"]} == set(ENVS)
+    assert {s["label"] for s in per_env["series"]} == set(DEMO_ENVS)
     assert {s["label"] for s in lessons["series"]} == {"with lessons", "without lessons"}
     assert per_env["x"] == sorted(per_env["x"]) and per_env["x"][-1] == 61
     for series in per_env["series"] + lessons["series"]:
@@ -106,14 +100,14 @@ def test_rolling_success_rate_and_cycle_marks(tmp_path: Path) -> None:
     with ExperienceStore.open(tmp_path) as store:
         run = store.create_run("tiny", {})
         for won in (True, False, True, True):
-            store.add_episode(run, episode_record(ENVS[0], "t", won=won, n_steps=1))
+            store.add_episode(run, game_episode(DEMO_ENVS[0], "t", won=won, n_steps=1))
         cycle = store.start_cycle(run, {})
-        store.add_episode(run, episode_record(ENVS[0], "t", won=False, n_steps=1, lessons_in_context=[]))
+        store.add_episode(run, game_episode(DEMO_ENVS[0], "t", won=False, n_steps=1, lessons_in_context=[]))
         store.update_cycle(cycle, status="failed", ended=True)
     client = TestClient(create_app(tmp_path), base_url="http://127.0.0.1")
     per_env, with_without = client.get(f"/api/runs/{run}/success.json?window=2").json()["charts"]
     assert per_env["x"] == [1, 2, 3, 4, 5]
-    assert per_env["series"] == [{"label": ENVS[0], "values": [1.0, 0.5, 0.5, 1.0, 0.5]}]
+    assert per_env["series"] == [{"label": DEMO_ENVS[0], "values": [1.0, 0.5, 0.5, 1.0, 0.5]}]
     assert with_without["series"][0]["label"] == "without lessons"
     assert per_env["marks"] == [{"x": 5, "label": f"cycle {cycle} failed", "status": "failed"}]
 
@@ -157,7 +151,7 @@ def test_cycle_page_shows_decision_evaluations_and_lineage(client: TestClient, s
                       "base: teacher without lessons", "student retention"):
         assert condition in body
     assert "adapter-1" in body and "base model" in body
-    low, high = reads.wilson_interval(11, 20)  # the demo's teacher with lessons on its first environment
+    low, high = wilson_interval(11, 20)  # the demo's teacher with lessons on its first environment
     assert f"{100 * low:.1f}% to {100 * high:.1f}%" in body
 
 
@@ -165,8 +159,8 @@ def test_episode_filters_and_paging(client: TestClient, seeded: tuple[Path, dict
     _, ids = seeded
     won = client.get("/episodes?outcome=won&per_page=500").text
     assert "badge lost" not in won and "badge won" in won
-    env = client.get(f"/episodes?env={ENVS[1]}&per_page=500").text
-    assert ENVS[0] not in re.sub(r"<option.*?</option>", "", env)
+    env = client.get(f"/episodes?env={DEMO_ENVS[1]}&per_page=500").text
+    assert DEMO_ENVS[0] not in re.sub(r"<option.*?</option>", "", env)
     assert "1 episode ·" in client.get("/episodes?task=alert").text
     assert "61 episodes · page 1 of 2" in client.get(f"/episodes?run={ids['run']}").text
     page2 = client.get(f"/episodes?run={ids['run']}&page=2").text
@@ -223,14 +217,11 @@ def test_store_is_read_only_at_the_driver(seeded: tuple[Path, dict[str, int]]) -
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
 
 
-def test_postgres_store_is_read_only(tmp_path: Path) -> None:
-    from tests.pg import require_pg, reset_pg
-
-    url = require_pg()
-    reset_pg(url)
+def test_postgres_store_is_read_only(tmp_path: Path, pg_url: str) -> None:
+    url = pg_url
     with ExperienceStore.open(url, index_dir=tmp_path) as store:
         run = store.create_run("pg", {})
-        episode = store.add_episode(run, episode_record(ENVS[0], "t", won=True, observation=XSS))
+        episode = store.add_episode(run, game_episode(DEMO_ENVS[0], "t", won=True, observation=XSS))
     app = create_app(url)
     with TestClient(app, base_url="http://127.0.0.1") as test_client:
         assert ESCAPED in test_client.get(f"/episodes/{episode}").text
@@ -320,11 +311,6 @@ def test_curve_formats() -> None:
     assert [(c.title, c.x, c.series["loss"]) for c in history] == [("loss", [1.0, 2.0], [2.0, 1.5])]
 
 
-def test_split_names_match_distill() -> None:
-    gate = pytest.importorskip("distill.lessons.gate")
-    assert (reads.UTILITY_SPLIT, reads.GATE_SPLIT) == (gate.UTILITY_SPLIT, gate.GATE_SPLIT)
-
-
 def test_vendored_assets_match_vendor_md() -> None:
     vendor = (PACKAGE / "VENDOR.md").read_text()
     listed = re.findall(r"\| `static/([^`]+)` \|[^|]+\|[^|]+\| `([0-9a-f]{64})` \|", vendor)
@@ -376,6 +362,35 @@ def test_lessons_are_paged(client: TestClient, seeded: tuple[Path, dict[str, int
     assert len(listed) == total == len(set(listed)) and listed == sorted(listed), "each lesson once, oldest first"
 
 
+def test_lesson_pages_read_the_state_columns(tmp_path: Path) -> None:
+    """The current set is the live version, not a newer pending candidate; the versions page shows each
+    version's status and who made it; gate decisions and utilities are found by their kind, not their split."""
+    with ExperienceStore.open(tmp_path) as store:
+        run = store.create_run("r", {})
+        live = store.add_lesson("Live lesson text.", run_id=run, status="active")
+        pending = store.add_lesson("Pending lesson text.", run_id=run)
+        v1 = store.create_lesson_set(run, [live], note="first").version
+        v2 = store.create_lesson_set(run, [live, pending], note="awaiting the gate", status=LESSON_SET_CANDIDATE,
+                                     made_by=MADE_BY_USER).version
+        store.add_evaluation("*", run_id=run, lesson_set_version=v2, kind=EVALUATION_GATE, split="eval",
+                             num_episodes=4, metrics={"promote": False, "reason": "blocked: worse by 0.5"})
+        store.add_evaluation("*", run_id=run, lesson_set_version=v1, split="gate", metrics={"promote": True})
+        store.add_evaluation("*", run_id=run, kind=EVALUATION_LESSON_UTILITY, split="eval",
+                             metrics={"utilities": {str(live): {"utility": 0.25}}})
+        store.add_evaluation("*", run_id=run, split="lesson-utility", metrics={"utilities": {str(live): {"utility": -1}}})
+        assert set(reads.gate_decisions(store, run)) == {v2}, "a policy evaluation named 'gate' is not a decision"
+        assert reads.stored_utilities(store, run) == {live: {"utility": 0.25}}
+    with TestClient(create_app(tmp_path), base_url="http://127.0.0.1") as client:
+        current = client.get(f"/lessons?run={run}").text.split("<section>")[1]
+        assert f"Current set: version {v1} " in current and "first" in current
+        assert "Live lesson text." in current and "Pending lesson text." not in current
+        versions = client.get(f"/lessons/versions?run={run}").text
+    newest, oldest = versions.split('<article class="version">')[1:]
+    assert f"version {v2} <span class=\"badge candidate\">candidate</span> <span class=\"badge\">by a person</span>" in newest
+    assert "blocked: worse by 0.5" in newest and "awaiting the gate" in newest
+    assert f"version {v1} <span class=\"badge live\">live</span> <small>" in oldest and "validation gate" not in oldest
+
+
 # -- the learning view -------------------------------------------------------------------------
 
 LEARNING_WINS = (False, False, True, True, False, True, True, True, True, False)
@@ -398,19 +413,19 @@ def seed_learning_store(target: Path | str, **open_options: Any) -> dict[str, An
         ids = {"run": run, "cycle": cycle, "adapter": adapter, "v1": v1, "v2": v2, "episodes": []}
         for i, won in enumerate(LEARNING_WINS):
             version = None if i < 3 else (v1 if i < 7 else v2)
-            record = episode_record(ENVS[0], f"t{i}", won=won, n_steps=1, seed=i, lesson_set_version=version,
-                                    adapter_id=adapter if i >= 6 else None,
-                                    lessons_in_context=[lesson] if version else ())
+            record = game_episode(DEMO_ENVS[0], f"t{i}", won=won, n_steps=1, seed=i, lesson_set_version=version,
+                                  adapter_id=adapter if i >= 6 else None,
+                                  lessons_in_context=[lesson] if version else ())
             ids["episodes"].append(store.add_episode(run, record))
             if i == 4:
-                store.add_episode(other, episode_record(ENVS[1], "elsewhere", won=True, n_steps=1))
+                store.add_episode(other, game_episode(DEMO_ENVS[1], "elsewhere", won=True, n_steps=1))
         for condition, env_id, n, rate, extra in (
-            ("teacher_without_lessons", ENVS[0], 10, 0.3, {}),
-            ("teacher_without_lessons", ENVS[1], 10, 0.5, {}),
-            ("teacher_with_lessons", ENVS[0], 20, 0.75, {"ci95": [0.5, 0.9]}),
-            ("student without lessons", ENVS[0], 20, 0.7, {}),
-            ("random", ENVS[0], 20, 0.1, {"ci95": [0.03, 0.3]}),
-            (None, ENVS[0], 4, 0.5, {}),
+            ("teacher_without_lessons", DEMO_ENVS[0], 10, 0.3, {}),
+            ("teacher_without_lessons", DEMO_ENVS[1], 10, 0.5, {}),
+            ("teacher_with_lessons", DEMO_ENVS[0], 20, 0.75, {"ci95": [0.5, 0.9]}),
+            ("student without lessons", DEMO_ENVS[0], 20, 0.7, {}),
+            ("random", DEMO_ENVS[0], 20, 0.1, {"ci95": [0.03, 0.3]}),
+            (None, DEMO_ENVS[0], 4, 0.5, {}),
         ):
             metrics = {"episodes": [{"won": True}] * n, **extra}
             if condition:
@@ -418,7 +433,7 @@ def seed_learning_store(target: Path | str, **open_options: Any) -> dict[str, An
             store.add_evaluation(env_id, run_id=run, cycle_id=cycle, adapter_id=adapter, split="eval",
                                  policy="Out-of-distribution probe", num_episodes=n, success_rate=rate,
                                  metrics=metrics)
-        store.add_evaluation("*", run_id=run, cycle_id=cycle, split="lesson-utility", num_episodes=99,
+        store.add_evaluation("*", run_id=run, cycle_id=cycle, kind=EVALUATION_LESSON_UTILITY, num_episodes=99,
                              success_rate=1.0, metrics={"condition": "teacher_with_lessons"})
         store.promote_cycle(cycle, [])
         ids["running_cycle"] = store.start_cycle(run, {}, lesson_set_version=v2, base_adapter_id=adapter)
@@ -431,7 +446,7 @@ def seed_learning_store(target: Path | str, **open_options: Any) -> dict[str, An
                             info={"action_mode": "choice", "choice_logprobs": [-0.1, -2.0]})
         free = StepRecord(index=2, observation="free text", prompt="p", response="ACTION: look", action="look",
                           valid_action=True, reward=1.0, admissible_actions=["look"], info={"action_mode": "text"})
-        record = episode_record(ENVS[0], "choice", won=True, n_steps=1)
+        record = game_episode(DEMO_ENVS[0], "choice", won=True, n_steps=1)
         record.steps = [step, skewed, free]
         ids["choice_episode"] = store.add_episode(other, record)
     return ids
@@ -462,7 +477,7 @@ def test_learning_curve_rolling_rate_band_and_marks(learning_client: tuple[TestC
     assert series["success (last 3)"] == pytest.approx([w / n for w, n in expected])
     assert series["success (last 3)"][:4] == pytest.approx([0.0, 0.0, 1 / 3, 2 / 3])
     for (w, n), low, high in zip(expected, series["95% low"], series["95% high"], strict=True):
-        assert (low, high) == pytest.approx(reads.wilson_interval(w, n))
+        assert (low, high) == pytest.approx(wilson_interval(w, n))
         assert 0.0 <= low <= w / n <= high <= 1.0
     assert series["95% high"][0] == pytest.approx(0.7935, abs=1e-4)  # 0 of 1: Wilson, not the normal approximation
     episodes = ids["episodes"]
@@ -500,7 +515,7 @@ def test_learning_matrix_and_headline(learning_client: tuple[TestClient, dict[st
         ids["cycle"], "promoted", {"before": 0.8, "after": 0.2})
     assert (running["cycle_id"], running["status"], running["cells"]) == (ids["running_cycle"], "running", {})
     cells = first["cells"]
-    low, high = reads.wilson_interval(8, 20)  # 3 of 10 and 5 of 10, pooled over the two environments
+    low, high = wilson_interval(8, 20)  # 3 of 10 and 5 of 10, pooled over the two environments
     assert cells["teacher_without_lessons"] == pytest.approx({"rate": 0.4, "low": low, "high": high, "n": 20})
     assert cells["teacher_with_lessons"] == pytest.approx({"rate": 0.75, "low": 0.5, "high": 0.9, "n": 20})
     assert cells["random"] == pytest.approx({"rate": 0.1, "low": 0.03, "high": 0.3, "n": 20})
@@ -563,11 +578,9 @@ def test_learning_bad_parameters_are_400(learning_client: tuple[TestClient, dict
     assert message in text
 
 
-def test_learning_view_on_postgres(learning_client: tuple[TestClient, dict[str, Any]], tmp_path: Path) -> None:
-    from tests.pg import require_pg, reset_pg
-
-    url = require_pg()
-    reset_pg(url)
+def test_learning_view_on_postgres(learning_client: tuple[TestClient, dict[str, Any]], tmp_path: Path,
+                                   pg_url: str) -> None:
+    url = pg_url
     ids = seed_learning_store(url, index_dir=tmp_path)
     sqlite_client, sqlite_ids = learning_client
     assert ids["run"] == sqlite_ids["run"] and ids["episodes"] == sqlite_ids["episodes"], "both stores start empty"
@@ -593,12 +606,6 @@ def test_learning_view_of_an_empty_store(tmp_path: Path) -> None:
     chart = client.get(f"/api/runs/{run}/learning.json").json()
     assert chart["charts"][0]["x"] == [] and chart["charts"][0]["note"] == "no episodes yet"
     assert chart["matrix"] == {"columns": [], "rows": []} and chart["headline"] is None
-
-
-def test_wilson_interval_matches_distill() -> None:
-    gate = pytest.importorskip("distill.lessons.gate")
-    for successes, n in ((0, 0), (0, 1), (3, 7), (20, 20), (8, 20)):
-        assert reads.wilson_interval(successes, n) == pytest.approx(gate.wilson_interval(successes, n))
 
 
 def test_condition_names() -> None:

@@ -23,9 +23,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from agent_runtime.dashboard import create_app
-from agent_runtime.dashboard.demo import ENVS, episode_record, running_server
+from agent_runtime.dashboard.app import running_server
 from memory import ExperienceStore
-from tests.test_dashboard import seed_with_xss
+from memory.testing import DEMO_ENVS, game_episode
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-gpu",
@@ -51,8 +51,8 @@ class Writer(threading.Thread):
         try:
             with ExperienceStore.open(self.workdir) as store:
                 while not self.stop.wait(0.05):
-                    record = episode_record(ENVS[self.written % 2], f"live-{self.written}", won=True,
-                                            seed=1000 + self.written)
+                    record = game_episode(DEMO_ENVS[self.written % 2], f"live-{self.written}", won=True,
+                                          seed=1000 + self.written)
                     store.add_episode(self.run_id, record, run_state={"live": self.written})
                     self.written += 1
         except Exception as exc:  # noqa: BLE001 -- reported by the test, not swallowed
@@ -60,7 +60,7 @@ class Writer(threading.Thread):
 
 
 @pytest.mark.timeout(120)
-def test_dashboard_in_chromium_while_a_loop_writes(tmp_path: Path) -> None:
+def test_dashboard_in_chromium_while_a_loop_writes(tmp_path: Path, seed_with_xss) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     if not CHROMIUM.exists():

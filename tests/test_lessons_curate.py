@@ -24,7 +24,7 @@ from distill.lessons import (
 )
 from memory import ExperienceStore
 from memory.embeddings import HashEmbedder
-from tests.fixtures_memory import make_episode, memory_url  # noqa: F401 (memory_url is a fixture)
+from memory.testing import make_episode
 
 
 def words(text: str) -> int:
@@ -32,7 +32,7 @@ def words(text: str) -> int:
 
 
 @pytest.fixture
-def ctx(memory_url, tmp_path):  # noqa: F811
+def ctx(memory_url, tmp_path):
     """A run with six episodes, on SQLite and on PostgreSQL."""
     store = ExperienceStore.open(memory_url, index_dir=tmp_path / "index", embedder=HashEmbedder(dim=256))
     run_id = store.create_run("curate", {})

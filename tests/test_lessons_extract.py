@@ -25,7 +25,7 @@ from distill.lessons import (
 from environments.base import EnvSpec, TextEnv
 from memory import ExperienceStore
 from memory.embeddings import HashEmbedder
-from tests.fixtures_memory import make_episode
+from memory.testing import make_episode
 
 MESSY = """<think>
 Let me think. Maybe - EXPERIENCE ITEM: this is only a thought and must not count.

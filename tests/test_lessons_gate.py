@@ -17,9 +17,9 @@ from distill.lessons import (
     store_utilities,
 )
 from distill.lessons.gate import wilson_interval
-from memory import ExperienceStore
+from memory import EVALUATION_GATE, EVALUATION_LESSON_UTILITY, LESSON_SET_CANDIDATE, LESSON_SET_LIVE, ExperienceStore
 from memory.embeddings import HashEmbedder
-from tests.fixtures_memory import make_episode
+from memory.testing import make_episode
 
 HELPS = "Avoid tiles marked H; they end the game."
 HURTS = "Always move left first, whatever the map shows."
@@ -96,7 +96,8 @@ def test_gate_decision_is_stored_with_its_numbers(store) -> None:
         store, decision, run_id=run_id, env_id="toy/corridor", current_version=3, candidate_version=4
     )
     row = store.get_evaluation(eval_id)
-    assert row.split == "gate" and row.lesson_set_version == 4 and row.num_episodes == len(SEEDS)
+    assert row.kind == EVALUATION_GATE and row.lesson_set_version == 4 and row.num_episodes == len(SEEDS)
+    assert store.evaluations(run_id, kind=EVALUATION_LESSON_UTILITY) == []
     assert row.metrics["promote"] is False and row.metrics["current_version"] == 3
     assert row.metrics["delta"] == pytest.approx(decision.delta)
     assert row.metrics["delta_ci"] == list(decision.delta_ci)
@@ -121,7 +122,7 @@ def test_utilities_from_logged_episodes_drive_what_is_dropped(store) -> None:
     assert loaded[helps] == pytest.approx(measured[helps].utility)
 
     curator = LessonCurator(store, run_id, count_tokens=lambda s: len(s.split()), budget_tokens=1000, utilities=loaded)
-    store.create_lesson_set(run_id, [hurts, helps], note="live: both")
+    store.create_lesson_set(run_id, [hurts, helps], note="both")
     curator.begin()
     curator.budget_tokens = len(("# Experience\n- EXPERIENCE ITEM: " + HELPS).split())
     curator.enforce_budget(0)
@@ -183,10 +184,11 @@ def test_extract_gate_and_promote_or_block_end_to_end(store) -> None:
     assert pending_candidate(store, run_id) is None
     hurts = [x for x in store.lessons(run_id) if x.text == HURTS]
     assert [x.status for x in hurts] == ["retired"]
-    gates = [e for e in store.evaluations(run_id) if e.split == "gate"]
+    gates = store.evaluations(run_id, kind=EVALUATION_GATE)
     assert [e.metrics["promote"] for e in gates] == [True, False]
-    notes = [s.note for s in store.lesson_sets(run_id)]
-    assert notes[-1].startswith("live: kept v2; blocked candidate v3; blocked: candidate")
+    sets = store.lesson_sets(run_id)
+    assert [s.status for s in sets] == [LESSON_SET_CANDIDATE, LESSON_SET_LIVE] * 2
+    assert sets[-1].note.startswith("kept v2; blocked candidate v3; blocked: candidate")
 
 
 def test_mcnemar_exact_p_values():

@@ -15,7 +15,7 @@ from distill.lessons import (
 )
 from memory import ExperienceStore
 from memory.embeddings import HashEmbedder
-from tests.fixtures_memory import make_episode
+from memory.testing import make_episode
 
 
 @pytest.mark.parametrize(

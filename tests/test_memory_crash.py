@@ -17,15 +17,13 @@ from sqlalchemy import func, select
 from memory import ExperienceStore
 from memory.models import Episode, Step
 
-pytest_plugins = ["tests.fixtures_memory"]  # the store and memory_url fixtures
-
 REPO = Path(__file__).resolve().parent.parent
 KILLS = int(os.environ.get("AGENT_RUNTIME_CRASH_KILLS", "12"))
 
 WRITER = r"""
 import sys
 from memory import ExperienceStore
-from tests.fixtures_memory import make_episode
+from memory.testing import make_episode
 
 store = ExperienceStore.open(sys.argv[1], index_dir=sys.argv[2], embedder="hash:64")
 run = store.find_run("crash") or store.get_run(store.create_run("crash", {}))

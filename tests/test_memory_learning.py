@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 
 from memory import ExperienceStore, InvalidRecordError, NotFoundError
-from tests.fixtures_memory import make_episode
-
-pytest_plugins = ["tests.fixtures_memory"]  # the store and memory_url fixtures
+from memory.testing import make_episode
 
 
 def test_extraction_and_lessons_are_written_together(store: ExperienceStore) -> None:

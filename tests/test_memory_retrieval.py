@@ -10,9 +10,7 @@ import pytest
 from memory import ExperienceStore
 from memory.embeddings import HashEmbedder, SentenceTransformerEmbedder, make_embedder
 from memory.index import VectorIndex, index_paths
-from tests.fixtures_memory import make_episode
-
-pytest_plugins = ["tests.fixtures_memory"]  # the store and memory_url fixtures
+from memory.testing import make_episode
 
 TASKS = {
     "kitchen": "put a clean apple in the fridge in the kitchen",

@@ -14,8 +14,6 @@ from memory import DatabaseTooNewError, ExperienceStore, NotADatabaseError
 from memory.migrate import head_revision
 from memory.models import Base
 
-pytest_plugins = ["tests.fixtures_memory"]  # the store and memory_url fixtures
-
 
 def test_migrations_match_the_models(memory_url: str) -> None:
     ExperienceStore.open(memory_url).close()

@@ -18,9 +18,7 @@ from memory import (
     ReadOnlyStoreError,
     StoreUnavailableError,
 )
-from tests.fixtures_memory import make_episode
-
-pytest_plugins = ["tests.fixtures_memory"]  # the store and memory_url fixtures
+from memory.testing import make_episode
 
 
 def test_open_workdir_creates_sqlite_file(tmp_path: Path) -> None:

@@ -10,9 +10,7 @@ import pytest
 
 from memory import ExperienceStore, ImportConflictError, ImportFormatError
 from memory.embeddings import HashEmbedder
-from tests.fixtures_memory import make_episode
-
-pytest_plugins = ["tests.fixtures_memory"]  # the store and memory_url fixtures
+from memory.testing import make_episode
 
 
 def _populate(store: ExperienceStore) -> None:

@@ -2,7 +2,9 @@
 
 What: `create_app(target, token=None)` opens the experience store read-only and returns a FastAPI
 app whose pages (see `routes.py`) show runs, episodes, lessons, OPCD cycles and search;
-`serve(target, host, port, token)` runs it with uvicorn (what `agent-runtime dashboard` calls).
+`serve(target, host, port, token)` runs it with uvicorn (what `agent-runtime dashboard` calls);
+`running_server(app)` serves an app on a free localhost port in a thread (the browser test and the
+screenshot script, over `memory.testing.seed_demo_store`).
 
 Safety, in the order a request meets it (one middleware, so no route can forget a rule):
 1. Only GET and HEAD exist: any other method gets 405 before a route runs. The store is also opened
@@ -30,8 +32,9 @@ import json
 import os
 import secrets
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -251,3 +254,24 @@ def serve(
     url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
     print(f"dashboard (read-only) for {app.state.store.url}: {url}", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+@contextmanager
+def running_server(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve `app` with uvicorn in a background thread on a free port; yields its base URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name="dashboard-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the dashboard server did not start within 20 s")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

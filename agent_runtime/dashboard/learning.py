@@ -30,16 +30,14 @@ from sqlalchemy import Integer, Row, Subquery, func, select, union
 from sqlalchemy.orm import Session
 
 from agent_runtime.dashboard.reads import (
-    GATE_SPLIT,
-    UTILITY_SPLIT,
     Chart,
     finite,
     read_session,
     sample_stride,
-    wilson_interval,
 )
-from memory import ExperienceStore
+from memory import EVALUATION_EVAL, ExperienceStore
 from memory.models import Adapter, Cycle, Episode, Evaluation
+from memory.rates import wilson_interval
 
 # The conditions agent_runtime.consolidate evaluates, in the matrix's column order, with their labels.
 KNOWN_CONDITIONS = {
@@ -243,8 +241,8 @@ class Matrix:
 
 
 def evaluation_matrix(store: ExperienceStore, run_id: int) -> Matrix:
-    """Every OPCD cycle of the run with its evaluations per condition (the gate's and the lesson
-    utilities' rows are not cycle evaluations and stay out). Only the needed JSON fields are read:
+    """Every OPCD cycle of the run with its evaluations per condition (only rows of kind "eval": the
+    gate's and the lesson utilities' rows are not cycle evaluations). Only the needed JSON fields are read:
     an evaluation's metrics also hold every evaluation episode."""
     condition = Evaluation.metrics["condition"].as_string()
     with read_session(store) as session:
@@ -255,7 +253,7 @@ def evaluation_matrix(store: ExperienceStore, run_id: int) -> Matrix:
             select(Evaluation.cycle_id, condition, Evaluation.policy, Evaluation.num_episodes,
                    Evaluation.success_rate, Evaluation.metrics["ci95"])
             .join(Cycle, Cycle.id == Evaluation.cycle_id)
-            .where(Cycle.run_id == run_id, Evaluation.split.not_in((GATE_SPLIT, UTILITY_SPLIT)))
+            .where(Cycle.run_id == run_id, Evaluation.kind == EVALUATION_EVAL)
             .order_by(Evaluation.id)
         ).all()
     grouped: dict[int, dict[str, list[tuple[int, float, Any]]]] = {}

@@ -3,8 +3,8 @@
 What: paged and filtered episode lists (task, adapter, lesson-set version), per-run counts, the
 success-rate series behind the overview charts, a lesson's provenance in both directions (the lessons
 an episode produced, the lesson-set versions that held a lesson), lesson-set diffs, adapter lineage,
-OPCD curves normalised for plotting, a step's choice distribution, the Wilson interval every success
-rate on the dashboard is shown with, and which embedder made the stored vectors. The learning view's
+OPCD curves normalised for plotting, a step's choice distribution, and which embedder made the stored
+vectors (every success rate is shown with `memory.rates.wilson_interval`). The learning view's
 reads (`learning.py`) build on these.
 
 Why here and not in `memory`: these are views for one screen, not part of the memory's contract; they
@@ -29,12 +29,19 @@ from typing import Any
 from sqlalchemy import Integer, Select, Text, cast, func, select
 from sqlalchemy.orm import Session
 
-from memory import EpisodeInfo, ExperienceStore, LessonInfo, LessonSetInfo, NotFoundError
+from memory import (
+    EVALUATION_GATE,
+    EVALUATION_LESSON_UTILITY,
+    EpisodeInfo,
+    ExperienceStore,
+    LessonInfo,
+    LessonSetInfo,
+    NotFoundError,
+)
 from memory.models import Adapter, Cycle, Embedding, Episode, Lesson, LessonSet, LessonSetMember, Step
 from memory.records import AdapterInfo, CycleInfo, EvaluationInfo, StepInfo, to_info
 
 MAX_POINTS = 400
-Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 
 
 @contextmanager
@@ -251,15 +258,9 @@ def lessons_consolidated_by(store: ExperienceStore, cycle_id: int) -> list[int]:
         )
 
 
-# Evaluation rows that distill.lessons.gate writes (the dashboard imports only `memory`, so the
-# split names are repeated here; tests/test_dashboard.py checks they still agree).
-UTILITY_SPLIT = "lesson-utility"
-GATE_SPLIT = "gate"
-
-
 def stored_utilities(store: ExperienceStore, run_id: int | None) -> dict[int, dict[str, Any]]:
     """Lesson id -> its newest measured utility (`utility`, `rate_with`, `rate_without`, `n_with`, ...)."""
-    rows = [e for e in store.evaluations(run_id) if e.split == UTILITY_SPLIT]
+    rows = store.evaluations(run_id, kind=EVALUATION_LESSON_UTILITY)
     if not rows:
         return {}
     stored = rows[-1].metrics.get("utilities", {})
@@ -270,8 +271,8 @@ def gate_decisions(store: ExperienceStore, run_id: int | None) -> dict[int, Eval
     """Lesson-set version -> the newest validation-gate decision about it."""
     return {
         e.lesson_set_version: e
-        for e in store.evaluations(run_id)
-        if e.split == GATE_SPLIT and e.lesson_set_version is not None
+        for e in store.evaluations(run_id, kind=EVALUATION_GATE)
+        if e.lesson_set_version is not None
     }
 
 
@@ -344,18 +345,6 @@ def finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a success rate (0..1); (0, 1) when n is 0.
-
-    The same formula as `distill.lessons.gate.wilson_interval` (the dashboard imports only `memory`;
-    tests/test_dashboard.py checks that the two agree).
-    """
-    if n <= 0:
-        return (0.0, 1.0)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(max(0.0, p * (1 - p)) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def sample_stride(n: int) -> int:

@@ -26,7 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from agent_runtime.dashboard import learning as learning_reads
 from agent_runtime.dashboard import reads
-from memory import ExperienceStore, MemoryStoreError, RunInfo
+from memory import LESSON_SET_LIVE, MADE_BY_USER, ExperienceStore, MemoryStoreError, RunInfo
 from memory.models import EPISODE_OUTCOMES, LESSON_STATUSES
 
 router = APIRouter()
@@ -256,7 +256,7 @@ def lessons(request: Request) -> HTMLResponse:
     if status is not None and status not in LESSON_STATUSES:
         raise HTTPException(400, f"unknown lesson status {status!r}; known: {', '.join(LESSON_STATUSES)}")
     pool = _int(request, "pool")
-    current = store.lesson_set(run_id)
+    current = store.lesson_set(run_id, status=LESSON_SET_LIVE)  # in context now (not a pending candidate)
     if current is not None:
         members = {lesson.id: lesson for lesson in store.lessons(ids=current.lesson_ids)}
         in_set = [members[i] for i in current.lesson_ids if i in members]
@@ -298,7 +298,7 @@ def lesson_versions(request: Request) -> HTMLResponse:
     mentioned = {i for d in diffs for i in d.added + d.removed}
     texts = {lesson.id: lesson for lesson in store.lessons(ids=mentioned)} if mentioned else {}
     return _page(request, "versions.html", runs=runs, run_id=run_id, diffs=diffs, lessons_by_id=texts,
-                 gates=reads.gate_decisions(store, run_id))
+                 gates=reads.gate_decisions(store, run_id), by_user=MADE_BY_USER)
 
 
 @get("/lessons/{lesson_id}", response_class=HTMLResponse)

@@ -380,12 +380,13 @@ class LessonCurator:
             )
         return dropped
 
-    def commit(self, *, candidate: bool = False, note: str = "", label: str = "") -> CurationResult:
-        """Write the round's working pools as one new version (a candidate for the gate, or live).
+    def commit(self, *, candidate: bool = False, by_user: bool = False, note: str = "") -> CurationResult:
+        """Write the round's working pools as one new version (a candidate for the gate, or live; made by
+        a person if `by_user`).
 
         Returns a result whose `version` is None when the pools equal the base version (no change).
         The version's `token_count` is that of its largest pool (one pool enters a prompt). The note is
-        `label` (which says who made the version, e.g. "user:"), the changes per pool, then `note`.
+        the changes per pool, then `note`.
         """
         assert self._work is not None, "call begin() before commit()"
         ids = [x.id for p in sorted(self._work) for x in self._work[p]]
@@ -398,12 +399,13 @@ class LessonCurator:
             self.begin(self._base.version if self._base is not None else None)
             return CurationResult(None, changes, tokens)
         summary = summarize(changes)
-        text = "; ".join(x for x in (label, summary, note) if x)
+        text = "; ".join(x for x in (summary, note) if x)
         info = versions.create_version(
             self.store,
             self.run_id,
             ids,
             candidate=candidate,
+            by_user=by_user,
             note=text,
             token_count=max(tokens.values(), default=0),
         )

@@ -6,16 +6,18 @@ What:
   seeds -- two mappings keyed by seed (or by (task, seed)), or two equally long sequences in the same
   seed order. The candidate is blocked when its success rate is lower than the current set's by more
   than `margin`; otherwise it is promoted. The decision carries its numbers: n, successes, rates, the
-  paired delta, 95% Wilson intervals for each rate and a 95% interval for the paired delta.
+  paired delta, 95% Wilson intervals for each rate (`memory.rates.wilson_interval`, importable from here
+  too) and a 95% interval for the paired delta.
 - `store_gate_decision(store, decision, run_id=, env_id=, current_version=, candidate_version=)`:
-  kept as an evaluation row (split "gate", the decision in `metrics`), so every promotion or block
-  can be audited later.
+  kept as an evaluation row of kind `memory.EVALUATION_GATE` (the decision in `metrics`), so every
+  promotion or block can be audited later.
 - `lesson_utilities(episodes, lessons, *, min_episodes=3) -> dict[int, LessonUtility]`: success rate
   of the logged episodes that had the lesson in context (`EpisodeInfo.lessons_in_context`) minus that
   of the episodes of the same environments without it. A merged lesson also counts the episodes of the
   lessons it merged (`merged_from`, transitively). Ablation runs are simply more logged episodes without the lesson.
 - `measure_utilities(store, run_id, ...)`, `store_utilities(store, run_id, utilities)`,
-  `load_utilities(store, run_id) -> dict[int, float]` (what `LessonCurator(utilities=...)` takes).
+  `load_utilities(store, run_id) -> dict[int, float]` (what `LessonCurator(utilities=...)` takes); kept as
+  evaluation rows of kind `memory.EVALUATION_LESSON_UTILITY`.
 
 Why these choices: the rule is the point estimate against a margin, as the issue asks, because with
 the few episodes a CPU run affords, a confidence-interval rule would promote nearly everything; the
@@ -32,24 +34,13 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from distill.lessons.errors import GateInputError
+from memory import EVALUATION_GATE, EVALUATION_LESSON_UTILITY
+from memory.rates import Z95, wilson_interval
 
 if TYPE_CHECKING:
     from memory import EpisodeInfo, ExperienceStore, LessonInfo
 
-Z95 = 1.959963984540054
-GATE_SPLIT = "gate"
-UTILITY_SPLIT = "lesson-utility"
 Outcomes = Mapping[Any, "bool | float"] | Sequence["bool | float"]
-
-
-def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a success rate (0..1); (0, 1) when n is 0."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def paired_interval(diffs: Sequence[float], z: float = Z95) -> tuple[float, float]:
@@ -170,7 +161,7 @@ def store_gate_decision(
     current_version: int | None,
     candidate_version: int,
 ) -> int:
-    """Keep the decision as an evaluation row (split "gate"); returns its id."""
+    """Keep the decision as an evaluation row (kind "gate"); returns its id."""
     metrics = decision.to_dict() | {
         "current_version": current_version,
         "candidate_version": candidate_version,
@@ -179,7 +170,8 @@ def store_gate_decision(
         env_id,
         run_id=run_id,
         lesson_set_version=candidate_version,
-        split=GATE_SPLIT,
+        split=EVALUATION_GATE,  # not a task split: the value these rows always had (readers use `kind`)
+        kind=EVALUATION_GATE,
         policy="lesson-gate",
         num_episodes=decision.n,
         success_rate=decision.candidate_rate,
@@ -265,11 +257,12 @@ def measure_utilities(
 def store_utilities(
     store: ExperienceStore, run_id: int | None, utilities: Mapping[int, LessonUtility], *, env_id: str = "*"
 ) -> int:
-    """Keep measured utilities as an evaluation row (split "lesson-utility"); returns its id."""
+    """Keep measured utilities as an evaluation row (kind "lesson-utility"); returns its id."""
     return store.add_evaluation(
         env_id,
         run_id=run_id,
-        split=UTILITY_SPLIT,
+        split=EVALUATION_LESSON_UTILITY,  # not a task split: the value these rows always had
+        kind=EVALUATION_LESSON_UTILITY,
         policy="logged-episodes",
         num_episodes=max((u.n_with + u.n_without for u in utilities.values()), default=0),
         metrics={"utilities": {str(k): u.to_dict() for k, u in utilities.items()}},
@@ -278,7 +271,7 @@ def store_utilities(
 
 def load_utilities(store: ExperienceStore, run_id: int | None) -> dict[int, float]:
     """The newest stored utilities of the run: lesson id -> utility (lessons without enough data left out)."""
-    rows = [e for e in store.evaluations(run_id) if e.split == UTILITY_SPLIT]
+    rows = store.evaluations(run_id, kind=EVALUATION_LESSON_UTILITY)
     if not rows:
         return {}
     stored = rows[-1].metrics.get("utilities", {})

@@ -24,8 +24,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from distill.lessons.gate import GATE_SPLIT
-from distill.lessons.versions import is_candidate
+from memory import EVALUATION_GATE, LESSON_SET_LIVE
 
 if TYPE_CHECKING:
     from memory import ExperienceStore
@@ -71,7 +70,7 @@ def extraction_stats(store: ExperienceStore, run_id: int, *, contrastive: bool |
     stats.rejected_by_reason = dict(reasons)
 
     lessons = store.lessons(run_id)
-    live_ids = {i for v in store.lesson_sets(run_id) if not is_candidate(v) for i in v.lesson_ids}
+    live_ids = {i for v in store.lesson_sets(run_id, status=LESSON_SET_LIVE) for i in v.lesson_ids}
     children: dict[int, list[tuple[str, int]]] = {}  # row -> (relation, successor row) written by the curator
     for lesson in lessons:
         # a merge keeps the first lesson's text and absorbs the second; a conflict carries the new text on
@@ -88,11 +87,10 @@ def extraction_stats(store: ExperienceStore, run_id: int, *, contrastive: bool |
         fate = _fate(lesson.id, live_ids, children)
         setattr(stats, fate, getattr(stats, fate) + 1)
 
-    for evaluation in store.evaluations(run_id):
-        if evaluation.split == GATE_SPLIT:
-            promoted = bool(evaluation.metrics.get("promote"))
-            stats.gate_promoted += promoted
-            stats.gate_blocked += not promoted
+    for evaluation in store.evaluations(run_id, kind=EVALUATION_GATE):
+        promoted = bool(evaluation.metrics.get("promote"))
+        stats.gate_promoted += promoted
+        stats.gate_blocked += not promoted
     return stats
 
 

@@ -23,7 +23,7 @@ How a text is handled, in order:
    one per pool, carry `metadata["source"] = "user"`, and are applied as additions: a conflicting
    lesson (similar, opposite polarity) is replaced as for extracted items, and the budget is enforced
    (lowest utility, then oldest, first), which may drop an older lesson -- or, at a later EXTRACT, this
-   one. One version is committed, its note labelled "user:" (`versions.is_user_version`).
+   one. One version is committed, marked as made by a person (`versions.is_user_version`).
 
 Why these choices: the screen and the curator are the only doors into the prompt, and a person's text
 goes through them like any other (a pasted secret or an injected instruction is no better for being
@@ -211,7 +211,7 @@ def add_user_lessons(
         proposal = Proposal("add", spec["text"], spec["pool"], extraction_id, (), lesson_id=lesson_id)
         decided.append(len(result.changes))
         result.changes += curator.apply([proposal])
-    committed = curator.commit(candidate=candidate, note=note, label=versions.USER)
+    committed = curator.commit(candidate=candidate, by_user=True, note=note)
     result.version = committed.version
     final = set(committed.version.lesson_ids) if committed.version else set()
     by_text = {x.text: x for x in added}
@@ -311,17 +311,18 @@ def retire_lessons(
             raise UnknownLessonError(f"lesson #{lesson_id} of run {run_id} is not in the live set (status "
                                      f"{lesson.status}); the live lessons: {shown}")
     ids = ", ".join(f"#{i}" for i in wanted)
-    text = f"{versions.USER} retired {ids}" + (f"; {note}" if note else "")
+    text = f"retired {ids}" + (f"; {note}" if note else "")
     new_live = None
     if live is not None and set(wanted) & set(live_ids):
         keep = [i for i in live_ids if i not in wanted]
-        new_live = versions.create_version(store, run_id, keep, note=text,
+        new_live = versions.create_version(store, run_id, keep, by_user=True, note=text,
                                            token_count=_token_count(store, run_id, keep, count_tokens))
     new_candidate = None
     if pending is not None:
         # a new live version would make the candidate stale: write it again, as the newest version
         keep = [i for i in pending_ids if i not in wanted]
-        kept_note = pending.note[len(versions.CANDIDATE) :].strip() + f"; without retired {ids}"
+        kept_note = pending.note.strip() + f"; without retired {ids}"
         new_candidate = versions.create_version(store, run_id, keep, candidate=True, note=kept_note,
+                                                by_user=versions.is_user_version(pending),
                                                 token_count=_token_count(store, run_id, keep, count_tokens))
     return RetireResult(run_id, wanted, new_live, new_candidate)

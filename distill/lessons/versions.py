@@ -4,7 +4,7 @@ What (all functions take the store and the run id; none needs a model or a token
 `lessons list|show|diff|rollback` can call them directly):
 - `live_version(store, run_id) -> LessonSetInfo | None`: the set in context now.
 - `pending_candidate(store, run_id)`: a candidate newer than the live set, awaiting the gate.
-- `create_version(store, run_id, lesson_ids, candidate=, note=, token_count=)`: a new version.
+- `create_version(store, run_id, lesson_ids, candidate=, by_user=, note=, token_count=)`: a new version.
 - `promote_candidate(store, run_id, version, note=)`, `reject_candidate(store, run_id, version, note=)`.
 - `restore_version(store, run_id, version, note=)`: make an old version's exact lessons live again
   (`agent-runtime lessons rollback VERSION`).
@@ -21,9 +21,10 @@ Why this design:
   snapshot forever, and restoring version 3 brings back exactly the texts that were live in version 3.
 - Every version is a new row and nothing is edited in place, so history is complete: a candidate that
   the gate blocked stays visible, followed by a live version that keeps the previous set.
-- A version's kind is the prefix of its note: "candidate: ..." or "live: ..." (a version without a
-  prefix, written by another tool, counts as live; "user:" after the kind marks a version a person made,
-  `is_user_version`). The live set is the newest live version. Writing
+- A version is live or a candidate (its `status`, `memory.LESSON_SET_LIVE`/`LESSON_SET_CANDIDATE`), and
+  was made by the agent or by a person (`made_by`, `memory.MADE_BY_AGENT`/`MADE_BY_USER`: `lessons
+  add`/`retire`, `lessons.seed`; `is_user_version`). Both are columns; the note says in words why the
+  version was made. The live set is the newest live version. Writing
   the version row is the single commit point; statuses are derived from the versions afterwards
   (`sync_statuses`), so a crash between the two is repaired by calling it again.
 - Statuses: members of the live set are "active"; members of a pending candidate stay "proposed";
@@ -37,41 +38,30 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from distill.lessons.errors import UnknownVersionError
+from memory import LESSON_SET_CANDIDATE, LESSON_SET_LIVE, MADE_BY_AGENT, MADE_BY_USER
 
 if TYPE_CHECKING:
     from memory import ExperienceStore, LessonInfo, LessonSetInfo
 
-CANDIDATE = "candidate:"
-LIVE = "live:"
-USER = "user:"  # right after the kind: a version a person made (`lessons add`/`retire`, `lessons.seed`)
-
 
 def is_candidate(info: LessonSetInfo) -> bool:
-    return info.note.startswith(CANDIDATE)
+    return info.status == LESSON_SET_CANDIDATE
 
 
 def is_user_version(info: LessonSetInfo) -> bool:
-    """Whether a person made this version (its note reads "candidate: user: ..." or "live: user: ...")."""
-    for kind in (CANDIDATE, LIVE):
-        if info.note.startswith(kind):
-            return info.note[len(kind) :].lstrip().startswith(USER)
-    return False
+    """Whether a person made this version (`lessons add`/`retire`, `lessons.seed`)."""
+    return info.made_by == MADE_BY_USER
 
 
 def live_version(store: ExperienceStore, run_id: int | None) -> LessonSetInfo | None:
-    """The newest non-candidate version of the run (the lessons in context now), or None."""
-    for info in reversed(store.lesson_sets(run_id)):
-        if not is_candidate(info):
-            return info
-    return None
+    """The newest live version of the run (the lessons in context now), or None."""
+    return store.lesson_set(run_id, status=LESSON_SET_LIVE)
 
 
 def pending_candidate(store: ExperienceStore, run_id: int | None) -> LessonSetInfo | None:
-    """The newest candidate if it is newer than the live version (awaiting its gate), else None."""
-    sets = store.lesson_sets(run_id)
-    if sets and is_candidate(sets[-1]):
-        return sets[-1]
-    return None
+    """The newest version if it is a candidate (newer than the live version, awaiting its gate), else None."""
+    newest = store.lesson_set(run_id)
+    return newest if newest is not None and is_candidate(newest) else None
 
 
 def live_lessons(
@@ -102,12 +92,19 @@ def create_version(
     lesson_ids: Sequence[int],
     *,
     candidate: bool = False,
+    by_user: bool = False,
     note: str = "",
     token_count: int = 0,
 ) -> LessonSetInfo:
-    """Write a new version (live or candidate); a live one also brings the statuses in line."""
-    prefix = CANDIDATE if candidate else LIVE
-    info = store.create_lesson_set(run_id, list(lesson_ids), token_count=token_count, note=f"{prefix} {note}".strip())
+    """Write a new version (live or candidate; made by a person if `by_user`) and bring the statuses in line."""
+    info = store.create_lesson_set(
+        run_id,
+        list(lesson_ids),
+        token_count=token_count,
+        note=note.strip(),
+        status=LESSON_SET_CANDIDATE if candidate else LESSON_SET_LIVE,
+        made_by=MADE_BY_USER if by_user else MADE_BY_AGENT,
+    )
     sync_statuses(store, run_id)
     return info
 
@@ -128,8 +125,7 @@ def reject_candidate(
     live = live_version(store, run_id)
     text = f"blocked candidate v{version}" + (f"; {note}" if note else "")
     if live is None:
-        store.create_lesson_set(run_id, [], note=f"{LIVE} {text}")
-        sync_statuses(store, run_id)
+        create_version(store, run_id, [], note=text)
         return None
     return create_version(
         store, run_id, live.lesson_ids, note=f"kept v{live.version}; {text}", token_count=live.token_count

@@ -1,0 +1,221 @@
+"""The store's lessons and the extraction calls that produced them (part of `ExperienceStore`).
+
+What (every write is one transaction, every read returns dataclasses):
+- Lessons are experience items with a life cycle proposed -> active -> consolidated -> retired:
+  `record_extraction(extractor, lessons, ...) -> (extraction_id, lesson_ids)` writes an extraction call
+  and the lessons it produced together; `add_lesson(text, ...)`, `get_lesson(id)`,
+  `lessons(run_id, status=, pool=, env_id=, ids=, limit=, offset=)`, `count_lessons(...)`,
+  `set_lesson_status(ids, status, cycle_id=)`.
+- Usage statistics (`times_in_context`, `wins_in_context`) are kept by `add_episode` from each
+  episode's `lessons_in_context` (`_count_lesson_usage`, in the episode's own transaction).
+- Extractions: `get_extraction(id)`, `extractions(run_id)`.
+
+Why extractions live here: an extraction and its lessons are written in one transaction, so that a
+lesson never exists without the call that proposed it (its provenance).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Select, func, insert, select, update
+from sqlalchemy.orm import Session
+
+from memory.errors import NotFoundError
+from memory.models import LESSON_STATUSES, Extraction, Lesson, utcnow
+from memory.records import ExtractionInfo, LessonInfo, to_info
+from memory.store_mixin import StoreMixin, check_value
+
+
+class LessonsMixin(StoreMixin):
+    """Lessons and extractions (see module docstring)."""
+
+    def add_lesson(
+        self,
+        text: str,
+        *,
+        run_id: int | None = None,
+        status: str = "proposed",
+        pool: int = 0,
+        env_id: str | None = None,
+        source_episode_ids: Sequence[int] = (),
+        extraction_id: int | None = None,
+        token_count: int = 0,
+        metadata: dict[str, Any] | None = None,
+    ) -> int:
+        """Store one lesson; returns its id."""
+        check_value(status, LESSON_STATUSES, "lesson status")
+        with self._write() as session:
+            row = Lesson(
+                run_id=run_id,
+                text=text,
+                status=status,
+                pool=pool,
+                env_id=env_id,
+                source_episode_ids=list(source_episode_ids),
+                extraction_id=extraction_id,
+                token_count=token_count,
+                meta=metadata or {},
+            )
+            session.add(row)
+            session.flush()
+            return row.id
+
+    def record_extraction(
+        self,
+        extractor: str,
+        lessons: Sequence[str | dict[str, Any]],
+        *,
+        run_id: int | None = None,
+        episode_ids: Sequence[int] = (),
+        prompt: str = "",
+        response: str = "",
+        env_id: str | None = None,
+        pool: int = 0,
+        metadata: dict[str, Any] | None = None,
+    ) -> tuple[int, list[int]]:
+        """Store one extraction call and the lessons it produced, in one transaction.
+
+        Each lesson is a text or a dict with `text` and any of `pool`, `env_id`, `status`,
+        `token_count`, `source_episode_ids`, `metadata` (defaults: the call's own values, "proposed").
+        Returns (extraction id, lesson ids in order).
+        """
+        with self._write() as session:
+            extraction = Extraction(
+                run_id=run_id,
+                extractor=extractor,
+                episode_ids=list(episode_ids),
+                prompt=prompt,
+                response=response,
+                meta=metadata or {},
+            )
+            session.add(extraction)
+            session.flush()
+            rows = []
+            now = utcnow()
+            for item in lessons:
+                spec = {"text": item} if isinstance(item, str) else dict(item)
+                status = spec.get("status", "proposed")
+                check_value(status, LESSON_STATUSES, "lesson status")
+                rows.append(
+                    {
+                        "run_id": run_id,
+                        "text": spec["text"],
+                        "status": status,
+                        "pool": spec.get("pool", pool),
+                        "env_id": spec.get("env_id", env_id),
+                        "source_episode_ids": list(spec.get("source_episode_ids", episode_ids)),
+                        "extraction_id": extraction.id,
+                        "token_count": spec.get("token_count", 0),
+                        "meta": spec.get("metadata", {}),
+                        "created_at": now,
+                        "updated_at": now,
+                    }
+                )
+            ids = [
+                session.execute(insert(Lesson).returning(Lesson.id), [r]).scalar_one() for r in rows
+            ]
+            return extraction.id, ids
+
+    def get_lesson(self, lesson_id: int) -> LessonInfo:
+        with self._read() as session:
+            return to_info(LessonInfo, self._get(session, Lesson, lesson_id, "lesson"))
+
+    def _lesson_query(
+        self,
+        query: Select[Any],
+        run_id: int | None,
+        status: str | Sequence[str] | None,
+        pool: int | None,
+        env_id: str | None,
+        ids: Iterable[int] | None,
+    ) -> Select[Any]:
+        if run_id is not None:
+            query = query.where(Lesson.run_id == run_id)
+        if status is not None:
+            statuses = [status] if isinstance(status, str) else list(status)
+            query = query.where(Lesson.status.in_(statuses))
+        if pool is not None:
+            query = query.where(Lesson.pool == pool)
+        if env_id is not None:
+            query = query.where(Lesson.env_id == env_id)
+        if ids is not None:
+            query = query.where(Lesson.id.in_(list(ids)))
+        return query
+
+    def lessons(
+        self,
+        run_id: int | None = None,
+        *,
+        status: str | Sequence[str] | None = None,
+        pool: int | None = None,
+        env_id: str | None = None,
+        ids: Iterable[int] | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[LessonInfo]:
+        """Lessons matching the filters, oldest first (the order they entered the context)."""
+        query = self._lesson_query(select(Lesson), run_id, status, pool, env_id, ids)
+        query = query.order_by(Lesson.id).offset(offset)
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as session:
+            return [to_info(LessonInfo, r) for r in session.scalars(query)]
+
+    def count_lessons(
+        self,
+        run_id: int | None = None,
+        *,
+        status: str | Sequence[str] | None = None,
+        pool: int | None = None,
+        env_id: str | None = None,
+    ) -> int:
+        query = self._lesson_query(
+            select(func.count(Lesson.id)), run_id, status, pool, env_id, None
+        )
+        with self._read() as session:
+            return int(session.scalar(query) or 0)
+
+    def set_lesson_status(
+        self, lesson_ids: Iterable[int], status: str, *, cycle_id: int | None = None
+    ) -> None:
+        """Move lessons to `status` (and record the consolidating cycle, if given)."""
+        check_value(status, LESSON_STATUSES, "lesson status")
+        with self._write() as session:
+            self._set_lesson_status(session, list(lesson_ids), status, cycle_id)
+
+    def _set_lesson_status(
+        self, session: Session, ids: list[int], status: str, cycle_id: int | None
+    ) -> None:
+        values: dict[str, Any] = {"status": status, "updated_at": utcnow()}
+        if cycle_id is not None:
+            values["consolidated_cycle_id"] = cycle_id
+        changed = session.execute(update(Lesson).where(Lesson.id.in_(ids)).values(**values))
+        if changed.rowcount != len(set(ids)):
+            found = set(session.scalars(select(Lesson.id).where(Lesson.id.in_(ids))))
+            raise NotFoundError(f"no lessons with ids {sorted(set(ids) - found)} in {self.url}")
+
+    def _count_lesson_usage(self, session: Session, lesson_ids: list[int], won: bool) -> None:
+        session.execute(
+            update(Lesson)
+            .where(Lesson.id.in_(lesson_ids))
+            .values(
+                times_in_context=Lesson.times_in_context + 1,
+                wins_in_context=Lesson.wins_in_context + (1 if won else 0),
+            )
+        )
+
+    def get_extraction(self, extraction_id: int) -> ExtractionInfo:
+        with self._read() as session:
+            return to_info(
+                ExtractionInfo, self._get(session, Extraction, extraction_id, "extraction")
+            )
+
+    def extractions(self, run_id: int | None = None, *, limit: int = 100) -> list[ExtractionInfo]:
+        """Extractions, newest first."""
+        query = select(Extraction).order_by(Extraction.id.desc()).limit(limit)
+        if run_id is not None:
+            query = query.where(Extraction.run_id == run_id)
+        with self._read() as session:
+            return [to_info(ExtractionInfo, r) for r in session.scalars(query)]
