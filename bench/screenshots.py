@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/screenshots.py [--out docs/screenshots] [--chromium /usr/bin/chromium] [--only learning]
 
-What: seeds `agent_runtime.dashboard.demo` into a temporary directory, serves the dashboard on a free
+What: seeds `memory.testing.seed_demo_store` into a temporary directory, serves the dashboard on a free
 localhost port, and has headless Chromium (Playwright) capture each page at 1280 px wide: overview,
 learning, episodes, one episode, lessons, lesson-set versions, one OPCD cycle, search (`--only`, which
 can repeat, keeps the named ones). Prints a markdown table
@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent_runtime.dashboard import create_app
-from agent_runtime.dashboard.demo import running_server, seed_demo_store
+from agent_runtime.dashboard.app import running_server
+from memory.testing import seed_demo_store
 
 MAX_BYTES = 300_000
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-gpu",

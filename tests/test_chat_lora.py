@@ -7,9 +7,9 @@ import pytest
 from agent_runtime.llm import SamplingParams
 from agent_runtime.llm.base import BackendError
 from agent_runtime.llm.chat_backend import ChatBackend
-from tests.fake_vllm import LoraEndpoint
+from agent_runtime.llm.fake_chat import LoraEndpoint
 
-SPEC = "tests.fake_vllm:ServedModelChat"
+SPEC = "agent_runtime.llm.fake_chat:ServedModelChat"
 
 
 @pytest.fixture()

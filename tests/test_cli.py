@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 from agent_runtime import __version__
 
 
-def cli(*args, check=True, timeout=600, cwd=None):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "agent_runtime", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=cwd)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return proc
-
-
-def test_help_and_version():
+def test_help_and_version(cli):
     out = cli("--help").stdout
     for command in ("run", "memory", "envs"):
         assert command in out
@@ -27,7 +15,7 @@ def test_help_and_version():
     assert "--resume" in cli("run", "--help").stdout
 
 
-def test_run_smoke_config_then_memory_stats(tmp_path, games_dir):
+def test_run_smoke_config_then_memory_stats(tmp_path, games_dir, cli):
     workdir = tmp_path / "smoke"
     proc = cli("run", "configs/smoke.yaml", "--workdir", workdir, "--episodes", 40, "--json",
                "--set", f"envs.0.kwargs.cache_dir={games_dir}", "--set", "envs.0.kwargs.n_train=4")
@@ -41,7 +29,7 @@ def test_run_smoke_config_then_memory_stats(tmp_path, games_dir):
     assert (workdir / "config.resolved.yaml").is_file() and (workdir / "run.log.jsonl").is_file()
 
 
-def test_run_tiny_model(tmp_path, games_dir, tiny_model_dir):
+def test_run_tiny_model(tmp_path, games_dir, tiny_model_dir, cli):
     workdir = tmp_path / "tiny"
     proc = cli("run", "configs/quickstart.yaml", "--workdir", workdir, "--episodes", 2, "--no-progress",
                "--set", f"model.name={tiny_model_dir}", "--set", "model.max_new_tokens=4",
@@ -52,7 +40,7 @@ def test_run_tiny_model(tmp_path, games_dir, tiny_model_dir):
     assert stats["episodes"] == 2 and stats["steps"] >= 2
 
 
-def test_user_errors_exit_2_with_a_message(tmp_path):
+def test_user_errors_exit_2_with_a_message(tmp_path, cli):
     bad = tmp_path / "bad.yaml"
     bad.write_text("envs: [{id: textworld/coin_collector}]\nruntime: {slotz: 2}\n")
     proc = cli("run", bad, "--workdir", tmp_path / "w", check=False)
@@ -69,7 +57,7 @@ def test_user_errors_exit_2_with_a_message(tmp_path):
     assert proc.returncode == 2 and "no memory.db" in proc.stderr
 
 
-def test_lessons_and_memory_commands(tmp_path, games_dir):
+def test_lessons_and_memory_commands(tmp_path, games_dir, cli):
     workdir = tmp_path / "lessons"
     cli("run", "configs/smoke.yaml", "--workdir", workdir, "--episodes", 16, "--no-progress",
         "--set", f"envs.0.kwargs.cache_dir={games_dir}", "--set", "envs.0.kwargs.n_train=4",

@@ -5,37 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from langchain_core.language_models.fake_chat_models import FakeListChatModel
-
-from agent_runtime.config import config_from_dict
 from agent_runtime.loop import AgentLoop
 from agent_runtime.report import learning_table
 from memory import ExperienceStore
 
 
-class LessonWriter(FakeListChatModel):
-    """A fake extractor (langchain-core's own test model) that always writes the same experience item."""
-
-    responses: list[str] = ["- EXPERIENCE ITEM: Always take the coin before anything else."]
-
-
-def config(games_dir, tiny_model_dir, **opcd):
-    return config_from_dict({
-        "name": "cycle", "model": {"name": str(tiny_model_dir), "max_new_tokens": 4},
-        "envs": [{"id": "textworld/coin_collector", "max_steps": 2,
-                  "kwargs": {"level": 1, "n_train": 4, "n_eval": 2, "cache_dir": str(games_dir)}}],
-        "runtime": {"slots": 2, "episodes": 4},
-        "lessons": {"enabled": True, "extract_every": 2, "gate_episodes": 0, "embedder": "hash",
-                    "extractor": "tests.test_consolidate:LessonWriter"},
-        "evaluation": {"episodes_per_env": 2},
-        "opcd": {"enabled": True, "consolidate_every": 4, "recent_episodes": 4,
-                 "trainer": {"steps": 3, "batch_size": 2, "max_new_tokens": 6, "lr": 1e-3, "k": 16,
-                             "lora_r": 4, "sampler": "live"}, **opcd},
-    })
-
-
-def test_cycle_in_the_loop(tmp_path, games_dir, tiny_model_dir):
-    loop = AgentLoop(config(games_dir, tiny_model_dir), tmp_path, progress=False)
+def test_cycle_in_the_loop(tmp_path, cycle_config):
+    loop = AgentLoop(cycle_config(), tmp_path, progress=False)
     summary = loop.run()
     loop.close()
     assert summary.cycles == 1 and summary.extractions == 2
@@ -61,8 +37,8 @@ def test_cycle_in_the_loop(tmp_path, games_dir, tiny_model_dir):
             assert adapter.status == "rejected"
 
 
-def test_interrupted_cycle_is_rolled_back_on_resume(tmp_path, games_dir, tiny_model_dir):
-    cfg = config(games_dir, tiny_model_dir)
+def test_interrupted_cycle_is_rolled_back_on_resume(tmp_path, cycle_config):
+    cfg = cycle_config()
     loop = AgentLoop(cfg, tmp_path, progress=False)
     loop.close()
     with ExperienceStore.open(tmp_path) as store:  # as if the process died inside CONSOLIDATE
@@ -80,14 +56,12 @@ def test_interrupted_cycle_is_rolled_back_on_resume(tmp_path, games_dir, tiny_mo
     assert summary.episodes == 4 and not partial.exists()
 
 
-def test_distill_and_eval_commands(tmp_path, games_dir, tiny_model_dir):
+def test_distill_and_eval_commands(tmp_path, cycle_config, cli):
     import json
 
     import yaml
 
-    from tests.test_cli import cli
-
-    data = config(games_dir, tiny_model_dir).model_dump(mode="json")
+    data = cycle_config().model_dump(mode="json")
     data["opcd"]["enabled"] = False  # the loop only plays and extracts; `distill` runs the cycle
     path = tmp_path / "cycle.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -107,10 +81,10 @@ def test_distill_and_eval_commands(tmp_path, games_dir, tiny_model_dir):
     assert "95% CI" in text
 
 
-def test_cycle_trains_data_parallel(tmp_path, games_dir, tiny_model_dir):
+def test_cycle_trains_data_parallel(tmp_path, cycle_config):
     """opcd.trainer.processes: 2 runs the cycle's training as two data-parallel ranks (gloo on CPU); the cycle
     row gets its curves step by step from rank 0 and the adapter is written once."""
-    cfg = config(games_dir, tiny_model_dir)
+    cfg = cycle_config()
     cfg.opcd.trainer = cfg.opcd.trainer.model_copy(update={"processes": 2})
     loop = AgentLoop(cfg, tmp_path, progress=False)
     summary = loop.run()

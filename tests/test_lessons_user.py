@@ -13,7 +13,6 @@ from agent_runtime.config import config_from_dict, load_config
 from agent_runtime.loop import AgentLoop
 from distill.lessons import is_user_version, lesson_provenance, live_lessons, live_version, pending_candidate
 from memory import ExperienceStore
-from tests.test_cli import cli
 
 GOAL = "Read the goal before the first move."
 COIN = "Take the coin as soon as you see it."
@@ -232,7 +231,7 @@ def test_an_old_config_with_an_int_lessons_seed_still_loads_and_resumes(tmp_path
     assert code == 0 and len(out["items"][0]["lesson_ids"]) == 2
 
 
-def test_cli_smoke_add_list_show_retire(tmp_path, games_dir):
+def test_cli_smoke_add_list_show_retire(tmp_path, games_dir, cli):
     config, workdir = write_config(tmp_path, games_dir), tmp_path / "w"
     proc = cli("lessons", "add", GOAL, INJECTION, "--config", config, "--workdir", workdir, check=False)
     assert proc.returncode == 1 and "added #" in proc.stdout and "rejected" in proc.stdout
