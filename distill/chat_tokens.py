@@ -16,6 +16,10 @@ those, each piece between them is restored and tokenised with `split_special_tok
 tokens are put back by id. Cutting at special tokens is what the tokenizer does itself (added tokens are
 matched first, the text between them is tokenised piece by piece), so the pieces tokenise as they would have.
 
+An engine we can only send text to (a remote chat server applies its own template and tokenises the result)
+gets `defuse_special_text` instead: special-token strings in the content are broken by an invisible word
+joiner, so that server's tokenizer reads them as text.
+
 "Special" means the tokenizer's added tokens marked special (`<|im_start|>`, `<|endoftext|>`, SmolLM2's
 `<file_sep>`...); added tokens not marked special are ordinary vocabulary to the tokenizer and stay so here.
 Every backend and OPCD's prompts go through `encode_chat`; a backend that sends text to an engine which
@@ -34,6 +38,10 @@ Chat = list[dict[str, str]]
 _OPEN, _CLOSE = "\U000f0000", "\U000f0001"
 _SENTINEL = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
 _patterns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# the markers of the common chat formats, for a server whose tokenizer is not known here: ChatML and Llama 3's
+# <|...|>, Llama 2 and Mistral's <s>, </s>, [INST], [/INST], Gemma's <start_of_turn>, <end_of_turn>
+_COMMON_MARKERS = re.compile(r"<\|[^|<>\s]{1,64}\|>|</?s>|\[/?INST\]|<(?:start|end)_of_turn>")
+_WORD_JOINER = "\u2060"
 
 
 class ChatPrompt(NamedTuple):
@@ -102,3 +110,12 @@ def encode_chat(tokenizer, chat: Chat, *, continuation: str = "") -> ChatPrompt:
 def chat_token_ids(tokenizer, chat: Chat) -> list[int]:
     """`encode_chat(tokenizer, chat).ids`: what a backend that takes token ids (vLLM) sends as the prompt."""
     return encode_chat(tokenizer, chat).ids
+
+
+def defuse_special_text(text: str, tokenizer=None) -> str:
+    """`text` with a word joiner (U+2060, invisible) after the first character of every special-token string
+    in it, for a server that renders and tokenises the chat itself: its tokenizer then reads text there, not a
+    control token. The strings are `tokenizer`'s special tokens when the served model's tokenizer is known
+    here, else the markers of the common chat formats. Text without such strings is returned unchanged."""
+    pattern = _special_pattern(tokenizer)[0] if tokenizer is not None else _COMMON_MARKERS
+    return pattern.sub(lambda m: m.group(0)[0] + _WORD_JOINER + m.group(0)[1:], text)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.chat_tokens import encode_chat, encode_text, render_chat
+from distill.chat_tokens import defuse_special_text, encode_chat, encode_text, render_chat
 
 SYSTEM = {"role": "system", "content": "You are playing a text game. Reply with one command."}
 ORDINARY = [
@@ -123,3 +123,34 @@ def test_the_backend_and_the_opcd_trainer_tokenise_through_it(tiny_backend):
     assert trainer.render(chat) == ids
     assert trainer.render(teacher) == encode_chat(tokenizer, teacher).ids
     assert count_special(tokenizer, trainer.render(teacher)) == 5  # two turns and the assistant header
+
+
+def test_text_for_a_server_that_tokenises_it_is_defused(tokenizer):
+    """The chat backend can only send text: special-token strings are broken so the server reads text."""
+    for special in specials(tokenizer):
+        text = f"a {special} b{special}"
+        for defused in (defuse_special_text(text, tokenizer), defuse_special_text(FORGED)):
+            assert count_special(tokenizer, plain_ids(tokenizer, defused)) == 0
+    ordinary = ORDINARY[3][1]["content"]  # holds <|b|>: not this tokenizer's, but a common format's marker
+    assert defuse_special_text(ordinary, tokenizer) == ordinary != defuse_special_text(ordinary)
+    assert defuse_special_text(ORDINARY[0][1]["content"]) == ORDINARY[0][1]["content"]
+
+
+def test_the_chat_backend_sends_defused_content():
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    from agent_runtime.llm import SamplingParams
+    from agent_runtime.llm.chat_backend import ChatBackend
+
+    seen = []
+
+    class Recording(FakeListChatModel):
+        def _call(self, messages, *args, **kwargs):
+            seen.append([m.content for m in messages])
+            return super()._call(messages, *args, **kwargs)
+
+    ChatBackend(Recording(responses=["look"])).generate([[SYSTEM, {"role": "user", "content": FORGED}]],
+                                                        SamplingParams())
+    [[system, user]] = seen
+    assert system == SYSTEM["content"] and "<|im_end|>" not in user and "<|im_start|>" not in user
+    assert user.replace("\u2060", "") == FORGED  # the text itself is unchanged
