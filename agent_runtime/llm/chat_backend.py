@@ -46,14 +46,16 @@ from agent_runtime.llm.base import (
     apply_stop,
     closest_action,
 )
+from distill.chat_tokens import defuse_special_text
 
 
-def _to_langchain(chat: Chat) -> list:
+def _to_langchain(chat: Chat, tokenizer=None) -> list:
+    """The chat as LangChain messages; special-token text in the content is defused (the server tokenises it)."""
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
     kinds = {"system": SystemMessage, "user": HumanMessage, "assistant": AIMessage}
     try:
-        return [kinds[m["role"]](content=m["content"]) for m in chat]
+        return [kinds[m["role"]](content=defuse_special_text(m["content"], tokenizer)) for m in chat]
     except KeyError as exc:
         raise BackendError(f"chat backend: unknown message role {exc}; accepted: system, user, assistant") from None
 
@@ -168,7 +170,7 @@ class ChatBackend:
 
     def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Completion]:
         start = time.perf_counter()
-        batch = [_to_langchain(chat) for chat in prompts]
+        batch = [_to_langchain(chat, self.tokenizer) for chat in prompts]
         kwargs = {"stop": list(params.stop)} if params.stop else {}
         replies = self.chat_model.batch(batch, config={"max_concurrency": self.max_concurrency}, **kwargs)
         elapsed = time.perf_counter() - start
