@@ -110,6 +110,21 @@ class RuntimeConfig(StrictConfig):
     ray: RayConfig = Field(default_factory=RayConfig)
 
 
+class CycleTrainerConfig(OPCDConfig):
+    """The OPCD trainer as a loop's cycle runs it (`opcd.trainer`): a LoRA adapter trained between episodes.
+
+    These defaults are the only ones this section has, so a partial override (`--set opcd.trainer.steps=50`)
+    changes that field and nothing else. They differ from `OPCDConfig`'s paper defaults where a cycle inside
+    a running loop needs it: a short budget (20 steps), one game turn per sample (32 new tokens), and a
+    learning rate for a rank-8 LoRA (1e-4; the paper's 1e-6..5e-6 moves a LoRA of this size too little in a
+    cycle's budget)."""
+
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate, constant (no schedule, no warm-up)")
+    max_new_tokens: int = Field(32, ge=1, description="longest sampled response: one turn of a game")
+    steps: int = Field(20, ge=0, description="optimizer steps of a cycle")
+    lora_r: int = Field(8, ge=1)
+
+
 class ConsolidationConfig(StrictConfig):
     """The CONSOLIDATE / EVALUATE / PROMOTE phases (the `opcd:` section); see agent_runtime/consolidate.py."""
 
@@ -117,8 +132,7 @@ class ConsolidationConfig(StrictConfig):
     consolidate_every: int = Field(32, gt=0, description="episodes between two cycles")
     recent_episodes: int = Field(32, gt=0, description="episodes whose per-turn prefixes are the prompts")
     max_prompts: int = Field(256, gt=0, description="at most this many prompts per cycle")
-    trainer: OPCDConfig = Field(default_factory=lambda: OPCDConfig(steps=20, batch_size=4, max_new_tokens=32,
-                                                                   lr=1e-4, lora_r=8))
+    trainer: CycleTrainerConfig = Field(default_factory=CycleTrainerConfig)
     eval_episodes: int | None = Field(None, gt=0, description="held-out tasks per env (default: evaluation's)")
     retention_envs: list[EnvEntry] = Field(
         default_factory=list, description="out-of-distribution envs for the retention check (like `envs`)")
