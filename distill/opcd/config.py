@@ -59,8 +59,10 @@ class OPCDConfig(StrictConfig):
         "(no extra memory, slower: unmerged LoRA)")
     share_context_cache: bool = Field(
         True, description="run the teacher once over the token prefix that all teacher prompts of a batch "
-        "share (the system prompt and the lessons when they are the same) and reuse its KV cache")
-    min_shared_prefix: int = Field(32, ge=1, description="shorter shared prefixes are not worth a separate pass")
+        "share (the system prompt and the lessons when they are the same) and reuse its KV cache "
+        "(distill.opcd.prefix_kv, which the transformers backend's prefix cache uses too)")
+    min_shared_prefix: int = Field(32, ge=1, description="shorter shared prefixes are not worth a separate pass "
+                                   "(the same rule and default as the backend's model.options.min_shared_prefix)")
     processes: int = Field(
         1, ge=1, description="data-parallel training processes, one per device: 1 trains in the calling process; "
         "N > 1 makes `distill.opcd.job.run_job` launch N ranks (gloo on CPU, one per GPU with NCCL on CUDA), "
