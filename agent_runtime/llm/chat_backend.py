@@ -71,10 +71,11 @@ def load_chat_model(spec: str, kwargs: dict[str, Any]):
         cls = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise BackendError(f"chat backend: cannot load {spec!r}: {exc}") from None
-    model = cls(**kwargs)
-    if not isinstance(model, BaseChatModel):
-        raise BackendError(f"chat backend: {spec} is not a langchain-core BaseChatModel")
-    return model
+    # checked before anything is called: a config naming any other callable (say subprocess:Popen) runs nothing
+    if not (isinstance(cls, type) and issubclass(cls, BaseChatModel)):
+        raise BackendError(f"chat backend: {spec} is not a langchain-core BaseChatModel class; options.class "
+                           "must name one, e.g. langchain_openai:ChatOpenAI")
+    return cls(**kwargs)
 
 
 class ChatBackend:
