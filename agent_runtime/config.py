@@ -271,6 +271,37 @@ def config_from_dict(data: dict, source: str = "<config>") -> RunConfig:
         raise ConfigError(_format_errors(err, source)) from None
 
 
+def code_references(config: RunConfig) -> dict[str, str]:
+    """The fields of `config` that name Python code to import and call ('package.module:Name'), by dotted key.
+
+    A stored config (a run's own, or one that came in with `memory import`) is data; `run --resume` refuses
+    it when these differ from the config the user gave (`check_stored_code`), so resuming never runs code
+    that only the database names."""
+    refs = {}
+    if config.model.backend == "chat" and "class" in config.model.options:
+        refs["model.options.class"] = str(config.model.options["class"])
+    if config.lessons.extractor != "policy":
+        refs["lessons.extractor"] = config.lessons.extractor
+    if "class" in config.runtime.ray.server:
+        refs["runtime.ray.server.class"] = str(config.runtime.ray.server["class"])
+    for section, entries in (("envs", config.envs), ("opcd.retention_envs", config.opcd.retention_envs)):
+        for i, entry in enumerate(entries):
+            if ":" in entry.id:
+                refs[f"{section}.{i}.id"] = entry.id
+    return refs
+
+
+def check_stored_code(stored: RunConfig, given: RunConfig, source: str) -> None:
+    """Refuse a stored config that names code the given config does not (ConfigError listing each field)."""
+    theirs, ours = code_references(stored), code_references(given)
+    differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+    if differ:
+        lines = [f"  {k}: stored {theirs.get(k)!r}, given {ours.get(k)!r}" for k in differ]
+        raise ConfigError(f"--resume: {source} names code that the given config does not; refusing to import "
+                          "and run it. Give a config that names the same classes, or start a new run:\n"
+                          + "\n".join(lines))
+
+
 def save_resolved(config: RunConfig, workdir: Path) -> Path:
     """Write the resolved config next to the run's data."""
     workdir.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agent_runtime.checkpoints import resolve_model
-from agent_runtime.config import ConfigError, RunConfig, config_from_dict, save_resolved
+from agent_runtime.config import ConfigError, RunConfig, check_stored_code, config_from_dict, save_resolved
 from agent_runtime.consolidate import roll_back_interrupted
 from agent_runtime.envs import build_envs
 from agent_runtime.lessons_phase import LessonContexts, add_seed_lessons, gate_user_lessons, user_lessons_gated
@@ -182,6 +182,7 @@ class AgentLoop:
                 raise ConfigError(f"--resume: no run named {config.name!r} in {store.url}; "
                                   "start one without --resume")
         stored = config_from_dict(existing.config, source=f"run {existing.id}")
+        check_stored_code(stored, config, f"the stored config of run {existing.id}")
         stored.runtime.episodes = config.runtime.episodes
         stored.runtime.hours = config.runtime.hours
         return stored
