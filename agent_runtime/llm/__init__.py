@@ -46,15 +46,9 @@ def make_backend(model_config, *, seed: int = 0) -> PolicyBackend:
 
         return ChatBackend.from_options(options, context_window=model_config.context_window)
     if kind == "vllm":
-        from agent_runtime.checkpoints import resolve_model
-        from agent_runtime.llm.vllm_backend import VLLMBackend, import_vllm
+        from agent_runtime.llm.vllm_backend import make_vllm_backend
 
-        import_vllm()  # fail on a missing vLLM before converting or loading any weights
-        backend = VLLMBackend(resolve_model(model_config.name), context_window=model_config.context_window,
-                              dtype=model_config.dtype, seed=seed, **options)
-        if model_config.adapter:
-            backend.load_adapter("configured", model_config.adapter)
-        return backend
+        return make_vllm_backend(model_config, seed=seed)
     raise BackendError(f"unknown backend {kind!r}; accepted: {', '.join(BACKENDS)}")
 
 
