@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from distill.config_base import StrictConfig
 from distill.lessons.config import LessonsConfig
 from distill.opcd.config import OPCDConfig
+from memory.redaction import redact_secrets
 
 
 class ConfigError(ValueError):
@@ -303,8 +304,8 @@ def check_stored_code(stored: RunConfig, given: RunConfig, source: str) -> None:
 
 
 def save_resolved(config: RunConfig, workdir: Path) -> Path:
-    """Write the resolved config next to the run's data."""
+    """Write the resolved config next to the run's data (secrets redacted)."""
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "config.resolved.yaml"
-    out.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    out.write_text(yaml.safe_dump(redact_secrets(config.model_dump(mode="json")), sort_keys=False))
     return out

@@ -37,6 +37,7 @@ from agent_runtime.retrieved_examples import example_retriever
 from agent_runtime.runner import TaskSampler
 from distill.lessons import pending_user_candidate, sync_statuses
 from memory import ExperienceStore
+from memory.redaction import restore_secrets
 
 log = logging.getLogger("agent_runtime.loop")
 
@@ -181,7 +182,9 @@ class AgentLoop:
             if existing is None:
                 raise ConfigError(f"--resume: no run named {config.name!r} in {store.url}; "
                                   "start one without --resume")
-        stored = config_from_dict(existing.config, source=f"run {existing.id}")
+        # the store keeps no secrets: a resumed run takes them from the config given now
+        data = restore_secrets(existing.config, config.model_dump(mode="json"))
+        stored = config_from_dict(data, source=f"run {existing.id}")
         check_stored_code(stored, config, f"the stored config of run {existing.id}")
         stored.runtime.episodes = config.runtime.episodes
         stored.runtime.hours = config.runtime.hours

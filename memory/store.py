@@ -54,6 +54,7 @@ from memory.evaluation_store import EvaluationsMixin
 from memory.lesson_set_store import LessonSetsMixin
 from memory.lesson_store import LessonsMixin
 from memory.models import EPISODE_OUTCOMES, Episode, Lesson, Run, Step, utcnow
+from memory.redaction import redact_secrets
 from memory.records import EpisodeInfo, EpisodeRecord, RunInfo, StepInfo, to_info
 from memory.retrieval import RetrievalMixin
 from memory.transfer import TransferMixin
@@ -213,10 +214,11 @@ class ExperienceStore(
     # -- runs ----------------------------------------------------------------------------------
 
     def create_run(self, name: str, config: dict[str, Any]) -> int:
-        """Record a new run with its resolved config; returns its id. The phase starts at PLAY."""
+        """Record a new run with its resolved config (secrets redacted: `memory.redaction`); returns its id.
+        The phase starts at PLAY."""
         with self._write() as session:
             now = utcnow()
-            row = Run(name=name, config=config, state={}, created_at=now, updated_at=now)
+            row = Run(name=name, config=redact_secrets(config), state={}, created_at=now, updated_at=now)
             session.add(row)
             session.flush()
             return row.id

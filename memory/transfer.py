@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 from memory import migrate
 from memory.errors import ImportConflictError, ImportFormatError
 from memory.models import Base, UTCDateTime
+from memory.redaction import redact_secrets
 
 FORMAT_NAME = "agent-runtime-memory"
 FORMAT_VERSION = 1
@@ -159,7 +160,10 @@ class TransferMixin:
                 counts[name] = 0
                 query = select(table).order_by(*table.primary_key.columns)
                 for row in session.execute(query.execution_options(yield_per=BATCH_ROWS)):
-                    line = {"table": name, "row": _encode(table, row)}
+                    encoded = _encode(table, row)
+                    if "config" in encoded:  # stores written before redaction may still hold secrets
+                        encoded["config"] = redact_secrets(encoded["config"])
+                    line = {"table": name, "row": encoded}
                     out.write(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n")
                     counts[name] += 1
             out.write(json.dumps({"end": True, "counts": counts}) + "\n")
