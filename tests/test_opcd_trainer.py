@@ -172,6 +172,27 @@ def test_shared_context_prefix_cache_gives_the_same_hidden_states(taught):
     torch.testing.assert_close(once[mask], full[mask], rtol=1e-4, atol=1e-5)
 
 
+def test_a_qwen2_model_with_sliding_windows_and_biases_trains():
+    """Sliding-window layers keep their own cache, so the teacher runs every row whole; the projections' biases
+    (Qwen2's q/k/v) reach the merged sampling copy from inside the LoRA-wrapped layers."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = tiny_model_and_tokenizer()[1]
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, use_sliding_window=True, sliding_window=64,
+                         max_window_layers=0, tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    trainer = OPCDTrainer(Qwen2ForCausalLM(config), tok, _config(steps=1, batch_size=2))
+    prompts = [trainer.render(with_context(c, LESSON)) for c in TRAIN[:2]]
+    assert trainer._shared_prefix(prompts) == 0
+    assert len(trainer.train(TRAIN, LESSON)) == 1
+    ids = torch.tensor([prompts[0]])
+    with torch.no_grad(), trainer.policies.sampling_model() as merged:
+        torch.testing.assert_close(merged(input_ids=ids).logits, trainer.model(input_ids=ids).logits,
+                                   rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("sampler", ["merged-fp32", "merged-bf16"])
 def test_sampling_copy_tracks_the_merged_student(taught, sampler):
     model, tok = taught
@@ -229,7 +250,7 @@ def test_adapter_round_trip_and_parent_adapter_becomes_the_teacher(taught, tmp_p
     with torch.no_grad():
         teacher, _ = second._teacher_hidden(prompts, responses)
         parent = response_hidden(load_adapter(copy.deepcopy(model), path).get_base_model(), prompts, responses,
-                                  pad_id=tok.pad_token_id)
+                                 pad_id=tok.pad_token_id)
     torch.testing.assert_close(teacher, parent, rtol=1e-4, atol=1e-5)
 
 

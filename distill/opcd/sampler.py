@@ -40,6 +40,8 @@ class MergedSampler:
             module = modules.get(module_name)
             if leaf == "weight" and "default" in getattr(module, "lora_A", {}):
                 yield param, module.base_layer.weight + module.get_delta_weight("default")
+            elif hasattr(module, "base_layer"):  # a LoRA-wrapped layer's other parameters (a bias) sit in its base
+                yield param, getattr(module.base_layer, leaf)
             else:
                 yield param, params[name]
 

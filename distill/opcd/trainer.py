@@ -139,7 +139,7 @@ class OPCDTrainer:
         self.model.eval()
         with self.policies.teacher() as teacher:
             hidden = response_hidden(teacher, prompts, responses, pad_id=self._pad_id,
-                                      shared_prefix=self._shared_prefix(prompts))
+                                     shared_prefix=self._shared_prefix(prompts))
             return hidden, lm_parts(teacher)[1]
 
     # -- training ----------------------------------------------------------------------------------------
