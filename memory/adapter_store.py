@@ -59,7 +59,7 @@ class AdaptersMixin(StoreMixin):
 
     def adapters(self, run_id: int | None = None, *, status: str | None = None) -> list[AdapterInfo]:
         """Adapters, oldest first."""
-        return self._by_run_and_status(Adapter, AdapterInfo, run_id, status)
+        return self._listed(Adapter, AdapterInfo, run_id=run_id, status=status)
 
     def active_adapter(self, run_id: int | None = None) -> AdapterInfo | None:
         """The newest adapter with status "active" (of the run, if given), or None."""

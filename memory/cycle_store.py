@@ -88,7 +88,7 @@ class CyclesMixin(StoreMixin):
 
     def cycles(self, run_id: int | None = None, *, status: str | None = None) -> list[CycleInfo]:
         """OPCD cycles, oldest first."""
-        return self._by_run_and_status(Cycle, CycleInfo, run_id, status)
+        return self._listed(Cycle, CycleInfo, run_id=run_id, status=status)
 
     def promote_cycle(self, cycle_id: int, lesson_ids: Sequence[int]) -> None:
         """Atomically: cycle promoted, its adapter active (the run's previous one retired), and

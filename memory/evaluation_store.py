@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
-
 from memory.models import EVALUATION_EVAL, EVALUATION_KINDS, Evaluation
 from memory.records import EvaluationInfo, to_info
 from memory.store_mixin import StoreMixin, check_value
@@ -76,14 +74,6 @@ class EvaluationsMixin(StoreMixin):
         kind: str | None = None,
     ) -> list[EvaluationInfo]:
         """Evaluations (of `kind`, if given), oldest first."""
-        query = select(Evaluation).order_by(Evaluation.id)
-        if run_id is not None:
-            query = query.where(Evaluation.run_id == run_id)
-        if adapter_id is not None:
-            query = query.where(Evaluation.adapter_id == adapter_id)
-        if cycle_id is not None:
-            query = query.where(Evaluation.cycle_id == cycle_id)
-        if kind is not None:
-            query = query.where(Evaluation.kind == kind)
-        with self._read() as session:
-            return [to_info(EvaluationInfo, r) for r in session.scalars(query)]
+        return self._listed(
+            Evaluation, EvaluationInfo, run_id=run_id, adapter_id=adapter_id, cycle_id=cycle_id, kind=kind
+        )

@@ -5,7 +5,7 @@ its ~50 methods are six families of tables with little in common. Each family li
 as a mixin (`lesson_store`, `lesson_set_store`, `cycle_store`, `adapter_store`, `evaluation_store`,
 besides `retrieval` and `transfer`), and `store.py` composes them. This base says, once, what a part may
 use from the facade (`url`, `_read()`, `_write()`) and holds the helpers more than one part needs:
-`_get` (a row by id or `NotFoundError`), `_by_run_and_status`, `same_run` and `check_value`.
+`_get` (a row by id or `NotFoundError`), `_listed` (rows by equal columns), `same_run` and `check_value`.
 """
 
 from __future__ import annotations
@@ -49,12 +49,11 @@ class StoreMixin:
             raise NotFoundError(f"no {what} with id {item_id} in {self.url}")
         return row
 
-    def _by_run_and_status(self, model: Any, info: Any, run_id: int | None, status: str | None) -> list[Any]:
-        """Rows of `model` (oldest first) filtered by run and status, as `info` records."""
+    def _listed(self, model: Any, info: Any, **equal: Any) -> list[Any]:
+        """Rows of `model`, oldest first, whose columns equal the given values (None: any), as `info` records."""
         query = select(model).order_by(model.id)
-        if run_id is not None:
-            query = query.where(model.run_id == run_id)
-        if status is not None:
-            query = query.where(model.status == status)
+        for column, value in equal.items():
+            if value is not None:
+                query = query.where(getattr(model, column) == value)
         with self._read() as session:
             return [to_info(info, r) for r in session.scalars(query)]

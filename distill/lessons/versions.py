@@ -24,9 +24,9 @@ Why this design:
 - A version is live or a candidate (its `status`, `memory.LESSON_SET_LIVE`/`LESSON_SET_CANDIDATE`), and
   was made by the agent or by a person (`made_by`, `memory.MADE_BY_AGENT`/`MADE_BY_USER`: `lessons
   add`/`retire`, `lessons.seed`; `is_user_version`). Both are columns; the note says in words why the
-  version was made. The live set is the newest live version. Writing
-  the version row is the single commit point; statuses are derived from the versions afterwards
-  (`sync_statuses`), so a crash between the two is repaired by calling it again.
+  version was made. The live set is the newest live version. Writing the version row is the single
+  commit point; statuses are derived from the versions afterwards (`sync_statuses`), so a crash between
+  the two is repaired by calling it again.
 - Statuses: members of the live set are "active"; members of a pending candidate stay "proposed";
   everything else is "retired". "consolidated" belongs to the OPCD phase and is never changed here.
 """
