@@ -11,8 +11,10 @@ as soon as they are measured and appends them to a JSONL file, and `report` prin
     python bench/gpu_check.py env|hf-generate|rollout|opcd|report --results R.jsonl [--cpu-dry-run]
 
 `--cpu-dry-run` shrinks every shape and iteration count and runs on the CPU, to check the logic without a GPU.
-vLLM is not installed on the target machine: generation is measured with Hugging Face `generate` (the
-transformers backend), which is what the runtime falls back to.
+Generation is measured with Hugging Face `generate` (the transformers backend); the `vllm` section measures the
+vllm backend too when vLLM is importable (`bench/gpu_check_vllm.py`; on a CPU its dry run needs vLLM's CPU
+build: `VLLM_PYTHON=<its python> bash bench/gpu_check.sh --cpu-dry-run`), and the shell script skips it with a
+line saying so when it is not.
 """
 
 from __future__ import annotations
@@ -245,7 +247,7 @@ def section_rollout(args, out: Results) -> None:
 
 
 def _rollout_row(args, out, backend, builder, params, factory, env_label, EpisodeRunner, slots, episodes,
-                 max_steps, new_tokens, device) -> None:
+                 max_steps, new_tokens, device, *, label: str = "rollout", memory: str | None = None) -> None:
     """One row of the rollout section: `episodes` episodes on `slots` slots through the runtime's runner."""
     calls, gen_seconds, tokens = backend.stats.calls, backend.stats.seconds, backend.stats.completion_tokens
     start = time.perf_counter()
@@ -269,11 +271,11 @@ def _rollout_row(args, out, backend, builder, params, factory, env_label, Episod
     wall = time.perf_counter() - start
     share = (backend.stats.seconds - gen_seconds) / wall
     tps = (backend.stats.completion_tokens - tokens) / wall
-    cache = "prefix cache on" if backend.prefix_cache else "prefix cache off"
-    out.add(f"rollout, {slots} slots", f"{60 * episodes / wall:,.1f} episodes/min, {tps:,.0f} gen tokens/s",
+    cache = "prefix cache on" if getattr(backend, "prefix_cache", True) else "prefix cache off"
+    out.add(f"{label}, {slots} slots", f"{60 * episodes / wall:,.1f} episodes/min, {tps:,.0f} gen tokens/s",
             f"{episodes} episodes x {max_steps} steps ({steps} steps), {new_tokens} new tokens, "
             f"{backend.stats.calls - calls} generate calls, {share:.0%} of wall in generate, {cache}, "
-            f"{env_label}, {_peak(device)}", tokens_per_s=tps, slots=slots)
+            f"{env_label}, {memory or _peak(device)}", tokens_per_s=tps, slots=slots)
 
 
 def _batched_turns(backend, builder, params, factory, slots: int, episodes: int, max_steps: int) -> int:
@@ -347,7 +349,14 @@ def report(path: Path) -> str:
     return "\n".join(lines)
 
 
-SECTIONS = {"env": section_env, "hf-generate": section_hf_generate, "rollout": section_rollout, "opcd": section_opcd}
+def section_vllm(args, out: Results) -> None:
+    from bench.gpu_check_vllm import section_vllm as run
+
+    run(args, out)
+
+
+SECTIONS = {"env": section_env, "hf-generate": section_hf_generate, "rollout": section_rollout, "opcd": section_opcd,
+            "vllm": section_vllm}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--slots", default="1,8,32")
+    parser.add_argument("--vllm-slots", default="1,8,32,64")
     parser.add_argument("--synthetic", action="store_true", help="rollout on the synthetic env even with textworld")
     parser.add_argument("--opcd-batch", type=int, default=16)
     parser.add_argument("--opcd-new-tokens", type=int, default=128)

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # One prepared check for a CUDA machine (one H200; torch + transformers + peft, no vLLM, no TRL, no internet).
-# Runs with the machine's own python on a copy of the working tree (no venv, installs nothing), < 8 minutes:
+# Runs with the machine's own python on a copy of the working tree (no venv, installs nothing), < 8 minutes
+# (< 11 with vLLM installed):
 #   1. env          versions, GPU, which optional packages exist (vLLM absent => HF generate everywhere)
 #   2. hf-generate  random-weight Qwen2.5-0.5B shape, bf16: tokens/s at batch 1/8/32/64, dynamic cache
 #   3. rollout      EpisodeRunner -> TransformersBackend on cuda, 1/8/32 slots (TextWorld if installed,
 #                   else a synthetic text env; the row says which)
 #   4. opcd         distill.opcd.OPCDTrainer on a random-weight Qwen3-1.7B shape: training tokens/s and MFU
 #                   (only when `import distill.opcd` works)
-#   5. hf-generate  as 2, with the static cache + torch.compile (last: compilation is the likeliest to time out)
+#   5. vllm         the vllm backend (bench/gpu_check_vllm.py): rollout episodes/min at 1/8/32/64 slots with
+#                   prefix caching, LoRA hot-swap latency; only when vLLM imports (VLLM_PYTHON=... picks another
+#                   interpreter for it), else one line says it was skipped
+#   6. hf-generate  as 2, with the static cache + torch.compile (last: compilation is the likeliest to time out)
 # Each section is its own process under its own timeout; a failure or timeout is a row of the table and the
 # next section runs. Rows are appended to $OUT/gpu_check.jsonl as they are measured, the table is printed at
 # the end.  Usage: bash bench/gpu_check.sh [--cpu-dry-run]   (PYTHON=... picks the interpreter)
@@ -69,6 +73,13 @@ if "$PY" -c "import distill.opcd" >>"$LOG" 2>&1; then
   section "OPCD step" 120 opcd
 else
   fail_row opcd "OPCD step" "skipped" "import distill.opcd failed: $(tail -n 1 "$LOG" | tr '|' '/' | cut -c1-200)"
+fi
+VPY="${VLLM_PYTHON:-$PY}"
+if "$VPY" -c "import vllm" >>"$LOG" 2>&1; then
+  PY="$VPY" section "vLLM backend" 180 vllm
+else
+  echo "== vLLM backend: skipped, vLLM is not installed for $VPY (pip install vllm, or VLLM_PYTHON=...)"
+  fail_row vllm "vLLM backend" "skipped" "vLLM is not installed for $VPY; the vllm backend is not measured"
 fi
 section "HF generate, static cache + torch.compile" 120 hf-generate --cache static
 

@@ -18,6 +18,12 @@ the runtime is changed): `model.generate` (the decode loop, prefill included), t
 (`PromptBuilder.build`, which renders and tokenizes the chat again to fit the context window), and the
 environments (`reset` + `step`). "pad" is the share of the prompt batch that was left padding.
 
+`--backend vllm` runs the same settings on the vllm backend (SmolLM2 only): vLLM's CPU build in its own
+environment (`bash .ci/vllm-env.sh`; `--vllm-python` overrides), the engine in a child process as
+`model.options.python` runs it, with vLLM's own prefix cache and continuous batching. Its rows have no
+`model.generate` split (the engine is a black box: its time is "backend"), "prefilled" is the share of prompt
+tokens vLLM did not find in its prefix cache, and CPU time includes the engine's processes.
+
 `--lessons N` puts N lesson lines into the system prompt (about 25 tokens each), as a learning run does;
 `--no-prefix-cache` turns off the backend's prefix KV cache, to compare, and `--prefix-cache-tokens 0` keeps
 only its within-call part (a prefix shared by the rows of one call, run once) and stores nothing across
@@ -33,6 +39,7 @@ wall time (in brackets) is what caps the speedup of more slots.
     .venv/bin/python bench/rollout.py --models tiny --slots 1,8 --episodes 32
     .venv/bin/python bench/rollout.py --models smollm2 --slots 1,8 --lessons 20 --no-prefix-cache
     .venv/bin/python bench/rollout.py --profile smollm2:8    # cProfile of one setting, top functions
+    .venv/bin/python bench/rollout.py --models smollm2 --backend vllm --dtype bfloat16 --slots 1,8
     .venv/bin/python bench/rollout.py --quick                # seconds; what tests/test_bench_smoke.py runs
 
 The machine's load average is printed with the table: on a shared 2-core box, wall-clock numbers taken
@@ -49,12 +56,14 @@ import io
 import json
 import os
 import pstats
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 import torch
 
@@ -128,6 +137,8 @@ class _TimedBackend:
     def __init__(self, backend: TransformersBackend, timers: Timers):
         self._backend, self._timers = backend, timers
         self.name = backend.name
+        if not hasattr(backend, "model"):  # the vllm backend: the engine is not ours to take apart
+            return
         model_generate, model_forward = backend.model.generate, backend.model.forward
         calls = {"forward": 0}
 
@@ -158,7 +169,8 @@ class _TimedBackend:
 
     def restore(self) -> None:
         for name in ("generate", "forward"):
-            self._backend.model.__dict__.pop(name, None)
+            if hasattr(self._backend, "model"):
+                self._backend.model.__dict__.pop(name, None)
 
     @property
     def context_window(self) -> int:
@@ -188,7 +200,10 @@ class _TimedBackend:
 
 
 def load_backend(model: str, dtype: str = "auto", prefix_cache: bool = True,
-                 prefix_cache_tokens: int | None = None) -> TransformersBackend:
+                 prefix_cache_tokens: int | None = None, backend: str = "transformers",
+                 vllm_python: str | None = None) -> TransformersBackend:
+    if backend == "vllm":
+        return load_vllm_backend(model, dtype, prefix_cache, vllm_python)
     options = {"device": "cpu", "dtype": dtype, "prefix_cache": prefix_cache}
     if prefix_cache_tokens is not None:
         options["prefix_cache_tokens"] = prefix_cache_tokens
@@ -202,6 +217,41 @@ def load_backend(model: str, dtype: str = "auto", prefix_cache: bool = True,
 
         return TransformersBackend.from_pretrained(resolve_model("smollm2-135m-instruct"), **options)
     raise SystemExit(f"unknown model {model!r}; accepted: {', '.join(MODELS)}")
+
+
+def load_vllm_backend(model: str, dtype: str, prefix_cache: bool, python: str | None):
+    """SmolLM2 on the vllm backend, in vLLM's own environment (what `model.options.python` starts)."""
+    from agent_runtime.checkpoints import resolve_model
+    from agent_runtime.llm.vllm_process import VLLMProcessBackend
+
+    if model != "smollm2":
+        raise SystemExit("--backend vllm runs the smollm2 model only (the tiny model's tokenizer is built in code)")
+    python = python or subprocess.run(["bash", str(ROOT / ".ci" / "vllm-env.sh"), "--find"], capture_output=True,
+                                      text=True, check=False).stdout.strip()
+    if not python:
+        raise SystemExit("--backend vllm: vLLM's CPU environment is not built; run `bash .ci/vllm-env.sh` "
+                         "(or pass --vllm-python)")
+    backend = VLLMProcessBackend(resolve_model("smollm2-135m-instruct"), python=python, dtype=dtype,
+                                 context_window=4096, enable_prefix_caching=prefix_cache)
+    print(f"  vllm engine ({backend.platform}, {backend.dtype}) up in {backend.start_seconds:.0f}s", file=sys.stderr)
+    return backend
+
+
+def cpu_seconds(backend) -> float:
+    """CPU time of this process, plus the vLLM engine's processes when there are any."""
+    import psutil
+
+    total = time.process_time()
+    pid = getattr(backend, "pid", None)
+    if pid is not None:
+        parent = psutil.Process(pid)
+        for proc in [parent, *parent.children(recursive=True)]:
+            try:
+                times = proc.cpu_times()
+                total += times.user + times.system
+            except psutil.NoSuchProcess:
+                pass
+    return total
 
 
 def env_kwargs(args) -> dict:
@@ -237,11 +287,11 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
     backend.clear_prefix_cache()  # every setting starts cold
     prompt_before, prefilled_before = backend.prefix_stats.prompt_tokens, backend.prefix_stats.prefilled_tokens
     torch.manual_seed(args.seed)
-    start, cpu_start = time.perf_counter(), time.process_time()
+    start, cpu_start = time.perf_counter(), cpu_seconds(backend)
     try:
         runner.run(lambda: _next_draw(sampler, draws), episodes.append)
     finally:
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        wall, cpu = time.perf_counter() - start, cpu_seconds(backend) - cpu_start
         runner.close()
         timed.restore()
     errors = [e.error for e in episodes if e.outcome == "error"]
@@ -254,7 +304,7 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
     prompted = backend.prefix_stats.prompt_tokens - prompt_before
     prefilled = backend.prefix_stats.prefilled_tokens - prefilled_before
     return {
-        "model": model, "slots": slots, "episodes": len(episodes), "steps": steps, "won": sum(e.won for e in episodes),
+        "model": model, "backend": backend.name, "slots": slots, "episodes": len(episodes), "steps": steps, "won": sum(e.won for e in episodes),
         "wall_s": wall, "cpu_s": cpu, "episodes_per_min": 60 * len(episodes) / wall, "steps_per_s": steps / wall,
         "episodes_per_cpu_min": 60 * len(episodes) / cpu,
         "gen_tokens_per_s": tokens / wall, "mean_batch": sum(timers.batch_sizes) / max(1, len(timers.batch_sizes)),
@@ -284,25 +334,29 @@ def warm_up(backend: TransformersBackend, args) -> None:
     """One small batched call so that one-off costs (first matmul kernels, lazy imports) are not timed."""
     chat = [{"role": "user", "content": "You are in a kitchen. Admissible actions: go north | take coin"}]
     backend.generate([chat, chat], SamplingParams(max_new_tokens=4, temperature=args.temperature))
+    if args.action_mode == "choice":
+        backend.choose([chat, chat], [["go north", "take coin"]] * 2, SamplingParams(temperature=args.temperature))
 
 
 def table(rows: list[dict]) -> str:
-    base = {r["model"]: r for r in rows if r["slots"] == 1}
+    base = {(r["model"], r.get("backend")): r for r in rows if r["slots"] == 1}
     lines = [
-        ("| model | slots | episodes | steps | wall s | CPU s | episodes/min | gen tokens/s | speedup vs 1 slot "
+        ("| model | backend | slots | episodes | steps | wall s | CPU s | episodes/min | gen tokens/s | speedup vs 1 slot "
          "| speedup, CPU time | mean batch | model.generate (prefill) | backend overhead | prompt build | env "
          "| other | prompt tokens | pad | prefilled |"),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        one = base.get(r["model"])
+        one = base.get((r["model"], r.get("backend")))
+        engine = r.get("backend") == "vllm"  # no model.generate of ours to time: the engine's time is "backend"
+        split = "-" if engine else f"{r['share_model_generate']:.0%} ({r['share_prefill']:.0%})"
         speedup = f"{r['episodes_per_min'] / one['episodes_per_min']:.2f}x" if one else "-"
         cpu_speedup = f"{r['episodes_per_cpu_min'] / one['episodes_per_cpu_min']:.2f}x" if one else "-"
         lines.append(
-            f"| {r['model']} | {r['slots']} | {r['episodes']} | {r['steps']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} "
+            f"| {r['model']} | {r.get('backend', 'transformers')} | {r['slots']} | {r['episodes']} | {r['steps']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} "
             f"| {r['episodes_per_min']:.1f} | {r['gen_tokens_per_s']:.1f} | {speedup} | {cpu_speedup} "
             f"| {r['mean_batch']:.1f} "
-            f"| {r['share_model_generate']:.0%} ({r['share_prefill']:.0%}) | {r['share_backend_overhead']:.0%} "
+            f"| {split} | {r['share_backend_overhead']:.0%} "
             f"| {r['share_prompt_build']:.0%} | {r['share_env']:.0%} | {r['share_other']:.0%} "
             f"| {r['mean_prompt_tokens']:.0f} | {r['pad_share']:.0%} | {r['prefilled_share']:.0%} |"
         )
@@ -335,6 +389,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="the backend's dtype (auto = float32 on CPU, the runtime's default)")
+    parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers",
+                        help="vllm: SmolLM2 on vLLM's CPU build, in its own environment (bash .ci/vllm-env.sh)")
+    parser.add_argument("--vllm-python", help="the interpreter of vLLM's environment (default: the one "
+                        ".ci/vllm-env.sh built)")
     parser.add_argument("--lessons", type=int, default=0, help="lesson lines in the system prompt")
     parser.add_argument("--action-mode", choices=("free", "choice"), default="free",
                         help="free: the model writes each command (what the tables below measured); choice: it "
@@ -376,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"# rollout throughput: {ENV_ID} level 1, {args.tasks} tasks, max({args.episodes}, slots) "
               f"episodes/setting, "
               f"max {args.max_steps} steps, {args.max_new_tokens} new tokens, T={args.temperature}, CPU, "
+              f"{args.backend} backend, "
               f"{args.dtype} weights, {args.lessons} lessons, prefix cache {'on' if args.prefix_cache else 'off'}"
               f"{'' if args.prefix_cache_tokens is None else f' ({args.prefix_cache_tokens} tokens)'}, "
               f"history {'with' if args.history_admissible else 'without'} action lists, "
@@ -383,14 +442,16 @@ def main(argv: list[str] | None = None) -> int:
               f"load average {os.getloadavg()[0]:.1f} at start")
     if args.profile:
         model, _, slots = args.profile.partition(":")
-        backend = load_backend(model, args.dtype, args.prefix_cache, args.prefix_cache_tokens)
+        backend = load_backend(model, args.dtype, args.prefix_cache, args.prefix_cache_tokens, args.backend,
+                               args.vllm_python)
         warm_up(backend, args)
         print(header)
         print(profile_setting(backend, model, int(slots or 1), args))
         return 0
     rows = []
     for model in models:
-        backend = load_backend(model, args.dtype, args.prefix_cache, args.prefix_cache_tokens)
+        backend = load_backend(model, args.dtype, args.prefix_cache, args.prefix_cache_tokens, args.backend,
+                               args.vllm_python)
         warm_up(backend, args)
         for slots in slot_counts:
             rows.append(run_setting(backend, model, slots, args))

