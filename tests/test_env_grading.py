@@ -113,3 +113,64 @@ def test_grading_works_off_the_main_thread():
     worker.start()
     worker.join(timeout=60)
     assert errors == [] and results == [True, False]
+
+
+HUGE = ["\\boxed{9^{9^{9}}}", "\\boxed{10^{10^{10}}}", "\\boxed{1000000!}", "\\boxed{(10!)!}",
+        "\\boxed{\\binom{10^{7}}{5000000}}", "\\boxed{\\prod_{i=1}^{1000000} i}", "\\boxed{9^{-999999}}"]
+
+
+def test_huge_numbers_are_graded_at_once_in_any_thread():
+    """`9^{9^{9}}` graded off the main thread held the GIL for minutes (math-verify's timeout is a SIGALRM,
+    main thread only, and no signal interrupts a big-integer power): run in a child so a regression fails."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import sys, threading, time\n"
+        "from environments.math import is_correct\n"
+        "is_correct('\\\\boxed{1}', '1')\n"
+        f"answers = {HUGE!r}\n"
+        "out = []\n"
+        "start = time.perf_counter()\n"
+        "worker = threading.Thread(target=lambda: out.extend(is_correct(a, '18') for a in answers))\n"
+        "worker.start(); worker.join()\n"
+        "out.append(is_correct(answers[0], '9^{9^{9}}'))\n"
+        "print(time.perf_counter() - start, out)\n"
+    )
+    repo = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90, cwd=repo,
+                          check=True)
+    seconds, results = done.stdout.split(" ", 1)
+    assert results.strip() == str([False] * len(HUGE) + [True])
+    assert float(seconds) < 1.0
+
+
+def test_a_grade_past_the_deadline_is_wrong_and_the_next_grade_works(monkeypatch):
+    """What the size estimate lets through is bounded by killing the grading process."""
+    import time
+
+    from environments.math import grading
+
+    monkeypatch.setattr(grading, "oversized", lambda latex: None)
+    monkeypatch.setattr(grading, "DEADLINE_SECONDS", 1.0)
+    assert is_correct("\\boxed{3}", "3")  # the grading process is up
+    results: list[bool] = []
+    start = time.perf_counter()
+    worker = threading.Thread(target=lambda: results.append(is_correct("\\boxed{9^{9^{9}}}", "18")))
+    worker.start()
+    worker.join(timeout=30)
+    assert results == [False] and time.perf_counter() - start < 5
+    assert is_correct("\\boxed{\\frac{1}{2}}", "0.5") and not is_correct("\\boxed{3}", "4")
+
+
+@pytest.mark.parametrize("latex,too_big", [
+    ("e^{x^2}", False), ("2^{1000}", False), ("2^{2^{2^{2^{2}}}}", False), ("\\binom{1000}{500}", False),
+    ("\\sum_{i=1}^{100} i", False), ("(n+1)^{n-1}", False), ("[1, 3)", False), ("10^{100}", False),
+    ("9^{9^{9}}", True), ("\\sin(9^{9^{9}})", True), ("[1, 3) + 9^{999999}", True), ("30000!", True),
+    ("\\sqrt[3]{10^{10^{10}}}", True), ("\\sum_{k=0}^{10^{9}} k", True),
+])
+def test_size_estimate(latex, too_big):
+    from environments.math.bounds import oversized
+
+    assert (oversized(latex) is not None) is too_big

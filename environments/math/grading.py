@@ -7,18 +7,38 @@ which compares numbers, fractions against decimals, equivalent expressions, tupl
 and equations like ``x = 5`` against ``5``. We never hand model text to Python's `eval` (so we use
 math-verify's LaTeX extraction only, not its sympy `parse_expr` path), and inputs are length-capped.
 
-math-verify guards each parse/compare with a SIGALRM timeout, which Python only allows on the main
-thread; rollout workers grade from threads, so off the main thread we switch its timeout off (it
-raises otherwise) and rely on the length cap to keep sympy fast.
+Grading time is bounded in any thread, in two steps:
+1. Before anything is parsed, `environments.math.bounds.oversized` estimates from the LaTeX how big a
+   number the answer would make sympy compute (`9^{9^{9}}`, `1000000!`, `\\binom{10^7}{5000000}`,
+   products over a million terms) and such an answer is wrong at once (unless it is the gold's very
+   text). These computations run inside single C calls that hold the GIL for minutes and that no
+   signal interrupts; a grading thread could not even be abandoned.
+2. What passes is parsed and compared in a grading process of our own (one per runtime process,
+   started on first use, shared by its threads under a lock). There, on its main thread,
+   math-verify's SIGALRM timeouts work as designed (`TIMEOUT_SECONDS` per parse or compare); and if a
+   whole grade takes longer than `DEADLINE_SECONDS`, the process is killed (the answer is wrong) and a
+   fresh one is started at once for the next grade. Only the two answer strings and a boolean cross
+   the process boundary, as JSON.
 """
 
 from __future__ import annotations
 
+import json
+import multiprocessing.connection
+import os
 import re
+import socket
+import subprocess
+import sys
 import threading
+from pathlib import Path
+
+from environments.math.bounds import oversized
 
 MAX_ANSWER_CHARS = 400
-TIMEOUT_SECONDS = 5
+TIMEOUT_SECONDS = 5  # per math-verify parse or compare, inside the grading process
+DEADLINE_SECONDS = 6.0  # per grade, wall clock: beyond it the grading process is killed
+STARTUP_SECONDS = 120.0  # importing sympy and math-verify in a new grading process
 
 _MARKERS = [
     re.compile(r"####\s*(?P<a>[^\n]+)"),
@@ -80,19 +100,10 @@ def _parse(latex: str, timeout: int | None) -> list:
                  parsing_timeout=timeout)
 
 
-def is_correct(response: str, gold: str) -> bool:
-    """True when the last stated answer of `response` equals `gold` mathematically.
-
-    `gold` may be a bare answer ("18", "\\frac{1}{2}", "(1, 2)") or a worked solution ending in
-    "#### 18" or a boxed answer. Unparseable answers are simply wrong; this never raises on model text.
-    """
+def _equal(gold_answer: str, answer: str, timeout: int | None) -> bool:
+    """math-verify's verdict on two extracted answers (run inside the grading process)."""
     from math_verify import verify
 
-    gold_answer = extract_final_answer(gold) if re.search(r"####|\\boxed|\\fbox", gold) else _tidy(gold)
-    answer = extract_final_answer(response)
-    if not answer or not gold_answer or len(answer) > MAX_ANSWER_CHARS:
-        return False
-    timeout = TIMEOUT_SECONDS if threading.current_thread() is threading.main_thread() else None
     try:
         parsed_gold, parsed_answer = _parse(gold_answer[:MAX_ANSWER_CHARS], timeout), _parse(answer, timeout)
         if not parsed_gold or not parsed_answer:
@@ -100,3 +111,90 @@ def is_correct(response: str, gold: str) -> bool:
         return bool(verify(parsed_gold, parsed_answer, timeout_seconds=timeout))
     except Exception:  # noqa: BLE001 - math-verify/sympy failures on odd text mean "not a matching answer"
         return False
+
+
+class _GradingProcess:
+    """The child process that runs `_equal`, shared by the threads of this process (see the module doc)."""
+
+    _lock = threading.Lock()
+    _proc: subprocess.Popen | None = None
+    _conn: multiprocessing.connection.Connection | None = None
+    _owner: int | None = None
+    _ready = False
+
+    @classmethod
+    def _start(cls) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = dict(os.environ)
+        package_parent = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+        cls._proc = subprocess.Popen([sys.executable, "-m", "environments.math.grading", str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        theirs.close()
+        cls._conn = multiprocessing.connection.Connection(ours.detach())
+        cls._owner, cls._ready = os.getpid(), False
+
+    @classmethod
+    def _stop(cls) -> None:
+        if cls._conn is not None:
+            cls._conn.close()
+        if cls._proc is not None and cls._owner == os.getpid():
+            cls._proc.kill()
+            cls._proc.wait()
+        cls._proc = cls._conn = cls._owner = None
+
+    @classmethod
+    def equal(cls, gold_answer: str, answer: str) -> bool:
+        with cls._lock:
+            if cls._proc is None or cls._owner != os.getpid() or cls._proc.poll() is not None:
+                cls._stop()  # a forked copy of the runtime never shares its parent's grading process
+                cls._start()
+            try:
+                if not cls._ready:
+                    if not cls._conn.poll(STARTUP_SECONDS):
+                        raise TimeoutError(f"the grading process did not start within {STARTUP_SECONDS:.0f} s")
+                    cls._conn.recv_bytes()
+                    cls._ready = True
+                cls._conn.send_bytes(json.dumps([gold_answer, answer]).encode())
+                if cls._conn.poll(DEADLINE_SECONDS):
+                    return bool(json.loads(cls._conn.recv_bytes()))
+            except (EOFError, OSError):
+                pass  # the grading process died on this answer: it is wrong, and the next grade gets a new one
+            cls._stop()
+            cls._start()  # warms up (imports sympy) while the caller moves on
+            return False
+
+
+def _serve(fd: int) -> None:
+    """The grading process: announce readiness, then answer [gold, answer] pairs until the parent goes away."""
+    import math_verify  # noqa: F401 - imported before "ready" so that no grade pays for it
+
+    conn = multiprocessing.connection.Connection(fd)
+    conn.send_bytes(b"ready")
+    while True:
+        try:
+            gold_answer, answer = json.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        conn.send_bytes(json.dumps(_equal(gold_answer, answer, TIMEOUT_SECONDS)).encode())
+
+
+def is_correct(response: str, gold: str) -> bool:
+    """True when the last stated answer of `response` equals `gold` mathematically.
+
+    `gold` may be a bare answer ("18", "\\frac{1}{2}", "(1, 2)") or a worked solution ending in
+    "#### 18" or a boxed answer. Unparseable answers are simply wrong; this never raises on model text,
+    and takes at most about `DEADLINE_SECONDS` in any thread.
+    """
+    gold_answer = extract_final_answer(gold) if re.search(r"####|\\boxed|\\fbox", gold) else _tidy(gold)
+    answer = extract_final_answer(response)
+    if not answer or not gold_answer or len(answer) > MAX_ANSWER_CHARS:
+        return False
+    if oversized(answer):
+        return answer.strip() == gold_answer.strip()
+    return _GradingProcess.equal(gold_answer, answer)
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]))
