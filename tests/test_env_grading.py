@@ -174,3 +174,17 @@ def test_size_estimate(latex, too_big):
     from environments.math.bounds import oversized
 
     assert (oversized(latex) is not None) is too_big
+
+
+def test_a_grading_process_that_cannot_start_is_a_clear_error(monkeypatch, tmp_path):
+    """A broken installation is not "every answer is wrong": the first grade says why."""
+    from environments.base import EnvError
+    from environments.math import grading
+
+    (tmp_path / "math_verify.py").write_text("raise ImportError('math-verify is broken here')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    grading._GradingProcess._stop()  # the next grade starts a new grading process, with that PYTHONPATH
+    with pytest.raises(EnvError, match="(?s)exited at start .*math-verify is broken here"):
+        is_correct("\\boxed{3}", "3")
+    monkeypatch.undo()
+    assert is_correct("\\boxed{3}", "3")

@@ -25,7 +25,7 @@ META = [
     "SAVE", "  Restore  ", "script on", "transcripts", "superbriefly", "save game",
     "east, save", "look. save", "look.restore", "go west then save", "east ,restore",
     "print_state", "enable print state option", "tw-print max_score", "tw-extra-infos inventory",
-    "restrict commands", "tw-trace-actions", "again", "g", "oops north", "purloin coin", "gonear coin",
+    "restrict commands", "tw-trace-actions", "print_stuff", "again", "g", "oops north", "purloin coin", "gonear coin",
 ]
 
 

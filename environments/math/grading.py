@@ -30,9 +30,12 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
+from environments.base import EnvError
 from environments.math.bounds import oversized
 
 MAX_ANSWER_CHARS = 400
@@ -120,6 +123,7 @@ class _GradingProcess:
     _proc: subprocess.Popen | None = None
     _conn: multiprocessing.connection.Connection | None = None
     _owner: int | None = None
+    _log: Any = None
     _ready = False
 
     @classmethod
@@ -128,9 +132,11 @@ class _GradingProcess:
         env = dict(os.environ)
         package_parent = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-        cls._proc = subprocess.Popen([sys.executable, "-m", "environments.math.grading", str(theirs.fileno())],
+        cls._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process it logs
+        serve = "import sys; from environments.math.grading import _serve; _serve(int(sys.argv[1]))"
+        cls._proc = subprocess.Popen([sys.executable, "-c", serve, str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=cls._log)
         theirs.close()
         cls._conn = multiprocessing.connection.Connection(ours.detach())
         cls._owner, cls._ready = os.getpid(), False
@@ -142,7 +148,24 @@ class _GradingProcess:
         if cls._proc is not None and cls._owner == os.getpid():
             cls._proc.kill()
             cls._proc.wait()
-        cls._proc = cls._conn = cls._owner = None
+        if cls._log is not None:
+            cls._log.close()
+        cls._proc = cls._conn = cls._owner = cls._log = None
+
+    @classmethod
+    def _await_ready(cls) -> None:
+        """Wait for the new process's imports; a process that cannot start is an error, not a wrong answer."""
+        try:
+            if cls._conn.poll(STARTUP_SECONDS) and cls._conn.recv_bytes() == b"ready":
+                cls._ready = True
+                return
+            why = f"did not start within {STARTUP_SECONDS:.0f} s"
+        except (EOFError, OSError):
+            why = f"exited at start (code {cls._proc.wait()})"
+        cls._log.seek(0)
+        tail = cls._log.read().decode(errors="replace").strip()[-800:]
+        cls._stop()
+        raise EnvError(f"math grading: the grading process {why}" + (f": {tail}" if tail else ""))
 
     @classmethod
     def equal(cls, gold_answer: str, answer: str) -> bool:
@@ -150,12 +173,9 @@ class _GradingProcess:
             if cls._proc is None or cls._owner != os.getpid() or cls._proc.poll() is not None:
                 cls._stop()  # a forked copy of the runtime never shares its parent's grading process
                 cls._start()
+            if not cls._ready:
+                cls._await_ready()
             try:
-                if not cls._ready:
-                    if not cls._conn.poll(STARTUP_SECONDS):
-                        raise TimeoutError(f"the grading process did not start within {STARTUP_SECONDS:.0f} s")
-                    cls._conn.recv_bytes()
-                    cls._ready = True
                 cls._conn.send_bytes(json.dumps([gold_answer, answer]).encode())
                 if cls._conn.poll(DEADLINE_SECONDS):
                     return bool(json.loads(cls._conn.recv_bytes()))
@@ -194,7 +214,3 @@ def is_correct(response: str, gold: str) -> bool:
     if oversized(answer):
         return answer.strip() == gold_answer.strip()
     return _GradingProcess.equal(gold_answer, answer)
-
-
-if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
