@@ -6,6 +6,10 @@ KL after, and the adapter on disk. A `TrainJob` says everything a run needs as p
 directory, prompts, lesson pools, an `OPCDConfig`), so that it can be written to a JSON file and run by
 another process; `run_job` runs it and answers a `JobResult`.
 
+A job with a `teacher` (`distill.opcd.teacher.TeacherSpec`: cross-size distillation) loads that model as the
+teacher, after checking that its tokenizer is the student's (`TeacherTokenizerError` otherwise, before any
+weights are read); every rank loads its own copy, on its own device unless the spec names one.
+
 With `config.processes == 1` the job runs in the calling process. With N > 1 it is written to a folder and
 launched as `python -m torch.distributed.run --standalone --nproc_per_node N -m distill.opcd.job JOB.json`:
 every rank loads the model, accelerate's `PartialState` joins the process group and picks the device and
@@ -45,6 +49,7 @@ from pydantic import Field
 
 from distill.config_base import StrictConfig
 from distill.opcd.config import OPCDConfig
+from distill.opcd.teacher import TeacherSpec, check_teacher, load_teacher
 from distill.opcd.trainer import Chat, DivergenceError, OPCDTrainer
 
 PARENT_PID_ENV = "OPCD_JOB_PARENT_PID"
@@ -69,7 +74,9 @@ class TrainJob(StrictConfig):
     output: str
     """Where the adapter is written (atomically)."""
     parent_adapter: str | None = None
-    """The start-of-cycle adapter: the teacher, and the student's starting point."""
+    """The start-of-cycle adapter: the student's starting point, and the teacher unless `teacher` names one."""
+    teacher: TeacherSpec | None = None
+    """A separate teacher model (cross-size distillation); None: the student's own start-of-cycle policy."""
     kl_sets: dict[str, tuple[list[Chat], list[str] | str]] = Field(default_factory=dict)
     """name -> (prompts, one context per prompt or one for all): held-out KL measured before and after."""
     train_choices: list[list[str]] | None = None
@@ -110,12 +117,18 @@ def execute(job: TrainJob, on_step: Callable[[dict], None] | None = None,
             device: str | torch.device | None = None) -> JobResult:
     """Run `job` in this process: as the whole job, or as one rank when a process group is initialised."""
     started = time.perf_counter()
+    if job.teacher is not None:  # before any weights are read: a teacher that cannot teach fails at once
+        check_teacher(job.model_path, job.teacher)
     model, tokenizer = load_model(job.model_path)
     model.to(device or job.device)
+    teacher = None
+    if job.teacher is not None:
+        teacher = load_teacher(job.teacher, job.teacher.device if device is None and job.teacher.device
+                               else model.device)
     cuda = [model.device.index or 0] if model.device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):  # the fresh adapter depends on the config seed alone
         torch.manual_seed(job.config.seed)
-        trainer = OPCDTrainer(model, tokenizer, job.config, parent_adapter=job.parent_adapter)
+        trainer = OPCDTrainer(model, tokenizer, job.config, parent_adapter=job.parent_adapter, teacher_model=teacher)
     def kls() -> dict[str, float]:
         return {name: trainer.evaluate_kl(prompts, contexts, job.kl_choices.get(name))
                 for name, (prompts, contexts) in job.kl_sets.items()}

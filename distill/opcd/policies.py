@@ -6,8 +6,13 @@ can be a view of the same model:
 - no parent adapter: the same model with the adapter disabled (the base policy);
 - a parent adapter (the promoted adapter of the last cycle): the same model with that adapter switched in,
   frozen, while the student starts as a copy of it;
-or, with a copy: an explicit `teacher_model` (a larger model sharing the tokenizer: cross-size distillation),
-or, for `full_finetune`, a frozen copy of the model taken before the first step.
+or, with a copy: an explicit `teacher_model` (a larger model sharing the tokenizer: cross-size distillation,
+`distill.opcd.teacher`), or, for `full_finetune`, a frozen copy of the model taken before the first step.
+
+A separate teacher may sit on another device than the student, and its output head may have a different
+number of rows (checkpoints pad the embedding matrix, and two sizes of one family can pad differently):
+`fit_head` makes each head's logits comparable, cut to the rows both heads have and on the student's device.
+With the teacher a view of the student's own model nothing is cut or moved.
 
 The teacher sees the same prompt as the student with the context (lessons, a system prompt) appended to the
 system message (`with_context`); both are tokenised by `distill.chat_tokens`, so the lessons are text.
@@ -35,6 +40,20 @@ def with_context(chat: Chat, context: str) -> Chat:
     return [{"role": "system", "content": context}, *chat]
 
 
+class _FittedHead:
+    """An output head whose logits are cut to the first `rows` and moved to `device`."""
+
+    def __init__(self, head, rows: int | None, device: torch.device):
+        self.head, self.rows, self.device = head, rows, device
+        self.weight = head.weight
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden)
+        if self.rows is not None:
+            logits = logits[..., :self.rows]
+        return logits.to(self.device)
+
+
 class Policies:
     """From one base model: the student (`model`, trained; `sampling_model()` to sample from it) and the teacher
     (`teacher()`, switched in for a block)."""
@@ -58,8 +77,13 @@ class Policies:
                 self.teacher_model = copy.deepcopy(model).eval().requires_grad_(False)
         else:
             self.model = self._attach_lora(model)
+        self.rows: int | None = None  # the logit rows compared, when the two heads differ in size
         if self.teacher_model is not None:
             self.teacher_model.eval().requires_grad_(False)
+            student_rows = self.student_lm.get_output_embeddings().weight.shape[0]
+            teacher_rows = self.teacher_model.get_output_embeddings().weight.shape[0]
+            if student_rows != teacher_rows:
+                self.rows = min(student_rows, teacher_rows)
         if config.gradient_checkpointing:
             lm = self.student_lm
             if hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5.2 renamed it
@@ -93,6 +117,14 @@ class Policies:
     def student_lm(self):
         """The student as a plain causal LM (the LoRA layers sit inside it)."""
         return self.model if self.config.full_finetune else self.model.get_base_model()
+
+    def fit_head(self, head):
+        """`head` as the loss uses it: logits cut to `rows` when the heads differ in size, on the student's
+        device; the head itself when neither applies (the teacher a view of the student's model)."""
+        device = self.student_lm.get_output_embeddings().weight.device
+        if self.rows is None and head.weight.device == device:
+            return head
+        return _FittedHead(head, self.rows, device)
 
     @contextlib.contextmanager
     def sampling_model(self) -> Iterator[torch.nn.Module]:

@@ -93,6 +93,10 @@ class OPCDTrainer:
         self._eos_ids = sorted({tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None})
         self.policies = Policies(model, config, teacher_model=teacher_model, parent_adapter=self.parent_adapter)
         self.model = self.policies.model
+        rows = self.policies.rows
+        if rows is not None and rows < len(tokenizer):
+            raise ValueError(f"the teacher's and the student's output heads share only {rows} rows, fewer than the "
+                             f"tokenizer's {len(tokenizer)} tokens; the teacher must cover the whole vocabulary")
         # the teacher's shared prefix is spliced into its batch cache: only for models whose cache allows it
         self._share_teacher_prefix = config.share_context_cache and plain_kv_layers(
             self.policies.teacher_model or self.policies.student_lm) > 0
@@ -140,7 +144,7 @@ class OPCDTrainer:
         with self.policies.teacher() as teacher:
             hidden = response_hidden(teacher, prompts, responses, pad_id=self._pad_id,
                                      shared_prefix=self._shared_prefix(prompts))
-            return hidden, lm_parts(teacher)[1]
+            return hidden, self.policies.fit_head(lm_parts(teacher)[1])
 
     # -- training ----------------------------------------------------------------------------------------
     def step(self, prompts: list[Chat], contexts: list[str], choices: list[list[str]] | None = None) -> dict:
@@ -183,7 +187,8 @@ class OPCDTrainer:
             student_lm = self._student_lm
             hidden = response_hidden(student_lm, student_ids, responses, pad_id=self._pad_id)
             result = chunked_topk_divergence(
-                hidden, teacher_hidden, mask, student_head=lm_parts(student_lm)[1], teacher_head=teacher_head,
+                hidden, teacher_hidden, mask, student_head=self.policies.fit_head(lm_parts(student_lm)[1]),
+                teacher_head=teacher_head,
                 targets=targets, divergence=divergence, k=cfg.k,
                 temperature=1.0 if divergence == "cross_entropy" else cfg.temperature,
                 renormalize=cfg.renormalize, chunk_size=cfg.chunk_size)
@@ -226,6 +231,7 @@ class OPCDTrainer:
         self.model.eval()
         with self.policies.teacher() as teacher:
             teacher_logp = choice_logprobs(*lm_parts(teacher), pack_choices(teacher_ids, actions, pad_id=self._pad_id))
+        teacher_logp = [t.to(self.model.device) for t in teacher_logp]  # a separate teacher may run elsewhere
         self.model.train(torch.is_grad_enabled())
         student_logp = choice_logprobs(*lm_parts(self._student_lm),
                                        pack_choices(student_ids, actions, pad_id=self._pad_id))
@@ -369,7 +375,7 @@ class OPCDTrainer:
                 mask = torch.zeros(1, hidden.shape[1], device=hidden.device)
                 mask[0, :len(responses[row])] = 1
                 result = chunked_topk_divergence(
-                    hidden[row:row + 1], teacher_hidden[row:row + 1], mask, student_head=head,
+                    hidden[row:row + 1], teacher_hidden[row:row + 1], mask, student_head=self.policies.fit_head(head),
                     teacher_head=teacher_head, k=head.weight.shape[0],
                     temperature=self.config.temperature, chunk_size=self.config.chunk_size, backward=False)
                 values[start + row] = result.loss
