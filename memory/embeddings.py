@@ -10,7 +10,10 @@ never mixes spaces (the new one's vectors are computed and indexed separately).
   that share words land close together, which is all de-duplication tests and demos need.
 
 `make_embedder(spec)` builds one from a config string: "minilm" (default), "hash" or "hash:DIM",
-or a path to a local sentence-transformers model directory.
+or a path to a local sentence-transformers model directory. A hashing embedder's DIM is bounded
+(`MAX_HASH_DIM`): the name of an embedder is data (stored with every vector, imported from exports), and
+a dashboard rebuilds the embedder from that name; `hash-1000000000` must be an error, not a search that
+allocates gigabytes.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 DEFAULT_EMBEDDER = "minilm"
+MAX_HASH_DIM = 16_384  # a batch of 256 texts is then 16 MiB; real sentence embedders have 384..4096 dims
 _WORD = re.compile(r"\w+")
 
 
@@ -52,6 +56,8 @@ class HashEmbedder:
     """Feature hashing of words and character trigrams: deterministic and model-free."""
 
     def __init__(self, dim: int = 256) -> None:
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= MAX_HASH_DIM:
+            raise ValueError(f"a hashing embedder's dimension must be an integer from 1 to {MAX_HASH_DIM}, got {dim!r}")
         self._dim = dim
         self.name = f"hash-{dim}"
 
@@ -121,7 +127,11 @@ def make_embedder(spec: str | None = None) -> Embedder:
         return SentenceTransformerEmbedder()
     if spec == "hash" or spec.startswith("hash:"):
         _, _, dim = spec.partition(":")
-        return HashEmbedder(int(dim) if dim else 256)
+        if not dim:
+            return HashEmbedder()
+        if not (dim.isascii() and dim.isdigit() and len(dim) <= len(str(MAX_HASH_DIM))):
+            raise ValueError(f"embedder {spec[:40]!r}: DIM in hash:DIM must be an integer from 1 to {MAX_HASH_DIM}")
+        return HashEmbedder(int(dim))
     path = Path(spec).expanduser()
     if path.is_dir():
         return SentenceTransformerEmbedder(path)

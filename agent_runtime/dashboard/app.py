@@ -48,7 +48,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent_runtime.dashboard.learning import condition_label
-from agent_runtime.dashboard.reads import finite
+from agent_runtime.dashboard.reads import MAX_INT, finite
 from memory import ExperienceStore, NotFoundError
 
 HERE = Path(__file__).parent
@@ -106,6 +106,19 @@ def _query(request: Request, **changes: Any) -> str:
         else:
             params[key] = str(value)
     return "?" + urlencode(params) if params else "?"
+
+
+def _problem(error: dict[str, Any]) -> str:
+    """One request-validation error as a sentence: which parameter, what is accepted, what came."""
+    where, name, got = error["loc"][0], error["loc"][-1], error.get("input")
+    ctx = error.get("ctx") or {}
+    if error.get("type") == "int_parsing":
+        return f"{where} parameter {name!r} must be an integer, got {got!r}"
+    if error.get("type") == "greater_than_equal":
+        return f"{where} parameter {name!r} must be between {ctx.get('ge')} and {MAX_INT}, got {got}"
+    if error.get("type") == "less_than_equal":
+        return f"{where} parameter {name!r} must be at most {ctx.get('le')}, got {got}"
+    return f"{'.'.join(map(str, error['loc']))}: {error['msg']}"
 
 
 def _templates() -> Jinja2Templates:
@@ -224,11 +237,8 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> Response:
-        # a path parameter that is not an integer ("/episodes/abc"): 400 naming it, not FastAPI's 422
-        problems = [f"{e['loc'][0]} parameter {e['loc'][-1]!r} must be an integer, got {e.get('input')!r}"
-                    if e.get("type") == "int_parsing" else f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                    for e in exc.errors()]
-        return error_page(request, 400, "; ".join(problems))
+        # a path parameter that is not an integer ("/episodes/abc") or out of range: 400 naming it, not 422
+        return error_page(request, 400, "; ".join(_problem(e) for e in exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Integer, Select, Text, cast, func, select
+from sqlalchemy import Integer, Row, Select, Text, cast, func, select
 from sqlalchemy.orm import Session
 
 from memory import (
@@ -42,6 +41,7 @@ from memory.models import Adapter, Cycle, Embedding, Episode, Lesson, LessonSet,
 from memory.records import AdapterInfo, CycleInfo, EvaluationInfo, StepInfo, to_info
 
 MAX_POINTS = 400
+MAX_INT = 2**31 - 1  # ids are 32-bit integers in PostgreSQL; larger values overflow SQLite's binding
 
 
 @contextmanager
@@ -352,64 +352,97 @@ def sample_stride(n: int) -> int:
     return max(1, math.ceil(n / MAX_POINTS))
 
 
+def _last_rates(session: Session, run_id: int, key: Any, window: int, stride: int) -> list[Row[Any]]:
+    """SQL: per group (`key`: the environment, or whether lessons were in context) and per bucket of
+    `stride` episodes (by ordinal in the run), the group's rolling (wins, n) over its last `window`
+    episodes as of its last episode in the bucket. At most buckets x groups rows leave the database."""
+    frame = (-(window - 1), 0)
+    numbered = (
+        select(
+            key.label("key"),
+            func.row_number().over(order_by=Episode.id).label("x"),
+            func.sum(Episode.won.cast(Integer)).over(partition_by=key, order_by=Episode.id, rows=frame).label("wins"),
+            func.count(Episode.id).over(partition_by=key, order_by=Episode.id, rows=frame).label("n"),
+        )
+        .where(Episode.run_id == run_id)
+        .subquery()
+    )
+    bucket = ((numbered.c.x + (stride - 1)) // stride).label("bucket")  # integer division (of integers)
+    ranked = select(
+        numbered, bucket,
+        func.row_number().over(partition_by=[numbered.c.key, bucket], order_by=numbered.c.x.desc()).label("last"),
+    ).subquery()
+    return list(session.execute(
+        select(ranked.c.key, ranked.c.bucket, ranked.c.wins, ranked.c.n).where(ranked.c.last == 1)
+        .order_by(ranked.c.bucket, ranked.c.x)
+    ))
+
+
+def _cycle_marks(session: Session, run_id: int) -> list[dict[str, Any]]:
+    """The run's OPCD cycles as marks at the number of the run's episodes that had ended when the cycle
+    ended (or started, while running). One range count per cycle between consecutive boundaries, on the
+    (run_id, ended_at) index: the whole run is counted once, whatever the number of cycles."""
+    cycles = session.execute(
+        select(Cycle.id, Cycle.status, func.coalesce(Cycle.ended_at, Cycle.started_at).label("at"))
+        .where(Cycle.run_id == run_id).order_by(Cycle.id)
+    ).all()
+    positions: dict[int, int] = {}
+    counted, previous = 0, None
+    for cycle_id, _, at in sorted(cycles, key=lambda c: (c.at, c.id)):
+        in_run = [Episode.run_id == run_id, Episode.ended_at <= at]
+        if previous is not None:
+            in_run.append(Episode.ended_at > previous)
+        counted += int(session.scalar(select(func.count()).select_from(Episode).where(*in_run)) or 0)
+        positions[cycle_id], previous = counted, at
+    return [{"x": positions[c.id], "label": f"cycle {c.id} {c.status}", "status": c.status} for c in cycles]
+
+
 def success_charts(store: ExperienceStore, run_id: int, *, window: int = 20) -> list[Chart]:
     """The overview's two charts for a run: rolling success rate per environment, and with lessons
     in context against without; both with the run's OPCD cycle boundaries marked.
 
     x is the episode's ordinal in the run; each series is the success rate over its last `window`
-    episodes, carried forward between its own episodes; at most MAX_POINTS points are kept.
+    episodes, carried forward between its own episodes; at most MAX_POINTS points are kept (every
+    stride-th episode and the last). The rates are computed in SQL (window functions, as
+    `learning.learning_chart`): the chart is polled every few seconds, and a run holds many episodes.
     """
+    assert window >= 1, f"window must be at least 1, got {window}"
+    flag = _with_lessons()
     with read_session(store) as session:
-        rows = session.execute(
-            select(Episode.env_id, Episode.won, _with_lessons())
-            .where(Episode.run_id == run_id)
-            .order_by(Episode.id)
-        ).all()
-        marks = []
-        for cycle_id, status, started, ended in session.execute(
-            select(Cycle.id, Cycle.status, Cycle.started_at, Cycle.ended_at)
-            .where(Cycle.run_id == run_id)
-            .order_by(Cycle.id)
-        ):
-            position = session.scalar(
-                select(func.count(Episode.id)).where(Episode.run_id == run_id, Episode.ended_at <= (ended or started))
-            )
-            marks.append({"x": int(position or 0), "label": f"cycle {cycle_id} {status}", "status": status})
-    n = len(rows)
-    stride = sample_stride(n)
-    keep = [i for i in range(n) if i % stride == stride - 1 or i == n - 1]
+        n = int(session.scalar(select(func.count(Episode.id)).where(Episode.run_id == run_id)) or 0)
+        stride = sample_stride(n)
+        by_env = _last_rates(session, run_id, Episode.env_id, window, stride) if n else []
+        by_lessons = _last_rates(session, run_id, flag, window, stride) if n else []
+        marks = _cycle_marks(session, run_id)
     per_env = Chart(f"success rate per environment (last {window} episodes)", "episode", "success",
-                    y_range=(0.0, 1.0))
+                    y_range=(0.0, 1.0), marks=marks)
     lessons = Chart(f"with lessons in context vs without (last {window} episodes)", "episode", "success",
-                    y_range=(0.0, 1.0))
-    groups: dict[str, dict[str, deque[int]]] = {"env": {}, "lessons": {}}
-    wins: dict[str, dict[str, int]] = {"env": {}, "lessons": {}}
-    current: dict[str, dict[str, float]] = {"env": {}, "lessons": {}}
-    kept = iter(keep)
-    next_keep = next(kept, None)
-    for i, (env_id, won, in_context) in enumerate(rows):
-        for kind, key in (("env", env_id), ("lessons", "with lessons" if in_context else "without lessons")):
-            recent = groups[kind].setdefault(key, deque())
-            recent.append(int(won))
-            total = wins[kind].get(key, 0) + int(won)
-            if len(recent) > window:
-                total -= recent.popleft()
-            wins[kind][key] = total
-            current[kind][key] = total / len(recent)
-        if i == next_keep:
-            for chart, kind in ((per_env, "env"), (lessons, "lessons")):
-                chart.x.append(i + 1)
-                for key, rate in current[kind].items():
-                    chart.series.setdefault(key, [None] * (len(chart.x) - 1)).append(rate)
-                for values in chart.series.values():
-                    if len(values) < len(chart.x):
-                        values.append(None)
-            next_keep = next(kept, None)
-    for chart in (per_env, lessons):
-        chart.marks = marks
+                    y_range=(0.0, 1.0), marks=marks)
+    for chart, rows, name in ((per_env, by_env, str),
+                              (lessons, by_lessons, lambda k: "with lessons" if k else "without lessons")):
+        _carry_forward(chart, rows, name, stride, n)
         if not n:
             chart.note = "no episodes yet"
     return [per_env, lessons]
+
+
+def _carry_forward(chart: Chart, rows: list[Row[Any]], name: Any, stride: int, n: int) -> None:
+    """Fill `chart` from `_last_rates` rows: one point per bucket (x = its last ordinal), each group's
+    newest rate so far, None before the group's first episode."""
+    current: dict[str, float] = {}
+    buckets = -(-n // stride)
+    by_bucket: dict[int, list[Row[Any]]] = {}
+    for row in rows:
+        by_bucket.setdefault(int(row.bucket), []).append(row)
+    for b in range(1, buckets + 1):
+        for row in by_bucket.get(b, []):
+            current[name(row.key)] = int(row.wins or 0) / int(row.n)
+        chart.x.append(min(b * stride, n))
+        for key, rate in current.items():
+            chart.series.setdefault(key, [None] * (len(chart.x) - 1)).append(rate)
+        for values in chart.series.values():
+            if len(values) < len(chart.x):
+                values.append(None)
 
 
 def episode_chart(episode: EpisodeInfo) -> Chart:
@@ -484,7 +517,7 @@ def curve_charts(curves: dict[str, Any]) -> tuple[list[Chart], list[str]]:
 
 # -- search ------------------------------------------------------------------------------------
 
-_HASH_NAME = re.compile(r"^hash-(\d+)$")
+_HASH_NAME = re.compile(r"^hash[-:](\d+)$")  # what HashEmbedder calls itself, or its spec
 MINILM_NAME = "all-MiniLM-L6-v2"
 
 
@@ -501,7 +534,8 @@ def stored_embedder(store: ExperienceStore) -> str | None:
 
 
 def embedder_spec(name: str) -> str | None:
-    """The `memory.embeddings.make_embedder` spec that rebuilds the embedder called `name`, if known."""
+    """The `memory.embeddings.make_embedder` spec that rebuilds the embedder called `name`, if known
+    (whether it can be built -- a hashing embedder's size is bounded -- is `make_embedder`'s to say)."""
     if name == MINILM_NAME:
         return "minilm"
     match = _HASH_NAME.match(name)

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import functools
 import html
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from agent_runtime.dashboard import learning as learning_reads
 from agent_runtime.dashboard import reads
+from agent_runtime.dashboard.reads import MAX_INT
 from memory import LESSON_SET_LIVE, MADE_BY_USER, ExperienceStore, MemoryStoreError, RunInfo
+from memory.embeddings import make_embedder
 from memory.models import EPISODE_OUTCOMES, LESSON_STATUSES
 
 router = APIRouter()
@@ -37,7 +39,9 @@ MAX_PER_PAGE = 500
 SEARCH_K = 10
 WINDOW = 20
 MAX_WINDOW = 10_000
-MAX_INT = 2**31 - 1  # ids are 32-bit integers in PostgreSQL; larger values overflow SQLite's binding
+# Path parameters in range, or a 400 naming them (app.py's handler), before any query runs.
+RowId = Annotated[int, Path(ge=1, le=MAX_INT)]
+StepIndex = Annotated[int, Path(ge=0, le=MAX_INT)]
 
 
 def _store(request: Request) -> ExperienceStore:
@@ -129,16 +133,14 @@ def overview_live(request: Request) -> HTMLResponse:
 
 
 def _known_run(request: Request, run_id: int) -> ExperienceStore:
-    """The store, once the path's run id is in range and names a run (400 or 404 otherwise)."""
-    if not 1 <= run_id <= MAX_INT:
-        raise HTTPException(400, f"path parameter 'run_id' must be between 1 and {MAX_INT}, got {run_id}")
+    """The store, once the path's run id names a run (404 otherwise)."""
     store = _store(request)
     store.get_run(run_id)
     return store
 
 
 @get("/api/runs/{run_id}/success.json")
-def success_json(request: Request, run_id: int) -> JSONResponse:
+def success_json(request: Request, run_id: RowId) -> JSONResponse:
     store = _known_run(request, run_id)
     charts = reads.success_charts(store, run_id, window=_window(request))
     return JSONResponse({"charts": [c.as_json() for c in charts]})
@@ -168,7 +170,7 @@ def learning(request: Request) -> HTMLResponse:
 
 
 @get("/api/runs/{run_id}/learning.json")
-def learning_json(request: Request, run_id: int) -> JSONResponse:
+def learning_json(request: Request, run_id: RowId) -> JSONResponse:
     """The learning page's data: its chart, and the cycles' evaluation matrix and headline."""
     store = _known_run(request, run_id)
     chart = learning_reads.learning_chart(store, run_id, window=_window(request))
@@ -214,7 +216,7 @@ def episodes(request: Request) -> HTMLResponse:
 
 
 @get("/episodes/{episode_id}", response_class=HTMLResponse)
-def episode(request: Request, episode_id: int) -> HTMLResponse:
+def episode(request: Request, episode_id: RowId) -> HTMLResponse:
     store = _store(request)
     info = store.episode(episode_id)
     in_context = store.lessons(ids=info.lessons_in_context) if info.lessons_in_context else []
@@ -231,7 +233,7 @@ def episode(request: Request, episode_id: int) -> HTMLResponse:
 
 
 @get("/episodes/{episode_id}/steps/{index}/prompt", response_class=HTMLResponse)
-def step_prompt(request: Request, episode_id: int, index: int) -> HTMLResponse:
+def step_prompt(request: Request, episode_id: RowId, index: StepIndex) -> HTMLResponse:
     """One step's full prompt: an escaped fragment for HTMX (fetched when its <details> opens), else a page."""
     prompt = reads.step_prompt(_store(request), episode_id, index)
     if _wants_fragment(request):
@@ -240,7 +242,7 @@ def step_prompt(request: Request, episode_id: int, index: int) -> HTMLResponse:
 
 
 @get("/api/episodes/{episode_id}/rewards.json")
-def rewards_json(request: Request, episode_id: int) -> JSONResponse:
+def rewards_json(request: Request, episode_id: RowId) -> JSONResponse:
     return JSONResponse({"charts": [reads.episode_chart(_store(request).episode(episode_id)).as_json()]})
 
 
@@ -302,7 +304,7 @@ def lesson_versions(request: Request) -> HTMLResponse:
 
 
 @get("/lessons/{lesson_id}", response_class=HTMLResponse)
-def lesson(request: Request, lesson_id: int) -> HTMLResponse:
+def lesson(request: Request, lesson_id: RowId) -> HTMLResponse:
     store = _store(request)
     info = store.get_lesson(lesson_id)
     extraction = store.get_extraction(info.extraction_id) if info.extraction_id is not None else None
@@ -336,7 +338,7 @@ def cycles(request: Request) -> HTMLResponse:
 
 
 @get("/cycles/{cycle_id}", response_class=HTMLResponse)
-def cycle(request: Request, cycle_id: int) -> HTMLResponse:
+def cycle(request: Request, cycle_id: RowId) -> HTMLResponse:
     store = _store(request)
     info = store.get_cycle(cycle_id)
     lineage = reads.adapter_lineage(store, info.adapter_id or info.base_adapter_id or 0)
@@ -355,7 +357,7 @@ def cycle(request: Request, cycle_id: int) -> HTMLResponse:
 
 
 @get("/api/cycles/{cycle_id}/curves.json")
-def curves_json(request: Request, cycle_id: int) -> JSONResponse:
+def curves_json(request: Request, cycle_id: RowId) -> JSONResponse:
     charts, _ = reads.curve_charts(_store(request).get_cycle(cycle_id).curves)
     return JSONResponse({"charts": [c.as_json() for c in charts]})
 
@@ -377,7 +379,11 @@ def _search_store(request: Request) -> tuple[ExperienceStore | None, str]:
                           "rebuild by itself; pass its spec to create_app(embedder=...)")
     with state.search_lock:
         if spec not in state.search_stores:
-            state.search_stores[spec] = ExperienceStore.open(state.target, read_only=True, embedder=spec)
+            try:  # built here, not at the first search: a stored name can ask for what cannot be built
+                embedder = make_embedder(spec)
+            except ValueError as exc:
+                return None, f"cannot search with the stored vectors' embedder: {exc}"
+            state.search_stores[spec] = ExperienceStore.open(state.target, read_only=True, embedder=embedder)
         return state.search_stores[spec], ""
 
 
