@@ -126,6 +126,38 @@ class CycleTrainerConfig(OPCDConfig):
     lora_r: int = Field(8, ge=1)
 
 
+class TeacherConfig(StrictConfig):
+    """A separate teacher for the OPCD cycles (`opcd.teacher`): cross-size distillation (the paper's Qwen3-8B with
+    the lessons teaching Qwen3-1.7B without them; LMOps' `--ref_model_path`). Without it the teacher is the
+    student's own start-of-cycle policy (the parent adapter, or the base model). Its tokenizer must be the
+    student's (same vocabulary and special tokens, `distill.opcd.teacher`): a cycle refuses any other."""
+
+    model: str = Field(..., description="alias, Hugging Face id (already in the local cache), or local path")
+    adapter: str | None = Field(None, description="a LoRA adapter directory applied to the teacher (merged at load)")
+    device: str | None = Field(None, pattern=r"^(cpu|cuda(:\d+)?)$",
+                               description="cpu, cuda or cuda:N; default: the student's device")
+
+
+class SystemPromptConfig(StrictConfig):
+    """System-prompt distillation (`opcd.context`, the paper's medical and safety set-ups): every cycle distils
+    this one fixed text, appended to the system message of the teacher's prompts, into an adapter, instead of
+    the run's lessons. Exactly one of `text` and `file`."""
+
+    text: str | None = Field(None, description="the system prompt itself")
+    file: str | None = Field(None, description="a UTF-8 text file holding it (read when a cycle starts)")
+    prompts: str | None = Field(
+        None, description="a JSONL file of training prompts, one per line ({\"messages\": [...]} or {\"prompt\": "
+        "\"...\"}); default: the per-turn prompts of the run's recent episodes")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SystemPromptConfig:
+        if (self.text is None) == (self.file is None):
+            raise ValueError("give exactly one of `text` (the system prompt) and `file` (a file holding it)")
+        if self.text is not None and not self.text.strip():
+            raise ValueError("`text` is empty; give the system prompt to distil")
+        return self
+
+
 class ConsolidationConfig(StrictConfig):
     """The CONSOLIDATE / EVALUATE / PROMOTE phases (the `opcd:` section); see agent_runtime/consolidate.py."""
 
@@ -143,6 +175,18 @@ class ConsolidationConfig(StrictConfig):
     min_kl_drop: float = Field(
         0.1, ge=0, le=1, description="promote only when the held-out KL to the teacher fell by at least this "
         "fraction of its start-of-cycle value (0: any cycle that did not raise it)")
+    teacher: TeacherConfig | None = Field(
+        None, description="a separate teacher model (cross-size distillation); default: the start-of-cycle policy")
+    context: SystemPromptConfig | None = Field(
+        None, description="distil this fixed system prompt instead of the lessons (system-prompt distillation)")
+
+    @model_validator(mode="after")
+    def _teacher_device(self) -> ConsolidationConfig:
+        if self.teacher is not None and self.teacher.device and self.trainer.processes > 1:
+            raise ValueError(f"opcd.teacher.device: {self.teacher.device} with opcd.trainer.processes: "
+                             f"{self.trainer.processes}; each data-parallel rank holds its own teacher on its own "
+                             "device, so leave opcd.teacher.device unset")
+        return self
 
 
 class EvaluationConfig(StrictConfig):
