@@ -24,6 +24,17 @@ policy switches to the new adapter. Lessons the student has internalised (its he
 with that lesson fell to `internalized_ratio` of the start-of-cycle value) are marked consolidated and leave
 the context. Otherwise
 ROLLBACK: the adapter stays on disk, marked rejected, and the reasons are stored with the cycle.
+
+Two variants of the paper (issue 18), recorded in the cycle row (`config.kind`, `config.teacher`):
+- a separate teacher (`opcd.teacher`, cross-size distillation): the model with the context is that model
+  instead of the parent, after a check that its tokenizer is the student's (refused otherwise). EVALUATE
+  still plays the parent as "teacher_*": those conditions are the start-of-cycle ACTING policy (what the
+  student must not fall below), not the model that taught; the cycle's metrics say which is which (`parent`,
+  `teacher`, `conditions`), and the separate teacher is not played.
+- system-prompt distillation (`opcd.context`): the context is one fixed system prompt (its text and SHA-256
+  stored with the cycle) instead of the lesson set, over the run's recent prompts or a prompt file
+  (`agent_runtime.system_prompt`); the "with lessons" conditions then show that system prompt instead, no
+  lesson set is involved and none is consolidated; the decision is the same `decide_promotion`.
 """
 
 from __future__ import annotations
@@ -32,18 +43,30 @@ import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_runtime.agent import Turn, lessons_section
 from agent_runtime.checkpoints import resolve_model
-from agent_runtime.config import ConsolidationConfig, RunConfig
+from agent_runtime.config import ConfigError, ConsolidationConfig, RunConfig
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.evaluation import EvalResult, evaluate
 from agent_runtime.llm.base import AdapterBackend, LocalModelBackend, activate, require
+from agent_runtime.system_prompt import SystemPrompt, load_context, load_prompts
 from distill.lessons import live_lessons
 from distill.lessons.versions import create_version
-from distill.opcd import DivergenceError, TrainJob, remove_partial_writes, run_job
+from distill.opcd import (
+                          DivergenceError,
+                          TeacherSpec,
+                          TeacherTokenizerError,
+                          TrainJob,
+                          remove_partial_writes,
+                          run_job,
+)
+from distill.opcd.teacher import check_teacher
 from memory import ExperienceStore
+
+if TYPE_CHECKING:
+    from agent_runtime.play import CursorMove
 
 log = logging.getLogger("agent_runtime.consolidate")
 
@@ -59,6 +82,10 @@ class CycleReport:
 
     def line(self) -> str:
         head = f"OPCD cycle {self.cycle_id}: {self.status}"
+        if self.metrics.get("kind") == "system_prompt":
+            head += f" (system prompt {self.metrics['context_sha256'][:12]})"
+        if (self.metrics.get("teacher") or {}).get("separate"):
+            head += f" (teacher {self.metrics['teacher']['model']})"
         evals = self.metrics.get("evaluation", {})
         shown = ", ".join(f"{k} {v:.0%}" for k, v in evals.items())
         kl = self.metrics.get("heldout_kl")
@@ -96,10 +123,42 @@ def episode_prefixes(config: RunConfig, workdir: Path, store: ExperienceStore, r
     return out
 
 
-def _eval(config, workdir, backend, *, lessons, n, envs=None) -> list[EvalResult]:
+def _eval(config, workdir, backend, *, lessons, n, envs=None, context=None) -> list[EvalResult]:
     if envs is not None:
         config = config.model_copy(update={"envs": envs})
-    return evaluate(config, workdir, backend, lessons=lessons, episodes_per_env=n)
+    return evaluate(config, workdir, backend, lessons=lessons, episodes_per_env=n, context=context)
+
+
+def cycle_teacher(config: RunConfig, settings: ConsolidationConfig) -> tuple[TeacherSpec | None, dict[str, Any]]:
+    """The cycle's separate teacher (None: the start-of-cycle policy teaches) and its record for the cycle row;
+    a teacher whose tokenizer is not the student's is a ConfigError here, before anything is trained."""
+    if settings.teacher is None:
+        return None, {"separate": False, "model": config.model.name,
+                      "what": "the start-of-cycle policy: the parent adapter, or the base model"}
+    t = settings.teacher
+    spec = TeacherSpec(model_path=resolve_model(t.model), adapter=t.adapter, device=t.device)
+    try:
+        check = check_teacher(resolve_model(config.model.name), spec)
+    except TeacherTokenizerError as exc:
+        raise ConfigError(f"opcd.teacher.model: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"opcd.teacher.model: cannot read the tokenizer of {t.model!r} ({exc})") from None
+    return spec, {"separate": True, "model": t.model, "path": spec.model_path, "adapter": t.adapter,
+                  "device": t.device, "vocabulary": check.as_dict()}
+
+
+def _conditions(config: RunConfig, parent, teacher: dict, system: SystemPrompt | None) -> dict[str, str]:
+    """What each evaluated condition is in this cycle (a separate teacher or a system prompt change it)."""
+    acting = f"{config.model.name} + adapter {parent.name}" if parent else f"{config.model.name} (no adapter)"
+    shown = "the system prompt" if system else "the lessons"
+    out = {"teacher_with_lessons": f"the parent, {acting}, with {shown}",
+           "teacher_without_lessons": f"the parent, {acting}, without {shown}",
+           "student_with_lessons": f"the cycle's adapter with {shown}",
+           "student_without_lessons": f"the cycle's adapter without {shown}"}
+    if teacher["separate"]:
+        out["teacher"] = (f"{teacher['model']} taught this cycle with {shown}; the teacher_* conditions are the "
+                          "parent (the acting policy before the cycle), not that model, which is not evaluated")
+    return out
 
 
 def _rate(results: list[EvalResult]) -> float:
@@ -130,19 +189,37 @@ def decide_promotion(rates: dict[str, float], kl_before: float, kl_after: float,
 
 
 def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
-              settings: ConsolidationConfig, *, progress=None) -> CycleReport | None:
-    """One whole cycle, stored with its outcome and reasons; None when there are no lessons to consolidate."""
+              settings: ConsolidationConfig, *, progress=None, finish: CursorMove | None = None) -> CycleReport | None:
+    """One whole cycle, stored with its outcome and reasons; None when there are no lessons to consolidate.
+
+    The cycle's outcome (its evaluations, the promotion or rollback, the lesson set without what it
+    consolidated) and `finish`, the run's cursor move, are written in one transaction: a process killed after
+    a promotion never starts a second cycle on resume. The cycle row itself (written at the start, its curves
+    step by step) is the cycle's progress, shown while it trains; a cycle found still running was
+    interrupted and is rolled back (`roll_back_interrupted`)."""
     require(backend, AdapterBackend, "an OPCD cycle (it evaluates the parent and the new adapter)")
     backend = require(backend, LocalModelBackend, "an OPCD cycle (it trains on the acting policy's device)")
     live, lessons = live_lessons(store, run_id)
-    if not lessons:
+    system = load_context(settings.context) if settings.context is not None else None
+    if system is None and not lessons:
         return None
+    teacher_spec, teacher = cycle_teacher(config, settings)
     parent = store.active_adapter(run_id)
-    cycle_id = store.start_cycle(run_id, {"opcd": settings.model_dump(mode="json")},
-                                 lesson_set_version=live.version, base_adapter_id=parent.id if parent else None)
-    pools = sorted({x.pool for x in lessons})
-    contexts = [lessons_section([x.text for x in lessons if x.pool == p]) for p in pools]
-    decisions = episode_prefixes(config, workdir, store, run_id, backend, settings.recent_episodes)
+    kind = "system_prompt" if system else "lessons"
+    cycle_config = {"opcd": settings.model_dump(mode="json"), "kind": kind, "teacher": teacher,
+                    **({"context": system.record()} if system else {})}
+    lesson_version = None if system else live.version
+    cycle_id = store.start_cycle(run_id, cycle_config, lesson_set_version=lesson_version,
+                                 base_adapter_id=parent.id if parent else None)
+    if system:  # no lesson set is involved: none is shown, recorded or consolidated
+        live, lessons, contexts = None, [], [system.text]
+    else:
+        pools = sorted({x.pool for x in lessons})
+        contexts = [lessons_section([x.text for x in lessons if x.pool == p]) for p in pools]
+    if system and settings.context.prompts:
+        decisions = [Decision(chat, []) for chat in load_prompts(settings.context.prompts)]
+    else:
+        decisions = episode_prefixes(config, workdir, store, run_id, backend, settings.recent_episodes)
     # The agent acts by choosing wherever it can: then the choice policy is what is distilled, on the
     # choice-mode steps (free-mode steps of the same run, e.g. math beside games, wait for a free-mode cycle).
     choice_mode = any(d.choices for d in decisions)
@@ -165,10 +242,11 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
                       **{f"lesson:{i}": [d.choices for d in ds] for i, ds in per_lesson.items()}}
     path = adapters_dir / f"cycle-{cycle_id}"
     job = TrainJob(model_path=resolve_model(config.model.name), config=settings.trainer,
-                   train_prompts=[d.chat for d in train], contexts=contexts, output=str(path),
-                   parent_adapter=parent.path if parent else None, kl_sets=kl_sets, kl_choices=kl_choices,
+                   train_prompts=[d.chat for d in train], contexts=system.text if system else contexts,
+                   output=str(path), parent_adapter=parent.path if parent else None, teacher=teacher_spec,
+                   kl_sets=kl_sets, kl_choices=kl_choices,
                    train_choices=[d.choices for d in train] if choice_mode else None,
-                   metadata={"cycle_id": cycle_id, "run_id": run_id},
+                   metadata={"cycle_id": cycle_id, "run_id": run_id, "kind": kind, "teacher": teacher},
                    device="cuda" if backend.device.type == "cuda" else "cpu", overwrite=True)
     curves: dict[str, list] = {"loss": [], "kl": [], "grad_norm": []}
 
@@ -183,7 +261,10 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     try:
         result = run_job(job, on_step=on_step)
     except DivergenceError as exc:
-        store.rollback_cycle(cycle_id, error=str(exc))
+        with store.transaction():
+            store.rollback_cycle(cycle_id, error=str(exc))
+            if finish is not None:
+                finish.apply(store, run_id)
         return CycleReport(cycle_id, "rolled_back", [str(exc)])
     before, after = result.kl_before["heldout"], result.kl_after["heldout"]
     lesson_before = {i: result.kl_before[f"lesson:{i}"] for i in per_lesson}
@@ -192,45 +273,60 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
                                    parent_id=parent.id if parent else None, base_model=config.model.name)
     metrics: dict[str, Any] = {"heldout_kl": {"before": before, "after": after}, "prompts": len(train),
                                "heldout_prompts": len(heldout), "processes": settings.trainer.processes,
-                               "objective": "choice" if choice_mode else "tokens",
+                               "objective": "choice" if choice_mode else "tokens", "kind": kind,
+                               "teacher": teacher, "conditions": _conditions(config, parent, teacher, system),
+                               **({"context_sha256": system.sha256} if system else {}),
                                "train_seconds": result.seconds, "lesson_kl": {
                                    str(i): {"before": lesson_before[i], "after": lesson_after[i]} for i in per_lesson}}
     store.update_cycle(cycle_id, adapter_id=adapter_id, metrics=metrics)
 
     # EVALUATE ------------------------------------------------------------------------------------------
     n = settings.eval_episodes or config.evaluation.episodes_per_env
-    texts = [x.text for x in lessons if x.pool == pools[0]]
+    texts = [] if system else [x.text for x in lessons if x.pool == pools[0]]
+    shown = {"lessons": [], "context": system.text} if system else {"lessons": texts}
     evals: dict[str, list[EvalResult]] = {"random": _eval(config, workdir, random_policy(config), lessons=[], n=n)}
     activate(backend, parent)
-    evals["teacher_with_lessons"] = _eval(config, workdir, backend, lessons=texts, n=n)
+    evals["teacher_with_lessons"] = _eval(config, workdir, backend, n=n, **shown)
     evals["teacher_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
     retention = list(settings.retention_envs)
     if retention:
         evals["teacher_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
     backend.load_adapter(f"cycle-{cycle_id}", path)
-    evals["student_with_lessons"] = _eval(config, workdir, backend, lessons=texts, n=n)
+    evals["student_with_lessons"] = _eval(config, workdir, backend, n=n, **shown)
     evals["student_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
     if retention:
         evals["student_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
+    rates = {k: _rate(v) for k, v in evals.items()}
+    metrics["evaluation"] = rates
+    with store.transaction():
+        report = _decide(store, run_id, config, settings, cycle_id, adapter_id, live, evals, rates, metrics,
+                         (before, after), (lesson_before, lesson_after))
+        if finish is not None:
+            finish.apply(store, run_id)
+    if report.status == "rolled_back":
+        activate(backend, parent)
+    return report
+
+
+def _decide(store: ExperienceStore, run_id: int, config: RunConfig, settings: ConsolidationConfig, cycle_id: int,
+            adapter_id: int, live, evals: dict[str, list[EvalResult]], rates: dict[str, float], metrics: dict,
+            kl: tuple[float, float], lesson_kl: tuple[dict, dict]) -> CycleReport:
+    """EVALUATE's rows, then PROMOTE or ROLLBACK (the caller holds the transaction)."""
     for condition, results in evals.items():
         for r in results:
             lo, hi = r.interval
             store.add_evaluation(r.env_id, run_id=run_id, adapter_id=adapter_id, cycle_id=cycle_id,
-                                 lesson_set_version=live.version, split="eval", policy=config.model.name,
+                                 lesson_set_version=live.version if live else None, split="eval", policy=config.model.name,
                                  num_episodes=r.n, success_rate=r.success_rate, mean_return=r.mean_return,
                                  metrics={"condition": condition, "episodes": r.episodes, "ci95": [lo, hi]})
-    rates = {k: _rate(v) for k, v in evals.items()}
-    metrics["evaluation"] = rates
-
-    # PROMOTE or ROLLBACK -------------------------------------------------------------------------------
+    (before, after), (lesson_before, lesson_after) = kl, lesson_kl
     reasons = decide_promotion(rates, before, after, settings)
     if reasons:
         metrics["decision"], metrics["reasons"] = "rolled_back", reasons
         store.update_cycle(cycle_id, metrics=metrics)
         store.rollback_cycle(cycle_id, error="; ".join(reasons))
-        activate(backend, parent)
         return CycleReport(cycle_id, "rolled_back", reasons, adapter_id, metrics=metrics)
-    consolidated = [i for i in per_lesson
+    consolidated = [i for i in lesson_before
                     if lesson_after[i] <= settings.internalized_ratio * lesson_before[i]
                     and rates["student_without_lessons"] >= rates["teacher_with_lessons"] - settings.promote_margin]
     metrics["decision"] = "promoted"

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
@@ -47,6 +48,9 @@ from distill.lessons import (
     store_utilities,
 )
 from memory import ExperienceStore
+
+if TYPE_CHECKING:
+    from agent_runtime.play import CursorMove
 
 log = logging.getLogger("agent_runtime.lessons")
 
@@ -158,8 +162,21 @@ class ExtractReport:
 
 
 def run_extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend,
-                episode_ids: list[int]) -> ExtractReport:
-    """Extract from `episode_ids`, curate into a new version, and (with a gate) promote or block it."""
+                episode_ids: list[int], *, finish: CursorMove | None = None) -> ExtractReport:
+    """Extract from `episode_ids`, curate into a new version, and (with a gate) promote or block it.
+
+    Everything the phase writes (extractions, lessons, the version, the gate's decision) and `finish`, the
+    run's cursor move, are one transaction: a process killed inside the phase leaves none of it, and one
+    killed after it finds the cursor already moved, so the phase never runs twice."""
+    with store.transaction():
+        report = _extract(config, workdir, store, run_id, backend, episode_ids)
+        if finish is not None:
+            finish.apply(store, run_id)
+    return report
+
+
+def _extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend,
+             episode_ids: list[int]) -> ExtractReport:
     settings = config.lessons
     writer = extractor_backend(config, backend)
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)

@@ -2,12 +2,18 @@
 
     PLAY -> EXTRACT (every N episodes) -> CONSOLIDATE (every M episodes) -> EVALUATE -> PROMOTE | ROLLBACK -> PLAY
 
-The run row's `phase` is the cursor. Each phase commits its results in one transaction before the cursor
-moves. During PLAY every finished episode is written together with the run's new state (episodes done, the
-next draw index, the draws still in flight), so `kill -9` at any moment followed by `run --resume` loses at
-most the episodes that were in flight and re-plays exactly those draws: nothing is lost or duplicated. A
-phase that is due stops new draws; the slots drain, the cursor moves, and the phase runs. A run killed
-inside EXTRACT resumes by running that extraction again over the same episodes.
+The run row's `phase` is the cursor (EVALUATE and PROMOTE | ROLLBACK run inside CONSOLIDATE, whose cycle
+row is their cursor) and its `state` the counters (`agent_runtime.play.RunState`). During PLAY every
+finished episode is written together with the run's new state (episodes done, the next draw index, the draws
+still in flight), so `kill -9` at any moment followed by `run --resume` loses at most the episodes that were
+in flight and re-plays exactly those draws: nothing is lost or duplicated. A phase that is due stops new
+draws; the slots drain, the cursor moves, and the phase runs. EXTRACT and CONSOLIDATE write their results
+and the cursor's move in one transaction (`CursorMove`): a run killed inside EXTRACT has none of it and runs
+it again over the same episodes; one killed after a phase never runs it twice.
+
+Where the phases run is the executor's business (`agent_runtime.play.LocalExecutor`, or
+`agent_runtime.ray_executor.RayExecutor`); when they are due is the `Schedule`'s; this module holds the
+state machine, signals, progress and the summary.
 
 SIGINT or SIGTERM asks the loop to stop: the current turn finishes, its episodes are committed, and the
 process exits 0. The run can then be resumed.
@@ -19,7 +25,7 @@ import json
 import logging
 import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -32,7 +38,7 @@ from agent_runtime.envs import build_envs
 from agent_runtime.lessons_phase import LessonContexts, add_seed_lessons, gate_user_lessons, user_lessons_gated
 from agent_runtime.llm import PolicyBackend, make_backend
 from agent_runtime.llm.base import BackendStats, activate
-from agent_runtime.play import Executor, LocalExecutor, PlaySession, RunState, Schedule
+from agent_runtime.play import CursorMove, Executor, LocalExecutor, PlaySession, RunState, Schedule
 from agent_runtime.retrieved_examples import example_retriever
 from agent_runtime.runner import TaskSampler
 from distill.lessons import pending_user_candidate, sync_statuses
@@ -284,11 +290,13 @@ class AgentLoop:
 
     # -- EXTRACT --------------------------------------------------------------------------------------
     def _extract(self) -> None:
+        """EXTRACT, which writes its results and the cursor's move in one transaction (`CursorMove`)."""
         n = self.config.lessons.episodes_per_extraction
         recent = self.store.episodes(self.run_id, limit=n, newest_first=True)
-        report = self.executor.extract(self.run_id, sorted(e.id for e in recent))
-        self.state.extractions += 1
-        self.state.last_extract_at = self.state.episodes
+        after = replace(self.state, extractions=self.state.extractions + 1, last_extract_at=self.state.episodes)
+        finish = CursorMove(self.schedule.after_extract(after), after.stored())
+        report = self.executor.extract(self.run_id, sorted(e.id for e in recent), finish)
+        self.state, self.phase = after, finish.phase
         self.lessons.reload()
         tqdm.write(report.line())
         log.info(report.line(), extra={"fields": {"phase": "EXTRACT", **asdict(report)}})
@@ -312,15 +320,19 @@ class AgentLoop:
                     bar.update(len(losses) - bar.n)
                     bar.set_postfix(loss=f"{losses[-1]:.3f}")
 
+        # what the cycle writes with its outcome, in one transaction; with no cycle the loop moves the cursor
+        after = replace(self.state, cycles=self.state.cycles + 1, last_consolidate_at=self.state.episodes)
+        finish = CursorMove("PLAY", after.stored())
         try:
-            report = self.executor.consolidate(self.run_id, progress=progress, on_poll=poll if self.progress else None)
+            report = self.executor.consolidate(self.run_id, finish, progress=progress,
+                                               on_poll=poll if self.progress else None)
         finally:
             bar.close()
-        self.state.last_consolidate_at = self.state.episodes
         if report is None:
+            self.state.last_consolidate_at = self.state.episodes
             tqdm.write("CONSOLIDATE: no live lessons yet; nothing to consolidate")
             return
-        self.state.cycles += 1
+        self.state, self.phase = after, finish.phase
         self.adapter = self.store.active_adapter(self.run_id)
         if self._backend is not None:
             activate(self._backend, self.adapter)

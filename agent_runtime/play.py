@@ -63,6 +63,18 @@ class RunState:
                        errors=self.errors + int(record.outcome == "error"), open_draws=sorted(open_draws))
 
 
+@dataclass(frozen=True)
+class CursorMove:
+    """The run's cursor and state as they are once a phase is done: written by the phase itself, in the
+    transaction of its results (`ExperienceStore.transaction`), so a kill can never separate the two."""
+
+    phase: str
+    state: dict
+
+    def apply(self, store: ExperienceStore, run_id: int) -> None:
+        store.update_run(run_id, phase=self.phase, state=self.state)
+
+
 class Schedule:
     """When a phase is due and when the run is over: the one copy of these rules."""
 
@@ -183,9 +195,9 @@ class Executor(Protocol):
 
     def play(self, session: PlaySession, adapter) -> None: ...
 
-    def extract(self, run_id: int, episode_ids: list[int]) -> ExtractReport: ...
+    def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove) -> ExtractReport: ...
 
-    def consolidate(self, run_id: int, progress: Callable[[dict], None] | None = None,
+    def consolidate(self, run_id: int, finish: CursorMove, progress: Callable[[dict], None] | None = None,
                     on_poll: Callable[[], None] | None = None) -> CycleReport | None: ...
 
     def close(self) -> None: ...
@@ -215,16 +227,17 @@ class LocalExecutor:
         finally:
             runner.close()
 
-    def extract(self, run_id: int, episode_ids: list[int]) -> ExtractReport:
+    def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove) -> ExtractReport:
         from agent_runtime.lessons_phase import run_extract
 
-        return run_extract(self.config, self.workdir, self.store, run_id, self._backend(), episode_ids)
+        return run_extract(self.config, self.workdir, self.store, run_id, self._backend(), episode_ids,
+                           finish=finish)
 
-    def consolidate(self, run_id: int, progress=None, on_poll=None) -> CycleReport | None:
+    def consolidate(self, run_id: int, finish: CursorMove, progress=None, on_poll=None) -> CycleReport | None:
         from agent_runtime.consolidate import run_cycle
 
         return run_cycle(self.config, self.workdir, self.store, run_id, self._backend(), self.config.opcd,
-                         progress=progress)
+                         progress=progress, finish=finish)
 
     def close(self) -> None:
         """Nothing of its own to release: the backend belongs to the loop."""

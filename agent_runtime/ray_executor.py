@@ -56,7 +56,7 @@ from agent_runtime.runner import Draw, EpisodeContext, EpisodeRunner
 from memory import AdapterInfo, EpisodeRecord, ExperienceStore
 
 if TYPE_CHECKING:
-    from agent_runtime.play import LocalExecutor, PlaySession
+    from agent_runtime.play import CursorMove, LocalExecutor, PlaySession
 
 log = logging.getLogger("agent_runtime.ray")
 
@@ -130,10 +130,11 @@ class Learner:
     """The designated worker of EXTRACT and CONSOLIDATE (a Ray actor; the GPU worker when there is one).
 
     It opens the run's store itself (the shared PostgreSQL, or the SQLite file on a shared disk) and writes what
-    those phases write: extractions, lesson sets, OPCD cycles, adapters, evaluations. The run state stays the
-    driver's: it moves the cursor once a phase returns, so a learner (or driver) killed mid-phase leaves the
-    cursor on that phase and the phase runs again, exactly as in the local loop (an interrupted cycle is rolled
-    back first). With more than one GPU the OPCD trainer runs data-parallel over them.
+    those phases write: extractions, lesson sets, OPCD cycles, adapters, evaluations. The run state is the
+    driver's: it computes the cursor's move (`CursorMove`) and the learner writes it in the transaction of the
+    phase's results, exactly as in the local loop, so a learner (or driver) killed mid-phase leaves the cursor
+    on that phase and the phase runs again (an interrupted cycle is rolled back first), and one killed after
+    it never runs it twice. With more than one GPU the OPCD trainer runs data-parallel over them.
     """
 
     def __init__(self, config_data: dict, workdir: str):
@@ -158,13 +159,14 @@ class Learner:
     def _act_with_run_adapter(self, run_id: int) -> None:
         activate(self.backend, self.store.active_adapter(run_id))
 
-    def extract(self, run_id: int, episode_ids: list[int]):
+    def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove):
         self._act_with_run_adapter(run_id)
-        return run_extract(self.config, self.workdir, self.store, run_id, self.backend, episode_ids)
+        return run_extract(self.config, self.workdir, self.store, run_id, self.backend, episode_ids, finish=finish)
 
-    def consolidate(self, run_id: int):
+    def consolidate(self, run_id: int, finish: CursorMove):
         self._act_with_run_adapter(run_id)
-        report = run_cycle(self.config, self.workdir, self.store, run_id, self.backend, self.config.opcd)
+        report = run_cycle(self.config, self.workdir, self.store, run_id, self.backend, self.config.opcd,
+                           finish=finish)
         if report is not None:
             report.metrics["learner"] = self.where()
             self.store.update_cycle(report.cycle_id, metrics=report.metrics)
@@ -380,18 +382,18 @@ class RayExecutor:
     def _learner_is_driver(self) -> bool:
         return self._settings.learner == "driver"
 
-    def extract(self, run_id: int, episode_ids: list[int]):
-        """`run_extract` on the learner; the driver moves the cursor when it returns."""
+    def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove):
+        """`run_extract` on the learner, which writes the cursor's move with the phase's results."""
         if self._learner_is_driver():
-            return self.driver.extract(run_id, episode_ids)
-        return self._on_learner(run_id, "extract", episode_ids)
+            return self.driver.extract(run_id, episode_ids, finish)
+        return self._on_learner(run_id, "extract", episode_ids, finish)
 
-    def consolidate(self, run_id: int, progress: Callable[[dict], None] | None = None,
+    def consolidate(self, run_id: int, finish: CursorMove, progress: Callable[[dict], None] | None = None,
                     on_poll: Callable[[], None] | None = None):
         """One OPCD cycle on the learner; `on_poll` runs while the driver waits (it shows the cycle's progress)."""
         if self._learner_is_driver():
-            return self.driver.consolidate(run_id, progress=progress)
-        return self._on_learner(run_id, "consolidate", on_poll=on_poll)
+            return self.driver.consolidate(run_id, finish, progress=progress)
+        return self._on_learner(run_id, "consolidate", finish, on_poll=on_poll)
 
     def _on_learner(self, run_id: int, method: str, *args, on_poll: Callable[[], None] | None = None):
         """Run a phase on the learner. A learner that dies is replaced and the phase runs again from its start

@@ -4,7 +4,7 @@ Open it with `ExperienceStore.open(workdir_or_url)`; write episodes as `EpisodeR
 dataclasses from `memory.records`. The errors it raises on purpose derive from `MemoryStoreError`.
 The named values of state columns (a lesson set's status and maker, an evaluation's kind) are exported
 here, so that no caller spells them. Test doubles (record builders, a demo store) are `memory.testing`.
-This package imports nothing else of ours (see docs/DESIGN: agent_runtime -> distill -> memory).
+This package imports nothing else of ours (see docs/architecture.md: agent_runtime -> distill -> memory).
 """
 
 from memory.errors import (

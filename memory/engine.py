@@ -36,25 +36,39 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 30_000
 
 
-def _without_nan(value: Any) -> Any:
+NUL_REPLACEMENT = "\ufffd"  # what a NUL character in text becomes: PostgreSQL cannot store NUL in text or JSONB
+
+
+def without_nul(text: str) -> str:
+    return text.replace("\x00", NUL_REPLACEMENT)
+
+
+def _storable(value: Any) -> Any:
+    """`value` with NaN and infinities as None and NUL characters replaced, in keys and strings too."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, str):
+        return without_nul(value)
     if isinstance(value, dict):
-        return {k: _without_nan(v) for k, v in value.items()}
+        return {without_nul(k) if isinstance(k, str) else k: _storable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_without_nan(v) for v in value]
+        return [_storable(v) for v in value]
     return value
 
 
 def json_dumps(value: Any) -> str:
-    """JSON for the JSON columns: NaN and infinities become null (PostgreSQL's JSONB has no NaN,
-    and both backends must store the same thing); a value JSON cannot hold is `InvalidRecordError`."""
+    """JSON for the JSON columns: NaN and infinities become null and NUL characters U+FFFD (PostgreSQL's
+    JSONB holds neither, and both backends must store the same thing); a value JSON cannot hold is
+    `InvalidRecordError`."""
     try:
-        return json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False)
     except ValueError:
-        return json.dumps(_without_nan(value), allow_nan=False)
+        text = json.dumps(_storable(value), allow_nan=False)
     except TypeError as exc:
         raise InvalidRecordError(f"a value cannot be stored as JSON: {exc}") from exc
+    if "\\u0000" in text:
+        text = json.dumps(_storable(value), allow_nan=False)
+    return text
 
 
 def resolve_url(target: str | os.PathLike[str]) -> URL:

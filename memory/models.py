@@ -44,6 +44,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from memory.engine import without_nul
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -107,7 +109,25 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         return value.astimezone(dt.UTC)
 
 
-JSONType = JSON().with_variant(JSONB(), "postgresql")
+class NulFreeText(TypeDecorator[str]):
+    """Text whose NUL characters are stored as U+FFFD: PostgreSQL refuses NUL in text, SQLite keeps it, and
+    an observation or a model reply may hold one; both backends store the same thing."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Any) -> str | None:
+        return without_nul(value) if isinstance(value, str) else value
+
+
+class NulFreeString(NulFreeText):
+    """A bounded `String(n)` with NUL characters stored as U+FFFD (see `NulFreeText`)."""
+
+    impl = String
+    cache_ok = True
+
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")  # NaN and NUL are handled by `memory.engine.json_dumps`
 
 
 class Base(DeclarativeBase):
@@ -120,11 +140,11 @@ class Run(Base):
 
     __tablename__ = "runs"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(200), index=True)
+    name: Mapped[str] = mapped_column(NulFreeString(200), index=True)
     config: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    phase: Mapped[str] = mapped_column(String(40), default="PLAY")
+    phase: Mapped[str] = mapped_column(NulFreeString(40), default="PLAY")
     state: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    status: Mapped[str] = mapped_column(String(40), default="running")
+    status: Mapped[str] = mapped_column(NulFreeString(40), default="running")
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
@@ -136,11 +156,11 @@ class Adapter(Base):
     __table_args__ = (CheckConstraint(f"status IN {ADAPTER_STATUSES}", name="status"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
-    name: Mapped[str] = mapped_column(String(200))
-    path: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(NulFreeString(200))
+    path: Mapped[str] = mapped_column(NulFreeText)
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"))
-    base_model: Mapped[str | None] = mapped_column(String(300))
-    status: Mapped[str] = mapped_column(String(20), default="candidate")
+    base_model: Mapped[str | None] = mapped_column(NulFreeString(300))
+    status: Mapped[str] = mapped_column(NulFreeString(20), default="candidate")
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
 
@@ -156,13 +176,13 @@ class Episode(Base):
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
-    env_id: Mapped[str] = mapped_column(String(200))
-    task_id: Mapped[str] = mapped_column(String(500))
+    env_id: Mapped[str] = mapped_column(NulFreeString(200))
+    task_id: Mapped[str] = mapped_column(NulFreeString(500))
     seed: Mapped[int | None] = mapped_column(Integer)
-    policy: Mapped[str] = mapped_column(String(300))
+    policy: Mapped[str] = mapped_column(NulFreeString(300))
     adapter_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"))
     lesson_set_version: Mapped[int | None] = mapped_column(Integer)
-    outcome: Mapped[str] = mapped_column(String(20))
+    outcome: Mapped[str] = mapped_column(NulFreeString(20))
     won: Mapped[bool] = mapped_column(Boolean)
     total_return: Mapped[float] = mapped_column(Float)
     num_steps: Mapped[int] = mapped_column(Integer)
@@ -170,9 +190,9 @@ class Episode(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     started_at: Mapped[dt.datetime]
     ended_at: Mapped[dt.datetime]
-    error: Mapped[str | None] = mapped_column(Text)
-    goal: Mapped[str | None] = mapped_column(Text)
-    summary: Mapped[str] = mapped_column(Text, default="")
+    error: Mapped[str | None] = mapped_column(NulFreeText)
+    goal: Mapped[str | None] = mapped_column(NulFreeText)
+    summary: Mapped[str] = mapped_column(NulFreeText, default="")
     lessons_in_context: Mapped[list[Any]] = mapped_column(default=list)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
 
@@ -185,10 +205,10 @@ class Step(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     episode_id: Mapped[int] = mapped_column(ForeignKey("episodes.id", ondelete="CASCADE"))
     index: Mapped[int] = mapped_column("step_index", Integer)
-    observation: Mapped[str] = mapped_column(Text)
-    prompt: Mapped[str] = mapped_column(Text)
-    response: Mapped[str] = mapped_column(Text)
-    action: Mapped[str | None] = mapped_column(Text)
+    observation: Mapped[str] = mapped_column(NulFreeText)
+    prompt: Mapped[str] = mapped_column(NulFreeText)
+    response: Mapped[str] = mapped_column(NulFreeText)
+    action: Mapped[str | None] = mapped_column(NulFreeText)
     valid_action: Mapped[bool] = mapped_column(Boolean)
     reward: Mapped[float] = mapped_column(Float)
     admissible_actions: Mapped[list[Any] | None] = mapped_column(JSONType)
@@ -204,10 +224,10 @@ class Extraction(Base):
     __tablename__ = "extractions"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
-    extractor: Mapped[str] = mapped_column(String(300))
+    extractor: Mapped[str] = mapped_column(NulFreeString(300))
     episode_ids: Mapped[list[Any]] = mapped_column(default=list)
-    prompt: Mapped[str] = mapped_column(Text, default="")
-    response: Mapped[str] = mapped_column(Text, default="")
+    prompt: Mapped[str] = mapped_column(NulFreeText, default="")
+    response: Mapped[str] = mapped_column(NulFreeText, default="")
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
 
@@ -219,14 +239,14 @@ class Cycle(Base):
     __table_args__ = (CheckConstraint(f"status IN {CYCLE_STATUSES}", name="status"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
-    status: Mapped[str] = mapped_column(String(20), default="running")
+    status: Mapped[str] = mapped_column(NulFreeString(20), default="running")
     config: Mapped[dict[str, Any]] = mapped_column(default=dict)
     lesson_set_version: Mapped[int | None] = mapped_column(Integer)
     base_adapter_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"))
     adapter_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"))
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
     curves: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(NulFreeText)
     started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     ended_at: Mapped[dt.datetime | None]
 
@@ -241,10 +261,10 @@ class Lesson(Base):
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
-    text: Mapped[str] = mapped_column(Text)
-    status: Mapped[str] = mapped_column(String(20), default="proposed")
+    text: Mapped[str] = mapped_column(NulFreeText)
+    status: Mapped[str] = mapped_column(NulFreeString(20), default="proposed")
     pool: Mapped[int] = mapped_column(Integer, default=0)
-    env_id: Mapped[str | None] = mapped_column(String(200))
+    env_id: Mapped[str | None] = mapped_column(NulFreeString(200))
     source_episode_ids: Mapped[list[Any]] = mapped_column(default=list)
     extraction_id: Mapped[int | None] = mapped_column(ForeignKey("extractions.id"))
     consolidated_cycle_id: Mapped[int | None] = mapped_column(ForeignKey("opcd_cycles.id"))
@@ -268,10 +288,10 @@ class LessonSet(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
     version: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(20), default=LESSON_SET_LIVE)
-    made_by: Mapped[str] = mapped_column(String(20), default=MADE_BY_AGENT)
+    status: Mapped[str] = mapped_column(NulFreeString(20), default=LESSON_SET_LIVE)
+    made_by: Mapped[str] = mapped_column(NulFreeString(20), default=MADE_BY_AGENT)
     token_count: Mapped[int] = mapped_column(Integer, default=0)
-    note: Mapped[str] = mapped_column(Text, default="")
+    note: Mapped[str] = mapped_column(NulFreeText, default="")
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
@@ -293,14 +313,14 @@ class Evaluation(Base):
     __tablename__ = "evaluations"
     __table_args__ = (CheckConstraint(f"kind IN {EVALUATION_KINDS}", name="kind"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    kind: Mapped[str] = mapped_column(String(20), default=EVALUATION_EVAL)
+    kind: Mapped[str] = mapped_column(NulFreeString(20), default=EVALUATION_EVAL)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
     adapter_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"), index=True)
     cycle_id: Mapped[int | None] = mapped_column(ForeignKey("opcd_cycles.id"), index=True)
     lesson_set_version: Mapped[int | None] = mapped_column(Integer)
-    env_id: Mapped[str] = mapped_column(String(200))
-    split: Mapped[str] = mapped_column(String(40), default="eval")
-    policy: Mapped[str] = mapped_column(String(300), default="")
+    env_id: Mapped[str] = mapped_column(NulFreeString(200))
+    split: Mapped[str] = mapped_column(NulFreeString(40), default="eval")
+    policy: Mapped[str] = mapped_column(NulFreeString(300), default="")
     num_episodes: Mapped[int] = mapped_column(Integer, default=0)
     success_rate: Mapped[float | None] = mapped_column(Float)
     mean_return: Mapped[float | None] = mapped_column(Float)
@@ -317,8 +337,8 @@ class Embedding(Base):
         UniqueConstraint("kind", "model", "item_id", name="uq_embeddings_kind_model_item"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    kind: Mapped[str] = mapped_column(String(20))
-    model: Mapped[str] = mapped_column(String(300))
+    kind: Mapped[str] = mapped_column(NulFreeString(20))
+    model: Mapped[str] = mapped_column(NulFreeString(300))
     item_id: Mapped[int] = mapped_column(Integer)
     dim: Mapped[int] = mapped_column(Integer)
     vector: Mapped[bytes] = mapped_column(LargeBinary)

@@ -28,6 +28,7 @@ Usage::
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from hashlib import sha256
@@ -54,8 +55,8 @@ from memory.evaluation_store import EvaluationsMixin
 from memory.lesson_set_store import LessonSetsMixin
 from memory.lesson_store import LessonsMixin
 from memory.models import EPISODE_OUTCOMES, Episode, Lesson, Run, Step, utcnow
-from memory.redaction import redact_secrets
 from memory.records import EpisodeInfo, EpisodeRecord, RunInfo, StepInfo, to_info
+from memory.redaction import redact_secrets
 from memory.retrieval import RetrievalMixin
 from memory.transfer import TransferMixin
 
@@ -98,6 +99,7 @@ class ExperienceStore(
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._write_engine = engine.execution_options(sqlite_immediate=True)
         self._write_sessions = sessionmaker(self._write_engine, expire_on_commit=False)
+        self._unit = threading.local()  # .session: the session of an open `transaction()` in this thread
         self._init_retrieval(
             index_dir=index_dir, embedder=embedder, approx_threshold=approx_threshold
         )
@@ -184,19 +186,53 @@ class ExperienceStore(
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
+        outer = self._outer()
+        if outer is not None:  # inside `transaction()`: read what it has written so far
+            yield outer
+            return
         with self._sessions() as session, session.begin():
             yield session
 
+    def _outer(self) -> Session | None:
+        return getattr(self._unit, "session", None)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction around many calls: every read and write of this store in this thread joins it,
+        and it commits at the end or not at all (an error, or the process killed). A phase of the loop
+        uses it so that its results and the run's cursor move land together.
+
+        Other writers wait while it is open (SQLite: up to the busy timeout). On a rollback the in-memory
+        vector indexes are dropped, so that they are rebuilt from what SQL really holds."""
+        if self._outer() is not None:
+            yield  # nested: part of the outer unit
+            return
+        with self._write() as session:
+            self._unit.session = session
+            try:
+                yield
+            except BaseException:
+                self._indexes.clear()
+                raise
+            finally:
+                self._unit.session = None
+
     @contextmanager
     def _write(self) -> Iterator[Session]:
-        """One write transaction: committed on success, rolled back on any error."""
+        """One write transaction: committed on success, rolled back on any error (inside `transaction()`:
+        part of that one)."""
         if self.read_only:
             raise ReadOnlyStoreError(
                 f"the memory at {self.url} was opened read-only; open it without read_only to write"
             )
+        outer = self._outer()
         try:
-            with self._write_sessions() as session, session.begin():
-                yield session
+            if outer is not None:
+                with outer.begin_nested():  # a failing call rolls back its own part, as it would alone
+                    yield outer
+            else:
+                with self._write_sessions() as session, session.begin():
+                    yield session
         except IntegrityError as exc:
             raise InvalidRecordError(
                 f"the write violates the schema (nothing was written): {exc.orig}"

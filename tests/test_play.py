@@ -15,6 +15,7 @@ from agent_runtime.llm.base import AdapterBackend, BackendError, ChoiceBackend, 
 from agent_runtime.llm.scripted import ScriptedBackend
 from agent_runtime.loop import AgentLoop
 from agent_runtime.play import RunState, Schedule
+from environments.base import EnvSpec, TextEnv
 from memory import ExperienceStore
 
 
@@ -22,7 +23,8 @@ def make_config(games_dir, *, episodes=6, slots=2, memory_url=None, **extra):
     data = {"name": "t", "model": {"name": "scripted", "backend": "scripted"},
             "envs": [{"id": "textworld/coin_collector", "max_steps": 4,
                       "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)}}],
-            "runtime": {"slots": slots, "episodes": episodes}, **extra}
+            "runtime": {"slots": slots, "episodes": episodes}}
+    data.update(extra)
     if memory_url is not None:
         data["memory"] = {"url": memory_url}
     return config_from_dict(data)
@@ -100,3 +102,36 @@ def test_capabilities_are_checked_with_the_backend_named():
 
     with pytest.raises(BackendError, match="acting with adapter cycle-1 needs .* the scripted backend cannot"):
         activate(scripted, Adapter())
+
+
+class NulEnv(TextEnv):
+    """A plugin whose task ids, observations and actions carry NUL characters (PostgreSQL refuses them in text)."""
+
+    spec = EnvSpec(id="tests/nul", max_steps=2, family="text")
+
+    def __init__(self, cache_dir=None):
+        pass
+
+    def tasks(self, split):
+        return [f"{split}\x00{i}" for i in range(3)]
+
+    def reset(self, *, seed=None, task_id=None):
+        return "a room\x00with a NUL", {"admissible_actions": ["wait\x00"], "goal": "win\x00"}
+
+    def step(self, action):
+        return "done\x00", 1.0, True, False, {"won": True, "admissible_actions": []}
+
+
+def test_nul_characters_in_game_text_are_stored_on_every_backend(tmp_path, games_dir, memory_url):
+    config = make_config(games_dir, episodes=3, memory_url=memory_url, envs=[{"id": "tests.test_play:NulEnv"}])
+    loop = AgentLoop(config, tmp_path, progress=False)
+    summary = loop.run()
+    loop.close()
+    with ExperienceStore.open(memory_url) as store:
+        [run] = store.runs()
+        episodes = store.episodes(run.id)
+        assert summary.episodes == run.state["episodes"] == len(episodes) == 3
+        episode = store.episode(episodes[0].id)
+        step = episode.steps[0]
+    assert step.observation == "a room\ufffdwith a NUL" and "\x00" not in step.prompt
+    assert episode.task_id.startswith("train\ufffd") and step.admissible_actions == ["wait\ufffd"]
