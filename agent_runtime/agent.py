@@ -99,6 +99,7 @@ class PromptBuilder:
     reserve_tokens: int = 64  # room for the reply
     lessons: list[str] = field(default_factory=list)
     action_mode: str = "free"  # resolved: "choice" or "free"
+    context: str | None = None  # a distilled system prompt shown in context (the OPCD teacher's view of it)
 
     def choices(self, admissible: list[str] | None) -> list[str] | None:
         """The set a choice-mode decision picks from (the game's admissible actions, or the arena's moves);
@@ -132,6 +133,8 @@ class PromptBuilder:
         system_text = self.system_message(lessons)
         if examples:
             system_text += "\n\nExamples of past successful episodes:\n" + "\n".join(f"- {e}" for e in examples)
+        if self.context:  # last, as distill.opcd.with_context appends it
+            system_text += "\n\n" + self.context
         system = {"role": "system", "content": system_text}
         current = {"role": "user", "content": self.current_message(observation, admissible)}
         turns = history[-self.max_history_turns:] if self.max_history_turns else []

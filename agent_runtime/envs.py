@@ -39,7 +39,7 @@ def sampling_params(model) -> SamplingParams:
 
 
 def build_prompt_builders(config: RunConfig, specs: list[EnvSlotSpec], backend: PolicyBackend,
-                          lessons: list[str] | None = None) -> list[PromptBuilder]:
+                          lessons: list[str] | None = None, context: str | None = None) -> list[PromptBuilder]:
     agent = config.agent
     return [PromptBuilder(
         family=spec.family, count_tokens=backend.count_tokens, context_window=backend.context_window,
@@ -47,4 +47,5 @@ def build_prompt_builders(config: RunConfig, specs: list[EnvSlotSpec], backend: 
         history_shows_admissible=agent.history_shows_admissible,
         max_history_turns=agent.max_history_turns, reserve_tokens=config.model.max_new_tokens,
         lessons=list(lessons or []), action_mode=resolve_action_mode(agent.action_mode, spec.family),
+        context=context,
     ) for spec in specs]

@@ -54,12 +54,14 @@ class EvalResult:
 
 
 def evaluate(config: RunConfig, workdir: Path, backend: PolicyBackend, *, lessons: list[str] | None = None,
-             episodes_per_env: int | None = None, slots: int | None = None, split: str = "eval") -> list[EvalResult]:
+             episodes_per_env: int | None = None, slots: int | None = None, split: str = "eval",
+             context: str | None = None) -> list[EvalResult]:
     """Play the first N tasks of `split` (the held-out eval split by default) of every environment of the
-    config; return one result per environment."""
+    config; return one result per environment. `context`: a system prompt appended to every system message
+    (a system-prompt distillation cycle's "with context" conditions)."""
     n = episodes_per_env or config.evaluation.episodes_per_env
     specs, task_lists = build_envs(config, workdir, split=split)
-    builders = build_prompt_builders(config, specs, backend, lessons)
+    builders = build_prompt_builders(config, specs, backend, lessons, context)
     params = SamplingParams(max_new_tokens=config.model.max_new_tokens, temperature=config.evaluation.temperature,
                             top_p=config.model.top_p)
     queue = [Draw(index=len(specs) * i + e, env_index=e, task_id=tasks[i], seed=config.evaluation.seed + i)
