@@ -316,3 +316,33 @@ def test_learner_killed_mid_cycle_is_replaced_and_the_cycle_rerun(ray_cluster, t
         first, second = store.cycles(summary.run_id)
     assert first.status == "rolled_back" and "learner died" in first.error
     assert second.status in ("promoted", "rolled_back") and len(second.curves["loss"]) == 3
+
+
+@pytest.mark.slow
+def test_a_failed_commit_on_the_driver_leaves_the_draw_open(ray_cluster, tmp_path, games_dir):
+    """The Ray executor commits through the same play session as the local loop: the state never counts an
+    episode that is not stored, and the resumed run replays the draw whose commit failed, once."""
+    loop = AgentLoop(make_config(games_dir, episodes=8), tmp_path, progress=False)
+    add_episode, count = loop.store.add_episode, {"n": 0}
+
+    def failing(*args, **kwargs):
+        count["n"] += 1
+        if count["n"] == 3:
+            raise OSError("disk full")
+        return add_episode(*args, **kwargs)
+
+    loop.store.add_episode = failing
+    with pytest.raises(OSError, match="disk full"):
+        loop.run()
+    loop.close()
+    with ExperienceStore.open(tmp_path) as store:
+        [run] = store.runs()
+        done = [d for d, _ in committed(store, run.id)]
+        assert run.state["episodes"] == len(done) == 2
+        assert not set(done) & set(run.state["open_draws"])
+        assert sorted(done + run.state["open_draws"]) == list(range(run.state["next_draw"]))
+    loop = AgentLoop(make_config(games_dir, episodes=8), tmp_path, resume=True, progress=False)
+    assert loop.run().episodes == 8
+    loop.close()
+    with ExperienceStore.open(tmp_path) as store:
+        assert sorted(d for d, _ in committed(store, run.id)) == list(range(8))
