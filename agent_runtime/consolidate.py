@@ -50,6 +50,7 @@ from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import ConfigError, ConsolidationConfig, RunConfig
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.evaluation import EvalResult, evaluate
+from agent_runtime.heldout import held_out
 from agent_runtime.llm.base import AdapterBackend, LocalModelBackend, activate, require
 from agent_runtime.system_prompt import SystemPrompt, load_context, load_prompts
 from distill.lessons import live_lessons
@@ -105,15 +106,19 @@ class Decision:
 
 def episode_prefixes(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
                      limit: int) -> list[Decision]:
-    """Every turn of the run's `limit` newest episodes, rebuilt without lessons."""
+    """Every turn of the run's `limit` newest episodes, rebuilt without lessons (held-out evaluation tasks are
+    left out: `agent_runtime.heldout`)."""
     specs, _ = build_envs(config, workdir)
     builders = {s.env_id: b for s, b in zip(specs, build_prompt_builders(config, specs, backend))}
+    held = held_out(config, workdir)
     out = []
     for info in store.episodes(run_id, limit=limit):
         builder = builders.get(info.env_id)
         if builder is None or info.outcome == "error":
             continue
         episode = store.episode(info.id)
+        if not held.usable(episode):
+            continue
         history: list[Turn] = []
         for step in episode.steps:
             chat = builder.build(history, step.observation, step.admissible_actions, lessons=[])

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from agent_runtime.config import ModelConfig, RunConfig
 from agent_runtime.evaluation import evaluate
+from agent_runtime.heldout import held_out
 from agent_runtime.llm.base import BackendError, PolicyBackend, SamplingParams, TokenizerBackend
 from agent_runtime.runner import Draw, EpisodeContext
 from distill.lessons import (
@@ -163,7 +164,9 @@ class ExtractReport:
 
 def run_extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend,
                 episode_ids: list[int], *, finish: CursorMove | None = None) -> ExtractReport:
-    """Extract from `episode_ids`, curate into a new version, and (with a gate) promote or block it.
+    """Extract from `episode_ids`, curate into a new version, and (with a gate) promote or block it. A held-out
+    evaluation task among `episode_ids` is an `EvalLeakError` before anything runs (`learnable_recent`
+    chooses episodes that are not); contrastive partners are chosen among the others.
 
     Everything the phase writes (extractions, lessons, the version, the gate's decision) and `finish`, the
     run's cursor move, are one transaction: a process killed inside the phase leaves none of it, and one
@@ -202,9 +205,11 @@ def _extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: i
     user_gate = None
     if gated and pending is not None:  # a person's lessons, added while the gate was on, are gated first
         user_gate = _gate(config, workdir, store, run_id, backend, curator, pending.version)
+    held = held_out(config, workdir)
+    held.check([store.episode(i) for i in episode_ids], "EXTRACT")
     result = extract_phase(store, run_id, episode_ids, extractor, curator, candidate=gated,
                            batch=settings.extract_batch, contrastive=settings.contrastive,
-                           lookback=settings.contrastive_lookback)
+                           lookback=settings.contrastive_lookback, usable=held.usable)
     items = sum(len(r.proposals) for r in result.recorded)
     version = result.curation.version if result.curation else None
     gate = None
@@ -212,6 +217,18 @@ def _extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: i
         gate = _gate(config, workdir, store, run_id, backend, curator, version.version)
     return ExtractReport(len(episode_ids), items, result.empty_extractions, result.rejected_items,
                          version.version if version else None, gate, result.contrastive_extractions, user_gate)
+
+
+def learnable_recent(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, n: int) -> list[int]:
+    """The ids of the run's `n` newest episodes that may be learned from (held-out evaluation tasks left out)."""
+    held, out, offset = held_out(config, workdir), [], 0
+    while len(out) < n:
+        page = store.episodes(run_id, limit=2 * n, offset=offset, newest_first=True)
+        out += [e.id for e in page if held.usable(store.episode(e.id))][: n - len(out)]
+        if len(page) < 2 * n:
+            break
+        offset += len(page)
+    return sorted(out)
 
 
 def gate_user_lessons(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int,

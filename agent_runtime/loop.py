@@ -35,7 +35,14 @@ from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import ConfigError, RunConfig, check_stored_code, config_from_dict, save_resolved
 from agent_runtime.consolidate import roll_back_interrupted
 from agent_runtime.envs import build_envs
-from agent_runtime.lessons_phase import LessonContexts, add_seed_lessons, gate_user_lessons, user_lessons_gated
+from agent_runtime.heldout import held_out
+from agent_runtime.lessons_phase import (
+    LessonContexts,
+    add_seed_lessons,
+    gate_user_lessons,
+    learnable_recent,
+    user_lessons_gated,
+)
 from agent_runtime.llm import PolicyBackend, make_backend
 from agent_runtime.llm.base import BackendStats, activate
 from agent_runtime.play import CursorMove, Executor, LocalExecutor, PlaySession, RunState, Schedule
@@ -171,8 +178,9 @@ class AgentLoop:
         """Where the phases run: this process, or Ray workers (`runtime.executor`)."""
         if self._executor is None:
             k = self.config.agent.retrieved_examples
+            examples = example_retriever(self.store, self.run_id, k, lambda: held_out(self.config, self.workdir))
             local = LocalExecutor(self.config, self.workdir, self.store, self.envs, lambda: self.backend,
-                                  examples_for=example_retriever(self.store, self.run_id, k) if k else None)
+                                  examples_for=examples if k else None)
             if self.config.runtime.executor == "ray":
                 from agent_runtime.ray_executor import RayExecutor
 
@@ -291,11 +299,11 @@ class AgentLoop:
     # -- EXTRACT --------------------------------------------------------------------------------------
     def _extract(self) -> None:
         """EXTRACT, which writes its results and the cursor's move in one transaction (`CursorMove`)."""
-        n = self.config.lessons.episodes_per_extraction
-        recent = self.store.episodes(self.run_id, limit=n, newest_first=True)
+        recent = learnable_recent(self.config, self.workdir, self.store, self.run_id,
+                                  self.config.lessons.episodes_per_extraction)
         after = replace(self.state, extractions=self.state.extractions + 1, last_extract_at=self.state.episodes)
         finish = CursorMove(self.schedule.after_extract(after), after.stored())
-        report = self.executor.extract(self.run_id, sorted(e.id for e in recent), finish)
+        report = self.executor.extract(self.run_id, recent, finish)
         self.state, self.phase = after, finish.phase
         self.lessons.reload()
         tqdm.write(report.line())

@@ -2,15 +2,23 @@
 
 With `agent.retrieved_examples: K`, an episode's first observation is used as a query into the experience
 memory's episode index (same environment, won episodes only), and the K nearest past episodes are shown in the
-system prompt as compact demonstrations: the goal and the actions that won. Off by default: the lessons are the
-method's channel for experience, and examples cost context.
+system prompt as compact demonstrations: the goal and the actions that won. The task being played and held-out
+evaluation tasks are never shown (`agent_runtime.heldout`). Off by default: the lessons are the method's channel
+for experience, and examples cost context.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from memory import ExperienceStore
 
+if TYPE_CHECKING:
+    from agent_runtime.heldout import HeldOut
+
 MAX_EXAMPLE_CHARS = 400
+OVERFETCH = 4  # hits asked for per example wanted: the task being played and held-out tasks are dropped
 
 
 def render_example(episode) -> str:
@@ -20,11 +28,23 @@ def render_example(episode) -> str:
     return text[:MAX_EXAMPLE_CHARS]
 
 
-def example_retriever(store: ExperienceStore, run_id: int, k: int):
-    """A callable (env_id, first observation) -> example texts, for the episode runner."""
+def example_retriever(store: ExperienceStore, run_id: int, k: int, held: Callable[[], HeldOut] | None = None):
+    """A callable (env_id, task_id, first observation) -> example texts, for the episode runner. It never
+    returns the task being played, nor a held-out evaluation task (`held`, built on first use)."""
+    guard: list[HeldOut] = []
 
-    def retrieve(env_id: str, observation: str) -> list[str]:
-        hits = store.search_episodes(observation, k, run_id=run_id, env_id=env_id, won=True)
-        return [render_example(store.episode(h.id)) for h in hits]
+    def retrieve(env_id: str, task_id: str, observation: str) -> list[str]:
+        if held is not None and not guard:
+            guard.append(held())
+        hits = store.search_episodes(observation, k * OVERFETCH, run_id=run_id, env_id=env_id, won=True)
+        out = []
+        for hit in hits:
+            episode = store.episode(hit.id)
+            if episode.task_id == task_id or (guard and not guard[0].usable(episode)):
+                continue
+            out.append(render_example(episode))
+            if len(out) == k:
+                break
+        return out
 
     return retrieve

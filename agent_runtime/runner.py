@@ -100,7 +100,7 @@ class EpisodeRunner:
     def __init__(self, backend: PolicyBackend, envs: list[EnvSlotSpec], builders: list[PromptBuilder],
                  params: SamplingParams, *, slots: int = 1, policy_name: str = "",
                  adapter_id: int | None = None, context_for: Callable[[Draw], EpisodeContext] | None = None,
-                 examples_for: Callable[[str, str], list[str]] | None = None):
+                 examples_for: Callable[[str, str, str], list[str]] | None = None):
         assert len(envs) == len(builders), "one prompt builder per environment"
         if any(b.action_mode == "choice" for b in builders):
             require(backend, ChoiceBackend, "agent.action_mode choice (set agent.action_mode: free otherwise)")
@@ -154,7 +154,8 @@ class EpisodeRunner:
             self._drop_env(slot, draw.env_index)
             ep = _Episode(draw, None, "", {}, started, context)
             return self._record(ep, "error", False, f"reset failed: {type(exc).__name__}: {exc}")
-        examples = self.examples_for(self.envs[draw.env_index].env_id, observation) if self.examples_for else []
+        examples = (self.examples_for(self.envs[draw.env_index].env_id, draw.task_id, observation)
+                    if self.examples_for else [])
         self._live[slot] = _Episode(draw, env, observation, dict(info or {}), started, context, examples)
         return None
 

@@ -19,7 +19,7 @@ all of them; the run's history usually holds the missing half of a pair.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -36,8 +36,11 @@ def pick_partners(
     episodes: Sequence[EpisodeInfo],
     *,
     lookback: int = 200,
+    usable: Callable[[EpisodeInfo], bool] | None = None,
 ) -> dict[int, EpisodeInfo]:
-    """A contrasting partner (with its steps) for every episode that has one (see module doc)."""
+    """A contrasting partner (with its steps) for every episode that has one (see module doc); `usable`
+    says which episodes may be learned from at all (the runtime leaves held-out evaluation tasks out), checked
+    on the partner with its steps."""
     assert lookback >= 0, f"lookback must be non-negative, got {lookback}"
     read = {e.id: e for e in episodes}
     history: dict[str, list[EpisodeInfo]] = {}
@@ -52,9 +55,13 @@ def pick_partners(
         candidates = [e for e in pool if e.id != episode.id and _playable(e) and e.won != episode.won]
         if not candidates:
             continue
-        best = min(
+        ranked = sorted(
             candidates,
             key=lambda e: (e.task_id != episode.task_id, e.id not in read, abs(e.id - episode.id), e.id),
         )
-        partners[episode.id] = best if best.id in read else store.episode(best.id)
+        for candidate in ranked:
+            full = candidate if candidate.id in read else store.episode(candidate.id)
+            if usable is None or usable(full):
+                partners[episode.id] = full
+                break
     return partners

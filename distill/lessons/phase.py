@@ -30,9 +30,9 @@ from distill.lessons.extract import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
-    from memory import ExperienceStore
+    from memory import EpisodeInfo, ExperienceStore
 
 
 @dataclass
@@ -68,8 +68,10 @@ def extract_phase(
     note: str = "",
     contrastive: bool = False,
     lookback: int = 200,
+    usable: Callable[[EpisodeInfo], bool] | None = None,
 ) -> PhaseResult:
-    """Extract from `episode_ids` into every pool and commit the curated pools as one version.
+    """Extract from `episode_ids` into every pool and commit the curated pools as one version (`usable`: which
+    of the run's other episodes may serve as contrastive partners; the runtime leaves held-out tasks out).
 
     With `contrastive`, each episode that has a partner of the opposite result in the same environment
     (`distill.lessons.contrast.pick_partners`, looking `lookback` episodes back) is extracted from with
@@ -78,7 +80,7 @@ def extract_phase(
     assert batch >= 1, f"batch must be at least 1, got {batch}"
     # An episode that never got a turn (its reset failed) has nothing to learn from.
     episodes = [e for e in (store.episode(i) for i in episode_ids) if e.steps]
-    partners = pick_partners(store, run_id, episodes, lookback=lookback) if contrastive else {}
+    partners = pick_partners(store, run_id, episodes, lookback=lookback, usable=usable) if contrastive else {}
     curator.begin()
     orders = []
     for pool in range(curator.pools):

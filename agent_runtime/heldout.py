@@ -1,0 +1,140 @@
+"""Evaluation that cannot leak: held-out tasks never reach what the agent learns from.
+
+What is held out: every task an evaluation plays, that is the first `evaluation.episodes_per_env` (or the
+cycle's `opcd.eval_episodes`, whichever is more) tasks of each environment's eval split, for the run's
+environments and its retention environments. Each is known by its task id and by the SHA-256 of its first
+observation (played with its evaluation seed), because the same game or problem can stand under two ids
+(a plugin whose splits overlap, a problem set with duplicates, a store that came in with `memory import`).
+
+Where it is enforced: where the pools of learning material are built. EXTRACT's episodes and their
+contrastive partners, an OPCD cycle's prompts and the retrieved examples go through `HeldOut.usable`, so a
+held-out task's episode is left out; `HeldOut.check` is the last line, an `EvalLeakError` (not a warning)
+if one is about to be used anyway. Retrieval never returns the task being played either.
+
+`held_out(config, workdir)` builds the set once per process (it resets each evaluation task once; the
+games are generated and cached as evaluation would generate them anyway). `leak_report` is what
+`agent-runtime eval` prints: how many held-out tasks the run's stored experience holds, and whether any live
+lesson's provenance or the acting adapter's training episodes touch one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent_runtime.config import RunConfig
+from agent_runtime.envs import build_envs
+from memory import EpisodeInfo, ExperienceStore
+
+
+class EvalLeakError(RuntimeError):
+    """A held-out evaluation task was about to become learning material; nothing was used."""
+
+
+def observation_hash(text: str) -> str:
+    return hashlib.sha256(" ".join(text.split()).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The run's held-out tasks, by (env id, task id) and by (env id, first-observation hash)."""
+
+    tasks: frozenset[tuple[str, str]]
+    first_observations: frozenset[tuple[str, str]]
+
+    @property
+    def size(self) -> int:
+        return len(self.tasks)
+
+    def _first_observation(self, episode: EpisodeInfo) -> str | None:
+        steps = getattr(episode, "steps", None)
+        return steps[0].observation if steps else None
+
+    def holds(self, env_id: str, task_id: str, first_observation: str | None = None) -> bool:
+        if (env_id, task_id) in self.tasks:
+            return True
+        return first_observation is not None and (env_id, observation_hash(first_observation)) in self.first_observations
+
+    def usable(self, episode: EpisodeInfo) -> bool:
+        """Whether an episode may be learned from (an episode loaded with its steps is checked by content too)."""
+        return not self.holds(episode.env_id, episode.task_id, self._first_observation(episode))
+
+    def check(self, episodes, what: str) -> None:
+        """Raise `EvalLeakError` if any of `episodes` is a held-out task; `what` names the pool."""
+        leaked = [e for e in episodes if not self.usable(e)]
+        if leaked:
+            shown = ", ".join(f"episode {e.id} ({e.env_id} {e.task_id!r})" for e in leaked[:5])
+            raise EvalLeakError(f"{what}: {len(leaked)} held-out evaluation task(s) would be used: {shown}; "
+                                "they are left out of every pool of learning material")
+
+
+_CACHE: dict[tuple[str, str], HeldOut] = {}
+
+
+def held_out(config: RunConfig, workdir: Path) -> HeldOut:
+    """The held-out tasks of `config`'s evaluation (built once per process and config)."""
+    n = max(config.evaluation.episodes_per_env, config.opcd.eval_episodes or 0)
+    envs = [*config.envs, *config.opcd.retention_envs]
+    key = (json.dumps([e.model_dump(mode="json") for e in envs] + [n, config.evaluation.seed], sort_keys=True),
+           str(Path(workdir).resolve()))
+    if key not in _CACHE:
+        _CACHE[key] = _build(config.model_copy(update={"envs": envs}), Path(workdir), n)
+    return _CACHE[key]
+
+
+def _build(config: RunConfig, workdir: Path, n: int) -> HeldOut:
+    specs, task_lists = build_envs(config, workdir, split="eval")
+    tasks, observations = set(), set()
+    for spec, task_ids in zip(specs, task_lists):
+        env = spec.factory()
+        try:
+            for i, task_id in enumerate(list(task_ids[:n])):
+                tasks.add((spec.env_id, task_id))
+                observation, _ = env.reset(seed=config.evaluation.seed + i, task_id=task_id)
+                observations.add((spec.env_id, observation_hash(observation)))
+        finally:
+            env.close()
+    return HeldOut(frozenset(tasks), frozenset(observations))
+
+
+@dataclass
+class LeakReport:
+    held_out: int
+    stored_episodes: int
+    leaked_episodes: list[int]
+    leaked_lessons: list[int]
+    leaked_adapter_episodes: list[int]
+
+    @property
+    def clean(self) -> bool:
+        return not (self.leaked_lessons or self.leaked_adapter_episodes)
+
+    def line(self) -> str:
+        head = (f"leak check: {self.held_out} held-out tasks (task id and first observation) against "
+                f"{self.stored_episodes} stored episodes of the run: {len(self.leaked_episodes)} held-out "
+                "episode(s) in the store (never learned from)")
+        if self.clean:
+            return head + "; no live lesson and no acting adapter learned from one"
+        return (head + f"; LEAKED: lessons {self.leaked_lessons} come from held-out episodes, the acting adapter "
+                f"trained on held-out episodes {self.leaked_adapter_episodes}")
+
+
+def leak_report(store: ExperienceStore, run_id: int, held: HeldOut, adapter=None) -> LeakReport:
+    """How the run's stored experience stands against the held-out tasks (for `agent-runtime eval`)."""
+    from distill.lessons import live_lessons
+
+    episodes = store.episodes(run_id, limit=None)
+    suspects = [e for e in episodes if not held.usable(e)]
+    by_content = [e.id for e in episodes if e.id not in {s.id for s in suspects}
+                  and not held.usable(store.episode(e.id))]
+    leaked = sorted({e.id for e in suspects} | set(by_content))
+    _, lessons = live_lessons(store, run_id)
+    bad_lessons = sorted(x.id for x in lessons if set(x.source_episode_ids) & set(leaked))
+    trained = set()
+    if adapter is not None and adapter.id is not None:
+        for cycle in store.cycles(run_id):
+            if cycle.adapter_id == adapter.id:
+                trained |= set((cycle.metrics or {}).get("train_episode_ids") or [])
+    return LeakReport(held.size, len(episodes), leaked, bad_lessons, sorted(trained & set(leaked)))

@@ -1,0 +1,90 @@
+"""Evaluation that cannot leak: an evaluation task's episode planted in the store (under its own task id, and
+the same game under another id) reaches neither EXTRACT (as a reader or a contrastive partner), nor an OPCD
+cycle's prompts, nor the retrieved examples; naming it explicitly for extraction is an error; retrieval never
+shows the task being played; `agent-runtime eval` prints the check it ran."""
+
+from __future__ import annotations
+
+import environments
+import pytest
+
+from agent_runtime.config import config_from_dict
+from agent_runtime.consolidate import episode_prefixes
+from agent_runtime.heldout import EvalLeakError, held_out
+from agent_runtime.lessons_phase import learnable_recent, run_extract
+from agent_runtime.llm.scripted import ScriptedBackend
+from agent_runtime.loop import AgentLoop
+from agent_runtime.retrieved_examples import example_retriever
+from distill.lessons.contrast import pick_partners
+from memory import ExperienceStore
+from memory.testing import game_episode
+
+ENV = "textworld/coin_collector"
+
+
+def config(games_dir, episodes=8):
+    kwargs = {"level": 1, "n_train": 4, "n_eval": 2, "cache_dir": str(games_dir)}
+    return config_from_dict({
+        "name": "t", "model": {"name": "scripted", "backend": "scripted"},
+        "envs": [{"id": ENV, "max_steps": 4, "kwargs": kwargs}],
+        "runtime": {"slots": 2, "episodes": episodes}, "evaluation": {"episodes_per_env": 2},
+        "agent": {"retrieved_examples": 1}, "memory": {"embedder": "hash"},
+        "lessons": {"enabled": True, "extract_every": 4, "gate_episodes": 0, "embedder": "hash", "contrastive": True,
+                    "extractor": "agent_runtime.llm.fake_chat:LessonWriter"},
+    })
+
+
+def plant(store, run_id, games_dir, cfg) -> list[int]:
+    """Two won episodes of the first eval game: under its task id, and the same game under a train-like id."""
+    env = environments.make(ENV, **cfg.envs[0].kwargs)
+    task = env.tasks("eval")[0]
+    first, _ = env.reset(seed=cfg.evaluation.seed, task_id=task)
+    env.close()
+    ids = []
+    for task_id in (task, "renamed-copy-of-an-eval-game"):
+        record = game_episode(ENV, task_id, won=True, observation=first)
+        record.steps[-1].action = "take the planted coin"
+        ids.append(store.add_episode(run_id, record))
+    return ids
+
+
+def test_a_planted_eval_episode_reaches_nothing_downstream(tmp_path, games_dir):
+    cfg = config(games_dir)
+    loop = AgentLoop(cfg, tmp_path, progress=False)
+    planted = plant(loop.store, loop.run_id, games_dir, cfg)
+    held = held_out(cfg, tmp_path)
+    assert held.size == 2 and not any(held.usable(loop.store.episode(i)) for i in planted)
+
+    assert set(learnable_recent(cfg, tmp_path, loop.store, loop.run_id, 8)).isdisjoint(planted)
+    with pytest.raises(EvalLeakError, match="EXTRACT: 1 held-out evaluation task"):
+        run_extract(cfg, tmp_path, loop.store, loop.run_id, ScriptedBackend(), [planted[1]])
+    assert episode_prefixes(cfg, tmp_path, loop.store, loop.run_id, ScriptedBackend(), 100) == []
+    retrieve = example_retriever(loop.store, loop.run_id, 1, lambda: held)
+    observation = loop.store.episode(planted[0]).steps[0].observation
+    assert retrieve(ENV, "some train task", observation) == []
+
+    summary = loop.run()  # 8 real episodes, two EXTRACT phases with contrastive partners, retrieval on
+    loop.close()
+    assert summary.extractions == 2
+    with ExperienceStore.open(tmp_path) as store:
+        read = {i for x in store.extractions(summary.run_id, limit=1000) for i in x.episode_ids}  # with partners
+        assert read and read.isdisjoint(planted)
+        assert all(set(x.source_episode_ids).isdisjoint(planted) for x in store.lessons(summary.run_id))
+        prompts = [s.prompt for e in store.episodes(summary.run_id, limit=100) if e.id not in planted
+                   for s in store.episode(e.id).steps]
+        assert prompts and not any("take the planted coin" in p for p in prompts)
+        episodes = [store.episode(e.id) for e in store.episodes(summary.run_id, limit=100) if e.id not in planted]
+        partner_pool = pick_partners(store, summary.run_id, episodes, usable=held.usable)
+        assert {p.id for p in partner_pool.values()}.isdisjoint(planted)
+        assert [d for d in episode_prefixes(cfg, tmp_path, store, summary.run_id, ScriptedBackend(), 100)
+                if set(d.episode_ids) & set(planted)] == []
+
+
+def test_retrieval_never_shows_the_task_being_played(tmp_path, games_dir):
+    cfg = config(games_dir)
+    with ExperienceStore.open(tmp_path, embedder="hash") as store:
+        run_id = store.create_run("t", {})
+        store.add_episode(run_id, game_episode(ENV, "train-task-1", won=True, observation="A room with a coin."))
+        retrieve = example_retriever(store, run_id, 1, lambda: held_out(cfg, tmp_path))
+        assert retrieve(ENV, "train-task-1", "A room with a coin.") == []
+        assert len(retrieve(ENV, "train-task-2", "A room with a coin.")) == 1
