@@ -1,7 +1,7 @@
 """The `agent-runtime` command line (also `python -m agent_runtime`).
 
-    agent-runtime run CONFIG [--workdir DIR] [--episodes N] [--hours H] [--resume] [--set a.b=c ...]
-    agent-runtime distill CONFIG [--workdir DIR]
+    agent-runtime run CONFIG [--workdir DIR] [--episodes N] [--hours H] [--resume] [--dry-run] [--set a.b=c ...]
+    agent-runtime distill CONFIG [--workdir DIR] [--context-file FILE] [--prompts FILE.jsonl]
     agent-runtime eval CONFIG [--workdir DIR] [--adapter ID] [--no-lessons] [--pool K] [--episodes N]
     agent-runtime memory stats|export|import|reindex|search [--workdir DIR | --db URL] [--json]
     agent-runtime lessons list|show|diff|rollback [--workdir DIR | --db URL] [--json]
@@ -106,23 +106,49 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def _system_prompt_args(config, args):
+    """`config` with `--context-file` / `--prompts` in its `opcd.context` (system-prompt distillation)."""
+    from agent_runtime.config import SystemPromptConfig
+
+    if args.context_file is None and args.prompts is None:
+        return config
+    given = config.opcd.context
+    if args.context_file is not None:
+        context = SystemPromptConfig(file=str(args.context_file), prompts=given.prompts if given else None)
+    elif given is None:
+        raise UsageError("--prompts is the prompt set of a system-prompt cycle: give --context-file FILE too "
+                         "(or opcd.context in the config)")
+    else:
+        context = given
+    if args.prompts is not None:
+        context = context.model_copy(update={"prompts": str(args.prompts)})
+    return config.model_copy(update={"opcd": config.opcd.model_copy(update={"context": context})})
+
+
 def cmd_distill(args) -> int:
     from agent_runtime.config import load_config
-    from agent_runtime.consolidate import run_cycle
+    from agent_runtime.consolidate import cycle_teacher, run_cycle
     from agent_runtime.llm import make_backend
     from agent_runtime.llm.base import activate
     from agent_runtime.loop import default_workdir
+    from distill.opcd import VocabularyCheck
     from memory import ExperienceStore
 
-    config = load_config(args.config, list(args.set or []))
+    config = _system_prompt_args(load_config(args.config, list(args.set or [])), args)
     if config.model.backend != "transformers":
         raise UsageError(f"distill trains the policy's weights: it needs backend: transformers, not {config.model.backend}")
+    _, teacher = cycle_teacher(config, config.opcd)  # a teacher that cannot teach fails here, with what differs
+    if teacher["separate"] and not args.json:
+        print(f"teacher {teacher['model']}: {VocabularyCheck(**teacher['vocabulary']).line()}")
     workdir = args.workdir or default_workdir(config.name)
     store = ExperienceStore.open(config.memory.url or workdir)
     try:
         run = store.find_run(config.name)
+        if run is None and config.opcd.context is not None and config.opcd.context.prompts:
+            run = store.get_run(store.create_run(config.name, config.model_dump(mode="json")))  # needs no episodes
         if run is None:
-            raise UsageError(f"no run named {config.name!r} in {store.url}: play some episodes first (agent-runtime run)")
+            raise UsageError(f"no run named {config.name!r} in {store.url}: play some episodes first (agent-runtime "
+                             "run), or distil a system prompt over a prompt file (--context-file F --prompts P)")
         backend = make_backend(config.model, seed=config.seed)
         activate(backend, store.active_adapter(run.id))
         report = run_cycle(config, workdir, store, run.id, backend, config.opcd)
@@ -130,11 +156,12 @@ def cmd_distill(args) -> int:
     finally:
         store.close()
     if report is None:
-        raise UsageError(f"run {run.id} has no live lessons to consolidate (enable lessons and let EXTRACT run)")
+        raise UsageError(f"run {run.id} has no live lessons to consolidate (enable lessons and let EXTRACT run, or "
+                         "distil a system prompt: --context-file FILE)")
     if args.json:
         print(json.dumps({"cycle_id": report.cycle_id, "status": report.status, "reasons": report.reasons,
                           "adapter_id": report.adapter_id, "consolidated": report.consolidated,
-                          "metrics": report.metrics}, default=str))
+                          "teacher": teacher, "metrics": report.metrics}, default=str))
     else:
         print(report.line())
     return 0
@@ -213,9 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_eval)
 
-    distill = sub.add_parser("distill", help="run one OPCD consolidation cycle on a run's live lessons now")
+    distill = sub.add_parser("distill", help="run one OPCD consolidation cycle now: the run's live lessons, or a "
+                                             "system prompt (--context-file)")
     distill.add_argument("config", type=Path)
     distill.add_argument("--workdir", type=Path)
+    distill.add_argument("--context-file", type=Path, help="distil this system prompt (a text file) instead of the "
+                         "lessons: system-prompt distillation (opcd.context.file)")
+    distill.add_argument("--prompts", type=Path, help="the system-prompt cycle's prompts, a JSONL file (one "
+                         "{\"messages\": [...]} or {\"prompt\": \"...\"} per line); default: the run's recent prompts")
     distill.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     distill.add_argument("--json", action="store_true")
     distill.set_defaults(func=cmd_distill)
