@@ -212,3 +212,36 @@ def test_smollm2_separate_copy_matches_the_adapter_switch(monkeypatch, capsys):
     with capsys.disabled():
         print(f"\nSmolLM2 losses, adapter switch {a}, separate copy {b}; held-out KL {kl_a:.6f} vs {kl_b:.6f}")
     assert a[0] > 0 and a == pytest.approx(b, rel=1e-4, abs=1e-6) and kl_a == pytest.approx(kl_b, rel=1e-4)
+
+
+def test_data_parallel_ranks_each_load_the_teacher_and_train_as_one_process(tmp_path, tiny_model_dir):
+    """SFT on the teacher's greedy samples: the teacher writes the targets, so a rank without it (or with another
+    one) would train a different adapter than the single process."""
+    bigger = _taught_teacher(tmp_path / "teacher")
+
+    def job(output, processes):
+        config = _config(objective="sft", temperature=1e-6, batch_size=3, processes=processes)
+        return TrainJob(model_path=str(tiny_model_dir), config=config, train_prompts=TRAIN, contexts=LESSON,
+                        output=str(tmp_path / output), teacher=TeacherSpec(model_path=str(bigger)))
+
+    one, two = run_job(job("one", 1)), run_job(job("two", 2))
+    for single, parallel in zip(one.steps, two.steps, strict=True):
+        assert parallel["tokens"] == single["tokens"] and parallel["loss"] == pytest.approx(single["loss"], rel=1e-5)
+    assert one.steps[0]["response_length"] == 3  # the taught teacher's reply: "take coin" and its end of turn
+
+
+def test_a_cycle_records_its_cross_size_teacher(tmp_path, cycle_config):
+    from agent_runtime.loop import AgentLoop
+    from memory import ExperienceStore
+
+    bigger = _taught_teacher(tmp_path / "teacher")
+    loop = AgentLoop(cycle_config(teacher={"model": str(bigger)}), tmp_path / "run", progress=False)
+    summary = loop.run()
+    loop.close()
+    with ExperienceStore.open(tmp_path / "run") as store:
+        [cycle] = store.cycles(summary.run_id)
+    teacher = cycle.config["teacher"]
+    assert teacher["separate"] and teacher["path"] == str(bigger) and teacher["vocabulary"]["same"]
+    assert cycle.metrics["teacher"] == teacher and cycle.config["kind"] == "lessons"
+    assert "not that model" in cycle.metrics["conditions"]["teacher"]  # the teacher_* rows are the parent
+    assert cycle.metrics["heldout_kl"]["before"] > 0 and len(cycle.curves["loss"]) == 3
