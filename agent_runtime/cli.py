@@ -38,6 +38,12 @@ def cmd_run(args) -> int:
         overrides.append(f"runtime.hours={args.hours}")
     config = load_config(args.config, overrides)
     workdir = args.workdir or default_workdir(config.name)
+    if args.dry_run:
+        from agent_runtime.dry_run import format_plan, plan
+
+        found = plan(config, Path(workdir), resume=args.resume)
+        print(json.dumps(found, default=str) if args.json else format_plan(found, str(args.config)))
+        return 2 if found["problems"] else 0
     from agent_runtime.report import learning_table
 
     loop = AgentLoop(config, workdir, resume=args.resume, progress=not args.no_progress)
@@ -224,7 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--hours", type=float, help="stop after this many hours")
     run.add_argument("--resume", action="store_true", help="continue the run of this name where it stopped")
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
-    run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run.add_argument("--dry-run", action="store_true", help="validate the config and print what the run would load "
+                     "and train (models, backend, device, teacher, envs, lessons, OPCD, the starting adapter), "
+                     "loading no weights; exit 2 if the run would not start")
+    run.add_argument("--json", action="store_true", help="print the summary (or the dry run) as JSON")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
 
