@@ -180,3 +180,23 @@ def test_distill_refuses_a_teacher_with_another_tokenizer(tmp_path, tiny_model_d
     proc = cli("distill", same, "--workdir", tmp_path / "w", check=False)  # no run yet: the check is printed first
     assert proc.returncode == 2 and "play some episodes first" in proc.stderr
     assert "same vocabulary and special tokens as the student (512 tokens)" in proc.stdout
+
+
+def test_the_cycle_page_shows_what_was_distilled_and_by_which_teacher(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from agent_runtime.dashboard import create_app
+    from memory import ExperienceStore
+
+    with ExperienceStore.open(tmp_path) as store:
+        run = store.create_run("r", {})
+        system = store.start_cycle(run, {"kind": "system_prompt", "teacher": {
+            "separate": True, "model": "Qwen/Qwen3-8B", "adapter": None, "vocabulary": {"same": True}},
+            "context": {"sha256": "ab" * 32, "source": "data/medmcqa.txt", "text": CONTEXT}})
+        plain = store.start_cycle(run, {"opcd": {}})  # a cycle stored before issue 18
+    with TestClient(create_app(tmp_path), base_url="http://127.0.0.1") as client:
+        page = client.get(f"/cycles/{system}").text
+        assert "a system prompt, sha256 abababababab (data/medmcqa.txt)" in page
+        assert "Qwen/Qwen3-8B, a separate model (vocabulary same as the student&#39;s)" in page
+        old = client.get(f"/cycles/{plain}").text
+        assert "the lesson set" in old and "the start-of-cycle policy (the parent)" in old
