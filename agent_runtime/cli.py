@@ -66,6 +66,7 @@ def cmd_run(args) -> int:
 def cmd_eval(args) -> int:
     from agent_runtime.config import load_config
     from agent_runtime.evaluation import evaluate
+    from agent_runtime.heldout import held_out, leak_report
     from agent_runtime.llm import make_backend
     from agent_runtime.llm.base import BackendError, activate
     from agent_runtime.loop import default_workdir
@@ -84,6 +85,11 @@ def cmd_eval(args) -> int:
         lessons: list[str] = []
         if not args.no_lessons and run is not None:  # one pool, as each episode of the loop sees one
             lessons = [lesson.text for lesson in live_lessons(store, run.id, pool=args.pool)[1]]
+        leak = None
+        if run is not None:  # what the run learned from, against the tasks about to be played
+            acting = adapter if adapter is not None else store.active_adapter(run.id)
+            leak = leak_report(store, run.id, held_out(config, workdir), acting)
+            print(leak.line(), file=sys.stderr if args.json else sys.stdout)
         backend = make_backend(config.model, seed=config.seed)
         try:
             activate(backend, adapter)
@@ -94,7 +100,9 @@ def cmd_eval(args) -> int:
         for result in results:
             lo, hi = result.interval
             metrics = {"episodes": result.episodes, "ci95": [lo, hi], "lessons": len(lessons),
-                       "condition": "with-lessons" if lessons else "no-lessons"}
+                       "condition": "with-lessons" if lessons else "no-lessons",
+                       "leak_check": {"clean": leak.clean, "held_out_episodes_in_store": len(leak.leaked_episodes)}
+                       if leak else None}
             eval_id = store.add_evaluation(
                 result.env_id, run_id=run.id if run else None, adapter_id=args.adapter, split="eval",
                 policy=config.model.name, num_episodes=result.n, success_rate=result.success_rate,

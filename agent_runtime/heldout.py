@@ -125,7 +125,7 @@ def leak_report(store: ExperienceStore, run_id: int, held: HeldOut, adapter=None
     """How the run's stored experience stands against the held-out tasks (for `agent-runtime eval`)."""
     from distill.lessons import live_lessons
 
-    episodes = store.episodes(run_id, limit=None)
+    episodes = store.episodes(run_id, limit=max(store.count_episodes(run_id), 1))
     suspects = [e for e in episodes if not held.usable(e)]
     by_content = [e.id for e in episodes if e.id not in {s.id for s in suspects}
                   and not held.usable(store.episode(e.id))]
