@@ -5,7 +5,10 @@ What (every write is one transaction, every read returns dataclasses):
   `record_extraction(extractor, lessons, ...) -> (extraction_id, lesson_ids)` writes an extraction call
   and the lessons it produced together; `add_lesson(text, ...)`, `get_lesson(id)`,
   `lessons(run_id, status=, pool=, env_id=, ids=, limit=, offset=)`, `count_lessons(...)`,
-  `set_lesson_status(ids, status, cycle_id=)`.
+  `set_lesson_status(ids, status, cycle_id=)`, `lessons_from_episode(episode_id, run_id=)`.
+- Provenance: a lesson's `source_episode_ids` are also written as `lesson_sources` rows, in the same
+  transaction, so that "which lessons came from this episode" is an index lookup (`lessons_from_episode`),
+  not a scan of every lesson's JSON list.
 - Usage statistics (`times_in_context`, `wins_in_context`) are kept by `add_episode` from each
   episode's `lessons_in_context` (`_count_lesson_usage`, in the episode's own transaction).
 - Extractions: `get_extraction(id)`, `extractions(run_id)`.
@@ -22,8 +25,8 @@ from typing import Any
 from sqlalchemy import Select, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from memory.errors import NotFoundError
-from memory.models import LESSON_STATUSES, Extraction, Lesson, utcnow
+from memory.errors import InvalidRecordError, NotFoundError
+from memory.models import LESSON_STATUSES, Extraction, Lesson, LessonSource, utcnow
 from memory.records import ExtractionInfo, LessonInfo, to_info
 from memory.store_mixin import StoreMixin, check_value
 
@@ -60,7 +63,27 @@ class LessonsMixin(StoreMixin):
             )
             session.add(row)
             session.flush()
+            self._add_sources(session, {row.id: row.source_episode_ids})
             return row.id
+
+    def _add_sources(self, session: Session, sources: dict[int, Sequence[int]]) -> None:
+        rows = []
+        for lesson_id, episode_ids in sources.items():
+            for episode_id in dict.fromkeys(episode_ids):
+                if isinstance(episode_id, bool) or not isinstance(episode_id, int):
+                    raise InvalidRecordError(f"a lesson's source episode ids are integers, got {episode_id!r}")
+                rows.append({"lesson_id": lesson_id, "episode_id": episode_id})
+        if rows:
+            session.execute(insert(LessonSource), rows)
+
+    def lessons_from_episode(self, episode_id: int, *, run_id: int | None = None) -> list[LessonInfo]:
+        """The lessons whose provenance names the episode, oldest first (of `run_id` or of no run, if given)."""
+        query = select(Lesson).join(LessonSource, LessonSource.lesson_id == Lesson.id).where(
+            LessonSource.episode_id == episode_id)
+        if run_id is not None:
+            query = query.where((Lesson.run_id == run_id) | Lesson.run_id.is_(None))
+        with self._read() as session:
+            return [to_info(LessonInfo, r) for r in session.scalars(query.order_by(Lesson.id))]
 
     def record_extraction(
         self,
@@ -116,6 +139,7 @@ class LessonsMixin(StoreMixin):
             ids = [
                 session.execute(insert(Lesson).returning(Lesson.id), [r]).scalar_one() for r in rows
             ]
+            self._add_sources(session, {i: r["source_episode_ids"] for i, r in zip(ids, rows, strict=True)})
             return extraction.id, ids
 
     def get_lesson(self, lesson_id: int) -> LessonInfo:

@@ -16,6 +16,12 @@ Why this shape:
   backends, since PostgreSQL's JSONB cannot hold them.
 - State lives in columns with named values (the constants below), never in free text: a lesson set's
   `status` and `made_by`, an evaluation's `kind`. A lesson set's `note` is prose for people.
+- A step's prompt is stored as a recipe (`memory.prompts`): the text only that step has, a reference to
+  the earlier step of its episode whose prompt it extends, and a content-addressed `PromptPart` (the
+  system part an episode's first prompt shares with other episodes); reads rebuild the exact text.
+- Derived lookups are tables the store keeps in the same transaction as their source: `LessonSource`
+  (which lessons came from an episode, for the episode page and `memory prune`), `CyclePoint` (an OPCD
+  cycle's curves, one row per training step, appended instead of rewriting the whole curve).
 - The schema is created and evolved only by the Alembic migrations in `memory/migrations/`;
   `tests/test_memory_schema.py` checks that these classes and the migrations agree.
 """
@@ -173,6 +179,7 @@ class Episode(Base):
         CheckConstraint(f"outcome IN {EPISODE_OUTCOMES}", name="outcome"),
         Index("ix_episodes_run_id_id", "run_id", "id"),
         Index("ix_episodes_env_id_outcome", "env_id", "outcome"),
+        Index("ix_episodes_run_id_ended_at", "run_id", "ended_at"),  # prune by age, the dashboard's cycle marks
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
@@ -206,7 +213,13 @@ class Step(Base):
     episode_id: Mapped[int] = mapped_column(ForeignKey("episodes.id", ondelete="CASCADE"))
     index: Mapped[int] = mapped_column("step_index", Integer)
     observation: Mapped[str] = mapped_column(NulFreeText)
+    # The prompt's recipe (memory.prompts): `prompt` holds only the text no other row has.
     prompt: Mapped[str] = mapped_column(NulFreeText)
+    prompt_part_id: Mapped[int | None] = mapped_column(ForeignKey("prompt_parts.id"), index=True)
+    prompt_base: Mapped[int | None] = mapped_column(Integer)
+    prompt_keep: Mapped[int | None] = mapped_column(Integer)
+    prompt_resume: Mapped[int | None] = mapped_column(Integer)
+    prompt_observation_at: Mapped[int | None] = mapped_column(Integer)
     response: Mapped[str] = mapped_column(NulFreeText)
     action: Mapped[str | None] = mapped_column(NulFreeText)
     valid_action: Mapped[bool] = mapped_column(Boolean)
@@ -216,6 +229,15 @@ class Step(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     latency_s: Mapped[float] = mapped_column(Float, default=0.0)
     info: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class PromptPart(Base):
+    """A text that many prompts start with (a system prompt and its lessons), stored once by its sha256."""
+
+    __tablename__ = "prompt_parts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    text: Mapped[str] = mapped_column(NulFreeText)
 
 
 class Extraction(Base):
@@ -246,9 +268,21 @@ class Cycle(Base):
     adapter_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"))
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
     curves: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    episode_ids: Mapped[list[Any]] = mapped_column(default=list)  # where its training prompts came from
     error: Mapped[str | None] = mapped_column(NulFreeText)
     started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     ended_at: Mapped[dt.datetime | None]
+
+
+class CyclePoint(Base):
+    """One training step's values of an OPCD cycle's curves ({"loss": ..., "kl": ...}), appended per step."""
+
+    __tablename__ = "cycle_points"
+    __table_args__ = (UniqueConstraint("cycle_id", "step", name="uq_cycle_points_cycle_step"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cycle_id: Mapped[int] = mapped_column(ForeignKey("opcd_cycles.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)  # metric -> its value at this step
 
 
 class Lesson(Base):
@@ -274,6 +308,15 @@ class Lesson(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+
+
+class LessonSource(Base):
+    """One episode a lesson came from: `Lesson.source_episode_ids` as rows, indexed by episode. No foreign
+    key to the episode: provenance outlives a pruned episode."""
+
+    __tablename__ = "lesson_sources"
+    lesson_id: Mapped[int] = mapped_column(ForeignKey("lessons.id", ondelete="CASCADE"), primary_key=True)
+    episode_id: Mapped[int] = mapped_column(Integer, primary_key=True, index=True)
 
 
 class LessonSet(Base):

@@ -165,7 +165,8 @@ class ExtractionInfo:
 
 @dataclass
 class CycleInfo:
-    """One OPCD cycle; `curves` maps a metric name to its per-step values."""
+    """One OPCD cycle; `curves` maps a metric name to its per-step values; `episode_ids` are the episodes its
+    training prompts came from (its adapter's training set)."""
 
     id: int
     run_id: int | None
@@ -179,6 +180,7 @@ class CycleInfo:
     error: str | None
     started_at: dt.datetime
     ended_at: dt.datetime | None
+    episode_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

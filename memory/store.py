@@ -13,6 +13,8 @@ Why this way:
 - Writes are batched by construction: `add_episode` writes an episode, all its steps and (if given)
   the run's new loop state in ONE transaction, so a crash loses at most the episode in flight and
   never leaves half of one (see `tests/test_memory_crash.py`).
+- A step's prompt is stored as a recipe (`memory.prompts`: the text only that step has, the earlier step
+  it extends, a shared system part); `episode()` and `step_prompt()` rebuild the exact text.
 - Reads return plain dataclasses (`memory.records`), never live ORM objects.
 - A read-only store (`read_only=True`, for the dashboard) is enforced by the database itself
   (SQLite `mode=ro`, PostgreSQL `default_transaction_read_only`), and by a clear error here first.
@@ -55,6 +57,7 @@ from memory.evaluation_store import EvaluationsMixin
 from memory.lesson_set_store import LessonSetsMixin
 from memory.lesson_store import LessonsMixin
 from memory.models import EPISODE_OUTCOMES, Episode, Lesson, Run, Step, utcnow
+from memory.prompts import PromptEncoder, part_id, stored_prompts
 from memory.records import EpisodeInfo, EpisodeRecord, RunInfo, StepInfo, to_info
 from memory.redaction import redact_secrets
 from memory.retrieval import RetrievalMixin
@@ -337,12 +340,16 @@ class ExperienceStore(
             conn = session.connection()
             ids = []
             step_rows: list[dict[str, Any]] = []
+            encoder, parts = PromptEncoder(), {}  # prompts stored as recipes (memory.prompts)
             for record in records:
                 episode_id = conn.execute(
                     EPISODES.insert().returning(EPISODES.c.id), _episode_row(run_id, record)
                 ).scalar_one()
                 ids.append(episode_id)
-                step_rows.extend(_step_row(episode_id, step) for step in record.steps)
+                for step in sorted(record.steps, key=lambda s: s.index):
+                    recipe = encoder.encode(episode_id, step.index, step.observation, step.prompt)
+                    part = part_id(conn, recipe.part, parts) if recipe.part is not None else None
+                    step_rows.append(_step_row(episode_id, step) | recipe.columns(part))
                 if record.lessons_in_context:
                     self._count_lesson_usage(session, list(record.lessons_in_context), record.won)
             if step_rows:
@@ -362,7 +369,18 @@ class ExperienceStore(
                 select(Step).where(Step.episode_id == episode_id).order_by(Step.index)
             )
             info.steps = [to_info(StepInfo, s) for s in steps]
+            prompts = stored_prompts(session.connection(), [episode_id])
+            for step in info.steps:
+                step.prompt = prompts[(episode_id, step.index)]
             return info
+
+    def step_prompt(self, episode_id: int, index: int) -> str:
+        """The full prompt of one step (rebuilt from its recipe: only this step and its bases are read)."""
+        with self._read() as session:
+            prompt = stored_prompts(session.connection(), [episode_id], up_to=index).get((episode_id, index))
+        if prompt is None:
+            raise NotFoundError(f"episode {episode_id} has no step {index} in {self.url}")
+        return prompt
 
     def episodes(
         self,
@@ -453,11 +471,11 @@ def _episode_row(run_id: int, record: EpisodeRecord) -> dict[str, Any]:
 
 
 def _step_row(episode_id: int, step: Any) -> dict[str, Any]:
+    """The step's columns but its prompt's (the caller adds the recipe's: `memory.prompts`)."""
     return {
         "episode_id": episode_id,
         "step_index": step.index,
         "observation": step.observation,
-        "prompt": step.prompt,
         "response": step.response,
         "action": step.action,
         "valid_action": bool(step.valid_action),

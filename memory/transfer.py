@@ -1,24 +1,31 @@
 """JSONL export and import of a whole store, in a versioned format whose round trip is exact.
 
 Format (version 1), one JSON object per line:
-  line 1   {"format": "agent-runtime-memory", "version": 1, "schema_revision": "0001", ...}
-  then     {"table": "<table>", "row": {<column>: <value>, ...}}   tables in dependency order, rows by id
+  line 1   {"format": "agent-runtime-memory", "version": 1, "schema_revision": "0003", ...}
+  then     {"table": "<table>", "row": {<column>: <value>, ...}}   tables in dependency order
   last     {"end": true, "counts": {"<table>": <rows>, ...}}
-Keys are sorted (PostgreSQL's JSONB does not keep key order, so sorted keys make the text of
-an export independent of the backend). Values are JSON as stored, except timestamps (ISO 8601 strings, UTC) and the embedding vectors
-(base64 of the float32 bytes). Primary keys are kept, so ids inside JSON columns (an episode's
-`lessons_in_context`, a lesson's `source_episode_ids`) stay valid. The trailer makes a truncated
-file detectable.
+Keys are sorted (PostgreSQL's JSONB does not keep key order, so sorted keys make the text of an export
+independent of the backend). Values are JSON as stored, except timestamps (ISO 8601 strings, UTC) and the
+embedding vectors (base64 of the float32 bytes). Primary keys are kept, so ids inside JSON columns (an
+episode's `lessons_in_context`, a lesson's `source_episode_ids`) stay valid. The trailer makes a
+truncated file detectable. A row is what the store's reads return, not how it is stored: a step carries
+its whole prompt (not its recipe, `memory.prompts`), a cycle its whole curves (not its appended points);
+the tables derived from others (`DERIVED_TABLES`) are rebuilt by the import, not exported. Steps come in
+episode order (by step index), the other tables' rows by id.
 
-Import is all or nothing: every row goes in inside ONE transaction; a malformed line (bad JSON,
-unknown table or column, wrong type, missing trailer or wrong counts) raises `ImportFormatError`
-naming the line, and a row whose id already exists raises `ImportConflictError`; either way the
-transaction is rolled back and the store is as it was. Importing into an empty store reproduces the
-source exactly (`export -> import -> export` gives the same lines after the header).
+Import is all or nothing: every row goes in inside ONE transaction. Every malformed input is an
+`ImportFormatError` naming the line and what is accepted (`memory.transfer_rows`): bad JSON, a line
+longer than `max_line_chars`, an unknown table or column, a value of the wrong type, size or shape
+(a 32-bit integer, a JSON object, a list of ids), an embedding whose bytes do not match its dimension,
+a reference to a row that does not exist or belongs to another run, a missing trailer or wrong counts.
+A row whose id already exists is an `ImportConflictError`. Either way the transaction is rolled back
+and the store is as it was. Exports written at an older schema revision (from 0001) are read too: their
+rows are brought up to date as the migrations since would have changed them. Importing into an empty
+store reproduces the source exactly (`export -> import -> export` gives the same lines after the header).
 
 Methods on `ExperienceStore`: `export_jsonl(target) -> dict[str, int]` (a path, written atomically,
-or a text file object) and `import_jsonl(source) -> dict[str, int]` (a path or a text file object);
-both return the row count per table.
+or a text file object) and `import_jsonl(source, *, max_line_chars=) -> dict[str, int]` (a path or a
+text file object, e.g. `io.StringIO`); both return the row count per table.
 """
 
 from __future__ import annotations
@@ -33,14 +40,16 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from sqlalchemy import Boolean, Float, Integer, LargeBinary, Table, insert, select, text
+from sqlalchemy import LargeBinary, Table, insert, select, text
 from sqlalchemy.exc import StatementError
 from sqlalchemy.orm import Session
 
 from memory import migrate
 from memory.errors import ImportConflictError, ImportFormatError
-from memory.models import Base, UTCDateTime
+from memory.models import Base, CyclePoint, UTCDateTime
+from memory.prompts import RECIPE_COLUMNS, PromptEncoder, part_id, stored_prompts
 from memory.redaction import redact_secrets
+from memory.transfer_rows import READABLE_REVISIONS, References, decode_row, upgrade_row
 
 FORMAT_NAME = "agent-runtime-memory"
 FORMAT_VERSION = 1
@@ -57,56 +66,37 @@ TABLE_ORDER = (
     "evaluations",
     "embeddings",
 )
+# Storage the import rebuilds from the exported rows: prompt parts (steps' recipes), lesson sources
+# (lessons' source_episode_ids), cycle points (folded into a cycle's curves).
+DERIVED_TABLES = ("prompt_parts", "lesson_sources", "cycle_points")
+STORAGE_COLUMNS = {"steps": RECIPE_COLUMNS}  # replaced by the whole prompt in an export
 BATCH_ROWS = 1000
+EPISODES_PER_READ = 200
+MAX_LINE_CHARS = 32 * 1024 * 1024  # the largest row this agent-runtime writes is far smaller
 
 
 def _tables() -> dict[str, Table]:
     tables = {name: Base.metadata.tables[name] for name in TABLE_ORDER}
-    assert set(tables) == set(Base.metadata.tables), "every table must be exported"
+    assert set(tables) | set(DERIVED_TABLES) == set(Base.metadata.tables), "every table is exported or derived"
     return tables
 
 
-def _encode(table: Table, row: Any) -> dict[str, Any]:
+def _columns(table: Table) -> list[str]:
+    """The columns an export carries for `table`."""
+    hidden = STORAGE_COLUMNS.get(table.name, ())
+    return [c.name for c in table.columns if c.name not in hidden]
+
+
+def _encode(table: Table, row: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for column in table.columns:
-        value = row._mapping[column]
+        if column.name not in row:
+            continue
+        value = row[column.name]
         if value is not None and isinstance(column.type, UTCDateTime):
             value = value.isoformat()
         elif value is not None and isinstance(column.type, LargeBinary):
             value = base64.b64encode(value).decode("ascii")
-        out[column.name] = value
-    return out
-
-
-def _decode(table: Table, row: dict[str, Any], where: str) -> dict[str, Any]:
-    names = {c.name for c in table.columns}
-    if set(row) != names:
-        raise ImportFormatError(
-            f"{where}: columns of {table.name} do not match (unknown: "
-            f"{sorted(set(row) - names)}, missing: {sorted(names - set(row))})"
-        )
-    out = {}
-    for column in table.columns:
-        value = row[column.name]
-        if value is None:
-            if not column.nullable:
-                raise ImportFormatError(f"{where}: {table.name}.{column.name} may not be null")
-        elif isinstance(column.type, UTCDateTime):
-            try:
-                value = dt.datetime.fromisoformat(value)
-            except (TypeError, ValueError) as exc:
-                raise ImportFormatError(f"{where}: {table.name}.{column.name}: {exc}") from exc
-        elif isinstance(column.type, LargeBinary):
-            try:
-                value = base64.b64decode(value, validate=True)
-            except (TypeError, ValueError) as exc:
-                raise ImportFormatError(f"{where}: {table.name}.{column.name}: bad base64") from exc
-        elif isinstance(column.type, Boolean) and not isinstance(value, bool):
-            raise ImportFormatError(f"{where}: {table.name}.{column.name} must be true or false")
-        elif isinstance(column.type, Integer) and (type(value) is not int):
-            raise ImportFormatError(f"{where}: {table.name}.{column.name} must be an integer")
-        elif isinstance(column.type, Float) and type(value) not in (int, float):
-            raise ImportFormatError(f"{where}: {table.name}.{column.name} must be a number")
         out[column.name] = value
     return out
 
@@ -132,10 +122,25 @@ def _open_text(target: str | os.PathLike[str] | IO[str], mode: str) -> Iterator[
             os.unlink(tmp)
 
 
+def _lines(source: IO[str], name: str, limit: int) -> Iterator[tuple[int, str]]:
+    """(line number, line) without ever holding more than `limit` characters of one line."""
+    lineno = 0
+    while True:
+        raw = source.readline(limit + 1)
+        if not raw:
+            return
+        lineno += 1
+        if len(raw) > limit:
+            raise ImportFormatError(
+                f"{name}:{lineno}: line longer than {limit} characters; no row of an export is that long "
+                "(pass max_line_chars= to accept longer lines)")
+        yield lineno, raw
+
+
 class TransferMixin:
     """JSONL export/import (see module docstring)."""
 
-    if TYPE_CHECKING:  # provided by ExperienceStore
+    if TYPE_CHECKING:  # provided by ExperienceStore and LessonsMixin
         url: str
         dialect: str
         _indexes: dict[str, Any]
@@ -143,6 +148,8 @@ class TransferMixin:
         def _read(self) -> AbstractContextManager[Session]: ...
 
         def _write(self) -> AbstractContextManager[Session]: ...
+
+        def _add_sources(self, session: Session, sources: dict[int, Any]) -> None: ...
 
     def export_jsonl(self, target: str | os.PathLike[str] | IO[str]) -> dict[str, int]:
         """Write the whole store as JSONL (format version 1); returns rows per table."""
@@ -158,8 +165,7 @@ class TransferMixin:
             out.write(json.dumps(header) + "\n")
             for name, table in _tables().items():
                 counts[name] = 0
-                query = select(table).order_by(*table.primary_key.columns)
-                for row in session.execute(query.execution_options(yield_per=BATCH_ROWS)):
+                for row in self._exported_rows(session, table):
                     encoded = _encode(table, row)
                     if "config" in encoded:  # stores written before redaction may still hold secrets
                         encoded["config"] = redact_secrets(encoded["config"])
@@ -169,29 +175,79 @@ class TransferMixin:
             out.write(json.dumps({"end": True, "counts": counts}) + "\n")
         return counts
 
-    def import_jsonl(self, source: str | os.PathLike[str] | IO[str]) -> dict[str, int]:
+    def _exported_rows(self, session: Session, table: Table) -> Iterator[dict[str, Any]]:
+        """The rows of `table` as reads see them: steps with whole prompts, cycles with whole curves."""
+        columns = [table.c[name] for name in _columns(table)]
+        if table.name == "steps":
+            yield from self._exported_steps(session, table, columns)
+            return
+        query = select(*columns).order_by(*table.primary_key.columns)
+        for row in session.execute(query.execution_options(yield_per=BATCH_ROWS)).mappings():
+            row = dict(row)
+            if table.name == "opcd_cycles":
+                row["curves"] = self._whole_curves(session, row["id"], row["curves"])
+            yield row
+
+    def _exported_steps(self, session: Session, table: Table, columns: list[Any]) -> Iterator[dict[str, Any]]:
+        episodes = Base.metadata.tables["episodes"]
+        after = 0
+        conn = session.connection()
+        while True:  # a batch of episodes at a time, each episode's prompts rebuilt together
+            ids = session.scalars(
+                select(episodes.c.id).where(episodes.c.id > after).order_by(episodes.c.id).limit(EPISODES_PER_READ)
+            ).all()
+            if not ids:
+                return
+            prompts = stored_prompts(conn, ids)
+            rows = session.execute(
+                select(*columns).where(table.c.episode_id.in_(ids)).order_by(table.c.episode_id, table.c.step_index)
+            ).mappings()
+            for row in rows:
+                yield {**row, "prompt": prompts[(row["episode_id"], row["step_index"])]}
+            after = ids[-1]
+
+    @staticmethod
+    def _whole_curves(session: Session, cycle_id: int, curves: dict[str, Any]) -> dict[str, Any]:
+        points = session.scalars(
+            select(CyclePoint.metrics).where(CyclePoint.cycle_id == cycle_id).order_by(CyclePoint.step)
+        ).all()
+        if not points:
+            return curves
+        whole = {k: list(v) if isinstance(v, list) else v for k, v in (curves or {}).items()}
+        for values in points:
+            for key, value in values.items():
+                if not isinstance(whole.get(key), list):
+                    whole[key] = []
+                whole[key].append(value)
+        return whole
+
+    def import_jsonl(
+        self, source: str | os.PathLike[str] | IO[str], *, max_line_chars: int = MAX_LINE_CHARS
+    ) -> dict[str, int]:
         """Add every row of a JSONL export to this store, all or nothing; returns rows per table."""
-        name = getattr(source, "name", None) or os.fspath(source)  # type: ignore[arg-type]
+        if hasattr(source, "read"):
+            name = str(getattr(source, "name", None) or "<stream>")
+        else:
+            name = os.fspath(source)  # type: ignore[arg-type]
         tables = _tables()
         counts = {t: 0 for t in tables}
         with self._write() as session, _open_text(source, "r") as lines:
-            pending: list[tuple[int, dict[str, Any]]] = []
-            pending_table: str | None = None
-            order_pos = 0
+            importer = _Importer(self, session, tables, name)
             trailer: dict[str, Any] | None = None
+            revision = ""
             lineno = 0
-            for lineno, raw in enumerate(lines, start=1):
+            for lineno, raw in _lines(lines, name, max_line_chars):
                 where = f"{name}:{lineno}"
                 if trailer is not None:
                     raise ImportFormatError(f"{where}: content after the end marker")
                 try:
                     item = json.loads(raw)
-                except json.JSONDecodeError as exc:
-                    raise ImportFormatError(f"{where}: not valid JSON ({exc.msg})") from exc
+                except (ValueError, RecursionError) as exc:  # JSONDecodeError, too many digits, too deep
+                    raise ImportFormatError(f"{where}: not valid JSON ({getattr(exc, 'msg', exc)})") from exc
                 if not isinstance(item, dict):
                     raise ImportFormatError(f"{where}: expected a JSON object")
                 if lineno == 1:
-                    self._check_header(item, where)
+                    revision = self._check_header(item, where)
                     continue
                 if item.get("end") is True:
                     trailer = item
@@ -202,24 +258,13 @@ class TransferMixin:
                         f"{where}: expected {{\"table\": one of {', '.join(TABLE_ORDER)}, "
                         f"\"row\": {{...}}}}, got keys {sorted(item)}"
                     )
-                position = TABLE_ORDER.index(table_name)
-                if position < order_pos:
-                    raise ImportFormatError(
-                        f"{where}: table {table_name} after {TABLE_ORDER[order_pos]}; "
-                        f"tables must come in the order {', '.join(TABLE_ORDER)}"
-                    )
-                order_pos = position
-                row = _decode(tables[table_name], item["row"], where)
-                if pending and (pending_table != table_name or len(pending) >= BATCH_ROWS):
-                    self._insert_batch(session, tables[pending_table], pending, name)  # type: ignore[index]
-                    pending = []
-                pending_table = table_name
-                pending.append((lineno, row))
+                table = tables[table_name]
+                row = decode_row(table, upgrade_row(revision, table_name, item["row"]), where, _columns(table))
+                importer.add(table_name, row, lineno)
                 counts[table_name] += 1
             if lineno == 0:
                 raise ImportFormatError(f"{name}:1: empty file, expected the format header")
-            if pending:
-                self._insert_batch(session, tables[pending_table], pending, name)  # type: ignore[index]
+            importer.flush()
             if trailer is None:
                 raise ImportFormatError(
                     f"{name}:{lineno + 1}: missing end marker; the file is truncated"
@@ -228,20 +273,13 @@ class TransferMixin:
                 raise ImportFormatError(
                     f"{name}: end marker counts {trailer.get('counts')} do not match the rows read {counts}"
                 )
-            if self.dialect == "postgresql":
-                for table in tables.values():
-                    if "id" in table.columns and counts[table.name]:
-                        session.execute(
-                            text(
-                                f"SELECT setval(pg_get_serial_sequence('{table.name}', 'id'), "
-                                f"(SELECT max(id) FROM {table.name}))"
-                            )
-                        )
+            importer.finish(counts)
         self._indexes.clear()
         return counts
 
     @staticmethod
-    def _check_header(item: dict[str, Any], where: str) -> None:
+    def _check_header(item: dict[str, Any], where: str) -> str:
+        """The export's schema revision, once the header says this code can read it."""
         if item.get("format") != FORMAT_NAME:
             raise ImportFormatError(f"{where}: not an agent-runtime memory export (no format header)")
         version = item.get("version")
@@ -250,43 +288,116 @@ class TransferMixin:
                 f"{where}: export format version {version!r} is newer than this agent-runtime reads "
                 f"({FORMAT_VERSION}); upgrade agent-runtime"
             )
-        if item.get("schema_revision") != migrate.head_revision():
+        revision = item.get("schema_revision")
+        assert READABLE_REVISIONS[-1] == migrate.head_revision(), "transfer_rows must know the newest revision"
+        if revision not in READABLE_REVISIONS:
             raise ImportFormatError(
-                f"{where}: export of schema revision {item.get('schema_revision')!r}; this "
-                f"agent-runtime imports revision {migrate.head_revision()!r} only"
+                f"{where}: export of schema revision {revision!r}; this agent-runtime imports revisions "
+                f"{', '.join(READABLE_REVISIONS)} (a newer export needs a newer agent-runtime)"
             )
+        return revision
 
-    def _insert_batch(
-        self, session: Session, table: Table, batch: list[tuple[int, dict[str, Any]]], name: str
-    ) -> None:
-        keys = list(table.primary_key.columns)
-        if len(keys) == 1:
-            key = keys[0]
-            wanted = {row[key.name]: lineno for lineno, row in batch}
-            existing = session.scalars(select(key).where(key.in_(list(wanted)))).all()
-            if existing:
-                first = min(wanted[i] for i in existing)
-                raise ImportConflictError(
-                    f"{name}:{first}: {table.name} id {existing[0]} already exists in {self.url}; "
-                    "import into an empty store (nothing was imported)"
-                )
+
+class _Importer:
+    """Rows of one import going into the store: batched per table, in the tables' order, steps stored as
+    recipes, lessons' sources as rows, and every reference checked at the end."""
+
+    def __init__(self, store: Any, session: Session, tables: dict[str, Table], name: str) -> None:
+        self.store, self.session, self.tables, self.name = store, session, tables, name
+        self.pending: list[tuple[int, dict[str, Any]]] = []
+        self.pending_table: str | None = None
+        self.order_pos = 0
+        self.references = References()
+        self.encoder = PromptEncoder(max_episodes=10_000)
+        self.parts: dict[str, int] = {}
+        self.embedding_dims: dict[str, tuple[int, str]] = {}
+
+    def add(self, table_name: str, row: dict[str, Any], lineno: int) -> None:
+        where = f"{self.name}:{lineno}"
+        position = TABLE_ORDER.index(table_name)
+        if position < self.order_pos:
+            raise ImportFormatError(
+                f"{where}: table {table_name} after {TABLE_ORDER[self.order_pos]}; "
+                f"tables must come in the order {', '.join(TABLE_ORDER)}"
+            )
+        self.order_pos = position
+        self.references.note(table_name, row, where)
+        if table_name == "embeddings":
+            self._check_dim(row, where)
+        if table_name == "steps":
+            recipe = self.encoder.encode(row["episode_id"], row["step_index"], row["observation"], row["prompt"])
+            part = part_id(self.session.connection(), recipe.part, self.parts) if recipe.part is not None else None
+            row = row | recipe.columns(part)
+        if self.pending and (self.pending_table != table_name or len(self.pending) >= BATCH_ROWS):
+            self.flush()
+        self.pending_table = table_name
+        self.pending.append((lineno, row))
+
+    def _check_dim(self, row: dict[str, Any], where: str) -> None:
+        """Every vector of one embedder has one size (the index is built from all of them)."""
+        model = row["model"]
+        if model not in self.embedding_dims:
+            embeddings = self.tables["embeddings"]
+            stored = self.session.scalar(select(embeddings.c.dim).where(embeddings.c.model == model).limit(1))
+            self.embedding_dims[model] = (stored, "the store") if stored is not None else (row["dim"], where)
+        dim, seen = self.embedding_dims[model]
+        if row["dim"] != dim:
+            raise ImportFormatError(
+                f"{where}: embeddings.dim {row['dim']} for embedder {model!r}, whose vectors have dim {dim} "
+                f"(from {seen}); one embedder's vectors all have one size")
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        table = self.tables[self.pending_table]  # type: ignore[index]
+        _insert_batch(self.store, self.session, table, self.pending, self.name)
+        if table.name == "lessons":
+            self.store._add_sources(self.session, {row["id"]: row["source_episode_ids"] for _, row in self.pending})
+        self.pending = []
+
+    def finish(self, counts: dict[str, int]) -> None:
+        """References checked, sequences moved past the imported ids (PostgreSQL)."""
+        self.references.check(self.session, self.tables, self.name)
+        if self.store.dialect == "postgresql":
+            for table in self.tables.values():
+                if "id" in table.columns and counts[table.name]:
+                    self.session.execute(
+                        text(
+                            f"SELECT setval(pg_get_serial_sequence('{table.name}', 'id'), "
+                            f"(SELECT max(id) FROM {table.name}))"
+                        )
+                    )
+
+
+def _insert_batch(store: Any, session: Session, table: Table, batch: list[tuple[int, dict[str, Any]]], name: str) -> None:
+    keys = list(table.primary_key.columns)
+    if len(keys) == 1:
+        key = keys[0]
+        wanted = {row[key.name]: lineno for lineno, row in batch}
+        existing = session.scalars(select(key).where(key.in_(list(wanted)))).all()
+        if existing:
+            first = min(wanted[i] for i in existing)
+            raise ImportConflictError(
+                f"{name}:{first}: {table.name} id {existing[0]} already exists in {store.url}; "
+                "import into an empty store (nothing was imported)"
+            )
+    try:
+        with session.begin_nested():
+            session.execute(insert(table), [row for _, row in batch])
+        return
+    except StatementError as batch_error:
+        error: BaseException = batch_error
+    # Find the first row the database rejects, to name its line (each try in a savepoint).
+    for lineno, row in batch:
         try:
             with session.begin_nested():
-                session.execute(insert(table), [row for _, row in batch])
-            return
-        except StatementError as batch_error:
-            error: BaseException = batch_error
-        # Find the first row the database rejects, to name its line (each try in a savepoint).
-        for lineno, row in batch:
-            try:
-                with session.begin_nested():
-                    session.execute(insert(table), [row])
-            except StatementError as row_error:
-                raise ImportFormatError(
-                    f"{name}:{lineno}: row of {table.name} rejected by the database: "
-                    f"{str(getattr(row_error, 'orig', row_error)).splitlines()[0]}"
-                ) from row_error
-        raise ImportFormatError(
-            f"{name}:{batch[0][0]}-{batch[-1][0]}: rows of {table.name} rejected by the database: "
-            f"{str(getattr(error, 'orig', error)).splitlines()[0]}"
-        ) from error
+                session.execute(insert(table), [row])
+        except StatementError as row_error:
+            raise ImportFormatError(
+                f"{name}:{lineno}: row of {table.name} rejected by the database: "
+                f"{str(getattr(row_error, 'orig', row_error)).splitlines()[0]}"
+            ) from row_error
+    raise ImportFormatError(
+        f"{name}:{batch[0][0]}-{batch[-1][0]}: rows of {table.name} rejected by the database: "
+        f"{str(getattr(error, 'orig', error)).splitlines()[0]}"
+    ) from error

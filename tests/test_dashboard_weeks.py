@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import insert
+from sqlalchemy import event, insert
 from sqlalchemy.orm import Session
 
 from agent_runtime.dashboard import create_app, reads
@@ -172,6 +172,48 @@ def test_success_chart_is_computed_in_sql(memory_url: str, tmp_path: Path, monke
             assert chart.series[key] == pytest.approx(values), key
     assert [m["x"] for m in per_env.marks] == [1000, 2500]
     assert CountingSession.rows <= len(xs) * 5 + 10, f"{CountingSession.rows} rows read for {len(xs)} points"
+
+
+# -- the episode page --------------------------------------------------------------------------
+
+
+class SqliteWork:
+    """Counts the SQLite virtual machine's instructions spent on this engine's statements (in hundreds)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.steps = 0
+        event.listen(engine, "before_cursor_execute", self._attach)
+
+    def _attach(self, conn: Any, *_: Any) -> None:
+        conn.connection.dbapi_connection.set_progress_handler(self._tick, 100)
+
+    def _tick(self) -> int:
+        self.steps += 1
+        return 0
+
+
+def test_episode_page_reads_only_the_lessons_it_shows(tmp_path: Path) -> None:
+    """Finding the lessons an episode produced costs the same with 300 or 3,000 other lessons in the run."""
+    with ExperienceStore.open(tmp_path) as store:
+        run = store.create_run("r", {})
+        episodes = store.add_episodes(run, [game_episode(DEMO_ENVS[0], f"t{i}", won=True, n_steps=1) for i in range(60)])
+        mine = store.add_lesson("mine", run_id=run, source_episode_ids=[episodes[3], episodes[55]])
+        global_lesson = store.add_lesson("no run", source_episode_ids=[episodes[55]])
+        store.add_lesson("another run's", run_id=store.create_run("other", {}), source_episode_ids=[episodes[55]])
+        target = store.episode(episodes[55])
+        work = SqliteWork(store.engine)
+        costs = []
+        for more in (300, 2700):
+            store.record_extraction("x", [{"text": f"lesson {i}", "source_episode_ids": [episodes[i % 50]]}
+                                          for i in range(more)], run_id=run)
+            work.steps = 0
+            found = reads.lessons_from_episode(store, target)
+            costs.append(work.steps)
+            assert [lesson.id for lesson in found] == [mine, global_lesson]
+    assert costs[1] < 2 * costs[0] + 5, f"VM work grew with the run's lessons: {costs}"
+    with TestClient(create_app(tmp_path), base_url="http://127.0.0.1") as client:
+        body = client.get(f"/episodes/{episodes[55]}").text
+    assert f'href="/lessons/{mine}"' in body and f'href="/lessons/{global_lesson}"' in body
 
 
 # -- search with a stored embedder name --------------------------------------------------------

@@ -35,9 +35,8 @@ from memory import (
     ExperienceStore,
     LessonInfo,
     LessonSetInfo,
-    NotFoundError,
 )
-from memory.models import Adapter, Cycle, Embedding, Episode, Lesson, LessonSet, LessonSetMember, Step
+from memory.models import Adapter, Cycle, Embedding, Episode, Lesson, LessonSet, LessonSetMember
 from memory.records import AdapterInfo, CycleInfo, EvaluationInfo, StepInfo, to_info
 
 MAX_POINTS = 400
@@ -94,12 +93,9 @@ def episode_page(
 
 
 def step_prompt(store: ExperienceStore, episode_id: int, index: int) -> str:
-    """The full prompt of one step (the episode page loads prompts only when opened: they are long)."""
-    with read_session(store) as session:
-        prompt = session.scalar(select(Step.prompt).where(Step.episode_id == episode_id, Step.index == index))
-    if prompt is None:
-        raise NotFoundError(f"episode {episode_id} has no step {index} in {store.url}")
-    return prompt
+    """The full prompt of one step (the episode page loads prompts only when opened: they are long; the
+    store rebuilds it from its stored recipe)."""
+    return store.step_prompt(episode_id, index)
 
 
 @dataclass
@@ -163,18 +159,9 @@ def run_counts(store: ExperienceStore) -> dict[int, tuple[int, int]]:
 
 
 def lessons_from_episode(store: ExperienceStore, episode: EpisodeInfo) -> list[LessonInfo]:
-    """The lessons whose provenance names this episode (searched within the episode's run)."""
-    with read_session(store) as session:
-        candidates = session.execute(
-            select(Lesson.id, Lesson.source_episode_ids).where(
-                (Lesson.run_id == episode.run_id) | Lesson.run_id.is_(None)
-            )
-        ).all()
-        ids = [lid for lid, sources in candidates if episode.id in (sources or [])]
-        if not ids:
-            return []
-        rows = session.scalars(select(Lesson).where(Lesson.id.in_(ids)).order_by(Lesson.id))
-        return [to_info(LessonInfo, r) for r in rows]
+    """The lessons whose provenance names this episode, of the episode's run or of none (an index
+    lookup: opening an episode never reads the run's other lessons)."""
+    return store.lessons_from_episode(episode.id, run_id=episode.run_id)
 
 
 def versions_holding(store: ExperienceStore, lesson_id: int) -> list[int]:
