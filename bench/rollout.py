@@ -312,7 +312,7 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
         "share_backend_overhead": (timers.backend_generate - timers.model_generate) / wall,
         "share_prompt_build": timers.build / wall, "share_env": timers.env / wall, "share_other": other / wall,
         "pad_share": timers.padded_tokens / total_prompt if total_prompt else 0.0,
-        "mean_prompt_tokens": timers.prompt_tokens / max(1, steps),
+        "mean_prompt_tokens": (timers.prompt_tokens or prompted) / max(1, steps),  # vLLM: the engine's count
         "prefilled_share": prefilled / prompted if prompted else 0.0,
     }
 
