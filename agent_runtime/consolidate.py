@@ -232,6 +232,7 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
         decisions = [d for d in decisions if d.choices]
     random.Random(f"cycle:{cycle_id}").shuffle(decisions)
     decisions = decisions[:settings.max_prompts]
+    store.update_cycle(cycle_id, episode_ids=sorted({e for d in decisions for e in d.episode_ids}))
     held = max(1, len(decisions) // 10)
     heldout, train = decisions[:held], decisions[held:] or decisions
     adapters_dir = workdir / "adapters"
@@ -253,13 +254,9 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
                    train_choices=[d.choices for d in train] if choice_mode else None,
                    metadata={"cycle_id": cycle_id, "run_id": run_id, "kind": kind, "teacher": teacher},
                    device="cuda" if backend.device.type == "cuda" else "cpu", overwrite=True)
-    curves: dict[str, list] = {"loss": [], "kl": [], "grad_norm": []}
 
     def on_step(m: dict) -> None:
-        curves["loss"].append(m["loss"])
-        curves["kl"].append(m["kl_estimate"])
-        curves["grad_norm"].append(m["grad_norm"])
-        store.update_cycle(cycle_id, curves=curves)
+        store.append_cycle_point(cycle_id, {"loss": m["loss"], "kl": m["kl_estimate"], "grad_norm": m["grad_norm"]})
         if progress is not None:
             progress(m)
 

@@ -19,6 +19,8 @@ def test_cycle_in_the_loop(tmp_path, cycle_config):
         [cycle] = store.cycles(summary.run_id)
         assert cycle.status in ("promoted", "rolled_back")
         assert len(cycle.curves["loss"]) == 3 and all(v == v for v in cycle.curves["loss"])  # no NaN
+        played = {e.id for e in store.episodes(summary.run_id, limit=100)}
+        assert cycle.episode_ids and set(cycle.episode_ids) <= played, "the adapter's training set is recorded"
         assert cycle.metrics["heldout_kl"]["before"] >= 0 and cycle.metrics["decision"] == cycle.status
         assert cycle.metrics["reasons"]
         adapter = store.get_adapter(cycle.adapter_id)
