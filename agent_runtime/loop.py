@@ -101,8 +101,9 @@ def check_phases(config: RunConfig) -> None:
         raise PhaseNotAvailableError(
             f"opcd.enabled: consolidation trains the policy's weights, which needs backend: transformers "
             f"(got {config.model.backend}); set opcd.enabled: false or use the transformers backend")
-    if config.opcd.enabled and not config.lessons.enabled:
-        raise PhaseNotAvailableError("opcd.enabled: consolidation distils the lessons, so lessons.enabled must be true")
+    if config.opcd.enabled and not config.lessons.enabled and config.opcd.context is None:
+        raise PhaseNotAvailableError("opcd.enabled: consolidation distils the lessons, so lessons.enabled must be "
+                                     "true (or give opcd.context: a system prompt to distil instead)")
     processes, on_driver = config.opcd.trainer.processes, config.runtime.executor == "local"
     if config.opcd.enabled and processes > 1 and on_driver and config.model.device.startswith("cuda"):
         gpus = torch.cuda.device_count()

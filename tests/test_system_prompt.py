@@ -200,3 +200,15 @@ def test_the_cycle_page_shows_what_was_distilled_and_by_which_teacher(tmp_path):
         assert "Qwen/Qwen3-8B, a separate model (vocabulary same as the student&#39;s)" in page
         old = client.get(f"/cycles/{plain}").text
         assert "the lesson set" in old and "the start-of-cycle policy (the parent)" in old
+
+
+def test_a_system_prompt_cycle_needs_no_lessons(tmp_path, cycle_config):
+    """opcd.context alone: the loop plays and distils the system prompt, with lessons off."""
+    from agent_runtime.loop import AgentLoop
+
+    config = cycle_config(context={"text": CONTEXT})
+    config.lessons.enabled = False
+    loop = AgentLoop(config, tmp_path, progress=False)
+    summary = loop.run()
+    loop.close()
+    assert summary.cycles == 1 and summary.extractions == 0
