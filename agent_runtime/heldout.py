@@ -136,5 +136,5 @@ def leak_report(store: ExperienceStore, run_id: int, held: HeldOut, adapter=None
     if adapter is not None and adapter.id is not None:
         for cycle in store.cycles(run_id):
             if cycle.adapter_id == adapter.id:
-                trained |= set((cycle.metrics or {}).get("train_episode_ids") or [])
+                trained |= set(cycle.episode_ids)
     return LeakReport(held.size, len(episodes), leaked, bad_lessons, sorted(trained & set(leaked)))

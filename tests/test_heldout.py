@@ -88,3 +88,23 @@ def test_retrieval_never_shows_the_task_being_played(tmp_path, games_dir):
         retrieve = example_retriever(store, run_id, 1, lambda: held_out(cfg, tmp_path))
         assert retrieve(ENV, "train-task-1", "A room with a coin.") == []
         assert len(retrieve(ENV, "train-task-2", "A room with a coin.")) == 1
+
+
+def test_the_eval_leak_check_names_what_learned_from_a_held_out_task(tmp_path, games_dir):
+    from agent_runtime.heldout import leak_report
+
+    cfg = config(games_dir)
+    with ExperienceStore.open(tmp_path, embedder="hash") as store:
+        run_id = store.create_run("t", {})
+        planted = plant(store, run_id, games_dir, cfg)
+        clean = store.add_episode(run_id, game_episode(ENV, "train-1", won=True))
+        held = held_out(cfg, tmp_path)
+        assert leak_report(store, run_id, held).clean
+        lesson = store.add_lesson("Take the coin.", run_id=run_id, source_episode_ids=[planted[1]])
+        store.create_lesson_set(run_id, [lesson])
+        adapter = store.add_adapter("cycle-1", str(tmp_path / "a"), run_id=run_id, status="active")
+        cycle = store.start_cycle(run_id, {}, episode_ids=[clean, planted[0]])
+        store.update_cycle(cycle, adapter_id=adapter)
+        report = leak_report(store, run_id, held, store.active_adapter(run_id))
+    assert report.leaked_episodes == planted and report.leaked_lessons == [lesson]
+    assert report.leaked_adapter_episodes == [planted[0]] and not report.clean and "LEAKED" in report.line()
