@@ -94,18 +94,35 @@ def describe(url: URL) -> str:
 
 
 def check_sqlite_file(path: Path) -> None:
-    """Refuse a file that exists, is not empty and is not an SQLite database (without touching it)."""
+    """Refuse a file that exists, is not empty and is not an SQLite database (without writing to it).
+
+    SQLite reads the header itself, on a read-only connection (which creates nothing next to a file that is
+    not a database). A descriptor of our own on a database file would, when closed, drop every POSIX lock
+    this process's connections hold on it (SQLite's "How To Corrupt An SQLite Database File", 2.2): a second
+    store opened in a process would take the first one's SHARED lock away, and another process closing its
+    last connection would then checkpoint and delete the WAL under the first store's connections (their
+    reads go stale; their commits go to an unlinked file). Only a file SQLite refuses is read here.
+    """
+    import sqlite3
+
     if not path.exists():
         return
     if path.is_dir():
         raise NotADatabaseError(f"{path} is a directory, not a database file")
-    with path.open("rb") as fh:
-        head = fh.read(len(SQLITE_MAGIC))
-    if head and head != SQLITE_MAGIC:
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        conn.execute("PRAGMA schema_version")
+    except sqlite3.DatabaseError as exc:
+        if "not a database" not in str(exc):
+            return  # busy, locked, ...: the store's own open reports it
+        with path.open("rb") as fh:  # not a database, so no connection of ours holds a lock on it
+            head = fh.read(len(SQLITE_MAGIC))
         raise NotADatabaseError(
             f"{path} is not an SQLite database (its first bytes are {head[:8]!r}); "
             "point the store at a workdir or at a memory.db file"
-        )
+        ) from None
+    finally:
+        conn.close()
 
 
 def _sqlite_engine(url: URL, read_only: bool) -> Engine:
