@@ -341,10 +341,10 @@ def warm_up(backend: TransformersBackend, args) -> None:
 def table(rows: list[dict]) -> str:
     base = {(r["model"], r.get("backend")): r for r in rows if r["slots"] == 1}
     lines = [
-        ("| model | backend | slots | episodes | steps | wall s | CPU s | episodes/min | gen tokens/s | speedup vs 1 slot "
+        ("| model | slots | episodes | steps | wall s | CPU s | episodes/min | gen tokens/s | speedup vs 1 slot "
          "| speedup, CPU time | mean batch | model.generate (prefill) | backend overhead | prompt build | env "
          "| other | prompt tokens | pad | prefilled |"),
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         one = base.get((r["model"], r.get("backend")))
@@ -353,7 +353,7 @@ def table(rows: list[dict]) -> str:
         speedup = f"{r['episodes_per_min'] / one['episodes_per_min']:.2f}x" if one else "-"
         cpu_speedup = f"{r['episodes_per_cpu_min'] / one['episodes_per_cpu_min']:.2f}x" if one else "-"
         lines.append(
-            f"| {r['model']} | {r.get('backend', 'transformers')} | {r['slots']} | {r['episodes']} | {r['steps']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} "
+            f"| {r['model'] + (' (vllm)' if engine else '')} | {r['slots']} | {r['episodes']} | {r['steps']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} "
             f"| {r['episodes_per_min']:.1f} | {r['gen_tokens_per_s']:.1f} | {speedup} | {cpu_speedup} "
             f"| {r['mean_batch']:.1f} "
             f"| {split} | {r['share_backend_overhead']:.0%} "

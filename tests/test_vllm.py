@@ -154,6 +154,7 @@ def ref(smollm2):
     return reference(smollm2, "float32")
 
 
+@pytest.mark.slow
 class TestEngine:
     """The backend in a child of vLLM's interpreter, as `model.options.python` runs it."""
 
@@ -217,6 +218,7 @@ class TestEngine:
         engine.use_adapter(None)
 
 
+@pytest.mark.slow
 def test_bfloat16_cross_check(vllm_python, smollm2, adapter, tmp_path):
     """bf16 on both sides (different kernels): replies may part where two tokens are within bf16 rounding."""
     engine = start_engine(vllm_python, smollm2, tmp_path, "bfloat16")
@@ -321,6 +323,7 @@ class RecordingBackend:
         return out
 
 
+@pytest.mark.slow
 def test_server_answers_with_the_promoted_adapter(server, adapter, tmp_path):
     """Episodes before a promotion are the base model's, after it the cycle's adapter's, loaded into the server
     once; what the server reports (/v1/models, and its replies to the same chats) is the evidence."""

@@ -9,15 +9,15 @@ environment's interpreter the runtime keeps its own environment and starts
 on its path; that child builds the in-process `VLLMBackend` and answers one JSON line per request on a pipe.
 On a GPU machine with vLLM installed in the runtime's own environment, leave `python` unset: no child.
 
-The pipe carries chats, sampling parameters and completions (a few KB per call, well under a millisecond next
-to generation). vLLM logs to the child's stderr, which goes to `log_file` (a temporary file by default, named
-in every error). The child exits when its stdin closes, so a killed runtime does not leave an engine behind.
-Token counting for prompt building runs here, with the same tokenizer and `encode_chat`.
+The pipe carries chats, sampling parameters and completions as JSON (a few KB per call; `bench/rollout.py
+--backend vllm` measures through it). vLLM logs to the child's stderr, which goes to `log_file` (a temporary
+file by default, named in every error). The child exits when its stdin closes, so a killed runtime does not
+leave an engine behind. Token counting for prompt building runs here, with the same tokenizer and
+`encode_chat`.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import json
 import os
@@ -70,10 +70,13 @@ class VLLMProcessBackend:
         with open(self.log_file, "ab") as log:
             self._proc = subprocess.Popen([interpreter, "-m", "agent_runtime.llm.vllm_process"], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=log, env=env, text=True, bufsize=1)
-        self._finalizer = weakref.finalize(self, _stop, self._proc, self._path)
-        atexit.register(self._finalizer)
+        self._finalizer = weakref.finalize(self, _stop, self._proc, self._path)  # also runs at interpreter exit
         started = time.perf_counter()
-        info = self._call("start", model_path=model_path, kwargs=backend_kwargs, timeout=start_timeout)
+        try:
+            info = self._call("start", model_path=model_path, kwargs=backend_kwargs, timeout=start_timeout)
+        except BackendError:
+            self._finalizer()
+            raise
         self.start_seconds = time.perf_counter() - started
         self.platform, self.dtype, self._context_window = info["platform"], info["dtype"], info["context_window"]
 
@@ -95,8 +98,11 @@ class VLLMProcessBackend:
     def _call(self, op: str, timeout: float | None = None, **payload: Any) -> Any:
         if self._proc.poll() is not None:
             raise BackendError(f"the vLLM process has exited (code {self._proc.returncode}); {self._log_tail()}")
-        self._proc.stdin.write(json.dumps({"op": op, **payload}) + "\n")
-        self._proc.stdin.flush()
+        try:
+            self._proc.stdin.write(json.dumps({"op": op, **payload}) + "\n")
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            raise BackendError(f"the vLLM process has exited; {self._log_tail()}") from None
         line = _readline(self._proc, timeout)
         if not line:
             code = self._proc.poll()
