@@ -1,8 +1,10 @@
 """The `memory` commands: read and maintain the experience store.
 
-    agent-runtime memory stats|export|import|reindex|search [--workdir DIR | --db URL] [--json]
+    agent-runtime memory stats|export|import|reindex|search|prune|vacuum [--workdir DIR | --db URL] [--json]
 
-Reads open the store read-only; `memory import` and `memory reindex` write.
+Reads open the store read-only; `memory import`, `memory reindex`, `memory prune --yes` and `memory vacuum`
+write. `memory prune` keeps a run's last N episodes and/or last D days (and every episode a live lesson or an
+adapter's training set came from); without `--yes` it only prints what it would delete.
 """
 
 from __future__ import annotations
@@ -53,6 +55,53 @@ def cmd_reindex(args) -> int:
     return 0
 
 
+def cmd_prune(args) -> int:
+    if args.keep is None and args.days is None:
+        raise UsageError("say what to keep: --keep N (the run's last N episodes) and/or --days D (the last D days)")
+    if (args.keep is not None and args.keep < 0) or (args.days is not None and not args.days >= 0):
+        raise UsageError("--keep and --days take numbers of 0 or more")
+    with open_store(args, read_only=not args.yes) as store:
+        runs = store.runs()
+        if args.run is None:
+            if len(runs) != 1:
+                known = ", ".join(f"{r.id} ({r.name})" for r in runs) or "none"
+                raise UsageError(f"which run? pass --run ID; runs in this store: {known}")
+            args.run = runs[0].id
+        if all(r.id != args.run for r in runs):
+            raise UsageError(f"no run {args.run}; runs in this store: {', '.join(str(r.id) for r in runs) or 'none'}")
+        plan = store.prune_plan(args.run, keep_last=args.keep, days=args.days)
+        if args.yes and plan.episode_ids:
+            update, bars = progress_bars()
+            plan = store.prune(plan, progress=update)
+            for bar in bars.values():
+                bar.close()
+    print_result(args, {**plan.as_json(), "deleted": bool(args.yes)}, _prune_lines(plan, args.yes, store.dialect))
+    return 0
+
+
+def _prune_lines(plan, deleted: bool, dialect: str) -> list[str]:
+    kept = (f"kept: {plan.kept_recent} recent, {plan.kept_for_lessons} a live lesson came from, "
+            f"{plan.kept_for_adapters} in an adapter's training set" + (", the store's newest" if plan.kept_newest else ""))
+    if not plan.episode_ids:
+        return [f"run {plan.run_id}: nothing to prune of its {plan.episodes} episodes ({kept})"]
+    verb = "deleted" if deleted else "would delete"
+    head = (f"run {plan.run_id}: {verb} {len(plan.episode_ids)} of {plan.episodes} episodes ({plan.steps} steps), "
+            f"ended {plan.oldest:%Y-%m-%d %H:%M} to {plan.newest:%Y-%m-%d %H:%M} UTC")
+    lines = [head, f"  ids: {plan.ranges()}", f"  {kept}"]
+    if not deleted:
+        lines.append("dry run: nothing was deleted; add --yes to delete them")
+    elif dialect == "sqlite":
+        lines.append("the freed space is reused by new episodes; `agent-runtime memory vacuum` gives it back to the disk")
+    return lines
+
+
+def cmd_vacuum(args) -> int:
+    with open_store(args, read_only=False) as store:
+        store.vacuum()
+    print_result(args, {"vacuumed": True}, ["vacuumed"])
+    return 0
+
+
 def cmd_search(args) -> int:
     # read-write: a search first embeds what is not embedded yet, so it sees everything stored
     with open_store(args, read_only=False) as store:
@@ -79,6 +128,16 @@ def register(sub) -> None:
         "path", help="output file, or - for stdout")
     add_command(msub, "import", cmd_import, "read a JSONL export into the store (all or nothing)").add_argument("path")
     add_command(msub, "reindex", cmd_reindex, "recompute missing vectors and rebuild every FAISS index from SQL")
+    prune = add_command(msub, "prune", cmd_prune, "delete a run's old episodes (dry run without --yes)",
+                        description="Keep a run's last N episodes and/or the last D days (either keeps an episode), "
+                        "and always the episodes a live lesson's provenance or an adapter's training set points at; "
+                        "delete the rest with their steps and vectors (the FAISS indexes are rebuilt). Without --yes "
+                        "it only prints what it would delete.")
+    prune.add_argument("--run", type=int, help="the run (required when the store holds several)")
+    prune.add_argument("--keep", type=int, metavar="N", help="keep the run's N newest episodes")
+    prune.add_argument("--days", type=float, metavar="D", help="keep the episodes that ended in the last D days")
+    prune.add_argument("--yes", action="store_true", help="delete (default: print what would be deleted)")
+    add_command(msub, "vacuum", cmd_vacuum, "give the space of deleted rows back to the disk (SQLite VACUUM)")
     search = add_command(msub, "search", cmd_search, "semantic search over lessons or episodes")
     search.add_argument("query")
     search.add_argument("--kind", choices=("lessons", "episodes"), default="lessons")

@@ -46,6 +46,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -208,14 +209,19 @@ class Step(Base):
     """One turn of an episode: what the agent saw, was prompted with, answered, and what it earned."""
 
     __tablename__ = "steps"
-    __table_args__ = (UniqueConstraint("episode_id", "step_index", name="uq_steps_episode_index"),)
+    __table_args__ = (
+        UniqueConstraint("episode_id", "step_index", name="uq_steps_episode_index"),
+        # which steps use a prompt part (prune drops unused parts): only an episode's first step has one
+        Index("ix_steps_prompt_part_id", "prompt_part_id", sqlite_where=text("prompt_part_id IS NOT NULL"),
+              postgresql_where=text("prompt_part_id IS NOT NULL")),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     episode_id: Mapped[int] = mapped_column(ForeignKey("episodes.id", ondelete="CASCADE"))
     index: Mapped[int] = mapped_column("step_index", Integer)
     observation: Mapped[str] = mapped_column(NulFreeText)
     # The prompt's recipe (memory.prompts): `prompt` holds only the text no other row has.
     prompt: Mapped[str] = mapped_column(NulFreeText)
-    prompt_part_id: Mapped[int | None] = mapped_column(ForeignKey("prompt_parts.id"), index=True)
+    prompt_part_id: Mapped[int | None] = mapped_column(ForeignKey("prompt_parts.id"))
     prompt_base: Mapped[int | None] = mapped_column(Integer)
     prompt_keep: Mapped[int | None] = mapped_column(Integer)
     prompt_resume: Mapped[int | None] = mapped_column(Integer)

@@ -5,9 +5,9 @@ and read and write it. This module holds the core -- opening, runs, episodes wit
 stats; the other tables' methods come from one mixin per family of tables, each documented in its
 module: `memory.lesson_store` (lessons and extractions), `memory.lesson_set_store` (lesson-set
 versions), `memory.cycle_store` (OPCD cycles, promotion and rollback), `memory.adapter_store`,
-`memory.evaluation_store`, `memory.retrieval` (embeddings, FAISS indexes, search) and
-`memory.transfer` (JSONL export/import). Callers see one object; `memory.store_mixin` says what the
-parts share.
+`memory.evaluation_store`, `memory.retrieval` (embeddings, FAISS indexes, search),
+`memory.transfer` (JSONL export/import) and `memory.prune` (deleting old episodes). Callers see one
+object; `memory.store_mixin` says what the parts share.
 
 Why this way:
 - Writes are batched by construction: `add_episode` writes an episode, all its steps and (if given)
@@ -58,6 +58,7 @@ from memory.lesson_set_store import LessonSetsMixin
 from memory.lesson_store import LessonsMixin
 from memory.models import EPISODE_OUTCOMES, Episode, Lesson, Run, Step, utcnow
 from memory.prompts import PromptEncoder, part_id, stored_prompts
+from memory.prune import PruneMixin
 from memory.records import EpisodeInfo, EpisodeRecord, RunInfo, StepInfo, to_info
 from memory.redaction import redact_secrets
 from memory.retrieval import RetrievalMixin
@@ -85,6 +86,7 @@ class ExperienceStore(
     EvaluationsMixin,
     RetrievalMixin,
     TransferMixin,
+    PruneMixin,
 ):
     """The experience memory. Create with `ExperienceStore.open(target)`; thread-safe for reads."""
 

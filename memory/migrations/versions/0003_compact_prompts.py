@@ -124,7 +124,9 @@ def upgrade() -> None:
         op.create_foreign_key(op.f(fk), "steps", "prompt_parts", ["prompt_part_id"], ["id"])
     for name in ("prompt_base", "prompt_keep", "prompt_resume", "prompt_observation_at"):
         op.add_column("steps", sa.Column(name, sa.Integer(), nullable=True))
-    op.create_index(op.f("ix_steps_prompt_part_id"), "steps", ["prompt_part_id"], unique=False)
+    used = sa.text("prompt_part_id IS NOT NULL")  # only first steps have a part: a partial index stays small
+    op.create_index("ix_steps_prompt_part_id", "steps", ["prompt_part_id"], unique=False, sqlite_where=used,
+                    postgresql_where=used)
     op.add_column("opcd_cycles", sa.Column("episode_ids", JSON, nullable=False, server_default=sa.text("'[]'")))
     op.create_table(
         "cycle_points",
@@ -251,7 +253,7 @@ def downgrade() -> None:
     op.drop_table("lesson_sources")
     op.drop_table("cycle_points")
     op.drop_column("opcd_cycles", "episode_ids")
-    op.drop_index(op.f("ix_steps_prompt_part_id"), table_name="steps")
+    op.drop_index("ix_steps_prompt_part_id", table_name="steps")
     names = ("prompt_observation_at", "prompt_resume", "prompt_keep", "prompt_base", "prompt_part_id")
     if bind.dialect.name == "sqlite":  # SQLite drops no column that references a table: copy `steps` once
         with op.batch_alter_table("steps", recreate="always") as batch:
