@@ -364,3 +364,14 @@ def test_server_answers_with_the_promoted_adapter(server, adapter, tmp_path):
     with ExperienceStore.open(workdir) as store:
         episodes = store.episodes(store.find_run("served").id)
     assert len(episodes) == 5
+
+
+def test_an_engine_that_cannot_start_is_a_clear_error(vllm_python, smollm2, tmp_path):
+    log = tmp_path / "vllm.log"
+    with pytest.raises(BackendError, match="vLLM cannot start.*no_such_option"):
+        make_backend(ModelConfig(name=smollm2, backend="vllm", options={
+            "python": vllm_python, "log_file": str(log), "no_such_option": 1}))
+    import psutil
+
+    children = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
+    assert not [c for c in children if "agent_runtime.llm.vllm_process" in c], "the child that failed is gone"
