@@ -178,19 +178,21 @@ RECIPE_SELECT = (STEPS.c.episode_id, STEPS.c.step_index, STEPS.c.observation, ST
 
 def part_id(conn: Connection, text: str, known: dict[str, int]) -> int:
     """The id of the part with this text, inserted if new; `known` caches ids for one transaction only
-    (a rolled-back insert must not be remembered)."""
+    (a rolled-back insert must not be remembered).
+
+    No lock is held on an existing part: concurrent writers share the system part, and locking it would
+    serialise their commits. A `memory prune` that deletes the part (because no step used it any more)
+    between this lookup and the step's insert makes that insert fail its foreign key, and the episode's
+    write fails whole (the loop writes it again); the database never holds a step without its part."""
     key = digest(text)
     if key not in known:
-        if conn.dialect.name == "postgresql":
-            # DO UPDATE (not NOTHING) locks the row until commit: a concurrent prune cannot delete it under us
-            statement = postgresql.insert(PARTS).values(digest=key, text=text)
-            known[key] = conn.execute(
-                statement.on_conflict_do_update(index_elements=["digest"], set_={"digest": statement.excluded.digest})
-                .returning(PARTS.c.id)
-            ).scalar_one()
-        else:  # SQLite writers are serialised: insert if absent, then read
-            conn.execute(sqlite.insert(PARTS).values(digest=key, text=text).on_conflict_do_nothing())
-            known[key] = conn.execute(select(PARTS.c.id).where(PARTS.c.digest == key)).scalar_one()
+        lookup = select(PARTS.c.id).where(PARTS.c.digest == key)
+        found = conn.execute(lookup).scalar()  # the common case: the part is there (one statement)
+        if found is None:
+            insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(PARTS)
+            conn.execute(insert.values(digest=key, text=text).on_conflict_do_nothing(index_elements=["digest"]))
+            found = conn.execute(lookup).scalar_one()
+        known[key] = found
     return known[key]
 
 
