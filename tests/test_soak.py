@@ -1,20 +1,111 @@
-"""What the soak (bench/soak.py) found, each as a focused test.
+"""The soak (bench/soak.py) in short, its invariant checks, and what the soak found.
 
-- A second store opened in a process took the first one's SQLite locks away (the header check closed a
-  descriptor of its own on the file), so another process's last close deleted the WAL under the first store,
-  whose reads then missed a running writer's commits (or failed as "malformed").
+- A short soak: the loop on the tiny model with real EXTRACT and OPCD cycles, killed with SIGKILL 10 times at
+  random moments and resumed, then run on: nothing lost or duplicated, no phase done twice, lessons within the
+  budget, nothing of a killed session left running.
+- The checks themselves catch what they are for (a duplicated, a lost and a miscounted draw; an EXTRACT done
+  twice; a pool over its budget), so a clean soak means something.
+- Found by the soak: a second store opened in a process took the first one's SQLite locks away (the header
+  check closed a descriptor of its own on the file), so another process's last close deleted the WAL under
+  the first store, whose reads then missed a running writer's commits (or failed as "malformed").
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from bench import soak
+from bench.soak_checks import budget_violations, draw_violations, phase_violations
 from memory import ExperienceStore
 from memory.testing import make_episode
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _episode(draw: int, *, won: bool = False):
+    record = make_episode(1, outcome="won" if won else "truncated")
+    record.won = won
+    record.metadata = {"draw": draw}
+    record.ended_at = dt.datetime.now(dt.UTC)  # phases are placed by when episodes ended
+    return record
+
+
+@pytest.mark.slow
+def test_a_short_soak_loses_nothing_and_does_no_phase_twice(tmp_path, games_dir):
+    settings = soak.Settings(workdir=tmp_path / "soak", model_dir=tmp_path / "tiny", games_dir=games_dir, kills=10,
+                             run_on=90, seed=3, extract_every=40, consolidate_every=80, cycle_steps=2, train_tasks=4,
+                             min_delay=6.0, max_delay=14.0, phase_kills=0.3, phase_grace=3.0, final_timeout=300)
+    soak.prepare(settings)  # the soak's own tiny model, whose choices lessons change
+    report = soak.Soak(settings).run()
+    assert report["violations"] == []
+    assert report["kills"] == 10 and report["survivors"] == 0
+    assert report["extractions"] >= 2 and sum(report["cycles"].values()) >= 1
+    print(soak.table(report))
+    with ExperienceStore.open(settings.workdir, read_only=True) as store:  # the harness's word not taken
+        [run] = store.runs()
+        draws = sorted(e.metadata["draw"] for e in store.episodes(run.id, limit=10_000))
+        assert draws == list(range(report["episodes"])) and run.state["episodes"] == len(draws)
+        assert run.status == "finished" and not store.cycles(run.id, status="running")
+
+
+def test_the_draw_check_finds_a_duplicated_a_lost_and_a_miscounted_draw(tmp_path):
+    with ExperienceStore.open(tmp_path) as store:
+        run_id = store.create_run("r", {})
+        for draw in (0, 1, 3):
+            store.add_episode(run_id, _episode(draw, won=draw == 3))
+        store.update_run(run_id, state={"episodes": 3, "won": 1, "errors": 0, "next_draw": 5, "open_draws": [2, 4]})
+        assert draw_violations(store, store.get_run(run_id)) == []
+        store.add_episode(run_id, _episode(1))
+        store.update_run(run_id, state={"episodes": 3, "won": 1, "errors": 0, "next_draw": 5, "open_draws": [4]})
+        found = draw_violations(store, store.get_run(run_id))
+    assert any("more than once: [1]" in v for v in found)
+    assert any("lost (neither committed nor open): [2]" in v for v in found)
+    assert any("state.episodes = 3 but the rows say 4" in v for v in found)
+
+
+def test_the_phase_check_finds_an_extract_done_twice(tmp_path):
+    config = {"lessons": {"extract_every": 4, "recent_episodes": 2, "pools": 1}, "opcd": {"consolidate_every": 100}}
+    with ExperienceStore.open(tmp_path) as store:
+        run_id = store.create_run("r", {})
+        ids = []
+        for phase in range(2):
+            ids += [store.add_episode(run_id, _episode(d)) for d in range(4 * phase, 4 * phase + 4)]
+            for episode_id in ids[-2:]:  # one EXTRACT: the 2 newest episodes, once each (one pool)
+                store.record_extraction("x", [], run_id=run_id, episode_ids=[episode_id])
+        store.update_run(run_id, state={"episodes": 8, "extractions": 2, "cycles": 0})
+        assert phase_violations(store, store.get_run(run_id), config) == []
+        for episode_id in ids[-2:]:  # the second EXTRACT again, as a resume that redid it would
+            store.record_extraction("x", [], run_id=run_id, episode_ids=[episode_id])
+        found = phase_violations(store, store.get_run(run_id), config)
+    assert any("other than 2 extractions" in v and "8: 4" in v for v in found), found
+
+
+def test_the_budget_check_finds_a_pool_over_its_budget(tmp_path):
+    def words(text: str) -> int:
+        return len(text.split())
+
+    with ExperienceStore.open(tmp_path) as store:
+        run_id = store.create_run("r", {})
+        _, small = store.record_extraction("x", ["take the coin first"], run_id=run_id, pool=0)
+        _, large = store.record_extraction("x", ["look around " * 20], run_id=run_id, pool=1)
+        store.create_lesson_set(run_id, small + large)
+        found = budget_violations(store, run_id, words, budget=20)
+    assert found and all("pool 1" in v for v in found)
+
+
+def test_the_soak_extractor_writes_items_that_follow_the_trajectory():
+    from langchain_core.messages import HumanMessage
+
+    writer = soak.SoakLessonWriter()
+    first = writer.invoke([HumanMessage(content="trajectory A")]).content
+    assert first == writer.invoke([HumanMessage(content="trajectory A")]).content  # a re-run writes the same
+    assert first != writer.invoke([HumanMessage(content="trajectory B")]).content
+    assert all(line.startswith("- EXPERIENCE ITEM: ") for line in first.splitlines())
 
 
 _WRITER = """
