@@ -6,7 +6,8 @@ when asked for and the backend can, per-token log-probabilities. Batching is the
 runner sends every live environment slot's prompt in one call); a backend is free to split a batch further.
 
 Beyond that, a backend may have optional capabilities, each a protocol here: `ChoiceBackend` (act by choosing
-among admissible actions), `AdapterBackend` (act with LoRA adapters, loaded by path), `TokenizerBackend` (its
+among admissible actions), `AdapterBackend` (act with LoRA adapters, loaded by path), `FingerprintBackend` (it
+reports the fingerprint of the adapter weights it acts with, `distill.fingerprint`), `TokenizerBackend` (its
 model's own tokenizer counts tokens) and `LocalModelBackend` (the weights live in this process, on a device). Callers check a capability once, with
 `require`, where they start to depend on it, and get an error naming the backend and what needs it; nobody
 probes with `hasattr`.
@@ -95,6 +96,16 @@ class AdapterBackend(Protocol):
 
 
 @runtime_checkable
+class FingerprintBackend(Protocol):
+    """A backend that says which weights it acts with: the fingerprint (`distill.fingerprint`) of the active
+    adapter's LoRA tensors, computed when the adapter was loaded, from what the backend itself holds (the
+    transformers backend: the tensors in its model) or gave its engine (vLLM, a vLLM server: the adapter's files)."""
+
+    def adapter_fingerprint(self) -> str | None:
+        """The active adapter's fingerprint; None when acting with the base model."""
+
+
+@runtime_checkable
 class TokenizerBackend(Protocol):
     """A backend with its model's own tokenizer (a Hugging Face tokenizer): it counts text tokens exactly."""
 
@@ -113,6 +124,7 @@ class LocalModelBackend(Protocol):
 Capability = TypeVar("Capability")
 
 _CAPABILITIES = {ChoiceBackend: "choose among admissible actions", AdapterBackend: "act with LoRA adapters",
+                 FingerprintBackend: "report the fingerprint of its adapter weights",
                  TokenizerBackend: "count tokens with its own tokenizer",
                  LocalModelBackend: "hold its weights in this process"}
 

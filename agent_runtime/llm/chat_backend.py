@@ -6,7 +6,10 @@ with `BaseChatModel.batch` (concurrent requests, `max_concurrency` from the opti
 logprobs and usually no token ids: token counts come from the response's usage metadata when the provider
 reports it, else from `tokenizer` (a model name for the local tokenizer) when configured, else a word count.
 Sampling parameters other than `stop` belong to the chat model's own constructor (providers name them
-differently), so `temperature` etc. go in `options.kwargs`.
+differently), so `temperature` etc. go in `options.kwargs`. The one exception is a request for log-probabilities
+(`SamplingParams.logprobs`, which only the adapter probe makes): it is sent with its temperature and token budget
+in OpenAI's names (`logprobs`, `temperature`, `max_tokens`), which an OpenAI-compatible server such as vLLM's
+answers, and the reply's per-token log-probabilities come back in the completion.
 
 LoRA adapters on a vLLM server. `load_adapter(name, path)` asks the server to load a LoRA adapter at run
 time (vLLM's `POST /v1/load_lora_adapter`; the server must run with `--enable-lora` and the environment
@@ -15,7 +18,9 @@ variable `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`, and see `path` on its own file
 a model of that name); `use_adapter(None)` goes back to the base model. The server's address is
 `options.lora_api`, by default `kwargs.base_url`; the kwarg naming the served model is `options.model_field`
 (default `model`). An adapter the server already holds counts as loaded, so several workers may load the
-same one.
+same one. The adapter's fingerprint (`distill.fingerprint`) is computed from the files at `path` when this
+backend asks the server to load them (the runtime and the server share that filesystem, as they must for
+the path to mean anything); a path this process cannot read gives no fingerprint (None), not an error.
 
 Config form:
 
@@ -47,6 +52,7 @@ from agent_runtime.llm.base import (
     closest_action,
 )
 from distill.chat_tokens import defuse_special_text
+from distill.fingerprint import fingerprint_files
 
 
 def _to_langchain(chat: Chat, tokenizer=None) -> list:
@@ -58,6 +64,14 @@ def _to_langchain(chat: Chat, tokenizer=None) -> list:
         return [kinds[m["role"]](content=defuse_special_text(m["content"], tokenizer)) for m in chat]
     except KeyError as exc:
         raise BackendError(f"chat backend: unknown message role {exc}; accepted: system, user, assistant") from None
+
+
+def _token_logprobs(reply) -> list[float] | None:
+    """The per-token log-probabilities an OpenAI-compatible reply carries (`response_metadata["logprobs"]`)."""
+    content = ((reply.response_metadata or {}).get("logprobs") or {}).get("content")
+    if not isinstance(content, list):
+        return None
+    return [float(token["logprob"]) for token in content]
 
 
 def load_chat_model(spec: str, kwargs: dict[str, Any]):
@@ -93,6 +107,7 @@ class ChatBackend:
         self._spec, self._kwargs, self._model_field = spec, dict(kwargs or {}), model_field
         self.lora_api = (lora_api or self._kwargs.get("base_url") or "").rstrip("/") or None
         self.adapters: dict[str, str] = {}
+        self.fingerprints: dict[str, str | None] = {}  # by adapter name, of the files the server was given
         self.active_adapter: str | None = None
 
     @classmethod
@@ -124,6 +139,10 @@ class ChatBackend:
         if self.lora_api is None:
             raise BackendError("chat backend: loading a LoRA adapter needs the server's address: set "
                                "model.options.lora_api (e.g. http://vllm:8000/v1) or kwargs.base_url")
+        try:
+            fingerprint = fingerprint_files(path)
+        except OSError:  # the server's own filesystem only: nothing here to hash
+            fingerprint = None
         body = json.dumps({"lora_name": name, "lora_path": str(path)}).encode()
         request = urllib.request.Request(f"{self.lora_api}/load_lora_adapter", data=body, method="POST",
                                          headers={"Content-Type": "application/json"})
@@ -140,8 +159,13 @@ class ChatBackend:
         except (urllib.error.URLError, OSError) as exc:
             raise BackendError(f"chat backend: cannot reach {self.lora_api} to load LoRA adapter {name!r}: "
                                f"{exc}") from None
-        self.adapters[name] = str(path)
+        self.adapters[name], self.fingerprints[name] = str(path), fingerprint
         self.use_adapter(name)
+
+    def adapter_fingerprint(self) -> str | None:
+        """The fingerprint of the files of the served adapter requests name now (None: the base model, or
+        files this process could not read)."""
+        return self.fingerprints.get(self.active_adapter) if self.active_adapter else None
 
     def use_adapter(self, name: str | None) -> None:
         """Send requests to the served adapter `name` (loaded with `load_adapter`), or to the base model (None)."""
@@ -172,7 +196,9 @@ class ChatBackend:
     def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Completion]:
         start = time.perf_counter()
         batch = [_to_langchain(chat, self.tokenizer) for chat in prompts]
-        kwargs = {"stop": list(params.stop)} if params.stop else {}
+        kwargs: dict[str, Any] = {"stop": list(params.stop)} if params.stop else {}
+        if params.logprobs:  # the adapter probe's request: in OpenAI's names, which a vLLM server answers
+            kwargs.update(logprobs=True, temperature=params.temperature, max_tokens=params.max_new_tokens)
         replies = self.chat_model.batch(batch, config={"max_concurrency": self.max_concurrency}, **kwargs)
         elapsed = time.perf_counter() - start
         out = []
@@ -182,7 +208,7 @@ class ChatBackend:
             usage = getattr(reply, "usage_metadata", None) or {}
             ids = (self.tokenizer(text, add_special_tokens=False)["input_ids"] if self.tokenizer is not None else [])
             out.append(Completion(
-                text=text, token_ids=ids,
+                text=text, token_ids=ids, logprobs=_token_logprobs(reply) if params.logprobs else None,
                 prompt_tokens=usage.get("input_tokens") or self.count_tokens(chat),
                 completion_tokens=usage.get("output_tokens") or (len(ids) if ids else self._count(text)),
                 prompt_text="\n".join(f"<{m['role']}> {m['content']}" for m in chat),

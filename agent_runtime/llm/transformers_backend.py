@@ -6,7 +6,9 @@ continue from the right edge, so padding goes on the left), generated with the K
 EOS or stop string. Sampling is seeded per call when `SamplingParams.seed` is set, so a run repeats.
 
 LoRA adapters (peft) are loaded by name and switched with `use_adapter(name)`; `use_adapter(None)` gives the
-base model. With `dtype: auto` the model runs in bf16 on CUDA and on CPUs with native bf16 support
+base model. Each loaded adapter's fingerprint (`distill.fingerprint`) is computed from the tensors peft put in the
+model, and `adapter_fingerprint()` reports the one of the adapter peft itself has active: what the model
+computes with, not what this class was told. With `dtype: auto` the model runs in bf16 on CUDA and on CPUs with native bf16 support
 (AVX512-BF16/AMX: measured 1.7x faster generation than fp32 for SmolLM2-135M on this kind of machine, see
 bench/RESULTS.md), else in float32.
 
@@ -28,6 +30,7 @@ import torch
 from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams, apply_stop
 from agent_runtime.llm.prefix_cache import PrefixCache, PrefixCacheStats
 from distill.chat_tokens import encode_chat, render_chat
+from distill.fingerprint import fingerprint_state
 from distill.opcd.choice import (
     ActionTrie,
     action_token_ids,
@@ -115,6 +118,7 @@ class TransformersBackend:
         limit = getattr(model.config, "max_position_embeddings", None) or 2048
         self._context_window = min(context_window or limit, limit)
         self.adapters: dict[str, str] = {}
+        self.fingerprints: dict[str, str] = {}  # by adapter name, of the tensors in the model after loading
         self.active_adapter: str | None = None
         self.stats = BackendStats()
         # stored sequences of the active adapter; cleared when the weights change
@@ -151,7 +155,7 @@ class TransformersBackend:
     # LoRA adapters -------------------------------------------------------------------------------------
     def load_adapter(self, name: str, path: str | Path) -> None:
         """Load a peft LoRA adapter under `name` (kept in memory; switch with `use_adapter`)."""
-        from peft import PeftModel
+        from peft import PeftModel, get_peft_model_state_dict
 
         path = str(path)
         if not (Path(path) / "adapter_config.json").is_file():
@@ -162,6 +166,7 @@ class TransformersBackend:
         else:
             self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name).eval()
         self.adapters[name] = path
+        self.fingerprints[name] = fingerprint_state(get_peft_model_state_dict(self.model, adapter_name=name))
         self.clear_prefix_cache()  # new weights: no stored sequence was computed with them
         self.use_adapter(name)
 
@@ -174,6 +179,13 @@ class TransformersBackend:
         self.active_adapter = name
         if name is not None:
             self.model.set_adapter(name)
+
+    def adapter_fingerprint(self) -> str | None:
+        """The fingerprint of the adapter the model computes with (peft's active one; None: the base model)."""
+        if self.active_adapter is None or not self.fingerprints:
+            return None
+        active = self.model.active_adapter
+        return self.fingerprints.get(active if isinstance(active, str) else active[0])
 
     # Generation ----------------------------------------------------------------------------------------
     @torch.no_grad()

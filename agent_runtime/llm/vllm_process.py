@@ -13,7 +13,8 @@ The pipe carries chats, sampling parameters and completions as JSON (a few KB pe
 --backend vllm` measures through it). vLLM logs to the child's stderr, which goes to `log_file` (a temporary
 file by default, named in every error). The child exits when its stdin closes, so a killed runtime does not
 leave an engine behind. Token counting for prompt building runs here, with the same tokenizer and
-`encode_chat`.
+`encode_chat`. The adapter fingerprint is the child's (`VLLMBackend.adapter_fingerprint`: computed there from
+the files it gave its engine), asked for after every load or switch.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class VLLMProcessBackend:
         self.stats = BackendStats()
         self.adapters: dict[str, str] = {}
         self.active_adapter: str | None = None
+        self._fingerprint: str | None = None  # the child's answer after the last load or switch
         self._tokenizer = None
         self._path = _package_path()
         self.log_file = Path(log_file) if log_file else Path(self._path) / "vllm.log"
@@ -138,10 +140,16 @@ class VLLMProcessBackend:
         self._call("load_adapter", name=name, path=str(path))
         self.adapters[name] = str(path)
         self.active_adapter = name
+        self._fingerprint = self._call("adapter_fingerprint")
 
     def use_adapter(self, name: str | None) -> None:
         self._call("use_adapter", name=name)
         self.active_adapter = name
+        self._fingerprint = self._call("adapter_fingerprint")
+
+    def adapter_fingerprint(self) -> str | None:
+        """What the child reported for the adapter its engine's requests name (None: the base model)."""
+        return self._fingerprint
 
     def loaded_adapters(self) -> list[int]:
         """The LoRA ids the engine reports holding."""
