@@ -145,12 +145,15 @@ def cmd_distill(args) -> int:
     from agent_runtime.llm import make_backend
     from agent_runtime.llm.base import activate
     from agent_runtime.loop import default_workdir
+    from agent_runtime.play import CursorMove
+    from distill.lessons.forget import RECONSOLIDATE
     from distill.opcd import VocabularyCheck
     from memory import ExperienceStore
 
     config = _system_prompt_args(load_config(args.config, list(args.set or [])), args)
-    if config.model.backend != "transformers":
-        raise UsageError(f"distill trains the policy's weights: it needs backend: transformers, not {config.model.backend}")
+    if config.model.backend not in ("transformers", "vllm"):
+        raise UsageError(f"distill trains the policy's weights: it needs backend: transformers or vllm, not "
+                         f"{config.model.backend}")
     _, teacher = cycle_teacher(config, config.opcd)  # a teacher that cannot teach fails here, with what differs
     if teacher["separate"] and not args.json:
         print(f"teacher {teacher['model']}: {VocabularyCheck(**teacher['vocabulary']).line()}")
@@ -165,8 +168,17 @@ def cmd_distill(args) -> int:
                              "run), or distil a system prompt over a prompt file (--context-file F --prompts P)")
         backend = make_backend(config.model, seed=config.seed)
         activate(backend, store.active_adapter(run.id))
-        report = run_cycle(config, workdir, store, run.id, backend, config.opcd)
+        # a re-consolidation `lessons forget` scheduled is this cycle: it is done with the cycle's outcome
+        asked = tuple(r.id for r in store.requests(run.id, kind=RECONSOLIDATE, pending=True))
+        report = run_cycle(config, workdir, store, run.id, backend, config.opcd,
+                           finish=CursorMove(None, requests_done=asked))
         backend.close()
+        if report is None and asked:
+            with store.transaction():
+                CursorMove(None, requests_done=asked).apply(store, run.id)
+            print(f"run {run.id}: the scheduled re-consolidation found no live lessons; the run acts with "
+                  f"{store.active_adapter(run.id).name if store.active_adapter(run.id) else 'the base model'}")
+            return 0
     finally:
         store.close()
     if report is None:

@@ -3,8 +3,9 @@
     agent-runtime lessons list|show|diff|rollback [--workdir DIR | --db URL] [--run ID] [--json]
     agent-runtime lessons add TEXT [TEXT ...] [--workdir DIR | --db URL] [--run ID] [--config CONFIG.yaml] [--json]
     agent-runtime lessons retire ID [ID ...] [--workdir DIR | --db URL] [--run ID] [--json]
+    agent-runtime lessons forget ID [--workdir DIR | --db URL] [--yes] [--json]
 
-`list`, `show` and `diff` open the store read-only; `rollback`, `add` and `retire` write. The run a command
+`list`, `show` and `diff` open the store read-only; `rollback`, `add`, `retire` and `forget` write. The run a command
 acts on is `--run ID`, else the newest run in the store (`lessons add --config`: the run of that config's
 name, created from the config if the store has none, so that `agent-runtime run CONFIG --resume` continues
 it). `lessons add` exits 1 when a text was rejected (the others still go in).
@@ -153,6 +154,30 @@ def cmd_lessons_retire(args) -> int:
     return 0
 
 
+def cmd_lessons_forget(args) -> int:
+    from agent_runtime.lessons_phase import config_token_counter
+    from distill.lessons.forget import apply_forget, plan_forget
+
+    with open_store(args, read_only=False) as store:
+        plan = plan_forget(store, args.lesson_id)
+        lines = plan.lines()
+        payload = {"run_id": plan.run_id, "forgotten": plan.forgotten, "derived": plan.derived,
+                   "tainted_cycles": [c.id for c in plan.tainted_cycles],
+                   "tainted_adapters": [a.id for a in plan.tainted_adapters], "rolls_back": plan.rolls_back,
+                   "fallback_adapter": plan.fallback.id if plan.fallback else None, "restored": plan.restored,
+                   "applied": False}
+        if plan.rolls_back and not args.yes:
+            refusal = "nothing was changed: this rolls back the run's adapter; pass --yes to do it"
+            print_result(args, payload, [*lines, refusal])
+            return 2
+        count_tokens = config_token_counter(_run_config(store.get_run(plan.run_id)).model)
+        done = apply_forget(store, plan, count_tokens=count_tokens)
+    payload.update(applied=True, **done)
+    print_result(args, payload, [*lines, f"done: new lesson-set versions {done['versions'] or 'none'}"
+                                 + (f", run request #{done['request_id']}" if done["request_id"] else "")])
+    return 0
+
+
 def cmd_lessons_rollback(args) -> int:
     from distill.lessons import restore_version
 
@@ -184,6 +209,16 @@ per pool (see `lessons list`). An unknown id, or a lesson of another run or not 
 error and nothing is written."""
 
 
+FORGET_HELP = """Forget a lesson everywhere it went. It (and every lesson merged or updated from it) leaves the
+live set and a pending candidate (new versions) and is marked forgotten. If an adapter was trained with it
+in the teacher's context (a promoted cycle distilled a lesson set holding it), that adapter and every adapter
+trained on top of it are tainted; when the run acts with a tainted adapter, it goes back to the newest
+ancestor trained without it (or the base model), the lessons the tainted cycles had consolidated come back
+into the context, and a re-consolidation of the live lessons on top of that ancestor is scheduled: the
+loop runs it as its next CONSOLIDATE, `agent-runtime distill` runs it now. The command prints what it undoes
+and changes nothing that rolls back an adapter without --yes (exit 2)."""
+
+
 def register(sub) -> None:
     lessons = sub.add_parser("lessons", help="the agent's lessons: list, provenance, versions")
     lsub = lessons.add_subparsers(dest="lessons_cmd", required=True)
@@ -208,3 +243,7 @@ def register(sub) -> None:
                      description=RETIRE_HELP)
     retire.add_argument("lesson_ids", nargs="+", type=int, metavar="ID", help="lesson ids (see `lessons list`)")
     retire.add_argument("--run", type=int)
+    forget = add_command(lsub, "forget", cmd_lessons_forget, "forget a lesson from the context and the weights",
+                         description=FORGET_HELP)
+    forget.add_argument("lesson_id", type=int, metavar="ID")
+    forget.add_argument("--yes", action="store_true", help="do it even when it rolls back the run's adapter")

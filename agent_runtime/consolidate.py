@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,10 +52,10 @@ from agent_runtime.config import ConfigError, ConsolidationConfig, RunConfig
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.evaluation import EvalResult, evaluate
 from agent_runtime.heldout import held_out
-from agent_runtime.llm.base import AdapterBackend, LocalModelBackend, activate, require
+from agent_runtime.llm.base import AdapterBackend, LocalModelBackend, SleepingBackend, activate, require
 from agent_runtime.system_prompt import SystemPrompt, load_context, load_prompts
 from distill.lessons import live_lessons
-from distill.lessons.versions import create_version
+from distill.lessons.versions import create_version, live_version
 from distill.opcd import (
                           DivergenceError,
                           TeacherSpec,
@@ -203,7 +204,6 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     step by step) is the cycle's progress, shown while it trains; a cycle found still running was
     interrupted and is rolled back (`roll_back_interrupted`)."""
     require(backend, AdapterBackend, "an OPCD cycle (it evaluates the parent and the new adapter)")
-    backend = require(backend, LocalModelBackend, "an OPCD cycle (it trains on the acting policy's device)")
     live, lessons = live_lessons(store, run_id)
     system = load_context(settings.context) if settings.context is not None else None
     if system is None and not lessons:
@@ -253,7 +253,7 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
                    kl_sets=kl_sets, kl_choices=kl_choices,
                    train_choices=[d.choices for d in train] if choice_mode else None,
                    metadata={"cycle_id": cycle_id, "run_id": run_id, "kind": kind, "teacher": teacher},
-                   device="cuda" if backend.device.type == "cuda" else "cpu", overwrite=True)
+                   device=training_device(config, backend), overwrite=True)
 
     def on_step(m: dict) -> None:
         store.append_cycle_point(cycle_id, {"loss": m["loss"], "kl": m["kl_estimate"], "grad_norm": m["grad_norm"]})
@@ -261,7 +261,8 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
             progress(m)
 
     try:
-        result = run_job(job, on_step=on_step)
+        with making_room(backend):
+            result = run_job(job, on_step=on_step)
     except DivergenceError as exc:
         with store.transaction():
             store.rollback_cycle(cycle_id, error=str(exc))
@@ -302,7 +303,7 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     metrics["evaluation"] = rates
     with store.transaction():
         report = _decide(store, run_id, config, settings, cycle_id, adapter_id, live, evals, rates, metrics,
-                         (before, after), (lesson_before, lesson_after))
+                         (before, after), (lesson_before, lesson_after), parent)
         if finish is not None:
             finish.apply(store, run_id)
     if report.status == "rolled_back":
@@ -312,8 +313,9 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
 
 def _decide(store: ExperienceStore, run_id: int, config: RunConfig, settings: ConsolidationConfig, cycle_id: int,
             adapter_id: int, live, evals: dict[str, list[EvalResult]], rates: dict[str, float], metrics: dict,
-            kl: tuple[float, float], lesson_kl: tuple[dict, dict]) -> CycleReport:
-    """EVALUATE's rows, then PROMOTE or ROLLBACK (the caller holds the transaction)."""
+            kl: tuple[float, float], lesson_kl: tuple[dict, dict], parent) -> CycleReport:
+    """EVALUATE's rows, then PROMOTE or ROLLBACK (the caller holds the transaction, so what a person changed
+    while the cycle trained is seen here: a parent rolled back or a lesson forgotten meanwhile is a rollback)."""
     for condition, results in evals.items():
         for r in results:
             lo, hi = r.interval
@@ -322,7 +324,7 @@ def _decide(store: ExperienceStore, run_id: int, config: RunConfig, settings: Co
                                  num_episodes=r.n, success_rate=r.success_rate, mean_return=r.mean_return,
                                  metrics={"condition": condition, "episodes": r.episodes, "ci95": [lo, hi]})
     (before, after), (lesson_before, lesson_after) = kl, lesson_kl
-    reasons = decide_promotion(rates, before, after, settings)
+    reasons = decide_promotion(rates, before, after, settings) + _changed_meanwhile(store, run_id, live, parent)
     if reasons:
         metrics["decision"], metrics["reasons"] = "rolled_back", reasons
         store.update_cycle(cycle_id, metrics=metrics)
@@ -337,10 +339,53 @@ def _decide(store: ExperienceStore, run_id: int, config: RunConfig, settings: Co
                            f"(margin {settings.promote_margin})")]
     store.update_cycle(cycle_id, metrics=metrics)
     store.promote_cycle(cycle_id, consolidated)
-    if consolidated:
-        remaining = [i for i in live.lesson_ids if i not in set(consolidated)]
+    if consolidated:  # from the live set as it is now (a person may have added or retired lessons meanwhile)
+        now = live_version(store, run_id)
+        remaining = [i for i in (now.lesson_ids if now else []) if i not in set(consolidated)]
         create_version(store, run_id, remaining, note=f"cycle {cycle_id} consolidated {len(consolidated)} lessons")
     return CycleReport(cycle_id, "promoted", [], adapter_id, consolidated, metrics)
+
+
+def _changed_meanwhile(store: ExperienceStore, run_id: int, live, parent) -> list[str]:
+    """Reasons not to promote that arose while the cycle trained: its parent is no longer the run's adapter
+    (`lessons forget` rolled it back), or a lesson it was taught with has been forgotten."""
+    reasons = []
+    active = store.active_adapter(run_id)
+    if (active.id if active else None) != (parent.id if parent else None):
+        reasons.append(f"the run's adapter changed during the cycle (parent {parent.name if parent else 'base'}, "
+                       f"now {active.name if active else 'base'}): a lesson was forgotten")
+    taught = store.lessons(run_id, ids=live.lesson_ids) if live is not None and live.lesson_ids else []
+    forgotten = [x.id for x in taught if x.forgotten_at is not None]
+    if forgotten:
+        reasons.append(f"lessons {forgotten} it was taught with were forgotten during the cycle")
+    return reasons
+
+
+def training_device(config: RunConfig, backend) -> str:
+    """Where a cycle trains: the acting policy's own device when its weights live in this process (the
+    transformers backend), else the device the config names for the model (vLLM: the same GPU, or the CPU)."""
+    if isinstance(backend, LocalModelBackend):
+        return "cuda" if backend.device.type == "cuda" else "cpu"
+    device = config.model.device
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+@contextmanager
+def making_room(backend):
+    """Free the acting engine's accelerator memory while a cycle trains next to it (vLLM's sleep mode on a
+    GPU: weights offloaded, KV cache dropped), and bring it back after; nothing for other backends."""
+    sleeper = backend if isinstance(backend, SleepingBackend) else None
+    if sleeper is None or not sleeper.sleep():
+        yield
+        return
+    try:
+        yield
+    finally:
+        sleeper.wake_up()
 
 
 def random_policy(config: RunConfig):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import random
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ from distill.lessons import (
     decide_gate,
     extract_phase,
     live_lessons,
+    live_version,
     load_utilities,
     measure_utilities,
     pending_user_candidate,
@@ -124,6 +126,8 @@ def extractor_backend(config: RunConfig, policy: PolicyBackend) -> PolicyBackend
 class LessonContexts:
     """The live lessons, one pool drawn per episode (seeded by the draw, so a resumed run draws the same)."""
 
+    REFRESH_SECONDS = 2.0  # how stale the lessons of a new draw may be after a person changed the live set
+
     def __init__(self, store: ExperienceStore, run_id: int, pools: int, seed: int):
         self.store, self.run_id, self.pools, self.seed = store, run_id, pools, seed
         self.reload()
@@ -132,8 +136,20 @@ class LessonContexts:
         version, lessons = live_lessons(self.store, self.run_id)
         self.version = version.version if version is not None else None
         self.by_pool = {p: [x for x in lessons if x.pool == p] for p in range(self.pools)}
+        self._checked = time.monotonic()
+
+    def refresh(self) -> None:
+        """Reload when another process changed the live set (`lessons add|retire|forget` while the loop
+        plays), looking at most every REFRESH_SECONDS: a forgotten lesson leaves the next draws' prompts."""
+        if time.monotonic() - self._checked < self.REFRESH_SECONDS:
+            return
+        self._checked = time.monotonic()
+        live = live_version(self.store, self.run_id)
+        if (live.version if live is not None else None) != self.version:
+            self.reload()
 
     def for_draw(self, draw: Draw) -> EpisodeContext:
+        self.refresh()
         pool = random.Random(f"pool:{self.seed}:{draw.index}").randrange(self.pools) if self.pools > 1 else 0
         lessons = self.by_pool.get(pool, [])
         return EpisodeContext(tuple(x.text for x in lessons), tuple(x.id for x in lessons), self.version)

@@ -45,10 +45,11 @@ from agent_runtime.lessons_phase import (
 )
 from agent_runtime.llm import PolicyBackend, make_backend
 from agent_runtime.llm.base import BackendStats, activate
-from agent_runtime.play import CursorMove, Executor, LocalExecutor, PlaySession, RunState, Schedule
+from agent_runtime.play import CursorMove, Executor, LocalExecutor, PlaySession, RequestWatch, RunState, Schedule
 from agent_runtime.retrieved_examples import example_retriever
 from agent_runtime.runner import TaskSampler
 from distill.lessons import pending_user_candidate, sync_statuses
+from distill.lessons.forget import RECONSOLIDATE
 from memory import ExperienceStore
 from memory.redaction import restore_secrets
 
@@ -97,10 +98,10 @@ def default_workdir(config_name: str) -> Path:
 
 
 def check_phases(config: RunConfig) -> None:
-    if config.opcd.enabled and config.model.backend != "transformers":
+    if config.opcd.enabled and config.model.backend not in ("transformers", "vllm"):
         raise PhaseNotAvailableError(
-            f"opcd.enabled: consolidation trains the policy's weights, which needs backend: transformers "
-            f"(got {config.model.backend}); set opcd.enabled: false or use the transformers backend")
+            f"opcd.enabled: consolidation trains the policy's own weights (model.name), which needs backend: "
+            f"transformers or vllm (got {config.model.backend}); set opcd.enabled: false or use one of them")
     if config.opcd.enabled and not config.lessons.enabled and config.opcd.context is None:
         raise PhaseNotAvailableError("opcd.enabled: consolidation distils the lessons, so lessons.enabled must be "
                                      "true (or give opcd.context: a system prompt to distil instead)")
@@ -161,7 +162,8 @@ class AgentLoop:
         if self.adapter is not None and self._backend is not None:
             activate(self._backend, self.adapter)
         self.progress = progress
-        self.schedule = Schedule(config)
+        self.requests = RequestWatch(self.store, self.run_id, RECONSOLIDATE)  # `lessons forget` asks for a cycle
+        self.schedule = Schedule(config, requested=self.requests)
         self.stop_requested = False
         self._executor: Executor | None = None  # built on first use (a resumed run may start in any phase)
 
@@ -216,7 +218,7 @@ class AgentLoop:
 
     def run(self) -> RunSummary:
         started = time.monotonic()
-        self.schedule = Schedule.starting_now(self.config)
+        self.schedule = Schedule.starting_now(self.config, requested=self.requests)
         start_episodes = self.state.episodes
         start_tokens = self.stats.completion_tokens
         handler = _json_log(self.workdir)
@@ -292,6 +294,9 @@ class AgentLoop:
             self.state = session.state
             session.save()
 
+    def _pending_requests(self) -> tuple[int, ...]:
+        return tuple(r.id for r in self.store.requests(self.run_id, kind=RECONSOLIDATE, pending=True))
+
     def _on_learner(self) -> bool:
         """EXTRACT and CONSOLIDATE run on the Ray learner rather than in this process."""
         runtime = self.config.runtime
@@ -331,7 +336,11 @@ class AgentLoop:
 
         # what the cycle writes with its outcome, in one transaction; with no cycle the loop moves the cursor
         after = replace(self.state, cycles=self.state.cycles + 1, last_consolidate_at=self.state.episodes)
-        finish = CursorMove("PLAY", after.stored())
+        asked = self._pending_requests()
+        finish = CursorMove("PLAY", after.stored(), asked)
+        if asked:  # a re-consolidation after `lessons forget`: the adapter and the lessons it starts from
+            self.adapter = self.store.active_adapter(self.run_id)
+            self.lessons.reload()
         try:
             report = self.executor.consolidate(self.run_id, finish, progress=progress,
                                                on_poll=poll if self.progress else None)
@@ -339,7 +348,12 @@ class AgentLoop:
             bar.close()
         if report is None:
             self.state.last_consolidate_at = self.state.episodes
-            tqdm.write("CONSOLIDATE: no live lessons yet; nothing to consolidate")
+            with self.store.transaction():
+                CursorMove("PLAY", self.state.stored(), asked).apply(self.store, self.run_id)
+            self.phase = "PLAY"
+            if self._backend is not None and asked:
+                activate(self._backend, self.adapter)
+            tqdm.write("CONSOLIDATE: no live lessons; nothing to consolidate")
             return
         self.state, self.phase = after, finish.phase
         self.adapter = self.store.active_adapter(self.run_id)

@@ -65,27 +65,53 @@ class RunState:
 
 @dataclass(frozen=True)
 class CursorMove:
-    """The run's cursor and state as they are once a phase is done: written by the phase itself, in the
-    transaction of its results (`ExperienceStore.transaction`), so a kill can never separate the two."""
+    """The run's cursor and state as they are once a phase is done, and the run requests the phase carried
+    out: written by the phase itself, in the transaction of its results (`ExperienceStore.transaction`), so a
+    kill can never separate them. `phase` None moves nothing (`agent-runtime distill` outside the loop)."""
 
-    phase: str
-    state: dict
+    phase: str | None
+    state: dict | None = None
+    requests_done: tuple[int, ...] = ()
 
     def apply(self, store: ExperienceStore, run_id: int) -> None:
-        store.update_run(run_id, phase=self.phase, state=self.state)
+        if self.phase is not None:
+            store.update_run(run_id, phase=self.phase, state=self.state)
+        for request_id in self.requests_done:
+            store.finish_request(request_id, {"done_by": self.phase or "distill"})
+
+
+class RequestWatch:
+    """Whether a run request waits (a re-consolidation after `lessons forget`), asked of the store at most
+    every `every` seconds: the schedule asks it before each new draw."""
+
+    def __init__(self, store: ExperienceStore, run_id: int, kind: str, every: float = 2.0):
+        self.store, self.run_id, self.kind, self.every = store, run_id, kind, every
+        self._checked, self._ids = float("-inf"), ()
+
+    def pending(self) -> tuple[int, ...]:
+        now = time.monotonic()
+        if now - self._checked >= self.every:
+            self._ids = tuple(r.id for r in self.store.requests(self.run_id, kind=self.kind, pending=True))
+            self._checked = now
+        return self._ids
+
+    def __call__(self) -> bool:
+        return bool(self.pending())
 
 
 class Schedule:
     """When a phase is due and when the run is over: the one copy of these rules."""
 
-    def __init__(self, config: RunConfig, deadline: float | None = None):
+    def __init__(self, config: RunConfig, deadline: float | None = None,
+                 requested: Callable[[], bool] = lambda: False):
         self.config = config
         self.deadline = deadline  # time.monotonic() after which no new draw starts
+        self.requested = requested  # a re-consolidation was asked for (`RequestWatch`)
 
     @classmethod
-    def starting_now(cls, config: RunConfig) -> Schedule:
+    def starting_now(cls, config: RunConfig, requested: Callable[[], bool] = lambda: False) -> Schedule:
         hours = config.runtime.hours
-        return cls(config, time.monotonic() + hours * 3600 if hours else None)
+        return cls(config, time.monotonic() + hours * 3600 if hours else None, requested)
 
     def extract_due(self, state: RunState, episodes: int | None = None) -> bool:
         settings = self.config.lessons
@@ -95,7 +121,8 @@ class Schedule:
     def consolidate_due(self, state: RunState, episodes: int | None = None) -> bool:
         settings = self.config.opcd
         episodes = state.episodes if episodes is None else episodes
-        return settings.enabled and episodes >= state.last_consolidate_at + settings.consolidate_every
+        due = episodes >= state.last_consolidate_at + settings.consolidate_every
+        return settings.enabled and (due or self.requested())
 
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline

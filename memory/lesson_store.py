@@ -201,6 +201,16 @@ class LessonsMixin(StoreMixin):
         with self._read() as session:
             return int(session.scalar(query) or 0)
 
+    def forget_lessons(self, lesson_ids: Iterable[int], *, reason: str = "") -> None:
+        """Mark lessons forgotten (`agent-runtime lessons forget`): status retired, `forgotten_at` now, and
+        the reason in their metadata. Their rows and provenance stay: what was forgotten stays on record."""
+        ids = list(lesson_ids)
+        with self._write() as session:
+            now = utcnow()
+            for lesson in session.scalars(select(Lesson).where(Lesson.id.in_(ids))):
+                lesson.status, lesson.forgotten_at, lesson.updated_at = "retired", now, now
+                lesson.meta = {**(lesson.meta or {}), "forgotten": reason or "forgotten"}
+
     def set_lesson_status(
         self, lesson_ids: Iterable[int], status: str, *, cycle_id: int | None = None
     ) -> None:

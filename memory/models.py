@@ -314,6 +314,7 @@ class Lesson(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+    forgotten_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)  # `lessons forget` (status retired)
 
 
 class LessonSource(Base):
@@ -392,3 +393,19 @@ class Embedding(Base):
     dim: Mapped[int] = mapped_column(Integer)
     vector: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class RunRequest(Base):
+    """What an operator asked of a run, carried out by its loop at the next phase boundary (`kind`
+    `reconsolidate`: an OPCD cycle on top of the adapter a `lessons forget` rolled back to). Pending until
+    `done_at` is set, with what came of it in `outcome`."""
+
+    __tablename__ = "run_requests"
+    __table_args__ = (Index("ix_run_requests_run_id_done_at", "run_id", "done_at"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(NulFreeString(40))
+    payload: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    done_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    outcome: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -133,6 +133,20 @@ class LessonInfo:
     created_at: dt.datetime
     updated_at: dt.datetime
     metadata: dict[str, Any]
+    forgotten_at: dt.datetime | None = None
+
+
+@dataclass
+class RequestInfo:
+    """A request to a run (see `memory.models.RunRequest`); pending while `done_at` is None."""
+
+    id: int
+    run_id: int
+    kind: str
+    payload: dict[str, Any]
+    created_at: dt.datetime
+    done_at: dt.datetime | None
+    outcome: dict[str, Any]
 
 
 @dataclass

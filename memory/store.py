@@ -5,9 +5,9 @@ and read and write it. This module holds the core -- opening, runs, episodes wit
 stats; the other tables' methods come from one mixin per family of tables, each documented in its
 module: `memory.lesson_store` (lessons and extractions), `memory.lesson_set_store` (lesson-set
 versions), `memory.cycle_store` (OPCD cycles, promotion and rollback), `memory.adapter_store`,
-`memory.evaluation_store`, `memory.retrieval` (embeddings, FAISS indexes, search),
-`memory.transfer` (JSONL export/import) and `memory.prune` (deleting old episodes). Callers see one
-object; `memory.store_mixin` says what the parts share.
+`memory.evaluation_store`, `memory.request_store` (requests to a running loop), `memory.retrieval`
+(embeddings, FAISS indexes, search), `memory.transfer` (JSONL export/import) and `memory.prune` (deleting
+old episodes). Callers see one object; `memory.store_mixin` says what the parts share.
 
 Why this way:
 - Writes are batched by construction: `add_episode` writes an episode, all its steps and (if given)
@@ -61,6 +61,7 @@ from memory.prompts import PromptEncoder, part_id, stored_prompts
 from memory.prune import PruneMixin
 from memory.records import EpisodeInfo, EpisodeRecord, RunInfo, StepInfo, to_info
 from memory.redaction import redact_secrets
+from memory.request_store import RequestsMixin
 from memory.retrieval import RetrievalMixin
 from memory.transfer import TransferMixin
 
@@ -84,6 +85,7 @@ class ExperienceStore(
     CyclesMixin,
     AdaptersMixin,
     EvaluationsMixin,
+    RequestsMixin,
     RetrievalMixin,
     TransferMixin,
     PruneMixin,

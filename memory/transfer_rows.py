@@ -189,8 +189,14 @@ def _to_0003(table: str, row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-UPGRADES = (("0001", _to_0002), ("0002", _to_0003))  # (from revision, the step to the next one)
-READABLE_REVISIONS = tuple(r for r, _ in UPGRADES) + ("0003",)
+def _to_0004(table: str, row: dict[str, Any]) -> dict[str, Any]:
+    if table == "lessons" and "forgotten_at" not in row:
+        return {**row, "forgotten_at": None}
+    return row
+
+
+UPGRADES = (("0001", _to_0002), ("0002", _to_0003), ("0003", _to_0004))  # (from revision, the next step)
+READABLE_REVISIONS = tuple(r for r, _ in UPGRADES) + ("0004",)
 
 
 def upgrade_row(revision: str, table: str, row: dict[str, Any]) -> dict[str, Any]:

@@ -67,12 +67,13 @@ def _config(tmp_path, **fields) -> Path:
 
 
 def test_a_config_the_run_would_refuse_exits_2_naming_each_problem(tmp_path, capsys, no_weights):
-    path = _config(tmp_path, model={"name": "Qwen/Qwen3-1.7B", "backend": "vllm", "device": "cuda"},
+    path = _config(tmp_path, model={"name": "scripted", "backend": "scripted"},
                    envs=[{"id": "math/gsm_symbolic"}, {"id": "no/such-env"}],
                    lessons={"enabled": True}, opcd={"enabled": True})
     assert main(["run", "--dry-run", str(path), "--workdir", str(tmp_path / "w")]) == 2
     out = capsys.readouterr().out
-    assert "PROBLEM     opcd.enabled: consolidation trains the policy's weights, which needs backend: transformers" in out
+    assert ("PROBLEM     opcd.enabled: consolidation trains the policy's own weights (model.name), which needs "
+            "backend: transformers or vllm (got scripted)") in out
     assert "PROBLEM     environment 'no/such-env' is not registered; known: " in out
     assert out.rstrip().endswith("2 problem(s): the run would not start")
 

@@ -121,11 +121,22 @@ class LocalModelBackend(Protocol):
     device: Any  # a torch.device
 
 
+@runtime_checkable
+class SleepingBackend(Protocol):
+    """A backend whose engine can give its accelerator memory back while something else (an OPCD cycle) trains
+    on the same device, and take it again after (vLLM's sleep mode)."""
+
+    def sleep(self) -> bool:
+        """Free the memory; False when this engine cannot (then nothing was done)."""
+
+    def wake_up(self) -> None: ...
+
+
 Capability = TypeVar("Capability")
 
 _CAPABILITIES = {ChoiceBackend: "choose among admissible actions", AdapterBackend: "act with LoRA adapters",
                  FingerprintBackend: "report the fingerprint of its adapter weights",
-                 TokenizerBackend: "count tokens with its own tokenizer",
+                 TokenizerBackend: "count tokens with its own tokenizer", SleepingBackend: "free its memory",
                  LocalModelBackend: "hold its weights in this process"}
 
 

@@ -3,8 +3,8 @@
     python tests/scripts/kill_at.py CONFIG.json WORKDIR POINT
 
 POINT: after-play (the commit of the 2nd episode, the cursor not moved yet), inside-extract (after the
-first extraction is recorded), after-extract (EXTRACT returned), inside-consolidate (the first step's
-curves written), after-consolidate (CONSOLIDATE returned). Exits 3 if the point was never reached.
+first extraction is recorded), after-extract (EXTRACT returned), inside-consolidate (the first training
+step's curve point written), after-consolidate (CONSOLIDATE returned). Exits 3 if the point was never reached.
 """
 
 import json
@@ -36,7 +36,7 @@ POINTS = {
     "after-play": (ExperienceStore, "add_episode", 2),
     "inside-extract": (ExperienceStore, "record_extraction", 1),
     "after-extract": (LocalExecutor, "extract", 1),
-    "inside-consolidate": (ExperienceStore, "update_cycle", 1),
+    "inside-consolidate": (ExperienceStore, "append_cycle_point", 1),
     "after-consolidate": (LocalExecutor, "consolidate", 1),
 }
 

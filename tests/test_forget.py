@@ -1,0 +1,248 @@
+"""Forget a lesson everywhere (issue 17 item 1): `agent-runtime lessons forget ID`.
+
+The plan: the lesson and what was merged from it leave the live set; adapters trained with it in the teacher's
+context (and those trained on top of them) are tainted; the run goes back to the newest ancestor trained
+without it, the lessons the tainted cycles had consolidated come back into the context, and a
+re-consolidation is scheduled as a run request, which the loop runs as its next CONSOLIDATE. A cycle that was
+training while its parent was rolled back is not promoted. End to end on a tiny model taught to take the
+coin when the lesson is in its context: the lesson is consolidated (the adapter takes the coin without it),
+then forgotten, and the acting policy no longer takes it on held-out games.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from agent_runtime.config import config_from_dict
+from agent_runtime.consolidate import _changed_meanwhile
+from agent_runtime.evaluation import evaluate
+from agent_runtime.llm.base import activate
+from agent_runtime.loop import AgentLoop
+from distill.lessons.forget import RECONSOLIDATE, apply_forget, plan_forget
+from distill.lessons.versions import create_version, live_version
+from memory import ExperienceStore
+
+LESSON = "When you see a coin, take coin at once."
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def history(store) -> dict:
+    """A run with two promoted cycles and a rejected one: A and C distilled by cycle 1 (A consolidated), D
+    merged from A, cycle 2 on top of cycle 1 distilling {C, D}, cycle 3 on top of cycle 2 rolled back."""
+    config = {"name": "t", "model": {"name": "scripted", "backend": "scripted"}, "envs": [{"id": "math/gsm_symbolic"}]}
+    run = store.create_run("t", config_from_dict(config).model_dump(mode="json"))
+    a = store.add_lesson("Take the coin.", run_id=run)
+    c = store.add_lesson("Read the room first.", run_id=run)
+    v1 = create_version(store, run, [a, c]).version
+    ids = {"run": run, "a": a, "c": c}
+    for n, (version, parent) in enumerate([(v1, None), (None, "a1"), (None, "a2")], start=1):
+        if n == 2:
+            ids["d"] = store.add_lesson("Take the coin when you see one.", run_id=run, metadata={"merged_from": [a]})
+            version = create_version(store, run, [c, ids["d"]]).version
+        if n == 3:
+            version = live_version(store, run).version
+        cycle = store.start_cycle(run, {}, lesson_set_version=version,
+                                  base_adapter_id=ids.get(parent))
+        adapter = store.add_adapter(f"cycle-{cycle}", f"/adapters/{cycle}", run_id=run, parent_id=ids.get(parent))
+        store.update_cycle(cycle, adapter_id=adapter)
+        if n < 3:
+            store.promote_cycle(cycle, [a] if n == 1 else [])
+        else:
+            store.rollback_cycle(cycle, error="did not help")
+        ids[f"a{n}"], ids[f"cycle{n}"] = adapter, cycle
+        if n == 1:
+            create_version(store, run, [c])  # cycle 1 consolidated A: it leaves the context
+    return ids
+
+
+def test_forgetting_a_lesson_taught_into_the_active_adapter_rolls_back_to_the_base(store):
+    ids = history(store)
+    plan = plan_forget(store, ids["c"])
+    assert plan.forgotten == [ids["c"]] and plan.derived == {}
+    assert [c.id for c in plan.tainted_cycles] == [ids["cycle1"], ids["cycle2"]]
+    assert [a.id for a in plan.tainted_adapters] == [ids["a1"], ids["a2"], ids["a3"]]
+    assert plan.rolls_back and plan.active.id == ids["a2"] and plan.fallback is None
+    assert plan.restored == [ids["a"]], "what cycle 1 consolidated comes back: its weights are gone"
+    assert any("the base model" in line for line in plan.lines())
+    done = apply_forget(store, plan, count_tokens=words)
+    live = live_version(store, ids["run"])
+    assert live.version == done["versions"][0] and live.lesson_ids == [ids["d"], ids["a"]]
+    [forgotten] = store.lessons(ids["run"], ids=[ids["c"]])
+    assert forgotten.status == "retired" and forgotten.forgotten_at is not None
+    assert store.active_adapter(ids["run"]) is None
+    assert {a.id: a.status for a in store.adapters(ids["run"])} == {ids["a1"]: "retired", ids["a2"]: "retired",
+                                                                   ids["a3"]: "rejected"}
+    [request] = store.requests(ids["run"], kind=RECONSOLIDATE, pending=True)
+    assert request.id == done["request_id"] and request.payload["base_adapter_id"] is None
+
+
+def test_forgetting_a_source_forgets_what_was_merged_from_it(store):
+    ids = history(store)
+    plan = plan_forget(store, ids["a"])
+    assert plan.forgotten == [ids["a"], ids["d"]] and plan.derived == {ids["d"]: ids["a"]}
+    # A was taught by cycle 1, D by cycle 2: both adapters are tainted, the run goes back to the base model
+    assert plan.rolls_back and plan.fallback is None and plan.restored == []
+
+
+def test_forgetting_a_lesson_only_the_newest_cycle_was_taught_keeps_its_parent(store):
+    ids = history(store)
+    plan = plan_forget(store, ids["d"])
+    assert [c.id for c in plan.tainted_cycles] == [ids["cycle2"]]
+    assert plan.rolls_back and plan.fallback.id == ids["a1"]
+    apply_forget(store, plan, count_tokens=words)
+    assert store.active_adapter(ids["run"]).id == ids["a1"]
+    assert live_version(store, ids["run"]).lesson_ids == [ids["c"]]
+
+
+def test_a_cycle_whose_parent_was_rolled_back_meanwhile_is_not_promoted(store):
+    ids = history(store)
+    parent = store.active_adapter(ids["run"])
+    live = live_version(store, ids["run"])
+    assert _changed_meanwhile(store, ids["run"], live, parent) == []
+    apply_forget(store, plan_forget(store, ids["d"]), count_tokens=words)
+    reasons = _changed_meanwhile(store, ids["run"], live, parent)
+    assert any("the run's adapter changed during the cycle" in r for r in reasons)
+    assert any(f"lessons [{ids['d']}] it was taught with were forgotten" in r for r in reasons)
+
+
+def test_the_command_asks_before_it_rolls_back_an_adapter(tmp_path, cli):
+    with ExperienceStore.open(tmp_path) as store:
+        ids = history(store)
+    proc = cli("lessons", "forget", str(ids["c"]), "--workdir", tmp_path, "--json", check=False)
+    assert proc.returncode == 2
+    shown = json.loads(proc.stdout)
+    assert shown["rolls_back"] and not shown["applied"] and shown["tainted_adapters"] == [ids["a1"], ids["a2"],
+                                                                                             ids["a3"]]
+    with ExperienceStore.open(tmp_path) as store:
+        assert store.active_adapter(ids["run"]).id == ids["a2"], "nothing changed without --yes"
+    text = cli("lessons", "forget", str(ids["c"]), "--workdir", tmp_path, "--yes").stdout
+    assert "the run acts with the base model instead of adapter" in text and "run request #" in text
+    proc = cli("lessons", "forget", "999", "--workdir", tmp_path, check=False)
+    assert proc.returncode == 2 and "no lesson #999" in proc.stderr
+
+
+# -- end to end: a behaviour consolidated, then forgotten -----------------------------------------------------
+
+
+def _taught(directory, games_dir) -> None:
+    """A tiny model that chooses `take coin` when LESSON is in its system prompt and another action without
+    it, trained on the loop's own first-turn prompts of coin-collector games."""
+    from agent_runtime.agent import PromptBuilder
+    from agent_runtime.testing import tiny_model_and_tokenizer
+    from distill.chat_tokens import encode_chat
+    import environments
+
+    model, tok = tiny_model_and_tokenizer("llama")
+    env = environments.make("textworld/coin_collector", level=1, n_train=4, n_eval=4, cache_dir=str(games_dir))
+    builder = PromptBuilder(family="textworld", count_tokens=lambda chat: 0, context_window=4096,
+                            action_mode="choice")
+    firsts = []
+    for split in ("train", "eval"):
+        for i, task in enumerate(env.tasks(split)):
+            for seed in (i, 1234 + i):
+                observation, info = env.reset(seed=seed, task_id=task)
+                firsts.append((observation, info["admissible_actions"]))
+    env.close()
+    rng = random.Random(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    for _ in range(60):
+        rows = []
+        for _ in range(16):
+            observation, actions = rng.choice(firsts)
+            taught = rng.random() < 0.5
+            chat = builder.build([], observation, actions, lessons=[LESSON] if taught else [])
+            action = "take coin" if taught else rng.choice([a for a in actions if a != "take coin"])
+            rows.append((encode_chat(tok, chat).ids, tok(action, add_special_tokens=False)["input_ids"]
+                         + [tok.eos_token_id]))
+        width = max(len(p) + len(a) for p, a in rows)
+        ids = torch.full((len(rows), width), tok.pad_token_id)
+        labels, mask = torch.full_like(ids, -100), torch.zeros_like(ids)
+        for r, (p, a) in enumerate(rows):
+            ids[r, :len(p) + len(a)] = torch.tensor(p + a)
+            labels[r, len(p):len(p) + len(a)] = torch.tensor(a)
+            mask[r, :len(p) + len(a)] = 1
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+
+
+def _config(model_dir, games_dir, episodes):
+    return config_from_dict({
+        "name": "forget", "model": {"name": str(model_dir), "max_new_tokens": 4, "dtype": "float32"},
+        "envs": [{"id": "textworld/coin_collector", "max_steps": 1,
+                  "kwargs": {"level": 1, "n_train": 4, "n_eval": 4, "cache_dir": str(games_dir)}}],
+        "runtime": {"slots": 4, "episodes": episodes}, "evaluation": {"episodes_per_env": 4},
+        "lessons": {"enabled": True, "extract_every": 10_000, "gate_episodes": 0, "embedder": "hash",
+                    "seed": [LESSON]},
+        "opcd": {"enabled": True, "consolidate_every": 8, "recent_episodes": 8, "promote_margin": 1.0,
+                 "retention_margin": 1.0, "min_kl_drop": 0.0,
+                 "trainer": {"steps": 30, "batch_size": 4, "lr": 5e-3, "lora_r": 4, "sampler": "live"}},
+    })
+
+
+def _acting_success(loop) -> float:
+    """Held-out success of the policy the run acts with now, without lessons (first decision = the game)."""
+    activate(loop.backend, loop.store.active_adapter(loop.run_id))
+    [result] = evaluate(loop.config, loop.workdir, loop.backend, lessons=[])
+    return result.success_rate
+
+
+@pytest.mark.slow
+def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, games_dir):
+    model_dir = tmp_path / "taught"
+    _taught(model_dir, games_dir)
+    loop = AgentLoop(_config(model_dir, games_dir, 8), tmp_path / "run", progress=False)
+    base = _acting_success(loop)
+    [result] = evaluate(loop.config, loop.workdir, loop.backend, lessons=[LESSON])
+    assert result.success_rate - base >= 0.5, "the lesson moves the model's choice in context"
+    summary = loop.run()
+    assert summary.cycles == 1 and summary.adapter == "cycle-1", "the cycle was promoted"
+    [lesson] = loop.store.lessons(loop.run_id)
+    assert lesson.status == "consolidated", "the adapter internalised the lesson: it left the context"
+    consolidated = _acting_success(loop)
+    assert consolidated - base >= 0.5, "the adapter takes the coin without the lesson"
+    loop.close()
+
+    with ExperienceStore.open(tmp_path / "run") as store:
+        plan = plan_forget(store, lesson.id)
+        assert plan.rolls_back and plan.fallback is None
+        apply_forget(store, plan, count_tokens=words)
+
+    loop = AgentLoop(_config(model_dir, games_dir, 12), tmp_path / "run", resume=True, progress=False)
+    assert loop.adapter is None and loop.lessons.texts() == []
+    after = _acting_success(loop)
+    assert after == base and consolidated - after >= 0.5, "the behaviour left with the lesson"
+    loop.run()  # the scheduled re-consolidation: nothing live is left to distil, so it only finishes
+    assert loop.store.requests(loop.run_id, kind=RECONSOLIDATE, pending=True) == []
+    assert loop.store.active_adapter(loop.run_id) is None
+    loop.close()
+
+
+def test_distill_runs_a_scheduled_reconsolidation_now(tmp_path, cycle_config, cli):
+    """`agent-runtime distill` carries out the re-consolidation `lessons forget` left, with its cycle."""
+    import yaml
+
+    config = cycle_config()
+    loop = AgentLoop(config, tmp_path, progress=False)
+    loop.run()
+    loop.close()
+    with ExperienceStore.open(tmp_path) as store:
+        [run] = store.runs()
+        request = store.add_request(run.id, RECONSOLIDATE, {"reason": "a test"})
+    path = tmp_path / "cycle.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    report = json.loads(cli("distill", path, "--workdir", tmp_path, "--json").stdout)
+    with ExperienceStore.open(tmp_path) as store:
+        [done] = store.requests(run.id, kind=RECONSOLIDATE)
+    assert done.id == request and done.done_at is not None and done.outcome == {"done_by": "distill"}
+    assert report["status"] in ("promoted", "rolled_back")
