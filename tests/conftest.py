@@ -232,3 +232,27 @@ def seed_with_xss() -> Callable[[Path], dict[str, int]]:
     """`seed_with_xss(workdir) -> ids`: the demo store (60 episodes) plus an episode and a lesson whose texts
     carry `<script>alert(1)</script>`; the ids are the demo's plus "xss_episode" and "xss_lesson"."""
     return _seed_with_xss
+
+
+# -- vLLM's CPU build ----------------------------------------------------------------------------
+
+VLLM_PYTHON_ENV = "AGENT_RUNTIME_VLLM_PYTHON"
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The interpreter of vLLM's own environment (`bash .ci/vllm-env.sh` builds it; `.ci/run` exports it as
+    AGENT_RUNTIME_VLLM_PYTHON). Skips, saying how to build it, when there is none; fails when the variable
+    names a missing file (CI must not skip the vLLM tests silently)."""
+    path = os.environ.get(VLLM_PYTHON_ENV)
+    if path:
+        if not Path(path).is_file():
+            pytest.fail(f"{VLLM_PYTHON_ENV}={path} does not exist; build it with `bash .ci/vllm-env.sh`")
+        return path
+    root = Path(__file__).resolve().parents[1]
+    found = subprocess.run(["bash", str(root / ".ci" / "vllm-env.sh"), "--find"], capture_output=True, text=True,
+                           check=False).stdout.strip()
+    if not found:
+        pytest.skip("vLLM's CPU environment is not built: `bash .ci/vllm-env.sh` builds it (a few minutes, once), "
+                    f"or set {VLLM_PYTHON_ENV} to a Python with vLLM")
+    return found

@@ -35,7 +35,6 @@ from agent_runtime.llm.base import BackendError
 from distill.chat_tokens import encode_chat
 
 ROOT = Path(__file__).resolve().parents[1]
-PYTHON_ENV = "AGENT_RUNTIME_VLLM_PYTHON"
 ALIAS = "smollm2-135m-instruct"
 GAME = "You play a text adventure game. Reply with exactly one of the admissible actions."
 ACTIONS = ["go north", "take coin", "look", "inventory"]
@@ -57,25 +56,6 @@ CHATS = [
 ]
 SEEDED = SamplingParams(max_new_tokens=16, temperature=1.0, seed=7)
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0, logprobs=True)
-
-
-def _vllm_python() -> str:
-    path = os.environ.get(PYTHON_ENV)
-    if path:
-        if not Path(path).is_file():
-            pytest.fail(f"{PYTHON_ENV}={path} does not exist; build it with `bash .ci/vllm-env.sh`")
-        return path
-    found = subprocess.run(["bash", str(ROOT / ".ci" / "vllm-env.sh"), "--find"], capture_output=True, text=True,
-                           check=False).stdout.strip()
-    if not found:
-        pytest.skip("vLLM's CPU environment is not built: `bash .ci/vllm-env.sh` builds it (a few minutes, once), "
-                    f"or set {PYTHON_ENV} to a Python with vLLM")
-    return found
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    return _vllm_python()
 
 
 @pytest.fixture(scope="module")
