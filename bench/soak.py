@@ -410,6 +410,7 @@ class Soak:
             "cycles": dict(Counter("interrupted" if (c.error or "").startswith("interrupted") else c.status
                                    for c in cycles)),
             "window": window,
+            "phase_seconds": phase_seconds(record, {x.start_episodes for x in self.sessions[1:]}),
             "first": rates(record["episodes"][:window], gaps, 0),
             "last": rates(record["episodes"][n - window:], gaps, n - window),
             "rss": rss_table(self.sessions),
@@ -427,6 +428,28 @@ def rates(episodes: list, gaps: set[int], offset: int) -> dict:
     wall = (ends[-1] - ends[0]).total_seconds() if len(ends) > 1 else 0.0
     return {"play_per_min": round(60 * len(kept) / sum(kept), 1) if kept and sum(kept) > 0 else 0.0,
             "wall_per_min": round(60 * (len(ends) - 1) / wall, 1) if wall > 0 else 0.0}
+
+
+def phase_seconds(record: dict, restarts: set[int]) -> dict:
+    """How long EXTRACT (from the last episode before it to its last lesson-set version; not where a restart came
+    in between) and the finished cycles took: the medians of the first ten and of the last ten, to see whether
+    a phase slows as the store grows."""
+    from statistics import median
+
+    ends, cycle_start = record["ends"], {p: c.started_at for p, c in record["cycles"]}
+    extract = []
+    for point in sorted(record["extraction_rows"]):
+        made = [v.created_at for p, v in record["versions"]
+                if p == point and (point not in cycle_start or v.created_at < cycle_start[point])]
+        if made and point > 0 and point not in restarts:
+            extract.append((max(made) - ends[point - 1]).total_seconds())
+    cycles = [(c.ended_at - c.started_at).total_seconds() for _, c in record["cycles"]
+              if c.ended_at and not (c.error or "").startswith("interrupted")]
+
+    def ends_of(xs: list[float]) -> list[float]:
+        return [round(median(xs[:10]), 1), round(median(xs[-10:]), 1)] if xs else [0.0, 0.0]
+
+    return {"extract_first_last": ends_of(extract), "cycle_first_last": ends_of(cycles)}
 
 
 def rss_table(sessions: list[Session]) -> dict:
@@ -478,6 +501,8 @@ def table(report: dict) -> str:
         ("OPCD cycles", ", ".join(f"{k} {v}" for k, v in sorted(r["cycles"].items())) or "none"),
         (f"episodes/min, first {r['window']}: PLAY only / wall", f"{f['play_per_min']} / {f['wall_per_min']}"),
         (f"episodes/min, last {r['window']}: PLAY only / wall", f"{last['play_per_min']} / {last['wall_per_min']}"),
+        ("EXTRACT / OPCD cycle seconds, median of the first 10 -> last 10",
+         "{} -> {} / {} -> {}".format(*r["phase_seconds"]["extract_first_last"], *r["phase_seconds"]["cycle_first_last"])),
         ("peak RSS of killed sessions: first 10 / last 10 / max (MiB)",
          f"{rss['killed_first10_mib']} / {rss['killed_last10_mib']} / {rss['killed_max_mib']}"),
         ("RSS of the final session as it played on (MiB)", over or "-"),
