@@ -142,7 +142,7 @@ class _ForkServer:
             server = cls._instance
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                request = json.dumps({"workdir": str(workdir), "log": str(log)}).encode()
+                request = json.dumps({"workdir": str(workdir), "log": str(log), "owner": os.getpid()}).encode()
                 socket.send_fds(server.sock, [request], [theirs.fileno()])
                 reply = server.sock.recv(64)
             except OSError as exc:
@@ -305,6 +305,21 @@ def _play(conn: multiprocessing.connection.Connection) -> None:
         env.close()
 
 
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a killed one not yet reaped by its parent, a zombie, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # no such process (or no /proc: ask the kernel)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
 def _serve_forks(control: socket.socket) -> None:
     """The fork server's loop (see `_ForkServer`)."""
     import warnings
@@ -333,12 +348,17 @@ def _serve_forks(control: socket.socket) -> None:
                 for fd in (1, 2):  # what the game or a library prints is kept for the error message
                     os.dup2(output, fd)
                 _play(multiprocessing.connection.Connection(fds[0]))
+                if not _alive(task["owner"]):  # the runtime was killed: nobody else removes the folder
+                    shutil.rmtree(Path(task["workdir"]).parent, ignore_errors=True)
             except BaseException:  # noqa: BLE001 - a game process never returns into the server's loop
                 code = 1
             finally:
                 os._exit(code)
         os.close(fds[0])
-        control.sendall(str(pid).encode())
+        try:
+            control.sendall(str(pid).encode())
+        except OSError:  # the runtime went away mid-request: nothing left to serve
+            return
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The store's evaluation rows (part of `ExperienceStore`).
 
 What: `add_evaluation(env_id, ..., kind=) -> id`, `get_evaluation(id)`,
-`evaluations(run_id, adapter_id=, cycle_id=, kind=)`.
+`evaluations(run_id, adapter_id=, cycle_id=, kind=)`, `latest_evaluation(run_id, kind=)`.
 
 Why one table with a `kind`: every row is a result about a policy, a lesson set or a cycle with the
 same shape (episodes, a success rate, metrics), but readers want one kind at a time -- a policy played
@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import select
+
 from memory.models import EVALUATION_EVAL, EVALUATION_KINDS, Evaluation
 from memory.records import EvaluationInfo, to_info
-from memory.store_mixin import StoreMixin, check_value
+from memory.store_mixin import StoreMixin, check_value, same_run
 
 
 class EvaluationsMixin(StoreMixin):
@@ -64,6 +66,15 @@ class EvaluationsMixin(StoreMixin):
             return to_info(
                 EvaluationInfo, self._get(session, Evaluation, evaluation_id, "evaluation")
             )
+
+    def latest_evaluation(self, run_id: int | None, *, kind: str | None = None) -> EvaluationInfo | None:
+        """The run's newest evaluation (of `kind`), read alone (snapshot rows can be large)."""
+        query = select(Evaluation).where(same_run(Evaluation.run_id, run_id))
+        if kind is not None:
+            query = query.where(Evaluation.kind == kind)
+        with self._read() as session:
+            row = session.scalars(query.order_by(Evaluation.id.desc()).limit(1)).first()
+            return to_info(EvaluationInfo, row) if row is not None else None
 
     def evaluations(
         self,

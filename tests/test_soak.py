@@ -8,10 +8,10 @@
 - Found by the soak: a second store opened in a process took the first one's SQLite locks away (the header
   check closed a descriptor of its own on the file), so another process's last close deleted the WAL under
   the first store, whose reads then missed a running writer's commits (or failed as "malformed"). Fixed.
-- Found by the soak, not fixed here (strict xfail: they pass once fixed, then drop the marker): every EXTRACT
-  measures and stores the utility of every lesson the run ever had (retired ones included), so its time grows
-  with the run and the stored snapshots quadratically; a game process outlives a SIGKILLed runtime cleanly
-  but leaves its private folder behind.
+- Found by the soak and fixed: every EXTRACT measured and stored the utility of every lesson the run ever
+  had (retired ones included), so its time grew with the run and the stored snapshots quadratically (now: the
+  lessons that can still enter a context, and only the newest snapshot is read); a game process outlived a
+  SIGKILLed runtime cleanly but left its private folder behind (now it removes it when its runtime is gone).
 """
 
 from __future__ import annotations
@@ -157,8 +157,6 @@ def test_a_second_store_in_a_process_leaves_the_first_one_seeing_a_live_writer(t
         reader.close()
 
 
-@pytest.mark.xfail(strict=True, reason="soak finding: measure_utilities (distill/lessons/gate.py) measures every "
-                   "lesson of the run, so each EXTRACT's time and stored snapshot grow with all lessons ever written")
 def test_an_extract_measures_the_utility_of_the_lessons_that_can_still_enter_a_context(tmp_path):
     """In the soak, 866 of 884 lessons were retired at the end; each EXTRACT still measured all of them over the
     newest 5000 episodes (2.1 s of its 2.9 s) and stored the whole snapshot (153 KB by then, 5.7 MB in all, a
@@ -184,8 +182,6 @@ sys.stdin.read()
 """
 
 
-@pytest.mark.xfail(strict=True, reason="soak finding: environments/interpreter.py removes a game's private folder "
-                   "only from the runtime's side (InterpreterProcess.close / its finalizer), which SIGKILL skips")
 def test_a_sigkilled_runtime_leaves_no_game_folder_behind(tmp_path, games_dir):
     """268 folders (agent-runtime-game-*, with cwd/ and interpreter.log) were left by the soak's 100 kills."""
     tmp = tmp_path / "tmp"

@@ -215,17 +215,23 @@ class LessonUtility:
 
 
 def lesson_utilities(
-    episodes: Iterable[EpisodeInfo], lessons: Iterable[LessonInfo], *, min_episodes: int = 3
+    episodes: Iterable[EpisodeInfo], lessons: Iterable[LessonInfo], *, min_episodes: int = 3,
+    measure: Iterable[int] | None = None,
 ) -> dict[int, LessonUtility]:
-    """Per lesson: wins/episodes with it in context vs. without it, in the environments where it was used.
+    """Per lesson: wins/episodes with it in context vs. without it, in the environments where it was used
+    (a merged lesson counts the episodes of everything it merged). `measure`: the ids to measure (default:
+    all of `lessons`, which also give the merge graph).
 
     Episodes that ended in an error are left out (they say nothing about the lessons).
     """
     played = [e for e in episodes if e.outcome != "error"]
     lessons = list(lessons)
     parents = {x.id: [int(i) for i in x.metadata.get("merged_from", [])] for x in lessons}
+    wanted = set(measure) if measure is not None else None
     result = {}
     for lesson in lessons:
+        if wanted is not None and lesson.id not in wanted:
+            continue
         family, todo = set(), [lesson.id]
         while todo:  # the lesson and everything it merged, transitively
             current = todo.pop()
@@ -249,9 +255,13 @@ def lesson_utilities(
 def measure_utilities(
     store: ExperienceStore, run_id: int, *, limit: int = 5000, min_episodes: int = 3
 ) -> dict[int, LessonUtility]:
-    """`lesson_utilities` over the run's newest `limit` episodes and all its lessons."""
+    """`lesson_utilities` over the run's newest `limit` episodes, for the lessons that can still enter a
+    context (proposed and active: a retired or consolidated lesson's utility decides nothing any more, and
+    measuring every lesson ever written made each EXTRACT slower as the run grew)."""
     episodes = store.episodes(run_id, limit=limit)
-    return lesson_utilities(episodes, store.lessons(run_id), min_episodes=min_episodes)
+    every = store.lessons(run_id)
+    live = [x.id for x in every if x.status in ("proposed", "active")]
+    return lesson_utilities(episodes, every, min_episodes=min_episodes, measure=live)
 
 
 def store_utilities(
@@ -271,8 +281,8 @@ def store_utilities(
 
 def load_utilities(store: ExperienceStore, run_id: int | None) -> dict[int, float]:
     """The newest stored utilities of the run: lesson id -> utility (lessons without enough data left out)."""
-    rows = store.evaluations(run_id, kind=EVALUATION_LESSON_UTILITY)
-    if not rows:
+    newest = store.latest_evaluation(run_id, kind=EVALUATION_LESSON_UTILITY)
+    if newest is None:
         return {}
-    stored = rows[-1].metrics.get("utilities", {})
+    stored = newest.metrics.get("utilities", {})
     return {int(k): float(v["utility"]) for k, v in stored.items() if v.get("utility") is not None}
