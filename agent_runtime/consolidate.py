@@ -6,7 +6,9 @@ contexts are the live lesson set, one pool per sample, as the block the agent pu
 `distill.opcd.OPCDTrainer` (through `distill.opcd.run_job`: in this process, or data parallel over
 `opcd.trainer.processes` ranks, one per GPU) trains a LoRA adapter whose parent is the run's active adapter (the teacher is
 that parent with the lessons), logging loss and KL per step into the cycle row. The adapter is written
-atomically under `<workdir>/adapters/cycle-<id>`. A NaN or diverging loss aborts the cycle: ROLLBACK.
+atomically under `<workdir>/adapters/cycle-<id>`, and its row records the fingerprint of the files written
+(`distill.fingerprint`: what every episode acting with it is compared against). A NaN or diverging loss aborts
+the cycle: ROLLBACK.
 
 EVALUATE. On the held-out tasks with fixed seeds: the student without lessons, the student with lessons,
 the teacher (parent) with and without lessons, and the retention set (environments the cycle did not train
@@ -54,6 +56,7 @@ from agent_runtime.evaluation import EvalResult, evaluate
 from agent_runtime.heldout import held_out
 from agent_runtime.llm.base import AdapterBackend, LocalModelBackend, SleepingBackend, activate, require
 from agent_runtime.system_prompt import SystemPrompt, load_context, load_prompts
+from distill.fingerprint import fingerprint_files
 from distill.lessons import live_lessons
 from distill.lessons.versions import create_version, live_version
 from distill.opcd import (
@@ -273,7 +276,8 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     lesson_before = {i: result.kl_before[f"lesson:{i}"] for i in per_lesson}
     lesson_after = {i: result.kl_after[f"lesson:{i}"] for i in per_lesson}
     adapter_id = store.add_adapter(f"cycle-{cycle_id}", str(path), run_id=run_id,
-                                   parent_id=parent.id if parent else None, base_model=config.model.name)
+                                   parent_id=parent.id if parent else None, base_model=config.model.name,
+                                   fingerprint=fingerprint_files(path))
     metrics: dict[str, Any] = {"heldout_kl": {"before": before, "after": after}, "prompts": len(train),
                                "heldout_prompts": len(heldout), "processes": settings.trainer.processes,
                                "objective": "choice" if choice_mode else "tokens", "kind": kind,

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from agent_runtime.adapter_probe import check_backend, ensure_reference, tolerance_for
 from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import ConfigError, RunConfig, check_stored_code, config_from_dict, save_resolved
 from agent_runtime.consolidate import roll_back_interrupted
@@ -362,6 +363,23 @@ class AgentLoop:
         self.lessons.reload()
         tqdm.write(report.line())
         log.info(report.line(), extra={"fields": {"phase": "CONSOLIDATE", "cycle": asdict(report)}})
+        if report.status == "promoted":
+            self._probe_promoted()
+
+    def _probe_promoted(self) -> None:
+        """The adapter probe after a promotion (`agent_runtime.adapter_probe`): its reference is computed here
+        when the cycle ran here (a Ray learner stores its own), and the loop's backend, when it is the one that
+        plays, is checked against it; a stale one raises `StaleAdapterError`. Ray workers are probed by their
+        executor when the adapter reaches them."""
+        if self.adapter is None or self._on_learner():
+            return
+        reference = ensure_reference(self.config, self.workdir, self.store, self.run_id, self.adapter, self.backend)
+        if reference is None or self.config.runtime.executor != "local":
+            return
+        result = check_backend(reference, self.backend, where=f"the loop's {self.backend.name} backend",
+                               tolerance=tolerance_for(self.config.model, self.backend.name), store=self.store,
+                               adapter=self.adapter)
+        tqdm.write(result.line())
 
     # -- reporting ------------------------------------------------------------------------------------
     def _summary(self, started: float, start_episodes: int, start_tokens: int) -> RunSummary:

@@ -30,7 +30,10 @@ the state committed with the last episode.
 
 A promoted adapter reaches the workers as a path: before each PLAY the driver tells every worker to load and
 use the run's active adapter (the workers share the driver's filesystem or a network mount). With
-`generation: server` the workers' chat backends have the vLLM server load it (runtime LoRA loading).
+`generation: server` the workers' chat backends have the vLLM server load it (runtime LoRA loading). Then
+every worker (and a worker started later in a dead one's place) answers the adapter probe
+(`agent_runtime.adapter_probe`: the reference the learner stored with the adapter's cycle), and a worker that
+does not act with the adapter stops the run with `StaleAdapterError` before it plays an episode.
 """
 
 from __future__ import annotations
@@ -46,6 +49,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from agent_runtime.adapter_probe import (
+    Measurement,
+    ProbeReference,
+    ProbeResult,
+    StaleAdapterError,
+    ensure_reference,
+    judge,
+    measure,
+    record_results,
+    stored_reference,
+    tolerance_for,
+)
 from agent_runtime.config import ConfigError, RunConfig, config_from_dict
 from agent_runtime.consolidate import roll_back_interrupted, run_cycle
 from agent_runtime.envs import build_envs, build_prompt_builders, sampling_params
@@ -100,6 +115,10 @@ class RolloutWorker:
         """Act with `adapter` (by its path, loaded on first use), or the base model (None)."""
         activate(self.backend, adapter)
         self.runner.adapter_id = adapter.id if adapter is not None else None
+
+    def probe(self, reference: dict) -> tuple[Measurement, str]:
+        """This worker's answers to the adapter probe (the driver judges them), and its backend's name."""
+        return measure(self.backend, ProbeReference.from_json(reference)), self.backend.name
 
     def advance(self, assignments: list[tuple[Draw, EpisodeContext]]) -> tuple[list[EpisodeRecord], dict]:
         """Queue the new draws, play until at least one episode ends (or nothing is left), return the ended ones
@@ -170,6 +189,9 @@ class Learner:
         if report is not None:
             report.metrics["learner"] = self.where()
             self.store.update_cycle(report.cycle_id, metrics=report.metrics)
+        if report is not None and report.status == "promoted":  # the probe's reference, where the cycle ran
+            ensure_reference(self.config, self.workdir, self.store, run_id, self.store.get_adapter(report.adapter_id),
+                             self.backend)
         return report
 
     def close(self) -> None:
@@ -265,6 +287,7 @@ class RayExecutor:
         self._data, self._workdir = config.model_dump(mode="json"), str(workdir)
         self._learner_data = learner_config(config, gpus)
         self._policy, self._env_ids = config.model.name, [e.id for e in config.envs]
+        self._model_config = config.model
         self._slots_per_worker = settings.slots or config.runtime.slots
         self.workers: dict[int, object] = {}
         self.slots: dict[int, int] = {}
@@ -294,6 +317,8 @@ class RayExecutor:
         if self._adapter is not None:
             actor.activate.remote(self._adapter_info)  # actor calls run in order: before its first advance
         self.workers[worker_id], self.slots[worker_id], self.assigned[worker_id] = actor, self._slots_per_worker, set()
+        if self._adapter_info is not None:
+            self.probe_workers(self._adapter_info, [worker_id])
         return worker_id
 
     def in_flight(self) -> list[int]:
@@ -306,6 +331,32 @@ class RayExecutor:
             return
         self._ray.get([w.activate.remote(adapter) for w in self.workers.values()])
         self._adapter, self._adapter_info = key, adapter
+        if adapter is not None:
+            self.probe_workers(adapter, list(self.workers))
+
+    def probe_workers(self, adapter: AdapterInfo, worker_ids: list[int]) -> list[ProbeResult]:
+        """The adapter probe on the given workers, all at once; the verdicts go with the adapter's cycle, and a
+        worker that does not act with `adapter` raises `StaleAdapterError` (naming it). An adapter no cycle of
+        this version trained (no stored reference) is not probed."""
+        store = self.driver.store
+        reference = stored_reference(store, adapter)
+        if reference is None:
+            log.warning("adapter probe: no reference stored for adapter %s; its workers are not probed", adapter.name)
+            return []
+        answers = self._ray.get([self.workers[w].probe.remote(reference.as_json()) for w in worker_ids])
+        results, stale = [], None
+        for worker, (measured, backend_name) in zip(worker_ids, answers):
+            where = f"rollout worker {worker} ({backend_name} backend)"
+            try:
+                results.append(judge(reference, measured, where=where,
+                                     tolerance=tolerance_for(self._model_config, backend_name)))
+            except StaleAdapterError as exc:
+                results.append(exc.result)
+                stale = stale or exc
+        record_results(store, adapter, results)
+        if stale is not None:
+            raise stale
+        return results
 
     def play(self, session: PlaySession, adapter: AdapterInfo | None) -> None:
         """One PLAY phase on the workers: the session's draws, each finished episode committed through it."""

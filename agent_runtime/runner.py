@@ -11,6 +11,10 @@ flight), which makes `--resume` exact without pickling random-number generators.
 
 Failures inside an episode are data: an environment that raises in reset or step ends that episode with
 outcome "error" and the message, and the run goes on with a fresh environment instance in that slot.
+
+Which weights acted: when an episode starts, the runner asks the backend for the fingerprint of the adapter
+weights it has loaded (`FingerprintBackend`), and the episode record carries it next to `adapter_id` (the
+adapter the run meant), so that an episode played with other weights than its adapter's is visible.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from agent_runtime.agent import PromptBuilder, Turn, parse_action
-from agent_runtime.llm.base import ChoiceBackend, PolicyBackend, SamplingParams, require
+from agent_runtime.llm.base import ChoiceBackend, FingerprintBackend, PolicyBackend, SamplingParams, require
 from memory import EpisodeRecord, StepRecord
 
 INVALID_ACTION_FEEDBACK = "That reply did not contain a valid action. Reply with one command."
@@ -90,6 +94,7 @@ class _Episode:
     total_return: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    fingerprint: str | None = None  # of the adapter weights the backend had loaded when the episode started
 
 
 def _now() -> datetime:
@@ -141,22 +146,25 @@ class EpisodeRunner:
             started_at=ep.started_at, ended_at=_now(), error=error, goal=ep.info.get("goal"),
             lessons_in_context=list(ep.context.lesson_ids),
             metadata={"draw": ep.draw.index, "final_observation": ep.observation}, steps=ep.steps,
+            adapter_fingerprint=ep.fingerprint,
         )
 
     def _start(self, slot: int, draw: Draw) -> EpisodeRecord | None:
         """Reset an environment onto the draw; a failing reset is returned as an errored episode."""
         started = _now()
         context = self.context_for(draw)
+        fingerprint = self.backend.adapter_fingerprint() if isinstance(self.backend, FingerprintBackend) else None
         try:
             env = self._env(slot, draw.env_index)
             observation, info = env.reset(seed=draw.seed, task_id=draw.task_id)
         except Exception as exc:
             self._drop_env(slot, draw.env_index)
-            ep = _Episode(draw, None, "", {}, started, context)
+            ep = _Episode(draw, None, "", {}, started, context, fingerprint=fingerprint)
             return self._record(ep, "error", False, f"reset failed: {type(exc).__name__}: {exc}")
         examples = (self.examples_for(self.envs[draw.env_index].env_id, draw.task_id, observation)
                     if self.examples_for else [])
-        self._live[slot] = _Episode(draw, env, observation, dict(info or {}), started, context, examples)
+        self._live[slot] = _Episode(draw, env, observation, dict(info or {}), started, context, examples,
+                                    fingerprint=fingerprint)
         return None
 
     def run(self, next_draw: Callable[[], Draw | None], on_episode: Callable[[EpisodeRecord], None],

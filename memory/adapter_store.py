@@ -1,7 +1,7 @@
 """The store's LoRA adapters: where each is on disk, what it was trained from, whether it is in use
 (part of `ExperienceStore`).
 
-What: `add_adapter(name, path, ...) -> id`, `set_adapter_status(id, status)`, `get_adapter(id)`,
+What: `add_adapter(name, path, ..., fingerprint=) -> id`, `set_adapter_status(id, status)`, `get_adapter(id)`,
 `adapters(run_id, status=)`, `active_adapter(run_id)`. Promotion, which moves two adapters' statuses
 at once, is a cycle's business (`cycle_store`).
 
@@ -31,8 +31,10 @@ class AdaptersMixin(StoreMixin):
         base_model: str | None = None,
         status: str = "candidate",
         metadata: dict[str, Any] | None = None,
+        fingerprint: str | None = None,
     ) -> int:
-        """Register an adapter saved at `path`; returns its id."""
+        """Register an adapter saved at `path`; returns its id. `fingerprint` is the `distill.fingerprint` of the
+        files the trainer wrote there (what episodes acting with it are checked against)."""
         check_value(status, ADAPTER_STATUSES, "adapter status")
         with self._write() as session:
             row = Adapter(
@@ -43,6 +45,7 @@ class AdaptersMixin(StoreMixin):
                 base_model=base_model,
                 status=status,
                 meta=metadata or {},
+                fingerprint=fingerprint,
             )
             session.add(row)
             session.flush()

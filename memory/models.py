@@ -170,6 +170,7 @@ class Adapter(Base):
     status: Mapped[str] = mapped_column(NulFreeString(20), default="candidate")
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+    fingerprint: Mapped[str | None] = mapped_column(String(64))  # of the files the trainer wrote
 
 
 class Episode(Base):
@@ -203,6 +204,7 @@ class Episode(Base):
     summary: Mapped[str] = mapped_column(NulFreeText, default="")
     lessons_in_context: Mapped[list[Any]] = mapped_column(default=list)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+    adapter_fingerprint: Mapped[str | None] = mapped_column(String(64))  # of the weights its backend had loaded
 
 
 class Step(Base):

@@ -58,6 +58,8 @@ class EpisodeRecord:
     lessons_in_context: list[int] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     steps: list[StepRecord] = field(default_factory=list)
+    # `distill.fingerprint` of the LoRA weights the acting backend had loaded (None: base model, or not reported)
+    adapter_fingerprint: str | None = None
 
 
 @dataclass
@@ -94,6 +96,7 @@ class EpisodeInfo:
     lessons_in_context: list[int]
     metadata: dict[str, Any]
     steps: list[StepInfo] = field(default_factory=list)
+    adapter_fingerprint: str | None = None
 
     @property
     def duration_s(self) -> float:
@@ -208,6 +211,7 @@ class AdapterInfo:
     status: str
     created_at: dt.datetime
     metadata: dict[str, Any]
+    fingerprint: str | None = None  # `distill.fingerprint` of the files the trainer wrote
 
 
 @dataclass

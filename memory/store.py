@@ -457,6 +457,7 @@ def _episode_row(run_id: int, record: EpisodeRecord) -> dict[str, Any]:
         "seed": record.seed,
         "policy": record.policy,
         "adapter_id": record.adapter_id,
+        "adapter_fingerprint": record.adapter_fingerprint,
         "lesson_set_version": record.lesson_set_version,
         "outcome": record.outcome,
         "won": bool(record.won),

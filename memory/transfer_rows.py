@@ -11,7 +11,8 @@ written itself. `memory.transfer` reads lines; this module says what a line may 
   of ids, a list of strings or null), embeddings whose bytes are `4 * dim` finite floats.
 - `upgrade_row(revision, table, row)`: a row of an export written at an older schema revision, as that
   revision's migrations would have left it (0001 -> 0002 reads the lesson-set notes with migration 0002's
-  own rules, imported from it; 0002 -> 0003 gives cycles their empty `episode_ids`).
+  own rules, imported from it; 0002 -> 0003 gives cycles their empty `episode_ids`; 0003 -> 0004 lessons
+  their null `forgotten_at`; 0004 -> 0005 episodes and adapters their null fingerprints).
 - `References`: the ids a row names in JSON lists and foreign keys, checked once every row is in (same
   transaction): the row named must exist (a lesson's or cycle's source episodes may have been pruned,
   if their ids are below the store's newest episode) and belong to the same run, or to none.
@@ -195,8 +196,15 @@ def _to_0004(table: str, row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-UPGRADES = (("0001", _to_0002), ("0002", _to_0003), ("0003", _to_0004))  # (from revision, the next step)
-READABLE_REVISIONS = tuple(r for r, _ in UPGRADES) + ("0004",)
+def _to_0005(table: str, row: dict[str, Any]) -> dict[str, Any]:
+    column = {"episodes": "adapter_fingerprint", "adapters": "fingerprint"}.get(table)
+    if column is not None and column not in row:
+        return {**row, column: None}
+    return row
+
+
+UPGRADES = (("0001", _to_0002), ("0002", _to_0003), ("0003", _to_0004), ("0004", _to_0005))  # (from, the next step)
+READABLE_REVISIONS = tuple(r for r, _ in UPGRADES) + ("0005",)
 
 
 def upgrade_row(revision: str, table: str, row: dict[str, Any]) -> dict[str, Any]:

@@ -234,9 +234,9 @@ def test_without_a_choice_distribution_the_greedy_replies_are_probed(tiny_model_
     result = judge(reference, right, where="server", tolerance=FLOAT32_TOLERANCE)
     assert result.verdict in ("adapter", "inconclusive") and result.to_adapter < 1e-4
     stale = measure(NoDistribution(acting(tiny_model_dir, adapters["parent"])), reference)
-    if any(a.text != p.text for a, p in reference.greedy):  # the two policies' greedy replies differ somewhere
-        with pytest.raises(StaleAdapterError, match="server does not act with adapter cycle-2"):
-            judge(reference, stale, where="server", tolerance=FLOAT32_TOLERANCE)
+    assert any(a.text != p.text for a, p in reference.greedy), "the policies' greedy replies differ somewhere"
+    with pytest.raises(StaleAdapterError, match="server does not act with adapter cycle-2"):
+        judge(reference, stale, where="server", tolerance=FLOAT32_TOLERANCE)
 
 
 def test_a_backend_with_no_log_probabilities_is_reported_unverifiable(reference):

@@ -1,0 +1,254 @@
+"""The adapter probe where runs use it: after a promotion in the loop, and after the Ray driver hands an adapter to
+its rollout workers; and the fingerprint every episode records of the weights its backend had loaded.
+
+The loop's cycle is real: a tiny model first taught (plain SFT, in the test) to take the coin when a lesson says
+so, then a run whose OPCD cycle consolidates that lesson and is promoted. The stale backend is the real
+transformers backend behind a wrapper whose adapter switches never reach the model. On Ray, the workers load the
+adapter by path; a stale worker is one that finds other files there than the trainer wrote (the files changed
+after the probe's reference was taken).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+import torch
+
+from agent_runtime.adapter_probe import StaleAdapterError, ensure_reference
+from agent_runtime.config import config_from_dict
+from agent_runtime.llm.transformers_backend import TransformersBackend
+from agent_runtime.loop import AgentLoop
+from distill.fingerprint import fingerprint_files
+from memory import ExperienceStore
+
+LESSON = "When you see a coin, take coin at once."
+LOOP_WHERE = "the loop's transformers backend"
+
+
+def _taught(directory, games_dir) -> None:
+    """A tiny model that chooses `take coin` when LESSON is in its system prompt and another action without it,
+    on the first turns of coin-collector games."""
+    import environments
+    from agent_runtime.agent import PromptBuilder
+    from agent_runtime.testing import tiny_model_and_tokenizer
+    from distill.chat_tokens import encode_chat
+
+    model, tok = tiny_model_and_tokenizer("llama")
+    env = environments.make("textworld/coin_collector", level=1, n_train=4, n_eval=4, cache_dir=str(games_dir))
+    builder = PromptBuilder(family="textworld", count_tokens=lambda chat: 0, context_window=4096,
+                            action_mode="choice")
+    firsts = []
+    for split in ("train", "eval"):
+        for i, task in enumerate(env.tasks(split)):
+            for seed in (i, 1234 + i):
+                observation, info = env.reset(seed=seed, task_id=task)
+                firsts.append((observation, info["admissible_actions"]))
+    env.close()
+    rng = random.Random(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    for _ in range(60):
+        rows = []
+        for _ in range(16):
+            observation, actions = rng.choice(firsts)
+            taught = rng.random() < 0.5
+            chat = builder.build([], observation, actions, lessons=[LESSON] if taught else [])
+            action = "take coin" if taught else rng.choice([a for a in actions if a != "take coin"])
+            rows.append((encode_chat(tok, chat).ids, tok(action, add_special_tokens=False)["input_ids"]
+                         + [tok.eos_token_id]))
+        width = max(len(p) + len(a) for p, a in rows)
+        ids = torch.full((len(rows), width), tok.pad_token_id)
+        labels, mask = torch.full_like(ids, -100), torch.zeros_like(ids)
+        for r, (p, a) in enumerate(rows):
+            ids[r, :len(p) + len(a)] = torch.tensor(p + a)
+            labels[r, len(p):len(p) + len(a)] = torch.tensor(a)
+            mask[r, :len(p) + len(a)] = 1
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def taught_dir(tmp_path_factory, games_dir):
+    directory = tmp_path_factory.mktemp("taught")
+    _taught(directory, games_dir)
+    return directory
+
+
+def _config(model_dir, games_dir, episodes):
+    return config_from_dict({
+        "name": "probe", "model": {"name": str(model_dir), "max_new_tokens": 4, "dtype": "float32"},
+        "envs": [{"id": "textworld/coin_collector", "max_steps": 1,
+                  "kwargs": {"level": 1, "n_train": 4, "n_eval": 4, "cache_dir": str(games_dir)}}],
+        "runtime": {"slots": 4, "episodes": episodes}, "evaluation": {"episodes_per_env": 4},
+        "lessons": {"enabled": True, "extract_every": 10_000, "gate_episodes": 0, "embedder": "hash",
+                    "seed": [LESSON]},
+        "opcd": {"enabled": True, "consolidate_every": 8, "recent_episodes": 8, "promote_margin": 1.0,
+                 "retention_margin": 1.0, "min_kl_drop": 0.0,
+                 "trainer": {"steps": 30, "batch_size": 4, "lr": 5e-3, "lora_r": 4, "sampler": "live"}},
+    })
+
+
+class NoSwitch:
+    """The transformers backend, except that loading or switching an adapter never reaches its model: it says it
+    acts with the new adapter and keeps computing with the weights it had (the reported async-LoRA failure)."""
+
+    def __init__(self, inner: TransformersBackend):
+        self._inner = inner
+        self.adapters: dict[str, str] = {}
+        self.active_adapter = None
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def load_adapter(self, name, path):
+        self.adapters[name], self.active_adapter = str(path), name
+
+    def use_adapter(self, name):
+        self.active_adapter = name
+
+    def adapter_fingerprint(self):
+        return self._inner.adapter_fingerprint()
+
+    def choose(self, prompts, choices, params):
+        return self._inner.choose(prompts, choices, params)
+
+    def generate(self, prompts, params):
+        return self._inner.generate(prompts, params)
+
+    def close(self):
+        self._inner.close()
+
+
+@pytest.mark.slow
+def test_the_loop_probes_its_backend_after_a_promotion(tmp_path, games_dir, taught_dir):
+    loop = AgentLoop(_config(taught_dir, games_dir, 12), tmp_path, progress=False)
+    summary = loop.run()
+    loop.close()
+    assert summary.cycles == 1 and summary.adapter == "cycle-1", "the cycle was promoted"
+    with ExperienceStore.open(tmp_path) as store:
+        [cycle] = store.cycles(summary.run_id)
+        adapter = store.get_adapter(cycle.adapter_id)
+        probe = cycle.metrics["probe"]
+        episodes = sorted(store.episodes(summary.run_id, limit=100), key=lambda e: e.metadata["draw"])
+    reference, result = probe["reference"], probe["results"][LOOP_WHERE]
+    assert reference["adapter"] == "cycle-1" and reference["parent"] is None and len(reference["prompts"]) >= 1
+    assert result["verdict"] == "adapter" and result["mode"] == "choice" and result["to_adapter"] < 1e-3
+    assert result["shift"] > 2 * result["tolerance"], "the adapter moved the probe: the verdict means something"
+    assert adapter.fingerprint == fingerprint_files(adapter.path) == result["fingerprint"]
+    assert [e.adapter_fingerprint for e in episodes[:8]] == [None] * 8, "the base model played before the cycle"
+    assert [(e.adapter_id, e.adapter_fingerprint) for e in episodes[8:]] == [(adapter.id, adapter.fingerprint)] * 4
+
+
+@pytest.mark.slow
+def test_a_backend_that_keeps_the_old_weights_stops_the_run(tmp_path, games_dir, taught_dir):
+    stale = NoSwitch(TransformersBackend.from_pretrained(str(taught_dir), dtype="float32"))
+    loop = AgentLoop(_config(taught_dir, games_dir, 12), tmp_path, backend=stale, progress=False)
+    with pytest.raises(StaleAdapterError, match=f"{LOOP_WHERE} does not act with adapter cycle-1 after its "
+                                                "promotion: it acts as the parent"):
+        loop.run()
+    loop.close()
+    with ExperienceStore.open(tmp_path) as store:
+        [run] = store.runs()
+        [cycle] = store.cycles(run.id)
+        result = cycle.metrics["probe"]["results"][LOOP_WHERE]
+        episodes = store.episodes(run.id, limit=100)
+    assert cycle.status == "promoted" and result["verdict"] == "stale" and run.status == "stopped"
+    assert result["fingerprint"] is None, "the backend still acts with the base model's weights"
+    assert len(episodes) == 8 and all(e.adapter_id is None for e in episodes), "no episode of the stale policy"
+
+
+# -- Ray rollout workers -----------------------------------------------------------------------------------------
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100_000_000, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def peaky_dir(tmp_path_factory):
+    """The tiny model with its (tied) embeddings scaled 20x, so that a random adapter moves its choices far."""
+    from agent_runtime.testing import tiny_model_and_tokenizer
+
+    model, tokenizer = tiny_model_and_tokenizer()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(20.0)
+    directory = tmp_path_factory.mktemp("peaky")
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _random_adapter(model_dir, path, seed):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), LoraConfig(
+        r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"]))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in lora.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    lora.save_pretrained(path)
+    return path
+
+
+def _ray_config(model_dir, games_dir, episodes):
+    return config_from_dict({
+        "name": "probe-ray", "model": {"name": str(model_dir), "max_new_tokens": 4, "dtype": "float32"},
+        "agent": {"action_mode": "choice"},
+        "envs": [{"id": "textworld/coin_collector", "max_steps": 2,
+                  "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)}}],
+        "runtime": {"slots": 1, "episodes": episodes, "executor": "ray", "summary_every": 1000,
+                    "ray": {"workers": 2, "slots": 1, "worker_cpus": 0.5}},
+    })
+
+
+@pytest.mark.slow
+def test_ray_workers_are_probed_and_a_stale_one_stops_the_run(ray_cluster, tmp_path, games_dir, peaky_dir):
+    loop = AgentLoop(_ray_config(peaky_dir, games_dir, 4), tmp_path, progress=False)
+    first = loop.run()
+    path = _random_adapter(peaky_dir, tmp_path / "adapters" / "cycle-1", seed=1)
+    store = loop.store
+    played = [e.id for e in store.episodes(first.run_id)]
+    cycle = store.start_cycle(first.run_id, {}, episode_ids=played)  # what CONSOLIDATE and PROMOTE leave
+    adapter_id = store.add_adapter("cycle-1", str(path), run_id=first.run_id, fingerprint=fingerprint_files(path))
+    store.update_cycle(cycle, adapter_id=adapter_id)
+    store.promote_cycle(cycle, [])
+    adapter = store.get_adapter(adapter_id)
+    reference = ensure_reference(loop.config, tmp_path, store, first.run_id, adapter, loop.backend)  # the learner's
+    assert reference.shift > 0.1, reference.shift
+    loop.adapter = adapter
+    loop.config.runtime.episodes = 8
+    second = loop.run()
+    loop.close()
+    assert second.episodes == 8
+    with ExperienceStore.open(tmp_path) as store:
+        [cycle_info] = store.cycles(first.run_id)
+        results = cycle_info.metrics["probe"]["results"]
+        episodes = sorted(store.episodes(first.run_id, limit=100), key=lambda e: e.metadata["draw"])
+    assert sorted(results) == ["rollout worker 0 (transformers backend)", "rollout worker 1 (transformers backend)"]
+    assert all(r["verdict"] == "adapter" and r["fingerprint"] == adapter.fingerprint for r in results.values())
+    assert [e.adapter_fingerprint for e in episodes[4:]] == [adapter.fingerprint] * 4, "the workers report it"
+
+    shutil.rmtree(path)  # other weights at the adapter's path: what a worker started now loads
+    _random_adapter(peaky_dir, path, seed=2)
+    loop = AgentLoop(_ray_config(peaky_dir, games_dir, 12), tmp_path, resume=True, progress=False)
+    with pytest.raises(StaleAdapterError, match=r"rollout worker \d \(transformers backend\) does not act with "
+                                                "adapter cycle-1 after its promotion: it acts as neither"):
+        loop.run()
+    loop.close()
+    with ExperienceStore.open(tmp_path) as store:
+        assert len(store.episodes(first.run_id, limit=100)) == 8, "the stale workers played nothing"
+        [cycle_info] = store.cycles(first.run_id)
+    stale = [r for r in cycle_info.metrics["probe"]["results"].values() if r["verdict"] == "stale"]
+    assert len(stale) == 2 and all(r["fingerprint"] != adapter.fingerprint for r in stale)
