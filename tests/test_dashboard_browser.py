@@ -9,6 +9,8 @@ the episode table through HTMX, watches the overview's live counter move, and mu
   aborted and reported),
 - hit a Content-Security-Policy violation or a JavaScript error,
 - run the `<script>alert(1)</script>` stored in an observation (a dialog would open).
+A second test opens the life of a lesson that was consolidated and then forgotten, and an episode whose backend
+had other weights loaded than its adapter's (the mismatch flag), under the same rules.
 
 Skipped, with the reason, when /usr/bin/chromium is missing outside CI; in CI (`CI` set) it must run.
 """
@@ -148,5 +150,56 @@ def test_dashboard_in_chromium_while_a_loop_writes(tmp_path: Path, seed_with_xss
     assert writer.error is None, f"the writer failed while the dashboard read: {writer.error!r}"
     assert writer.written > 10
     assert offsite == [], f"the dashboard requested non-local addresses: {offsite}"
+    assert problems == [], f"{len(problems)} console errors (CSP violations?), first: {problems[:3]}"
+    assert dialogs == [], "stored text was executed as script"
+
+
+@pytest.mark.timeout(120)
+def test_a_forgotten_lessons_life_and_a_mismatched_episode_in_chromium(tmp_path: Path) -> None:
+    """The lesson page of a lesson taught into a promoted adapter and then forgotten (the run rolled back), and the
+    episode page of an episode whose backend had other weights loaded than its adapter's: shown, not run."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from distill.lessons.forget import apply_forget, plan_forget
+    from distill.lessons.versions import create_version
+
+    xss = "<script>alert(1)</script>"
+    with ExperienceStore.open(tmp_path) as store:
+        run = store.create_run("life", {})
+        source = store.add_episode(run, game_episode(DEMO_ENVS[0], "t0", won=True, seed=0))
+        _, [lesson] = store.record_extraction("x", [f"Take the coin {xss}."], run_id=run, episode_ids=[source])
+        cycle = store.start_cycle(run, {}, lesson_set_version=create_version(store, run, [lesson]).version)
+        adapter = store.add_adapter("cycle-1", "/adapters/cycle-1", run_id=run, fingerprint="a" * 64)
+        store.update_cycle(cycle, adapter_id=adapter)
+        store.promote_cycle(cycle, [lesson])
+        record = game_episode(DEMO_ENVS[0], f"task {xss}", won=False, seed=1)
+        record.adapter_id, record.adapter_fingerprint = adapter, "b" * 64
+        episode = store.add_episode(run, record)
+        apply_forget(store, plan_forget(store, lesson), count_tokens=lambda text: len(text.split()))
+    problems: list[str] = []
+    dialogs: list[str] = []
+    with running_server(create_app(tmp_path)) as base, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context()
+            context.route("**/*", lambda route, request: route.continue_()
+                          if urlsplit(request.url).hostname in LOCAL_HOSTS else route.abort())
+            page = context.new_page()
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.goto(f"{base}/lessons/{lesson}")
+            expect(page.locator("h1 .badge.forgotten")).to_have_text("forgotten")
+            expect(page.locator("blockquote.lesson-text")).to_contain_text(xss)
+            expect(page.locator("section.taught tbody tr")).to_have_count(1)
+            expect(page.locator("section.forgotten")).to_contain_text("the run went back to the base model")
+            expect(page.locator("section.life ol.events li").last).to_contain_text("forgotten")
+            page.locator("section.taught a").first.click()
+            page.wait_for_url(f"{base}/cycles/{cycle}")
+            page.goto(f"{base}/episodes/{episode}")
+            expect(page.locator("dd.fingerprint .badge.mismatch")).to_be_visible()
+            expect(page.locator("dd.fingerprint")).to_contain_text("bbbbbbbbbbbbbbbb")
+        finally:
+            browser.close()
     assert problems == [], f"{len(problems)} console errors (CSP violations?), first: {problems[:3]}"
     assert dialogs == [], "stored text was executed as script"

@@ -1,8 +1,9 @@
 """The dashboard's pages and JSON chart endpoints (all GET; every page has a shareable URL).
 
 Pages: `/` overview, `/learning` (is the agent learning: rolling success, cycle evaluations),
-`/episodes` (filterable, paged) and `/episodes/{id}`, `/lessons`, `/lessons/versions` and
-`/lessons/{id}`, `/cycles` and `/cycles/{id}`, `/search`.
+`/episodes` (filterable, paged) and `/episodes/{id}` (with the adapter-fingerprint check), `/lessons`,
+`/lessons/versions` and `/lessons/{id}` (the lesson's whole life: `lifecycle.py`), `/cycles` and
+`/cycles/{id}` (with the adapter probe's verdicts), `/search`.
 Fragments for HTMX: a page asked with the `HX-Request` header returns only its changing part
 (`/partials/overview` is the overview's live block, polled every few seconds;
 `/episodes/{id}/steps/{index}/prompt` is a step's full prompt, loaded when it is opened).
@@ -25,6 +26,7 @@ from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from agent_runtime.dashboard import learning as learning_reads
+from agent_runtime.dashboard import lifecycle
 from agent_runtime.dashboard import reads
 from agent_runtime.dashboard.reads import MAX_INT
 from memory import LESSON_SET_LIVE, MADE_BY_USER, ExperienceStore, MemoryStoreError, RunInfo
@@ -224,6 +226,7 @@ def episode(request: Request, episode_id: RowId) -> HTMLResponse:
         request,
         "episode.html",
         episode=info,
+        check=lifecycle.adapter_check(store, info),
         in_context=in_context,
         missing_lessons=sorted(set(info.lessons_in_context) - {lesson.id for lesson in in_context}),
         produced=reads.lessons_from_episode(store, info),
@@ -314,6 +317,8 @@ def lesson(request: Request, lesson_id: RowId) -> HTMLResponse:
         lesson=info,
         extraction=extraction,
         versions=reads.versions_holding(store, lesson_id),
+        life=lifecycle.lesson_life(store, info),
+        by_user=MADE_BY_USER,
         utility=reads.stored_utilities(store, info.run_id).get(lesson_id),
         run_id=info.run_id,
     )
@@ -352,6 +357,7 @@ def cycle(request: Request, cycle_id: RowId) -> HTMLResponse:
         consolidated=store.lessons(ids=reads.lessons_consolidated_by(store, cycle_id)),
         skipped_curves=skipped,
         decision=reads.decision(info),
+        probe=lifecycle.probe_results(info),
         run_id=info.run_id,
     )
 
