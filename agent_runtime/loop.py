@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from agent_runtime.adapter_probe import check_backend, ensure_reference, tolerance_for
+from agent_runtime.adapter_probe import check_backend, ensure_reference, stored_reference, tolerance_for
 from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import ConfigError, RunConfig, check_stored_code, config_from_dict, save_resolved
-from agent_runtime.consolidate import roll_back_interrupted
+from agent_runtime.consolidate import making_room, roll_back_interrupted
 from agent_runtime.envs import build_envs
 from agent_runtime.heldout import held_out
 from agent_runtime.lessons_phase import (
@@ -167,6 +167,7 @@ class AgentLoop:
         self.schedule = Schedule(config, requested=self.requests)
         self.stop_requested = False
         self._executor: Executor | None = None  # built on first use (a resumed run may start in any phase)
+        self._probed: int | None = None  # the adapter the loop's own backend last passed the probe with
 
     @property
     def backend(self) -> PolicyBackend:
@@ -230,6 +231,9 @@ class AgentLoop:
         try:
             while not self.stop_requested:
                 if self.phase == "PLAY":
+                    if self.config.opcd.enabled and self.requests():  # asked for (`lessons forget`), even at the end
+                        self._move("CONSOLIDATE")
+                        continue
                     if self.schedule.over(self.state):
                         break
                     self._gate_user_lessons()
@@ -273,6 +277,7 @@ class AgentLoop:
 
     # -- PLAY -----------------------------------------------------------------------------------------
     def _play(self, started: float, start_episodes: int, start_tokens: int) -> None:
+        self._probe_acting()
         executor = self.executor
         target = self.config.runtime.episodes
         done = self.state.episodes
@@ -368,17 +373,30 @@ class AgentLoop:
 
     def _probe_promoted(self) -> None:
         """The adapter probe after a promotion (`agent_runtime.adapter_probe`): its reference is computed here
-        when the cycle ran here (a Ray learner stores its own), and the loop's backend, when it is the one that
-        plays, is checked against it; a stale one raises `StaleAdapterError`. Ray workers are probed by their
-        executor when the adapter reaches them."""
+        when the cycle ran here (a Ray learner stores its own; an engine sharing the device sleeps meanwhile), and
+        the loop's backend is checked against it. Ray workers are probed by their executor when the adapter
+        reaches them."""
         if self.adapter is None or self._on_learner():
             return
-        reference = ensure_reference(self.config, self.workdir, self.store, self.run_id, self.adapter, self.backend)
-        if reference is None or self.config.runtime.executor != "local":
+        with making_room(self.backend):
+            reference = ensure_reference(self.config, self.workdir, self.store, self.run_id, self.adapter,
+                                         self.backend)
+        self._probe_acting(reference)
+
+    def _probe_acting(self, reference=None) -> None:
+        """When the loop's own backend plays (the local executor), check it against the probe of the adapter it
+        acts with, once per adapter (after a promotion, and on a resumed run or after `lessons forget` switched
+        the adapter); a stale backend raises `StaleAdapterError` before an episode is played with it."""
+        adapter = self.adapter
+        if self.config.runtime.executor != "local" or adapter is None or self._probed == adapter.id:
+            return
+        reference = reference or stored_reference(self.store, adapter)
+        if reference is None:
             return
         result = check_backend(reference, self.backend, where=f"the loop's {self.backend.name} backend",
                                tolerance=tolerance_for(self.config.model, self.backend.name), store=self.store,
-                               adapter=self.adapter)
+                               adapter=adapter)
+        self._probed = adapter.id
         tqdm.write(result.line())
 
     # -- reporting ------------------------------------------------------------------------------------
