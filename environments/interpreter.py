@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -270,9 +271,9 @@ def _fields(state: Any, infos: Any) -> dict[str, Any]:
     return {key: state.get(key) for key in keys}
 
 
-def _play(conn: multiprocessing.connection.Connection) -> None:
-    """A game process: answer requests until "close" or until the parent goes away."""
-    env, infos = None, None
+def _play(conn: multiprocessing.connection.Connection) -> bool:
+    """A game process: answer requests until "close" (True) or until the parent goes away (False)."""
+    env, infos, closed = None, None, False
     while True:
         try:
             request = json.loads(conn.recv_bytes())
@@ -280,6 +281,7 @@ def _play(conn: multiprocessing.connection.Connection) -> None:
             break
         op = request["op"]
         if op == "close":
+            closed = True
             break
         try:
             if op == "load":
@@ -303,6 +305,7 @@ def _play(conn: multiprocessing.connection.Connection) -> None:
         conn.send_bytes(json.dumps(answer, default=str).encode())
     if env is not None:
         env.close()
+    return closed
 
 
 def _alive(pid: int) -> bool:
@@ -318,6 +321,17 @@ def _alive(pid: int) -> bool:
         except PermissionError:
             return True
         return True
+
+
+def _gone(pid: int, wait_s: float = 10.0) -> bool:
+    """Whether process `pid` ends within `wait_s`. A killed process closes its files (the end of file a game
+    process reads) a moment before it shows as exited, so one look right after the end of file can miss it."""
+    deadline = time.monotonic() + wait_s
+    while _alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _serve_forks(control: socket.socket) -> None:
@@ -347,8 +361,8 @@ def _serve_forks(control: socket.socket) -> None:
                 output = os.open(task["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
                 for fd in (1, 2):  # what the game or a library prints is kept for the error message
                     os.dup2(output, fd)
-                _play(multiprocessing.connection.Connection(fds[0]))
-                if not _alive(task["owner"]):  # the runtime was killed: nobody else removes the folder
+                closed = _play(multiprocessing.connection.Connection(fds[0]))
+                if not closed and _gone(task["owner"]):  # the runtime was killed: nobody else removes the folder
                     shutil.rmtree(Path(task["workdir"]).parent, ignore_errors=True)
             except BaseException:  # noqa: BLE001 - a game process never returns into the server's loop
                 code = 1
