@@ -62,7 +62,7 @@ from agent_runtime.adapter_probe import (
     tolerance_for,
 )
 from agent_runtime.config import ConfigError, RunConfig, config_from_dict
-from agent_runtime.consolidate import roll_back_interrupted, run_cycle
+from agent_runtime.consolidate import making_room, roll_back_interrupted, run_cycle
 from agent_runtime.envs import build_envs, build_prompt_builders, sampling_params
 from agent_runtime.lessons_phase import run_extract
 from agent_runtime.llm import make_backend
@@ -190,8 +190,9 @@ class Learner:
             report.metrics["learner"] = self.where()
             self.store.update_cycle(report.cycle_id, metrics=report.metrics)
         if report is not None and report.status == "promoted":  # the probe's reference, where the cycle ran
-            ensure_reference(self.config, self.workdir, self.store, run_id, self.store.get_adapter(report.adapter_id),
-                             self.backend)
+            with making_room(self.backend):
+                ensure_reference(self.config, self.workdir, self.store, run_id,
+                                 self.store.get_adapter(report.adapter_id), self.backend)
         return report
 
     def close(self) -> None:

@@ -1,5 +1,6 @@
 """The `vllm` section of `bench/gpu_check.sh`: the vllm backend's rollout rate with prefix caching, and how long
-a LoRA hot swap takes, on a random-weight Qwen2.5-0.5B-shaped model.
+a LoRA hot swap takes, and how long the engine takes to sleep and wake around an OPCD cycle, on a
+random-weight Qwen2.5-0.5B-shaped model.
 
 No weights on the GPU machine: vLLM builds the model from its config with random weights (`load_format:
 dummy`), next to the tiny byte-level tokenizer of `agent_runtime.testing` (as the other sections do). The LoRA
@@ -106,7 +107,28 @@ def section_vllm(args, out) -> None:
         check._rollout_row(args, out, backend, builder, params, factory, env_label, EpisodeRunner, slots, episodes,
                            max_steps, new_tokens, torch.device("cpu"), label="vllm rollout", memory=memory)
     _lora_rows(backend, adapter, out, args)
+    _sleep_row(backend, out)
     backend.close()
+
+
+def _sleep_row(backend, out) -> None:
+    """What an OPCD cycle next to the engine costs it: sleep (weights offloaded, KV cache dropped) and wake."""
+    import torch
+
+    before = torch.cuda.memory_reserved() if torch.cuda.is_available() else 0
+    start = time.perf_counter()
+    if not backend.sleep():
+        out.add("sleep mode", "not available", f"platform {backend.platform}: the engine keeps its memory while a "
+                "cycle trains (the CPU build has no sleep mode)")
+        return
+    slept = time.perf_counter() - start
+    free = torch.cuda.mem_get_info()[0] / 2**30 if torch.cuda.is_available() else float("nan")
+    start = time.perf_counter()
+    backend.wake_up()
+    woke = time.perf_counter() - start
+    out.add("sleep mode", f"sleep {slept:.2f}s, wake {woke:.2f}s",
+            f"GPU memory free while asleep {free:.1f} GiB (this process reserved {before / 2**30:.1f} GiB)",
+            sleep_s=slept, wake_s=woke)
 
 
 def _lora_rows(backend, adapter: Path, out, args) -> None:

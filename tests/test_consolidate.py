@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from agent_runtime.loop import AgentLoop
 from agent_runtime.report import learning_table
 from memory import ExperienceStore
@@ -101,3 +103,35 @@ def test_cycle_trains_data_parallel(tmp_path, cycle_config):
         adapter = store.get_adapter(cycle.adapter_id)
     written = [p.name for p in (tmp_path / "adapters").iterdir()]
     assert written == [Path(adapter.path).name] and (Path(adapter.path) / "adapter_config.json").is_file()
+
+
+def test_an_engine_that_can_sleep_gives_its_memory_back_while_a_cycle_trains():
+    """`making_room`: sleep before the training, wake after it (an error included); an engine that cannot
+    sleep (vLLM's CPU build) is left alone."""
+    from agent_runtime.consolidate import making_room
+
+    class Engine:
+        def __init__(self, can: bool):
+            self.can, self.calls = can, []
+
+        def sleep(self) -> bool:
+            self.calls.append("sleep")
+            return self.can
+
+        def wake_up(self) -> None:
+            self.calls.append("wake")
+
+    engine = Engine(True)
+    with making_room(engine):
+        engine.calls.append("train")
+    assert engine.calls == ["sleep", "train", "wake"]
+    engine = Engine(True)
+    with pytest.raises(RuntimeError), making_room(engine):
+        raise RuntimeError("diverged")
+    assert engine.calls == ["sleep", "wake"]
+    engine = Engine(False)
+    with making_room(engine):
+        pass
+    assert engine.calls == ["sleep"]
+    with making_room(object()):  # a backend without the capability
+        pass

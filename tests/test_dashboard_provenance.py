@@ -79,7 +79,7 @@ def life(tmp_path_factory) -> tuple[TestClient, dict[str, int]]:
 
 
 def _section(body: str, css_class: str) -> str:
-    match = re.search(rf'<section class="{css_class}">(.*?)</section>', body, re.S)
+    match = re.search(rf'<section class="{css_class}">(.*?)</section>', body, re.DOTALL)
     assert match, f"no section {css_class}"
     return match.group(1)
 
@@ -88,7 +88,7 @@ def test_the_lesson_page_shows_its_whole_life(life) -> None:
     client, ids = life
     body = client.get(f"/lessons/{ids['lesson']}").text
     assert '<span class="badge forgotten">forgotten</span>' in body and XSS not in body and ESCAPED in body
-    origin = re.search(r'<dd class="origin">(.*?)</dd>', body, re.S).group(1)
+    origin = re.search(r'<dd class="origin">(.*?)</dd>', body, re.DOTALL).group(1)
     assert f'href="/episodes/{ids["source0"]}"' in origin and "through extraction" in origin
     held = _section(body, "held")
     assert [int(v) for v in re.findall(r">v(\d+)</a>", held)] == [ids["v1"], ids["v2"]], "the versions that held it"
@@ -103,7 +103,7 @@ def test_the_lesson_page_shows_its_whole_life(life) -> None:
     assert "cycle-1 (#" in forgotten and "cycle-2 (#" in forgotten, "the adapters it tainted"
     assert "the run went back to the base model" in forgotten
     assert f"run request #{ids['request']}, pending" in forgotten
-    events = [re.sub(r"<[^>]+>", "", e) for e in re.findall(r"<li>(.*?)</li>", _section(body, "life"), re.S)]
+    events = [re.sub(r"<[^>]+>", "", e) for e in re.findall(r"<li>(.*?)</li>", _section(body, "life"), re.DOTALL)]
     kinds = [next(k for k in ("extracted", "in lesson set", "taught into", "consolidated by", "forgotten") if k in e)
              for e in events]
     assert kinds[0] == "extracted" and kinds[-1] == "forgotten" and "consolidated by" in kinds
@@ -113,7 +113,7 @@ def test_the_lesson_page_shows_its_whole_life(life) -> None:
 def test_the_life_of_a_persons_lesson_that_never_reached_a_cycle(life) -> None:
     client, ids = life
     body = client.get(f"/lessons/{ids['user']}").text
-    origin = re.search(r'<dd class="origin">(.*?)</dd>', body, re.S).group(1)
+    origin = re.search(r'<dd class="origin">(.*?)</dd>', body, re.DOTALL).group(1)
     assert "a person" in origin and "/episodes/" not in origin
     assert "no OPCD cycle was taught with it" not in body, "cycle 2's set held it"
     assert '<span class="badge forgotten">' not in body and '<section class="forgotten">' not in body
@@ -131,14 +131,14 @@ def test_a_done_reconsolidation_shows_its_outcome(tmp_path: Path) -> None:
 def test_the_episode_page_shows_the_weights_and_flags_a_mismatch(life) -> None:
     client, ids = life
     same = client.get(f"/episodes/{ids['episode_match']}").text
-    weights = re.search(r'<dd class="fingerprint">(.*?)</dd>', same, re.S).group(1)
+    weights = re.search(r'<dd class="fingerprint">(.*?)</dd>', same, re.DOTALL).group(1)
     assert TRAINED[:16] in weights and "the trainer's weights" in weights and "mismatch" not in weights
     assert "cycle-1 (#" in same
     other = client.get(f"/episodes/{ids['episode_mismatch']}").text
-    weights = re.search(r'<dd class="fingerprint">(.*?)</dd>', other, re.S).group(1)
+    weights = re.search(r'<dd class="fingerprint">(.*?)</dd>', other, re.DOTALL).group(1)
     assert '<span class="badge mismatch">mismatch</span>' in weights and OTHER[:16] in weights
     assert TRAINED[:16] in weights, "it names what the trainer wrote"
-    base = re.search(r'<dd class="fingerprint">(.*?)</dd>', client.get(f"/episodes/{ids['base']}").text, re.S)
+    base = re.search(r'<dd class="fingerprint">(.*?)</dd>', client.get(f"/episodes/{ids['base']}").text, re.DOTALL)
     assert "base model" in base.group(1)
     unreported = client.get(f"/episodes/{ids['episode_unreported']}").text
     assert "no fingerprint reported by the backend" in unreported

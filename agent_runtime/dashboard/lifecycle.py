@@ -158,8 +158,8 @@ def _events(lesson: LessonInfo, life: LessonLife) -> list[tuple[dt.datetime, str
         events.append((held.created_at, f"in lesson set v{held.version} ({held.status}{by})"))
     for taught in life.taught_into:
         made = f", adapter {taught.adapter.name} ({taught.adapter.status})" if taught.adapter else ""
-        events.append((taught.cycle.started_at, f"taught into OPCD cycle {taught.cycle.id} "
-                                                f"({taught.cycle.status}{made})"))
+        what = f"taught into OPCD cycle {taught.cycle.id} ({taught.cycle.status}{made})"
+        events.append((taught.cycle.started_at, what))
     if life.consolidated_by is not None:
         at = life.consolidated_by.ended_at or life.consolidated_by.started_at
         events.append((at, f"consolidated by OPCD cycle {life.consolidated_by.id}: it left the context"))

@@ -26,8 +26,7 @@ from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from agent_runtime.dashboard import learning as learning_reads
-from agent_runtime.dashboard import lifecycle
-from agent_runtime.dashboard import reads
+from agent_runtime.dashboard import lifecycle, reads
 from agent_runtime.dashboard.reads import MAX_INT
 from memory import LESSON_SET_LIVE, MADE_BY_USER, ExperienceStore, MemoryStoreError, RunInfo
 from memory.embeddings import make_embedder

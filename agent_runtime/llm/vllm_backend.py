@@ -135,6 +135,10 @@ class VLLMBackend:
             engine_kwargs.setdefault("block_size", 32)
         if gpu_memory_utilization is None:
             gpu_memory_utilization = CPU_MEMORY_UTILIZATION if current_platform.is_cpu() else GPU_MEMORY_UTILIZATION
+        # On a GPU an OPCD cycle trains next to the engine: sleep mode lets the engine give its memory back while
+        # it does (`sleep`/`wake_up`, called around the training by agent_runtime.consolidate.making_room).
+        self._sleep_mode = bool(engine_kwargs.setdefault("enable_sleep_mode", current_platform.is_cuda()))
+        self._asleep = False
         self._vllm = vllm
         try:
             self.llm = vllm.LLM(model=model_path, dtype=dtype, enable_lora=True, max_lora_rank=max_lora_rank,
@@ -326,6 +330,21 @@ class VLLMBackend:
             out.append(Completion(text=closest_action(gen.text, options), token_ids=list(gen.token_ids),
                                   prompt_tokens=len(prompt.ids), logprobs=[logprob], prompt_text=prompt.text))
         return out
+
+    def sleep(self) -> bool:
+        """Offload the weights and drop the KV cache (vLLM sleep level 1) so that a cycle can train on the same
+        GPU; False (and nothing done) where the engine was not started with sleep mode (the CPU build)."""
+        if not self._sleep_mode or self._asleep:
+            return False
+        self.llm.sleep(level=1)
+        self._asleep = True
+        return True
+
+    def wake_up(self) -> None:
+        """The weights back on the GPU and a fresh KV cache (the prefix cache starts cold)."""
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
 
     def close(self) -> None:
         """Shut the engine's processes down now (not whenever the garbage collector gets to them)."""
