@@ -321,10 +321,13 @@ def code_references(config: RunConfig) -> dict[str, str]:
 
     A stored config (a run's own, or one that came in with `memory import`) is data; `run --resume` refuses
     it when these differ from the config the user gave (`check_stored_code`), so resuming never runs code
-    that only the database names."""
+    that only the database names. An interpreter to start (`model.options.python`, the vllm backend's engine in
+    another environment) is code too: the stored one would be executed."""
     refs = {}
     if config.model.backend == "chat" and "class" in config.model.options:
         refs["model.options.class"] = str(config.model.options["class"])
+    if config.model.options.get("python"):
+        refs["model.options.python"] = str(config.model.options["python"])
     if config.lessons.extractor != "policy":
         refs["lessons.extractor"] = config.lessons.extractor
     if "class" in config.runtime.ray.server:

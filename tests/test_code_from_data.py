@@ -55,14 +55,31 @@ def test_resume_goes_on_when_the_code_named_is_the_same(tmp_path, games_dir):
         AgentLoop(config_from_dict(other), tmp_path, resume=True, progress=False)
 
 
+def test_resume_refuses_a_stored_interpreter_the_given_config_does_not_name(tmp_path, games_dir, tiny_model_dir):
+    """An imported run whose config starts the vllm backend's engine with `model.options.python`: that path is
+    a program the stored config would execute."""
+    marker = tmp_path / "ran"
+    program = tmp_path / "python"
+    program.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    program.chmod(0o755)
+    planted = smoke(games_dir, model={"name": str(tiny_model_dir), "backend": "vllm",
+                                      "options": {"python": str(program)}})
+    with ExperienceStore.open(tmp_path) as store:
+        store.create_run("t", config_from_dict(planted).model_dump(mode="json"))
+    with pytest.raises(ConfigError, match=r"model.options.python: stored '.*python', given None"):
+        AgentLoop(config_from_dict(smoke(games_dir)), tmp_path, resume=True, progress=False)
+    assert not marker.exists(), "the program ran"
+
+
 def test_every_code_naming_field_is_found():
     config = config_from_dict({
         "name": "t", "envs": [{"id": "math/gsm_symbolic"}, {"id": "pkg.mod:Env"}],
-        "model": {"backend": "chat", "options": {"class": "a:B"}},
+        "model": {"backend": "chat", "options": {"class": "a:B", "python": "/x/bin/python"}},
         "lessons": {"extractor": "c:D"},
         "runtime": {"executor": "ray", "ray": {"generation": "server", "server": {"class": "e:F"}}},
         "opcd": {"retention_envs": [{"id": "g:H"}]},
     })
-    assert code_references(config) == {"model.options.class": "a:B", "lessons.extractor": "c:D",
+    assert code_references(config) == {"model.options.class": "a:B", "model.options.python": "/x/bin/python",
+                                       "lessons.extractor": "c:D",
                                        "runtime.ray.server.class": "e:F", "envs.1.id": "pkg.mod:Env",
                                        "opcd.retention_envs.0.id": "g:H"}
