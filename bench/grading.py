@@ -5,8 +5,8 @@ Why: math-verify's own timeout is a SIGALRM, which works only on the main thread
 such as `\\boxed{9^{9^{9}}}` runs inside one C call that no signal interrupts; rollout workers grade from
 threads. Each adversarial case runs in a fresh interpreter under a hard wall-clock cap (`--cap`, killed
 beyond it), so a grade that holds the GIL for minutes costs the bench only the cap. Ordinary answers are
-the cases of tests/test_env_grading.py (each must grade as the test says), graded in one process after a
-warm-up grade, on the main thread and on a worker thread.
+the cases of tests/test_env_grading.py (kept in tests/data/grading_cases.json; each must grade as the test
+says), graded in one process after a warm-up grade, on the main thread and on a worker thread.
 
 Usage: `python bench/grading.py [--cap 30] [--repeat 3] [--root OTHER_CHECKOUT]` (`--root` measures the
 grader of another checkout, e.g. `git worktree add /tmp/before HEAD~1`, against this one's test cases).
@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+CASES = ROOT / "tests" / "data" / "grading_cases.json"  # the answer/gold pairs of tests/test_env_grading.py
 
 ADVERSARIAL = [
     ("\\boxed{9^{9^{9}}}", "18"),
@@ -60,7 +61,8 @@ import json, statistics, sys, threading, time
 sys.path.insert(0, {here!r})
 sys.path.insert(0, {root!r})
 from environments.math import is_correct
-from tests.test_env_grading import CORRECT, WRONG
+CASES = json.loads(open({cases!r}).read())
+CORRECT, WRONG = [tuple(c) for c in CASES["correct"]], [tuple(w) for w in CASES["wrong"]]
 is_correct("\\\\boxed{{1}}", "1")
 mode, repeat = sys.argv[1], int(sys.argv[2])
 times = []
@@ -115,7 +117,8 @@ def main() -> None:
     print("| ordinary answers (tests/test_env_grading.py) | median ms | mean ms | max ms |")
     print("|---|---:|---:|---:|")
     for mode, label in (("main", "main thread"), ("thread", "worker thread")):
-        done = _run(_ORDINARY.format(root=args.root, here=str(ROOT)), [mode, str(args.repeat)], 600)
+        script = _ORDINARY.format(root=args.root, here=str(ROOT), cases=str(CASES))
+        done = _run(script, [mode, str(args.repeat)], 600)
         assert done is not None and done.returncode == 0, done and done.stderr[-2000:]
         median, mean, worst = json.loads(done.stdout.strip().splitlines()[-1])
         print(f"| {label} | {median:.2f} | {mean:.2f} | {worst:.0f} |")

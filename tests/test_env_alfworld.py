@@ -110,11 +110,10 @@ def test_generation_is_deterministic_across_processes():
 def test_interpreter_meta_commands_change_nothing(simple_env, tmp_path, monkeypatch):
     """ALFWorld's PDDL engine applies only admissible commands; meta-commands are flagged like TextWorld's,
     answered with its usual "Nothing happens.", and neither change the game nor write files."""
-    from tests.test_env_interpreter import META
-
+    meta = json.loads((Path(__file__).parent / "data" / "meta_commands.json").read_text())
     monkeypatch.chdir(tmp_path)
     _, before = simple_env.reset(task_id="train-0")
-    for command in META:
+    for command in meta:
         result = simple_env.step(command)
         assert result.observation == "Nothing happens." and result.reward == 0.0 and not result.terminated
         assert result.info["admissible_actions"] == before["admissible_actions"]

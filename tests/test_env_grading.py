@@ -2,73 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 
 import pytest
 
 from environments.math import extract_final_answer, is_correct
 
-CORRECT = [
-    ("The answer is \\boxed{18}.", "18"),
-    ("#### 18", "18"),
-    ("She pays 3*6 = 18 dollars.\n#### 18", "#### 18"),
-    ("Answer: 18", "18"),
-    ("answer: 18", "18"),
-    ("The final answer is 18.", "18"),
-    ("The final answer is $\\boxed{18}$. I hope it is correct.", "18"),
-    ("Final Answer: The final answer is $18$.", "18"),
-    ("So the answer is 18 dollars.", "18"),
-    ("Answer: $18", "18"),
-    ("\\boxed{\\$18}", "18"),
-    ("\\boxed{1,000}", "1000"),
-    ("Answer: 1,000,000", "1000000"),
-    ("\\boxed{18.0}", "18"),
-    ("\\boxed{0.5}", "\\frac{1}{2}"),
-    ("\\boxed{\\frac{1}{2}}", "0.5"),
-    ("\\boxed{\\dfrac{3}{4}}", "0.75"),
-    ("\\boxed{1/2}", "\\frac{1}{2}"),
-    ("\\boxed{-3}", "-3"),
-    ("\\boxed{2(x+1)}", "2x+2"),
-    ("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}"),
-    ("\\boxed{x = 5}", "5"),
-    ("x = 5", "5"),
-    ("\\boxed{(1, 2)}", "(1,2)"),
-    ("\\boxed{\\{2, 1\\}}", "\\{1,2\\}"),
-    ("\\boxed{[1, 3)}", "[1,3)"),
-    ("\\boxed{\\pi}", "\\pi"),
-    ("\\boxed{2\\pi}", "2 \\pi"),
-    ("\\boxed{10\\%}", "10\\%"),
-    ("First I thought \\boxed{17}, but rechecking, the answer is \\boxed{18}.", "18"),
-    ("\\boxed{17}\nWait, that's wrong.\nAnswer: 18", "18"),
-    ("18", "18"),
-    ("Lots of reasoning...\n\n18", "18"),
-    ("\\boxed{\\boxed{18}}", "18"),
-    ("The answer is: \\boxed{\\frac{7}{2}}", "3.5"),
-    ("\\fbox{42}", "42"),
-    ("Answer: \\boxed{3}", "There are 3 apples.\n#### 3"),
-    ("\\boxed{(n+1)^{n-1}}", "(n+1)^(n-1)"),
-]
-
-WRONG = [
-    ("The answer is \\boxed{17}.", "18"),
-    ("#### 19", "18"),
-    ("\\boxed{18} ... no, actually \\boxed{19}", "18"),
-    ("Answer: 18\nOn second thought, the final answer is 20.", "18"),
-    ("\\boxed{(1, 2)}", "(2,1)"),
-    ("\\boxed{[1, 3)}", "(1,3)"),
-    ("\\boxed{\\{1, 2, 3\\}}", "\\{1,2\\}"),
-    ("\\boxed{x = 6}", "5"),
-    ("\\boxed{0.33}", "\\frac{1}{3}"),
-    ("", "18"),
-    ("I don't know.", "18"),
-    ("\\boxed{}", "18"),
-    ("\\boxed{18", "19"),
-    ("__import__('os').system('touch /tmp/pwned_by_grader')", "0"),
-    ("Answer: eval(\"1+1\")", "2"),
-    ("```python\nprint(18)\n```", "18"),
-    ("\\boxed{" + "9" * 5000 + "}", "9"),
-    ("Answer: " + "(" * 300 + "1" + ")" * 300, "2"),
-]
+# answer/gold pairs shared with bench/grading.py, which times them
+CASES = json.loads((Path(__file__).parent / "data" / "grading_cases.json").read_text())
+CORRECT = [tuple(pair) for pair in CASES["correct"]]
+WRONG = [tuple(pair) for pair in CASES["wrong"]]
 
 
 @pytest.mark.parametrize("response,gold", CORRECT)
