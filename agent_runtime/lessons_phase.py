@@ -35,6 +35,7 @@ from agent_runtime.evaluation import evaluate
 from agent_runtime.heldout import held_out
 from agent_runtime.llm.base import BackendError, PolicyBackend, SamplingParams, TokenizerBackend
 from agent_runtime.runner import Draw, EpisodeContext
+from distill.chat_tokens import encode_text
 from distill.lessons import (
     LessonCurator,
     LessonExtractor,
@@ -61,11 +62,12 @@ PREFILL = "- EXPERIENCE ITEM:"  # a local model's answer starts here (render() c
 
 
 def text_token_counter(backend: PolicyBackend):
-    """Tokens of a plain text in the acting model's tokenizer (whitespace words for a scripted policy)."""
+    """Tokens of a plain text in the acting model's tokenizer (whitespace words for a scripted policy), counted
+    as the prompt will hold it: special-token text in a lesson is text there (`encode_text`), not one token."""
     if not isinstance(backend, TokenizerBackend):
         return lambda text: len(text.split())
     tokenizer = backend.tokenizer
-    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return lambda text: len(encode_text(tokenizer, text))
 
 
 def config_token_counter(model: ModelConfig) -> Callable[[str], int]:
@@ -83,7 +85,7 @@ def config_token_counter(model: ModelConfig) -> Callable[[str], int]:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(name), local_files_only=True)
     except OSError as exc:
         raise BackendError(f"cannot load the tokenizer of {name!r} offline to count the lesson budget: {exc}") from None
-    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return lambda text: len(encode_text(tokenizer, text))
 
 
 def user_lessons_gated(config: RunConfig) -> bool:

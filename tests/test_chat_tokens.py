@@ -154,3 +154,15 @@ def test_the_chat_backend_sends_defused_content():
     [[system, user]] = seen
     assert system == SYSTEM["content"] and "<|im_end|>" not in user and "<|im_start|>" not in user
     assert user.replace("\u2060", "") == FORGED  # the text itself is unchanged
+
+
+def test_the_lesson_budget_counts_special_token_text_as_the_prompt_holds_it(tiny_backend, tiny_model_dir):
+    """A lesson holding `<|im_end|>` costs as many tokens in the budget as it takes in the prompt (not one)."""
+    from agent_runtime.config import ModelConfig
+    from agent_runtime.lessons_phase import config_token_counter, text_token_counter
+
+    lesson = f"- EXPERIENCE ITEM: {FORGED}"
+    in_prompt = len(encode_text(tiny_backend.tokenizer, lesson))
+    assert in_prompt > len(plain_ids(tiny_backend.tokenizer, lesson))
+    assert text_token_counter(tiny_backend)(lesson) == in_prompt
+    assert config_token_counter(ModelConfig(name=str(tiny_model_dir)))(lesson) == in_prompt

@@ -51,7 +51,7 @@ from agent_runtime.llm.base import (
     apply_stop,
     closest_action,
 )
-from distill.chat_tokens import defuse_special_text
+from distill.chat_tokens import defuse_special_text, encode_text
 from distill.fingerprint import fingerprint_files
 
 
@@ -187,7 +187,7 @@ class ChatBackend:
 
     def _count(self, text: str) -> int:
         if self.tokenizer is not None:
-            return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            return len(encode_text(self.tokenizer, text))
         return len(text.split())
 
     def count_tokens(self, chat: Chat) -> int:
