@@ -51,6 +51,7 @@ def test_a_short_soak_loses_nothing_and_does_no_phase_twice(tmp_path, games_dir)
     report = soak.Soak(settings).run()
     assert report["violations"] == []
     assert report["kills"] == 10 and report["survivors"] == 0
+    assert report["game_dirs_left"] == 0, "a killed session's game processes remove their folders"
     assert report["extractions"] >= 2 and sum(report["cycles"].values()) >= 1
     print(soak.table(report))
     with ExperienceStore.open(settings.workdir, read_only=True) as store:  # the harness's word not taken
