@@ -19,6 +19,7 @@ from memory.errors import (
     ReadOnlyStoreError,
     StoreUnavailableError,
 )
+from memory.evaluation_store import MeasuredUtility
 from memory.models import (
     EVALUATION_EVAL,
     EVALUATION_GATE,
@@ -73,6 +74,7 @@ __all__ = [
     "InvalidRecordError",
     "LessonInfo",
     "LessonSetInfo",
+    "MeasuredUtility",
     "MemoryStoreError",
     "NotADatabaseError",
     "NotFoundError",

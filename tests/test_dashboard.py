@@ -379,7 +379,7 @@ def test_lesson_pages_read_the_state_columns(tmp_path: Path) -> None:
                              metrics={"utilities": {str(live): {"utility": 0.25}}})
         store.add_evaluation("*", run_id=run, split="lesson-utility", metrics={"utilities": {str(live): {"utility": -1}}})
         assert set(reads.gate_decisions(store, run)) == {v2}, "a policy evaluation named 'gate' is not a decision"
-        assert reads.stored_utilities(store, run) == {live: {"utility": 0.25}}
+        assert {k: m.entry for k, m in store.latest_lesson_utilities(run, [live]).items()} == {live: {"utility": 0.25}}
     with TestClient(create_app(tmp_path), base_url="http://127.0.0.1") as client:
         current = client.get(f"/lessons?run={run}").text.split("<section>")[1]
         assert f"Current set: version {v1} " in current and "first" in current

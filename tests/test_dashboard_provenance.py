@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from agent_runtime.dashboard import create_app
 from distill.lessons.forget import apply_forget, plan_forget
 from distill.lessons.versions import create_version
-from memory import ExperienceStore
+from memory import EVALUATION_LESSON_UTILITY, ExperienceStore
 from memory.testing import DEMO_ENVS, game_episode
 
 XSS = "<script>alert(1)</script>"
@@ -39,6 +39,8 @@ def _history(workdir: Path) -> dict[str, int]:
                                               episode_ids=sources, prompt="p", response="r")
         user = store.add_lesson(f"Look first {XSS}.", run_id=run, metadata={"source": "user"})
         v1 = create_version(store, run, [lesson]).version
+        measured = store.add_evaluation("*", run_id=run, kind=EVALUATION_LESSON_UTILITY, metrics={"utilities": {
+            str(lesson): {"utility": 0.25, "rate_with": 0.75, "rate_without": 0.5, "n_with": 8, "n_without": 6}}})
         v2 = create_version(store, run, [lesson, user], by_user=True, note=f"a person added {XSS}").version
         cycle1 = store.start_cycle(run, {}, lesson_set_version=v1)
         adapter1 = store.add_adapter("cycle-1", "/adapters/cycle-1", run_id=run, fingerprint=TRAINED)
@@ -64,10 +66,14 @@ def _history(workdir: Path) -> dict[str, int]:
         unreported.adapter_id = adapter1
         played["unreported"] = store.add_episode(run, unreported)
         done = apply_forget(store, plan_forget(store, lesson), count_tokens=lambda text: len(text.split()))
+        # the next EXTRACT measures only what can still enter a context: the person's lesson, not the forgotten one
+        newest = store.add_evaluation("*", run_id=run, kind=EVALUATION_LESSON_UTILITY, metrics={"utilities": {
+            str(user): {"utility": None, "rate_with": 1.0, "rate_without": 0.5, "n_with": 1, "n_without": 4,
+                        "min_episodes": 3}}})
     return {"run": run, "lesson": lesson, "user": user, "cycle1": cycle1, "cycle2": cycle2, "adapter1": adapter1,
             "adapter2": adapter2, "v1": v1, "v2": v2, "forget_version": done["versions"][0],
             "request": done["request_id"], "base": base, **{f"episode_{k}": v for k, v in played.items()},
-            "source0": sources[0]}
+            "source0": sources[0], "measured": measured, "newest_measured": newest}
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +114,50 @@ def test_the_lesson_page_shows_its_whole_life(life) -> None:
              for e in events]
     assert kinds[0] == "extracted" and kinds[-1] == "forgotten" and "consolidated by" in kinds
     assert kinds.count("in lesson set") == 2 and kinds.count("taught into") == 2
+
+
+def _measured(body: str) -> str:
+    return re.search(r'<dd class="measured">(.*?)</dd>', body, re.DOTALL).group(1)
+
+
+def test_a_forgotten_lesson_keeps_its_last_measured_utility(life) -> None:
+    """The newest utility snapshot no longer measures the consolidated, then forgotten, lesson (EXTRACT measures
+    what can still enter a context): its page shows the snapshot that last did, and when; the person's lesson
+    shows the newest, where it had too few episodes to tell."""
+    client, ids = life
+    store = client.app.state.store
+    older, newest = store.get_evaluation(ids["measured"]), store.get_evaluation(ids["newest_measured"])
+    shown = _measured(client.get(f"/lessons/{ids['lesson']}").text)
+    assert "+25.0 points (75.0% with it over 8 episodes, 50.0% without over 6)" in shown
+    assert f"measured {older.created_at.strftime('%Y-%m-%d %H:%M:%S')} UTC (lesson-utility snapshot {older.id})" in shown
+    assert "this is its last measurement" in shown
+    user = _measured(client.get(f"/lessons/{ids['user']}").text)
+    assert "too few episodes to tell (1 with it, 4 without; 3 each needed)" in user
+    assert f"lesson-utility snapshot {newest.id})" in user and "last measurement" not in user
+    listed = client.get(f"/lessons?run={ids['run']}").text
+    row = next(r for r in listed.split("<tr>") if f'href="/lessons/{ids["lesson"]}"' in r)
+    assert "+25.0 pts" in row, "the list shows the last measurement too"
+
+
+def test_latest_lesson_utilities_finds_each_lessons_newest_measurement(store) -> None:
+    """On SQLite and PostgreSQL: the newest snapshot holding each lesson's entry (snapshots of another kind or run
+    and lessons never measured are left out), found past more lessons than one query looks up."""
+    from memory.evaluation_store import UTILITY_IDS_PER_QUERY
+
+    run, other = store.create_run("r", {}), store.create_run("other", {})
+    many = range(1000, 1000 + UTILITY_IDS_PER_QUERY + 5)
+    first = store.add_evaluation("*", run_id=run, kind=EVALUATION_LESSON_UTILITY, metrics={"utilities": {
+        "1": {"utility": 0.1}, "2": {"utility": 0.2}, **{str(i): {"utility": i} for i in many}}})
+    second = store.add_evaluation("*", run_id=run, kind=EVALUATION_LESSON_UTILITY,
+                                  metrics={"utilities": {"2": {"utility": None, "n_with": 1}}})
+    store.add_evaluation("*", run_id=run, split="lesson-utility", metrics={"utilities": {"1": {"utility": -1}}})
+    store.add_evaluation("*", run_id=other, kind=EVALUATION_LESSON_UTILITY, metrics={"utilities": {"1": {"utility": 9}}})
+    found = store.latest_lesson_utilities(run, [1, 2, 3, *many])
+    assert (found[1].evaluation_id, found[1].entry) == (first, {"utility": 0.1})
+    assert (found[2].evaluation_id, found[2].entry) == (second, {"utility": None, "n_with": 1})
+    assert 3 not in found and all(found[i].entry == {"utility": i} for i in many)
+    assert found[1].measured_at == store.get_evaluation(first).created_at
+    assert store.latest_lesson_utilities(run, []) == {}
 
 
 def test_the_life_of_a_persons_lesson_that_never_reached_a_cycle(life) -> None:

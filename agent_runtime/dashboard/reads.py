@@ -30,7 +30,6 @@ from sqlalchemy.orm import Session
 
 from memory import (
     EVALUATION_GATE,
-    EVALUATION_LESSON_UTILITY,
     EpisodeInfo,
     ExperienceStore,
     LessonInfo,
@@ -243,15 +242,6 @@ def lessons_consolidated_by(store: ExperienceStore, cycle_id: int) -> list[int]:
                 select(Lesson.id).where(Lesson.consolidated_cycle_id == cycle_id).order_by(Lesson.id)
             )
         )
-
-
-def stored_utilities(store: ExperienceStore, run_id: int | None) -> dict[int, dict[str, Any]]:
-    """Lesson id -> its newest measured utility (`utility`, `rate_with`, `rate_without`, `n_with`, ...)."""
-    rows = store.evaluations(run_id, kind=EVALUATION_LESSON_UTILITY)
-    if not rows:
-        return {}
-    stored = rows[-1].metrics.get("utilities", {})
-    return {int(k): v for k, v in stored.items() if isinstance(v, dict) and str(k).isdigit()}
 
 
 def gate_decisions(store: ExperienceStore, run_id: int | None) -> dict[int, EvaluationInfo]:

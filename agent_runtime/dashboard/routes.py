@@ -273,6 +273,7 @@ def lessons(request: Request) -> HTMLResponse:
     page = _int(request, "page", 1, minimum=1) or 1
     per_page = min(_int(request, "per_page", PER_PAGE, minimum=1) or PER_PAGE, MAX_PER_PAGE)
     total = store.count_lessons(run_id, status=status, pool=pool)
+    listed = store.lessons(run_id, status=status, pool=pool, limit=per_page, offset=(page - 1) * per_page)
     return _page(
         request,
         "lessons.html",
@@ -284,12 +285,12 @@ def lessons(request: Request) -> HTMLResponse:
         pool=pool,
         statuses=LESSON_STATUSES,
         status_counts={s: store.count_lessons(run_id, status=s) for s in LESSON_STATUSES},
-        lessons=store.lessons(run_id, status=status, pool=pool, limit=per_page, offset=(page - 1) * per_page),
+        lessons=listed,
         total=total,
         page=page,
         pages=max(1, -(-total // per_page)),
         baseline=baseline,
-        utilities=reads.stored_utilities(store, run_id),
+        utilities=store.latest_lesson_utilities(run_id, [lesson.id for lesson in listed]),
     )
 
 
@@ -318,7 +319,7 @@ def lesson(request: Request, lesson_id: RowId) -> HTMLResponse:
         versions=reads.versions_holding(store, lesson_id),
         life=lifecycle.lesson_life(store, info),
         by_user=MADE_BY_USER,
-        utility=reads.stored_utilities(store, info.run_id).get(lesson_id),
+        measured=store.latest_lesson_utilities(info.run_id, [lesson_id]).get(lesson_id),
         run_id=info.run_id,
     )
 
