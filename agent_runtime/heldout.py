@@ -9,7 +9,8 @@ observation (played with its evaluation seed), because the same game or problem 
 Where it is enforced: where the pools of learning material are built. EXTRACT's episodes and their
 contrastive partners, an OPCD cycle's prompts and the retrieved examples go through `HeldOut.usable`, so a
 held-out task's episode is left out; `HeldOut.check` is the last line, an `EvalLeakError` (not a warning)
-if one is about to be used anyway. Retrieval never returns the task being played either.
+if one is about to be used anyway. Retrieval never returns the task being played either: not its task id, nor
+the same opening under another id, unless that opening does not identify a game (`HeldOut.identifies`).
 
 `held_out(config, workdir)` builds the set once per process (it resets each evaluation task once; the
 games are generated and cached as evaluation would generate them anyway). `leak_report` is what
@@ -39,10 +40,12 @@ def observation_hash(text: str) -> str:
 
 @dataclass(frozen=True)
 class HeldOut:
-    """The run's held-out tasks, by (env id, task id) and by (env id, first-observation hash)."""
+    """The run's held-out tasks, by (env id, task id) and by (env id, first-observation hash); and the openings
+    that several tasks of an environment show (a game whose opening is the same for every task)."""
 
     tasks: frozenset[tuple[str, str]]
     first_observations: frozenset[tuple[str, str]]
+    common_openings: frozenset[tuple[str, str]] = frozenset()
 
     @property
     def size(self) -> int:
@@ -56,6 +59,10 @@ class HeldOut:
         if (env_id, task_id) in self.tasks:
             return True
         return first_observation is not None and (env_id, observation_hash(first_observation)) in self.first_observations
+
+    def identifies(self, env_id: str, opening_hash: str) -> bool:
+        """Whether an opening tells one game of `env_id` from another: not one that several tasks show."""
+        return (env_id, opening_hash) not in self.common_openings
 
     def usable(self, episode: EpisodeInfo) -> bool:
         """Whether an episode may be learned from (an episode loaded with its steps is checked by content too)."""
@@ -87,26 +94,32 @@ def held_out(config: RunConfig, workdir: Path) -> HeldOut:
 def _build(config: RunConfig, workdir: Path, n: int) -> HeldOut:
     """Reset each held-out task once for its first observation. An observation that the first `n` train
     tasks show too does not tell a held-out game from a training one (a game whose opening is the same for
-    every task), so it is not used to recognise one; the task id still is."""
+    every task), so it is not used to recognise one; the task id still is. An opening that two of these tasks
+    show is a common opening of the environment."""
     specs, task_lists = build_envs(config, workdir, split="eval")
     _, train_lists = build_envs(config, workdir, split="train")
-    tasks, observations = set(), set()
+    tasks, observations, common = set(), set(), set()
     for spec, task_ids, train_ids in zip(specs, task_lists, train_lists):
         env = spec.factory()
         try:
-            held = {}
+            shown_by: dict[str, set[str]] = {}  # opening hash -> the tasks that show it
+            held = set()
             for i, task_id in enumerate(list(task_ids[:n])):
                 tasks.add((spec.env_id, task_id))
-                observation, _ = env.reset(seed=config.evaluation.seed + i, task_id=task_id)
-                held[observation_hash(observation)] = task_id
+                opening = observation_hash(env.reset(seed=config.evaluation.seed + i, task_id=task_id)[0])
+                held.add(opening)
+                shown_by.setdefault(opening, set()).add(task_id)
             shared = set()
             for i, task_id in enumerate(list(train_ids[:n])):
                 if (spec.env_id, task_id) not in tasks:  # a plugin whose splits overlap: the id decides
-                    shared.add(observation_hash(env.reset(seed=i, task_id=task_id)[0]))
-            observations |= {(spec.env_id, h) for h in held if h not in shared}
+                    opening = observation_hash(env.reset(seed=i, task_id=task_id)[0])
+                    shared.add(opening)
+                    shown_by.setdefault(opening, set()).add(task_id)
+            observations |= {(spec.env_id, h) for h in held - shared}
+            common |= {(spec.env_id, h) for h, shown in shown_by.items() if len(shown) > 1}
         finally:
             env.close()
-    return HeldOut(frozenset(tasks), frozenset(observations))
+    return HeldOut(frozenset(tasks), frozenset(observations), frozenset(common))
 
 
 @dataclass

@@ -5,12 +5,12 @@ shows the task being played; `agent-runtime eval` prints the check it ran."""
 
 from __future__ import annotations
 
-import environments
 import pytest
 
+import environments
 from agent_runtime.config import config_from_dict
 from agent_runtime.consolidate import episode_prefixes
-from agent_runtime.heldout import EvalLeakError, held_out
+from agent_runtime.heldout import EvalLeakError, held_out, observation_hash
 from agent_runtime.lessons_phase import learnable_recent, run_extract
 from agent_runtime.llm.scripted import ScriptedBackend
 from agent_runtime.loop import AgentLoop
@@ -81,13 +81,33 @@ def test_a_planted_eval_episode_reaches_nothing_downstream(tmp_path, games_dir):
 
 
 def test_retrieval_never_shows_the_task_being_played(tmp_path, games_dir):
+    """Not under its own task id, nor the same game under another id (its opening, whitespace aside); another
+    game is shown."""
     cfg = config(games_dir)
     with ExperienceStore.open(tmp_path, embedder="hash") as store:
         run_id = store.create_run("t", {})
         store.add_episode(run_id, game_episode(ENV, "train-task-1", won=True, observation="A room with a coin."))
         retrieve = example_retriever(store, run_id, 1, lambda: held_out(cfg, tmp_path))
         assert retrieve(ENV, "train-task-1", "A room with a coin.") == []
-        assert len(retrieve(ENV, "train-task-2", "A room with a coin.")) == 1
+        assert retrieve(ENV, "a-copy-of-train-task-1", "A room  with a\ncoin.") == [], "the same game, another id"
+        assert len(retrieve(ENV, "train-task-2", "A room with a coin and a door.")) == 1
+
+
+def test_retrieval_by_opening_spares_a_game_whose_tasks_all_open_alike(tmp_path):
+    """GuessEnv opens every task with the same sentence: that opening does not identify the game being played,
+    so another task's episode is still an example (its task id still excludes the task itself)."""
+    guess = "environments.testing:GuessEnv"
+    cfg = config_from_dict({"name": "g", "model": {"name": "scripted", "backend": "scripted"},
+                            "envs": [{"id": guess}], "evaluation": {"episodes_per_env": 2}})
+    held = held_out(cfg, tmp_path)
+    opening = environments.make(guess).reset(seed=0, task_id="train-0")[0]
+    assert not held.identifies(guess, observation_hash(opening))
+    with ExperienceStore.open(tmp_path, embedder="hash") as store:
+        run_id = store.create_run("g", {})
+        store.add_episode(run_id, game_episode(guess, "train-3", won=True, observation=opening))
+        retrieve = example_retriever(store, run_id, 1, lambda: held)
+        assert len(retrieve(guess, "train-4", opening)) == 1
+        assert retrieve(guess, "train-3", opening) == []
 
 
 def test_the_eval_leak_check_names_what_learned_from_a_held_out_task(tmp_path, games_dir):
