@@ -211,6 +211,9 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     system = load_context(settings.context) if settings.context is not None else None
     if system is None and not lessons:
         return None
+    # checked against the held-out tasks before the cycle starts (PromptFileLeakError names the line)
+    prompt_file = (load_prompts(settings.context.prompts, held=held_out(config, workdir))
+                   if system and settings.context.prompts else None)
     teacher_spec, teacher = cycle_teacher(config, settings)
     parent = store.active_adapter(run_id)
     kind = "system_prompt" if system else "lessons"
@@ -224,8 +227,8 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     else:
         pools = sorted({x.pool for x in lessons})
         contexts = [lessons_section([x.text for x in lessons if x.pool == p]) for p in pools]
-    if system and settings.context.prompts:
-        decisions = [Decision(chat, []) for chat in load_prompts(settings.context.prompts)]
+    if prompt_file is not None:
+        decisions = [Decision(chat, []) for chat in prompt_file]
     else:
         decisions = episode_prefixes(config, workdir, store, run_id, backend, settings.recent_episodes)
     # The agent acts by choosing wherever it can: then the choice policy is what is distilled, on the

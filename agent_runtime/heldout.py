@@ -34,8 +34,13 @@ class EvalLeakError(RuntimeError):
     """A held-out evaluation task was about to become learning material; nothing was used."""
 
 
+def normal_text(text: str) -> str:
+    """`text` with its whitespace runs made single spaces (what an opening is compared by)."""
+    return " ".join(text.split())
+
+
 def observation_hash(text: str) -> str:
-    return hashlib.sha256(" ".join(text.split()).encode()).hexdigest()
+    return hashlib.sha256(normal_text(text).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class HeldOut:
     tasks: frozenset[tuple[str, str]]
     first_observations: frozenset[tuple[str, str]]
     common_openings: frozenset[tuple[str, str]] = frozenset()
+    opening_texts: tuple[tuple[str, str, str], ...] = ()  # (env id, task id, normal text) of those that identify one
 
     @property
     def size(self) -> int:
@@ -63,6 +69,12 @@ class HeldOut:
     def identifies(self, env_id: str, opening_hash: str) -> bool:
         """Whether an opening tells one game of `env_id` from another: not one that several tasks show."""
         return (env_id, opening_hash) not in self.common_openings
+
+    def task_in(self, text: str) -> tuple[str, str] | None:
+        """The held-out task (env id, task id) whose opening `text` is or holds, whitespace aside; None if none.
+        For text that did not come from an episode (a prompt file): a rendered prompt holds its opening."""
+        normal = normal_text(text)
+        return next(((env_id, task_id) for env_id, task_id, opening in self.opening_texts if opening in normal), None)
 
     def usable(self, episode: EpisodeInfo) -> bool:
         """Whether an episode may be learned from (an episode loaded with its steps is checked by content too)."""
@@ -98,16 +110,17 @@ def _build(config: RunConfig, workdir: Path, n: int) -> HeldOut:
     show is a common opening of the environment."""
     specs, task_lists = build_envs(config, workdir, split="eval")
     _, train_lists = build_envs(config, workdir, split="train")
-    tasks, observations, common = set(), set(), set()
+    tasks, observations, common, texts = set(), set(), set(), []
     for spec, task_ids, train_ids in zip(specs, task_lists, train_lists):
         env = spec.factory()
         try:
             shown_by: dict[str, set[str]] = {}  # opening hash -> the tasks that show it
-            held = set()
+            held = {}  # opening hash -> (task id, normal text)
             for i, task_id in enumerate(list(task_ids[:n])):
                 tasks.add((spec.env_id, task_id))
-                opening = observation_hash(env.reset(seed=config.evaluation.seed + i, task_id=task_id)[0])
-                held.add(opening)
+                text = normal_text(env.reset(seed=config.evaluation.seed + i, task_id=task_id)[0])
+                opening = observation_hash(text)
+                held[opening] = (task_id, text)
                 shown_by.setdefault(opening, set()).add(task_id)
             shared = set()
             for i, task_id in enumerate(list(train_ids[:n])):
@@ -115,11 +128,12 @@ def _build(config: RunConfig, workdir: Path, n: int) -> HeldOut:
                     opening = observation_hash(env.reset(seed=i, task_id=task_id)[0])
                     shared.add(opening)
                     shown_by.setdefault(opening, set()).add(task_id)
-            observations |= {(spec.env_id, h) for h in held - shared}
+            observations |= {(spec.env_id, h) for h in held if h not in shared}
+            texts += [(spec.env_id, *held[h]) for h in held if h not in shared and held[h][1]]
             common |= {(spec.env_id, h) for h, shown in shown_by.items() if len(shown) > 1}
         finally:
             env.close()
-    return HeldOut(frozenset(tasks), frozenset(observations), frozenset(common))
+    return HeldOut(frozenset(tasks), frozenset(observations), frozenset(common), tuple(texts))
 
 
 @dataclass

@@ -10,7 +10,9 @@ The context is read when a cycle starts (so the cycle row records what was disti
 whatever the file holds later). The prompts are the run's recent per-turn prompts by default, or a JSONL file:
 one prompt per line, `{"messages": [{"role": ..., "content": ...}, ...]}`, or `{"prompt": ...}` /
 `{"content": ...}` holding a string (one user message) or a message list (the dataset exports of LMOps'
-system-prompt tasks carry their chat under `prompt`). A line that is none of these is an error naming it.
+system-prompt tasks carry their chat under `prompt`). A line that is none of these is an error naming it. With
+the run's held-out tasks given (`agent_runtime.heldout`), a line whose first user turn is or holds a held-out
+task's opening is a `PromptFileLeakError` naming the line: a cycle never trains on what evaluates it.
 """
 
 from __future__ import annotations
@@ -21,9 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent_runtime.config import ConfigError, SystemPromptConfig
+from agent_runtime.heldout import EvalLeakError, HeldOut
 
 PROMPT_KEYS = ("messages", "prompt", "content")
 ROLES = ("system", "user", "assistant")
+
+
+class PromptFileLeakError(EvalLeakError, ConfigError):
+    """A line of a prompt file holds a held-out evaluation task: a leak, and a mistake in a file the user gave."""
 
 
 @dataclass(frozen=True)
@@ -72,8 +79,9 @@ def _chat(value, where: str) -> list[dict]:
     raise ConfigError(f"{where}: expected a string or a list of {{role, content}} messages, got {type(value).__name__}")
 
 
-def load_prompts(path: str | Path) -> list[list[dict]]:
-    """The chats of a JSONL prompt file (see the module docstring); ConfigError naming the line that is wrong."""
+def load_prompts(path: str | Path, *, held: HeldOut | None = None) -> list[list[dict]]:
+    """The chats of a JSONL prompt file (see the module docstring); ConfigError naming the line that is wrong, and
+    with `held`, PromptFileLeakError naming a line whose first user turn holds a held-out task's opening."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(f"prompt file {path} does not exist; give a JSONL file with one prompt per line "
@@ -90,7 +98,14 @@ def load_prompts(path: str | Path) -> list[list[dict]]:
         key = next((k for k in PROMPT_KEYS if isinstance(row, dict) and k in row), None)
         if key is None:
             raise ConfigError(f"{where}: no prompt; each line is a JSON object with one of: {', '.join(PROMPT_KEYS)}")
-        chats.append(_chat(row[key], where))
+        chat = _chat(row[key], where)
+        first = next((m["content"] for m in chat if m["role"] == "user"), None)
+        task = held.task_in(first) if held is not None and first is not None else None
+        if task is not None:
+            raise PromptFileLeakError(f"{where}: the first user turn holds the opening of held-out evaluation task "
+                                      f"{task[1]!r} of {task[0]}; the cycle is evaluated on it, so it may not train "
+                                      "on it: leave that line out of the prompt file")
+        chats.append(chat)
     if not chats:
         raise ConfigError(f"prompt file {path} holds no prompts")
     return chats

@@ -54,6 +54,64 @@ def test_the_context_and_the_prompt_file_are_read_with_clear_errors(tmp_path):
             load_prompts(good)
 
 
+def _eval_opening(config) -> str:
+    """The first observation of the config's first held-out evaluation task, as evaluation plays it."""
+    import environments
+
+    entry = config.envs[0]
+    env = environments.make(entry.id, **entry.kwargs)
+    try:
+        return env.reset(seed=config.evaluation.seed, task_id=env.tasks("eval")[0])[0]
+    finally:
+        env.close()
+
+
+def test_a_prompt_file_holding_a_held_out_task_is_refused_naming_the_line(tmp_path, games_dir):
+    """A prompt whose first user turn is, or (rendered as the agent renders it) holds, a held-out task's opening is
+    a leak (an EvalLeakError, and a ConfigError about the user's file); other prompts load."""
+    from agent_runtime.config import load_config
+    from agent_runtime.heldout import EvalLeakError, held_out
+    from agent_runtime.system_prompt import PromptFileLeakError
+
+    config = load_config(_config_file(tmp_path, tmp_path / "model", games_dir))
+    held = held_out(config, tmp_path)
+    opening = _eval_opening(config)
+    path = tmp_path / "prompts.jsonl"
+    fine = [json.dumps({"prompt": ask(1)[0]["content"]}),
+            json.dumps({"messages": [{"role": "system", "content": opening}, {"role": "user", "content": "Hi."}]})]
+    assert len(load_prompts(_write(path, fine), held=held)) == 2, "only the first user turn is the task"
+    for leaked in (json.dumps({"prompt": opening}),
+                   json.dumps({"messages": [{"role": "system", "content": "You play text games."},
+                                            {"role": "user", "content": f"Observation:\n{'  '.join(opening.split())}"
+                                                                        "\n\nWhat do you do?"}]})):
+        with pytest.raises(PromptFileLeakError, match=r"prompts.jsonl:2: the first user turn holds the opening of "
+                                                       r"held-out evaluation task") as caught:
+            load_prompts(_write(path, [fine[0], leaked]), held=held)
+        assert isinstance(caught.value, EvalLeakError) and isinstance(caught.value, ConfigError)
+    assert len(load_prompts(path)) == 2, "without the held-out tasks nothing is checked"
+
+
+def test_distill_refuses_a_prompt_file_with_a_held_out_task_before_the_cycle(tmp_path, games_dir, tiny_model_dir,
+                                                                            cli):
+    from agent_runtime.config import load_config
+    from memory import ExperienceStore
+
+    config = _config_file(tmp_path, tiny_model_dir, games_dir)
+    (tmp_path / "system.txt").write_text(CONTEXT)
+    prompts = _write(tmp_path / "prompts.jsonl", [json.dumps({"prompt": ask(1)[0]["content"]}),
+                                                  json.dumps({"prompt": _eval_opening(load_config(config))})])
+    proc = cli("distill", config, "--workdir", tmp_path / "w", "--context-file", tmp_path / "system.txt",
+               "--prompts", prompts, check=False)
+    assert proc.returncode == 2 and "prompts.jsonl:2: the first user turn holds the opening" in proc.stderr
+    with ExperienceStore.open(tmp_path / "w") as store:
+        assert store.cycles() == [], "no cycle was started"
+
+
+def _write(path, lines):
+    path.write_text("\n".join(lines))
+    return path
+
+
 def _taught_model(directory) -> None:
     """A tiny model that answers "take coin" when the system prompt is CONTEXT and a random move without it."""
     from distill.chat_tokens import encode_chat
