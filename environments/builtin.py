@@ -36,5 +36,11 @@ register("math/dapo", f"{_MATH}:dapo",
          description="DAPO-Math-17k (Hugging Face `datasets`, or a local file via path=)")
 register("math/champ", f"{_MATH}:champ", description="CHAMP competition math problems (offline)")
 
+_QA = "environments.qa.sources"
+register("qa/medmcqa", f"{_QA}:medmcqa",
+         description="MedMCQA multiple choice, A-D (the OPCD paper's export via `datasets`, or a local file via path=)")
+register("qa/safety", f"{_QA}:safety",
+         description="The OPCD paper's safety yes/no set (its export via `datasets`, or a local file via path=)")
+
 register("alfworld/text", "environments.alfworld.env:AlfworldEnv",
          description="ALFWorld household tasks (official data via ALFWORLD_DATA, else generated offline)")

@@ -31,7 +31,22 @@ def problems_file(tmp_path_factory):
     return str(path)
 
 
-def _kwargs(env_id: str, games_dir, problems_file) -> dict:
+@pytest.fixture(scope="session")
+def choice_files(tmp_path_factory):
+    """Small local files for the question sets (qa/*), in the layout of the OPCD paper's exports."""
+    folder = tmp_path_factory.mktemp("qa")
+    rows = {"qa/medmcqa": [{"content": f"Question {n}? A. a B. b C. c D. d", "answer": "ABCD"[n % 4]} for n in range(20)],
+            "qa/safety": [{"content": f"Statement {n}: harmful?", "answer": ("yes", "no")[n % 2]} for n in range(20)]}
+    paths = {}
+    for env_id, lines in rows.items():
+        paths[env_id] = folder / f"{env_id.split('/')[1]}.jsonl"
+        paths[env_id].write_text("\n".join(json.dumps(r) for r in lines))
+    return {env_id: str(path) for env_id, path in paths.items()}
+
+
+def _kwargs(env_id: str, games_dir, problems_file, choice_files=None) -> dict:
+    if choice_files and env_id in choice_files:
+        return {"path": choice_files[env_id]}
     if env_id in TEXTWORLD:
         return {**TEXTWORLD[env_id], "cache_dir": str(games_dir)}
     if env_id in ("math/gsm8k", "math/math", "math/dapo"):
@@ -45,12 +60,12 @@ BUILTIN_IDS = sorted(r.id for r in environments.list_envs() if r.source == "buil
 
 
 @pytest.mark.parametrize("env_id", BUILTIN_IDS)
-def test_check_env_passes(env_id, games_dir, problems_file):
-    env = environments.make(env_id, **_kwargs(env_id, games_dir, problems_file))
+def test_check_env_passes(env_id, games_dir, problems_file, choice_files):
+    env = environments.make(env_id, **_kwargs(env_id, games_dir, problems_file, choice_files))
     assert env_failures(env) == []
     assert env.spec.id == env_id
     assert env.spec.family == env_id.split("/")[0].replace("textworld", "text").replace("alfworld", "text") \
-        .replace("textarena", "arena")
+        .replace("textarena", "arena").replace("qa", "math")  # the question sets answer in one free reply
 
 
 @pytest.mark.parametrize("env_id", sorted(TEXTWORLD) + sorted(ARENA))
