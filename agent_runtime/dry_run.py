@@ -64,7 +64,7 @@ def _vocabulary(student: dict, teacher: dict, problems: list[str], notes: list[s
     return check.as_dict()
 
 
-def _envs(config: RunConfig, problems: list[str]) -> list[dict[str, Any]]:
+def _envs(config: RunConfig, problems: list[str], notes: list[str]) -> list[dict[str, Any]]:
     import environments
 
     known = {(r.as_dict() if hasattr(r, "as_dict") else dict(r))["id"] for r in environments.list_envs()}
@@ -82,6 +82,11 @@ def _envs(config: RunConfig, problems: list[str]) -> list[dict[str, Any]]:
         splits = (f"PLAY draws from the train split (weight {entry.weight:g}); EVALUATE plays the first {n} "
                   f"tasks of the eval split, seeds {seed}..{seed + n - 1}") if role == "play" else (
                   f"retention check: the first {config.opcd.eval_episodes or n} tasks of the eval split, no lessons")
+        for key, value in entry.kwargs.items():  # a data file the environment reads when it is made
+            if (key == "path" or key.endswith("_path")) and isinstance(value, str) \
+                    and not Path(value).expanduser().exists():
+                notes.append(f"{entry.id}: {key} {value} is not on this machine (the environment would stop on it; "
+                             "the config says where the file comes from)")
         out.append({"id": entry.id, "role": role, "source": source, "max_steps": entry.max_steps,
                     "kwargs": entry.kwargs, "splits": splits})
     return out
@@ -176,7 +181,7 @@ def plan(config: RunConfig, workdir: Path, *, resume: bool = False) -> dict[str,
         "model": {**student, "backend": model.backend, "device": model.device, "dtype": model.dtype,
                   "max_new_tokens": model.max_new_tokens, "temperature": model.temperature},
         "start_adapter": _start_adapter(config, workdir, resume), "teacher": teacher,
-        "envs": _envs(config, problems),
+        "envs": _envs(config, problems, notes),
         "lessons": {"enabled": lessons.enabled, "extract_every": lessons.extract_every, "pools": lessons.pools,
                     "budget_tokens": lessons.budget_tokens, "seed_lessons": len(lessons.seed),
                     "extractor": lessons.extractor},

@@ -35,7 +35,7 @@ def no_weights(monkeypatch):
 def test_the_shipped_configs_include_the_paper_set_ups():
     names = {p.name for p in SHIPPED}
     assert {"frozenlake-qwen3-1.7b-teacher-qwen3-8b.yaml", "sysprompt-medmcqa-qwen2.5-7b.yaml",
-            "quickstart.yaml"} <= names and len(SHIPPED) >= 10
+            "sysprompt-safety-qwen2.5-7b.yaml", "quickstart.yaml"} <= names and len(SHIPPED) >= 11
     for path in ROOT.glob("configs/paper/*.yaml"):
         assert _reproduction_claim(path.read_text().split("\nname:")[0]), path.name
 
@@ -44,7 +44,7 @@ def _reproduction_claim(header: str) -> bool:
     """A paper config names the paper and the result it reproduces, then either the paper's table with its number
     ("Table 3 ... 41.2") or an explicit statement that neither was found, saying what was searched."""
     claim = header.partition("Reproduces:")[2]
-    found = re.search(r"\bTable \d+\b.*?\b\d+(\.\d+)?\b", claim, re.S) is not None and "NOT FOUND" not in claim
+    found = re.search(r"\bTable \d+\b.*?\b\d+(\.\d+)?\b", claim, re.DOTALL) is not None and "NOT FOUND" not in claim
     searched = "table and number: NOT FOUND" in claim and re.search(r"Searched: \S", claim) is not None
     return "arXiv 2602.12275" in header and bool(claim.strip()) and (found or searched)
 
@@ -59,6 +59,9 @@ def test_dry_run_validates_every_shipped_config(path, tmp_path, capsys, no_weigh
     assert f"model       {config['model']['name']}" in out and f"backend {config['model'].get('backend', 'transformers')}" in out
     for env in config["envs"]:
         assert f"env         {env['id']} (play" in out
+        for key, value in env.get("kwargs", {}).items():  # data files the config says how to fetch
+            if (key == "path" or key.endswith("_path")) and not Path(value).exists():
+                assert f"note        {env['id']}: {key} {value} is not on this machine" in out
     assert "teacher     " in out and "starts from the base model" in out
     teacher = config.get("opcd", {}).get("teacher")
     if teacher:
