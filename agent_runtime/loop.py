@@ -231,8 +231,9 @@ class AgentLoop:
         try:
             while not self.stop_requested:
                 if self.phase == "PLAY":
-                    if self.config.opcd.enabled and self.requests():  # asked for (`lessons forget`), even at the end
-                        self._move("CONSOLIDATE")
+                    before = self.schedule.before_play()
+                    if before is not None:
+                        self._move(before)
                         continue
                     if self.schedule.over(self.state):
                         break
@@ -300,9 +301,6 @@ class AgentLoop:
             self.state = session.state
             session.save()
 
-    def _pending_requests(self) -> tuple[int, ...]:
-        return tuple(r.id for r in self.store.requests(self.run_id, kind=RECONSOLIDATE, pending=True))
-
     def _on_learner(self) -> bool:
         """EXTRACT and CONSOLIDATE run on the Ray learner rather than in this process."""
         runtime = self.config.runtime
@@ -342,7 +340,7 @@ class AgentLoop:
 
         # what the cycle writes with its outcome, in one transaction; with no cycle the loop moves the cursor
         after = replace(self.state, cycles=self.state.cycles + 1, last_consolidate_at=self.state.episodes)
-        asked = self._pending_requests()
+        asked = self.requests.pending(fresh=True)
         finish = CursorMove("PLAY", after.stored(), asked)
         if asked:  # a re-consolidation after `lessons forget`: the adapter and the lessons it starts from
             self.adapter = self.store.active_adapter(self.run_id)
@@ -356,11 +354,13 @@ class AgentLoop:
             self.state.last_consolidate_at = self.state.episodes
             with self.store.transaction():
                 CursorMove("PLAY", self.state.stored(), asked).apply(self.store, self.run_id)
+            self.requests.carried_out(asked)
             self.phase = "PLAY"
             if self._backend is not None and asked:
                 activate(self._backend, self.adapter)
             tqdm.write("CONSOLIDATE: no live lessons; nothing to consolidate")
             return
+        self.requests.carried_out(asked)
         self.state, self.phase = after, finish.phase
         self.adapter = self.store.active_adapter(self.run_id)
         if self._backend is not None:

@@ -81,19 +81,24 @@ class CursorMove:
 
 
 class RequestWatch:
-    """Whether a run request waits (a re-consolidation after `lessons forget`), asked of the store at most
-    every `every` seconds: the schedule asks it before each new draw."""
+    """The run requests of one kind still waiting (a re-consolidation after `lessons forget`), asked of the
+    store at most every `every` seconds: the schedule asks before each new draw."""
 
     def __init__(self, store: ExperienceStore, run_id: int, kind: str, every: float = 2.0):
         self.store, self.run_id, self.kind, self.every = store, run_id, kind, every
         self._checked, self._ids = float("-inf"), ()
 
-    def pending(self) -> tuple[int, ...]:
+    def pending(self, *, fresh: bool = False) -> tuple[int, ...]:
+        """The waiting requests' ids; `fresh` asks the store now (the phase that carries them out)."""
         now = time.monotonic()
-        if now - self._checked >= self.every:
+        if fresh or now - self._checked >= self.every:
             self._ids = tuple(r.id for r in self.store.requests(self.run_id, kind=self.kind, pending=True))
             self._checked = now
         return self._ids
+
+    def carried_out(self, ids: tuple[int, ...]) -> None:
+        """`ids` are done (their phase committed): no longer waiting, even in an answer still cached."""
+        self._ids = tuple(i for i in self._ids if i not in ids)
 
     def __call__(self) -> bool:
         return bool(self.pending())
@@ -118,11 +123,15 @@ class Schedule:
         episodes = state.episodes if episodes is None else episodes
         return settings.enabled and episodes >= state.last_extract_at + settings.extract_every
 
+    def consolidation_requested(self) -> bool:
+        """A re-consolidation was asked for: CONSOLIDATE is due now, whatever the episode count or target."""
+        return self.config.opcd.enabled and self.requested()
+
     def consolidate_due(self, state: RunState, episodes: int | None = None) -> bool:
         settings = self.config.opcd
         episodes = state.episodes if episodes is None else episodes
-        due = episodes >= state.last_consolidate_at + settings.consolidate_every
-        return settings.enabled and (due or self.requested())
+        due = settings.enabled and episodes >= state.last_consolidate_at + settings.consolidate_every
+        return due or self.consolidation_requested()
 
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -142,6 +151,11 @@ class Schedule:
             return False
         return not (self.extract_due(state, committed_or_running) or self.consolidate_due(state, committed_or_running)
                     or self.past_deadline())
+
+    def before_play(self) -> str | None:
+        """The phase due before PLAY starts, even once the run is over (a requested re-consolidation); None:
+        none is."""
+        return "CONSOLIDATE" if self.consolidation_requested() else None
 
     def after_play(self, state: RunState) -> str | None:
         """The phase a finished PLAY leads to (None: none is due)."""

@@ -135,3 +135,40 @@ def test_nul_characters_in_game_text_are_stored_on_every_backend(tmp_path, games
         step = episode.steps[0]
     assert step.observation == "a room\ufffdwith a NUL" and "\x00" not in step.prompt
     assert episode.task_id.startswith("train\ufffd") and step.admissible_actions == ["wait\ufffd"]
+
+
+def test_a_requested_reconsolidation_runs_once_and_first(tmp_path, games_dir, tiny_model_dir, monkeypatch):
+    """A re-consolidation asked for by `lessons forget` runs before PLAY, once: the request it carried out is not
+    taken for a new one (the watch asks the store at most every 2 s, a cycle with nothing to distil takes less)."""
+    from agent_runtime import consolidate
+    from distill.lessons.forget import RECONSOLIDATE
+
+    cycles, run_cycle = [], consolidate.run_cycle
+
+    def counted(*args, finish=None, **kwargs):
+        cycles.append(finish.requests_done)
+        return run_cycle(*args, finish=finish, **kwargs)
+
+    monkeypatch.setattr(consolidate, "run_cycle", counted)
+    config = make_config(games_dir, episodes=2, model={"name": str(tiny_model_dir), "max_new_tokens": 4},
+                         lessons={"enabled": True, "extract_every": 10_000},
+                         opcd={"enabled": True, "consolidate_every": 10_000})
+    loop = AgentLoop(config, tmp_path, progress=False)
+    asked = loop.store.add_request(loop.run_id, RECONSOLIDATE, {"reason": "a test"})
+    summary = loop.run()
+    assert cycles == [(asked,)], "one cycle, carrying out the request"
+    assert summary.episodes == 2 and loop.store.requests(loop.run_id, kind=RECONSOLIDATE, pending=True) == []
+    loop.close()
+
+
+def test_the_schedule_runs_a_requested_reconsolidation_first_even_at_the_target(games_dir):
+    config = make_config(games_dir, episodes=4, lessons={"enabled": True}, opcd={"consolidate_every": 100})
+    asked = {"now": True}
+    state = RunState(episodes=4)
+    assert Schedule(config, requested=lambda: asked["now"]).before_play() is None, "opcd is off: nothing runs"
+    config.opcd.enabled = True
+    schedule = Schedule(config, requested=lambda: asked["now"])
+    assert schedule.over(state) and schedule.before_play() == "CONSOLIDATE"
+    assert schedule.consolidate_due(state) and not schedule.may_draw(RunState(), 0)
+    asked["now"] = False
+    assert schedule.before_play() is None and not schedule.consolidate_due(state)
