@@ -8,14 +8,35 @@ Subclasses supply the task ids and `problem(task_id) -> (question, gold)`.
 
 from __future__ import annotations
 
+import importlib
 from abc import abstractmethod
+from types import ModuleType
 from typing import Any
 
-from environments.base import EnvSpec
+from environments.base import EnvError, EnvSpec
 from environments.episodic import EpisodicEnv
 from environments.math.grading import extract_final_answer, is_correct
 
 GOAL = "Solve the problem. Reason step by step and give the final answer as \\boxed{answer}."
+
+
+class MissingPackageError(EnvError):
+    """An offline data package a math environment reads its problems from is not installed."""
+
+
+def offline_package(module: str, distribution: str, env_id: str) -> ModuleType:
+    """The offline data package `module` (pip distribution `distribution`), imported for `env_id`; a
+    MissingPackageError that names it when it is not installed. A plain pip install of the project leaves
+    these packages out (they cannot be ordinary dependencies); the runtime's setup command installs them."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != module.split(".")[0]:
+            raise  # the package is there but something it imports is not: its own error says what
+        raise MissingPackageError(
+            f"{env_id} reads its problems from the Python package {distribution} (module {module}), which is not "
+            f"installed here; run `agent-runtime setup`, which installs it with the other offline model and data "
+            f"packages") from None
 
 
 class MathEnv(EpisodicEnv):

