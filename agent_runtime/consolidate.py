@@ -54,7 +54,7 @@ from agent_runtime.config import ConfigError, ConsolidationConfig, RunConfig
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.evaluation import EvalResult, evaluate
 from agent_runtime.heldout import held_out
-from agent_runtime.llm.base import AdapterBackend, LocalModelBackend, SleepingBackend, activate, require
+from agent_runtime.llm.base import LocalModelBackend, SleepingBackend, activate
 from agent_runtime.system_prompt import SystemPrompt, load_context, load_prompts
 from distill.fingerprint import fingerprint_files
 from distill.lessons import live_lessons
@@ -200,13 +200,13 @@ def decide_promotion(rates: dict[str, float], kl_before: float, kl_after: float,
 def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
               settings: ConsolidationConfig, *, progress=None, finish: CursorMove | None = None) -> CycleReport | None:
     """One whole cycle, stored with its outcome and reasons; None when there are no lessons to consolidate.
+    `backend` acts with adapters (checked where it was built: `agent_runtime.llm.check_capabilities`).
 
     The cycle's outcome (its evaluations, the promotion or rollback, the lesson set without what it
     consolidated) and `finish`, the run's cursor move, are written in one transaction: a process killed after
     a promotion never starts a second cycle on resume. The cycle row itself (written at the start, its curves
     step by step) is the cycle's progress, shown while it trains; a cycle found still running was
     interrupted and is rolled back (`roll_back_interrupted`)."""
-    require(backend, AdapterBackend, "an OPCD cycle (it evaluates the parent and the new adapter)")
     live, lessons = live_lessons(store, run_id)
     system = load_context(settings.context) if settings.context is not None else None
     if system is None and not lessons:

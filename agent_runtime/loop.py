@@ -44,7 +44,7 @@ from agent_runtime.lessons_phase import (
     learnable_recent,
     user_lessons_gated,
 )
-from agent_runtime.llm import PolicyBackend, make_backend
+from agent_runtime.llm import LOCAL_WEIGHTS, PolicyBackend, check_capabilities, make_backend
 from agent_runtime.llm.base import BackendStats, activate
 from agent_runtime.play import CursorMove, Executor, LocalExecutor, PlaySession, RequestWatch, RunState, Schedule
 from agent_runtime.retrieved_examples import example_retriever
@@ -99,10 +99,12 @@ def default_workdir(config_name: str) -> Path:
 
 
 def check_phases(config: RunConfig) -> None:
-    if config.opcd.enabled and config.model.backend not in ("transformers", "vllm"):
+    """The phases the config enables can run (what they need of the backend is checked when it is built:
+    `agent_runtime.llm.check_capabilities`)."""
+    if config.opcd.enabled and config.model.backend not in LOCAL_WEIGHTS:
         raise PhaseNotAvailableError(
             f"opcd.enabled: consolidation trains the policy's own weights (model.name), which needs backend: "
-            f"transformers or vllm (got {config.model.backend}); set opcd.enabled: false or use one of them")
+            f"{' or '.join(LOCAL_WEIGHTS)} (got {config.model.backend}); set opcd.enabled: false or use one of them")
     if config.opcd.enabled and not config.lessons.enabled and config.opcd.context is None:
         raise PhaseNotAvailableError("opcd.enabled: consolidation distils the lessons, so lessons.enabled must be "
                                      "true (or give opcd.context: a system prompt to distil instead)")
@@ -141,9 +143,11 @@ class AgentLoop:
         # Under Ray with the learner on a worker the driver never generates: it does not load the model at all
         # (a driver on a CPU node next to the database); its executor counts the workers' tokens.
         self._backend = backend
-        if self._backend is None and not self._on_learner():
-            self._backend = make_backend(config.model, seed=config.seed)
-        elif self._backend is None and config.model.backend in ("transformers", "vllm"):
+        if backend is not None:
+            check_capabilities(backend, config, [e.family for e in self.envs])  # held to what a built one would be
+        elif not self._on_learner():
+            self._backend = self._make_backend()
+        elif config.model.backend in LOCAL_WEIGHTS:
             resolve_model(config.model.name)  # an unknown model fails here, not on every worker
         # Generation counters of the acting policy: the driver's backend, or the Ray workers' summed up.
         self.stats = BackendStats() if config.runtime.executor == "ray" else self._backend.stats
@@ -173,10 +177,15 @@ class AgentLoop:
     def backend(self) -> PolicyBackend:
         """The driver's own policy (loaded on first use when the driver does not generate)."""
         if self._backend is None:
-            self._backend = make_backend(self.config.model, seed=self.config.seed)
+            self._backend = self._make_backend()
             if self.adapter is not None:
                 activate(self._backend, self.adapter)
         return self._backend
+
+    def _make_backend(self) -> PolicyBackend:
+        """The driver's policy, checked against what the run needs of it before anything plays."""
+        return make_backend(self.config.model, seed=self.config.seed, run=self.config,
+                            families=[e.family for e in self.envs])
 
     @property
     def executor(self) -> Executor:

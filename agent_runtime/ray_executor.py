@@ -99,8 +99,9 @@ class RolloutWorker:
         model = config.model
         if settings.generation == "server":
             model = model.model_copy(update={"backend": "chat", "options": dict(settings.server)})
-        self.backend = make_backend(model, seed=config.seed + worker_id)
         self.envs, _ = build_envs(config, Path(workdir))
+        self.backend = make_backend(model, seed=config.seed + worker_id, run=config,
+                                    families=[e.family for e in self.envs])
         params = sampling_params(model)
         self._queue: deque[Draw] = deque()
         self._contexts: dict[int, EpisodeContext] = {}
@@ -161,7 +162,7 @@ class Learner:
         config = config_from_dict(config_data, source="ray learner")
         self.config, self.workdir = config, Path(workdir)
         torch.manual_seed(config.seed)
-        self.backend = make_backend(config.model, seed=config.seed)
+        self.backend = make_backend(config.model, seed=config.seed, run=config)
         self.store = ExperienceStore.open(config.memory.url or self.workdir, embedder=config.memory.embedder)
 
     def where(self) -> dict:

@@ -271,7 +271,11 @@ def _rollout_row(args, out, backend, builder, params, factory, env_label, Episod
     wall = time.perf_counter() - start
     share = (backend.stats.seconds - gen_seconds) / wall
     tps = (backend.stats.completion_tokens - tokens) / wall
-    cache = "prefix cache on" if getattr(backend, "prefix_cache", True) else "prefix cache off"
+    from agent_runtime.llm.transformers_backend import TransformersBackend
+
+    # the transformers backend's own prefix cache may be off; a vLLM engine here runs with its prefix caching on
+    on = backend.prefix_cache if isinstance(backend, TransformersBackend) else True
+    cache = "prefix cache on" if on else "prefix cache off"
     out.add(f"{label}, {slots} slots", f"{60 * episodes / wall:,.1f} episodes/min, {tps:,.0f} gen tokens/s",
             f"{episodes} episodes x {max_steps} steps ({steps} steps), {new_tokens} new tokens, "
             f"{backend.stats.calls - calls} generate calls, {share:.0%} of wall in generate, {cache}, "

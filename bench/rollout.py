@@ -69,7 +69,7 @@ import torch
 
 import environments
 from agent_runtime.agent import PromptBuilder
-from agent_runtime.llm.base import SamplingParams
+from agent_runtime.llm.base import LocalModelBackend, SamplingParams
 from agent_runtime.llm.transformers_backend import TransformersBackend
 from agent_runtime.runner import EnvSlotSpec, EpisodeRunner, TaskSampler
 
@@ -137,7 +137,7 @@ class _TimedBackend:
     def __init__(self, backend: TransformersBackend, timers: Timers):
         self._backend, self._timers = backend, timers
         self.name = backend.name
-        if not hasattr(backend, "model"):  # the vllm backend: the engine is not ours to take apart
+        if not isinstance(backend, LocalModelBackend):  # the vllm backend: the engine is not ours to take apart
             return
         model_generate, model_forward = backend.model.generate, backend.model.forward
         calls = {"forward": 0}
@@ -168,8 +168,8 @@ class _TimedBackend:
         backend.model.generate, backend.model.forward = timed_model_generate, timed_forward
 
     def restore(self) -> None:
-        for name in ("generate", "forward"):
-            if hasattr(self._backend, "model"):
+        if isinstance(self._backend, LocalModelBackend):
+            for name in ("generate", "forward"):
                 self._backend.model.__dict__.pop(name, None)
 
     @property
@@ -241,10 +241,11 @@ def cpu_seconds(backend) -> float:
     """CPU time of this process, plus the vLLM engine's processes when there are any."""
     import psutil
 
+    from agent_runtime.llm.vllm_process import VLLMProcessBackend
+
     total = time.process_time()
-    pid = getattr(backend, "pid", None)
-    if pid is not None:
-        parent = psutil.Process(pid)
+    if isinstance(backend, VLLMProcessBackend):
+        parent = psutil.Process(backend.pid)
         for proc in [parent, *parent.children(recursive=True)]:
             try:
                 times = proc.cpu_times()

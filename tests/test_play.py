@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from agent_runtime.config import config_from_dict
+from agent_runtime.llm import backend_needs, make_backend
 from agent_runtime.llm.base import AdapterBackend, BackendError, ChoiceBackend, activate, require
 from agent_runtime.llm.scripted import ScriptedBackend
 from agent_runtime.loop import AgentLoop
@@ -102,6 +103,45 @@ def test_capabilities_are_checked_with_the_backend_named():
 
     with pytest.raises(BackendError, match="acting with adapter cycle-1 needs .* the scripted backend cannot"):
         activate(scripted, Adapter())
+
+
+class WordsOnly:
+    """A backend with the protocol's members only: it generates, it cannot choose among actions or use adapters."""
+
+    name = "words-only"
+    context_window = 4096
+
+    def count_tokens(self, chat):
+        return sum(len(m["content"].split()) for m in chat)
+
+    def generate(self, prompts, params):
+        raise AssertionError("a backend the run cannot use must never generate")
+
+    def close(self):
+        pass
+
+
+def test_what_a_run_needs_of_a_backend_follows_its_config(games_dir):
+    game = make_config(games_dir)
+    assert [c for c, _ in backend_needs(game, ["text"])] == [ChoiceBackend], "auto mode chooses in a game"
+    assert backend_needs(game, ["math"]) == [], "and answers math in free text"
+    game.agent.action_mode = "free"
+    game.opcd.enabled = True
+    assert [c for c, _ in backend_needs(game, ["text"])] == [AdapterBackend]
+
+
+def test_a_backend_the_run_cannot_use_fails_where_it_is_built_naming_what_it_lacks(tmp_path, games_dir):
+    config = make_config(games_dir)
+    config.opcd.enabled = True
+    with pytest.raises(BackendError, match=r"opcd\.enabled \(an OPCD cycle .*\) needs a backend that can act with "
+                                           r"LoRA adapters; the scripted backend cannot"):
+        make_backend(config.model, run=config)
+    assert isinstance(make_backend(config.model), ScriptedBackend), "outside a run nothing is asked of it"
+
+    with pytest.raises(BackendError, match=r"agent\.action_mode auto \(choice mode.*\) needs a backend that can "
+                                           r"choose among admissible actions; the words-only backend cannot"):
+        AgentLoop(make_config(games_dir), tmp_path, backend=WordsOnly(), progress=False)
+    assert not (tmp_path / "memory.db").exists(), "before the store is opened, let alone an episode played"
 
 
 class NulEnv(TextEnv):

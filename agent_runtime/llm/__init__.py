@@ -2,17 +2,49 @@
 
 `transformers` is the default (CPU or GPU); `scripted` ships for tests and demos. `vllm` and `chat` are
 imported lazily so their heavy or optional dependencies are needed only when a config asks for them.
+
+What a run asks of a backend beyond the protocol (`backend_needs`: choosing among actions in choice mode,
+acting with adapters when OPCD cycles run) is checked once, right after the backend is built, by
+`check_capabilities`: a backend that lacks a capability stops the run before anything plays, with an error naming
+the backend, the capability and the setting that needs it.
 """
 
 from __future__ import annotations
 
-from agent_runtime.llm.base import BackendError, Chat, Completion, Message, PolicyBackend, SamplingParams
+from collections.abc import Iterable
+
+from agent_runtime.llm.base import (
+    AdapterBackend,
+    BackendError,
+    Chat,
+    ChoiceBackend,
+    Completion,
+    Message,
+    PolicyBackend,
+    SamplingParams,
+    require,
+)
 
 BACKENDS = ("transformers", "scripted", "vllm", "chat")
+# The backends that load `model.name`'s weights on this machine: the weights an OPCD cycle trains an adapter on.
+LOCAL_WEIGHTS = ("transformers", "vllm")
 
 
-def make_backend(model_config, *, seed: int = 0) -> PolicyBackend:
-    """Build the backend a `ModelConfig` names. Raises BackendError with what is accepted."""
+def make_backend(model_config, *, seed: int = 0, run=None, families: Iterable[str] = ()) -> PolicyBackend:
+    """Build the backend a `ModelConfig` names. Raises BackendError with what is accepted. With `run` (the
+    run's config; `families` as for `backend_needs`) the backend is checked against what that run needs, and
+    closed again if it falls short."""
+    backend = _build(model_config, seed)
+    if run is not None:
+        try:
+            check_capabilities(backend, run, families)
+        except BackendError:
+            backend.close()
+            raise
+    return backend
+
+
+def _build(model_config, seed: int) -> PolicyBackend:
     kind = model_config.backend
     options = dict(model_config.options)
     if kind == "scripted":
@@ -52,5 +84,27 @@ def make_backend(model_config, *, seed: int = 0) -> PolicyBackend:
     raise BackendError(f"unknown backend {kind!r}; accepted: {', '.join(BACKENDS)}")
 
 
-__all__ = ["BACKENDS", "BackendError", "Chat", "Completion", "Message", "PolicyBackend", "SamplingParams",
-           "make_backend"]
+def backend_needs(config, families: Iterable[str] = ()) -> list[tuple[type, str]]:
+    """The capabilities a backend acting or learning for the run `config` must have, each with what needs it.
+    `families`: the environment families the backend plays (whether it acts in choice mode depends on them)."""
+    from agent_runtime.agent import resolve_action_mode
+
+    mode = config.agent.action_mode
+    needs: list[tuple[type, str]] = []
+    if any(resolve_action_mode(mode, family) == "choice" for family in families):
+        needs.append((ChoiceBackend, f"agent.action_mode {mode} (choice mode; else set agent.action_mode: free)"))
+    if config.opcd.enabled:
+        cycle = "an OPCD cycle evaluates its parent adapter and the new one, and the run acts with the one promoted"
+        needs.append((AdapterBackend, f"opcd.enabled ({cycle})"))
+    return needs
+
+
+def check_capabilities(backend: PolicyBackend, config, families: Iterable[str] = ()) -> None:
+    """Raise a BackendError naming `backend` and what it lacks unless it has every capability the run `config`
+    needs (`backend_needs`)."""
+    for capability, purpose in backend_needs(config, families):
+        require(backend, capability, purpose)
+
+
+__all__ = ["BACKENDS", "LOCAL_WEIGHTS", "BackendError", "Chat", "Completion", "Message", "PolicyBackend",
+           "SamplingParams", "backend_needs", "check_capabilities", "make_backend"]

@@ -8,9 +8,11 @@ runner sends every live environment slot's prompt in one call); a backend is fre
 Beyond that, a backend may have optional capabilities, each a protocol here: `ChoiceBackend` (act by choosing
 among admissible actions), `AdapterBackend` (act with LoRA adapters, loaded by path), `FingerprintBackend` (it
 reports the fingerprint of the adapter weights it acts with, `distill.fingerprint`), `TokenizerBackend` (its
-model's own tokenizer counts tokens) and `LocalModelBackend` (the weights live in this process, on a device). Callers check a capability once, with
-`require`, where they start to depend on it, and get an error naming the backend and what needs it; nobody
-probes with `hasattr`.
+model's own tokenizer counts tokens), `LocalModelBackend` (the model lives in this process, on a device) and
+`SleepingBackend` (its engine can free its accelerator memory for a while). What a run needs is checked once,
+where its backend is built (`agent_runtime.llm.check_capabilities`); code handed a backend by a caller that
+did not check it (the episode runner) checks with `require`, which names the backend and what needs it. An
+optional capability is used with `isinstance`; nobody probes with `hasattr`.
 """
 
 from __future__ import annotations
@@ -114,9 +116,10 @@ class TokenizerBackend(Protocol):
 
 @runtime_checkable
 class LocalModelBackend(Protocol):
-    """A backend whose weights and tokenizer live in this process: its device is where a learner next to it
+    """A backend whose model and tokenizer live in this process: its device is where a learner next to it
     trains."""
 
+    model: Any  # the torch module that generates
     tokenizer: Any
     device: Any  # a torch.device
 
