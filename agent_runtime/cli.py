@@ -1,19 +1,31 @@
 """The `agent-runtime` command line (also `python -m agent_runtime`).
 
     agent-runtime run CONFIG [--workdir DIR] [--episodes N] [--hours H] [--resume] [--dry-run] [--set a.b=c ...]
-    agent-runtime distill CONFIG [--workdir DIR] [--context-file FILE] [--prompts FILE.jsonl]
-    agent-runtime eval CONFIG [--workdir DIR] [--adapter ID] [--no-lessons] [--pool K] [--episodes N]
-    agent-runtime memory stats|export|import|reindex|search [--workdir DIR | --db URL] [--json]
-    agent-runtime lessons list|show|diff|rollback [--workdir DIR | --db URL] [--json]
+                             [--json] [--no-progress]
+    agent-runtime distill CONFIG [--workdir DIR] [--context-file FILE] [--prompts FILE.jsonl] [--set ...] [--json]
+    agent-runtime eval CONFIG [--workdir DIR] [--adapter ID] [--no-lessons] [--pool K] [--episodes N] [--set ...]
+                              [--json]
+    agent-runtime memory stats|reindex|vacuum
+    agent-runtime memory export|import PATH
+    agent-runtime memory search QUERY [--kind lessons|episodes] [-k K] [--run ID] [--env ENV]
+    agent-runtime memory prune [--run ID] [--keep N] [--days D] [--yes]
+    agent-runtime lessons list [--run ID] [--status proposed|active|consolidated|retired]
+    agent-runtime lessons show ID
+    agent-runtime lessons diff OLD NEW [--run ID]
+    agent-runtime lessons rollback VERSION [--run ID]
+    agent-runtime lessons add TEXT... [--run ID] [--config CONFIG]
+    agent-runtime lessons retire ID... [--run ID]
+    agent-runtime lessons forget ID [--yes]
     agent-runtime envs list [--json]
-    agent-runtime envs check ENV_ID
+    agent-runtime envs check ENV_ID [--episodes N] [--seed S] [-k KEY=VALUE ...]
     agent-runtime setup [--check] [--no-model]
     agent-runtime dashboard [--workdir DIR | --db URL] [--host H] [--port P] [--token T]
 
 `run`, `distill` and `eval` take `--workdir` (default `./runs/<config name>`); the `memory`, `lessons` and
-`dashboard` commands take `--workdir` (default `.`) or `--db URL`; long work shows a progress bar on stderr;
-`--json` prints a machine-readable answer on stdout. User errors (a bad config, an unknown environment or
-model) print one clear message and exit 2; nothing is half-written.
+`dashboard` commands take `--workdir` (default `.`) or `--db URL`, and every `memory` and `lessons` command
+takes `--json`; long work shows a progress bar on stderr; `--json` prints a machine-readable answer on
+stdout. User errors (a bad config, an unknown environment or model) print one clear message and exit 2;
+nothing is half-written.
 """
 
 from __future__ import annotations

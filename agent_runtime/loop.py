@@ -2,6 +2,9 @@
 
     PLAY -> EXTRACT (every N episodes) -> CONSOLIDATE (every M episodes) -> EVALUATE -> PROMOTE | ROLLBACK -> PLAY
 
+(CONSOLIDATE straight from PLAY when only it is due, and at once when `lessons forget` asked for a
+re-consolidation, even at the episode target: docs/architecture.md draws the whole machine.)
+
 The run row's `phase` is the cursor (EVALUATE and PROMOTE | ROLLBACK run inside CONSOLIDATE, whose cycle
 row is their cursor) and its `state` the counters (`agent_runtime.play.RunState`). During PLAY every
 finished episode is written together with the run's new state (episodes done, the next draw index, the draws
