@@ -22,9 +22,9 @@ baseline every success rate is read against.
 PROMOTE only on evidence (`decide_promotion`): the held-out KL to the teacher fell by at least `min_kl_drop`
 of its start-of-cycle value, the student did not fall below the parent by more than `promote_margin`
 (without lessons, and with them), and retention did not fall by more than `retention_margin`; the acting
-policy switches to the new adapter. Lessons the student has internalised (its held-out KL to the teacher
-with that lesson fell to `internalized_ratio` of the start-of-cycle value) are marked consolidated and leave
-the context. Otherwise
+policy switches to the new adapter. Lessons the student has internalised (`internalized_lessons`: its
+held-out KL to the teacher with that lesson fell to `internalized_ratio` of the start-of-cycle value) are
+marked consolidated and leave the context. Otherwise
 ROLLBACK: the adapter stays on disk, marked rejected, and the reasons are stored with the cycle.
 
 Two variants of the paper (issue 18), recorded in the cycle row (`config.kind`, `config.teacher`):
@@ -68,7 +68,7 @@ from distill.opcd import (
                           run_job,
 )
 from distill.opcd.teacher import check_teacher
-from memory import ExperienceStore
+from memory import AdapterInfo, ExperienceStore, LessonInfo, LessonSetInfo
 
 if TYPE_CHECKING:
     from agent_runtime.play import CursorMove
@@ -197,6 +197,29 @@ def decide_promotion(rates: dict[str, float], kl_before: float, kl_after: float,
     return reasons
 
 
+@dataclass
+class CycleSetup:
+    """What one cycle distils, from which policy, under which cycle row."""
+
+    cycle_id: int
+    kind: str  # "lessons", or "system_prompt" (`opcd.context`)
+    parent: AdapterInfo | None  # the run's adapter at the start: the student's parent and the acting policy
+    live: LessonSetInfo | None  # the live lesson set it is taught (None: a system prompt)
+    lessons: list[LessonInfo]  # that set's lessons (none for a system prompt)
+    system: SystemPrompt | None
+    contexts: list[str]  # the context blocks: one per lesson pool, or the system prompt
+    teacher_spec: TeacherSpec | None  # a separate teacher (None: the parent teaches)
+    teacher: dict[str, Any]  # the teacher's record for the cycle row
+    prompt_file: list[list[dict]] | None = None  # the chats of `opcd.context.prompts` (None: the run's own)
+
+    def shown(self) -> dict[str, Any]:
+        """What the "with lessons" conditions of EVALUATE show: the first pool's lessons, or the system prompt."""
+        if self.system:
+            return {"lessons": [], "context": self.system.text}
+        first = lesson_pools(self.lessons)[0]
+        return {"lessons": [x.text for x in self.lessons if x.pool == first]}
+
+
 def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
               settings: ConsolidationConfig, *, progress=None, finish: CursorMove | None = None) -> CycleReport | None:
     """One whole cycle, stored with its outcome and reasons; None when there are no lessons to consolidate.
@@ -207,6 +230,53 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     a promotion never starts a second cycle on resume. The cycle row itself (written at the start, its curves
     step by step) is the cycle's progress, shown while it trains; a cycle found still running was
     interrupted and is rolled back (`roll_back_interrupted`)."""
+    cycle = start_cycle(config, workdir, store, run_id, settings)
+    if cycle is None:
+        return None
+    decisions = cycle_prompts(config, workdir, store, run_id, backend, settings, cycle)
+    choice_mode = any(d.choices for d in decisions)
+    store.update_cycle(cycle.cycle_id, episode_ids=sorted({e for d in decisions for e in d.episode_ids}))
+    heldout, train = split_heldout(decisions)
+    adapters_dir = workdir / "adapters"
+    if adapters_dir.exists():
+        remove_partial_writes(adapters_dir)  # what a killed cycle left half-written
+    per_lesson = {x.id: _lesson_prompts(x, decisions, heldout) for x in cycle.lessons}
+    path = adapters_dir / f"cycle-{cycle.cycle_id}"
+    job = train_job(config, settings, cycle, run_id, train, heldout, per_lesson, path, choice_mode=choice_mode,
+                    device=training_device(config, backend))
+    try:
+        result = _train(store, cycle.cycle_id, job, backend, progress)
+    except DivergenceError as exc:
+        with store.transaction():
+            store.rollback_cycle(cycle.cycle_id, error=str(exc))
+            if finish is not None:
+                finish.apply(store, run_id)
+        return CycleReport(cycle.cycle_id, "rolled_back", [str(exc)])
+    kl = (result.kl_before["heldout"], result.kl_after["heldout"])
+    lesson_kl = ({i: result.kl_before[f"lesson:{i}"] for i in per_lesson},
+                 {i: result.kl_after[f"lesson:{i}"] for i in per_lesson})
+    parent = cycle.parent
+    adapter_id = store.add_adapter(f"cycle-{cycle.cycle_id}", str(path), run_id=run_id,
+                                   parent_id=parent.id if parent else None, base_model=config.model.name,
+                                   fingerprint=fingerprint_files(path))
+    metrics = cycle_metrics(config, settings, cycle, kl, lesson_kl, prompts=len(train), heldout=len(heldout),
+                            choice_mode=choice_mode, train_seconds=result.seconds)
+    store.update_cycle(cycle.cycle_id, adapter_id=adapter_id, metrics=metrics)
+    evals = evaluate_cycle(config, workdir, backend, settings, cycle, path)
+    rates = {k: _rate(v) for k, v in evals.items()}
+    metrics["evaluation"] = rates
+    with store.transaction():
+        report = _decide(store, run_id, config, settings, cycle, adapter_id, evals, rates, metrics, kl, lesson_kl)
+        if finish is not None:
+            finish.apply(store, run_id)
+    if report.status == "rolled_back":
+        activate(backend, parent)
+    return report
+
+
+def start_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int,
+                settings: ConsolidationConfig) -> CycleSetup | None:
+    """The cycle's set-up and its row, written as it starts (None: no live lessons and no system prompt)."""
     live, lessons = live_lessons(store, run_id)
     system = load_context(settings.context) if settings.context is not None else None
     if system is None and not lessons:
@@ -219,110 +289,126 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     kind = "system_prompt" if system else "lessons"
     cycle_config = {"opcd": settings.model_dump(mode="json"), "kind": kind, "teacher": teacher,
                     **({"context": system.record()} if system else {})}
-    lesson_version = None if system else live.version
-    cycle_id = store.start_cycle(run_id, cycle_config, lesson_set_version=lesson_version,
+    cycle_id = store.start_cycle(run_id, cycle_config, lesson_set_version=None if system else live.version,
                                  base_adapter_id=parent.id if parent else None)
     if system:  # no lesson set is involved: none is shown, recorded or consolidated
         live, lessons, contexts = None, [], [system.text]
     else:
-        pools = sorted({x.pool for x in lessons})
-        contexts = [lessons_section([x.text for x in lessons if x.pool == p]) for p in pools]
-    if prompt_file is not None:
-        decisions = [Decision(chat, []) for chat in prompt_file]
+        contexts = [lessons_section([x.text for x in lessons if x.pool == p]) for p in lesson_pools(lessons)]
+    return CycleSetup(cycle_id, kind, parent, live, lessons, system, contexts, teacher_spec, teacher, prompt_file)
+
+
+def lesson_pools(lessons: list[LessonInfo]) -> list[int]:
+    return sorted({x.pool for x in lessons})
+
+
+def cycle_prompts(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
+                  settings: ConsolidationConfig, cycle: CycleSetup) -> list[Decision]:
+    """The decisions the cycle trains and measures on: a prompt file's, or the run's recent ones."""
+    if cycle.prompt_file is not None:
+        decisions = [Decision(chat, []) for chat in cycle.prompt_file]
     else:
         decisions = episode_prefixes(config, workdir, store, run_id, backend, settings.recent_episodes)
-    # The agent acts by choosing wherever it can: then the choice policy is what is distilled, on the
-    # choice-mode steps (free-mode steps of the same run, e.g. math beside games, wait for a free-mode cycle).
-    choice_mode = any(d.choices for d in decisions)
-    if choice_mode:
+    return choose_prompts(decisions, cycle.cycle_id, settings.max_prompts)
+
+
+def choose_prompts(decisions: list[Decision], cycle_id: int, limit: int) -> list[Decision]:
+    """At most `limit` decisions in the cycle's own seeded order. The agent acts by choosing wherever it can:
+    then the choice policy is what is distilled, on the choice-mode steps (free-mode steps of the same run,
+    e.g. math beside games, wait for a free-mode cycle)."""
+    if any(d.choices for d in decisions):
         decisions = [d for d in decisions if d.choices]
+    decisions = list(decisions)
     random.Random(f"cycle:{cycle_id}").shuffle(decisions)
-    decisions = decisions[:settings.max_prompts]
-    store.update_cycle(cycle_id, episode_ids=sorted({e for d in decisions for e in d.episode_ids}))
+    return decisions[:limit]
+
+
+def split_heldout(decisions: list[Decision]) -> tuple[list[Decision], list[Decision]]:
+    """A tenth of the decisions (at least one) held out to measure the KL on; the rest to train on (all of
+    them when nothing else is left)."""
     held = max(1, len(decisions) // 10)
-    heldout, train = decisions[:held], decisions[held:] or decisions
-    adapters_dir = workdir / "adapters"
-    if adapters_dir.exists():
-        remove_partial_writes(adapters_dir)  # what a killed cycle left half-written
-    per_lesson = {x.id: _lesson_prompts(x, decisions, heldout) for x in lessons}
-    kl_sets = {"heldout": ([d.chat for d in heldout], contexts[0]),
-               **{f"lesson:{i}": ([d.chat for d in ds], lessons_section([_text(lessons, i)]))
+    return decisions[:held], decisions[held:] or decisions
+
+
+def train_job(config: RunConfig, settings: ConsolidationConfig, cycle: CycleSetup, run_id: int,
+              train: list[Decision], heldout: list[Decision], per_lesson: dict[int, list[Decision]], path: Path,
+              *, choice_mode: bool, device: str) -> TrainJob:
+    """The trainer's job: the student (the parent's adapter on the run's model) learns on `train` (the choice
+    policy over each decision's action set in `choice_mode`); the KL to the teacher is measured on the held-out
+    decisions and on each lesson's own ones."""
+    kl_sets = {"heldout": ([d.chat for d in heldout], cycle.contexts[0]),
+               **{f"lesson:{i}": ([d.chat for d in ds], lessons_section([_text(cycle.lessons, i)]))
                   for i, ds in per_lesson.items()}}
     kl_choices = {}
     if choice_mode:
         kl_choices = {"heldout": [d.choices for d in heldout],
                       **{f"lesson:{i}": [d.choices for d in ds] for i, ds in per_lesson.items()}}
-    path = adapters_dir / f"cycle-{cycle_id}"
-    job = TrainJob(model_path=resolve_model(config.model.name), config=settings.trainer,
-                   train_prompts=[d.chat for d in train], contexts=system.text if system else contexts,
-                   output=str(path), parent_adapter=parent.path if parent else None, teacher=teacher_spec,
-                   kl_sets=kl_sets, kl_choices=kl_choices,
-                   train_choices=[d.choices for d in train] if choice_mode else None,
-                   metadata={"cycle_id": cycle_id, "run_id": run_id, "kind": kind, "teacher": teacher},
-                   device=training_device(config, backend), overwrite=True)
+    parent = cycle.parent
+    return TrainJob(model_path=resolve_model(config.model.name), config=settings.trainer,
+                    train_prompts=[d.chat for d in train],
+                    contexts=cycle.system.text if cycle.system else cycle.contexts,
+                    output=str(path), parent_adapter=parent.path if parent else None, teacher=cycle.teacher_spec,
+                    kl_sets=kl_sets, kl_choices=kl_choices,
+                    train_choices=[d.choices for d in train] if choice_mode else None,
+                    metadata={"cycle_id": cycle.cycle_id, "run_id": run_id, "kind": cycle.kind,
+                              "teacher": cycle.teacher},
+                    device=device, overwrite=True)
+
+
+def _train(store: ExperienceStore, cycle_id: int, job: TrainJob, backend, progress):
+    """Train the job (the acting engine makes room meanwhile), each step's loss and KL into the cycle row."""
 
     def on_step(m: dict) -> None:
         store.append_cycle_point(cycle_id, {"loss": m["loss"], "kl": m["kl_estimate"], "grad_norm": m["grad_norm"]})
         if progress is not None:
             progress(m)
 
-    try:
-        with making_room(backend):
-            result = run_job(job, on_step=on_step)
-    except DivergenceError as exc:
-        with store.transaction():
-            store.rollback_cycle(cycle_id, error=str(exc))
-            if finish is not None:
-                finish.apply(store, run_id)
-        return CycleReport(cycle_id, "rolled_back", [str(exc)])
-    before, after = result.kl_before["heldout"], result.kl_after["heldout"]
-    lesson_before = {i: result.kl_before[f"lesson:{i}"] for i in per_lesson}
-    lesson_after = {i: result.kl_after[f"lesson:{i}"] for i in per_lesson}
-    adapter_id = store.add_adapter(f"cycle-{cycle_id}", str(path), run_id=run_id,
-                                   parent_id=parent.id if parent else None, base_model=config.model.name,
-                                   fingerprint=fingerprint_files(path))
-    metrics: dict[str, Any] = {"heldout_kl": {"before": before, "after": after}, "prompts": len(train),
-                               "heldout_prompts": len(heldout), "processes": settings.trainer.processes,
-                               "objective": "choice" if choice_mode else "tokens", "kind": kind,
-                               "teacher": teacher, "conditions": _conditions(config, parent, teacher, system),
-                               **({"context_sha256": system.sha256} if system else {}),
-                               "train_seconds": result.seconds, "lesson_kl": {
-                                   str(i): {"before": lesson_before[i], "after": lesson_after[i]} for i in per_lesson}}
-    store.update_cycle(cycle_id, adapter_id=adapter_id, metrics=metrics)
+    with making_room(backend):
+        return run_job(job, on_step=on_step)
 
-    # EVALUATE ------------------------------------------------------------------------------------------
+
+def cycle_metrics(config: RunConfig, settings: ConsolidationConfig, cycle: CycleSetup, kl: tuple[float, float],
+                  lesson_kl: tuple[dict, dict], *, prompts: int, heldout: int, choice_mode: bool,
+                  train_seconds: float) -> dict[str, Any]:
+    """The cycle row's metrics once it has trained (EVALUATE and the decision add theirs)."""
+    (before, after), (lesson_before, lesson_after) = kl, lesson_kl
+    system = cycle.system
+    return {"heldout_kl": {"before": before, "after": after}, "prompts": prompts, "heldout_prompts": heldout,
+            "processes": settings.trainer.processes, "objective": "choice" if choice_mode else "tokens",
+            "kind": cycle.kind, "teacher": cycle.teacher,
+            "conditions": _conditions(config, cycle.parent, cycle.teacher, system),
+            **({"context_sha256": system.sha256} if system else {}),
+            "train_seconds": train_seconds,
+            "lesson_kl": {str(i): {"before": lesson_before[i], "after": lesson_after[i]} for i in lesson_before}}
+
+
+def evaluate_cycle(config: RunConfig, workdir: Path, backend, settings: ConsolidationConfig, cycle: CycleSetup,
+                   path: Path) -> dict[str, list[EvalResult]]:
+    """EVALUATE: every condition on the held-out tasks with fixed seeds (the random-admissible baseline, the
+    parent and the new adapter with and without the lessons, and both on the retention environments)."""
     n = settings.eval_episodes or config.evaluation.episodes_per_env
-    texts = [] if system else [x.text for x in lessons if x.pool == pools[0]]
-    shown = {"lessons": [], "context": system.text} if system else {"lessons": texts}
+    shown = cycle.shown()
     evals: dict[str, list[EvalResult]] = {"random": _eval(config, workdir, random_policy(config), lessons=[], n=n)}
-    activate(backend, parent)
+    activate(backend, cycle.parent)
     evals["teacher_with_lessons"] = _eval(config, workdir, backend, n=n, **shown)
     evals["teacher_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
     retention = list(settings.retention_envs)
     if retention:
         evals["teacher_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
-    backend.load_adapter(f"cycle-{cycle_id}", path)
+    backend.load_adapter(f"cycle-{cycle.cycle_id}", path)
     evals["student_with_lessons"] = _eval(config, workdir, backend, n=n, **shown)
     evals["student_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
     if retention:
         evals["student_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
-    rates = {k: _rate(v) for k, v in evals.items()}
-    metrics["evaluation"] = rates
-    with store.transaction():
-        report = _decide(store, run_id, config, settings, cycle_id, adapter_id, live, evals, rates, metrics,
-                         (before, after), (lesson_before, lesson_after), parent)
-        if finish is not None:
-            finish.apply(store, run_id)
-    if report.status == "rolled_back":
-        activate(backend, parent)
-    return report
+    return evals
 
 
-def _decide(store: ExperienceStore, run_id: int, config: RunConfig, settings: ConsolidationConfig, cycle_id: int,
-            adapter_id: int, live, evals: dict[str, list[EvalResult]], rates: dict[str, float], metrics: dict,
-            kl: tuple[float, float], lesson_kl: tuple[dict, dict], parent) -> CycleReport:
+def _decide(store: ExperienceStore, run_id: int, config: RunConfig, settings: ConsolidationConfig, cycle: CycleSetup,
+            adapter_id: int, evals: dict[str, list[EvalResult]], rates: dict[str, float], metrics: dict,
+            kl: tuple[float, float], lesson_kl: tuple[dict, dict]) -> CycleReport:
     """EVALUATE's rows, then PROMOTE or ROLLBACK (the caller holds the transaction, so what a person changed
     while the cycle trained is seen here: a parent rolled back or a lesson forgotten meanwhile is a rollback)."""
+    cycle_id, live = cycle.cycle_id, cycle.live
     for condition, results in evals.items():
         for r in results:
             lo, hi = r.interval
@@ -331,15 +417,13 @@ def _decide(store: ExperienceStore, run_id: int, config: RunConfig, settings: Co
                                  num_episodes=r.n, success_rate=r.success_rate, mean_return=r.mean_return,
                                  metrics={"condition": condition, "episodes": r.episodes, "ci95": [lo, hi]})
     (before, after), (lesson_before, lesson_after) = kl, lesson_kl
-    reasons = decide_promotion(rates, before, after, settings) + _changed_meanwhile(store, run_id, live, parent)
+    reasons = decide_promotion(rates, before, after, settings) + _changed_meanwhile(store, run_id, live, cycle.parent)
     if reasons:
         metrics["decision"], metrics["reasons"] = "rolled_back", reasons
         store.update_cycle(cycle_id, metrics=metrics)
         store.rollback_cycle(cycle_id, error="; ".join(reasons))
         return CycleReport(cycle_id, "rolled_back", reasons, adapter_id, metrics=metrics)
-    consolidated = [i for i in lesson_before
-                    if lesson_after[i] <= settings.internalized_ratio * lesson_before[i]
-                    and rates["student_without_lessons"] >= rates["teacher_with_lessons"] - settings.promote_margin]
+    consolidated = internalized_lessons(lesson_before, lesson_after, rates, settings)
     metrics["decision"] = "promoted"
     metrics["reasons"] = [(f"held-out KL {before:.4f} -> {after:.4f}; student without lessons "
                            f"{rates['student_without_lessons']:.2f} vs parent {rates['teacher_without_lessons']:.2f} "
@@ -351,6 +435,15 @@ def _decide(store: ExperienceStore, run_id: int, config: RunConfig, settings: Co
         remaining = [i for i in (now.lesson_ids if now else []) if i not in set(consolidated)]
         create_version(store, run_id, remaining, note=f"cycle {cycle_id} consolidated {len(consolidated)} lessons")
     return CycleReport(cycle_id, "promoted", [], adapter_id, consolidated, metrics)
+
+
+def internalized_lessons(kl_before: dict[int, float], kl_after: dict[int, float], rates: dict[str, float],
+                         settings: ConsolidationConfig) -> list[int]:
+    """The lessons a promoted adapter has internalised, which leave the context: the student's held-out KL to
+    the teacher with the lesson fell to `internalized_ratio` of its start-of-cycle value, and the student
+    without lessons does as well as the parent with them (within `promote_margin`)."""
+    as_good = rates["student_without_lessons"] >= rates["teacher_with_lessons"] - settings.promote_margin
+    return [i for i in kl_before if kl_after[i] <= settings.internalized_ratio * kl_before[i] and as_good]
 
 
 def _changed_meanwhile(store: ExperienceStore, run_id: int, live, parent) -> list[str]:

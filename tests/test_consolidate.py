@@ -135,3 +135,29 @@ def test_an_engine_that_can_sleep_gives_its_memory_back_while_a_cycle_trains():
     assert engine.calls == ["sleep"]
     with making_room(object()):  # a backend without the capability
         pass
+
+
+def test_a_promoted_cycle_consolidates_only_the_lessons_it_internalised():
+    from agent_runtime.config import ConsolidationConfig
+    from agent_runtime.consolidate import internalized_lessons
+
+    settings = ConsolidationConfig(internalized_ratio=0.5, promote_margin=0.1)
+    before, after = {1: 0.4, 2: 0.4, 3: 0.0}, {1: 0.2, 2: 0.21, 3: 0.0}
+    rates = {"student_without_lessons": 0.6, "teacher_with_lessons": 0.7}
+    assert internalized_lessons(before, after, rates, settings) == [1, 3], "KL at half its start, or nothing to move"
+    rates["student_without_lessons"] = 0.59
+    assert internalized_lessons(before, after, rates, settings) == [], "the student without them falls short"
+
+
+def test_cycle_prompts_are_choices_when_there_are_any_in_a_seeded_order_with_a_tenth_held_out():
+    from agent_runtime.consolidate import Decision, choose_prompts, split_heldout
+
+    free = [Decision([{"role": "user", "content": f"free {i}"}], [i]) for i in range(5)]
+    choice = [Decision([{"role": "user", "content": f"choice {i}"}], [i], ["a", "b"]) for i in range(30)]
+    chosen = choose_prompts(free + choice, cycle_id=7, limit=25)
+    assert len(chosen) == 25 and all(d.choices for d in chosen) and chosen == choose_prompts(choice, 7, 25)
+    assert chosen != choose_prompts(choice, 8, 25), "another cycle, another order"
+    assert choose_prompts(free, 7, 25) != free and sorted(choose_prompts(free, 7, 25), key=str) == sorted(free, key=str)
+    heldout, train = split_heldout(chosen)
+    assert (len(heldout), len(train)) == (2, 23) and heldout + train == chosen
+    assert split_heldout(free[:1]) == (free[:1], free[:1]), "one decision is both held out and trained on"
