@@ -9,8 +9,9 @@
 #   4. opcd         distill.opcd.OPCDTrainer on a random-weight Qwen3-1.7B shape: training tokens/s and MFU
 #                   (only when `import distill.opcd` works)
 #   5. vllm         the vllm backend (bench/gpu_check_vllm.py): rollout episodes/min at 1/8/32/64 slots with
-#                   prefix caching, LoRA hot-swap latency; only when vLLM imports (VLLM_PYTHON=... picks another
-#                   interpreter for it), else one line says it was skipped
+#                   prefix caching, LoRA hot-swap latency, sleep/wake time and the GPU memory sleep frees; only
+#                   when vLLM imports (VLLM_PYTHON=... picks another interpreter for it), else one line says it
+#                   was skipped
 #   6. hf-generate  as 2, with the static cache + torch.compile (last: compilation is the likeliest to time out)
 # Each section is its own process under its own timeout; a failure or timeout is a row of the table and the
 # next section runs. Rows are appended to $OUT/gpu_check.jsonl as they are measured, the table is printed at

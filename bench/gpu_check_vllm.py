@@ -10,7 +10,9 @@ promoted OPCD adapter of that rank costs. Rows:
 - rollout, N slots: `EpisodeRunner` -> `VLLMBackend.generate`, prefix caching on (vLLM's default): episodes/min
   and generated tokens/s, as the transformers rows of the rollout section measure them;
 - LoRA: `load_adapter` (the engine reads and registers the adapter), the first batch with it, and a batch of 8
-  with the base model vs the adapter (the steady cost of an unmerged LoRA).
+  with the base model vs the adapter (the steady cost of an unmerged LoRA);
+- sleep mode: how long the engine takes to sleep and to wake, and the GPU's free memory awake, asleep and after
+  waking (what an OPCD cycle training on the same GPU gets back).
 
 Imported by `bench/gpu_check.py vllm` only when vLLM is importable; `--cpu-dry-run` runs it on vLLM's CPU build
 with a model of a few MB.
@@ -112,23 +114,28 @@ def section_vllm(args, out) -> None:
 
 
 def _sleep_row(backend, out) -> None:
-    """What an OPCD cycle next to the engine costs it: sleep (weights offloaded, KV cache dropped) and wake."""
-    import torch
+    """What an OPCD cycle next to the engine costs it and gives the cycle: sleep (weights offloaded, KV cache
+    dropped) and wake, and the device's free memory awake, asleep and woken again (device-wide: vLLM's engine
+    runs in processes of its own, so this process's allocator does not see its memory)."""
+    def free_gib() -> float:
+        return torch.cuda.mem_get_info()[0] / 2**30 if torch.cuda.is_available() else float("nan")
 
-    before = torch.cuda.memory_reserved() if torch.cuda.is_available() else 0
+    awake = free_gib()
     start = time.perf_counter()
     if not backend.sleep():
         out.add("sleep mode", "not available", f"platform {backend.platform}: the engine keeps its memory while a "
                 "cycle trains (the CPU build has no sleep mode)")
         return
     slept = time.perf_counter() - start
-    free = torch.cuda.mem_get_info()[0] / 2**30 if torch.cuda.is_available() else float("nan")
+    asleep = free_gib()
     start = time.perf_counter()
     backend.wake_up()
     woke = time.perf_counter() - start
+    woken = free_gib()
     out.add("sleep mode", f"sleep {slept:.2f}s, wake {woke:.2f}s",
-            f"GPU memory free while asleep {free:.1f} GiB (this process reserved {before / 2**30:.1f} GiB)",
-            sleep_s=slept, wake_s=woke)
+            f"GPU memory free: {awake:.1f} GiB awake, {asleep:.1f} GiB asleep ({asleep - awake:+.1f} GiB for a "
+            f"cycle), {woken:.1f} GiB after waking", sleep_s=slept, wake_s=woke, free_awake_gib=awake,
+            free_asleep_gib=asleep, free_woken_gib=woken)
 
 
 def _lora_rows(backend, adapter: Path, out, args) -> None:

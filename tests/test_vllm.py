@@ -174,6 +174,21 @@ class TestEngine:
         sampled = [[c.text for c in engine.choose([CHATS[0]] * 4, [ACTIONS] * 4, SEEDED)] for _ in range(2)]
         assert set(sampled[0]) <= set(ACTIONS) and sampled[0] == sampled[1], "seeded draws repeat"
 
+    def test_no_sleep_mode_on_the_cpu_build(self, engine):
+        """sleep() on the CPU build does nothing and says so (False); a cycle's `making_room` then leaves the
+        engine as it was."""
+        from agent_runtime.consolidate import making_room
+        from agent_runtime.llm.base import SleepingBackend
+
+        assert isinstance(engine, SleepingBackend)
+        before = engine.generate(CHATS[3:4], GREEDY)
+        assert engine.sleep() is False
+        engine.wake_up()
+        with making_room(engine):
+            during = engine.generate(CHATS[3:4], GREEDY)
+        after = engine.generate(CHATS[3:4], GREEDY)
+        assert [c.token_ids for c in during] == [c.token_ids for c in after] == [c.token_ids for c in before]
+
     def test_adapter_hot_swap(self, engine, ref, adapter):
         base = engine.generate(CHATS, GREEDY)
         base_choice = engine.choose([CHATS[0]], [ACTIONS], GREEDY)[0].choice_logprobs

@@ -65,6 +65,15 @@ def import_vllm():
     return vllm
 
 
+def release_cached_memory() -> None:
+    """Return to the driver the GPU memory this process's torch allocator keeps cached after a cycle trained here
+    (vLLM's engine runs in processes of its own, which cannot take memory another process's allocator holds);
+    nothing when this process never used CUDA."""
+    import torch
+
+    torch.cuda.empty_cache()  # a no-op unless CUDA was initialised here
+
+
 def make_vllm_backend(model_config, *, seed: int = 0):
     """The backend a `ModelConfig` with `backend: vllm` asks for: in this process, or, with `options.python`,
     in a child process of that interpreter (vLLM installed in another environment)."""
@@ -343,6 +352,7 @@ class VLLMBackend:
     def wake_up(self) -> None:
         """The weights back on the GPU and a fresh KV cache (the prefix cache starts cold)."""
         if self._asleep:
+            release_cached_memory()
             self.llm.wake_up()
             self._asleep = False
 

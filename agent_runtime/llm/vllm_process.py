@@ -158,6 +158,19 @@ class VLLMProcessBackend:
     def clear_prefix_cache(self) -> None:
         self._call("clear_prefix_cache")
 
+    def sleep(self) -> bool:
+        """The child's engine offloads its weights and drops its KV cache (`VLLMBackend.sleep`); False where it
+        cannot (vLLM's CPU build), and then nothing was done."""
+        return self._call("sleep")
+
+    def wake_up(self) -> None:
+        """Free what a cycle that trained in this process left cached on the GPU, then wake the child's engine
+        (it takes its memory back)."""
+        from agent_runtime.llm.vllm_backend import release_cached_memory
+
+        release_cached_memory()
+        self._call("wake_up")
+
     @property
     def prefix_stats(self):
         """The engine's prefix-cache counters (`EnginePrefixStats`), fetched from the child."""
