@@ -88,8 +88,11 @@ def adapter(smollm2, tmp_path_factory) -> Path:
 
 
 def start_engine(vllm_python, smollm2, log_dir: Path, dtype: str):
+    """SmolLM2 in vLLM's environment; sets of more than 4 actions are decoded under structured outputs (the
+    default threshold, 256, would need sets far larger than a test's)."""
     return make_backend(ModelConfig(name=smollm2, backend="vllm", dtype=dtype, context_window=2048, options={
-        "python": vllm_python, "max_lora_rank": 16, "log_file": str(log_dir / f"vllm-{dtype}.log")}))
+        "python": vllm_python, "max_lora_rank": 16, "choice_trie_above": len(ACTIONS),
+        "log_file": str(log_dir / f"vllm-{dtype}.log")}))
 
 
 def reference(smollm2, dtype: str):
@@ -173,6 +176,27 @@ class TestEngine:
             assert mine.token_ids == other.token_ids
         sampled = [[c.text for c in engine.choose([CHATS[0]] * 4, [ACTIONS] * 4, SEEDED)] for _ in range(2)]
         assert set(sampled[0]) <= set(ACTIONS) and sampled[0] == sampled[1], "seeded draws repeat"
+
+    def test_a_large_action_set_is_decoded_under_structured_outputs(self, engine, ref):
+        """Sets above `choice_trie_above` are decoded constrained to the set's strings, next to scored sets in the
+        same call; greedy, the transformers backend's trie decoding picks the same action."""
+        many = ACTIONS + ["go south", "go east", "drop coin", "open the door"]
+        chats, sets = [CHATS[0], CHATS[1], CHATS[0]], [many, ["go east", "go west", "look", "inventory"], many[::-1]]
+        decoded, scored, reordered = engine.choose(chats, sets, GREEDY)
+        assert decoded.text in many and reordered.text == decoded.text, "the same set in another order"
+        assert decoded.choice_logprobs is None and scored.choice_logprobs is not None, "decoded, not scored"
+        assert scored.text in sets[1]
+        spelled = engine.tokenizer.decode(decoded.token_ids, skip_special_tokens=True)
+        assert spelled == decoded.text, "the engine generated the action itself (no closest-match repair)"
+        assert len(decoded.logprobs) == 1 and decoded.logprobs[0] <= 0
+        default, ref.choice_trie_above = ref.choice_trie_above, len(ACTIONS)
+        try:
+            [theirs] = ref.choose([CHATS[0]], [many], GREEDY)
+        finally:
+            ref.choice_trie_above = default
+        assert theirs.choice_logprobs is None and theirs.text == decoded.text
+        sampled = [[c.text for c in engine.choose([CHATS[0]] * 4, [many] * 4, SEEDED)] for _ in range(2)]
+        assert set(sampled[0]) <= set(many) and sampled[0] == sampled[1], "seeded draws repeat"
 
     def test_no_sleep_mode_on_the_cpu_build(self, engine):
         """sleep() on the CPU build does nothing and says so (False); a cycle's `making_room` then leaves the
