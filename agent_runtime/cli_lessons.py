@@ -165,7 +165,7 @@ def cmd_lessons_forget(args) -> int:
                    "tainted_cycles": [c.id for c in plan.tainted_cycles],
                    "tainted_adapters": [a.id for a in plan.tainted_adapters], "rolls_back": plan.rolls_back,
                    "fallback_adapter": plan.fallback.id if plan.fallback else None, "restored": plan.restored,
-                   "applied": False}
+                   "kept_text": plan.kept_text, "back_in_place": plan.back_in_place, "applied": False}
         if plan.rolls_back and not args.yes:
             refusal = "nothing was changed: this rolls back the run's adapter; pass --yes to do it"
             print_result(args, payload, [*lines, refusal])
@@ -210,7 +210,9 @@ error and nothing is written."""
 
 
 FORGET_HELP = """Forget a lesson everywhere it went. It (and every lesson merged or updated from it) leaves the
-live set and a pending candidate (new versions) and is marked forgotten. If an adapter was trained with it
+live set and a pending candidate (new versions) and is marked forgotten. A merge keeps its older source's text:
+when that source is not the forgotten lesson, the source comes back as its own lesson in the merge's place
+(forget it too to remove that text). If an adapter was trained with its text
 in the teacher's context (a promoted cycle distilled a lesson set holding it), that adapter and every adapter
 trained on top of it are tainted; when the run acts with a tainted adapter, it goes back to the newest
 ancestor trained without it (or the base model), the lessons the tainted cycles had consolidated come back

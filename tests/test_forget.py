@@ -74,6 +74,7 @@ def test_forgetting_a_lesson_taught_into_the_active_adapter_rolls_back_to_the_ba
     done = apply_forget(store, plan, count_tokens=words)
     live = live_version(store, ids["run"])
     assert live.version == done["versions"][0] and live.lesson_ids == [ids["d"], ids["a"]]
+    assert store.lessons(ids["run"], ids=[ids["a"]])[0].status == "active", "in the context again"
     [forgotten] = store.lessons(ids["run"], ids=[ids["c"]])
     assert forgotten.status == "retired" and forgotten.forgotten_at is not None
     assert store.active_adapter(ids["run"]) is None
@@ -98,6 +99,78 @@ def test_forgetting_a_lesson_only_the_newest_cycle_was_taught_keeps_its_parent(s
     assert plan.rolls_back and plan.fallback.id == ids["a1"]
     apply_forget(store, plan, count_tokens=words)
     assert store.active_adapter(ids["run"]).id == ids["a1"]
+    assert live_version(store, ids["run"]).lesson_ids == [ids["c"]]
+
+
+def merged_history(store, *, consolidate_merge: bool = False) -> dict:
+    """As the curator merges: B, a near-duplicate of the live A, merged into M, a new row with A's text and
+    position and both provenances; the live set {M, C} is taught into cycle 1, promoted (consolidating M when
+    asked, which then leaves the context)."""
+    config = {"name": "t", "model": {"name": "scripted", "backend": "scripted"}, "envs": [{"id": "math/gsm_symbolic"}]}
+    run = store.create_run("t", config_from_dict(config).model_dump(mode="json"))
+    a = store.add_lesson("Take the coin.", run_id=run, source_episode_ids=[1])
+    c = store.add_lesson("Read the room first.", run_id=run)
+    create_version(store, run, [a, c])
+    b = store.add_lesson("Take the coin at once.", run_id=run, source_episode_ids=[2])
+    m = store.add_lesson("Take the coin.", run_id=run, source_episode_ids=[1, 2],
+                         metadata={"merged_from": [a, b], "merged_texts": ["Take the coin at once."]})
+    version = create_version(store, run, [m, c]).version
+    cycle = store.start_cycle(run, {}, lesson_set_version=version)
+    adapter = store.add_adapter("cycle-1", "/adapters/1", run_id=run)
+    store.update_cycle(cycle, adapter_id=adapter)
+    store.promote_cycle(cycle, [m] if consolidate_merge else [])
+    if consolidate_merge:
+        create_version(store, run, [c])
+    return {"run": run, "a": a, "b": b, "c": c, "m": m, "cycle": cycle, "adapter": adapter}
+
+
+def test_forgetting_the_newer_source_of_a_merge_brings_the_older_back_in_its_place(store):
+    """The merge showed A's text (to the agent and to cycle 1's teacher): forgetting B forgets the merge, which
+    carries B's provenance, and A comes back as its own lesson where the merge stood; no adapter saw B's text."""
+    ids = merged_history(store)
+    plan = plan_forget(store, ids["b"])
+    assert plan.forgotten == [ids["b"], ids["m"]] and plan.kept_text == plan.back_in_place == {ids["m"]: ids["a"]}
+    assert plan.tainted_cycles == [] and not plan.rolls_back
+    assert (f"#{ids['m']} was merged from #{ids['b']} but shows the text of #{ids['a']}: #{ids['a']} comes back as "
+            "its own lesson in its place") in "\n".join(plan.lines())
+    apply_forget(store, plan, count_tokens=words)
+    live = live_version(store, ids["run"])
+    assert live.lesson_ids == [ids["a"], ids["c"]] and f"#{ids['a']} back in place of #{ids['m']}" in live.note
+    rows = {x.id: x for x in store.lessons(ids["run"])}
+    assert rows[ids["a"]].status == "active" and rows[ids["a"]].forgotten_at is None
+    assert rows[ids["a"]].source_episode_ids == [1], "its own provenance, not the forgotten lesson's"
+    assert rows[ids["m"]].forgotten_at is not None and rows[ids["b"]].forgotten_at is not None
+    assert store.active_adapter(ids["run"]).id == ids["adapter"]
+
+
+def test_the_command_prints_which_source_comes_back_and_needs_no_yes_without_a_rollback(tmp_path, cli):
+    with ExperienceStore.open(tmp_path) as store:
+        ids = merged_history(store)
+    text = cli("lessons", "forget", ids["b"], "--workdir", tmp_path).stdout
+    assert f"#{ids['a']} comes back as its own lesson in its place (forget #{ids['a']} to remove that text)" in text
+    assert "done: new lesson-set versions" in text
+    with ExperienceStore.open(tmp_path) as store:
+        assert live_version(store, ids["run"]).lesson_ids == [ids["a"], ids["c"]]
+
+
+def test_forgetting_the_source_whose_text_a_merge_kept_forgets_the_text(store):
+    ids = merged_history(store)
+    plan = plan_forget(store, ids["a"])
+    assert plan.forgotten == [ids["a"], ids["m"]] and plan.kept_text == {}
+    assert [c.id for c in plan.tainted_cycles] == [ids["cycle"]] and plan.rolls_back and plan.fallback is None
+    apply_forget(store, plan, count_tokens=words)
+    assert live_version(store, ids["run"]).lesson_ids == [ids["c"]]
+
+
+def test_a_merge_consolidated_into_a_kept_adapter_keeps_its_text_there(store):
+    """The merge's text (A's) lives in cycle 1's weights, which forgetting B does not taint: nothing comes back
+    into the context, and the plan says where the text stays."""
+    ids = merged_history(store, consolidate_merge=True)
+    plan = plan_forget(store, ids["b"])
+    assert plan.back_in_place == {} and not plan.rolls_back and plan.live is None
+    assert (f"#{ids['a']} does not come back: the text stays in cycle {ids['cycle']}'s adapter, which consolidated "
+            f"#{ids['m']}") in "\n".join(plan.lines())
+    apply_forget(store, plan, count_tokens=words)
     assert live_version(store, ids["run"]).lesson_ids == [ids["c"]]
 
 
@@ -176,7 +249,14 @@ def _taught(directory, games_dir) -> None:
     tok.save_pretrained(directory)
 
 
-def _config(model_dir, games_dir, episodes):
+@pytest.fixture(scope="module")
+def taught_dir(tmp_path_factory, games_dir):
+    directory = tmp_path_factory.mktemp("taught")
+    _taught(directory, games_dir)
+    return directory
+
+
+def _config(model_dir, games_dir, episodes, *, steps=30, teacher=None):
     return config_from_dict({
         "name": "forget", "model": {"name": str(model_dir), "max_new_tokens": 4, "dtype": "float32"},
         "envs": [{"id": "textworld/coin_collector", "max_steps": 1,
@@ -186,7 +266,8 @@ def _config(model_dir, games_dir, episodes):
                     "seed": [LESSON]},
         "opcd": {"enabled": True, "consolidate_every": 8, "recent_episodes": 8, "promote_margin": 1.0,
                  "retention_margin": 1.0, "min_kl_drop": 0.0,
-                 "trainer": {"steps": 30, "batch_size": 4, "lr": 5e-3, "lora_r": 4, "sampler": "live"}},
+                 "trainer": {"steps": steps, "batch_size": 4, "lr": 5e-3, "lora_r": 4, "sampler": "live"},
+                 **({"teacher": {"model": str(teacher)}} if teacher else {})},
     })
 
 
@@ -198,9 +279,10 @@ def _acting_success(loop) -> float:
 
 
 @pytest.mark.slow
-def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, games_dir):
-    model_dir = tmp_path / "taught"
-    _taught(model_dir, games_dir)
+def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, games_dir, taught_dir, cli):
+    """End to end through `agent-runtime lessons forget`: without --yes nothing changes, with it the run acts
+    with the base model again and the behaviour the lesson taught is gone on held-out games."""
+    model_dir = taught_dir
     loop = AgentLoop(_config(model_dir, games_dir, 8), tmp_path / "run", progress=False)
     base = _acting_success(loop)
     [result] = evaluate(loop.config, loop.workdir, loop.backend, lessons=[LESSON])
@@ -213,10 +295,14 @@ def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, game
     assert consolidated - base >= 0.5, "the adapter takes the coin without the lesson"
     loop.close()
 
+    asked = cli("lessons", "forget", lesson.id, "--workdir", tmp_path / "run", check=False)
+    assert asked.returncode == 2 and "pass --yes to do it" in asked.stdout
+    assert "the run acts with the base model instead of adapter" in asked.stdout
     with ExperienceStore.open(tmp_path / "run") as store:
-        plan = plan_forget(store, lesson.id)
-        assert plan.rolls_back and plan.fallback is None
-        apply_forget(store, plan, count_tokens=words)
+        assert store.active_adapter(loop.run_id).name == "cycle-1", "nothing changed without --yes"
+        assert store.lessons(loop.run_id, ids=[lesson.id])[0].forgotten_at is None
+    done = cli("lessons", "forget", lesson.id, "--workdir", tmp_path / "run", "--yes", "--json")
+    assert json.loads(done.stdout)["applied"] and json.loads(done.stdout)["fallback_adapter"] is None
 
     loop = AgentLoop(_config(model_dir, games_dir, 8), tmp_path / "run", resume=True, progress=False)
     assert loop.adapter is None and loop.lessons.texts() == []
@@ -226,6 +312,62 @@ def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, game
     # distil, so it only finishes
     assert loop.store.requests(loop.run_id, kind=RECONSOLIDATE, pending=True) == []
     assert loop.store.active_adapter(loop.run_id) is None
+    loop.close()
+
+
+@pytest.mark.slow
+def test_the_loop_reconsolidates_the_remaining_lessons_on_top_of_the_kept_ancestor(tmp_path, games_dir, taught_dir,
+                                                                                   cli):
+    """Two promoted cycles: the first consolidates LESSON (its adapter takes the coin), the second is taught two
+    lessons a person added. Forgetting one of those (which only the second cycle was taught) takes the run back to
+    cycle 1's adapter, and the loop's next CONSOLIDATE trains a new adapter on top of it with the lessons still
+    live. The teacher is the taught model itself (`opcd.teacher`): with the person's lessons it does not take the
+    coin, so cycle 2 has something to teach an adapter that does (with cycle 1's adapter as its own teacher it
+    would not: that adapter takes the coin whatever the lessons say)."""
+    workdir = tmp_path / "run"
+
+    def config(episodes):
+        return _config(taught_dir, games_dir, episodes, steps=12, teacher=taught_dir)
+
+    loop = AgentLoop(config(8), workdir, progress=False)
+    loop.run()
+    first = loop.store.active_adapter(loop.run_id)
+    assert first is not None and first.name == "cycle-1", [(c.error, c.metrics.get("heldout_kl"))
+                                                           for c in loop.store.cycles(loop.run_id)]
+    [seeded] = loop.store.lessons(loop.run_id)
+    bad = loop.store.add_lesson("Never pick anything up; look around instead.", run_id=loop.run_id,
+                                metadata={"source": "user"})
+    kept = loop.store.add_lesson("Look at the room before you move.", run_id=loop.run_id, metadata={"source": "user"})
+    live = live_version(loop.store, loop.run_id)
+    create_version(loop.store, loop.run_id, [*(live.lesson_ids if live else []), bad, kept], by_user=True)
+    loop.close()
+
+    loop = AgentLoop(config(16), workdir, resume=True, progress=False)
+    loop.run()
+    run_id = loop.run_id
+    cycles = loop.store.cycles(run_id)
+    assert [c.status for c in cycles] == ["promoted", "promoted"], [(c.error, c.metrics.get("heldout_kl"))
+                                                                     for c in cycles]
+    second = loop.store.active_adapter(run_id)
+    assert second.name == "cycle-2" and second.parent_id == first.id
+    loop.close()
+
+    shown = cli("lessons", "forget", bad, "--workdir", workdir, "--yes").stdout
+    assert f"OPCD cycle {cycles[1].id} was taught with them" in shown and f"OPCD cycle {cycles[0].id} " not in shown
+    assert f"the run acts with adapter #{first.id} cycle-1 instead of adapter #{second.id} cycle-2" in shown
+    with ExperienceStore.open(workdir) as store:
+        remaining = live_version(store, run_id).lesson_ids
+        assert bad not in remaining and kept in remaining and seeded.id not in remaining
+
+    loop = AgentLoop(config(16), workdir, resume=True, progress=False)
+    assert loop.adapter.id == first.id and loop.lessons.texts() == ["Look at the room before you move."]
+    loop.run()  # at its episode target: only the scheduled re-consolidation runs
+    again = loop.store.cycles(run_id)[-1]
+    assert len(loop.store.cycles(run_id)) == 3 and again.base_adapter_id == first.id
+    assert loop.store.lesson_set(run_id, again.lesson_set_version).lesson_ids == remaining, "the lessons still live"
+    assert loop.store.get_adapter(again.adapter_id).parent_id == first.id, "trained on top of cycle 1's adapter"
+    [request] = loop.store.requests(run_id, kind=RECONSOLIDATE)
+    assert request.done_at is not None
     loop.close()
 
 

@@ -5,12 +5,19 @@ What: `plan_forget(store, lesson_id) -> ForgetPlan` says, writing nothing, what 
 - the lesson and every lesson derived from it (merged or updated from it, transitively: a merge keeps both
   sources' provenance, so what was merged from a forgotten lesson is forgotten with it) leave the live set and
   a pending candidate (new versions), and are marked forgotten (status `retired`, `forgotten_at` set);
-- every adapter trained with one of them in the teacher's context (its cycle distilled a lesson set holding
-  it), and every adapter trained on top of such an adapter, is tainted. If the run's active adapter is
-  tainted, the run goes back to the newest ancestor of it that is not (or the base model), and the tainted
-  ones are retired;
+- a merge keeps the older source's text (`distill.lessons.curate`). When that source is not forgotten, the
+  merged row is forgotten (it carries the forgotten lesson's provenance) but its text is not the forgotten
+  lesson's: the source whose text it kept comes back as its own lesson wherever the merged row stood (live set,
+  candidate), with its own provenance only, unless it was forgotten or is consolidated itself. Forgetting that
+  source too removes the text;
+- every adapter trained with the forgotten text in the teacher's context (its cycle distilled a lesson set
+  holding the lesson, an update of it, or a merge that kept its text), and every adapter trained on top of
+  such an adapter, is tainted. A merge that kept another lesson's text showed the teacher only that text, so
+  it taints nothing. If the run's active adapter is tainted, the run goes back to the newest ancestor of it
+  that is not (or the base model), and the tainted ones are retired;
 - the lessons those tainted cycles had consolidated (taken out of the context because the weights held them)
-  and that are not forgotten come back into the live set, since the weights that held them are gone;
+  and that are not forgotten come back into the live set as active lessons, since the weights that held them
+  are gone (for a forgotten merge among them, the source whose text it kept);
 - a re-consolidation of the live lessons on top of that ancestor is scheduled as a run request, which the
   loop runs as its next CONSOLIDATE (`agent-runtime distill` runs it at once).
 
@@ -48,6 +55,9 @@ class ForgetPlan:
     active: AdapterInfo | None = None
     fallback: AdapterInfo | None = None  # what the run acts with afterwards, if the active adapter is tainted
     restored: list[int] = field(default_factory=list)  # lessons the tainted cycles consolidated, back in context
+    kept_text: dict[int, int] = field(default_factory=dict)  # forgotten merge -> the other source whose text it kept
+    back_in_place: dict[int, int] = field(default_factory=dict)  # of those, the ones whose source comes back
+    kept_out: dict[int, str] = field(default_factory=dict)  # the others -> why their source does not come back
 
     @property
     def rolls_back(self) -> bool:
@@ -58,6 +68,13 @@ class ForgetPlan:
         ids = ", ".join(f"#{i}" for i in self.forgotten)
         out = [f"forget lessons {ids}" + (f" ({', '.join(f'#{d} came from #{s}' for d, s in self.derived.items())})"
                                           if self.derived else "")]
+        for merged, source in self.kept_text.items():
+            line = f"#{merged} was merged from #{self.derived[merged]} but shows the text of #{source}: "
+            if merged in self.back_in_place:
+                line += f"#{source} comes back as its own lesson in its place (forget #{source} to remove that text)"
+            else:
+                line += f"#{source} does not come back: {self.kept_out[merged]}"
+            out.append(line)
         if self.live is not None:
             out.append(f"live set v{self.live.version} -> a new version without them")
         if self.candidate is not None:
@@ -98,6 +115,24 @@ def _derived(lessons: Sequence[LessonInfo], lesson_id: int) -> dict[int, int]:
     return out
 
 
+def _text_sources(lessons: Sequence[LessonInfo], derived: dict[int, int], lesson_id: int) -> dict[int, int]:
+    """Forgotten merges whose text is not the forgotten lesson's -> the not-forgotten lesson whose text they kept.
+    A merge's text is that of the first source it equals (the curator keeps the older source's). An update, and a
+    merge whose text equals none of its sources, carry their predecessors' content: they are not counted here."""
+    rows = {x.id: x for x in lessons}
+    carries = {lesson_id}  # forgotten rows whose text is (or came from) the forgotten lesson's
+    kept: dict[int, int] = {}  # forgotten row -> the lesson whose text it shows
+    for row_id in sorted(derived):  # a successor row is written after its predecessors
+        lesson = rows[row_id]
+        merged, updated = versions.predecessors(lesson)
+        same = next((i for i in merged if i in rows and rows[i].text == lesson.text), None)
+        if updated or same is None or same in carries:
+            carries.add(row_id)
+        else:
+            kept[row_id] = kept.get(same, same)
+    return kept
+
+
 def plan_forget(store: ExperienceStore, lesson_id: int, *, run_id: int | None = None) -> ForgetPlan:
     """What forgetting `lesson_id` undoes; writes nothing. An unknown lesson (or one of another run than
     `run_id`, when given) is an `UnknownLessonError`."""
@@ -116,9 +151,12 @@ def plan_forget(store: ExperienceStore, lesson_id: int, *, run_id: int | None = 
     plan = ForgetPlan(run_id, lesson_id, forgotten, derived,
                       live=live if live is not None and gone & set(live.lesson_ids) else None,
                       candidate=pending if pending is not None and gone & set(pending.lesson_ids) else None)
+    plan.kept_text = _text_sources(every, derived, lesson_id)
+    taught_text = gone - set(plan.kept_text)  # what a teacher saw of them
     sets = {s.version: set(s.lesson_ids) for s in store.lesson_sets(run_id)}
     cycles = [c for c in store.cycles(run_id) if c.adapter_id is not None]
-    plan.tainted_cycles = [c for c in cycles if c.status == "promoted" and gone & sets.get(c.lesson_set_version, set())]
+    plan.tainted_cycles = [c for c in cycles
+                           if c.status == "promoted" and taught_text & sets.get(c.lesson_set_version, set())]
     adapters = {a.id: a for a in store.adapters(run_id)}
     tainted = {c.adapter_id for c in plan.tainted_cycles}
     grew = True
@@ -130,26 +168,58 @@ def plan_forget(store: ExperienceStore, lesson_id: int, *, run_id: int | None = 
                 grew = True
     plan.tainted_adapters = [adapters[i] for i in sorted(tainted) if i in adapters]
     plan.active = store.active_adapter(run_id)
+    rows = {x.id: x for x in every}
+    taught = {c.id for c in cycles if c.adapter_id in tainted} if plan.rolls_back else set()
     if plan.rolls_back:
         node = plan.active
         while node is not None and node.id in tainted:
             node = adapters.get(node.parent_id) if node.parent_id is not None else None
         plan.fallback = node
-        taught = {c.id for c in cycles if c.adapter_id in tainted}
-        plan.restored = sorted(x.id for x in every if x.status == "consolidated"
-                               and x.consolidated_cycle_id in taught and x.id not in gone)
+    unweighted = {x.id for x in every if x.status == "consolidated" and x.consolidated_cycle_id in taught}
+    in_context = _members(plan.live) | _members(plan.candidate) | unweighted
+    for merged, source in plan.kept_text.items():
+        kept, merge = rows[source], rows[merged]
+        if kept.forgotten_at is not None:
+            plan.kept_out[merged] = f"#{source} was forgotten"
+        elif kept.status == "consolidated" and source not in unweighted:
+            plan.kept_out[merged] = f"#{source} is consolidated into cycle {kept.consolidated_cycle_id}'s adapter"
+        elif merged in in_context:
+            plan.back_in_place[merged] = source
+        elif merge.status == "consolidated":
+            plan.kept_out[merged] = (f"the text stays in cycle {merge.consolidated_cycle_id}'s adapter, which "
+                                     f"consolidated #{merged}")
+        else:
+            plan.kept_out[merged] = f"#{merged} was not in the context"
+    if plan.rolls_back:
+        back = [plan.back_in_place.get(i, i) for i in sorted(unweighted)]
+        plan.restored = list(dict.fromkeys(i for i in back if i not in gone))
     return plan
+
+
+def _members(info: LessonSetInfo | None) -> set[int]:
+    return set(info.lesson_ids) if info is not None else set()
+
+
+def _in_place(ids: Sequence[int], gone: set[int], back_in_place: dict[int, int]) -> list[int]:
+    """`ids` without the forgotten lessons, a source whose text a forgotten merge kept standing in its place."""
+    out: list[int] = []
+    for i in ids:
+        i = back_in_place.get(i, i)
+        if i not in gone and i not in out:
+            out.append(i)
+    return out
 
 
 def apply_forget(store: ExperienceStore, plan: ForgetPlan, *, count_tokens: Callable[[str], int]) -> dict:
     """Carry out `plan` in one transaction; returns what was written (new versions, request id)."""
     gone = set(plan.forgotten)
     note = f"forgot #{plan.lesson_id}" + (f" and what came from it ({len(plan.derived)})" if plan.derived else "")
+    note += "".join(f"; #{s} back in place of #{m}" for m, s in plan.back_in_place.items())
     out: dict = {"versions": [], "request_id": None}
     with store.transaction():
         live = versions.live_version(store, plan.run_id)
         if plan.live is not None or plan.restored:
-            keep = [i for i in (live.lesson_ids if live else []) if i not in gone]
+            keep = _in_place(live.lesson_ids if live else [], gone, plan.back_in_place)
             keep += [i for i in plan.restored if i not in keep]
             rows = {x.id: x for x in store.lessons(plan.run_id, ids=keep)} if keep else {}
             tokens = sum(count_tokens(rows[i].text) for i in keep)
@@ -157,12 +227,14 @@ def apply_forget(store: ExperienceStore, plan: ForgetPlan, *, count_tokens: Call
             out["versions"].append(info.version)
         pending = versions.pending_candidate(store, plan.run_id)
         if plan.candidate is not None and pending is not None:
-            keep = [i for i in pending.lesson_ids if i not in gone]
+            keep = _in_place(pending.lesson_ids, gone, plan.back_in_place)
             info = versions.create_version(store, plan.run_id, keep, candidate=True,
                                            by_user=versions.is_user_version(pending),
                                            note=f"{pending.note.strip()}; without forgotten #{plan.lesson_id}")
             out["versions"].append(info.version)
         store.forget_lessons(plan.forgotten, reason=note)
+        if plan.restored:  # in the context again: measured and consolidated again like any active lesson
+            store.set_lesson_status(plan.restored, "active")
         if plan.rolls_back:
             for adapter in plan.tainted_adapters:
                 if adapter.status in ("active", "candidate"):
