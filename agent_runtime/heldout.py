@@ -9,8 +9,10 @@ observation (played with its evaluation seed), because the same game or problem 
 Where it is enforced: where the pools of learning material are built. EXTRACT's episodes and their
 contrastive partners, an OPCD cycle's prompts and the retrieved examples go through `HeldOut.usable`, so a
 held-out task's episode is left out; `HeldOut.check` is the last line, an `EvalLeakError` (not a warning)
-if one is about to be used anyway. Retrieval never returns the task being played either: not its task id, nor
-the same opening under another id, unless that opening does not identify a game (`HeldOut.identifies`).
+if one is about to be used anyway. A system-prompt cycle's prompt file holds no episodes: a line whose first
+user turn holds a held-out opening is refused when it is read (`HeldOut.task_in`, `agent_runtime.system_prompt`).
+Retrieval never returns the task being played either: not its task id, nor the same opening under another id,
+unless that opening does not identify a game (`HeldOut.identifies`).
 
 `held_out(config, workdir)` builds the set once per process (it resets each evaluation task once; the
 games are generated and cached as evaluation would generate them anyway). `leak_report` is what
