@@ -154,7 +154,7 @@ def _system_prompt_args(config, args):
 def cmd_distill(args) -> int:
     from agent_runtime.config import load_config
     from agent_runtime.consolidate import cycle_teacher, run_cycle
-    from agent_runtime.llm import make_backend
+    from agent_runtime.llm import LOCAL_WEIGHTS, make_backend
     from agent_runtime.llm.base import activate
     from agent_runtime.loop import default_workdir
     from agent_runtime.play import CursorMove
@@ -163,8 +163,8 @@ def cmd_distill(args) -> int:
     from memory import ExperienceStore
 
     config = _system_prompt_args(load_config(args.config, list(args.set or [])), args)
-    if config.model.backend not in ("transformers", "vllm"):
-        raise UsageError(f"distill trains the policy's weights: it needs backend: transformers or vllm, not "
+    if config.model.backend not in LOCAL_WEIGHTS:
+        raise UsageError(f"distill trains the policy's weights: it needs backend: {' or '.join(LOCAL_WEIGHTS)}, not "
                          f"{config.model.backend}")
     _, teacher = cycle_teacher(config, config.opcd)  # a teacher that cannot teach fails here, with what differs
     if teacher["separate"] and not args.json:

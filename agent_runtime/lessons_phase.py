@@ -64,7 +64,7 @@ PREFILL = "- EXPERIENCE ITEM:"  # a local model's answer starts here (render() c
 def text_token_counter(backend: PolicyBackend):
     """Tokens of a plain text in the acting model's tokenizer (whitespace words for a scripted policy), counted
     as the prompt will hold it: special-token text in a lesson is text there (`encode_text`), not one token."""
-    if not isinstance(backend, TokenizerBackend):
+    if not isinstance(backend, TokenizerBackend) or backend.tokenizer is None:  # a chat model without one
         return lambda text: len(text.split())
     tokenizer = backend.tokenizer
     return lambda text: len(encode_text(tokenizer, text))

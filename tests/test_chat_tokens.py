@@ -166,3 +166,15 @@ def test_the_lesson_budget_counts_special_token_text_as_the_prompt_holds_it(tiny
     assert in_prompt > len(plain_ids(tiny_backend.tokenizer, lesson))
     assert text_token_counter(tiny_backend)(lesson) == in_prompt
     assert config_token_counter(ModelConfig(name=str(tiny_model_dir)))(lesson) == in_prompt
+
+
+def test_a_chat_model_without_a_tokenizer_counts_lesson_words():
+    """The chat backend has a `tokenizer` member that is None without the `tokenizer` option."""
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    from agent_runtime.lessons_phase import text_token_counter
+    from agent_runtime.llm.chat_backend import ChatBackend
+
+    backend = ChatBackend(FakeListChatModel(responses=["look"]))
+    assert backend.tokenizer is None
+    assert text_token_counter(backend)("- EXPERIENCE ITEM: take the coin first") == 7
