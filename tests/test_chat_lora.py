@@ -42,7 +42,19 @@ def test_load_and_switch_served_adapters(tmp_path, endpoint):
 
     other = ChatBackend.from_options({"class": SPEC, "kwargs": {"model": "base"}, "lora_api": endpoint.url})
     other.load_adapter("cycle-1", adapter)  # a second worker: the server already holds it, which is fine
-    assert ask(other).endswith("from cycle-1") and len(endpoint.requests) == 2
+    assert ask(other).endswith("from cycle-1")
+    assert [r["path"] for r in endpoint.requests] == ["/v1/load_lora_adapter"] * 2 + ["/v1/models"]
+
+
+def test_a_name_the_server_serves_from_other_files_is_refused(tmp_path, endpoint):
+    """The server would go on answering with the first files while the backend reported the second's
+    fingerprint: the load fails, naming both paths."""
+    first = ChatBackend.from_options({"class": SPEC, "kwargs": {"model": "base", "base_url": endpoint.url}})
+    first.load_adapter("cycle-1", saved_adapter(tmp_path / "run-a"))
+    second = ChatBackend.from_options({"class": SPEC, "kwargs": {"model": "base", "base_url": endpoint.url}})
+    with pytest.raises(BackendError, match=r"already serves LoRA adapter 'cycle-1' from .*run-a, not .*run-b"):
+        second.load_adapter("cycle-1", saved_adapter(tmp_path / "run-b"))
+    assert second.adapters == {} and second.active_adapter is None
 
 
 def test_server_errors_are_clear(tmp_path, endpoint):

@@ -191,6 +191,27 @@ class TestEngine:
             vllm_engine.load_adapter("missing", smollm2_adapter.parent / "missing")
         vllm_engine.use_adapter(None)
 
+    def test_a_name_loaded_again_with_other_tensors_acts_with_them(self, vllm_engine, smollm2_adapter, tmp_path):
+        """vLLM caches a LoRA by its id: reusing the name's id would go on serving the first tensors while the
+        backend reported the new files' fingerprint."""
+        import shutil
+
+        from safetensors.torch import load_file, save_file
+
+        stronger = tmp_path / "stronger"
+        shutil.copytree(smollm2_adapter, stronger)
+        weights = stronger / "adapter_model.safetensors"
+        save_file({k: v * 3 if "lora_B" in k else v for k, v in load_file(weights).items()}, weights)
+        vllm_engine.load_adapter("swap", smollm2_adapter)
+        first, first_print = vllm_engine.choose([CHATS[0]], [ACTIONS], GREEDY)[0].choice_logprobs, \
+            vllm_engine.adapter_fingerprint()
+        held = vllm_engine.loaded_adapters()
+        vllm_engine.load_adapter("swap", stronger)
+        then = vllm_engine.choose([CHATS[0]], [ACTIONS], GREEDY)[0].choice_logprobs
+        assert vllm_engine.adapter_fingerprint() != first_print
+        assert max(abs(a - b) for a, b in zip(first, then)) > 0.05, "the engine acts with the new tensors"
+        assert len(vllm_engine.loaded_adapters()) == len(held), "the old tensors left the engine"
+
 
 @pytest.mark.slow
 def test_bfloat16_cross_check(start_vllm_engine, smollm2, smollm2_adapter, tmp_path):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -151,7 +152,9 @@ class ChatBackend:
                 pass
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:500]
-            if "already" not in detail.lower():  # another worker loaded it first: that is fine
+            if "already" in detail.lower():  # another worker loaded it first: fine if it is the same adapter
+                self._check_served_path(name, path)
+            else:
                 raise BackendError(
                     f"chat backend: the server refused LoRA adapter {name!r} at {path}: HTTP {exc.code} {detail}; "
                     "a vLLM server needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and the "
@@ -161,6 +164,21 @@ class ChatBackend:
                                f"{exc}") from None
         self.adapters[name], self.fingerprints[name] = str(path), fingerprint
         self.use_adapter(name)
+
+    def _check_served_path(self, name: str, path: str) -> None:
+        """The server already serves `name`: from `path`, or a BackendError (it would go on answering with the
+        other files while this backend reported the fingerprint of `path`'s). The server's `/models` lists each
+        LoRA with the path it was loaded from (`root`); a server that does not say is taken at its word."""
+        try:
+            with urllib.request.urlopen(f"{self.lora_api}/models", timeout=30) as reply:
+                served = {m.get("id"): m.get("root") for m in json.loads(reply.read()).get("data", [])}
+        except (urllib.error.URLError, OSError, ValueError, AttributeError):
+            return
+        root = served.get(name)
+        if root and os.path.normpath(str(root)) != os.path.normpath(str(path)):
+            raise BackendError(f"chat backend: the server already serves LoRA adapter {name!r} from {root}, not "
+                               f"{path}; it would answer with those weights. Unload it on the server "
+                               "(POST /v1/unload_lora_adapter) or load these files under another name")
 
     def adapter_fingerprint(self) -> str | None:
         """The fingerprint of the files of the served adapter requests name now (None: the base model, or

@@ -7,8 +7,8 @@ What:
 - `ServedModelChat`: a LangChain chat model whose reply names the served model it was built for, so a
   test can see which adapter answered (the chat backend's `model` field is the served LoRA's name).
 - `LoraEndpoint`: a real HTTP server on 127.0.0.1 implementing vLLM's `POST /v1/load_lora_adapter`
-  (200 on the first load of a name, 400 "already been loaded" after, 400 on a missing path), recording
-  every request.
+  (200 on the first load of a name, 400 "already been loaded" after, 400 on a missing path) and its
+  `GET /v1/models` (each loaded LoRA with the path it came from as `root`), recording every request.
 
 Why in the package: these are named by import path in run configs (`lessons.extractor`,
 `runtime.ray.server.class`), and Ray workers import them by that path, so they must be importable
@@ -60,6 +60,13 @@ class LoraEndpoint:
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                endpoint.requests.append({"path": self.path})
+                if self.path != "/v1/models":
+                    return self._reply(404, "not found")
+                served = [{"id": name, "object": "model", "root": path} for name, path in endpoint.loaded.items()]
+                return self._reply(200, json.dumps({"object": "list", "data": served}))
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 endpoint.requests.append({"path": self.path, **body})

@@ -162,6 +162,7 @@ class VLLMBackend:
         self.choice_trie_above = choice_trie_above
         self.adapters: dict[str, Any] = {}
         self.fingerprints: dict[str, str] = {}  # by adapter name, of the files the engine was given
+        self._lora_ids = 0  # vLLM caches a LoRA by its int id: a name's new tensors need a new one
         self.active_adapter: str | None = None
         self.stats = BackendStats()
         self.prefix_stats = EnginePrefixStats()
@@ -180,19 +181,28 @@ class VLLMBackend:
     # LoRA adapters -------------------------------------------------------------------------------------
     def load_adapter(self, name: str, path: str | Path) -> None:
         """Register the peft LoRA adapter at `path` as `name` and load it into the engine now (a bad adapter
-        fails here, not at the next request), then use it. Loading a name again changes nothing."""
+        fails here, not at the next request), then use it. Loading a name again with the same tensors changes
+        nothing; with other tensors (another path, or files rewritten) the name gets a new LoRA id, so the engine
+        loads them instead of serving what it cached under the old id."""
         from vllm.lora.request import LoRARequest
 
-        if name not in self.adapters:
-            if not (Path(path) / "adapter_config.json").is_file():
-                raise BackendError(f"no LoRA adapter at {str(path)!r} (adapter_config.json missing)")
-            request = LoRARequest(name, len(self.adapters) + 1, str(Path(path).resolve()))
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise BackendError(f"no LoRA adapter at {str(path)!r} (adapter_config.json missing)")
+        try:
+            fingerprint = fingerprint_files(path)
+        except Exception as exc:  # noqa: BLE001 -- safetensors and peft raise their own types for a bad file
+            raise BackendError(f"vLLM refused LoRA adapter {name!r} at {path}: {exc}") from None
+        if self.fingerprints.get(name) != fingerprint:
+            self._lora_ids += 1
+            request = LoRARequest(name, self._lora_ids, str(Path(path).resolve()))
             try:
-                fingerprint = fingerprint_files(request.lora_path)
                 self.llm.llm_engine.add_lora(request)
             except Exception as exc:  # noqa: BLE001 -- vLLM raises plain exceptions from its worker
                 raise BackendError(f"vLLM refused LoRA adapter {name!r} at {path}: {exc}") from None
+            replaced = self.adapters.get(name)
             self.adapters[name], self.fingerprints[name] = request, fingerprint
+            if replaced is not None:
+                self.llm.llm_engine.remove_lora(replaced.lora_int_id)
         self.use_adapter(name)
 
     def use_adapter(self, name: str | None) -> None:
