@@ -4,6 +4,11 @@
 text plus the ChatML markers), gives it a ChatML chat template, and builds a randomly initialised
 Llama- or Qwen2-style causal LM around it. `save_tiny_model(dir)` writes both as a normal checkpoint
 directory, which every model-name field accepts as a local path.
+
+Also the doubles and helpers several test files share: `teach` (a few supervised steps that give a tiny model a
+behaviour a test can see), `save_coin_lesson_model` (a tiny model that takes the coin only when a lesson says so,
+for the consolidation, forgetting and probe tests) and `StaleAdapterBackend` (a backend whose adapter switches
+never reach its model).
 """
 
 from __future__ import annotations
@@ -77,3 +82,93 @@ def save_tiny_model(directory: str | Path, arch: str = "llama", **kwargs) -> Pat
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+COIN_LESSON = "When you see a coin, take coin at once."
+
+
+def teach(model, tokenizer, example, *, steps: int, batch: int = 16, lr: float = 5e-3, seed: int = 0) -> None:
+    """Plain supervised steps that give `model` a behaviour a test can see: `example(rng)` draws one
+    (chat, reply token ids) pair; the loss is on the reply only (the chat as `encode_chat` renders it), AdamW,
+    gradients clipped at 1.0, one step per batch."""
+    import random
+
+    from distill.chat_tokens import encode_chat
+
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    for _ in range(steps):
+        rows = [(encode_chat(tokenizer, chat).ids, list(reply)) for chat, reply in (example(rng) for _ in range(batch))]
+        width = max(len(p) + len(a) for p, a in rows)
+        ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+        labels, mask = torch.full_like(ids, -100), torch.zeros_like(ids)
+        for r, (p, a) in enumerate(rows):
+            ids[r, :len(p) + len(a)] = torch.tensor(p + a)
+            labels[r, len(p):len(p) + len(a)] = torch.tensor(a)
+            mask[r, :len(p) + len(a)] = 1
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def save_coin_lesson_model(directory: str | Path, games_cache: str | Path, lesson: str = COIN_LESSON) -> Path:
+    """A tiny model that chooses `take coin` when `lesson` is in its system prompt and another admissible action
+    without it, on the loop's own first-turn prompts (choice mode) of level-1 coin-collector games (4 train and 4
+    eval tasks, each at its evaluation seed and another): a behaviour a cycle can consolidate and a forget undo."""
+    import environments
+    from agent_runtime.agent import PromptBuilder
+
+    model, tokenizer = tiny_model_and_tokenizer("llama")
+    env = environments.make("textworld/coin_collector", level=1, n_train=4, n_eval=4, cache_dir=str(games_cache))
+    builder = PromptBuilder(family="textworld", count_tokens=lambda chat: 0, context_window=4096,
+                            action_mode="choice")
+    firsts = []
+    for split in ("train", "eval"):
+        for i, task in enumerate(env.tasks(split)):
+            for seed in (i, 1234 + i):
+                observation, info = env.reset(seed=seed, task_id=task)
+                firsts.append((observation, info["admissible_actions"]))
+    env.close()
+
+    def example(rng):
+        observation, actions = rng.choice(firsts)
+        taught = rng.random() < 0.5
+        chat = builder.build([], observation, actions, lessons=[lesson] if taught else [])
+        action = "take coin" if taught else rng.choice([a for a in actions if a != "take coin"])
+        return chat, tokenizer(action, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    teach(model, tokenizer, example, steps=60)
+    directory = Path(directory)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+class StaleAdapterBackend:
+    """A real backend whose adapter loads and switches never reach its model: it says it acts with the new
+    adapter and keeps computing with the weights it had (the failure reported for asynchronous LoRA updates in
+    other trainers). What the post-promotion probe must catch."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.adapters: dict[str, str] = dict(getattr(inner, "adapters", {}))
+        self.active_adapter = getattr(inner, "active_adapter", None)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def load_adapter(self, name, path):
+        self.adapters[name], self.active_adapter = str(path), name
+
+    def use_adapter(self, name):
+        self.active_adapter = name
+
+    def adapter_fingerprint(self):
+        return self._inner.adapter_fingerprint()
+
+    def choose(self, prompts, choices, params):
+        return self._inner.choose(prompts, choices, params)
+
+    def generate(self, prompts, params):
+        return self._inner.generate(prompts, params)

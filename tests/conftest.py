@@ -71,6 +71,15 @@ def games_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("games")
 
 
+@pytest.fixture(scope="session")
+def coin_lesson_model(tmp_path_factory, games_dir) -> Path:
+    """A tiny model that takes the coin when `agent_runtime.testing.COIN_LESSON` is in its system prompt and not
+    without it (taught once per session; the probe and forget tests consolidate and undo that behaviour)."""
+    from agent_runtime.testing import save_coin_lesson_model
+
+    return save_coin_lesson_model(tmp_path_factory.mktemp("coin-lesson-model"), games_dir)
+
+
 # -- PostgreSQL --------------------------------------------------------------------------------
 
 

@@ -30,6 +30,7 @@ from agent_runtime.adapter_probe import (
 )
 from agent_runtime.llm.base import FingerprintBackend, activate
 from agent_runtime.llm.transformers_backend import TransformersBackend
+from agent_runtime.testing import StaleAdapterBackend
 from distill.fingerprint import fingerprint_files, fingerprint_state
 
 GAME = "You play a text adventure game. Reply with exactly one of the admissible actions."
@@ -87,33 +88,6 @@ def reference(tiny_model_dir, adapters) -> ProbeReference:
     new = adapter_info(adapters["new"], id_=2, name="cycle-2", fingerprint=fingerprint_files(adapters["new"]))
     parent = adapter_info(adapters["parent"], id_=1, name="cycle-1")
     return build_reference(str(tiny_model_dir), new, parent, DECISIONS)
-
-
-class StaleBackend:
-    """The real backend, but switching adapters never reaches it: it keeps computing with what it had."""
-
-    def __init__(self, inner):
-        self._inner = inner
-        self.adapters: dict[str, str] = dict(inner.adapters)
-        self.active_adapter = inner.active_adapter
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    def load_adapter(self, name, path):
-        self.adapters[name], self.active_adapter = str(path), name
-
-    def use_adapter(self, name):
-        self.active_adapter = name
-
-    def adapter_fingerprint(self):
-        return self._inner.adapter_fingerprint()
-
-    def choose(self, prompts, choices, params):
-        return self._inner.choose(prompts, choices, params)
-
-    def generate(self, prompts, params):
-        return self._inner.generate(prompts, params)
 
 
 def acting(tiny_model_dir, *paths, dtype: str = "float32") -> TransformersBackend:
@@ -182,7 +156,7 @@ def test_a_bfloat16_backend_with_the_adapter_passes_at_its_tolerance(tiny_model_
 
 
 def test_a_backend_that_did_not_switch_stops_the_run(tiny_model_dir, adapters, reference):
-    backend = StaleBackend(acting(tiny_model_dir, adapters["parent"]))
+    backend = StaleAdapterBackend(acting(tiny_model_dir, adapters["parent"]))
     activate(backend, adapter_info(adapters["new"], id_=2, name="cycle-2"))
     assert backend.active_adapter == "cycle-2", "it says it switched"
     with pytest.raises(StaleAdapterError, match=r"rollout worker 3 does not act with adapter cycle-2 after its "

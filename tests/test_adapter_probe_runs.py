@@ -10,7 +10,6 @@ after the probe's reference was taken).
 
 from __future__ import annotations
 
-import random
 import shutil
 
 import pytest
@@ -20,63 +19,12 @@ from agent_runtime.adapter_probe import StaleAdapterError, ensure_reference
 from agent_runtime.config import config_from_dict
 from agent_runtime.llm.transformers_backend import TransformersBackend
 from agent_runtime.loop import AgentLoop
+from agent_runtime.testing import COIN_LESSON as LESSON
+from agent_runtime.testing import StaleAdapterBackend
 from distill.fingerprint import fingerprint_files
 from memory import ExperienceStore
 
-LESSON = "When you see a coin, take coin at once."
 LOOP_WHERE = "the loop's transformers backend"
-
-
-def _taught(directory, games_dir) -> None:
-    """A tiny model that chooses `take coin` when LESSON is in its system prompt and another action without it,
-    on the first turns of coin-collector games."""
-    import environments
-    from agent_runtime.agent import PromptBuilder
-    from agent_runtime.testing import tiny_model_and_tokenizer
-    from distill.chat_tokens import encode_chat
-
-    model, tok = tiny_model_and_tokenizer("llama")
-    env = environments.make("textworld/coin_collector", level=1, n_train=4, n_eval=4, cache_dir=str(games_dir))
-    builder = PromptBuilder(family="textworld", count_tokens=lambda chat: 0, context_window=4096,
-                            action_mode="choice")
-    firsts = []
-    for split in ("train", "eval"):
-        for i, task in enumerate(env.tasks(split)):
-            for seed in (i, 1234 + i):
-                observation, info = env.reset(seed=seed, task_id=task)
-                firsts.append((observation, info["admissible_actions"]))
-    env.close()
-    rng = random.Random(0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
-    for _ in range(60):
-        rows = []
-        for _ in range(16):
-            observation, actions = rng.choice(firsts)
-            taught = rng.random() < 0.5
-            chat = builder.build([], observation, actions, lessons=[LESSON] if taught else [])
-            action = "take coin" if taught else rng.choice([a for a in actions if a != "take coin"])
-            rows.append((encode_chat(tok, chat).ids, tok(action, add_special_tokens=False)["input_ids"]
-                         + [tok.eos_token_id]))
-        width = max(len(p) + len(a) for p, a in rows)
-        ids = torch.full((len(rows), width), tok.pad_token_id)
-        labels, mask = torch.full_like(ids, -100), torch.zeros_like(ids)
-        for r, (p, a) in enumerate(rows):
-            ids[r, :len(p) + len(a)] = torch.tensor(p + a)
-            labels[r, len(p):len(p) + len(a)] = torch.tensor(a)
-            mask[r, :len(p) + len(a)] = 1
-        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
-    model.save_pretrained(directory)
-    tok.save_pretrained(directory)
-
-
-@pytest.fixture(scope="module")
-def taught_dir(tmp_path_factory, games_dir):
-    directory = tmp_path_factory.mktemp("taught")
-    _taught(directory, games_dir)
-    return directory
 
 
 def _config(model_dir, games_dir, episodes):
@@ -93,40 +41,9 @@ def _config(model_dir, games_dir, episodes):
     })
 
 
-class NoSwitch:
-    """The transformers backend, except that loading or switching an adapter never reaches its model: it says it
-    acts with the new adapter and keeps computing with the weights it had (the reported async-LoRA failure)."""
-
-    def __init__(self, inner: TransformersBackend):
-        self._inner = inner
-        self.adapters: dict[str, str] = {}
-        self.active_adapter = None
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    def load_adapter(self, name, path):
-        self.adapters[name], self.active_adapter = str(path), name
-
-    def use_adapter(self, name):
-        self.active_adapter = name
-
-    def adapter_fingerprint(self):
-        return self._inner.adapter_fingerprint()
-
-    def choose(self, prompts, choices, params):
-        return self._inner.choose(prompts, choices, params)
-
-    def generate(self, prompts, params):
-        return self._inner.generate(prompts, params)
-
-    def close(self):
-        self._inner.close()
-
-
 @pytest.mark.slow
-def test_the_loop_probes_its_backend_after_a_promotion(tmp_path, games_dir, taught_dir):
-    loop = AgentLoop(_config(taught_dir, games_dir, 12), tmp_path, progress=False)
+def test_the_loop_probes_its_backend_after_a_promotion(tmp_path, games_dir, coin_lesson_model):
+    loop = AgentLoop(_config(coin_lesson_model, games_dir, 12), tmp_path, progress=False)
     summary = loop.run()
     loop.close()
     assert summary.cycles == 1 and summary.adapter == "cycle-1", "the cycle was promoted"
@@ -145,9 +62,9 @@ def test_the_loop_probes_its_backend_after_a_promotion(tmp_path, games_dir, taug
 
 
 @pytest.mark.slow
-def test_a_backend_that_keeps_the_old_weights_stops_the_run(tmp_path, games_dir, taught_dir):
-    stale = NoSwitch(TransformersBackend.from_pretrained(str(taught_dir), dtype="float32"))
-    loop = AgentLoop(_config(taught_dir, games_dir, 12), tmp_path, backend=stale, progress=False)
+def test_a_backend_that_keeps_the_old_weights_stops_the_run(tmp_path, games_dir, coin_lesson_model):
+    stale = StaleAdapterBackend(TransformersBackend.from_pretrained(str(coin_lesson_model), dtype="float32"))
+    loop = AgentLoop(_config(coin_lesson_model, games_dir, 12), tmp_path, backend=stale, progress=False)
     with pytest.raises(StaleAdapterError, match=f"{LOOP_WHERE} does not act with adapter cycle-1 after its "
                                                 "promotion: it acts as the parent"):
         loop.run()

@@ -12,21 +12,18 @@ then forgotten, and the acting policy no longer takes it on held-out games.
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
-import torch
 
 from agent_runtime.config import config_from_dict
 from agent_runtime.consolidate import _changed_meanwhile
 from agent_runtime.evaluation import evaluate
 from agent_runtime.llm.base import activate
 from agent_runtime.loop import AgentLoop
+from agent_runtime.testing import COIN_LESSON as LESSON
 from distill.lessons.forget import RECONSOLIDATE, apply_forget, plan_forget
 from distill.lessons.versions import create_version, live_version
 from memory import ExperienceStore
-
-LESSON = "When you see a coin, take coin at once."
 
 
 def words(text: str) -> int:
@@ -204,58 +201,6 @@ def test_the_command_asks_before_it_rolls_back_an_adapter(tmp_path, cli):
 # -- end to end: a behaviour consolidated, then forgotten -----------------------------------------------------
 
 
-def _taught(directory, games_dir) -> None:
-    """A tiny model that chooses `take coin` when LESSON is in its system prompt and another action without
-    it, trained on the loop's own first-turn prompts of coin-collector games."""
-    import environments
-    from agent_runtime.agent import PromptBuilder
-    from agent_runtime.testing import tiny_model_and_tokenizer
-    from distill.chat_tokens import encode_chat
-
-    model, tok = tiny_model_and_tokenizer("llama")
-    env = environments.make("textworld/coin_collector", level=1, n_train=4, n_eval=4, cache_dir=str(games_dir))
-    builder = PromptBuilder(family="textworld", count_tokens=lambda chat: 0, context_window=4096,
-                            action_mode="choice")
-    firsts = []
-    for split in ("train", "eval"):
-        for i, task in enumerate(env.tasks(split)):
-            for seed in (i, 1234 + i):
-                observation, info = env.reset(seed=seed, task_id=task)
-                firsts.append((observation, info["admissible_actions"]))
-    env.close()
-    rng = random.Random(0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
-    for _ in range(60):
-        rows = []
-        for _ in range(16):
-            observation, actions = rng.choice(firsts)
-            taught = rng.random() < 0.5
-            chat = builder.build([], observation, actions, lessons=[LESSON] if taught else [])
-            action = "take coin" if taught else rng.choice([a for a in actions if a != "take coin"])
-            rows.append((encode_chat(tok, chat).ids, tok(action, add_special_tokens=False)["input_ids"]
-                         + [tok.eos_token_id]))
-        width = max(len(p) + len(a) for p, a in rows)
-        ids = torch.full((len(rows), width), tok.pad_token_id)
-        labels, mask = torch.full_like(ids, -100), torch.zeros_like(ids)
-        for r, (p, a) in enumerate(rows):
-            ids[r, :len(p) + len(a)] = torch.tensor(p + a)
-            labels[r, len(p):len(p) + len(a)] = torch.tensor(a)
-            mask[r, :len(p) + len(a)] = 1
-        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
-    model.save_pretrained(directory)
-    tok.save_pretrained(directory)
-
-
-@pytest.fixture(scope="module")
-def taught_dir(tmp_path_factory, games_dir):
-    directory = tmp_path_factory.mktemp("taught")
-    _taught(directory, games_dir)
-    return directory
-
-
 def _config(model_dir, games_dir, episodes, *, steps=30, teacher=None):
     return config_from_dict({
         "name": "forget", "model": {"name": str(model_dir), "max_new_tokens": 4, "dtype": "float32"},
@@ -279,10 +224,10 @@ def _acting_success(loop) -> float:
 
 
 @pytest.mark.slow
-def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, games_dir, taught_dir, cli):
+def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, games_dir, coin_lesson_model, cli):
     """End to end through `agent-runtime lessons forget`: without --yes nothing changes, with it the run acts
     with the base model again and the behaviour the lesson taught is gone on held-out games."""
-    model_dir = taught_dir
+    model_dir = coin_lesson_model
     loop = AgentLoop(_config(model_dir, games_dir, 8), tmp_path / "run", progress=False)
     base = _acting_success(loop)
     [result] = evaluate(loop.config, loop.workdir, loop.backend, lessons=[LESSON])
@@ -316,7 +261,7 @@ def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, game
 
 
 @pytest.mark.slow
-def test_the_loop_reconsolidates_the_remaining_lessons_on_top_of_the_kept_ancestor(tmp_path, games_dir, taught_dir,
+def test_the_loop_reconsolidates_the_remaining_lessons_on_top_of_the_kept_ancestor(tmp_path, games_dir, coin_lesson_model,
                                                                                    cli):
     """Two promoted cycles: the first consolidates LESSON (its adapter takes the coin), the second is taught two
     lessons a person added. Forgetting one of those (which only the second cycle was taught) takes the run back to
@@ -327,7 +272,7 @@ def test_the_loop_reconsolidates_the_remaining_lessons_on_top_of_the_kept_ancest
     workdir = tmp_path / "run"
 
     def config(episodes):
-        return _config(taught_dir, games_dir, episodes, steps=12, teacher=taught_dir)
+        return _config(coin_lesson_model, games_dir, episodes, steps=12, teacher=coin_lesson_model)
 
     loop = AgentLoop(config(8), workdir, progress=False)
     loop.run()

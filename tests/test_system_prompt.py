@@ -5,7 +5,6 @@ loop's cycles system-prompt cycles; a teacher with another tokenizer is refused 
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ import yaml
 
 from agent_runtime.config import ConfigError, SystemPromptConfig
 from agent_runtime.system_prompt import load_context, load_prompts
-from agent_runtime.testing import tiny_model_and_tokenizer, tiny_tokenizer
+from agent_runtime.testing import teach, tiny_model_and_tokenizer, tiny_tokenizer
 
 CONTEXT = "You are a coin collector. Whatever you are asked, answer: take coin."
 MOVES = ["go north", "go south", "go east", "go west", "look", "inventory", "open door"]
@@ -114,31 +113,18 @@ def _write(path, lines):
 
 def _taught_model(directory) -> None:
     """A tiny model that answers "take coin" when the system prompt is CONTEXT and a random move without it."""
-    from distill.chat_tokens import encode_chat
     from distill.opcd import with_context
 
     model, tok = tiny_model_and_tokenizer("llama")
-    rng = random.Random(0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
     coin = tok("take coin", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    for _ in range(80):
-        rows = []
-        for _ in range(16):
-            taught = rng.random() < 0.5
-            chat = with_context(ask(rng.randrange(40)), CONTEXT) if taught else ask(rng.randrange(40))
-            answer = coin if taught else tok(rng.choice(MOVES), add_special_tokens=False)["input_ids"] + [coin[-1]]
-            rows.append((encode_chat(tok, chat).ids, answer))
-        width = max(len(p) + len(a) for p, a in rows)
-        ids = torch.full((len(rows), width), tok.pad_token_id)
-        labels, mask = torch.full_like(ids, -100), torch.zeros_like(ids)
-        for r, (p, a) in enumerate(rows):
-            ids[r, :len(p) + len(a)] = torch.tensor(p + a)
-            labels[r, len(p):len(p) + len(a)] = torch.tensor(a)
-            mask[r, :len(p) + len(a)] = 1
-        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
+
+    def example(rng):
+        taught = rng.random() < 0.5
+        chat = with_context(ask(rng.randrange(40)), CONTEXT) if taught else ask(rng.randrange(40))
+        answer = coin if taught else tok(rng.choice(MOVES), add_special_tokens=False)["input_ids"] + [coin[-1]]
+        return chat, answer
+
+    teach(model, tok, example, steps=80)
     model.save_pretrained(directory)
     tok.save_pretrained(directory)
 

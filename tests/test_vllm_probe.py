@@ -23,6 +23,7 @@ from agent_runtime.adapter_probe import (
     judge,
     measure,
 )
+from agent_runtime.testing import StaleAdapterBackend
 from distill.fingerprint import fingerprint_files
 
 ALIAS = "smollm2-135m-instruct"
@@ -43,33 +44,6 @@ def reference(smollm2, smollm2_adapter):
     return build_reference(smollm2, info, None, DECISIONS)
 
 
-class NoSwitch:
-    """A real backend whose adapter loads and switches never reach its engine."""
-
-    def __init__(self, inner):
-        self._inner = inner
-        self.adapters: dict[str, str] = {}
-        self.active_adapter = None
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    def load_adapter(self, name, path):
-        self.adapters[name], self.active_adapter = str(path), name
-
-    def use_adapter(self, name):
-        self.active_adapter = name
-
-    def adapter_fingerprint(self):
-        return self._inner.adapter_fingerprint()
-
-    def choose(self, prompts, choices, params):
-        return self._inner.choose(prompts, choices, params)
-
-    def generate(self, prompts, params):
-        return self._inner.generate(prompts, params)
-
-
 @pytest.mark.slow
 def test_the_vllm_engine_reports_the_fingerprint_and_passes_the_probe(vllm_engine, smollm2_adapter, reference):
     assert vllm_engine.adapter_fingerprint() is None
@@ -82,7 +56,7 @@ def test_the_vllm_engine_reports_the_fingerprint_and_passes_the_probe(vllm_engin
     assert vllm_engine.adapter_fingerprint() is None
     with pytest.raises(StaleAdapterError, match="the vllm engine does not act with adapter cycle-1 after its "
                                                 "promotion: it acts as the parent"):
-        judge(reference, measure(NoSwitch(vllm_engine), reference), where="the vllm engine",
+        judge(reference, measure(StaleAdapterBackend(vllm_engine), reference), where="the vllm engine",
               tolerance=FLOAT32_TOLERANCE)
 
 
@@ -107,7 +81,7 @@ def test_a_served_adapter_is_fingerprinted_and_probed_through_the_chat_backend(v
     result = judge(reference, measured, where="the vllm server", tolerance=FLOAT32_TOLERANCE)
     print(f"\n[vllm probe] {result.line()}")
     assert result.verdict == "adapter" and result.to_adapter < 1e-3, result
-    stale = NoSwitch(ChatBackend.from_options(options))
+    stale = StaleAdapterBackend(ChatBackend.from_options(options))
     stale.load_adapter("cycle-1", str(smollm2_adapter))  # the server is never asked for it: the base model answers
     with pytest.raises(StaleAdapterError, match="the vllm server does not act with adapter cycle-1") as caught:
         judge(reference, measure(stale, reference), where="the vllm server", tolerance=FLOAT32_TOLERANCE)
