@@ -80,6 +80,40 @@ def coin_lesson_model(tmp_path_factory, games_dir) -> Path:
     return save_coin_lesson_model(tmp_path_factory.mktemp("coin-lesson-model"), games_dir)
 
 
+@pytest.fixture(scope="session")
+def coin_lesson_config(games_dir) -> Callable[..., Any]:
+    """`coin_lesson_config(name, model_dir, episodes, steps=30, teacher=None)`: a run of one-decision level-1
+    coin-collector games acting in choice mode with COIN_LESSON given, and an OPCD cycle every 8 episodes that
+    is promoted whenever it does not regress (min_kl_drop 0): what the probe and forget tests consolidate."""
+    from agent_runtime.config import config_from_dict
+    from agent_runtime.testing import COIN_LESSON
+
+    def make(name: str, model_dir, episodes: int, *, steps: int = 30, teacher=None):
+        return config_from_dict({
+            "name": name, "model": {"name": str(model_dir), "max_new_tokens": 4, "dtype": "float32"},
+            "envs": [{"id": "textworld/coin_collector", "max_steps": 1,
+                      "kwargs": {"level": 1, "n_train": 4, "n_eval": 4, "cache_dir": str(games_dir)}}],
+            "runtime": {"slots": 4, "episodes": episodes}, "evaluation": {"episodes_per_env": 4},
+            "lessons": {"enabled": True, "extract_every": 10_000, "gate_episodes": 0, "embedder": "hash",
+                        "seed": [COIN_LESSON]},
+            "opcd": {"enabled": True, "consolidate_every": 8, "recent_episodes": 8, "promote_margin": 1.0,
+                     "retention_margin": 1.0, "min_kl_drop": 0.0,
+                     "trainer": {"steps": steps, "batch_size": 4, "lr": 5e-3, "lora_r": 4, "sampler": "live"},
+                     **({"teacher": {"model": str(teacher)}} if teacher else {})},
+        })
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster of 2 CPUs for one test module (skipped where Ray is not installed)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100_000_000, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
 # -- PostgreSQL --------------------------------------------------------------------------------
 
 

@@ -19,7 +19,6 @@ from agent_runtime.adapter_probe import StaleAdapterError, ensure_reference
 from agent_runtime.config import config_from_dict
 from agent_runtime.llm.transformers_backend import TransformersBackend
 from agent_runtime.loop import AgentLoop
-from agent_runtime.testing import COIN_LESSON as LESSON
 from agent_runtime.testing import StaleAdapterBackend
 from distill.fingerprint import fingerprint_files
 from memory import ExperienceStore
@@ -27,23 +26,9 @@ from memory import ExperienceStore
 LOOP_WHERE = "the loop's transformers backend"
 
 
-def _config(model_dir, games_dir, episodes):
-    return config_from_dict({
-        "name": "probe", "model": {"name": str(model_dir), "max_new_tokens": 4, "dtype": "float32"},
-        "envs": [{"id": "textworld/coin_collector", "max_steps": 1,
-                  "kwargs": {"level": 1, "n_train": 4, "n_eval": 4, "cache_dir": str(games_dir)}}],
-        "runtime": {"slots": 4, "episodes": episodes}, "evaluation": {"episodes_per_env": 4},
-        "lessons": {"enabled": True, "extract_every": 10_000, "gate_episodes": 0, "embedder": "hash",
-                    "seed": [LESSON]},
-        "opcd": {"enabled": True, "consolidate_every": 8, "recent_episodes": 8, "promote_margin": 1.0,
-                 "retention_margin": 1.0, "min_kl_drop": 0.0,
-                 "trainer": {"steps": 30, "batch_size": 4, "lr": 5e-3, "lora_r": 4, "sampler": "live"}},
-    })
-
-
 @pytest.mark.slow
-def test_the_loop_probes_its_backend_after_a_promotion(tmp_path, games_dir, coin_lesson_model):
-    loop = AgentLoop(_config(coin_lesson_model, games_dir, 12), tmp_path, progress=False)
+def test_the_loop_probes_its_backend_after_a_promotion(tmp_path, coin_lesson_model, coin_lesson_config):
+    loop = AgentLoop(coin_lesson_config("probe", coin_lesson_model, 12), tmp_path, progress=False)
     summary = loop.run()
     loop.close()
     assert summary.cycles == 1 and summary.adapter == "cycle-1", "the cycle was promoted"
@@ -62,9 +47,9 @@ def test_the_loop_probes_its_backend_after_a_promotion(tmp_path, games_dir, coin
 
 
 @pytest.mark.slow
-def test_a_backend_that_keeps_the_old_weights_stops_the_run(tmp_path, games_dir, coin_lesson_model):
+def test_a_backend_that_keeps_the_old_weights_stops_the_run(tmp_path, coin_lesson_model, coin_lesson_config):
     stale = StaleAdapterBackend(TransformersBackend.from_pretrained(str(coin_lesson_model), dtype="float32"))
-    loop = AgentLoop(_config(coin_lesson_model, games_dir, 12), tmp_path, backend=stale, progress=False)
+    loop = AgentLoop(coin_lesson_config("probe", coin_lesson_model, 12), tmp_path, backend=stale, progress=False)
     with pytest.raises(StaleAdapterError, match=f"{LOOP_WHERE} does not act with adapter cycle-1 after its "
                                                 "promotion: it acts as the parent"):
         loop.run()
@@ -80,16 +65,6 @@ def test_a_backend_that_keeps_the_old_weights_stops_the_run(tmp_path, games_dir,
 
 
 # -- Ray rollout workers -----------------------------------------------------------------------------------------
-ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100_000_000, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.fixture(scope="module")
 def peaky_dir(tmp_path_factory):
     """The tiny model with its (tied) embeddings scaled 20x, so that a random adapter moves its choices far."""

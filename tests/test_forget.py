@@ -201,21 +201,6 @@ def test_the_command_asks_before_it_rolls_back_an_adapter(tmp_path, cli):
 # -- end to end: a behaviour consolidated, then forgotten -----------------------------------------------------
 
 
-def _config(model_dir, games_dir, episodes, *, steps=30, teacher=None):
-    return config_from_dict({
-        "name": "forget", "model": {"name": str(model_dir), "max_new_tokens": 4, "dtype": "float32"},
-        "envs": [{"id": "textworld/coin_collector", "max_steps": 1,
-                  "kwargs": {"level": 1, "n_train": 4, "n_eval": 4, "cache_dir": str(games_dir)}}],
-        "runtime": {"slots": 4, "episodes": episodes}, "evaluation": {"episodes_per_env": 4},
-        "lessons": {"enabled": True, "extract_every": 10_000, "gate_episodes": 0, "embedder": "hash",
-                    "seed": [LESSON]},
-        "opcd": {"enabled": True, "consolidate_every": 8, "recent_episodes": 8, "promote_margin": 1.0,
-                 "retention_margin": 1.0, "min_kl_drop": 0.0,
-                 "trainer": {"steps": steps, "batch_size": 4, "lr": 5e-3, "lora_r": 4, "sampler": "live"},
-                 **({"teacher": {"model": str(teacher)}} if teacher else {})},
-    })
-
-
 def _acting_success(loop) -> float:
     """Held-out success of the policy the run acts with now, without lessons (first decision = the game)."""
     activate(loop.backend, loop.store.active_adapter(loop.run_id))
@@ -224,11 +209,12 @@ def _acting_success(loop) -> float:
 
 
 @pytest.mark.slow
-def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, games_dir, coin_lesson_model, cli):
+def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, coin_lesson_model, coin_lesson_config,
+                                                                  cli):
     """End to end through `agent-runtime lessons forget`: without --yes nothing changes, with it the run acts
     with the base model again and the behaviour the lesson taught is gone on held-out games."""
     model_dir = coin_lesson_model
-    loop = AgentLoop(_config(model_dir, games_dir, 8), tmp_path / "run", progress=False)
+    loop = AgentLoop(coin_lesson_config("forget", model_dir, 8), tmp_path / "run", progress=False)
     base = _acting_success(loop)
     [result] = evaluate(loop.config, loop.workdir, loop.backend, lessons=[LESSON])
     assert result.success_rate - base >= 0.5, "the lesson moves the model's choice in context"
@@ -249,7 +235,7 @@ def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, game
     done = cli("lessons", "forget", lesson.id, "--workdir", tmp_path / "run", "--yes", "--json")
     assert json.loads(done.stdout)["applied"] and json.loads(done.stdout)["fallback_adapter"] is None
 
-    loop = AgentLoop(_config(model_dir, games_dir, 8), tmp_path / "run", resume=True, progress=False)
+    loop = AgentLoop(coin_lesson_config("forget", model_dir, 8), tmp_path / "run", resume=True, progress=False)
     assert loop.adapter is None and loop.lessons.texts() == []
     after = _acting_success(loop)
     assert after == base and consolidated - after >= 0.5, "the behaviour left with the lesson"
@@ -261,8 +247,8 @@ def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, game
 
 
 @pytest.mark.slow
-def test_the_loop_reconsolidates_the_remaining_lessons_on_top_of_the_kept_ancestor(tmp_path, games_dir, coin_lesson_model,
-                                                                                   cli):
+def test_the_loop_reconsolidates_the_remaining_lessons_on_top_of_the_kept_ancestor(tmp_path, coin_lesson_model,
+                                                                                   coin_lesson_config, cli):
     """Two promoted cycles: the first consolidates LESSON (its adapter takes the coin), the second is taught two
     lessons a person added. Forgetting one of those (which only the second cycle was taught) takes the run back to
     cycle 1's adapter, and the loop's next CONSOLIDATE trains a new adapter on top of it with the lessons still
@@ -272,7 +258,7 @@ def test_the_loop_reconsolidates_the_remaining_lessons_on_top_of_the_kept_ancest
     workdir = tmp_path / "run"
 
     def config(episodes):
-        return _config(coin_lesson_model, games_dir, episodes, steps=12, teacher=coin_lesson_model)
+        return coin_lesson_config("forget", coin_lesson_model, episodes, steps=12, teacher=coin_lesson_model)
 
     loop = AgentLoop(config(8), workdir, progress=False)
     loop.run()
