@@ -272,12 +272,14 @@ def _fields(state: Any, infos: Any) -> dict[str, Any]:
 
 
 def _play(conn: multiprocessing.connection.Connection) -> bool:
-    """A game process: answer requests until "close" (True) or until the parent goes away (False)."""
+    """A game process: answer requests until "close" (True) or until the parent goes away (False): an end of
+    file, or a reset or broken connection when the parent was killed with a request in flight or before reading
+    the answer."""
     env, infos, closed = None, None, False
     while True:
         try:
             request = json.loads(conn.recv_bytes())
-        except EOFError:
+        except (EOFError, OSError):
             break
         op = request["op"]
         if op == "close":
@@ -302,7 +304,10 @@ def _play(conn: multiprocessing.connection.Connection) -> bool:
             answer = {"ok": result}
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises InterpreterError
             answer = {"error": f"{type(exc).__name__}: {exc}"}
-        conn.send_bytes(json.dumps(answer, default=str).encode())
+        try:
+            conn.send_bytes(json.dumps(answer, default=str).encode())
+        except OSError:
+            break
     if env is not None:
         env.close()
     return closed
@@ -361,9 +366,12 @@ def _serve_forks(control: socket.socket) -> None:
                 output = os.open(task["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
                 for fd in (1, 2):  # what the game or a library prints is kept for the error message
                     os.dup2(output, fd)
-                closed = _play(multiprocessing.connection.Connection(fds[0]))
-                if not closed and _gone(task["owner"]):  # the runtime was killed: nobody else removes the folder
-                    shutil.rmtree(Path(task["workdir"]).parent, ignore_errors=True)
+                closed = False
+                try:
+                    closed = _play(multiprocessing.connection.Connection(fds[0]))
+                finally:  # the runtime was killed: nobody else removes the folder
+                    if not closed and _gone(task["owner"]):
+                        shutil.rmtree(Path(task["workdir"]).parent, ignore_errors=True)
             except BaseException:  # noqa: BLE001 - a game process never returns into the server's loop
                 code = 1
             finally:

@@ -136,3 +136,20 @@ def test_a_hung_or_dead_interpreter_is_an_env_error_and_reset_recovers(games_dir
     assert env.step(first).observation and env.interpreter.alive
     env.close()
     assert env.interpreter is None
+
+
+def test_a_game_process_whose_runtime_went_away_mid_request_ends_quietly():
+    """The runtime killed with a request in flight: the answer cannot be sent (a broken or reset connection, not
+    an end of file). The game process must end as when it reads an end of file (False: not closed by its
+    runtime), so that it goes on to remove its folder; it raised instead, and 40 folders were left by a soak."""
+    import multiprocessing
+
+    from environments.interpreter import _play
+
+    ours, theirs = multiprocessing.Pipe()
+    ours.send_bytes(json.dumps({"op": "step", "command": "look"}).encode())
+    ours.close()
+    assert _play(theirs) is False
+    ours, theirs = multiprocessing.Pipe()
+    ours.send_bytes(json.dumps({"op": "close"}).encode())
+    assert _play(theirs) is True
