@@ -409,7 +409,8 @@ class AgentLoop:
                                tolerance=tolerance_for(self.config.model, self.backend.name), store=self.store,
                                adapter=adapter)
         self._probed = adapter.id
-        tqdm.write(result.line())
+        if result.verdict == "adapter":  # the other verdicts are warnings, which the console shows already
+            tqdm.write(result.line())
 
     # -- reporting ------------------------------------------------------------------------------------
     def _summary(self, started: float, start_episodes: int, start_tokens: int) -> RunSummary:
