@@ -19,6 +19,7 @@ adapter the run meant), so that an episode played with other weights than its ad
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -132,10 +133,9 @@ class EpisodeRunner:
     def _drop_env(self, slot: int, env_index: int) -> None:
         env = self._instances[slot].pop(env_index, None)
         if env is not None:
-            try:
+            # a broken env's close must not take the run down; the episode already says why
+            with contextlib.suppress(Exception):
                 env.close()
-            except Exception:  # a broken env's close must not take the run down; the episode already says why
-                pass
 
     def _record(self, ep: _Episode, outcome: str, won: bool, error: str | None = None) -> EpisodeRecord:
         spec = self.envs[ep.draw.env_index]
@@ -157,7 +157,7 @@ class EpisodeRunner:
         try:
             env = self._env(slot, draw.env_index)
             observation, info = env.reset(seed=draw.seed, task_id=draw.task_id)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- any environment's reset failure is an errored episode
             self._drop_env(slot, draw.env_index)
             ep = _Episode(draw, None, "", {}, started, context, fingerprint=fingerprint)
             return self._record(ep, "error", False, f"reset failed: {type(exc).__name__}: {exc}")
@@ -215,7 +215,7 @@ class EpisodeRunner:
             else:
                 try:
                     observation, reward, terminated, truncated, info = ep.env.step(action)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 -- any environment's step failure ends its episode
                     error = f"step failed: {type(exc).__name__}: {exc}"
                     observation, reward, terminated, truncated, info = "", 0.0, False, False, {}
             step_info = {k: v for k, v in (info or {}).items() if k in ("won", "score")}
@@ -262,8 +262,6 @@ class EpisodeRunner:
     def close(self) -> None:
         for instances in self._instances:
             for env in instances.values():
-                try:
+                with contextlib.suppress(Exception):  # closing what is left: a broken env must not stop the rest
                     env.close()
-                except Exception:
-                    pass
         self._instances = [{} for _ in range(self.slots)]

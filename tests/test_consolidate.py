@@ -3,6 +3,7 @@ ROLLBACK, with the adapter on disk, curves and evaluations in memory, and a resu
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ def test_cycle_in_the_loop(tmp_path, cycle_config):
     with ExperienceStore.open(tmp_path) as store:
         [cycle] = store.cycles(summary.run_id)
         assert cycle.status in ("promoted", "rolled_back")
-        assert len(cycle.curves["loss"]) == 3 and all(v == v for v in cycle.curves["loss"])  # no NaN
+        assert len(cycle.curves["loss"]) == 3 and all(not math.isnan(v) for v in cycle.curves["loss"])
         played = {e.id for e in store.episodes(summary.run_id, limit=100)}
         assert cycle.episode_ids and set(cycle.episode_ids) <= played, "the adapter's training set is recorded"
         assert cycle.metrics["heldout_kl"]["before"] >= 0 and cycle.metrics["decision"] == cycle.status

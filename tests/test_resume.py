@@ -25,7 +25,7 @@ def committed(workdir) -> int:
     try:
         with ExperienceStore.open(workdir, read_only=True) as store:
             return store.stats()["episodes"]
-    except Exception:  # the writer may not have created the schema yet
+    except Exception:  # noqa: BLE001 -- the writer may not have created the schema yet
         return 0
 
 
