@@ -29,6 +29,7 @@ from memory.models import (
     LESSON_SET_LIVE,
     LESSON_SET_MAKERS,
     LESSON_SET_STATUSES,
+    LESSON_SOURCE_USER,
     MADE_BY_AGENT,
     MADE_BY_USER,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "LESSON_SET_LIVE",
     "LESSON_SET_MAKERS",
     "LESSON_SET_STATUSES",
+    "LESSON_SOURCE_USER",
     "MADE_BY_AGENT",
     "MADE_BY_USER",
     "AdapterInfo",

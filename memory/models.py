@@ -77,6 +77,9 @@ LESSON_SET_STATUSES = (LESSON_SET_LIVE, LESSON_SET_CANDIDATE)
 MADE_BY_AGENT = "agent"
 MADE_BY_USER = "user"
 LESSON_SET_MAKERS = (MADE_BY_AGENT, MADE_BY_USER)
+# A lesson a person wrote says so in its metadata (`metadata["source"]`, also its extraction's `extractor`);
+# one the agent extracted from episodes has no source there.
+LESSON_SOURCE_USER = "user"
 # What an evaluation row holds: a policy played held-out episodes ("eval"), the validation gate's decision
 # on a candidate lesson set ("gate"), or lesson utilities measured on logged episodes ("lesson-utility").
 EVALUATION_EVAL = "eval"

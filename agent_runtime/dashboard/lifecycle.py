@@ -12,8 +12,8 @@ weights the backend had loaded (the episode's) with the one of the files the tra
 
 Why a module of its own: the lesson page's question ("what did this lesson do to the agent, and is it gone?")
 joins five tables; `reads.py` holds the single-table views. Reads only `memory`, like the rest of the dashboard.
-A person's lesson is recognised by `metadata["source"] == "user"` (what `distill.lessons.user` writes, the same
-word as a person's lesson-set versions' `made_by`).
+A person's lesson is recognised by `metadata["source"] == memory.LESSON_SOURCE_USER` (what `distill.lessons.user`
+writes); a person's lesson-set versions by `made_by == memory.MADE_BY_USER`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import or_, select
 
 from agent_runtime.dashboard.reads import read_session
-from memory import MADE_BY_USER, EpisodeInfo, ExperienceStore, LessonInfo
+from memory import LESSON_SOURCE_USER, MADE_BY_USER, EpisodeInfo, ExperienceStore, LessonInfo
 from memory.models import Adapter, Cycle, LessonSet, LessonSetMember, RunRequest
 from memory.records import AdapterInfo, CycleInfo, RequestInfo, to_info
 
@@ -83,7 +83,7 @@ class LessonLife:
 
 
 def _origin(lesson: LessonInfo) -> str:
-    if (lesson.metadata or {}).get("source") == MADE_BY_USER:
+    if (lesson.metadata or {}).get("source") == LESSON_SOURCE_USER:
         return "user"
     return "episodes" if lesson.source_episode_ids or lesson.extraction_id is not None else "unknown"
 

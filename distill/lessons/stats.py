@@ -24,12 +24,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memory import EVALUATION_GATE, LESSON_SET_LIVE
+from memory import EVALUATION_GATE, LESSON_SET_LIVE, LESSON_SOURCE_USER
 
 if TYPE_CHECKING:
     from memory import ExperienceStore
-
-USER_SOURCE = "user"
 
 
 @dataclass
@@ -55,7 +53,7 @@ def extraction_stats(store: ExperienceStore, run_id: int, *, contrastive: bool |
     """Counts of what the run's extractions produced and what reached the prompt (see module doc)."""
     calls = [
         x for x in store.extractions(run_id, limit=2**31 - 1)
-        if x.metadata.get("source") != USER_SOURCE
+        if x.metadata.get("source") != LESSON_SOURCE_USER
         and (contrastive is None or ("contrast" in x.metadata) == contrastive)
     ]
     stats = ExtractionStats(extractions=len(calls))

@@ -45,12 +45,13 @@ from distill.lessons.curate import Change, LessonCurator, render_lessons
 from distill.lessons.errors import UnknownLessonError
 from distill.lessons.extract import Proposal, parse_operation
 from distill.lessons.safety import redact_secrets, screen_item
+from memory import LESSON_SOURCE_USER
 
 if TYPE_CHECKING:
     from memory import ExperienceStore, LessonSetInfo
     from memory.embeddings import Embedder
 
-SOURCE = "user"  # a lesson's metadata["source"] and its extraction's `extractor`
+SOURCE = LESSON_SOURCE_USER  # a lesson's metadata["source"] and its extraction's `extractor`
 
 
 @dataclass
