@@ -407,7 +407,7 @@ def _vllm_server(vllm_python, smollm2, tmp_path_factory):
         proc = subprocess.Popen(
             [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", smollm2, "--host", "127.0.0.1",
              "--port", str(port), "--served-model-name", SMOLLM2, "--dtype", "float32", "--max-model-len", "2048",
-             "--seed", "0", "--enable-lora", "--max-lora-rank", "16", "--gpu-memory-utilization", "0.15"],
+             "--seed", "0", "--enable-lora", "--max-lora-rank", "16", "--kv-cache-memory-bytes", str(1 << 30)],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
     try:

@@ -33,6 +33,7 @@ import torch
 from agent_runtime.config import ModelConfig
 from agent_runtime.llm import SamplingParams, make_backend
 from agent_runtime.llm.base import BackendError
+from agent_runtime.llm.vllm_backend import CPU_KV_CACHE_BYTES
 from distill.chat_tokens import encode_chat
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,6 +99,7 @@ class TestEngine:
 
     def test_runs_on_the_cpu_platform_with_our_token_ids(self, vllm_engine):
         assert vllm_engine.platform == "cpu" and vllm_engine.dtype == "float32"
+        assert vllm_engine.kv_cache_bytes == CPU_KV_CACHE_BYTES, "a fixed KV cache, not a share of the host's RAM"
         replies = vllm_engine.generate(CHATS, SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=True))
         for chat, reply in zip(CHATS, replies):
             assert reply.prompt_tokens == len(encode_chat(vllm_engine.tokenizer, chat).ids), "the engine got our ids"
@@ -344,3 +346,9 @@ def test_an_engine_that_cannot_start_is_a_clear_error(vllm_python, smollm2, tmp_
         make_backend(ModelConfig(name=smollm2, backend="vllm", options={
             "python": vllm_python, "log_file": str(log), "no_such_option": 1}))
     assert engine_children() <= running, "the child that failed is gone"
+    # the engine core fails in a process of its own, its message says "see root cause above": ours quotes it
+    with pytest.raises(BackendError, match=r"Engine core initialization failed.*the first error in its log: "
+                                           r"ValueError: .*cache.*\(the whole log: "):
+        make_backend(ModelConfig(name=smollm2, backend="vllm", context_window=2048, options={
+            "python": vllm_python, "log_file": str(tmp_path / "kv.log"), "kv_cache_memory_bytes": 1 << 16}))
+    assert engine_children() <= running

@@ -50,6 +50,12 @@ from distill.fingerprint import fingerprint_files
 
 # the share of memory for weights and KV cache: of the GPU, or on vLLM's CPU build of the host's RAM
 GPU_MEMORY_UTILIZATION, CPU_MEMORY_UTILIZATION = 0.85, 0.15
+# On vLLM's CPU build the KV cache gets a fixed size by default. vLLM's own rule there (a share of the NUMA node's
+# RAM less the worker's resident memory) depends on the machine: on a 24 GiB host whose node reported 10.5 GiB, a
+# float32 SmolLM2 worker used more than 0.15 of it and the engine refused to start. 1 GiB holds 22k tokens of
+# SmolLM2 in float32 (16 slots of ~800-token episodes need 13k). `kv_cache_memory_bytes` in model.options,
+# an explicit `gpu_memory_utilization`, or VLLM_CPU_KVCACHE_SPACE (GiB) choose otherwise.
+CPU_KV_CACHE_BYTES = 1 << 30
 
 
 def import_vllm():
@@ -124,8 +130,9 @@ class VLLMBackend:
     def __init__(self, model_path: str, *, context_window: int | None = None, dtype: str = "auto",
                  max_lora_rank: int = 64, max_loras: int = 4, gpu_memory_utilization: float | None = None,
                  seed: int = 0, choice_trie_above: int = 256, **engine_kwargs: Any):
-        """`gpu_memory_utilization` defaults to 0.85 of a GPU, or 0.15 of the RAM on vLLM's CPU platform;
-        other keyword arguments go to `vllm.LLM` (e.g. `enable_prefix_caching`, `max_num_seqs`)."""
+        """`gpu_memory_utilization` defaults to 0.85 of a GPU; on vLLM's CPU platform the KV cache defaults to
+        `CPU_KV_CACHE_BYTES` unless it or `gpu_memory_utilization` (a share of the RAM there) is given; other keyword
+        arguments go to `vllm.LLM` (e.g. `enable_prefix_caching`, `max_num_seqs`, `kv_cache_memory_bytes`)."""
         vllm = import_vllm()
         from transformers import AutoTokenizer
         from vllm.platforms import current_platform
@@ -142,6 +149,9 @@ class VLLMBackend:
             # the prefix cache reuses whole blocks: CPU's default of 128 tokens recomputes up to 127 prompt tokens
             # for every choice-scoring request and every turn; 32 is the smallest size the CPU kernels prefer
             engine_kwargs.setdefault("block_size", 32)
+            if (gpu_memory_utilization is None and engine_kwargs.get("kv_cache_memory_bytes") is None
+                    and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")):
+                engine_kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         if gpu_memory_utilization is None:
             gpu_memory_utilization = CPU_MEMORY_UTILIZATION if current_platform.is_cpu() else GPU_MEMORY_UTILIZATION
         # On a GPU an OPCD cycle trains next to the engine: sleep mode lets the engine give its memory back while
@@ -159,6 +169,8 @@ class VLLMBackend:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
         self.dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
         self._context_window = self.llm.llm_engine.model_config.max_model_len
+        # the engine's own setting (None: sized from gpu_memory_utilization at start)
+        self.kv_cache_bytes = self.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
         self.choice_trie_above = choice_trie_above
         self.adapters: dict[str, Any] = {}
         self.fingerprints: dict[str, str] = {}  # by adapter name, of the files the engine was given

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,10 @@ def _package_path() -> Path:
         source = Path(__import__(name).__file__).resolve().parent
         (root / name).symlink_to(source, target_is_directory=True)
     return root
+
+
+# an exception line of a traceback, after whatever prefix vLLM's log puts before it ("(Worker pid=..) ERROR ..")
+_EXCEPTION_LINE = re.compile(r"^(?:.*\] )?\s*((?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): .+)$", re.MULTILINE)
 
 
 class VLLMProcessBackend:
@@ -81,6 +86,7 @@ class VLLMProcessBackend:
             raise
         self.start_seconds = time.perf_counter() - started
         self.platform, self.dtype, self._context_window = info["platform"], info["dtype"], info["context_window"]
+        self.kv_cache_bytes = info["kv_cache_bytes"]
 
     @property
     def context_window(self) -> int:
@@ -112,8 +118,19 @@ class VLLMProcessBackend:
             raise BackendError(f"the vLLM process {what} during {op!r}; {self._log_tail()}")
         reply = json.loads(line)
         if "error" in reply:
-            raise BackendError(reply["error"])
+            raise BackendError(reply["error"] + (self._root_cause() if op == "start" else ""))
         return reply["result"]
+
+    def _root_cause(self) -> str:
+        """The first exception its log names (vLLM's start failure says only "see root cause above", and the
+        cause is in a worker's log lines), with where to read the rest."""
+        try:
+            text = self.log_file.read_text(errors="replace")
+        except OSError:
+            return f"; its log: {self.log_file}"
+        found = _EXCEPTION_LINE.search(text)
+        cause = f"; the first error in its log: {found.group(1)}" if found else ""
+        return f"{cause} (the whole log: {self.log_file})"
 
     def _log_tail(self, lines: int = 15) -> str:
         try:
@@ -232,7 +249,7 @@ def _serve(channel) -> None:
 
                     backend = VLLMBackend(request["model_path"], **request["kwargs"])
                     result: Any = {"platform": backend.platform, "dtype": backend.dtype,
-                                   "context_window": backend.context_window}
+                                   "context_window": backend.context_window, "kv_cache_bytes": backend.kv_cache_bytes}
                 elif op == "generate":
                     completions = backend.generate(request["prompts"], _params(request["params"]))
                     result = [dataclasses.asdict(c) for c in completions]
