@@ -52,7 +52,7 @@ from distill.fingerprint import fingerprint_files
 GPU_MEMORY_UTILIZATION, CPU_MEMORY_UTILIZATION = 0.85, 0.15
 # On vLLM's CPU build the KV cache gets a fixed size by default. vLLM's own rule there (a share of the NUMA node's
 # RAM less the worker's resident memory) depends on the machine: on a 24 GiB host whose node reported 10.5 GiB, a
-# float32 SmolLM2 worker used more than 0.15 of it and the engine refused to start. 1 GiB holds 22k tokens of
+# float32 SmolLM2 worker used more than 0.15 of it and the engine refused to start. 1 GiB holds 23k tokens of
 # SmolLM2 in float32 (16 slots of ~800-token episodes need 13k). `kv_cache_memory_bytes` in model.options,
 # an explicit `gpu_memory_utilization`, or VLLM_CPU_KVCACHE_SPACE (GiB) choose otherwise.
 CPU_KV_CACHE_BYTES = 1 << 30
