@@ -124,20 +124,19 @@ class VLLMProcessBackend:
     def _root_cause(self) -> str:
         """The first exception its log names (vLLM's start failure says only "see root cause above", and the
         cause is in a worker's log lines), with where to read the rest."""
-        try:
-            text = self.log_file.read_text(errors="replace")
-        except OSError:
-            return f"; its log: {self.log_file}"
-        found = _EXCEPTION_LINE.search(text)
+        found = _EXCEPTION_LINE.search(self._log_text())
         cause = f"; the first error in its log: {found.group(1)}" if found else ""
         return f"{cause} (the whole log: {self.log_file})"
 
     def _log_tail(self, lines: int = 15) -> str:
-        try:
-            tail = self.log_file.read_text(errors="replace").strip().splitlines()[-lines:]
-        except OSError:
-            tail = []
+        tail = self._log_text().strip().splitlines()[-lines:]
         return f"its log ({self.log_file}) ends:\n" + "\n".join(tail) if tail else f"its log: {self.log_file}"
+
+    def _log_text(self) -> str:
+        try:
+            return self.log_file.read_text(errors="replace")
+        except OSError:
+            return ""
 
     # the protocol ---------------------------------------------------------------------------------------
     def _completions(self, op: str, prompts: list[Chat], params: SamplingParams, **extra: Any) -> list[Completion]:

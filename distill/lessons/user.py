@@ -51,8 +51,6 @@ if TYPE_CHECKING:
     from memory import ExperienceStore, LessonSetInfo
     from memory.embeddings import Embedder
 
-SOURCE = LESSON_SOURCE_USER  # a lesson's metadata["source"] and its extraction's `extractor`
-
 
 @dataclass
 class UserItem:
@@ -186,7 +184,7 @@ def add_user_lessons(
             found = curator.duplicate_of(item.text, pool)
             if found is None:
                 specs.append({"text": item.text, "pool": pool, "token_count": count_tokens(item.text),
-                              "metadata": {"source": SOURCE}})
+                              "metadata": {"source": LESSON_SOURCE_USER}})
             else:
                 item.duplicate_of.append(found[0].id)
         if len(item.duplicate_of) == curator.pools:
@@ -197,12 +195,12 @@ def add_user_lessons(
         return result
     added = [x for x in items if x.status == "added"]
     extraction_id, lesson_ids = store.record_extraction(
-        SOURCE,
+        LESSON_SOURCE_USER,
         specs,
         run_id=run_id,
         episode_ids=[],
         response="\n".join(x.text for x in added),
-        metadata={"source": SOURCE, "items": [x.text for x in added],
+        metadata={"source": LESSON_SOURCE_USER, "items": [x.text for x in added],
                   "rejected": [{"text": x.text, "reason": x.reason} for x in items if x.status == "rejected"],
                   "duplicates": [x.text for x in items if x.status == "duplicate"]},
     )
