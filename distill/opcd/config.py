@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 from distill.config_base import StrictConfig
 
 Objective = Literal["opcd", "off_policy", "sft"]
+Tail = Literal["bucket", "renormalize", "drop"]
 Sampler = Literal["merged-bf16", "merged-fp32", "live"]
 
 
@@ -35,7 +36,10 @@ class OPCDConfig(StrictConfig):
     weight_decay: float = Field(0.0, ge=0)
     k: int = Field(256, ge=1, description="top-k support of the divergence (k >= vocabulary = exact KL)")
     temperature: float = Field(0.7, gt=0, description="sampling and loss temperature tau")
-    renormalize: bool = Field(False, description="renormalise both distributions over the top-k (not the paper)")
+    tail: Tail = Field(
+        "bucket", description="the mass outside the top-k: 'bucket' counts it as one more outcome (a true KL, at rest "
+        "when the student equals the teacher), 'renormalize' renormalises both sides over the top-k (TRL's SDFT), "
+        "'drop' sums over the top-k alone (the paper; not a divergence: it pushes mass into the tail)")
     max_new_tokens: int = Field(256, ge=1, description="longest sampled response; longer ones are cut")
     max_prompt_tokens: int | None = Field(None, ge=1, description="keep only the last N prompt tokens")
     batch_size: int = Field(4, ge=1, description="prompts per optimizer step, one sample each")
@@ -79,8 +83,23 @@ class OPCDConfig(StrictConfig):
     divergence_patience: int = Field(3, ge=1, description="consecutive spikes that abort the run")
     divergence_window: int = Field(20, ge=2, description="how many recent losses the median is taken over")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_renormalize(cls, data):
+        """`renormalize: true|false` (configs and stored runs before `tail`) is `tail: renormalize|drop`."""
+        if isinstance(data, dict) and "renormalize" in data:
+            data = dict(data)
+            legacy = data.pop("renormalize")
+            if "tail" in data:
+                raise ValueError("give `tail` alone; `renormalize` is its old spelling (true: tail 'renormalize')")
+            if not isinstance(legacy, bool):
+                raise ValueError(f"renormalize must be true or false, got {legacy!r} (now spelt tail: "
+                                 "bucket | renormalize | drop)")
+            data["tail"] = "renormalize" if legacy else "drop"
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> OPCDConfig:
-        if self.objective == "sft" and self.renormalize:
-            raise ValueError("renormalize applies to the KL objectives, not to objective='sft'")
+        if self.objective == "sft" and self.tail == "renormalize":
+            raise ValueError("tail 'renormalize' applies to the KL objectives, not to objective='sft'")
         return self

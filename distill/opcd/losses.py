@@ -8,12 +8,20 @@ own tempered distribution),
 
 with the exact gradient through p_s and log p_s and the teacher held constant; the batch loss is the mean of
 L_t over all response tokens of the batch (a token-level mean, not a mean of per-sequence means). With
-k >= vocabulary size this is the exact reverse KL(p_s || p_t). `renormalize=True` renormalises both
-distributions over S_t first (what TRL's SDFT does), which is a different objective; the default follows
-the paper.
+k >= vocabulary size this is the exact reverse KL(p_s || p_t).
+
+What happens to the mass outside S_t (`tail`) decides whether "student = teacher" is a resting point:
+- "bucket" (the default): the tail is one more outcome, with mass 1 - sum_{S_t} p on each side, so L_t is the
+  exact KL between the two distributions coarsened to S_t + {tail}: never negative, zero only where they agree
+  on S_t and on the tail, and so at rest when the student equals the teacher;
+- "renormalize": both distributions renormalised over S_t (what TRL's SDFT does): also a true KL, blind to how
+  much mass the tail holds;
+- "drop": the paper's sum over S_t alone. It is not a divergence: it goes below zero when the student moves
+  mass from S_t into the tail, so gradient descent keeps pushing mass there (a toy student equal to its
+  teacher drifted to a full KL of 0.1 in 500 steps; tests/test_opcd_losses.py).
 
 The off-policy baseline uses the forward KL on the *teacher's* top-k:
-`sum_{v in T_t} p_t(v) * (log p_t(v) - log p_s(v))`.
+`sum_{v in T_t} p_t(v) * (log p_t(v) - log p_s(v))`, with the same three ways to treat the tail.
 
 Memory: the log-probabilities are taken as `gather(logits) - logsumexp(logits)`, so no (B, T, V) log-softmax
 tensor is materialised next to the logits. `chunked_topk_divergence` goes further: it takes final hidden
@@ -26,11 +34,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
+from distill.opcd.config import Tail
+
 Divergence = Literal["reverse", "forward"]
+TAILS = get_args(Tail)
 
 
 def _topk_log_probs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -39,13 +50,37 @@ def _topk_log_probs(logits: torch.Tensor, ids: torch.Tensor, temperature: float)
     return scaled.gather(-1, ids) - torch.logsumexp(scaled, dim=-1, keepdim=True)
 
 
+_LN2 = 0.6931471805599453
+_MIN_TAIL = 1e-7  # float32 cannot tell a smaller tail mass from none; flooring keeps log(tail) finite
+
+
+def _log_tail(log_p: torch.Tensor) -> torch.Tensor:
+    """log(1 - sum exp(log_p)) over the last axis, kept as a last column: the log-mass outside the top-k,
+    computed stably (log(-expm1(x)) near x = 0, log1p(-exp(x)) below) and floored at `_MIN_TAIL`."""
+    inside = torch.logsumexp(log_p, dim=-1, keepdim=True).clamp(max=float(torch.log1p(torch.tensor(-_MIN_TAIL))))
+    return torch.where(inside > -_LN2, torch.log(-torch.expm1(inside.clamp(min=-_LN2))),
+                       torch.log1p(-torch.exp(inside.clamp(max=-_LN2))))
+
+
+def _with_tail(log_p: torch.Tensor, tail: str) -> torch.Tensor:
+    """The top-k log-probabilities as the chosen `tail` treatment sees them (see the module docstring)."""
+    if tail == "renormalize":
+        return log_p - torch.logsumexp(log_p, dim=-1, keepdim=True)
+    if tail == "bucket":
+        return torch.cat([log_p, _log_tail(log_p)], dim=-1)
+    if tail == "drop":
+        return log_p
+    raise ValueError(f"unknown tail treatment {tail!r}; accepted: {', '.join(TAILS)}")
+
+
 def topk_divergence_per_token(student_logits: torch.Tensor, teacher_logits: torch.Tensor, *,
                               divergence: Divergence = "reverse", k: int = 256, temperature: float = 1.0,
-                              renormalize: bool = False) -> torch.Tensor:
+                              tail: Tail = "bucket") -> torch.Tensor:
     """Per-position top-k divergence, shape (B, T) (or the logits' leading shape).
 
     `divergence="reverse"`: OPCD's loss on the student's top-k. `divergence="forward"`: the forward KL on the
-    teacher's top-k (the off-policy baseline). The teacher is always treated as a constant.
+    teacher's top-k (the off-policy baseline). The teacher is always treated as a constant. `tail`: what the
+    mass outside the top-k counts for (module docstring).
     """
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(f"student logits {tuple(student_logits.shape)} and teacher logits "
@@ -57,11 +92,10 @@ def topk_divergence_per_token(student_logits: torch.Tensor, teacher_logits: torc
     with torch.no_grad():
         source = student_logits if divergence == "reverse" else teacher_logits
         ids = source.topk(k, dim=-1).indices  # tempering is monotone: the top-k of the logits is the top-k of p
-    log_ps = _topk_log_probs(student_logits, ids, temperature)
-    log_pt = _topk_log_probs(teacher_logits, ids, temperature)
-    if renormalize:
-        log_ps = log_ps - torch.logsumexp(log_ps, dim=-1, keepdim=True)
-        log_pt = log_pt - torch.logsumexp(log_pt, dim=-1, keepdim=True)
+    if k == student_logits.shape[-1]:
+        tail = "drop"  # no tail: the sum is the exact divergence
+    log_ps = _with_tail(_topk_log_probs(student_logits, ids, temperature), tail)
+    log_pt = _with_tail(_topk_log_probs(teacher_logits, ids, temperature), tail)
     if divergence == "reverse":
         return (log_ps.exp() * (log_ps - log_pt)).sum(-1)
     if divergence == "forward":
@@ -76,22 +110,22 @@ def masked_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def topk_reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, *,
-                    k: int = 256, temperature: float = 1.0, renormalize: bool = False) -> torch.Tensor:
+                    k: int = 256, temperature: float = 1.0, tail: Tail = "bucket") -> torch.Tensor:
     """OPCD's loss: the student-top-k reverse KL, averaged over all response tokens of the batch.
 
     `student_logits`, `teacher_logits`: (B, T, V) at the response positions (position t predicts response
     token t); `mask`: (B, T), 1 on response tokens up to and including the first EOS.
     """
     per_token = topk_divergence_per_token(student_logits, teacher_logits, divergence="reverse", k=k,
-                                          temperature=temperature, renormalize=renormalize)
+                                          temperature=temperature, tail=tail)
     return masked_token_mean(per_token, mask)
 
 
 def topk_forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, *,
-                    k: int = 256, temperature: float = 1.0, renormalize: bool = False) -> torch.Tensor:
+                    k: int = 256, temperature: float = 1.0, tail: Tail = "bucket") -> torch.Tensor:
     """The off-policy baseline's loss: forward KL on the teacher's top-k, averaged over response tokens."""
     per_token = topk_divergence_per_token(student_logits, teacher_logits, divergence="forward", k=k,
-                                          temperature=temperature, renormalize=renormalize)
+                                          temperature=temperature, tail=tail)
     return masked_token_mean(per_token, mask)
 
 
@@ -111,7 +145,7 @@ Head = Callable[[torch.Tensor], torch.Tensor]
 def chunked_topk_divergence(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, mask: torch.Tensor, *,
                             student_head: Head, teacher_head: Head, targets: torch.Tensor | None = None,
                             divergence: Divergence | Literal["cross_entropy"] = "reverse", k: int = 256,
-                            temperature: float = 1.0, renormalize: bool = False, chunk_size: int = 128,
+                            temperature: float = 1.0, tail: Tail = "bucket", chunk_size: int = 128,
                             backward: bool = True) -> ChunkedLoss:
     """The token-mean loss over (B, T) response positions, computed `chunk_size` positions at a time.
 
@@ -144,7 +178,7 @@ def chunked_topk_divergence(student_hidden: torch.Tensor, teacher_hidden: torch.
                 with torch.no_grad():
                     t_logits = teacher_head(teacher_hidden[:, span])
                 per_token = topk_divergence_per_token(s_logits, t_logits, divergence=divergence, k=k,
-                                                      temperature=temperature, renormalize=renormalize)
+                                                      temperature=temperature, tail=tail)
             chunk_loss = (per_token * chunk_mask).sum() / normaliser
             if grad_wanted:
                 chunk_loss.backward()

@@ -191,7 +191,7 @@ class OPCDTrainer:
                 teacher_head=teacher_head,
                 targets=targets, divergence=divergence, k=cfg.k,
                 temperature=1.0 if divergence == "cross_entropy" else cfg.temperature,
-                renormalize=cfg.renormalize, chunk_size=cfg.chunk_size)
+                tail=cfg.tail, chunk_size=cfg.chunk_size)
             del hidden, teacher_hidden
         if self.world_size > 1:
             loss, sampled_kl, tokens = global_loss(result, self.model.device)
