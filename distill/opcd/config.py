@@ -43,7 +43,22 @@ class OPCDConfig(StrictConfig):
     max_new_tokens: int = Field(256, ge=1, description="longest sampled response; longer ones are cut")
     max_prompt_tokens: int | None = Field(None, ge=1, description="keep only the last N prompt tokens")
     batch_size: int = Field(4, ge=1, description="prompts per optimizer step, one sample each")
+    micro_batch_size: int = Field(
+        8, ge=1, description="choice objective: prompts per forward pass inside one step (the gradient is accumulated "
+        "over them), so a step may see every prompt of a cycle without holding their activations at once")
     steps: int = Field(100, ge=0, description="optimizer steps of a run")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="constant (the paper), or cosine decay to a tenth of lr over `steps`")
+    warmup_steps: int = Field(0, ge=0, description="steps of linear warm-up from lr/10 before the schedule")
+    validation_fraction: float = Field(
+        0.0, ge=0, lt=1, description="share of the training prompts held back to validate on (0: none): their exact "
+        "KL to the teacher is measured every `eval_every` steps, the run stops after `patience` measurements "
+        "without a new best, and the adapter of the best measurement is the one kept")
+    eval_every: int = Field(1, ge=1, description="steps between two validation measurements")
+    patience: int = Field(0, ge=0, description="validation measurements without a new best before the run "
+                          "stops (0: never stop early)")
+    min_improvement: float = Field(
+        0.01, ge=0, lt=1, description="a validation KL is a new best only below (1 - this) x the best so far")
     grad_clip: float = Field(1.0, gt=0, description="global gradient-norm clip")
     full_finetune: bool = Field(False, description="train all weights instead of a LoRA adapter (the teacher is "
                                 "then a frozen copy of the start-of-cycle model: twice the weights in memory)")

@@ -98,6 +98,11 @@ class JobResult:
     """The per-step metrics of `OPCDTrainer.step`, in order."""
     output: str
     seconds: float
+    validation: list[dict] | None = None
+    """{"step", "val_kl"} per measurement on the held-back share of the training prompts (None: no validation)."""
+    best_step: int | None = None
+    """The step whose adapter was kept (the best validation KL; None: the last step, no validation)."""
+    stopped_early: bool = False
 
 
 def load_model(model_path: str):
@@ -136,8 +141,10 @@ def execute(job: TrainJob, on_step: Callable[[dict], None] | None = None,
     kl_before = kls()
     steps = trainer.train(job.train_prompts, job.contexts, on_step=on_step, choices=job.train_choices)
     kl_after = kls()
-    trainer.save_adapter(job.output, overwrite=job.overwrite, metadata=job.metadata)
-    return JobResult(kl_before, kl_after, steps, job.output, time.perf_counter() - started)
+    chosen = {"validation": trainer.validation or None, "best_step": trainer.best["step"] if trainer.best else None,
+              "stopped_early": trainer.stopped_early}
+    trainer.save_adapter(job.output, overwrite=job.overwrite, metadata={**job.metadata, **chosen})
+    return JobResult(kl_before, kl_after, steps, job.output, time.perf_counter() - started, **chosen)
 
 
 def run_job(job: TrainJob, on_step: Callable[[dict], None] | None = None, *,

@@ -73,6 +73,15 @@ __all__ = ["DivergenceError", "OPCDTrainer", "with_context"]
 ContextSource = str | Sequence[str] | Callable[[Chat], str]
 
 
+def split_validation(items: list, fraction: float, seed: int) -> tuple[list, list]:
+    """(train, validation): a seeded `fraction` of `items` (at least one, never all) held back."""
+    order = list(range(len(items)))
+    random.Random(f"validation:{seed}").shuffle(order)
+    held = min(len(items) - 1, max(1, round(fraction * len(items))))
+    kept = sorted(order[held:])
+    return [items[i] for i in kept], [items[i] for i in sorted(order[:held])]
+
+
 class DivergenceError(RuntimeError):
     """The loss became NaN/inf or diverged; the run must be aborted and its adapter rolled back."""
 
@@ -103,6 +112,12 @@ class OPCDTrainer:
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         assert self._params, "nothing to train"
         self.optimizer = torch.optim.AdamW(self._params, lr=config.lr, weight_decay=config.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self._teacher_choices: dict[tuple, torch.Tensor] = {}  # the frozen teacher's choice scores, per prompt
+        self.validation: list[dict] = []  # {"step", "val_kl"} per validation measurement
+        self.best: dict | None = None  # the best of them; its adapter is the one kept
+        self.stopped_early = False
+        self._best_state: dict[str, torch.Tensor] | None = None
         self.rank, self.world_size = world()
         if self.world_size > 1:  # every rank starts from rank 0's adapter, whatever its own seed drew
             with torch.no_grad():
@@ -112,6 +127,17 @@ class OPCDTrainer:
     @property
     def _student_lm(self):
         return self.policies.student_lm
+
+    def _lr_factor(self, step: int) -> float:
+        """The learning rate at `step` as a share of `lr`: linear warm-up from a tenth, then constant or a cosine
+        decay to a tenth at `steps`."""
+        cfg = self.config
+        if step < cfg.warmup_steps:
+            return 0.1 + 0.9 * step / cfg.warmup_steps
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+        return 0.1 + 0.45 * (1.0 + math.cos(math.pi * progress))
 
     # -- prompts and sampling ----------------------------------------------------------------------------
     def render(self, chat: Chat) -> list[int]:
@@ -204,12 +230,14 @@ class OPCDTrainer:
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise DivergenceError(f"step {self.steps_done}: gradient norm is {grad_norm}; aborting the run")
+        lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
         self.steps_done += 1
         finished = time.perf_counter()
         metrics = {
-            "step": self.steps_done, "objective": cfg.objective, "loss": loss,
+            "step": self.steps_done, "objective": cfg.objective, "loss": loss, "lr": lr,
             "kl_estimate": sampled_kl if cfg.objective == "opcd" else float("nan"),
             "tokens": tokens, "grad_norm": grad_norm, "seconds": finished - started,
             "sample_seconds": sampled - started, "teacher_seconds": scored - sampled,
@@ -221,39 +249,56 @@ class OPCDTrainer:
 
     def _choice_scores(self, prompts: list[Chat], contexts: list[str], choices: list[list[str]]):
         """(student, teacher) sequence log-probabilities of every action; the student's carry gradients when
-        they are enabled. Action tokens are the same in both views: they follow the assistant turn's header."""
+        they are enabled. Action tokens are the same in both views: they follow the assistant turn's header.
+        The teacher is frozen for the trainer's life, so each prompt's teacher scores are computed once and
+        kept (a cycle revisits its prompts every pass)."""
         student_ids = [self.render(p) for p in prompts]
         teacher_ids = [self.render(with_context(p, c)) for p, c in zip(prompts, contexts)]
         actions = []
         for chat, options in zip(prompts, choices):
             ids = encode_chat(self.tokenizer, chat).ids
             actions.append(action_token_ids(self.tokenizer, chat, ids, options, self.tokenizer.eos_token_id))
-        self.model.eval()
-        with self.policies.teacher() as teacher:
-            teacher_logp = choice_logprobs(*lm_parts(teacher), pack_choices(teacher_ids, actions, pad_id=self._pad_id))
-        teacher_logp = [t.to(self.model.device) for t in teacher_logp]  # a separate teacher may run elsewhere
+        teacher_logp = self._teacher_choice_scores(teacher_ids, actions)
         self.model.train(torch.is_grad_enabled())
         student_logp = choice_logprobs(*lm_parts(self._student_lm),
                                        pack_choices(student_ids, actions, pad_id=self._pad_id))
         return student_logp, teacher_logp
 
+    def _teacher_choice_scores(self, teacher_ids: list[list[int]], actions: list[list[list[int]]]):
+        keys = [(tuple(t), tuple(tuple(a) for a in row)) for t, row in zip(teacher_ids, actions)]
+        missing = [i for i, key in enumerate(keys) if key not in self._teacher_choices]
+        if missing:
+            self.model.eval()
+            with torch.no_grad(), self.policies.teacher() as teacher:
+                scored = choice_logprobs(*lm_parts(teacher), pack_choices(
+                    [teacher_ids[i] for i in missing], [actions[i] for i in missing], pad_id=self._pad_id))
+            for i, scores in zip(missing, scored):  # a separate teacher may run on another device
+                self._teacher_choices[keys[i]] = scores.to(self.model.device)
+        return [self._teacher_choices[key] for key in keys]
+
     def _choice_loss(self, prompts: list[Chat], contexts: list[str], choices: list[list[str]],
                      divergence: str) -> ChunkedLoss:
-        """The choice-policy divergence of the batch, back-propagated; `tokens` counts decisions."""
+        """The choice-policy divergence of the batch (mean over its prompts), back-propagated micro-batch by
+        micro-batch (`micro_batch_size` prompts per forward); `tokens` counts decisions."""
         cfg = self.config
-        student, teacher = self._choice_scores(prompts, contexts, choices)
-        picks = None
-        if divergence == "cross_entropy":  # SFT: one action drawn from the teacher's choice policy per prompt
-            generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.steps_done + (self.rank << 40))
-            picks = [int(torch.multinomial((t.detach().float().cpu() / cfg.temperature).softmax(-1), 1,
-                                           generator=generator)) for t in teacher]
-        loss = choice_divergence(student, teacher, divergence=divergence, temperature=cfg.temperature,
-                                 teacher_picks=picks)
-        loss.backward()
-        with torch.no_grad():
-            kl = choice_divergence([s.detach() for s in student], teacher, divergence="reverse",
-                                   temperature=cfg.temperature)
-        return ChunkedLoss(loss=float(loss.detach()), sampled_kl=float(kl), tokens=len(prompts))
+        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.steps_done + (self.rank << 40))
+        total, loss_sum, kl_sum = len(prompts), 0.0, 0.0
+        for start in range(0, total, cfg.micro_batch_size):
+            part = slice(start, start + cfg.micro_batch_size)
+            student, teacher = self._choice_scores(prompts[part], contexts[part], choices[part])
+            picks = None
+            if divergence == "cross_entropy":  # SFT: one action drawn from the teacher's choice policy per prompt
+                picks = [int(torch.multinomial((t.float().cpu() / cfg.temperature).softmax(-1), 1,
+                                               generator=generator)) for t in teacher]
+            share = len(student) / total
+            loss = choice_divergence(student, teacher, divergence=divergence, temperature=cfg.temperature,
+                                     teacher_picks=picks) * share
+            loss.backward()
+            with torch.no_grad():
+                kl_sum += float(choice_divergence([s.detach() for s in student], teacher, divergence="reverse",
+                                                  temperature=cfg.temperature)) * share
+            loss_sum += float(loss.detach())
+        return ChunkedLoss(loss=loss_sum, sampled_kl=kl_sum, tokens=total)
 
     def _share(self, n: int) -> slice:
         """This rank's contiguous share of `n` global items (the first n % world_size ranks take one more)."""
@@ -292,27 +337,67 @@ class OPCDTrainer:
         raising); under data parallel on rank 0 only (an exception there ends rank 0, and the launcher then
         stops the others). A NaN or diverging loss raises `DivergenceError` (on every rank at once).
         `choices`: one action set per prompt of a sequence `prompt_source`: the choice policy is distilled.
+
+        With `validation_fraction` (a sequence source only) a seeded share of the prompts is held back: their
+        exact KL to the teacher is measured before the first step and every `eval_every` steps (`val_kl` in
+        the step's metrics, None between measurements), the run stops after `patience` measurements without a
+        new best, and the weights of the best measurement are restored at the end (`best`, `stopped_early`).
         """
-        rng = random.Random(self.config.seed)
+        cfg = self.config
+        rng = random.Random(cfg.seed)
         if choices is not None:
             if not isinstance(prompt_source, Sequence) or len(choices) != len(prompt_source):
                 raise ValueError("choices needs a sequence of prompts and one action set per prompt")
             prompt_source = list(zip(prompt_source, choices))
-        prompts = self._prompt_stream(prompt_source, rng)
         pick = self._context_picker(context_source, rng)
+        validation = None
+        if cfg.validation_fraction > 0 and isinstance(prompt_source, Sequence) and len(prompt_source) >= 2:
+            prompt_source, held = split_validation(list(prompt_source), cfg.validation_fraction, cfg.seed)
+            held_chats = [item[0] if choices is not None else item for item in held]
+            validation = (held_chats, [pick(chat) for chat in held_chats],
+                          [item[1] for item in held] if choices is not None else None)
+        # a sequence smaller than a batch is one batch: every step sees all of it (the exact gradient)
+        batch_size = min(cfg.batch_size, len(prompt_source)) if isinstance(prompt_source, Sequence) else cfg.batch_size
+        prompts = self._prompt_stream(prompt_source, rng)
+        if validation is not None:
+            self._validate(validation)
         out = []
-        for _ in range(self.config.steps if steps is None else steps):
-            batch = list(itertools.islice(prompts, self.config.batch_size))
-            if len(batch) < self.config.batch_size:  # an iterator ran dry: stop at the last full batch
+        for _ in range(cfg.steps if steps is None else steps):
+            batch = list(itertools.islice(prompts, batch_size))
+            if len(batch) < batch_size:  # an iterator ran dry: stop at the last full batch
                 break
             sets = None
             if choices is not None:
                 batch, sets = [chat for chat, _ in batch], [options for _, options in batch]
             metrics = self.step(batch, [pick(chat) for chat in batch], sets)
+            metrics["val_kl"] = None
+            if validation is not None and self.steps_done % cfg.eval_every == 0:
+                metrics["val_kl"] = self._validate(validation)
             out.append(metrics)
             if on_step is not None and self.rank == 0:
                 on_step(metrics)
+            if validation is not None and cfg.patience and self._since_best() >= cfg.patience:
+                self.stopped_early = True
+                break
+        if self._best_state is not None and self.best["step"] != self.steps_done:
+            with torch.no_grad():
+                for param, saved in zip(self._params, self._best_state.values()):
+                    param.copy_(saved)
         return out
+
+    def _validate(self, validation) -> float:
+        """Measure the held-back prompts' KL; keep the weights when it is a new best (by `min_improvement`)."""
+        chats, contexts, sets = validation
+        value = statistics.fmean(self.kl_per_prompt(chats, contexts, sets))
+        self.validation.append({"step": self.steps_done, "val_kl": value})
+        if self.best is None or value < (1.0 - self.config.min_improvement) * self.best["val_kl"]:
+            self.best = {"step": self.steps_done, "val_kl": value}
+            self._best_state = {str(i): p.detach().clone() for i, p in enumerate(self._params)}
+        return value
+
+    def _since_best(self) -> int:
+        """Validation measurements since the best one."""
+        return sum(1 for v in self.validation if v["step"] > self.best["step"])
 
     @staticmethod
     def _prompt_stream(source, rng: random.Random) -> Iterator[Chat]:
@@ -351,10 +436,11 @@ class OPCDTrainer:
         if len(prompts) != len(contexts):
             raise ValueError(f"{len(prompts)} prompts but {len(contexts)} contexts; give one context per prompt")
         values = torch.zeros(len(prompts), dtype=torch.float64, device=self.model.device)
-        for index, start in enumerate(range(0, len(prompts), self.config.batch_size)):
+        size = self.config.micro_batch_size if choices is not None else self.config.batch_size
+        for index, start in enumerate(range(0, len(prompts), size)):
             if index % self.world_size != self.rank:
                 continue
-            chats = prompts[start:start + self.config.batch_size]
+            chats = prompts[start:start + size]
             if choices is not None:
                 sets = choices[start:start + len(chats)]
                 student, teacher = self._choice_scores(chats, contexts[start:start + len(chats)], sets)
