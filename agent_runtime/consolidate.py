@@ -261,6 +261,8 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
                                    fingerprint=fingerprint_files(path))
     metrics = cycle_metrics(config, settings, cycle, kl, lesson_kl, prompts=len(train), heldout=len(heldout),
                             choice_mode=choice_mode, train_seconds=result.seconds)
+    metrics["training"] = {"steps": len(result.steps), "best_step": result.best_step,
+                           "stopped_early": result.stopped_early, "validation": result.validation}
     store.update_cycle(cycle.cycle_id, adapter_id=adapter_id, metrics=metrics)
     evals = evaluate_cycle(config, workdir, backend, settings, cycle, path)
     rates = {k: _rate(v) for k, v in evals.items()}
@@ -359,7 +361,10 @@ def _train(store: ExperienceStore, cycle_id: int, job: TrainJob, backend, progre
     """Train the job (the acting engine makes room meanwhile), each step's loss and KL into the cycle row."""
 
     def on_step(m: dict) -> None:
-        store.append_cycle_point(cycle_id, {"loss": m["loss"], "kl": m["kl_estimate"], "grad_norm": m["grad_norm"]})
+        point = {"loss": m["loss"], "kl": m["kl_estimate"], "grad_norm": m["grad_norm"], "lr": m["lr"]}
+        if m.get("val_kl") is not None:  # the validation curve ([step, KL]): the cycle's own held-back prompts
+            point["val_kl"] = [m["step"], m["val_kl"]]
+        store.append_cycle_point(cycle_id, point)
         if progress is not None:
             progress(m)
 

@@ -158,8 +158,10 @@ class Study:
             runner.close()
         return store.add_episodes(run_id, records)
 
-    def train(self, key: str, store, run_id: int, seed: int, objective: str, parent: str | None = None) -> dict:
-        """One OPCD-style cycle's training on the run's newest episodes (the loop's CONSOLIDATE, by hand)."""
+    def train(self, key: str, store, run_id: int, seed: int, objective: str, parent: str | None = None,
+              trainer: dict | None = None) -> dict:
+        """One OPCD-style cycle's training on the run's newest episodes (the loop's CONSOLIDATE, by hand);
+        `trainer` overrides fields of the cycle's trainer config."""
         from agent_runtime.agent import lessons_section
         from agent_runtime.checkpoints import resolve_model
         from agent_runtime.consolidate import episode_prefixes
@@ -167,19 +169,25 @@ class Study:
 
         def compute():
             config = study_config(seed, objective)
+            settings = config.opcd.trainer.model_copy(update=trainer or {})
             decisions = [d for d in episode_prefixes(config, self.workdir, store, run_id, self.backend,
                                                      TRAIN_EPISODES) if d.choices]
             out = self.workdir / "adapters" / key.replace(":", "-")
             context = lessons_section([GIVEN])
-            job = TrainJob(model_path=resolve_model("smollm2-135m-instruct"), config=config.opcd.trainer,
+            job = TrainJob(model_path=resolve_model("smollm2-135m-instruct"), config=settings,
                            train_prompts=[d.chat for d in decisions], train_choices=[d.choices for d in decisions],
                            contexts=context, output=str(out), parent_adapter=parent, overwrite=True,
                            kl_sets={"train": ([d.chat for d in decisions[:16]], context)},
                            kl_choices={"train": [d.choices for d in decisions[:16]]})
-            result = run_job(job, on_step=lambda m: print(f"    step {m['step']} loss {m['loss']:.4f}", flush=True))
+            def show(m: dict) -> None:
+                val = f" val {m['val_kl']:.4f}" if m.get("val_kl") is not None else ""
+                print(f"    step {m['step']} loss {m['loss']:.4f}{val} ({m['seconds']:.1f}s)", flush=True)
+
+            result = run_job(job, on_step=show)
             return {"adapter": str(out), "decisions": len(decisions), "seconds": result.seconds,
                     "kl_before": result.kl_before["train"], "kl_after": result.kl_after["train"],
-                    "losses": [m["loss"] for m in result.steps]}
+                    "losses": [m["loss"] for m in result.steps], "validation": result.validation,
+                    "best_step": result.best_step, "steps": len(result.steps)}
 
         return self.cached(key, compute)
 

@@ -254,3 +254,79 @@ def test_chat_backend_maps_its_reply_to_the_closest_action():
     out = backend.choose(CHATS[:2], [["go east", "take coin", "look"], ["look", "go east"]], SamplingParams())
     assert [c.text for c in out] == ["take coin", "go east"]
     assert all(c.choice_logprobs is None for c in out)  # a chat API does not expose the set distribution
+
+
+def _trainer_with(tiny, **overrides):
+    trainer = _trainer(tiny)
+    trainer.config = trainer.config.model_copy(update=overrides)
+    return trainer
+
+
+def test_micro_batches_give_the_gradient_of_the_whole_batch(tiny):
+    """A step over every prompt, taken 2 prompts per forward, moves the weights exactly as one forward over all."""
+    whole, parts = _trainer_with(tiny, micro_batch_size=len(CHATS)), _trainer_with(tiny, micro_batch_size=2)
+    for trainer in (whole, parts):
+        trainer.step(list(CHATS), [LESSON] * len(CHATS), list(SETS))
+    for a, b in zip(whole._params, parts._params):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert whole.history[0]["loss"] == pytest.approx(parts.history[0]["loss"], rel=1e-5)
+
+
+def test_a_batch_larger_than_the_prompts_is_every_prompt_once(tiny):
+    trainer = _trainer_with(tiny, batch_size=64)
+    history = trainer.train(CHATS, LESSON, steps=2, choices=SETS)
+    assert [m["tokens"] for m in history] == [len(CHATS), len(CHATS)]
+
+
+def test_the_teacher_scores_each_prompt_once_per_cycle(tiny, monkeypatch):
+    trainer = _trainer_with(tiny, batch_size=64)
+    scored = []
+    real = trainer._teacher_choice_scores.__func__
+
+    def counting(self, teacher_ids, actions):
+        scored.append(len([1 for t, a in zip(teacher_ids, actions)
+                           if (tuple(t), tuple(tuple(x) for x in a)) not in self._teacher_choices]))
+        return real(self, teacher_ids, actions)
+
+    monkeypatch.setattr(type(trainer), "_teacher_choice_scores", counting)
+    trainer.train(CHATS, LESSON, steps=3, choices=SETS)
+    assert sum(scored) == len(CHATS) and scored[0] == len(CHATS)  # the first step scores them, later ones reuse
+    # and what is kept is what the teacher says: a fresh trainer scoring the same prompts agrees
+    _, fresh = _trainer(tiny)._choice_scores(list(CHATS), [LESSON] * len(CHATS), list(SETS))
+    _, kept = trainer._choice_scores(list(CHATS), [LESSON] * len(CHATS), list(SETS))
+    for a, b in zip(fresh, kept):
+        torch.testing.assert_close(a, b)
+
+
+def test_validation_keeps_the_best_step_and_stops_without_progress(tiny):
+    """A seeded share of the prompts is held back; the adapter kept is the one of the best validation KL. With an
+    improvement nobody can reach, the best stays the start: the run stops after `patience` measurements and the
+    weights go back to where they started."""
+    trainer = _trainer_with(tiny, batch_size=64, validation_fraction=0.34, patience=2, min_improvement=0.999)
+    start = [p.detach().clone() for p in trainer._params]
+    history = trainer.train(CHATS, LESSON, steps=10, choices=SETS)
+    assert len(history) == 2 and trainer.stopped_early
+    assert trainer.best["step"] == 0 and [v["step"] for v in trainer.validation] == [0, 1, 2]
+    assert all(m["tokens"] < len(CHATS) for m in history)  # the validation prompts are not trained on
+    for a, b in zip(start, trainer._params):
+        torch.testing.assert_close(a, b)
+
+    trainer = _trainer_with(tiny, batch_size=64, validation_fraction=0.34, patience=0)
+    history = trainer.train(CHATS, LESSON, steps=6, choices=SETS)
+    assert len(history) == 6 and not trainer.stopped_early
+    assert [m["val_kl"] is not None for m in history] == [True] * 6
+    best = trainer.best
+    assert best["val_kl"] == min(v["val_kl"] for v in trainer.validation) < trainer.validation[0]["val_kl"]
+    from distill.opcd.trainer import split_validation
+
+    items = list(zip(CHATS, SETS))
+    _, held = split_validation(items, 0.34, trainer.config.seed)
+    now = trainer.evaluate_kl([c for c, _ in held], LESSON, [s for _, s in held])
+    assert now == pytest.approx(best["val_kl"], rel=1e-5)  # the weights are the best step's
+
+
+def test_cosine_schedule_with_warm_up(tiny):
+    trainer = _trainer_with(tiny, steps=10, warmup_steps=2, lr_schedule="cosine")
+    factors = [trainer._lr_factor(s) for s in range(11)]
+    assert factors[0] == pytest.approx(0.1) and factors[2] == pytest.approx(1.0)
+    assert factors[10] == pytest.approx(0.1) and all(a >= b for a, b in zip(factors[2:], factors[3:]))

@@ -1,0 +1,106 @@
+"""The sweep that picks the choice-mode cycle's trainer defaults (`opcd.trainer`), on held-out games.
+
+Same setting, arms and statistics as bench/learning.py (TextWorld coin-collector level 2, 3 steps, 40 held-out
+games with fixed seeds, greedy, SmolLM2-135M on CPU): for each seed the agent plays 16 train episodes with the
+person's lesson in context (the loop's PLAY), and each trainer variant distils the lesson from the per-turn
+prompts of those episodes (one cycle); the student is then played WITHOUT the lesson on the held-out games.
+"Gain kept" is (student - base) / (lesson in context - base) on the same games.
+
+    .venv/bin/python bench/cycle_sweep.py                       # every variant, seeds 0-2 (resumable)
+    .venv/bin/python bench/cycle_sweep.py --variants full-1e-4 --seeds 0 1 2 3 4
+    .venv/bin/python bench/cycle_sweep.py --report
+
+Results are cached with the learning study's (`<workdir>/results.json`, keys `sweep:<variant>:<seed>`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from learning import GIVEN, TRAIN_EPISODES, Study, rate, study_config  # noqa: E402
+
+from distill.lessons.gate import mcnemar_p  # noqa: E402
+
+# The previous default (a noisy step: 4 prompts, constant lr 1e-4, no validation) against steps that see every
+# prompt (batch 64 > a cycle's ~40 prompts), learning rates, schedules and the validation split.
+VARIANTS: dict[str, dict] = {
+    "old-b4-1e-4": {"steps": 8, "batch_size": 4, "lr": 1e-4},
+    "full-1e-4": {"steps": 8, "batch_size": 64, "lr": 1e-4},
+    "full-3e-4": {"steps": 8, "batch_size": 64, "lr": 3e-4},
+    "full-1e-3": {"steps": 8, "batch_size": 64, "lr": 1e-3},
+    "full-3e-4-val": {"steps": 16, "batch_size": 64, "lr": 3e-4, "validation_fraction": 0.25, "patience": 4},
+    "full-1e-3-val": {"steps": 16, "batch_size": 64, "lr": 1e-3, "validation_fraction": 0.25, "patience": 4},
+}
+
+
+def run(study: Study, variants: list[str], seeds: list[int]) -> None:
+    from memory import ExperienceStore
+
+    study.evaluate("base")
+    study.evaluate("given", lessons=[GIVEN])
+    for seed in seeds:
+        db = study.workdir / f"sweep-seed-{seed}.db"
+        with ExperienceStore.open(db, embedder="hash") as store:
+            name = f"cycle-sweep-{seed}"
+            run = store.find_run(name)
+            if run is None:
+                run_id = store.create_run(name, study_config(seed).model_dump(mode="json"))
+                study.play(store, run_id, seed, [GIVEN], None, range(TRAIN_EPISODES))
+            else:
+                run_id = run.id
+            for variant in variants:
+                key = f"sweep:{variant}:{seed}"
+                print(f"{key}", flush=True)
+                study.train(key, store, run_id, seed, "opcd", trainer={**VARIANTS[variant], "seed": seed})
+                study.evaluate(f"{key}:without", adapter=study.results[key]["adapter"])
+
+
+def report(results: dict, variants: list[str]) -> str:
+    base, given = results["base"], results["given"]
+    lines = [f"base {rate(base)}, lesson in context {rate(given)} (40 held-out games)", "",
+             "| variant | trainer | seeds | student without lesson, pooled | per seed | gain kept per seed (mean) "
+             "| vs base, McNemar p per seed | train KL before -> after | steps (best) | s/cycle |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for variant in variants:
+        seeds = sorted(int(k.split(":")[2]) for k in results if k.startswith(f"sweep:{variant}:")
+                       and k.count(":") == 2 and f"{k}:without" in results)
+        if not seeds:
+            continue
+        runs = [results[f"sweep:{variant}:{s}:without"] for s in seeds]
+        trained = [results[f"sweep:{variant}:{s}"] for s in seeds]
+        span = sum(given) - sum(base)
+        gains = [(sum(r) - sum(base)) / span for r in runs] if span else []
+        settings = ", ".join(f"{k} {v}" for k, v in VARIANTS[variant].items())
+        kls = ", ".join(f"{t['kl_before']:.3f}->{t['kl_after']:.3f}" for t in trained)
+        steps = ", ".join(f"{t.get('steps', '?')} ({t.get('best_step')})" for t in trained)
+        lines.append(
+            f"| {variant} | {settings} | {len(seeds)} | {rate([w for r in runs for w in r])} | "
+            f"{', '.join(f'{sum(r) / len(r):.0%}' for r in runs)} | "
+            f"{', '.join(f'{g:.0%}' for g in gains)} ({statistics.fmean(gains):.0%}) | "
+            f"{', '.join(f'{mcnemar_p(base, r):.2g}' for r in runs)} | "
+            f"{kls} | {steps} | "
+            f"{statistics.fmean(t['seconds'] for t in trained):.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=Path.home() / ".cache/agent-runtime/learning-study")
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    parser.add_argument("--report", action="store_true", help="only print the table from the cache")
+    args = parser.parse_args(argv)
+    study = Study(args.workdir)
+    if not args.report:
+        run(study, args.variants, args.seeds)
+    print(report(study.results, args.variants))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
