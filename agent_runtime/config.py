@@ -173,8 +173,13 @@ class ConsolidationConfig(StrictConfig):
     retention_margin: float = Field(0.05, ge=0, le=1, description="allowed drop on the retention set")
     internalized_ratio: float = Field(0.5, gt=0, le=1, description="per-lesson KL after/before for consolidation")
     min_kl_drop: float = Field(
-        0.1, ge=0, le=1, description="promote only when the held-out KL to the teacher fell by at least this "
+        0.1, ge=0, le=1, description="evidence of learning: the held-out KL to the teacher fell by at least this "
         "fraction of its start-of-cycle value (0: any cycle that did not raise it)")
+    validation_games: int = Field(
+        12, ge=0, description="train-split games (the first N, fixed seeds, greedy) that the parent and the student "
+        "play without lessons: the student winning more of them than the parent by over promote_margin is "
+        "evidence of learning too, and the no-regression check without lessons is made on them, never on the "
+        "held-out games of the report (0: both on the KL and the held-out games, as before)")
     teacher: TeacherConfig | None = Field(
         None, description="a separate teacher model (cross-size distillation); default: the start-of-cycle policy")
     context: SystemPromptConfig | None = Field(

@@ -132,10 +132,10 @@ def episode_prefixes(config: RunConfig, workdir: Path, store: ExperienceStore, r
     return out
 
 
-def _eval(config, workdir, backend, *, lessons, n, envs=None, context=None) -> list[EvalResult]:
+def _eval(config, workdir, backend, *, lessons, n, envs=None, context=None, split="eval") -> list[EvalResult]:
     if envs is not None:
         config = config.model_copy(update={"envs": envs})
-    return evaluate(config, workdir, backend, lessons=lessons, episodes_per_env=n, context=context)
+    return evaluate(config, workdir, backend, lessons=lessons, episodes_per_env=n, context=context, split=split)
 
 
 def cycle_teacher(config: RunConfig, settings: ConsolidationConfig) -> tuple[TeacherSpec | None, dict[str, Any]]:
@@ -177,17 +177,28 @@ def _rate(results: list[EvalResult]) -> float:
 
 def decide_promotion(rates: dict[str, float], kl_before: float, kl_after: float,
                      settings: ConsolidationConfig) -> list[str]:
-    """The reasons not to promote a cycle's adapter (none: promote). Evidence is needed both ways: the held-out
-    KL of the student without lessons to the teacher with them must have fallen by `min_kl_drop` of its
-    start-of-cycle value (a cycle that did not move towards the teacher learned nothing), and no evaluated
-    condition may have regressed beyond its margin."""
+    """The reasons not to promote a cycle's adapter (none: promote). Evidence is needed both ways.
+
+    1. Learning: the held-out KL of the student without lessons to the teacher with them fell by `min_kl_drop` of
+       its start-of-cycle value, or (with validation games) the student without lessons won more of the
+       validation games than the parent by over `promote_margin`. A KL on a handful of prompts is noisy, and a
+       student that sharpens the teacher's preference past it plays better while its KL rises.
+    2. No regression: no evaluated condition fell below its reference by more than its margin; without lessons
+       that is judged on the validation games when they were played, so the held-out games stay the report's."""
     reasons = []
+    validated = "validation_student" in rates and "validation_parent" in rates
+    gain = rates["validation_student"] - rates["validation_parent"] if validated else None
     if not kl_before > 0:
         reasons.append(f"held-out KL before training is {kl_before:.4f}: the lessons do not change the policy, "
                        "there is nothing to distil")
-    elif not kl_after <= (1.0 - settings.min_kl_drop) * kl_before:
-        reasons.append(f"held-out KL {kl_before:.4f} -> {kl_after:.4f} did not fall by {settings.min_kl_drop:.0%}")
-    pairs = [("student_without_lessons", "teacher_without_lessons", settings.promote_margin, "without lessons"),
+    elif not kl_after <= (1.0 - settings.min_kl_drop) * kl_before and not (gain is not None
+                                                                            and gain > settings.promote_margin):
+        won = (f", and the student won {rates['validation_student']:.2f} of the validation games against the "
+               f"parent's {rates['validation_parent']:.2f} (needs over +{settings.promote_margin})") if validated else ""
+        reasons.append(f"held-out KL {kl_before:.4f} -> {kl_after:.4f} did not fall by {settings.min_kl_drop:.0%}{won}")
+    without = ("validation_student", "validation_parent") if validated else ("student_without_lessons",
+                                                                             "teacher_without_lessons")
+    pairs = [(*without, settings.promote_margin, "without lessons"),
              ("student_with_lessons", "teacher_with_lessons", settings.promote_margin, "with lessons"),
              ("student_retention", "teacher_retention", settings.retention_margin, "retention")]
     for student, parent, margin, what in pairs:
@@ -390,7 +401,8 @@ def cycle_metrics(config: RunConfig, settings: ConsolidationConfig, cycle: Cycle
 def evaluate_cycle(config: RunConfig, workdir: Path, backend, settings: ConsolidationConfig, cycle: CycleSetup,
                    path: Path) -> dict[str, list[EvalResult]]:
     """EVALUATE: every condition on the held-out tasks with fixed seeds (the random-admissible baseline, the
-    parent and the new adapter with and without the lessons, and both on the retention environments)."""
+    parent and the new adapter with and without the lessons, and both on the retention environments), and the
+    parent and the adapter without lessons on `validation_games` train-split games (the decision's evidence)."""
     n = settings.eval_episodes or config.evaluation.episodes_per_env
     shown = cycle.shown()
     evals: dict[str, list[EvalResult]] = {"random": _eval(config, workdir, random_policy(config), lessons=[], n=n)}
@@ -400,9 +412,15 @@ def evaluate_cycle(config: RunConfig, workdir: Path, backend, settings: Consolid
     retention = list(settings.retention_envs)
     if retention:
         evals["teacher_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
+    if settings.validation_games:
+        evals["validation_parent"] = _eval(config, workdir, backend, lessons=[], n=settings.validation_games,
+                                           split="train")
     backend.load_adapter(f"cycle-{cycle.cycle_id}", path)
     evals["student_with_lessons"] = _eval(config, workdir, backend, n=n, **shown)
     evals["student_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
+    if settings.validation_games:
+        evals["validation_student"] = _eval(config, workdir, backend, lessons=[], n=settings.validation_games,
+                                            split="train")
     if retention:
         evals["student_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
     return evals
@@ -418,7 +436,9 @@ def _decide(store: ExperienceStore, run_id: int, config: RunConfig, settings: Co
         for r in results:
             lo, hi = r.interval
             store.add_evaluation(r.env_id, run_id=run_id, adapter_id=adapter_id, cycle_id=cycle_id,
-                                 lesson_set_version=live.version if live else None, split="eval", policy=config.model.name,
+                                 lesson_set_version=live.version if live else None,
+                                 split="train" if condition.startswith("validation_") else "eval",
+                                 policy=config.model.name,
                                  num_episodes=r.n, success_rate=r.success_rate, mean_return=r.mean_return,
                                  metrics={"condition": condition, "episodes": r.episodes, "ci95": [lo, hi]})
     (before, after), (lesson_before, lesson_after) = kl, lesson_kl

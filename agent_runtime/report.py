@@ -4,8 +4,9 @@ Every cycle evaluates, on the same held-out tasks with the same seeds, a random 
 policy (the base model at the first cycle) without and with the live lessons, and the new adapter without
 lessons (see `agent_runtime.consolidate`). This module reads those evaluation rows back and prints one line
 per condition with its success rate, Wilson 95% interval and number of tasks, plus the paired comparison with
-the parent without lessons (task by task: the difference and an exact McNemar p-value). `agent-runtime run`
-prints it at the end of a run that completed a cycle.
+the parent without lessons (task by task: the difference and an exact McNemar p-value). The last two rows are
+the promotion decision's own games (train split, without lessons), not held-out. `agent-runtime run` prints it
+at the end of a run that completed a cycle.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ ROWS = (
     ("student_with_lessons", "consolidated adapter + lessons"),
     ("teacher_retention", "retention: base policy"),
     ("student_retention", "retention: consolidated adapter"),
+    ("validation_parent", "decision (train games): base policy"),
+    ("validation_student", "decision (train games): adapter"),
 )
 REFERENCE = {"teacher_with_lessons": "teacher_without_lessons", "student_without_lessons": "teacher_without_lessons",
-             "student_with_lessons": "teacher_with_lessons", "student_retention": "teacher_retention"}
+             "student_with_lessons": "teacher_with_lessons", "student_retention": "teacher_retention",
+             "validation_student": "validation_parent"}
 
 
 @dataclass

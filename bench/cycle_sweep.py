@@ -35,6 +35,7 @@ VARIANTS: dict[str, dict] = {
     "full-1e-3": {"steps": 8, "batch_size": 64, "lr": 1e-3},
     "full-3e-4-val": {"steps": 16, "batch_size": 64, "lr": 3e-4, "validation_fraction": 0.25, "patience": 4},
     "full-1e-3-val": {"steps": 16, "batch_size": 64, "lr": 1e-3, "validation_fraction": 0.25, "patience": 4},
+    "b8-1e-4-val": {"steps": 12, "batch_size": 8, "lr": 1e-4, "validation_fraction": 0.2, "patience": 4},
 }
 
 

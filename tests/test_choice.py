@@ -230,6 +230,22 @@ def test_promotion_needs_evidence():
     assert any("retention" in r for r in decide_promotion(retention, 0.2, 0.05, settings))
 
 
+def test_winning_more_validation_games_is_evidence_when_the_kl_rose():
+    """A student that sharpens the teacher's preference past it plays better while its KL rises (the learning
+    study's seed 0: KL 0.10 -> 0.15, held-out success 5% -> 87.5%): winning more of the train-split validation
+    games than the parent is evidence too; the no-regression check without lessons is made on those games."""
+    settings = ConsolidationConfig(min_kl_drop=0.1, promote_margin=0.05)
+    rates = {"teacher_without_lessons": 0.05, "student_without_lessons": 0.05, "teacher_with_lessons": 0.5,
+             "student_with_lessons": 0.5, "validation_parent": 0.25, "validation_student": 0.5}
+    assert decide_promotion(rates, 0.10, 0.15, settings) == []
+    [reason] = decide_promotion({**rates, "validation_student": 0.25}, 0.10, 0.15, settings)
+    assert "did not fall by 10%" in reason and "validation games" in reason
+    # a held-out drop no longer blocks (the report's games are not the decision's); a validation drop does
+    assert decide_promotion({**rates, "student_without_lessons": 0.0}, 0.1, 0.05, settings) == []
+    worse = decide_promotion({**rates, "validation_student": 0.1}, 0.1, 0.05, settings)
+    assert any("without lessons: student 0.10 fell below the parent's 0.25" in r for r in worse)
+
+
 def test_large_sets_are_decoded_under_a_token_trie(tiny_model_dir):
     from agent_runtime.llm.transformers_backend import TransformersBackend
     from distill.opcd.choice import ActionTrie

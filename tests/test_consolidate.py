@@ -30,7 +30,9 @@ def test_cycle_in_the_loop(tmp_path, cycle_config):
         assert (Path(adapter.path) / "adapter_config.json").is_file()
         conditions = {e.metrics["condition"] for e in store.evaluations(summary.run_id, cycle_id=cycle.id)}
         assert conditions == {"random", "teacher_with_lessons", "teacher_without_lessons", "student_with_lessons",
-                              "student_without_lessons"}
+                              "student_without_lessons", "validation_parent", "validation_student"}
+        splits = {e.metrics["condition"]: e.split for e in store.evaluations(summary.run_id, cycle_id=cycle.id)}
+        assert splits["validation_student"] == "train" and splits["student_without_lessons"] == "eval"
         assert cycle.metrics["objective"] == "choice"  # the agent chose among admissible actions
         table = learning_table(store, summary.run_id)
         for label in ("random admissible action", "base model, no lessons", "base model + lessons in context",

@@ -47,6 +47,8 @@ KNOWN_CONDITIONS = {
     "student_with_lessons": "student with lessons",
     "teacher_retention": "teacher retention",
     "student_retention": "student retention",
+    "validation_parent": "decision games (train split): parent",
+    "validation_student": "decision games (train split): student",
 }
 # The headline: what the agent could do before the cycle, with lessons in context, and after it without.
 HEADLINE = (
