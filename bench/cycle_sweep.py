@@ -36,6 +36,8 @@ VARIANTS: dict[str, dict] = {
     "full-3e-4-val": {"steps": 16, "batch_size": 64, "lr": 3e-4, "validation_fraction": 0.25, "patience": 4},
     "full-1e-3-val": {"steps": 16, "batch_size": 64, "lr": 1e-3, "validation_fraction": 0.25, "patience": 4},
     "b8-1e-4-val": {"steps": 12, "batch_size": 8, "lr": 1e-4, "validation_fraction": 0.2, "patience": 4},
+    "b8-1e-4-warm": {"steps": 12, "batch_size": 8, "lr": 1e-4, "warmup_steps": 4, "lr_schedule": "cosine",
+                     "validation_fraction": 0.2, "patience": 4},
 }
 
 

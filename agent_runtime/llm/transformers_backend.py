@@ -8,9 +8,10 @@ EOS or stop string. Sampling is seeded per call when `SamplingParams.seed` is se
 LoRA adapters (peft) are loaded by name and switched with `use_adapter(name)`; `use_adapter(None)` gives the
 base model. Each loaded adapter's fingerprint (`distill.fingerprint`) is computed from the tensors peft put in the
 model, and `adapter_fingerprint()` reports the one of the adapter peft itself has active: what the model
-computes with, not what this class was told. With `dtype: auto` the model runs in bf16 on CUDA and on CPUs with native bf16 support
-(AVX512-BF16/AMX: measured 1.7x faster generation than fp32 for SmolLM2-135M on this kind of machine, see
-bench/RESULTS.md), else in float32.
+computes with, not what this class was told. With `dtype: auto` the model runs in bf16 on CUDA and in float32 on
+every CPU. bf16 on CPUs with native support (AVX512-BF16/AMX) generated 1.7x faster (bench/RESULTS.md), but it
+made a seeded run's table depend on the machine (the quickstart gave another table on a bf16 CPU), and bf16
+rounds away much of a small LoRA adapter's change to the weights; `dtype: bfloat16` still asks for it.
 
 A prefix KV cache (per row, across calls: `agent_runtime.llm.prefix_cache`) makes an agent's next turn
 prefill only its new observation; the same greedy tokens as without it. Choice mode (`choose`) scores every
@@ -56,10 +57,8 @@ def resolve_device(device: str) -> torch.device:
 
 
 def auto_dtype(device: torch.device) -> torch.dtype:
-    if device.type == "cuda":
-        return torch.bfloat16
-    native_bf16 = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)()
-    return torch.bfloat16 if native_bf16 else torch.float32
+    """bf16 on CUDA, float32 on CPUs whatever they support: the same numbers on every CPU (module docstring)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 class InverseCDFSampler:
