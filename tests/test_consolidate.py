@@ -44,6 +44,26 @@ def test_cycle_in_the_loop(tmp_path, cycle_config):
             assert adapter.status == "rejected"
 
 
+def test_a_cycle_with_validation_stores_its_curve_and_the_step_it_kept(tmp_path, cycle_config):
+    trainer = {"steps": 3, "batch_size": 2, "max_new_tokens": 6, "lr": 1e-3, "k": 16, "lora_r": 4,
+               "sampler": "live", "validation_fraction": 0.3, "min_improvement": 0.0}
+    loop = AgentLoop(cycle_config(trainer=trainer), tmp_path, progress=False)
+    summary = loop.run()
+    loop.close()
+    with ExperienceStore.open(tmp_path) as store:
+        [cycle] = store.cycles(summary.run_id)
+        training = cycle.metrics["training"]
+        assert [v["step"] for v in training["validation"]] == [0, 1, 2, 3]
+        assert [step for step, _ in cycle.curves["val_kl"]] == [1, 2, 3]  # one point per step, after it
+        assert [v for _, v in cycle.curves["val_kl"]] == [v["val_kl"] for v in training["validation"][1:]]
+        best = min(training["validation"], key=lambda v: v["val_kl"])
+        assert training["best_step"] == best["step"] and not training["stopped_early"]
+        assert len(cycle.curves["lr"]) == 3
+        from distill.opcd import read_metadata
+
+        assert read_metadata(store.get_adapter(cycle.adapter_id).path)["best_step"] == best["step"]
+
+
 def test_interrupted_cycle_is_rolled_back_on_resume(tmp_path, cycle_config):
     cfg = cycle_config()
     loop = AgentLoop(cfg, tmp_path, progress=False)
