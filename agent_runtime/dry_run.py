@@ -79,8 +79,11 @@ def _envs(config: RunConfig, problems: list[str], notes: list[str]) -> list[dict
         else:
             source = "unknown"
             problems.append(f"environment {entry.id!r} is not registered; known: {', '.join(sorted(known))}")
+        games = config.opcd.validation_games if config.opcd.enabled else 0
+        decision = (f"; a cycle's promotion plays the first {games} tasks of the train split, parent and adapter "
+                    "without lessons") if games else ""
         splits = (f"PLAY draws from the train split (weight {entry.weight:g}); EVALUATE plays the first {n} "
-                  f"tasks of the eval split, seeds {seed}..{seed + n - 1}") if role == "play" else (
+                  f"tasks of the eval split, seeds {seed}..{seed + n - 1}{decision}") if role == "play" else (
                   f"retention check: the first {config.opcd.eval_episodes or n} tasks of the eval split, no lessons")
         for key, value in entry.kwargs.items():  # a data file the environment reads when it is made
             if (key == "path" or key.endswith("_path")) and isinstance(value, str) \
