@@ -117,7 +117,7 @@ class OPCDTrainer:
         self.validation: list[dict] = []  # {"step", "val_kl"} per validation measurement
         self.best: dict | None = None  # the best of them; its adapter is the one kept
         self.stopped_early = False
-        self._best_state: dict[str, torch.Tensor] | None = None
+        self._best_state: list[torch.Tensor] | None = None
         self.rank, self.world_size = world()
         if self.world_size > 1:  # every rank starts from rank 0's adapter, whatever its own seed drew
             with torch.no_grad():
@@ -278,11 +278,11 @@ class OPCDTrainer:
 
     def _micro_batches(self, prompts: list[Chat]) -> list[list[int]]:
         """Indices of `prompts` in groups of `micro_batch_size`, by length: a group is padded to its longest
-        prompt, and a cycle's prompts range from one turn to several (sorted, padding fell from ~35% of the
-        tokens to a few)."""
+        prompt, and a cycle's prompts range from one turn to several (sorted by characters, a proxy for tokens that
+        needs no second tokenisation)."""
         if len(prompts) <= self.config.micro_batch_size:
             return [list(range(len(prompts)))]
-        order = sorted(range(len(prompts)), key=lambda i: len(self.render(prompts[i])))
+        order = sorted(range(len(prompts)), key=lambda i: sum(len(m["content"]) for m in prompts[i]))
         size = self.config.micro_batch_size
         return [order[i:i + size] for i in range(0, len(order), size)]
 
@@ -391,7 +391,7 @@ class OPCDTrainer:
                 break
         if self._best_state is not None and self.best["step"] != self.steps_done:
             with torch.no_grad():
-                for param, saved in zip(self._params, self._best_state.values()):
+                for param, saved in zip(self._params, self._best_state):
                     param.copy_(saved)
         return out
 
@@ -402,7 +402,7 @@ class OPCDTrainer:
         self.validation.append({"step": self.steps_done, "val_kl": value})
         if self.best is None or value < (1.0 - self.config.min_improvement) * self.best["val_kl"]:
             self.best = {"step": self.steps_done, "val_kl": value}
-            self._best_state = {str(i): p.detach().clone() for i, p in enumerate(self._params)}
+            self._best_state = [p.detach().clone() for p in self._params]
         return value
 
     def _since_best(self) -> int:
