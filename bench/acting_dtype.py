@@ -18,9 +18,9 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from learning import ENV, GIVEN, rate, study_config  # noqa: E402
+from learning import ENV, GIVEN, rate, study_config
 
-from distill.lessons.gate import mcnemar_p  # noqa: E402
+from distill.lessons.gate import mcnemar_p
 
 
 def play(backend, workdir: Path, lessons: list[str]) -> list[bool]:

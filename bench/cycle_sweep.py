@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from learning import GIVEN, TRAIN_EPISODES, Study, rate, study_config  # noqa: E402
+from learning import GIVEN, TRAIN_EPISODES, Study, rate, study_config
 
-from distill.lessons.gate import mcnemar_p  # noqa: E402
+from distill.lessons.gate import mcnemar_p
 
 # The previous default (a noisy step: 4 prompts, constant lr 1e-4, no validation) against steps that see every
 # prompt (batch 64 > a cycle's ~40 prompts), learning rates, schedules and the validation split.
@@ -66,8 +66,8 @@ def run(study: Study, variants: list[str], seeds: list[int]) -> None:
 def report(results: dict, variants: list[str]) -> str:
     base, given = results["base"], results["given"]
     lines = [f"base {rate(base)}, lesson in context {rate(given)} (40 held-out games)", "",
-             "| variant | trainer | seeds | student without lesson, pooled | per seed | gain kept per seed (mean) "
-             "| vs base, McNemar p per seed | train KL before -> after | steps (best) | s/cycle |",
+             ("| variant | trainer | seeds | student without lesson, pooled | per seed | gain kept per seed (mean) "
+              "| vs base, McNemar p per seed | train KL before -> after | steps (best) | s/cycle |"),
              "|---|---|---|---|---|---|---|---|---|---|"]
     for variant in variants:
         seeds = sorted(int(k.split(":")[2]) for k in results if k.startswith(f"sweep:{variant}:")
