@@ -55,7 +55,18 @@ def cmd_lessons_show(args) -> int:
         info = lesson_provenance(store, args.lesson_id)
     lines = [f"lesson #{info['id']} [{info['status']}] pool {info['pool']}: {info['text']}"]
     if info.get("extraction"):
-        lines.append(f"  extraction #{info['extraction']['id']}")
+        lines.append(f"  extraction #{info['extraction']['id']} ({info['extraction']['extractor']})")
+    evidence, trial = info["metadata"].get("evidence"), info["metadata"].get("trial")
+    if evidence:  # an induced lesson: what it rests on
+        lines.append(f"  evidence: {evidence['summary']}; won episodes {evidence['won_episode_ids']}, "
+                     f"lost episodes {evidence['lost_episode_ids']}")
+    if trial:
+        verdict = "went live" if info["metadata"].get("accepted") else "kept out"
+        lines.append(f"  trial ({verdict}): success {trial['current_rate']:.2f} -> {trial['candidate_rate']:.2f} "
+                     f"on {trial['n']} paired train games (delta {trial['delta']:+.2f}, 95% CI "
+                     f"{trial['delta_ci'][0]:+.2f} to {trial['delta_ci'][1]:+.2f})")
+    if info.get("utility") is not None:
+        lines.append(f"  measured utility in play: {info['utility']:+.2f} (success with it in context minus without)")
     for ep in info["source_episodes"]:
         lines.append(f"  from episode {ep['id']}: {ep['env_id']} {ep['task_id']} {ep['outcome']} "
                      f"({ep['num_steps']} steps)")

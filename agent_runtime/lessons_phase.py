@@ -39,10 +39,12 @@ from distill.chat_tokens import encode_text
 from distill.lessons import (
     LessonCurator,
     LessonExtractor,
+    Proposal,
     UserAddResult,
     add_user_lessons,
     decide_gate,
     extract_phase,
+    induce,
     live_lessons,
     live_version,
     load_utilities,
@@ -170,14 +172,29 @@ class ExtractReport:
     gate: str | None
     contrastive: int = 0  # extractions that read a won/lost pair
     user_gate: str | None = None  # the gate's decision on a person's pending lessons, taken first
+    induced: list[dict] | None = None  # method evidence|both: each induced lesson, its evidence and its trial
 
     def line(self) -> str:
         gate = f"; gate: {self.gate}" if self.gate else ""
         user = f"user lessons {self.user_gate}; " if self.user_gate else ""
         pairs = f", {self.contrastive} contrastive" if self.contrastive else ""
         where = f"lesson set v{self.version}" if self.version is not None else "no change to the lessons"
+        if self.induced is not None and not self.items and self.gate is None:  # evidence only
+            live = sum(x["accepted"] for x in self.induced)
+            return (f"EXTRACT: {user}{self.episodes} episodes -> {len(self.induced)} lesson(s) induced from won/lost "
+                    f"evidence, {live} raised success on trial -> {where}")
+        induced = ""
+        if self.induced is not None:
+            induced = (f"; induced {len(self.induced)}, {sum(x['accepted'] for x in self.induced)} raised success "
+                       "on trial")
         return (f"EXTRACT: {user}{self.episodes} episodes -> {self.items} items ({self.empty} empty, "
-                f"{self.rejected} rejected{pairs}) -> {where}{gate}")
+                f"{self.rejected} rejected{pairs}) -> {where}{gate}{induced}")
+
+    def trial_lines(self) -> list[str]:
+        """One line per induced lesson: its text, its evidence and what its trial measured."""
+        return [f"  {'live' if x['accepted'] else 'kept out'}: {x['text']!r} ({x['evidence']['summary']}; "
+                f"trial {x['trial']['current_rate']:.2f} -> {x['trial']['candidate_rate']:.2f} on "
+                f"{x['trial']['n']} train games)" for x in self.induced or []]
 
 
 def run_extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend,
@@ -225,16 +242,97 @@ def _extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: i
         user_gate = _gate(config, workdir, store, run_id, backend, curator, pending.version)
     held = held_out(config, workdir)
     held.check([store.episode(i) for i in episode_ids], "EXTRACT")
-    result = extract_phase(store, run_id, episode_ids, extractor, curator, candidate=gated,
-                           batch=settings.extract_batch, contrastive=settings.contrastive,
-                           lookback=settings.contrastive_lookback, usable=held.usable)
-    items = sum(len(r.proposals) for r in result.recorded)
-    version = result.curation.version if result.curation else None
-    gate = None
-    if gated and version is not None:
-        gate = _gate(config, workdir, store, run_id, backend, curator, version.version)
-    return ExtractReport(len(episode_ids), items, result.empty_extractions, result.rejected_items,
-                         version.version if version else None, gate, result.contrastive_extractions, user_gate)
+    report = ExtractReport(len(episode_ids), 0, 0, 0, None, None, 0, user_gate)
+    if settings.method in ("model", "both"):
+        result = extract_phase(store, run_id, episode_ids, extractor, curator, candidate=gated,
+                               batch=settings.extract_batch, contrastive=settings.contrastive,
+                               lookback=settings.contrastive_lookback, usable=held.usable)
+        version = result.curation.version if result.curation else None
+        report.items = sum(len(r.proposals) for r in result.recorded)
+        report.empty, report.rejected = result.empty_extractions, result.rejected_items
+        report.contrastive = result.contrastive_extractions
+        report.version = version.version if version else None
+        if gated and version is not None:
+            report.gate = _gate(config, workdir, store, run_id, backend, curator, version.version)
+    if settings.method in ("evidence", "both"):
+        report.induced, version = _induce(config, workdir, store, run_id, backend, curator, episode_ids,
+                                          held.usable)
+        report.version = version if version is not None else report.version
+    return report
+
+
+def _induce(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend,
+            curator: LessonCurator, episode_ids: list[int], usable) -> tuple[list[dict], int | None]:
+    """Lessons induced from the won and lost episodes (`distill.lessons.induce`), each tried on the gate's games
+    on top of the live lessons and the ones accepted before it (paired, same tasks and seeds); those that raise
+    success go live as one new version. Every induced lesson is stored with its evidence and its trial, kept
+    out or not. Returns (one dict per induced lesson, the new live version or None)."""
+    settings = config.lessons
+    read = [store.episode(i) for i in episode_ids]
+    older = [store.episode(e.id) for e in store.episodes(run_id, limit=settings.contrastive_lookback)
+             if e.id not in set(episode_ids)] if settings.contrastive_lookback else []
+    evidence = read + [e for e in older if usable(e)]
+    live, current = live_lessons(store, run_id, pool=0)
+    known = {x.text for x in current}
+    findings = [f for f in induce(evidence, min_support=settings.induce_min_support,
+                                  min_gap=settings.induce_min_gap, max_candidates=settings.induce_candidates
+                                  + len(known), max_chars=settings.max_item_chars) if f.text not in known]
+    findings = findings[: settings.induce_candidates]
+    if not findings:
+        return [], None
+
+    def outcomes(lessons: list[str]) -> dict:
+        results = evaluate(config, workdir, backend, lessons=lessons, episodes_per_env=settings.gate_episodes,
+                           split=settings.gate_split)
+        return {(r.env_id, e["task_id"], e["seed"]): e["won"] for r in results for e in r.episodes}
+
+    texts = [x.text for x in current]
+    bar = tqdm(total=len(findings) + 1, desc="EXTRACT: trying induced lessons", unit="set", file=sys.stderr,
+               disable=None)
+    reference = start = outcomes(texts)
+    bar.update()
+    trials, accepted = [], []
+    for finding in findings:
+        trial = outcomes([*texts, *accepted, finding.text])
+        decision = decide_gate(reference, trial, margin=settings.gate_margin)
+        raised = decision.delta > settings.induce_min_gain
+        trials.append({"text": finding.text, "evidence": finding.evidence(), "accepted": raised,
+                       "trial": {k: v for k, v in decision.to_dict().items() if k != "keys"}})
+        if raised:
+            accepted.append(finding.text)
+            reference = trial
+        bar.update()
+    bar.close()
+    specs, tags = [], []  # one row per trial (pool 0), and one per further pool for the accepted ones
+    for index, t in enumerate(trials):
+        for pool in range(curator.pools if t["accepted"] else 1):
+            specs.append({"text": t["text"], "pool": pool, "env_id": t["evidence"]["env_id"],
+                          "token_count": curator.count_tokens(t["text"]),
+                          "source_episode_ids": sorted({*t["evidence"]["won_episode_ids"],
+                                                        *t["evidence"]["lost_episode_ids"]}),
+                          "metadata": {"evidence": t["evidence"], "trial": t["trial"], "accepted": t["accepted"]}})
+            tags.append(index)
+    extraction_id, lesson_ids = store.record_extraction(
+        "induce", specs, run_id=run_id, episode_ids=[e.id for e in evidence], env_id=None,
+        metadata={"style": "evidence", "empty": False, "items": [t["text"] for t in trials], "rejected": [],
+                  "accepted": accepted, "trials": trials})
+    for t, lesson_id in zip(trials, (lesson_ids[tags.index(i)] for i in range(len(trials)))):
+        t["lesson_id"] = lesson_id
+    if not accepted:
+        return trials, None
+    curator.begin()
+    curator.apply([Proposal(op="add", text=spec["text"], pool=spec["pool"], extraction_id=extraction_id,
+                            source_episode_ids=tuple(spec["source_episode_ids"]), lesson_id=lesson_id)
+                   for spec, index, lesson_id in zip(specs, tags, lesson_ids) if trials[index]["accepted"]])
+    result = curator.commit(candidate=True, note=f"induced from {len(evidence)} episode(s); "
+                            f"{len(accepted)} of {len(trials)} raised success on trial")
+    if result.version is None:
+        return trials, None
+    decision = decide_gate(start, reference, margin=settings.gate_margin)
+    store_gate_decision(store, decision, run_id=run_id, env_id="*", current_version=live.version if live else None,
+                        candidate_version=result.version.version)
+    curator.promote(result.version.version, note=f"induced lessons tried one by one: {decision.reason}")
+    return trials, result.version.version
 
 
 def learnable_recent(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, n: int) -> list[int]:

@@ -329,6 +329,8 @@ class AgentLoop:
         self.state, self.phase = after, finish.phase
         self.lessons.reload()
         tqdm.write(report.line())
+        for line in report.trial_lines():
+            tqdm.write(line)
         log.info(report.line(), extra={"fields": {"phase": "EXTRACT", **asdict(report)}})
 
     # -- CONSOLIDATE, EVALUATE, PROMOTE | ROLLBACK ------------------------------------------------------

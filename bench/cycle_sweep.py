@@ -8,9 +8,15 @@ prompts of those episodes (one cycle); the student is then played WITHOUT the le
 
     .venv/bin/python bench/cycle_sweep.py                       # every variant, seeds 0-2 (resumable)
     .venv/bin/python bench/cycle_sweep.py --variants full-1e-4 --seeds 0 1 2 3 4
+    .venv/bin/python bench/cycle_sweep.py --variants old-b4-1e-4 --objectives off_policy sft --seeds 0 1 2
     .venv/bin/python bench/cycle_sweep.py --report
 
-Results are cached with the learning study's (`<workdir>/results.json`, keys `sweep:<variant>:<seed>`).
+`--objectives` trains the same budget with off-policy distillation (forward KL to the teacher's choice
+distribution) or SFT (cross-entropy on an action drawn from it) beside OPCD; `--retention` also plays each
+student on the study's retention games (treasure-hunter level 1, 40 games, never trained on).
+
+Results are cached with the learning study's (`<workdir>/results.json`, keys `sweep:<variant>:<seed>`, with
+`@<objective>` after the variant for the other objectives).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from learning import GIVEN, TRAIN_EPISODES, Study, rate, study_config
+from learning import GIVEN, OBJECTIVES, RETENTION, TRAIN_EPISODES, Study, rate, study_config
 
 from distill.lessons.gate import mcnemar_p
 
@@ -41,11 +47,19 @@ VARIANTS: dict[str, dict] = {
 }
 
 
-def run(study: Study, variants: list[str], seeds: list[int]) -> None:
+def arm(variant: str, objective: str) -> str:
+    """The cache name of a variant trained with `objective` (OPCD's keeps the variant's bare name)."""
+    return variant if objective == "opcd" else f"{variant}@{objective}"
+
+
+def run(study: Study, variants: list[str], seeds: list[int], objectives: list[str] = ("opcd",),
+        retention: bool = False) -> None:
     from memory import ExperienceStore
 
     study.evaluate("base")
     study.evaluate("given", lessons=[GIVEN])
+    if retention:
+        study.evaluate("retention:base", env=RETENTION)
     for seed in seeds:
         db = study.workdir / f"sweep-seed-{seed}.db"
         with ExperienceStore.open(db, embedder="hash") as store:
@@ -57,38 +71,61 @@ def run(study: Study, variants: list[str], seeds: list[int]) -> None:
             else:
                 run_id = run.id
             for variant in variants:
-                key = f"sweep:{variant}:{seed}"
-                print(f"{key}", flush=True)
-                study.train(key, store, run_id, seed, "opcd", trainer={**VARIANTS[variant], "seed": seed})
-                study.evaluate(f"{key}:without", adapter=study.results[key]["adapter"])
+                for objective in objectives:
+                    key = f"sweep:{arm(variant, objective)}:{seed}"
+                    print(f"{key}", flush=True)
+                    study.train(key, store, run_id, seed, objective, trainer={**VARIANTS[variant], "seed": seed})
+                    study.evaluate(f"{key}:without", adapter=study.results[key]["adapter"])
+                    if retention:
+                        study.evaluate(f"{key}:retention", adapter=study.results[key]["adapter"], env=RETENTION)
 
 
 def report(results: dict, variants: list[str]) -> str:
     base, given = results["base"], results["given"]
     lines = [f"base {rate(base)}, lesson in context {rate(given)} (40 held-out games)", "",
-             ("| variant | trainer | seeds | student without lesson, pooled | per seed | gain kept per seed (mean) "
-              "| vs base, McNemar p per seed | train KL before -> after | steps (best) | s/cycle |"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             ("| variant | objective | trainer | seeds | student without lesson, pooled | per seed "
+              "| gain kept per seed (mean) | vs base, McNemar p per seed | train KL before -> after | steps (best) "
+              "| s/cycle |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    paired, retained = [], []
     for variant in variants:
-        seeds = sorted(int(k.split(":")[2]) for k in results if k.startswith(f"sweep:{variant}:")
-                       and k.count(":") == 2 and f"{k}:without" in results)
-        if not seeds:
-            continue
-        runs = [results[f"sweep:{variant}:{s}:without"] for s in seeds]
-        trained = [results[f"sweep:{variant}:{s}"] for s in seeds]
-        span = sum(given) - sum(base)
-        gains = [(sum(r) - sum(base)) / span for r in runs] if span else []
-        settings = ", ".join(f"{k} {v}" for k, v in VARIANTS[variant].items())
-        kls = ", ".join(f"{t['kl_before']:.3f}->{t['kl_after']:.3f}" for t in trained)
-        steps = ", ".join(f"{t.get('steps', '?')} ({t.get('best_step')})" for t in trained)
-        lines.append(
-            f"| {variant} | {settings} | {len(seeds)} | {rate([w for r in runs for w in r])} | "
-            f"{', '.join(f'{sum(r) / len(r):.0%}' for r in runs)} | "
-            f"{', '.join(f'{g:.0%}' for g in gains)} ({statistics.fmean(gains):.0%}) | "
-            f"{', '.join(f'{mcnemar_p(base, r):.2g}' for r in runs)} | "
-            f"{kls} | {steps} | "
-            f"{statistics.fmean(t['seconds'] for t in trained):.0f} |")
-    return "\n".join(lines) + "\n"
+        for objective in OBJECTIVES:
+            name = arm(variant, objective)
+            seeds = sorted(int(k.split(":")[2]) for k in results if k.startswith(f"sweep:{name}:")
+                           and k.count(":") == 2 and f"{k}:without" in results)
+            if not seeds:
+                continue
+            runs = [results[f"sweep:{name}:{s}:without"] for s in seeds]
+            trained = [results[f"sweep:{name}:{s}"] for s in seeds]
+            span = sum(given) - sum(base)
+            gains = [(sum(r) - sum(base)) / span for r in runs] if span else []
+            settings = ", ".join(f"{k} {v}" for k, v in VARIANTS[variant].items())
+            kls = ", ".join(f"{t['kl_before']:.3f}->{t['kl_after']:.3f}" for t in trained)
+            steps = ", ".join(f"{t.get('steps', '?')} ({t.get('best_step')})" for t in trained)
+            lines.append(
+                f"| {variant} | {objective} | {settings} | {len(seeds)} | {rate([w for r in runs for w in r])} | "
+                f"{', '.join(f'{sum(r) / len(r):.0%}' for r in runs)} | "
+                f"{', '.join(f'{g:.0%}' for g in gains)} ({statistics.fmean(gains):.0%}) | "
+                f"{', '.join(f'{mcnemar_p(base, r):.2g}' for r in runs)} | "
+                f"{kls} | {steps} | "
+                f"{statistics.fmean(t['seconds'] for t in trained):.0f} |")
+            if objective != "opcd":
+                both = [s for s in seeds if f"sweep:{variant}:{s}:without" in results]
+                if both:
+                    diffs = [sum(results[f"sweep:{name}:{s}:without"]) - sum(results[f"sweep:{variant}:{s}:without"])
+                             for s in both]
+                    ps = [mcnemar_p(results[f"sweep:{variant}:{s}:without"], results[f"sweep:{name}:{s}:without"])
+                          for s in both]
+                    paired.append(f"- {name} vs OPCD ({variant}), {len(both)} seeds: "
+                                  f"{', '.join(f'{d:+d}' for d in diffs)} tasks (mean {statistics.fmean(diffs):+.1f}); "
+                                  f"McNemar p {', '.join(f'{p:.2g}' for p in ps)}")
+            kept = [results[f"sweep:{name}:{s}:retention"] for s in seeds if f"sweep:{name}:{s}:retention" in results]
+            if kept and "retention:base" in results:
+                retained.append(f"- retention ({name}, treasure-hunter L1, 40 games): base "
+                                f"{rate(results['retention:base'])}; students "
+                                f"{', '.join(f'{sum(r) / len(r):.0%}' for r in kept)}, pooled "
+                                f"{rate([w for r in kept for w in r])}")
+    return "\n".join(lines + [""] + paired + retained) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,11 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path.home() / ".cache/agent-runtime/learning-study")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    parser.add_argument("--objectives", nargs="*", default=["opcd"], choices=list(OBJECTIVES))
+    parser.add_argument("--retention", action="store_true", help="also play each student on the retention games")
     parser.add_argument("--report", action="store_true", help="only print the table from the cache")
     args = parser.parse_args(argv)
     study = Study(args.workdir)
     if not args.report:
-        run(study, args.variants, args.seeds)
+        run(study, args.variants, args.seeds, args.objectives, args.retention)
     print(report(study.results, args.variants))
     return 0
 

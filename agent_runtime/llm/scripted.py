@@ -9,7 +9,10 @@ It reads the last user message the agent wrote and answers without a model, hund
 - `sequence`: replies from the `replies` list in turn (cycling), for tests that need exact control.
 
 With `follow_lessons`, a lesson in the system prompt of the form "Always reply: X" makes the policy reply X:
-a policy for which a lesson is known to help or hurt, to test the lesson gate.
+a policy for which a lesson is known to help or hurt, to test the lesson gate. It also follows the lessons
+`distill.lessons.induce` writes, when the prompt lists admissible actions: "When you can X, X." picks an
+admissible action that is X or starts with the verb X, and "X never helps." leaves X (or X's verb) out of
+the random pick -- so a test can see a right induced lesson raise success and a wrong one lower it.
 
 In every mode, a lesson-extraction prompt (one that asks for "EXPERIENCE ITEM" lines) is answered with
 `lesson_reply`, so the EXTRACT phase can be exercised without a model.
@@ -29,6 +32,12 @@ from agent_runtime.llm.base import BackendStats, Chat, Completion, SamplingParam
 
 _BRACKETED = re.compile(r"\[([a-z]+)\]")
 _ALWAYS_REPLY = re.compile(r"Always reply: (.+)$", re.MULTILINE)
+_WHEN_YOU_CAN = re.compile(r"When you can ([a-z][a-z ]*?), \1\b", re.IGNORECASE)
+_NEVER_HELPS = re.compile(r"(?:^|[.:>-]\s*)([A-Za-z][a-z ]*?) never helps\.", re.MULTILINE)
+
+
+def _matches(action: str, key: str) -> bool:
+    return action == key or action.startswith(key + " ")
 
 
 class ScriptedBackend:
@@ -78,12 +87,26 @@ class ScriptedBackend:
         for line in reversed(last.splitlines()):
             if line.startswith(ADMISSIBLE_PREFIX):
                 options = [a for a in line[len(ADMISSIBLE_PREFIX):].strip().split(ADMISSIBLE_SEPARATOR) if a]
+                if options and self.follow_lessons:
+                    options = self._follow(next((m["content"] for m in chat if m["role"] == "system"), ""), options)
                 if options:
                     return self._rng.choice(options)
         moves = _BRACKETED.findall(last)
         if moves:
             return f"[{self._rng.choice(sorted(set(moves)))}]"
         return self.fixed_answer
+
+    @staticmethod
+    def _follow(system: str, options: list[str]) -> list[str]:
+        """The admissible actions an induced lesson leaves: the preferred ones if any is offered, else all but
+        the ones that never help (all of them if a lesson would leave none)."""
+        for key in _WHEN_YOU_CAN.findall(system):
+            preferred = [a for a in options if _matches(a, key.lower())]
+            if preferred:
+                return preferred
+        banned = [key.lower() for key in _NEVER_HELPS.findall(system)]
+        kept = [a for a in options if not any(_matches(a, b) for b in banned)]
+        return kept or options
 
     def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Completion]:
         start = time.perf_counter()

@@ -42,6 +42,7 @@ from distill.lessons.gate import (
     store_gate_decision,
     store_utilities,
 )
+from distill.lessons.induce import Finding, induce
 from distill.lessons.phase import PhaseResult, extract_phase
 from distill.lessons.safety import Rejection, redact_secrets, screen_item, screen_items, strip_control
 from distill.lessons.stats import ExtractionStats, extraction_stats
@@ -73,6 +74,7 @@ __all__ = [
     "ExtractionOutcome",
     "ExtractionRequest",
     "ExtractionStats",
+    "Finding",
     "GateDecision",
     "GateInputError",
     "LessonCurator",
@@ -96,6 +98,7 @@ __all__ = [
     "diff_versions",
     "extract_phase",
     "extraction_stats",
+    "induce",
     "is_user_version",
     "lesson_provenance",
     "lesson_utilities",

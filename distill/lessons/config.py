@@ -33,6 +33,25 @@ class LessonsConfig(StrictConfig):
     extractor: str = Field(
         "policy", description="'policy' (the acting model itself) or a chat-model spec for the runtime"
     )
+    method: Literal["model", "evidence", "both"] = Field(
+        "model",
+        description="how lessons are found: the extractor model writes them ('model'), they are induced from what "
+        "separates won from lost episodes and each is tried before it goes live ('evidence'), or both",
+    )
+    induce_candidates: int = Field(
+        4, ge=1, le=20, description="'evidence': induced lessons tried per EXTRACT, best evidence first"
+    )
+    induce_min_support: int = Field(
+        2, ge=1, description="'evidence': times an action must have been chosen on the side a finding is about"
+    )
+    induce_min_gap: float = Field(
+        0.3, gt=0.0, le=1.0, description="'evidence': difference between the won and lost episodes' choice rates"
+    )
+    induce_min_gain: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="'evidence': a tried lesson goes live only if it raises success on the gate's games by more "
+        "than this (paired, against the lessons live before it)",
+    )
     style: Literal["structured", "free"] = Field(
         "structured", description="extraction prompt: '- EXPERIENCE ITEM:' lines, or free text"
     )
@@ -114,6 +133,15 @@ class LessonsConfig(StrictConfig):
             raise ValueError(
                 f"conflict_threshold ({self.conflict_threshold}) must not exceed merge_threshold "
                 f"({self.merge_threshold}): a near-duplicate is merged before a conflict is considered"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _induced_lessons_are_tried(self) -> LessonsConfig:
+        if self.method != "model" and self.gate_episodes == 0:
+            raise ValueError(
+                f"method: {self.method} tries each induced lesson on the gate's games before it goes live, and "
+                "gate_episodes is 0; set gate_episodes > 0 (e.g. 12), or use method: model"
             )
         return self
 

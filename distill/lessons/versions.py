@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from distill.lessons.errors import UnknownVersionError
+from distill.lessons.gate import load_utilities
 from memory import LESSON_SET_CANDIDATE, LESSON_SET_LIVE, MADE_BY_AGENT, MADE_BY_USER
 
 if TYPE_CHECKING:
@@ -294,4 +295,10 @@ def lesson_provenance(store: ExperienceStore, lesson_id: int) -> dict[str, Any]:
         "predecessors": ancestry,
         "versions": [v.version for v in store.lesson_sets(lesson.run_id) if lesson.id in v.lesson_ids],
         "metadata": lesson.metadata,
+        "utility": _stored_utility(store, lesson),
     }
+
+
+def _stored_utility(store: ExperienceStore, lesson) -> float | None:
+    """The lesson's newest measured utility in play (`distill.lessons.gate.load_utilities`), if any."""
+    return load_utilities(store, lesson.run_id).get(lesson.id)
