@@ -159,9 +159,9 @@ class Study:
         return store.add_episodes(run_id, records)
 
     def train(self, key: str, store, run_id: int, seed: int, objective: str, parent: str | None = None,
-              trainer: dict | None = None) -> dict:
+              trainer: dict | None = None, lessons: list[str] | None = None) -> dict:
         """One OPCD-style cycle's training on the run's newest episodes (the loop's CONSOLIDATE, by hand);
-        `trainer` overrides fields of the cycle's trainer config."""
+        `trainer` overrides fields of the cycle's trainer config; `lessons` the teacher's (default: the given one)."""
         from agent_runtime.agent import lessons_section
         from agent_runtime.checkpoints import resolve_model
         from agent_runtime.consolidate import episode_prefixes
@@ -173,7 +173,7 @@ class Study:
             decisions = [d for d in episode_prefixes(config, self.workdir, store, run_id, self.backend,
                                                      TRAIN_EPISODES) if d.choices]
             out = self.workdir / "adapters" / key.replace(":", "-")
-            context = lessons_section([GIVEN])
+            context = lessons_section(lessons or [GIVEN])
             job = TrainJob(model_path=resolve_model("smollm2-135m-instruct"), config=settings,
                            train_prompts=[d.chat for d in decisions], train_choices=[d.choices for d in decisions],
                            contexts=context, output=str(out), parent_adapter=parent, overwrite=True,
