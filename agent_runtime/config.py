@@ -66,6 +66,11 @@ class AgentConfig(StrictConfig):
         "from the previous observation on)")
     max_history_turns: int = Field(8, ge=0)
     retrieved_examples: int = Field(0, ge=0, description="past won episodes of the same env shown as examples")
+    explore: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="PLAY only: the share of choice-mode decisions drawn uniformly from the admissible actions instead "
+        "of the policy (seeded per draw and turn; marked `explored` on the step). A policy that almost never wins "
+        "gives lessons induced from evidence nothing to contrast; evaluation, the gate and trials never explore")
 
 
 class RayConfig(StrictConfig):

@@ -187,7 +187,8 @@ def plan(config: RunConfig, workdir: Path, *, resume: bool = False) -> dict[str,
         "envs": _envs(config, problems, notes),
         "lessons": {"enabled": lessons.enabled, "extract_every": lessons.extract_every, "pools": lessons.pools,
                     "budget_tokens": lessons.budget_tokens, "seed_lessons": len(lessons.seed),
-                    "extractor": lessons.extractor},
+                    "extractor": lessons.extractor, "method": lessons.method,
+                    "tried_on": lessons.gate_episodes, "tried_split": lessons.gate_split},
         "opcd": _opcd(config, problems, notes), "problems": problems, "notes": notes,
     }
 
@@ -218,7 +219,11 @@ def format_plan(p: dict[str, Any], source: str) -> str:
         lines.append(f"env         {e['id']} ({e['role']}, {e['source']}{extra}{kwargs})")
         lines.append(f"            {e['splits']}")
     les = p["lessons"]
-    lines.append(f"lessons     on: extracted every {les['extract_every']} episodes by {les['extractor']}, "
+    found = {"model": f"written by {les['extractor']}",
+             "evidence": f"induced from won/lost evidence, each tried on {les['tried_on']} {les['tried_split']} games",
+             "both": f"written by {les['extractor']} and induced from won/lost evidence (each tried on "
+                     f"{les['tried_on']} {les['tried_split']} games)"}[les["method"]]
+    lines.append(f"lessons     on: every {les['extract_every']} episodes, {found}, "
                  f"{les['pools']} pools, budget {les['budget_tokens']} tokens, {les['seed_lessons']} seed lessons"
                  if les["enabled"] else "lessons     off")
     what = "the lessons" if o["kind"] == "lessons" else "a system prompt"

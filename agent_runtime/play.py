@@ -262,7 +262,8 @@ class LocalExecutor:
         runner = EpisodeRunner(backend, self.envs, build_prompt_builders(self.config, self.envs, backend),
                                sampling_params(self.config.model), slots=self.config.runtime.slots,
                                policy_name=self.config.model.name, context_for=session.context_for,
-                               adapter_id=adapter.id if adapter else None, examples_for=self.examples_for)
+                               adapter_id=adapter.id if adapter else None, examples_for=self.examples_for,
+                               explore=self.config.agent.explore)
         try:
             runner.run(session.next_draw, session.commit, session.should_stop)
         finally:

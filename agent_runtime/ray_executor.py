@@ -107,7 +107,8 @@ class RolloutWorker:
         self._contexts: dict[int, EpisodeContext] = {}
         self.runner = EpisodeRunner(self.backend, self.envs, build_prompt_builders(config, self.envs, self.backend),
                                     params, slots=settings.slots or config.runtime.slots,
-                                    policy_name=config.model.name, context_for=lambda d: self._contexts.pop(d.index))
+                                    policy_name=config.model.name, context_for=lambda d: self._contexts.pop(d.index),
+                                    explore=config.agent.explore)
 
     def slots(self) -> int:
         return self.runner.slots

@@ -106,8 +106,9 @@ class EpisodeRunner:
     def __init__(self, backend: PolicyBackend, envs: list[EnvSlotSpec], builders: list[PromptBuilder],
                  params: SamplingParams, *, slots: int = 1, policy_name: str = "",
                  adapter_id: int | None = None, context_for: Callable[[Draw], EpisodeContext] | None = None,
-                 examples_for: Callable[[str, str, str], list[str]] | None = None):
+                 examples_for: Callable[[str, str, str], list[str]] | None = None, explore: float = 0.0):
         assert len(envs) == len(builders), "one prompt builder per environment"
+        assert 0.0 <= explore <= 1.0, f"explore is a share of decisions, got {explore}"
         if any(b.action_mode == "choice" for b in builders):
             require(backend, ChoiceBackend, "agent.action_mode choice (set agent.action_mode: free otherwise)")
         self.backend = backend
@@ -119,6 +120,7 @@ class EpisodeRunner:
         self.adapter_id = adapter_id
         self.context_for = context_for or (lambda draw: NO_CONTEXT)
         self.examples_for = examples_for
+        self.explore = explore  # share of choice decisions drawn uniformly from the set (PLAY's exploration)
         self._instances: list[dict[int, object]] = [{} for _ in range(slots)]
         self._live: list[_Episode | None] = [None] * slots
 
@@ -205,6 +207,10 @@ class EpisodeRunner:
             ep = self._live[slot]
             spec = self.envs[ep.draw.env_index]
             admissible = options or ep.info.get("admissible_actions")
+            explored = bool(options) and self.explore > 0 and self._explores(ep)
+            if explored:  # seeded by the draw and the turn: a resumed run explores the same way
+                completion.text = random.Random(f"explore-pick:{ep.draw.seed}:{ep.draw.index}:{len(ep.steps)}") \
+                    .choice(options)
             action = completion.text if options else parse_action(spec.family, completion.text, admissible)
             ep.prompt_tokens += completion.prompt_tokens
             ep.completion_tokens += completion.completion_tokens
@@ -220,6 +226,8 @@ class EpisodeRunner:
                     observation, reward, terminated, truncated, info = "", 0.0, False, False, {}
             step_info = {k: v for k, v in (info or {}).items() if k in ("won", "score")}
             step_info["action_mode"] = "choice" if options else "free"
+            if explored:
+                step_info["explored"] = True
             if completion.choice_logprobs is not None:
                 step_info["choice_logprobs"] = [round(x, 6) for x in completion.choice_logprobs]
             ep.steps.append(StepRecord(
@@ -243,6 +251,9 @@ class EpisodeRunner:
             elif truncated or len(ep.steps) >= spec.max_steps:
                 self._live[slot] = None
                 on_episode(self._record(ep, "truncated", False))
+
+    def _explores(self, ep: _Episode) -> bool:
+        return random.Random(f"explore:{ep.draw.seed}:{ep.draw.index}:{len(ep.steps)}").random() < self.explore
 
     def _act(self, chats: list, offered: list[list[str] | None]) -> list:
         """One batched call per way of acting: `choose` for the rows with a choice set, `generate` for the rest."""

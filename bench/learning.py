@@ -137,8 +137,10 @@ class Study:
 
         return self.cached(key, compute)
 
-    def play(self, store, run_id: int, seed: int, lessons: list[str], adapter: str | None, draws: range) -> list[int]:
-        """Train episodes the way the loop's PLAY has them (sampled at the model's temperature), into the store."""
+    def play(self, store, run_id: int, seed: int, lessons: list[str], adapter: str | None, draws: range,
+             explore: float = 0.0) -> list[int]:
+        """Train episodes the way the loop's PLAY has them (sampled at the model's temperature, `explore` of the
+        decisions drawn uniformly: `agent.explore`), into the store."""
         from agent_runtime.envs import build_envs, build_prompt_builders
         from agent_runtime.llm.base import SamplingParams
         from agent_runtime.runner import EpisodeContext, EpisodeRunner, TaskSampler
@@ -151,7 +153,8 @@ class Study:
         records = []
         runner = EpisodeRunner(backend, specs, build_prompt_builders(config, specs, backend),
                                SamplingParams(max_new_tokens=12, temperature=0.7, seed=seed), slots=8,
-                               policy_name="smollm2", context_for=lambda draw: EpisodeContext(tuple(lessons)))
+                               policy_name="smollm2", context_for=lambda draw: EpisodeContext(tuple(lessons)),
+                               explore=explore)
         try:
             runner.run(lambda: queue.pop(0) if queue else None, records.append)
         finally:

@@ -193,3 +193,34 @@ def test_the_dashboards_lesson_page_shows_the_evidence_and_the_trial(tmp_path) -
         assert "induced from play: prefer take coin: won" in page and "went live: success" in page
         assert f'href="/episodes/{kept.metadata["evidence"]["won_episode_ids"][0]}"' in page
         assert "kept out: success" in client.get(f"/lessons/{out.id}").text
+
+
+def _play_coin_room(explore: float, workdir) -> list:
+    from agent_runtime.envs import build_envs, build_prompt_builders
+    from agent_runtime.llm.base import SamplingParams
+    from agent_runtime.runner import EpisodeRunner, TaskSampler
+
+    config = config_from_dict({"name": "explore", "envs": [{"id": "tests.test_lessons_induce:CoinRoom"}],
+                               "model": {"name": "scripted", "backend": "scripted",
+                                         "options": {"mode": "fixed", "fixed_answer": "look"}}})
+    backend = ScriptedBackend(mode="fixed", fixed_answer="look")
+    specs, tasks = build_envs(config, workdir)
+    sampler = TaskSampler([1.0], tasks, 0)
+    queue = [sampler.draw(i) for i in range(40)]
+    records = []
+    runner = EpisodeRunner(backend, specs, build_prompt_builders(config, specs, backend), SamplingParams(),
+                           slots=4, explore=explore)
+    runner.run(lambda: queue.pop(0) if queue else None, records.append)
+    return sorted(records, key=lambda r: r.seed)
+
+
+def test_play_explores_a_seeded_share_of_its_choices(tmp_path) -> None:
+    """A policy that always looks never wins; exploring half of its choices finds the coin, the same way twice."""
+    assert not any(r.won for r in _play_coin_room(0.0, tmp_path))
+    first, again = _play_coin_room(0.5, tmp_path), _play_coin_room(0.5, tmp_path)
+    explored = [s for r in first for s in r.steps if s.info.get("explored")]
+    assert 10 <= len(explored) <= 30, len(explored)  # about half of 40 decisions
+    assert any(r.won for r in first) and all(s.action == "look" for r in first for s in r.steps
+                                             if not s.info.get("explored"))
+    assert [(r.seed, [s.action for s in r.steps]) for r in first] == [(r.seed, [s.action for s in r.steps])
+                                                                     for r in again]
