@@ -224,3 +224,44 @@ def test_play_explores_a_seeded_share_of_its_choices(tmp_path) -> None:
                                              if not s.info.get("explored"))
     assert [(r.seed, [s.action for s in r.steps]) for r in first] == [(r.seed, [s.action for s in r.steps])
                                                                      for r in again]
+
+
+def _findings(*texts):
+    from distill.lessons.induce import Finding
+
+    return [Finding(text, "prefer", text, "toy/env", 3, 3, 0, 3, 2.0 - i / 10) for i, text in enumerate(texts)]
+
+
+def _search(findings, wins_with, live=()):
+    """`_try_lessons` with games whose outcome is a function of the lessons in context (8 paired games)."""
+    from types import SimpleNamespace
+
+    from agent_runtime.lessons_phase import _try_lessons
+
+    settings = SimpleNamespace(gate_margin=0.05, induce_min_gain=0.0)
+    played = []
+
+    def outcomes(lessons):
+        played.append(list(lessons))
+        return {i: wins_with(set(lessons), i) for i in range(8)}
+
+    bar = SimpleNamespace(update=lambda *a: None)
+    trials, _, final = _try_lessons(findings, list(live), outcomes, settings, bar)
+    return {t["text"]: t for t in trials}, final, played
+
+
+def test_lessons_that_only_work_together_go_live_together_and_a_passenger_is_dropped() -> None:
+    a, b, passenger = _findings("Alpha rule here.", "Beta rule here.", "Gamma rule here.")
+    trials, final, played = _search([a, b, passenger], lambda ls, i: {a.text, b.text} <= ls)
+    assert [t["accepted"] for t in trials.values()] == [True, True, False]
+    assert sum(final.values()) == 8
+    assert trials[a.text]["trial"]["current_rate"] == 0.0 and trials[a.text]["trial"]["candidate_rate"] == 1.0
+    assert played[1] == [a.text, b.text, passenger.text]  # the whole set first, then one left out at a time
+    assert len(played) == 2 + 3
+
+
+def test_without_a_joint_gain_each_lesson_is_tried_on_its_own() -> None:
+    good, harmful = _findings("Good rule here.", "Harmful rule here.")
+    trials, final, _ = _search([good, harmful], lambda ls, i: (i < 4 or good.text in ls) and harmful.text not in ls)
+    assert trials[good.text]["accepted"] and not trials[harmful.text]["accepted"]
+    assert trials[harmful.text]["trial"]["delta"] == -1.0 and sum(final.values()) == 8
