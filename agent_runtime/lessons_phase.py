@@ -289,7 +289,7 @@ def _induce(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: in
     texts = [x.text for x in current]
     with tqdm(total=len(findings) + 2, desc="EXTRACT: trying induced lessons", unit="set", file=sys.stderr,
               disable=None) as bar:
-        trials, start, final = _try_lessons(findings, texts, outcomes, settings, bar)
+        trials, start, final, joint = _try_lessons(findings, texts, outcomes, settings, bar)
     accepted = [t["text"] for t in trials if t["accepted"]]
     specs, tags = [], []  # one row per trial (pool 0), and one per further pool for the accepted ones
     for index, t in enumerate(trials):
@@ -303,7 +303,7 @@ def _induce(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: in
     extraction_id, lesson_ids = store.record_extraction(
         "induce", specs, run_id=run_id, episode_ids=[e.id for e in evidence], env_id=None,
         metadata={"style": "evidence", "empty": False, "items": [t["text"] for t in trials], "rejected": [],
-                  "accepted": accepted, "trials": trials})
+                  "accepted": accepted, "trials": trials, "joint_trial": joint})
     for t, lesson_id in zip(trials, (lesson_ids[tags.index(i)] for i in range(len(trials)))):
         t["lesson_id"] = lesson_id
     if not accepted:
@@ -323,7 +323,8 @@ def _induce(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: in
     return trials, result.version.version
 
 
-def _try_lessons(findings: list, texts: list[str], outcomes, settings, bar) -> tuple[list[dict], dict, dict]:
+def _try_lessons(findings: list, texts: list[str], outcomes, settings,
+                 bar) -> tuple[list[dict], dict, dict, dict | None]:
     """Which induced lessons earn their place, on the gate's games (paired, same tasks and seeds).
 
     Lessons can work only together (measured: on coin-collector "take the coin", "look never helps" and "start
@@ -332,7 +333,8 @@ def _try_lessons(findings: list, texts: list[str], outcomes, settings, bar) -> t
     dropped when the set without it does as well (backward elimination). If the whole set does not raise success,
     each lesson is tried alone on top of the live ones and those accepted before it (forward selection). A
     lesson's trial is the comparison that decided it: the set without it (current) against the set with it.
-    Returns (one dict per finding, outcomes of the live lessons, outcomes of what goes live)."""
+    Returns (one dict per finding, outcomes of the live lessons, outcomes of what goes live, the whole set's
+    trial against the live lessons or None when there was one finding)."""
 
     def verdict(finding, without: dict, with_it: dict, accepted: bool) -> dict:
         decision = decide_gate(without, with_it, margin=settings.gate_margin)
@@ -346,6 +348,8 @@ def _try_lessons(findings: list, texts: list[str], outcomes, settings, bar) -> t
     bar.update()
     together = outcomes([*texts, *(f.text for f in findings)]) if len(findings) > 1 else None
     bar.update()
+    joint = None if together is None else {
+        k: v for k, v in decide_gate(start, together, margin=settings.gate_margin).to_dict().items() if k != "keys"}
     decided: dict[str, dict] = {}
     if together is not None and raises(start, together):
         kept, best = list(findings), together
@@ -357,7 +361,7 @@ def _try_lessons(findings: list, texts: list[str], outcomes, settings, bar) -> t
             if not needed:
                 kept, best = rest, without
             bar.update()
-        return [decided[f.text] for f in findings], start, best
+        return [decided[f.text] for f in findings], start, best, joint
     reference, accepted = start, []
     for finding in findings:
         trial = outcomes([*texts, *accepted, finding.text])
@@ -367,7 +371,7 @@ def _try_lessons(findings: list, texts: list[str], outcomes, settings, bar) -> t
             accepted.append(finding.text)
             reference = trial
         bar.update()
-    return [decided[f.text] for f in findings], start, reference
+    return [decided[f.text] for f in findings], start, reference, joint
 
 
 def learnable_recent(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, n: int) -> list[int]:

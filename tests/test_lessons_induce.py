@@ -246,7 +246,8 @@ def _search(findings, wins_with, live=()):
         return {i: wins_with(set(lessons), i) for i in range(8)}
 
     bar = SimpleNamespace(update=lambda *a: None)
-    trials, _, final = _try_lessons(findings, list(live), outcomes, settings, bar)
+    trials, _, final, joint = _try_lessons(findings, list(live), outcomes, settings, bar)
+    assert joint is not None and joint["n"] == 8
     return {t["text"]: t for t in trials}, final, played
 
 
