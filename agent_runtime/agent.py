@@ -74,7 +74,9 @@ def resolve_action_mode(mode: str, family: str) -> str:
 
 def lessons_section(lessons: list[str]) -> str:
     """The lessons as they appear in a system prompt (the OPCD teacher inserts the same block)."""
-    items = "\n".join(f"- {lesson}" for lesson in lessons)
+    from distill.lessons.safety import prompt_lessons  # screened again: one that fails is left out, logged
+
+    items = "\n".join(f"- {lesson}" for lesson in prompt_lessons(lessons))
     return f"Lessons from your past experience:\n{items}"
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent_runtime.cli_common import UsageError, add_command, open_store, print_result
+from agent_runtime.cli_common import UsageError, add_command, open_store, print_result, shown
 
 
 def _run_id(store, args) -> int:
@@ -44,7 +44,7 @@ def cmd_lessons_list(args) -> int:
             else f"run {run_id}: {len(rows)} lessons")
     print_result(args, {"run_id": run_id, "version": version.version if version else None, "lessons": rows},
            [head] + [f"#{r['id']:<5} pool {r['pool']} [{r['status']}]{' (user)' if r['source'] == 'user' else ''} "
-                      f"{r['text']}" for r in rows])
+                      f"{shown(r['text'])}" for r in rows])
     return 0
 
 
@@ -53,12 +53,12 @@ def cmd_lessons_show(args) -> int:
 
     with open_store(args) as store:
         info = lesson_provenance(store, args.lesson_id)
-    lines = [f"lesson #{info['id']} [{info['status']}] pool {info['pool']}: {info['text']}"]
+    lines = [f"lesson #{info['id']} [{info['status']}] pool {info['pool']}: {shown(info['text'])}"]
     if info.get("extraction"):
         lines.append(f"  extraction #{info['extraction']['id']} ({info['extraction']['extractor']})")
     evidence, trial = info["metadata"].get("evidence"), info["metadata"].get("trial")
     if evidence:  # an induced lesson: what it rests on
-        lines.append(f"  evidence: {evidence['summary']}; won episodes {evidence['won_episode_ids']}, "
+        lines.append(f"  evidence: {shown(evidence['summary'])}; won episodes {evidence['won_episode_ids']}, "
                      f"lost episodes {evidence['lost_episode_ids']}")
     if trial:
         verdict = "went live" if info["metadata"].get("accepted") else "kept out"
@@ -68,10 +68,10 @@ def cmd_lessons_show(args) -> int:
     if info.get("utility") is not None:
         lines.append(f"  measured utility in play: {info['utility']:+.2f} (success with it in context minus without)")
     for ep in info["source_episodes"]:
-        lines.append(f"  from episode {ep['id']}: {ep['env_id']} {ep['task_id']} {ep['outcome']} "
+        lines.append(f"  from episode {ep['id']}: {shown(ep['env_id'])} {shown(ep['task_id'])} {ep['outcome']} "
                      f"({ep['num_steps']} steps)")
     for parent in info.get("ancestry", []):
-        lines.append(f"  {parent['relation']} #{parent['id']}: {parent['text']}")
+        lines.append(f"  {parent['relation']} #{parent['id']}: {shown(parent['text'])}")
     print_result(args, info, lines)
     return 0
 
@@ -82,8 +82,8 @@ def cmd_lessons_diff(args) -> int:
     with open_store(args) as store:
         diff = diff_versions(store, _run_id(store, args), args.old, args.new).to_dict()
     lines = [f"v{diff['old']} -> v{diff['new']}"]
-    lines += [f"+ #{x['id']} {x['text']}" for x in diff["added"]]
-    lines += [f"- #{x['id']} {x['text']}" for x in diff["removed"]]
+    lines += [f"+ #{x['id']} {shown(x['text'])}" for x in diff["added"]]
+    lines += [f"- #{x['id']} {shown(x['text'])}" for x in diff["removed"]]
     lines += [f"  merged #{a} into #{b}" for a, b in diff["merged"]]
     lines += [f"  updated #{a} -> #{b}" for a, b in diff["updated"]]
     print_result(args, diff, lines)

@@ -3,7 +3,9 @@
     agent-runtime memory stats|export|import|reindex|search|prune|vacuum [--workdir DIR | --db URL] [--json]
 
 Reads open the store read-only; `memory import`, `memory reindex`, `memory prune --yes` and `memory vacuum`
-write. `memory prune` keeps a run's last N episodes and/or last D days (and every episode a live lesson or an
+write. `memory import` is all or nothing, and every lesson in the file goes through the lesson safety screen
+(`distill.lessons.safety.stored_lesson_problem`): one it rejects, a value that is not finite or not Unicode
+text, fails the whole import with a message naming the line (exit 2), and nothing is written. `memory prune` keeps a run's last N episodes and/or last D days (and every episode a live lesson or an
 adapter's training set came from); without `--yes` it only prints what it would delete.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from agent_runtime.cli_common import UsageError, add_command, open_store, print_result, progress_bars
+from agent_runtime.cli_common import UsageError, add_command, open_store, print_result, progress_bars, shown
 
 
 def cmd_stats(args) -> int:
@@ -37,10 +39,11 @@ def cmd_import(args) -> int:
         target = args.db
     else:
         target = str(args.workdir or Path("."))
+    from distill.lessons.safety import stored_lesson_problem
     from memory import ExperienceStore
 
-    with ExperienceStore.open(target) as store:
-        counts = store.import_jsonl(args.path)
+    with ExperienceStore.open(target) as store:  # every lesson through the lesson screen; one it rejects fails all
+        counts = store.import_jsonl(args.path, lesson_screen=stored_lesson_problem)
     print_result(args, counts, [f"imported from {args.path}: " + ", ".join(f"{v} {k}" for k, v in counts.items())])
     return 0
 
@@ -108,13 +111,13 @@ def cmd_search(args) -> int:
         if args.kind == "lessons":
             hits = store.search_lessons(args.query, args.k, run_id=args.run)
             rows = [{"id": h.id, "score": h.score, "text": h.item.text, "status": h.item.status} for h in hits]
-            lines = [f"{r['score']:.3f}  lesson {r['id']} [{r['status']}]  {r['text']}" for r in rows]
+            lines = [f"{r['score']:.3f}  lesson {r['id']} [{r['status']}]  {shown(r['text'])}" for r in rows]
         else:
             hits = store.search_episodes(args.query, args.k, run_id=args.run, env_id=args.env)
             rows = [{"id": h.id, "score": h.score, "env_id": h.item.env_id, "task_id": h.item.task_id,
                      "outcome": h.item.outcome, "goal": h.item.goal} for h in hits]
-            lines = [f"{r['score']:.3f}  episode {r['id']} {r['env_id']} {r['task_id']} {r['outcome']}  "
-                     f"{(r['goal'] or '')[:80]}" for r in rows]
+            lines = [f"{r['score']:.3f}  episode {r['id']} {shown(r['env_id'])} {shown(r['task_id'])} {r['outcome']}  "
+                     f"{shown((r['goal'] or '')[:80])}" for r in rows]
     print_result(args, rows, lines or ["no matches"])
     return 0
 

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 
 from agent_runtime.agent import PromptBuilder, Turn, parse_action
 from agent_runtime.llm.base import ChoiceBackend, FingerprintBackend, PolicyBackend, SamplingParams, require
+from distill.lessons.safety import replace_lone_surrogates
 from memory import EpisodeRecord, StepRecord
 
 INVALID_ACTION_FEEDBACK = "That reply did not contain a valid action. Reply with one command."
@@ -159,6 +160,7 @@ class EpisodeRunner:
         try:
             env = self._env(slot, draw.env_index)
             observation, info = env.reset(seed=draw.seed, task_id=draw.task_id)
+            observation = replace_lone_surrogates(observation)  # valid Unicode before the tokenizer and the store
         except Exception as exc:  # noqa: BLE001 -- any environment's reset failure is an errored episode
             self._drop_env(slot, draw.env_index)
             ep = _Episode(draw, None, "", {}, started, context, fingerprint=fingerprint)
@@ -221,6 +223,7 @@ class EpisodeRunner:
             else:
                 try:
                     observation, reward, terminated, truncated, info = ep.env.step(action)
+                    observation = replace_lone_surrogates(observation)
                 except Exception as exc:  # noqa: BLE001 -- any environment's step failure ends its episode
                     error = f"step failed: {type(exc).__name__}: {exc}"
                     observation, reward, terminated, truncated, info = "", 0.0, False, False, {}

@@ -14,18 +14,29 @@ the tables derived from others (`DERIVED_TABLES`) are rebuilt by the import, not
 episode order (by step index), the other tables' rows by id.
 
 Import is all or nothing: every row goes in inside ONE transaction. Every malformed input is an
-`ImportFormatError` naming the line and what is accepted (`memory.transfer_rows`): bad JSON, a line
-longer than `max_line_chars`, an unknown table or column, a value of the wrong type, size or shape
-(a 32-bit integer, a JSON object, a list of ids), an embedding whose bytes do not match its dimension,
-a reference to a row that does not exist or belongs to another run, a missing trailer or wrong counts.
+`ImportFormatError` naming the line and what is accepted (`memory.transfer_rows`): bad JSON, a file that
+is not UTF-8, a line longer than `max_line_chars`, a number that is not finite (NaN, Infinity, 1e999:
+JSON has no such numbers and a float column holds none), a string holding a lone surrogate (half of a
+UTF-16 pair: no database or tokenizer takes one), an unknown table or column, a value of the wrong type,
+size or shape (a 32-bit integer, a JSON object, a list of ids), an embedding whose bytes do not match its
+dimension, a reference to a row that does not exist or belongs to another run, a missing trailer or wrong
+counts. A lesson whose text the caller's `lesson_screen` finds a problem with (`agent-runtime memory
+import` passes `distill.lessons.safety.stored_lesson_problem`: a lesson reaches a store only through the
+lesson screen, and an edited export is no exception) is an `ImportFormatError` too.
 A row whose id already exists is an `ImportConflictError`. Either way the transaction is rolled back
 and the store is as it was. Exports written at an older schema revision (from 0001) are read too: their
 rows are brought up to date as the migrations since would have changed them. Importing into an empty
 store reproduces the source exactly (`export -> import -> export` gives the same lines after the header).
 
+Why a screened lesson fails the whole import rather than being skipped: the rest of the file names it
+(lesson-set versions the gate measured with it, episodes' `lessons_in_context`, embeddings, merges), so
+leaving it out would import versions that never existed or break references; and a lesson the screen
+rejects means the file was edited or written without the screen, so none of it is trusted. The error
+names the line and the screen's reason; the store is as it was.
+
 Methods on `ExperienceStore`: `export_jsonl(target) -> dict[str, int]` (a path, written atomically,
-or a text file object) and `import_jsonl(source, *, max_line_chars=) -> dict[str, int]` (a path or a
-text file object, e.g. `io.StringIO`); both return the row count per table.
+or a text file object) and `import_jsonl(source, *, max_line_chars=, lesson_screen=) -> dict[str, int]`
+(a path or a text file object, e.g. `io.StringIO`); both return the row count per table.
 """
 
 from __future__ import annotations
@@ -33,9 +44,11 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import math
 import os
+import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -123,11 +136,77 @@ def _open_text(target: str | os.PathLike[str] | IO[str], mode: str) -> Iterator[
             os.unlink(tmp)
 
 
+class _NotFinite(ValueError):
+    """A JSON number that is not a finite float (NaN, Infinity, 1e999)."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotFinite(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(text)
+    return value
+
+
+def _parse_line(raw: str, where: str) -> Any:
+    """One line's JSON, or `ImportFormatError`: not JSON, a number that is not finite, a lone surrogate."""
+    try:
+        item = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+    except _NotFinite as exc:
+        raise ImportFormatError(
+            f"{where}: the number {exc} is not finite; an export holds finite numbers only (NaN, Infinity, "
+            "-Infinity and numbers beyond +-1.8e308, such as 1e999, are not accepted)") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, too many digits, too deep
+        raise ImportFormatError(f"{where}: not valid JSON ({getattr(exc, 'msg', exc)})") from exc
+    if _SURROGATE_ESCAPE.search(raw):
+        if isinstance(item, dict) and isinstance(item.get("table"), str) and isinstance(item.get("row"), dict):
+            found = _lone_surrogate(item["row"], item["table"])
+        else:
+            found = _lone_surrogate(item, "the line")
+        if found is not None:
+            path, char = found
+            raise ImportFormatError(
+                f"{where}: {path} holds a lone surrogate (\\u{ord(char):04x}), which is not Unicode text; an "
+                "export holds valid UTF-8 text only (a character beyond U+FFFF is one character, or a surrogate "
+                "pair escaped as \\ud83d\\ude00)")
+    return item
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: Any, path: str) -> tuple[str, str] | None:
+    """(where in `value`, the character) of the first lone surrogate in its strings and keys, or None."""
+    if isinstance(value, str):
+        match = _SURROGATE.search(value)
+        return (path, match.group()) if match else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _lone_surrogate(key, f"{path} (a key)") or _lone_surrogate(item, f"{path}.{key}")
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _lone_surrogate(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
 def _lines(source: IO[str], name: str, limit: int) -> Iterator[tuple[int, str]]:
     """(line number, line) without ever holding more than `limit` characters of one line."""
     lineno = 0
     while True:
-        raw = source.readline(limit + 1)
+        try:
+            raw = source.readline(limit + 1)
+        except UnicodeDecodeError as exc:
+            raise ImportFormatError(
+                f"{name}:{lineno + 1}: not UTF-8 text, at or after this line ({exc.reason}); an export is UTF-8 "
+                "(was the file re-encoded?)") from None
         if not raw:
             return
         lineno += 1
@@ -223,9 +302,12 @@ class TransferMixin:
         return whole
 
     def import_jsonl(
-        self, source: str | os.PathLike[str] | IO[str], *, max_line_chars: int = MAX_LINE_CHARS
+        self, source: str | os.PathLike[str] | IO[str], *, max_line_chars: int = MAX_LINE_CHARS,
+        lesson_screen: Callable[[str], str | None] | None = None,
     ) -> dict[str, int]:
-        """Add every row of a JSONL export to this store, all or nothing; returns rows per table."""
+        """Add every row of a JSONL export to this store, all or nothing; returns rows per table.
+        `lesson_screen(text)` says what is wrong with a lesson's text (None: nothing); a lesson it finds a
+        problem with fails the import (see the module docstring for why it is not skipped)."""
         if hasattr(source, "read"):
             name = str(getattr(source, "name", None) or "<stream>")
         else:
@@ -241,10 +323,7 @@ class TransferMixin:
                 where = f"{name}:{lineno}"
                 if trailer is not None:
                     raise ImportFormatError(f"{where}: content after the end marker")
-                try:
-                    item = json.loads(raw)
-                except (ValueError, RecursionError) as exc:  # JSONDecodeError, too many digits, too deep
-                    raise ImportFormatError(f"{where}: not valid JSON ({getattr(exc, 'msg', exc)})") from exc
+                item = _parse_line(raw, where)
                 if not isinstance(item, dict):
                     raise ImportFormatError(f"{where}: expected a JSON object")
                 if lineno == 1:
@@ -261,6 +340,13 @@ class TransferMixin:
                     )
                 table = tables[table_name]
                 row = decode_row(table, upgrade_row(revision, table_name, item["row"]), where, _columns(table))
+                if table_name == "lessons" and lesson_screen is not None:
+                    problem = lesson_screen(row["text"])
+                    if problem:
+                        raise ImportFormatError(
+                            f"{where}: lesson {row['id']} is rejected by the lesson safety screen ({problem}); a "
+                            "lesson enters a store only through the screen, so nothing was imported (remove or "
+                            "fix that lesson, and the rows that name it, and import again)")
                 importer.add(table_name, row, lineno)
                 counts[table_name] += 1
             if lineno == 0:

@@ -6,7 +6,7 @@ before the database sees it, never a driver's OverflowError, never a row the sto
 written itself. `memory.transfer` reads lines; this module says what a line may contain:
 
 - `decode_row(table, row, where)`: every column present and nothing else; integers 32-bit (PostgreSQL's
-  INTEGER, and what SQLite can bind), numbers finite-sized, booleans booleans, strings strings within their
+  INTEGER, and what SQLite can bind), numbers finite (no NaN, no infinity), booleans booleans, strings strings within their
   length, timestamps ISO 8601, binary base64, JSON columns of their shape (`JSON_SHAPES`: an object, a list
   of ids, a list of strings or null), embeddings whose bytes are `4 * dim` finite floats.
 - `upgrade_row(revision, table, row)`: a row of an export written at an older schema revision, as that
@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import importlib.util
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
@@ -138,8 +139,8 @@ def _value(table: str, column: Column[Any], value: Any, where: str) -> Any:
         if not _is_int(value) or not INT_MIN <= value <= INT_MAX:
             raise ImportFormatError(f"{what} must be an integer from {INT_MIN} to {INT_MAX}, got {_show(value)}")
     elif isinstance(base, Float):
-        if not (isinstance(value, float) or (_is_int(value) and abs(value) < 2**1023)):
-            raise ImportFormatError(f"{what} must be a number (a float), got {_show(value)}")
+        if not ((isinstance(value, float) and math.isfinite(value)) or (_is_int(value) and abs(value) < 2**1023)):
+            raise ImportFormatError(f"{what} must be a number (a finite float: not NaN, not infinite), got {_show(value)}")
     elif isinstance(base, String):  # Text is a String
         if not isinstance(value, str):
             raise ImportFormatError(f"{what} must be a string, got {_show(value)}")

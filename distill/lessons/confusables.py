@@ -18,6 +18,8 @@ The screen (`distill.lessons.safety`) matches every pattern against each of thes
 - `deleeted(text)`: `latinised` with leetspeak digits and symbols read as letters, inside words that
   also hold a letter, once with "1" read as "i" and once as "l".
 - `squashed(text)`: letters only, for a few phrases that are attacks however they are split.
+- `scrambled(text)`: `latinised` read backwards, with each word read backwards, and in ROT13: a model
+  asked to "read this backwards" or "apply rot13" reads what a forward regex misses.
 
 `mixed_script_word(text)` finds a word that mixes Latin with Cyrillic, Armenian or Cherokee letters,
 which ordinary text never does (Greek is left out: "πr²" is ordinary mathematics).
@@ -25,6 +27,7 @@ which ordinary text never does (Greek is left out: "πr²" is ordinary mathemati
 
 from __future__ import annotations
 
+import codecs
 import re
 import unicodedata
 
@@ -92,6 +95,12 @@ def deleeted(text: str) -> tuple[str, str]:
 def squashed(text: str) -> str:
     """Letters only (of the leetspeak reading with "1" as "i"), for phrases that are attacks however split."""
     return re.sub(r"[^a-z]", "", deleeted(text)[0])
+
+
+def scrambled(text: str) -> tuple[str, str, str]:
+    """`latinised` reversed, with every word reversed in place, and in ROT13."""
+    latin = latinised(text)
+    return latin[::-1], " ".join(word[::-1] for word in latin.split(" ")), codecs.encode(latin, "rot13")
 
 
 def mixed_script_word(text: str) -> str | None:

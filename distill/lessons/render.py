@@ -2,7 +2,8 @@
 
 What: `render_trajectory(episode, max_step_chars=, max_chars=)` (task, turns, final outcome and
 feedback), `describe_outcome(episode)` (one line: won / lost / not finished / error),
-`render_current(lessons)` (the pool's lessons as `- EXPERIENCE ITEM: [#id] text`).
+`render_current(lessons)` (the pool's lessons as `- EXPERIENCE ITEM: [#id] text`; each screened again with
+`distill.lessons.safety.prompt_lessons`, and one that fails is left out of the extractor's prompt).
 
 Why a module of its own: both the single-trajectory prompt and the contrastive (won vs lost) prompt in
 `distill.lessons.extract` render episodes the same way. Environment text is untrusted, so every piece is
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from distill.lessons.safety import strip_control
+from distill.lessons.safety import prompt_lessons, strip_control
 
 if TYPE_CHECKING:
     from memory import EpisodeInfo, LessonInfo
@@ -85,8 +86,9 @@ def render_current(current: Sequence[LessonInfo | str]) -> str:
         return "No experience yet."
     lines = []
     for lesson in current:
-        if isinstance(lesson, str):
-            lines.append(f"{ITEM_PREFIX} {lesson}")
-        else:
-            lines.append(f"{ITEM_PREFIX} [#{lesson.id}] {lesson.text}")
-    return "\n".join(lines)
+        text = lesson if isinstance(lesson, str) else lesson.text
+        safe = prompt_lessons([text])  # a stored lesson that fails the screen never reaches a prompt
+        if not safe:
+            continue
+        lines.append(f"{ITEM_PREFIX} {safe[0]}" if isinstance(lesson, str) else f"{ITEM_PREFIX} [#{lesson.id}] {safe[0]}")
+    return "\n".join(lines) if lines else "No experience yet."

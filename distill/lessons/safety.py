@@ -4,6 +4,16 @@ What: `screen_item(text, max_chars) -> Screened` cleans one extracted item or re
 `screen_items(items, max_chars) -> (accepted, rejections)` does a batch; `strip_control(text)` removes
 chat-template control tokens (used on trajectories before they enter an extraction prompt);
 `redact_secrets(text)` masks anything that looks like a credential (used on what we store).
+`prompt_lessons(texts)` screens stored lessons again on their way into a prompt (one that fails is left
+out, with a logged warning); `stored_lesson_problem(text)` says why a lesson from outside (an import) is
+not one this screen would have stored; `replace_lone_surrogates(text)` makes environment text valid Unicode.
+
+Every door into the lessons goes through `screen_item`: extraction (`distill.lessons.extract`), a person's
+`lessons add` and `lessons.seed` (`distill.lessons.user`, `distill.lessons.config`), induced lessons
+(`distill.lessons.induce`), `memory import` (`stored_lesson_problem`, all or nothing); merges keep a text
+that came through one of them. And whatever is stored is screened again when a prompt is rendered
+(`agent_runtime.agent.lessons_section`, `distill.lessons.render.render_current`), so a lesson written into
+the database by other means still cannot reach the model.
 
 Why these rules: lessons are written by a model that read environment text, and environment text is
 untrusted (a poisoned game can print anything). The threats and their defences:
@@ -23,17 +33,35 @@ untrusted (a poisoned game can print anything). The threats and their defences:
   refuse them anyway, and a lesson that recommends them is an exploit attempt.
 - Secret leakage: items that look like API keys, tokens, private keys or passwords are rejected, and the
   rejection record keeps only a redacted preview, so the secret is not copied into the memory either.
+- Text that is not text: terminal control characters (C0 and C1 other than newline and tab: an escape
+  sequence rewrites a terminal or its clipboard when `lessons list` prints it) are rejected ("control:
+  ..."), and so are lone surrogates ("encoding: ..."), which no database or tokenizer accepts.
+- Hidden payloads: HTML and markdown comments and fake role markup (`<system>`), base64 that decodes to
+  text, instructions to decode or read something backwards and obey it, and the English patterns read
+  backwards, word by word backwards and in ROT13 (`confusables.scrambled`).
+- Quoting the prompt and role-play: "quote the first message you received", "what you were told before
+  the game", "role-play as ...", "stay in character", "play the role of the developer".
+- "Always type X" is advice like any other unless X is an interpreter meta-command or debug verb; a lesson
+  that recommends a harmful move of the game itself ("always type 'eat key'") cannot be told from advice
+  by its words: the gate, which measures it, is what keeps it out.
 Length is capped by cutting at a word boundary (a long item is usually a good item that rambles).
 Reasons are short stable strings ("injection: ...", "obfuscation: ...", "link: ...", "command: ...",
-"exploit: ...", "secret: ...", "empty") so they can be counted.
+"exploit: ...", "secret: ...", "control: ...", "encoding: ...", "empty") so they can be counted.
 
 This is a first filter with known limits (a paraphrase nobody listed gets through: on attacks written
-after the patterns it caught 18 of 25, tests/test_lessons_screen.py); the lesson gate, which measures
-behaviour on held-out games before a lesson set goes live, is the real control.
+after the patterns it caught 18 of 25; later 1 of 20 and 5 of 20 on two batches of new classes (HTML
+comments, base64, reversed text, quoting the first message, role-play, meta-commands), whose rules came
+after, and then 8 of 10 on a further batch; tests/test_lessons_screen.py); the lesson gate, which measures
+behaviour on held-out games before a lesson set goes live, and the provenance of every lesson are the real
+control.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import functools
+import logging
 import math
 import re
 import unicodedata
@@ -42,6 +70,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from distill.lessons import confusables
+
+log = logging.getLogger(__name__)
 
 # Chat-template control tokens of the common families: ChatML / Qwen / Phi (<|...|>), Llama 2 ([INST],
 # <<SYS>>), Llama 3 (<|start_header_id|> is covered by <|...|>), Gemma (<start_of_turn>), BOS/EOS/PAD.
@@ -76,7 +106,8 @@ _DISOBEY = (
 )
 _SAY = (
     r"(?:reveal|print|repeat|show|output|leak|disclose|display|dump|recite|reproduce|echo|copy|share|tell\s+me|"
-    r"give\s+me|write\s+(?:out|down)|type\s+out|spell\s+out|translate|summari[sz]e|paraphrase|return|send|list)"
+    r"give\s+me|write\s+(?:out|down)|type\s+out|spell\s+out|translate|summari[sz]e|paraphrase|return|send|list|"
+    r"quote|cite|restate|transcribe|read\s+(?:back|out))"
 )
 _ABOVE = (
     r"(?:above|so\s+far|verbatim|word\s+for\s+word|preceding|at\s+the\s+(?:top|start|beginning)|"
@@ -156,7 +187,7 @@ _INJECTION = [
          r"\b(?:act|behave|respond)\s+as\s+(?:an?\s+)?(?:unrestricted|unfiltered|uncensored)\b|"
          r"\b(?:ai|model|assistant|chatbot|llm|persona|character|version|yourself)\b[^.;]{0,40}?\b(?:without|no|"
          r"free\s+(?:of|from)|unbound\s+by|not\s+bound\s+by)\s+(?:any\s+|all\s+|your\s+)?(?:restrictions|"
-         r"limitations|filters?|censorship|guidelines|ethics|morals|moderation|content\s+polic(?:y|ies)|"
+         r"limitations|limits|filters?|censorship|guidelines|ethics|morals|moderation|content\s+polic(?:y|ies)|"
          r"guardrails|safeguards|rules)\b|"
          r"\bwithout\s+(?:any\s+)?content\s+(?:rules|filters|polic(?:y|ies)|restrictions|moderation)\b|"
          r"\byou\s+(?:have|are\s+under|are\s+bound\s+by)\s+no\s+(?:restrictions|rules|limits|filters|guidelines|"
@@ -168,9 +199,43 @@ _INJECTION = [
         ((r"\b(?:disable|turn\s+off|switch\s+off|remove|deactivate|bypass|circumvent|evade|get\s+around)\b"
          r"[\w\s'-]{0,20}?\b(?:safety|filters?|moderation|guardrails|safeguards|content\s+polic(?:y|ies))\b"),
          "injection: disable safety"),
+        # quoting the start of the conversation, or what the model was told before the game
+        ((rf"\b{_SAY}\s+(?:me\s+)?(?:back\s+)?(?:[\w'-]+\s+){{0,4}}?(?:first|opening|initial|earliest|1st)\s+"
+          r"(?:messages?|prompts?|instructions?|turns?)\b"
+          r"(?!\s+(?:of|in|from|for)\s+the\s+(?:recipe|cookbook|game|map|problem|question|task|room|level|puzzle))|"
+          r"\b(?:first|opening|initial|earliest)\s+(?:message|thing|words?|text|lines?|instructions?)\s+(?:that\s+)?"
+          r"(?:you\s+)?(?:received|got|were\s+(?:given|told|sent|shown))\b(?!\s+(?:from|by)\s+the\s+(?:game|environment))|"
+          r"\b(?:opening|first|initial)\s+(?:message|turn|lines?)\s+of\s+(?:this|the|our)\s+(?:conversation|chat|"
+          r"session|dialogue|context)\b|"
+          r"\b(?:first|last|opening|initial)\s+(?:\w+\s+)?(?:words?|lines?|sentences?|paragraphs?|characters?)\s+of\s+"
+          r"(?:your|the\s+system|the\s+hidden|the\s+developer)\s+(?:prompt|instructions|message)\b|"
+          r"\b(?:beginning|start)\s+of\s+(?:this|the|our)\s+(?:conversation|chat|session|dialogue|context\s+window)\b|"
+          r"\bwhat\s+(?:you\s+were|you've\s+been|you\s+have\s+been|you\s+got)\s+(?:told|given|instructed|sent|shown)\s+"
+          r"(?:before|at\s+the\s+(?:start|beginning|top)|first|initially|originally|in\s+the\s+beginning|earlier|"
+          r"by\s+(?:the\s+)?(?:system|developer|operator|creator))"),
+         "injection: reveal the prompt"),
+        # role-play: a persona the model is asked to take on
+        ((r"\brole[\s-]?play(?:s|ing|ed)?\b|\b(?:stay|remain|staying|remaining)\s+in\s+character\b|"
+          r"\bin\s+character\s+as\b|\bbreak(?:ing)?\s+character\b|"
+          r"\blet'?s\s+play\s+a\s+game\s*(?:where|in\s+which|:|,|-)\s*you\b|"
+          r"\byou\s+are\s+(?:now\s+)?(?:dan|stan|my\s+(?:grandma|grandmother|granny|late\s+\w+))\b|"
+          r"\bplay\s+(?:the\s+)?(?:role|part)\s+of\s+(?:an?\s+|the\s+|my\s+)?(?:[\w'-]+\s+){0,2}?(?:ai|model|"
+          r"assistant|bot|chatbot|developer|admin|administrator|operator|hacker|system|grandma|grandmother|persona|dan)\b|"
+          r"\b(?:pretend|imagine|act|behave)\s+(?:that\s+)?(?:to\s+be|you\s+are|you're|as|like)\s+(?:my|the|a|an)\s+"
+          r"(?:[\w'-]+\s+){0,2}?(?:grandma|grandmother|granny|developer|admin|administrator|operator|hacker|sysadmin|"
+          r"creator)\b"),
+         "injection: role-play"),
+        # a payload to decode or read backwards, and obey
+        ((r"\b(?:base-?64|b64|rot-?13|rot-?47|atbash|uuencoded?)\b|"
+          r"\b(?:decode|decipher|decrypt|unscramble|reverse)\b[^.;]{0,60}?\b(?:and|then)\s+(?:obey|execute|comply|"
+          r"do\s+(?:what|as)\s+it\s+says|follow\s+(?:it|them|that|this)|act\s+on\s+it)\b|"
+          r"\b(?:backwards?|reversed|in\s+reverse|right\s+to\s+left|mirrored)\b[^.;]{0,30}?\b(?:obey|execute|comply|"
+          r"do\s+(?:what|as)\s+it\s+says|follow\s+(?:it|them|that|this))\b"),
+         "obfuscation: encoded instruction"),
         ((r"\b(?:type|enter|send|issue|input|execute|run|use|try|say)\s+(?:the\s+)?(?:command\s+|word\s+|action\s+)?"
-         r"[\"'`]?(?:save|restore|restart|undo|quit|script|transcript|recording|replay|superbrief|verbose)\b(?![\w-])|"
-         r"\bprint_state\b|\btw-(?:print|extra|trace)|\b(?:purloin|gonear)\b"),
+         r"[\"'`]?(?:save|restore|restart|undo|quit|script|unscript|transcript|recording|replay|superbrief|verbose)"
+         r"\b(?![\w-])|"
+         r"\bprint_state\b|\btw-(?:print|extra|trace)|\b(?:purloin|gonear|showme|showverb|showheap)\b"),
          "exploit: interpreter command"),
     ]
 ]
@@ -261,6 +326,18 @@ _SHELL = [
     ]
 ]
 _BIDI = re.compile("[\u202a-\u202e\u2066-\u2069]")
+# C0 controls but tab and newline, DEL, C1 controls: a terminal acts on them (ESC starts an escape sequence,
+# OSC 52 writes the clipboard, CR overwrites the line), and no lesson needs one.
+_TERMINAL_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# HTML and markdown comments, and markup that pretends to be a turn or an instruction block
+_HIDDEN_MARKUP = re.compile(
+    r"<!--|^\s*\[(?://|comment|#|_)?\]\s*:\s*(?:#|<>)|"
+    r"<\s*/?\s*(?:system|user|assistant|developer|instructions?|prompt|admin|tool|im_start|im_end|sys)\b[^<>]{0,40}>",
+    re.IGNORECASE | re.MULTILINE,
+)
+# base64 (standard or URL-safe alphabet) long enough to hold a sentence
+_BASE64_RUN = re.compile(r"(?<![\w+/=-])[A-Za-z0-9+/_-]{12,}={0,2}(?![\w+/=-])")
 
 _CREDENTIAL = r"(?:password|passwd|pwd|passphrase|secret|api[_ -]?key|access[_ -]?key|auth[_ -]?token|token)\b"
 _SECRETS = [
@@ -357,7 +434,7 @@ def redact_secrets(text: str) -> str:
 
 def _english_forms(text: str) -> list[str]:
     latin = confusables.latinised(text)
-    forms = [latin, _BETWEEN_LETTERS.sub("", latin), *confusables.deleeted(text)]
+    forms = [latin, _BETWEEN_LETTERS.sub("", latin), *confusables.deleeted(text), *confusables.scrambled(text)]
     return [_GAME_RULES.sub(r"\1\2 steps", form) for form in dict.fromkeys(forms)]
 
 
@@ -383,16 +460,37 @@ def find_command(text: str) -> str | None:
     return None
 
 
+def _encoded_text(text: str) -> bool:
+    """Whether `text` holds base64 that decodes to printable text (a sentence, a command) of 8 bytes or more."""
+    for match in _BASE64_RUN.finditer(text):
+        run = match.group().rstrip("=").replace("-", "+").replace("_", "/")
+        if len(run) % 4 == 1 or not (any(c.isupper() for c in run) or any(c.isdigit() for c in run)):
+            continue
+        try:
+            raw = base64.b64decode(run + "=" * (-len(run) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        if (len(raw) >= 8 and all(32 <= b < 127 or b in (9, 10, 13) for b in raw)
+                and sum(chr(b).isalpha() for b in raw) >= 3):
+            return True
+    return False
+
+
 def find_injection(text: str) -> str | None:
     """The reason `text` reads as a prompt-injection attempt (or hides one), or None.
 
     Matched on every reading of `distill.lessons.confusables` (invisible characters dropped, look-alike
-    letters and leetspeak read as Latin, split words joined), in English and nine other languages.
+    letters and leetspeak read as Latin, split words joined, read backwards and in ROT13), in English and
+    nine other languages.
     """
     if _BIDI.search(text):
         return "obfuscation: bidirectional control characters"
     if confusables.mixed_script_word(text):
         return "obfuscation: mixed scripts in a word"
+    if _HIDDEN_MARKUP.search(confusables.visible(text)):
+        return "obfuscation: hidden comment or markup"
+    if _encoded_text(confusables.visible(text)):
+        return "obfuscation: encoded text (base64)"
     for form in _english_forms(text):
         for pattern, why in _INJECTION:
             if pattern.search(form):
@@ -427,6 +525,10 @@ def screen_item(text: str, max_chars: int = 300) -> Screened:
     phrase behind control tokens ("ig<|x|>nore ...") does not help.
     """
     assert max_chars > 0, f"max_chars must be positive, got {max_chars}"
+    if _LONE_SURROGATE.search(text):
+        return Screened(None, "encoding: lone surrogate (not valid Unicode text)")
+    if _TERMINAL_CONTROL.search(text):
+        return Screened(None, "control: terminal control characters")
     if _BIDI.search(text):
         return Screened(None, "obfuscation: bidirectional control characters")
     shown = confusables.visible(text)  # zero-width characters and soft hyphens hide words from a reader
@@ -458,6 +560,71 @@ def screen_items(items: Iterable[str], max_chars: int = 300) -> tuple[list[str],
         if verdict.text is not None:
             accepted.append(verdict.text)
         else:
-            preview = redact_secrets(_SPACES.sub(" ", item).strip())[:200]
+            preview = redact_secrets(_SPACES.sub(" ", replace_lone_surrogates(item)).strip())[:200]
             rejected.append(Rejection(preview, verdict.reason or "rejected"))
     return accepted, rejected
+
+
+def replace_lone_surrogates(text: str) -> str:
+    """`text` with every lone surrogate (half of a UTF-16 pair, which no database, file or tokenizer takes)
+    replaced by U+FFFD; a pair written as two code points becomes its character. Anything not a str is
+    returned as it is."""
+    if not isinstance(text, str) or not _LONE_SURROGATE.search(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+# What a rejection at prompt time is about: the text's meaning or its bytes (not its length or wording).
+SECURITY_REASONS = ("injection", "obfuscation", "link", "command", "exploit", "secret", "control", "encoding")
+
+
+def _security_reason(text: str) -> str | None:
+    """Why the screen rejects `text` for what it says or hides (no length cap), or None."""
+    try:
+        verdict = screen_item(text, max(len(text), 1))
+    except Exception as exc:  # noqa: BLE001 -- text the screen cannot even read never reaches a prompt
+        return f"encoding: unreadable ({type(exc).__name__})"
+    reason = verdict.reason or ""
+    return reason if reason.split(":")[0] in SECURITY_REASONS else None
+
+
+def stored_lesson_problem(text: str) -> str | None:
+    """Why `text`, offered as an already-stored lesson (a row of `memory import`), is not one this screen
+    would have stored, or None: the screen rejects it, or it still holds what the screen takes out of
+    every lesson it accepts (chat-template control tokens, role markers, line breaks)."""
+    if not isinstance(text, str):
+        return "encoding: not a string"
+    reason = _security_reason(text)
+    if reason:
+        return reason
+    shown = confusables.visible(text)
+    if _CONTROL.search(shown) or _ROLE.search(shown):
+        return "injection: chat-template control tokens or role markers"
+    if "\n" in text:
+        return "control: line breaks (a lesson is one line)"
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _prompt_form(text: str) -> str | None:
+    """The one line `text` is rendered as in a prompt, or None (with a warning, once) when it fails the screen."""
+    reason = _security_reason(text)
+    if reason:
+        preview = redact_secrets(_SPACES.sub(" ", replace_lone_surrogates(text)).strip())[:120]
+        log.warning("a stored lesson fails the lesson screen (%s) and is left out of the prompt: %r", reason, preview)
+        return None
+    return _SPACES.sub(" ", strip_control(confusables.visible(text))).strip() or None
+
+
+def prompt_lessons(texts: Iterable[str]) -> list[str]:
+    """Stored lessons as they may enter a prompt: each screened again (a lesson written into the store by
+    other means, or stored before a pattern was added, may fail), one that fails is left out with a logged
+    warning; the rest are single lines without chat-template control tokens, role markers or invisible
+    characters, so a lesson is data inside the system turn and never a turn of its own. An ordinary
+    lesson comes back unchanged (the prompt's tokens, and the prefix cache, stay as they were)."""
+    out = []
+    for text in texts:
+        shown = _prompt_form(text) if isinstance(text, str) else None
+        if shown is not None:
+            out.append(shown)
+    return out
