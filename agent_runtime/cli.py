@@ -1,10 +1,11 @@
 """The `agent-runtime` command line (also `python -m agent_runtime`).
 
     agent-runtime run CONFIG [--workdir DIR] [--episodes N] [--hours H] [--resume] [--dry-run] [--set a.b=c ...]
-                             [--json] [--no-progress]
+                             [--json] [--no-progress] [--trust-code]
     agent-runtime distill CONFIG [--workdir DIR] [--context-file FILE] [--prompts FILE.jsonl] [--set ...] [--json]
+                                 [--trust-code]
     agent-runtime eval CONFIG [--workdir DIR] [--adapter ID] [--no-lessons] [--pool K] [--episodes N] [--set ...]
-                              [--json]
+                              [--json] [--trust-code]
     agent-runtime memory stats|reindex|vacuum
     agent-runtime memory export|import PATH
     agent-runtime memory search QUERY [--kind lessons|episodes] [-k K] [--run ID] [--env ENV]
@@ -26,6 +27,11 @@
 takes `--json`; long work shows a progress bar on stderr; `--json` prints a machine-readable answer on
 stdout. User errors (a bad config, an unknown environment or model) print one clear message and exit 2;
 nothing is half-written.
+
+`run`, `eval` and `distill` import the code a config names (`module:Name` environment ids, a chat model class)
+only from LangChain packages, this project's own, modules already imported or classes installed distributions
+publish as entry points (`environments.registry.check_code`); `--trust-code` allows any module for that command.
+It is a flag, never a config field: a stored config cannot set it.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import sys
 from pathlib import Path
 
 from agent_runtime import __version__, cli_lessons, cli_memory
-from agent_runtime.cli_common import UsageError, add_store_args, store_target
+from agent_runtime.cli_common import UsageError, add_store_args, shown, store_target
 
 
 def cmd_run(args) -> int:
@@ -215,7 +221,7 @@ def cmd_envs_list(args) -> int:
     else:
         width = max((len(r["id"]) for r in rows), default=10)
         for r in rows:
-            print(f"{r['id']:<{width}}  {r.get('source', ''):<10}  {r.get('description', '')}")
+            print(shown(f"{r['id']:<{width}}  {r.get('source', ''):<10}  {r.get('description', '')}"))
     return 0
 
 
@@ -231,7 +237,7 @@ def cmd_envs_check(args) -> int:
     if failures:
         print(f"{args.env_id}: {len(failures)} problem(s)")
         for f in failures:
-            print(f"  - {f}")
+            print(f"  - {shown(f, multiline=True)}")
         return 1
     print(f"{args.env_id}: ok")
     return 0
@@ -267,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "loading no weights; exit 2 if the run would not start")
     run.add_argument("--json", action="store_true", help="print the summary (or the dry run) as JSON")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_trust_code(run)
     run.set_defaults(func=cmd_run)
 
     ev = sub.add_parser("eval", help="evaluate the policy on each environment's held-out split")
@@ -279,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--episodes", type=int, help="eval tasks per environment (default: evaluation.episodes_per_env)")
     ev.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     ev.add_argument("--json", action="store_true")
+    _add_trust_code(ev)
     ev.set_defaults(func=cmd_eval)
 
     distill = sub.add_parser("distill", help="run one OPCD consolidation cycle now: the run's live lessons, or a "
@@ -291,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "{\"messages\": [...]} or {\"prompt\": \"...\"} per line); default: the run's recent prompts")
     distill.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     distill.add_argument("--json", action="store_true")
+    _add_trust_code(distill)
     distill.set_defaults(func=cmd_distill)
 
     cli_memory.register(sub)
@@ -321,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_trust_code(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trust-code", action="store_true",
+                        help="import any module the config names (module:Name environment ids, a chat model class): "
+                             "importing a module runs its code; without this flag only LangChain packages, this "
+                             "project's own, and entry points of installed distributions are imported")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from agent_runtime.checkpoints import UnknownModelError
@@ -332,8 +348,11 @@ def main(argv: list[str] | None = None) -> int:
 
     user_errors = (UsageError, ConfigError, BackendError, UnknownModelError, EnvError, MemoryStoreError,
                    LessonsError)
+    from environments.registry import trusting_code
+
     try:
-        return args.func(args)
+        with trusting_code(getattr(args, "trust_code", False)):
+            return args.func(args)
     except user_errors as exc:
-        print(f"agent-runtime: error: {exc}", file=sys.stderr)
+        print(f"agent-runtime: error: {shown(exc, multiline=True)}", file=sys.stderr)
         return 2

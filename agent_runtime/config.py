@@ -10,6 +10,9 @@ workdir with every run, so a run can always be reproduced from its own directory
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +22,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from distill.config_base import StrictConfig
 from distill.lessons.config import LessonsConfig
 from distill.opcd.config import OPCDConfig
-from memory.redaction import redact_secrets
+from memory.redaction import REDACTED, is_secret_key, redact_secrets
 
 
 class ConfigError(ValueError):
@@ -215,7 +218,8 @@ class MemoryConfig(StrictConfig):
 
 
 class RunConfig(StrictConfig):
-    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
+    # a folder name under runs/ and a label: no path separator, and no leading dot (`.`, `..` or a hidden name)
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
     seed: int = 0
     model: ModelConfig = Field(default_factory=ModelConfig)
     envs: list[EnvEntry] = Field(..., min_length=1)
@@ -362,9 +366,84 @@ def check_stored_code(stored: RunConfig, given: RunConfig, source: str) -> None:
                           + "\n".join(lines))
 
 
+# Fields that decide what runs, what is read or where anything is written: on --resume the stored run's value
+# must be the given config's (`resume_differences`), besides the code references (`check_stored_code`). A
+# pattern matches a dotted key and everything under it.
+RESUME_GUARDED = (
+    r"memory\.url", r"memory\.embedder", r"model\.name", r"model\.adapter",
+    r"model\.options\.(.+\.)?(trust_remote_code|worker_extension_cls|logits_processors)",
+    r"opcd\.context\.(file|prompts)", r"opcd\.teacher\.(model|adapter)",
+    r"(envs|opcd\.retention_envs)\.\d+\.kwargs\.cache_dir",
+)
+_GUARDED = re.compile(rf"^({'|'.join(RESUME_GUARDED)})(\..*)?$")
+# what a resumed run takes from the config given now; every other field is the stored run's
+RESUME_TAKES = ("runtime.episodes", "runtime.hours")
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    """A config dump as {dotted key: leaf value}; an empty section or list is a leaf of its own."""
+    if isinstance(data, dict) and data:
+        items = data.items()
+    elif isinstance(data, list) and data:
+        items = ((str(i), v) for i, v in enumerate(data))
+    else:
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in items:
+        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def resume_differences(stored: RunConfig, given: RunConfig, source: str) -> list[str]:
+    """On --resume, every field where the stored run's config and the given one differ, one line each; a
+    ConfigError (listing them all) when one of them decides what runs, what is read or where anything is
+    written (`RESUME_GUARDED`, and the code references: `check_stored_code`)."""
+    check_stored_code(stored, given, source)
+    theirs, ours = _flat(stored.model_dump(mode="json")), _flat(given.model_dump(mode="json"))
+    missing = object()
+    differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k, missing) != ours.get(k, missing))
+    guarded = [k for k in differ if _GUARDED.match(k)]
+
+    def shown(key: str, value: Any) -> Any:  # the lines reach a terminal and a log: no secret in them
+        secret = is_secret_key(key.rsplit(".", 1)[-1]) and value not in (None, "")
+        return REDACTED if secret else redact_secrets(value)
+
+    def line(key: str) -> str:
+        return f"  {key}: stored {shown(key, theirs.get(key))!r}, given {shown(key, ours.get(key))!r}"
+
+    if guarded:
+        raise ConfigError(
+            f"--resume: the given config and {source} differ in fields that decide what runs, what is read or "
+            "where the run writes; refusing to resume with either. Give a config with the stored values, or start "
+            "a new run (another name, or without --resume):\n" + "\n".join(line(k) for k in guarded))
+    return [line(k) + ("" if k.startswith(RESUME_TAKES) else " (the stored value is kept)") for k in differ]
+
+
+class UnsafePathError(ConfigError):
+    """A file the runtime owns in the workdir is a symbolic link: it is never followed."""
+
+
+def open_owned(path: Path, mode: str = "w", encoding: str = "utf-8"):
+    """Open a file the runtime owns (`w`: replaced, `a`: appended to) without following a symbolic link: a link
+    planted at `path` would have the write land on its target."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC) | getattr(os, "O_NOFOLLOW", 0)
+    if path.is_symlink():
+        raise UnsafePathError(f"{path} is a symbolic link (to {os.readlink(path)}); the runtime never writes "
+                              "through one: remove the link (or use another workdir) and start again")
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePathError(f"{path} is a symbolic link; the runtime never writes through one: remove it "
+                                  "(or use another workdir) and start again") from None
+        raise
+    return os.fdopen(fd, mode, encoding=encoding)
+
+
 def save_resolved(config: RunConfig, workdir: Path) -> Path:
-    """Write the resolved config next to the run's data (secrets redacted)."""
+    """Write the resolved config next to the run's data (secrets redacted), never through a symbolic link."""
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "config.resolved.yaml"
-    out.write_text(yaml.safe_dump(redact_secrets(config.model_dump(mode="json")), sort_keys=False))
+    with open_owned(out) as fh:
+        fh.write(yaml.safe_dump(redact_secrets(config.model_dump(mode="json")), sort_keys=False))
     return out

@@ -15,11 +15,14 @@ from agent_runtime.agent import PromptBuilder, resolve_action_mode
 from agent_runtime.config import RunConfig
 from agent_runtime.llm.base import PolicyBackend, SamplingParams
 from agent_runtime.runner import EnvSlotSpec
+from environments.registry import check_env_id
 
 
 def build_envs(config: RunConfig, workdir: Path, split: str = "train") -> tuple[list[EnvSlotSpec], list[list[str]]]:
     specs, tasks = [], []
     for entry in config.envs:
+        check_env_id(entry.id)  # a config's `module:Name` is imported only when allowed (or --trust-code)
+
         def factory(entry=entry):
             kwargs = {"cache_dir": str(Path(workdir) / "games"), **entry.kwargs}
             return environments.make(entry.id, **kwargs)

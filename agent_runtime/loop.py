@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -36,7 +37,14 @@ from tqdm.auto import tqdm
 
 from agent_runtime.adapter_probe import check_backend, ensure_reference, stored_reference, tolerance_for
 from agent_runtime.checkpoints import resolve_model
-from agent_runtime.config import ConfigError, RunConfig, check_stored_code, config_from_dict, save_resolved
+from agent_runtime.config import (
+    ConfigError,
+    RunConfig,
+    config_from_dict,
+    open_owned,
+    resume_differences,
+    save_resolved,
+)
 from agent_runtime.consolidate import making_room, roll_back_interrupted
 from agent_runtime.envs import build_envs
 from agent_runtime.heldout import held_out
@@ -119,8 +127,15 @@ def check_phases(config: RunConfig) -> None:
                                          f"GPU each, but {gpus} are visible; lower processes to {gpus} or fewer")
 
 
+class _OwnedFileHandler(logging.FileHandler):
+    """A log file the runtime owns: appended to, never through a symbolic link (`open_owned`)."""
+
+    def _open(self):
+        return open_owned(Path(self.baseFilename), "a", encoding=self.encoding or "utf-8")
+
+
 def _json_log(workdir: Path) -> logging.Handler:
-    handler = logging.FileHandler(workdir / "run.log.jsonl")
+    handler = _OwnedFileHandler(workdir / "run.log.jsonl", encoding="utf-8")
 
     class _Fmt(logging.Formatter):
         def format(self, record: logging.LogRecord) -> str:
@@ -137,8 +152,9 @@ class AgentLoop:
                  backend: PolicyBackend | None = None, progress: bool = True):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        resumed_id = None
         if resume:
-            config = self._stored_config(config)
+            config, resumed_id = self._stored_config(config)
         check_phases(config)
         self.config = config
         self.envs, tasks = build_envs(config, self.workdir)
@@ -158,7 +174,7 @@ class AgentLoop:
         self.store = ExperienceStore.open(config.memory.url or self.workdir, embedder=config.memory.embedder)
         save_resolved(config, self.workdir)
         if resume:
-            run = self.store.find_run(config.name)
+            run = self._resumed_run(resumed_id)
             self.run_id, self.state, self.phase = run.id, RunState.from_stored(run.state), run.phase or "PLAY"
             sync_statuses(self.store, self.run_id)
         else:
@@ -206,20 +222,45 @@ class AgentLoop:
                 self._executor = local
         return self._executor
 
-    def _stored_config(self, config: RunConfig) -> RunConfig:
-        """On --resume the run's own config wins; only the stop conditions may change."""
+    def _stored_config(self, config: RunConfig) -> tuple[RunConfig, int]:
+        """On --resume the run's own config wins; only the stop conditions may change. The given config is the
+        authority on what may be resumed: a field where the two differ is listed, and one that decides what runs,
+        what is read or where the run writes refuses the resume (`resume_differences`). Returns the config and
+        the id of the run to continue."""
         with ExperienceStore.open(config.memory.url or self.workdir) as store:
             existing = store.find_run(config.name)
+            url = store.url
             if existing is None:
-                raise ConfigError(f"--resume: no run named {config.name!r} in {store.url}; "
+                raise ConfigError(f"--resume: no run named {config.name!r} in {url}; "
                                   "start one without --resume")
         # the store keeps no secrets: a resumed run takes them from the config given now
         data = restore_secrets(existing.config, config.model_dump(mode="json"))
         stored = config_from_dict(data, source=f"run {existing.id}")
-        check_stored_code(stored, config, f"the stored config of run {existing.id}")
+        if stored.name != existing.name:
+            raise ConfigError(
+                f"--resume: run {existing.id} in {url} is named {existing.name!r}, but its stored config names the "
+                f"run {stored.name!r}: the store disagrees with itself (an edited or imported store?), so which run "
+                f"to continue is unclear; refusing to resume it. Start a new run instead (without --resume, or "
+                f"--set name=ANOTHER), or give the store a run whose name and stored config agree")
+        differences = resume_differences(stored, config, f"the stored config of run {existing.id}")
+        if differences:
+            head = (f"--resume: run {existing.id} ({existing.name}): the given config differs from the stored one "
+                    "(only runtime.episodes and runtime.hours are taken from the given config):")
+            log.warning(head + "\n" + "\n".join(differences))
+            print(head, *differences, sep="\n", file=sys.stderr)
         stored.runtime.episodes = config.runtime.episodes
         stored.runtime.hours = config.runtime.hours
-        return stored
+        return stored, existing.id
+
+    def _resumed_run(self, run_id: int):
+        """The run `_stored_config` chose, in the store this loop opened: the same run, or a clear error."""
+        run = next((r for r in self.store.runs() if r.id == run_id), None)
+        if run is None or run.name != self.config.name:
+            found = f"run {run_id} there is named {run.name!r}" if run is not None else f"it has no run {run_id}"
+            raise ConfigError(f"--resume: the run to continue is run {run_id} ({self.config.name!r}), but the store "
+                              f"this run opens ({self.store.url}) is another one: {found}. Give the config the "
+                              "stored run's memory.url, or start a new run without --resume")
+        return run
 
     def request_stop(self, *_args) -> None:
         self.stop_requested = True

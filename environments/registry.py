@@ -9,6 +9,14 @@ by `list_envs` under its entry-point name, so one broken package never hides the
 id twice is an error, whoever does it. ``make("pkg.module:ClassName")`` builds an unpublished
 environment class directly, which is how authors try an environment before packaging it.
 
+Code named by a config is data until it is allowed (`check_code`, `check_env_id`): importing a module runs its
+top-level code, so a `module:Name` that a config names (an environment id, a chat-model class) is imported only
+when that runs nothing the user did not mean to load: the module is already imported, it is one of this
+project's own packages, it is a package the caller allows (the chat backend allows LangChain's), or an installed
+distribution publishes it as an entry point. Anything else needs the explicit opt-in `trusting_code()` (the
+CLI's `--trust-code`; a stored config cannot set it). `make` itself is the Python API: its caller names the
+code, so it imports what it is given.
+
 Construction keyword arguments are checked against the entry point's signature before the call, so a
 typo gives "textworld/coin_collector does not accept 'levle'; accepted: ..." rather than a TypeError
 from deep inside a constructor.
@@ -17,11 +25,15 @@ from deep inside a constructor.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
-from collections.abc import Callable, Iterator
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from environments.base import EnvError, TextEnv, UnknownEnvironmentError
@@ -36,6 +48,98 @@ class DuplicateEnvironmentError(EnvError, ValueError):
 
 class EnvConstructionError(EnvError, TypeError):
     """make() was given keyword arguments the environment does not accept, or built something else."""
+
+
+class UntrustedCodeError(EnvError, PermissionError):
+    """A config names a module that importing would run, and nothing allows it (see `check_code`)."""
+
+
+# The opt-in to import any module a config names: set by the CLI's --trust-code for the command's duration (an
+# environment variable, so that processes the run starts, such as Ray workers on this machine, inherit it).
+TRUST_ENV = "AGENT_RUNTIME_TRUST_CODE"
+TRUST_HINT = "to allow it, run the command with --trust-code (or set AGENT_RUNTIME_TRUST_CODE=1)"
+OWN_PACKAGES = ("agent_runtime", "environments", "distill", "memory")
+# Packages of a source checkout of this project (where `tests` and `bench` name its own folders), never
+# of another project: allowed only when they resolve to the folder beside this package.
+CHECKOUT_PACKAGES = ("tests", "bench")
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def code_trusted() -> bool:
+    """Whether the user opted in to importing any module a config names (`trusting_code`)."""
+    return os.environ.get(TRUST_ENV, "") == "1"
+
+
+@contextmanager
+def trusting_code(on: bool = True) -> Iterator[None]:
+    """Allow (on=True) any module a config names while the block runs; the previous setting after it."""
+    previous = os.environ.get(TRUST_ENV)
+    if on:
+        os.environ[TRUST_ENV] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(TRUST_ENV, None)
+        else:
+            os.environ[TRUST_ENV] = previous
+
+
+def _own_package(top: str) -> bool:
+    if top in OWN_PACKAGES:
+        return True
+    if top not in CHECKOUT_PACKAGES or not (_ROOT / "pyproject.toml").is_file():
+        return False
+    spec = importlib.util.find_spec(top)  # a top-level name: finding it runs nothing
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return any(Path(loc).resolve() == _ROOT / top for loc in locations)
+
+
+def _published(spec: str, groups: Sequence[str]) -> bool:
+    """Whether an installed distribution publishes `spec` (module:attr) as an entry point of one of `groups`."""
+    return any(ep.value.replace(" ", "") == spec for group in groups for ep in entry_points(group=group))
+
+
+def check_code(spec: str, *, what: str, packages: Sequence[str] = (), prefixes: Sequence[str] = (),
+               groups: Sequence[str] = ()) -> None:
+    """Refuse (UntrustedCodeError) to import the module of `spec` ('package.module:Name', which `what` names
+    in the message) when importing it could run code the user did not mean to load. Allowed without the opt-in:
+    a module already imported (importing it again runs nothing), this project's own packages, a top-level package
+    in `packages` or starting with one of `prefixes`, and a `spec` published as an entry point of one of
+    `groups` by an installed distribution. Unknown modules are let through: the import reports them."""
+    module_name = spec.partition(":")[0]
+    top = module_name.split(".")[0]
+    if not module_name or code_trusted() or sys.modules.get(module_name) is not None:
+        return
+    try:
+        exists = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        exists = False
+    if not exists or _own_package(top) or top in packages or top.startswith(tuple(prefixes)):
+        return
+    if _published(spec, groups):
+        return
+    allowed = ", ".join([*OWN_PACKAGES, *packages, *(f"{p}*" for p in prefixes)])
+    published = f", or one an installed distribution publishes as an entry point ({', '.join(groups)})" \
+        if groups else ""
+    raise UntrustedCodeError(
+        f"{what} {spec!r}: refusing to import module {module_name!r}: importing a module runs its code, and "
+        f"{module_name!r} is neither imported already nor in an allowed package ({allowed}){published}; "
+        f"{TRUST_HINT}")
+
+
+def check_env_id(env_id: str) -> None:
+    """An environment id a config names: a registered id, or a `module:Name` that `check_code` allows and
+    that names a TextEnv class (checked before anything is called). With the opt-in, any callable, as `make`."""
+    _builtins()
+    load_plugins()
+    if env_id in _registry or ":" not in env_id or code_trusted():
+        return
+    check_code(env_id, what="environment")
+    obj = _resolve(env_id)
+    if not (isinstance(obj, type) and issubclass(obj, TextEnv)):
+        raise UntrustedCodeError(f"environment {env_id!r} is not a TextEnv class; a config may name only one "
+                                 f"(a factory function is called to find out what it builds); {TRUST_HINT}")
 
 
 @dataclass(frozen=True)

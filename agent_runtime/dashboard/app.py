@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import jinja2
 from fastapi import FastAPI, Request, Response
@@ -134,6 +134,14 @@ def _templates() -> Jinja2Templates:
     return Jinja2Templates(env=env)
 
 
+def _local_path(path: str) -> str:
+    """`path` as a redirect target that stays on the dashboard: percent-encoded (no backslash, control character
+    or space a browser would reinterpret), one leading slash (`//host/x` is another site), no scheme or host."""
+    quoted = "/" + quote(path, safe="/:@!$&'()*+,;=-._~").lstrip("/")
+    parts = urlsplit(quoted)
+    return quoted if not parts.scheme and not parts.netloc else "/"
+
+
 def _security_middleware(
     token: str | None, allowed_hosts: Sequence[str] | None
 ) -> Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]:
@@ -162,7 +170,7 @@ def _security_middleware(
         offered = request.query_params.get("token")
         if offered is not None and secrets.compare_digest(offered.encode(), token.encode()):
             rest = {k: v for k, v in request.query_params.items() if k != "token"}
-            target = request.url.path + ("?" + urlencode(rest) if rest else "")
+            target = _local_path(request.url.path) + ("?" + urlencode(rest) if rest else "")
             redirect = RedirectResponse(target, status_code=303)
             redirect.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
             return redirect

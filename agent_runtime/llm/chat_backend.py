@@ -54,6 +54,12 @@ from agent_runtime.llm.base import (
 )
 from distill.chat_tokens import defuse_special_text, encode_text
 from distill.fingerprint import fingerprint_files
+from environments.registry import UntrustedCodeError, check_code
+
+# Where a chat model class may come from without --trust-code (see `load_chat_model`).
+CHAT_PACKAGES = ("langchain",)
+CHAT_PREFIXES = ("langchain_",)
+CHAT_ENTRY_POINTS = "agent_runtime.chat_models"
 
 
 def _to_langchain(chat: Chat, tokenizer=None) -> list:
@@ -76,12 +82,20 @@ def _token_logprobs(reply) -> list[float] | None:
 
 
 def load_chat_model(spec: str, kwargs: dict[str, Any]):
-    """Instantiate `module:Class(**kwargs)`, checking that it is a LangChain chat model."""
+    """Instantiate `module:Class(**kwargs)`, checking that it is a LangChain chat model. The module is imported
+    only when that runs nothing the user did not mean to load (`environments.registry.check_code`): a LangChain
+    package, this project's own, one already imported, or a class an installed distribution publishes in the
+    `agent_runtime.chat_models` entry-point group; any other needs the opt-in (`--trust-code`)."""
     from langchain_core.language_models import BaseChatModel
 
     if ":" not in spec:
         raise BackendError(f"chat backend: options.class must look like 'package.module:ClassName', got {spec!r}")
     module_name, _, attr = spec.partition(":")
+    try:
+        check_code(spec, what="chat backend: the chat model class", packages=CHAT_PACKAGES, prefixes=CHAT_PREFIXES,
+                   groups=(CHAT_ENTRY_POINTS,))
+    except UntrustedCodeError as exc:
+        raise BackendError(str(exc)) from None
     try:
         cls = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
