@@ -20,7 +20,9 @@ ranks the admissible actions sensibly, and that ranking is what its lessons move
 Free replies are parsed per environment family:
 
 - `text` (TextWorld, ALFWorld): the first non-empty line, with chatter such as "> " or "Action:" removed;
-  matched case-insensitively against the admissible actions when the game lists them.
+  matched case-insensitively against the admissible actions when the game lists them. A line the game would
+  read as several objects or commands ("take all.", "take X and Y", "take X. take Y";
+  `environments.interpreter.multi_command`) is no action unless it is exactly an admissible one.
 - `arena` (TextArena): the last bracketed move, `[up]`/`[down]`/`[left]`/`[right]` or `[w]`/`[a]`/`[s]`/`[d]`.
 - `math`: the whole reply (the grader finds the last stated answer in it).
 
@@ -34,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent_runtime.llm.base import Chat
+from environments.interpreter import multi_command
 
 ADMISSIBLE_PREFIX = "Admissible actions:"  # how the action list is shown; the scripted backend reads it back
 ADMISSIBLE_SEPARATOR = " | "
@@ -167,8 +170,8 @@ def parse_action(family: str, reply: str, admissible: list[str] | None = None) -
         line = _CHATTER.sub("", line).strip().strip("`\"'").rstrip(".!").strip()
         if not line:
             continue
-        if admissible:
-            lowered = {a.lower(): a for a in admissible}
-            return lowered.get(line.lower(), line.lower())
-        return line.lower()
+        lowered = {a.lower(): a for a in admissible or []}
+        if line.lower() in lowered:
+            return lowered[line.lower()]
+        return None if multi_command(line) is not None else line.lower()
     return None

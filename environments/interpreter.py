@@ -16,6 +16,14 @@ input are dangerous there:
   jericho's `defines.ILLEGAL_ACTIONS` lists and TextWorld's framework commands. Game environments
   answer them as an unknown verb (`UNKNOWN_VERB`): no reward, no state change, one step of the
   budget. No built-in game has a verb among these words (a test checks every admissible action).
+- lines the parser would read as several objects or several commands: TextWorld answers "take all"
+  with "You have to be more specific!", but "take all.", "get everything from fridge", "take all but
+  knife", "take X and Y", "take X, Y" or "take X. take Y" / "take X then take Y" all reach Inform's
+  multi-object parser or run several commands in one step, and take every ingredient for one step of
+  the budget. `multi_command` finds them: any of Inform's ALL/AND/BUT words (all, each, every,
+  everything, both, and, but, except) or a comma between words, and a second command after "." or
+  "then", whatever the case, spacing or punctuation around them. Game environments refuse them
+  (`ONE_AT_A_TIME`) unless the line is exactly one of the game's admissible actions.
 
 `InterpreterProcess` is the second line: it runs the TextWorld environment in a child process whose
 working directory is a private temporary folder, emptied at every reset (so nothing a game wrote
@@ -47,6 +55,7 @@ from environments.base import EnvError
 
 MAX_COMMAND_CHARS = 200
 UNKNOWN_VERB = "That's not a verb I recognise."
+ONE_AT_A_TIME = "You have to be more specific! Give one command about one thing at a time."
 
 # Inform 7 out-of-world actions and their Inform 6 synonyms, and the parser's own words (again, oops, undo)
 _INFORM = ("quit q die save restore restart verify undo oops o again g score fullscore full notify pronouns "
@@ -102,6 +111,36 @@ def meta_command(action: str) -> str | None:
         words = clause.split()
         if words and (dictionary_word(words[0]) in _META or words[0].startswith(_TEXTWORLD_PREFIX)):
             return words[0]
+    return None
+
+
+# Inform's words that make a noun phrase name several objects (English.i6t: ALL1__WD..ALL5__WD, AND*, BUT*)
+_MULTI = frozenset(dictionary_word(w) for w in ("all", "each", "every", "everything", "both", "and", "but", "except"))
+_TOKENS = re.compile(r'[.,"]|[^\s.,"]+')  # Inform's words: ".", "," and '"' are words of their own
+_THEN = ".", "then"  # a command break (Inform's THEN words and the full stop)
+
+
+def multi_command(action: str) -> str | None:
+    """What makes `action` several objects or several commands at once (the word or mark, lower case), or
+    None for a line the parser reads as one command about one thing.
+
+    `action` is judged as the interpreter would receive it, after `safe_command`: a trailing full stop or
+    comma alone is harmless, a word after one is a second command or object.
+    """
+    commands, words, comma, last_break = 0, 0, False, "."
+    for token in _TOKENS.findall(safe_command(action).lower()):
+        if token in _THEN:
+            commands, words, comma, last_break = commands + (words > 0), 0, False, token
+        elif token == ",":
+            comma = comma or words > 0
+        elif token != '"':
+            if comma:
+                return ","
+            if commands:
+                return last_break
+            if dictionary_word(token) in _MULTI:
+                return token
+            words += 1
     return None
 
 

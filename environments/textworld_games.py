@@ -19,7 +19,11 @@ The interpreter runs in a child process with a private working directory (`envir
 and only game commands reach it: an interpreter meta-command (`save`, `restore`, `restart`, `undo`,
 `script`, `verbose`, `score`, TextWorld's `print_state`, ...) is answered as an unknown verb
 (`UNKNOWN_VERB`), with reward 0, the state unchanged and `info["meta_command"]` naming the word; it
-still uses one step of the budget, like any other invalid action.
+still uses one step of the budget, like any other invalid action. A line the parser would read as several
+objects or several commands (`multi_command`: "take all.", "get everything from fridge", "take X and Y",
+"take X. take Y", ...) is refused the same way (`ONE_AT_A_TIME`, `info["multi_command"]` naming the word or
+mark) unless it is exactly one of the admissible actions: otherwise "take all." takes every ingredient in one
+step and scores.
 """
 
 from __future__ import annotations
@@ -36,7 +40,14 @@ from typing import Any
 
 from environments.base import EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task, resolve_cache_dir
-from environments.interpreter import UNKNOWN_VERB, InterpreterProcess, meta_command, safe_command
+from environments.interpreter import (
+    ONE_AT_A_TIME,
+    UNKNOWN_VERB,
+    InterpreterProcess,
+    meta_command,
+    multi_command,
+    safe_command,
+)
 
 __all__ = ["TextWorldEnv", "coin_collector", "cooking", "custom", "game_seed", "safe_command", "simple",
            "treasure_hunter"]
@@ -198,8 +209,12 @@ class TextWorldEnv(EpisodicEnv):
         meta = meta_command(action)
         if meta is not None:  # never sent: the game's state, score and files stay as they are
             return UNKNOWN_VERB, 0.0, False, {**self._info(self._state), "meta_command": meta}
+        command = safe_command(action)
+        multi = multi_command(command)  # never sent either: "take all." would take every ingredient at once
+        if multi is not None and command.lower() not in {a.lower() for a in self._state["admissible_commands"] or []}:
+            return ONE_AT_A_TIME, 0.0, False, {**self._info(self._state), "multi_command": multi}
         previous = self._state["score"] or 0
-        state, done = self._game.step(safe_command(action))
+        state, done = self._game.step(command)
         self._state = state
         reward = (state["score"] or 0) - previous
         terminated = bool(done or state["won"] or state["lost"])

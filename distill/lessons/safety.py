@@ -366,7 +366,13 @@ _SECRETS = [
 ]
 _TOKENISH = re.compile(r"[A-Za-z0-9+/_=-]{32,}")
 _SPACES = re.compile(r"\s+")
-_MARKDOWN_EDGE = re.compile(r"^[\s*_`\"'>:;,.]+|[\s*_`\"']+$")
+# Markdown and quoting around an item: emphasis (`*`, `_`), a blockquote `>`, list punctuation before it, and
+# quotes or backticks around the whole item. A quote or backtick at an end is stripped only when nothing in the
+# item pairs with it, or when its pair is at the other end (the whole item quoted): one that opens or closes a
+# quoted span ("Always type 'open door'") is part of the text.
+_MARKDOWN_LEAD = re.compile(r"^[\s*_>:;,.]+")
+_MARKDOWN_TRAIL = re.compile(r"[\s*_]+$")
+_QUOTES = "`\"'"
 
 
 @dataclass(frozen=True)
@@ -505,6 +511,42 @@ def find_injection(text: str) -> str | None:
     return find_link(text) or find_command(text)
 
 
+def _quote_spans(text: str, quote: str) -> list[tuple[int, int | None]]:
+    """The spans `quote` opens and closes in `text`, as (opening, closing or None) indexes. A mark opens at the
+    start or after a space or bracket and before a non-space, and closes after a non-space; any other (the
+    apostrophe of "don't" or "players'" when nothing is open, or a doubled mark) is text."""
+    spans: list[tuple[int, int | None]] = []
+    opened: int | None = None
+    for i, c in enumerate(text):
+        if c != quote:
+            continue
+        if opened is None:
+            if (i == 0 or text[i - 1].isspace() or text[i - 1] in "([{") and i + 1 < len(text) \
+                    and not text[i + 1].isspace():
+                opened = i
+        elif i > opened + 1 and not text[i - 1].isspace():
+            spans.append((opened, i))
+            opened = None
+    return spans + ([(opened, None)] if opened is not None else [])
+
+
+def _strip_markdown_edges(text: str) -> str:
+    """`text` without the markdown and quoting around it (see `_MARKDOWN_LEAD`); quoted spans inside survive."""
+    while True:
+        before = text
+        text = _MARKDOWN_TRAIL.sub("", _MARKDOWN_LEAD.sub("", text))
+        if text and text[0] in _QUOTES:
+            span = next((s for s in _quote_spans(text, text[0]) if s[0] == 0), None)
+            if span is None or span[1] is None:  # unpaired
+                text = text[1:]
+            elif span[1] == len(text) - 1:  # the whole item quoted
+                text = text[1:-1]
+        if text and text[-1] in _QUOTES and not any(s[1] == len(text) - 1 for s in _quote_spans(text, text[-1])):
+            text = text[:-1]  # closes nothing
+        if text == before:
+            return text
+
+
 def _cap(text: str, max_chars: int) -> tuple[str, bool]:
     if len(text) <= max_chars:
         return text, False
@@ -538,7 +580,7 @@ def screen_item(text: str, max_chars: int = 300) -> Screened:
         if reason:
             return Screened(None, reason)
     cleaned = _SPACES.sub(" ", strip_control(shown).replace("**", "").replace("__", "")).strip()
-    cleaned = _MARKDOWN_EDGE.sub("", cleaned).strip()
+    cleaned = _strip_markdown_edges(cleaned).strip()
     reason = find_injection(cleaned)
     if reason:
         return Screened(None, reason)
