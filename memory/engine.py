@@ -75,7 +75,9 @@ def resolve_url(target: str | os.PathLike[str]) -> URL:
     """A SQLAlchemy URL for a workdir, an SQLite file path or a URL.
 
     A directory (existing or not) means `<dir>/memory.db`; an existing file, or a path ending in
-    `.db`/`.sqlite`/`.sqlite3`, means that file.
+    `.db`/`.sqlite`/`.sqlite3`, means that file. A workdir's `memory.db` is the runtime's own file: when it is a
+    symbolic link it is refused (the store would read and write the link's target), while a database file a
+    user names directly may be a link.
     """
     text = os.fspath(target)
     if "://" in text:
@@ -83,6 +85,10 @@ def resolve_url(target: str | os.PathLike[str]) -> URL:
     path = Path(text).expanduser()
     if not path.is_file() and path.suffix not in {".db", ".sqlite", ".sqlite3"}:
         path = path / DB_FILENAME
+        if path.is_symlink():
+            raise StoreUnavailableError(
+                f"{path} is a symbolic link (to {os.readlink(path)}); the runtime never writes through one: remove "
+                "the link, or name the database file itself (--db)")
     return URL.create("sqlite+pysqlite", database=str(path.resolve()))
 
 

@@ -263,3 +263,21 @@ def test_the_token_redirect_stays_on_the_dashboard(tmp_path, path, location):
 def test_the_redirect_target_is_a_dashboard_path(path, location):
     """What the server was asked for (the path as decoded; a client may normalise some of these away)."""
     assert _local_path(path) == location
+
+
+def test_a_workdirs_memory_db_that_is_a_symlink_is_refused(tmp_path) -> None:
+    from memory import ExperienceStore
+    from memory.errors import StoreUnavailableError
+
+    elsewhere = tmp_path / "elsewhere.db"
+    with ExperienceStore.open(elsewhere) as store:
+        store.create_run("theirs", {})
+    before = elsewhere.read_bytes()
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "memory.db").symlink_to(elsewhere)
+    with pytest.raises(StoreUnavailableError, match="symbolic link"):
+        ExperienceStore.open(workdir)
+    assert elsewhere.read_bytes() == before
+    with ExperienceStore.open(workdir / "memory.db", read_only=True) as store:  # named directly: the user's choice
+        assert store.find_run("theirs") is not None
