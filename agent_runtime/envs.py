@@ -3,7 +3,9 @@
 Each entry of `config.envs` becomes an `EnvSlotSpec` (a factory the runner calls once per slot, the
 environment's family and its step budget) plus the task ids of a split. One probe instance is made per
 entry up front, so an unknown environment id or a bad keyword fails before any model is loaded or any
-episode runs. Generated games are cached under `<workdir>/games` unless the entry sets `cache_dir`.
+episode runs. Generated games go to the cache shared by every workdir (`environments.game_cache.run_games_dir`:
+`$AGENT_RUNTIME_CACHE/games`, else `~/.cache/agent-runtime/games`; an old workdir's own `games/` folder is kept)
+unless the entry sets `cache_dir`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from agent_runtime.agent import PromptBuilder, resolve_action_mode
 from agent_runtime.config import RunConfig
 from agent_runtime.llm.base import PolicyBackend, SamplingParams
 from agent_runtime.runner import EnvSlotSpec
+from environments.game_cache import run_games_dir
 from environments.registry import check_env_id
 
 
@@ -24,7 +27,7 @@ def build_envs(config: RunConfig, workdir: Path, split: str = "train") -> tuple[
         check_env_id(entry.id)  # a config's `module:Name` is imported only when allowed (or --trust-code)
 
         def factory(entry=entry):
-            kwargs = {"cache_dir": str(Path(workdir) / "games"), **entry.kwargs}
+            kwargs = {"cache_dir": str(run_games_dir(workdir)), **entry.kwargs}
             return environments.make(entry.id, **kwargs)
 
         probe = factory()

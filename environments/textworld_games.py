@@ -1,11 +1,14 @@
 """TextWorld games: coin_collector, treasure_hunter, cooking, simple and custom, generated on demand.
 
 Each task is one game: its seed plus the environment's parameters (level, recipe size, ...) decide
-the game completely, so generation is deterministic and the compiled game is cached on disk under
-``<cache_dir>/textworld/<sha256 of parameters>``; a second reset of the same task (in any process)
-only loads the file. Games are generated through TextWorld's Python API (`textworld.challenges` and
-`textworld.generator`), written to a temporary name and renamed into place, so concurrent workers
-never read half-written games.
+the game completely, so generation is deterministic and the compiled game is cached on disk as
+``<cache_dir>/textworld/<hash>/game.z8`` (and its ``game.json``), the hash covering the challenge, its
+settings, the seed, the split, TextWorld's version and `_GENERATOR_VERSION`; a second reset of the same
+task (in any process, from any workdir sharing the cache) only loads the file. Games are generated through
+TextWorld's Python API (`textworld.challenges` and `textworld.generator`) by `environments.game_cache`:
+into a temporary folder renamed into place, under a per-game lock, so concurrent workers never read
+half-written games and a damaged entry is rebuilt. A flat ``<hash>.z8`` + ``<hash>.json`` pair written
+by earlier versions (an old workdir's ``games/``) is still read.
 
 Splits: train task "train-i" is game seed i, eval task "eval-i" is game seed 1_000_000 + i, so the
 splits never share a game. (The cooking and simple challenges also have held-out ingredients; eval
@@ -28,18 +31,14 @@ step and scores.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from environments.base import EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task, resolve_cache_dir
+from environments.game_cache import cache_key, cached_entry, is_complete
 from environments.interpreter import (
     ONE_AT_A_TIME,
     UNKNOWN_VERB,
@@ -54,6 +53,7 @@ __all__ = ["TextWorldEnv", "coin_collector", "cooking", "custom", "game_seed", "
 
 EVAL_SEED_OFFSET = 1_000_000
 _GENERATOR_VERSION = "1"  # bump when generation changes so old cache entries are not reused
+_GAME_FILES = ("game.z8", "game.json")  # a cache entry is complete when both are there, non-empty
 
 
 _NOISE = ("Would you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?",)
@@ -117,14 +117,13 @@ class TextWorldEnv(EpisodicEnv):
 
     # -- generation and cache -----------------------------------------------------------------
     def game_key(self, task_id: str) -> str:
-        """Hash of everything that determines the game of `task_id` (its cache file name)."""
+        """Hash of everything that determines the game of `task_id` (its cache entry's name)."""
         import textworld
 
-        payload = {
+        return cache_key({
             "challenge": self.challenge, "settings": self.settings, "seed": game_seed(task_id),
             "split": self._split_of(task_id), "textworld": textworld.__version__, "gen": _GENERATOR_VERSION,
-        }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+        })
 
     @staticmethod
     def _split_of(task_id: str) -> str:
@@ -132,12 +131,14 @@ class TextWorldEnv(EpisodicEnv):
 
     def game_file(self, task_id: str) -> Path:
         """The compiled game of `task_id`, generated and cached on first use."""
-        path = self.cache_dir / f"{self.game_key(task_id)}.z8"
-        if not path.exists():
-            self._generate(task_id, path)
-        return path
+        key = self.game_key(task_id)
+        if not is_complete(self.cache_dir / key, _GAME_FILES) and is_complete(self.cache_dir, (f"{key}.z8",
+                                                                                               f"{key}.json")):
+            return self.cache_dir / f"{key}.z8"  # the flat layout of earlier versions (an old workdir's games/)
+        return cached_entry(self.cache_dir, key, _GAME_FILES, lambda tmp: self._generate(task_id, tmp)) / "game.z8"
 
-    def _generate(self, task_id: str, path: Path) -> None:
+    def _generate(self, task_id: str, folder: Path) -> None:
+        """Compile the game of `task_id` into `folder` (game.z8 and game.json)."""
         from textworld.generator import compile_game
         from textworld.generator.game import GameOptions
 
@@ -161,15 +162,8 @@ class TextWorldEnv(EpisodicEnv):
             if self.challenge == "tw-simple":  # test=True draws the food from held-out names
                 settings["test"] = self._split_of(task_id) == "eval"
             game = CHALLENGES[self.challenge][1](settings, options)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".gen-", dir=path.parent))
-        try:
-            options.path = str(tmp / "game.z8")
-            compile_game(game, options)
-            os.replace(tmp / "game.json", path.with_suffix(".json"))
-            os.replace(tmp / "game.z8", path)  # last: its presence means the pair is complete
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        options.path = str(folder / "game.z8")
+        compile_game(game, options)
 
     # -- playing --------------------------------------------------------------------------------
     def _load(self, path: Path) -> None:

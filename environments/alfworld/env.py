@@ -10,6 +10,8 @@ own files; train tasks use ALFRED's training floor plans and eval tasks its held
 rooms are unseen). Every generated game is played by alfworld's hand-coded expert before it is offered;
 a game the expert does not win within `spec.max_steps` is discarded and the task moves to the next
 attempt seed (so every offered game is winnable within the step budget). The winning expert trajectory is cached with the game and served by `expert_actions()`.
+Generated games live in `<cache_dir>/alfworld/<hash>/`, written through `environments.game_cache` (shared by
+every workdir, built in a temporary folder renamed into place, a damaged entry rebuilt).
 Scores on generated games are not comparable with published ALFWorld numbers (different rooms' object
 layouts, our own object placement); `spec.kwargs["source"]` and `info["source"]` say which kind you have.
 
@@ -26,17 +28,17 @@ import hashlib
 import json
 import os
 import random
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from environments.base import EnvError, EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task, resolve_cache_dir
+from environments.game_cache import cached_entry
 from environments.interpreter import meta_command
 
 _GENERATOR_VERSION = "1"
+_GAME_FILES = ("game.tw-pddl", "traj_data.json", "expert.json")  # a complete cache entry
 MAX_ATTEMPTS = 40
 NOTHING_HAPPENS = "Nothing happens."  # the PDDL engine's answer to a command it cannot apply
 
@@ -141,40 +143,28 @@ class AlfworldEnv(EpisodicEnv):
         split, index, task_type = self._task_key(task_id)
         payload = json.dumps({"split": split, "index": index, "type": task_type, "gen": _GENERATOR_VERSION,
                               "alfworld": getattr(alfworld, "__version__", "?"), "expert": self.spec.max_steps})
-        folder = self.cache_dir / hashlib.sha256(payload.encode()).hexdigest()[:24]
-        if not (folder / "expert.json").exists():
-            self._generate(split, index, task_type, folder)
-        return folder
+        key = hashlib.sha256(payload.encode()).hexdigest()[:24]  # as before, so existing entries stay valid
+        return cached_entry(self.cache_dir, key, _GAME_FILES,
+                            lambda tmp: self._generate(split, index, task_type, tmp))
 
     def _generate(self, split: str, index: int, task_type: str, folder: Path) -> None:
+        """Write into `folder` the first game of the task that the expert wins, and the expert's actions."""
         from alfworld.gen import constants
 
         from environments.alfworld.generate import available_scenes, generate_game
 
         wanted = set(constants.TRAIN_SCENE_NUMBERS if split == "train" else constants.TEST_SCENE_NUMBERS)
         scenes = [s for s in available_scenes() if s in wanted]
-        folder.parent.mkdir(parents=True, exist_ok=True)
         for attempt in range(MAX_ATTEMPTS):
             rng = random.Random(f"{split}/{index}/{task_type}/{attempt}")
             game = generate_game(rng.randrange(2**31), task_type, rng.choice(scenes))
             if game is None:
                 continue
-            tmp = Path(tempfile.mkdtemp(prefix=".gen-", dir=folder.parent))
-            try:
-                path = game.write(tmp)
-                actions = self._expert_solution(path)
-                if actions is None:
-                    continue
-                (tmp / "expert.json").write_text(json.dumps({"actions": actions, "attempt": attempt,
-                                                             "task": game.task_description}))
-                try:
-                    os.replace(tmp, folder)  # atomic: a folder with expert.json is complete
-                except OSError:  # another worker finished the same game first
-                    if not (folder / "expert.json").exists():
-                        raise
+            actions = self._expert_solution(game.write(folder))  # a later attempt overwrites both files
+            if actions is not None:
+                (folder / "expert.json").write_text(json.dumps({"actions": actions, "attempt": attempt,
+                                                                "task": game.task_description}))
                 return
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
         raise EnvError(f"alfworld/text: no {task_type} game the expert could solve after {MAX_ATTEMPTS} attempts")
 
     def _expert_solution(self, game_file: Path) -> list[str] | None:
