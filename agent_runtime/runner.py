@@ -12,6 +12,10 @@ flight), which makes `--resume` exact without pickling random-number generators.
 Failures inside an episode are data: an environment that raises in reset or step ends that episode with
 outcome "error" and the message, and the run goes on with a fresh environment instance in that slot.
 
+Instances can be lent (`EnvLender`, as evaluation's pool of started games does): a slot borrows one instead of
+building it, and `close` hands the ones between episodes back; every episode starts with a `reset` onto its task
+and seed either way, and a broken instance (a failed reset or step) is closed, never handed back.
+
 Which weights acted: when an episode starts, the runner asks the backend for the fingerprint of the adapter
 weights it has loaded (`FingerprintBackend`), and the episode record carries it next to `adapter_id` (the
 adapter the run meant), so that an episode played with other weights than its adapter's is visible.
@@ -24,6 +28,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Protocol
 
 from agent_runtime.agent import PromptBuilder, Turn, parse_action
 from agent_runtime.llm.base import ChoiceBackend, FingerprintBackend, PolicyBackend, SamplingParams, require
@@ -82,6 +87,15 @@ class EpisodeContext:
 NO_CONTEXT = EpisodeContext()
 
 
+class EnvLender(Protocol):
+    """Where a runner's slots get their environment instances (instead of `EnvSlotSpec.factory`) and where
+    `EpisodeRunner.close` hands back the ones left between episodes."""
+
+    def borrow(self, env_index: int) -> object: ...
+
+    def give_back(self, env_index: int, env: object) -> None: ...
+
+
 @dataclass
 class _Episode:
     draw: Draw
@@ -107,7 +121,8 @@ class EpisodeRunner:
     def __init__(self, backend: PolicyBackend, envs: list[EnvSlotSpec], builders: list[PromptBuilder],
                  params: SamplingParams, *, slots: int = 1, policy_name: str = "",
                  adapter_id: int | None = None, context_for: Callable[[Draw], EpisodeContext] | None = None,
-                 examples_for: Callable[[str, str, str], list[str]] | None = None, explore: float = 0.0):
+                 examples_for: Callable[[str, str, str], list[str]] | None = None, explore: float = 0.0,
+                 lender: EnvLender | None = None):
         assert len(envs) == len(builders), "one prompt builder per environment"
         assert 0.0 <= explore <= 1.0, f"explore is a share of decisions, got {explore}"
         if any(b.action_mode == "choice" for b in builders):
@@ -122,6 +137,7 @@ class EpisodeRunner:
         self.context_for = context_for or (lambda draw: NO_CONTEXT)
         self.examples_for = examples_for
         self.explore = explore  # share of choice decisions drawn uniformly from the set (PLAY's exploration)
+        self.lender = lender
         self._instances: list[dict[int, object]] = [{} for _ in range(slots)]
         self._live: list[_Episode | None] = [None] * slots
 
@@ -130,7 +146,8 @@ class EpisodeRunner:
 
     def _env(self, slot: int, env_index: int):
         if env_index not in self._instances[slot]:
-            self._instances[slot][env_index] = self.envs[env_index].factory()
+            self._instances[slot][env_index] = (self.lender.borrow(env_index) if self.lender is not None
+                                                else self.envs[env_index].factory())
         return self._instances[slot][env_index]
 
     def _drop_env(self, slot: int, env_index: int) -> None:
@@ -273,9 +290,15 @@ class EpisodeRunner:
                 out[i] = completion
         return out
 
-    def close(self) -> None:
+    def close(self, *, give_back: bool = True) -> None:
+        """Close the instances left, or hand them back to the lender: only with `give_back` (False after a run
+        that raised: an instance may have a request in flight) and only one between episodes."""
+        busy = {id(ep.env) for ep in self._live if ep is not None}
         for instances in self._instances:
-            for env in instances.values():
+            for env_index, env in instances.items():
+                if self.lender is not None and give_back and id(env) not in busy:
+                    self.lender.give_back(env_index, env)
+                    continue
                 with contextlib.suppress(Exception):  # closing what is left: a broken env must not stop the rest
                     env.close()
         self._instances = [{} for _ in range(self.slots)]
