@@ -120,7 +120,8 @@ def report(results: dict, explore: float) -> str:
         lines.append(
             f"| {seed} | {r[1:]} | {'; '.join(found['live']) or 'none'} ({len(found['induced'])}) | "
             f"{rate(induced) if induced else '-'} | {mcnemar_p(base, induced):.2g} | "
-            f"{rate(untried) if untried else '-'} | {rate(student) if student else '-'} | {found['seconds']:.0f} |")
+            f"{f'{rate(untried)} (p {mcnemar_p(base, untried):.2g})' if untried else '-'} | "
+            f"{rate(student) if student else '-'} | {found['seconds']:.0f} |")
     trials = [f"- seed {k.split(':')[1]} round {k.split(':')[2][1:]}: " + "; ".join(
         f"{'LIVE' if x['accepted'] else 'out'} '{x['text']}' ({x['summary']}; {x['trial'][0]:.2f}->{x['trial'][1]:.2f})"
         for x in results[k]["induced"]) for k in sorted(results) if k.startswith(f"{head}:") and k.count(":") == 2]
