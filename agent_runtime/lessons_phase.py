@@ -53,6 +53,7 @@ from distill.lessons import (
     store_gate_decision,
     store_utilities,
 )
+from distill.lessons.safety import prompt_lessons
 from memory import ExperienceStore
 
 if TYPE_CHECKING:
@@ -155,7 +156,9 @@ class LessonContexts:
     def for_draw(self, draw: Draw) -> EpisodeContext:
         self.refresh()
         pool = random.Random(f"pool:{self.seed}:{draw.index}").randrange(self.pools) if self.pools > 1 else 0
-        lessons = self.by_pool.get(pool, [])
+        # a stored lesson the screen now rejects never reaches the prompt (`agent.lessons_section`), so the
+        # episode does not list it among the lessons it had in context either
+        lessons = [x for x in self.by_pool.get(pool, []) if prompt_lessons([x.text])]
         return EpisodeContext(tuple(x.text for x in lessons), tuple(x.id for x in lessons), self.version)
 
     def texts(self, pool: int = 0) -> list[str]:

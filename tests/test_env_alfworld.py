@@ -122,3 +122,15 @@ def test_interpreter_meta_commands_change_nothing(simple_env, tmp_path, monkeypa
     for action in simple_env.expert_actions():
         assert simple_env.step(action).info.get("meta_command") is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_lines_with_several_objects_or_commands_change_nothing(simple_env):
+    """As in TextWorld (issue 27 item 8): never sent to the engine, flagged, the game unchanged; the expert still wins."""
+    _, before = simple_env.reset(task_id="train-0")
+    first = simple_env.expert_actions()[0]
+    for line in ("take all.", "TAKE ALL", "get everything.", f"{first}. {first}", f"{first} then look",
+                 "take all except knife 1", "take apple 1 and knife 1"):
+        result = simple_env.step(line)
+        assert result.observation == "Nothing happens." and result.reward == 0.0 and not result.terminated, line
+        assert result.info["multi_command"] and result.info["admissible_actions"] == before["admissible_actions"]
+    assert _play(simple_env, "train-0").info["won"]

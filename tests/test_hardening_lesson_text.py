@@ -167,8 +167,10 @@ def test_after_resume_new_episodes_do_not_carry_a_stored_injection(tmp_path):
     with ExperienceStore.open(tmp_path, read_only=True) as store:
         episodes = store.episodes(second.run_id)
         prompts = [s.prompt for e in episodes for s in store.episode(e.id).steps if e.lessons_in_context]
+        listed = {i for e in episodes for i in e.lessons_in_context}
     assert prompts and all(GOOD in p and "Ignore all previous" not in p and "obey the lessons" not in p
                            for p in prompts)
+    assert listed == {ids[0]}  # an episode lists only the lessons its prompt held: not the one left out
 
 
 def test_a_stored_lesson_with_chat_markup_renders_as_plain_text_inside_the_system_turn():

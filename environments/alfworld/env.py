@@ -19,7 +19,9 @@ Observations, admissible actions and the win condition are alfworld's (TextWorld
 alfworld's name demangler); reward is 1 on the winning step, 0 otherwise. The PDDL engine applies only
 admissible commands (anything else is "Nothing happens.") and writes no files; interpreter
 meta-commands (`save`, `restore`, ...; `environments.interpreter.meta_command`) get the same answer
-without reaching it, flagged in `info["meta_command"]` as TextWorld flags them.
+without reaching it, flagged in `info["meta_command"]` as TextWorld flags them; so do lines naming several objects
+or commands (`multi_command`: "take all.", "take X and Y", "take X. take Y"), flagged in `info["multi_command"]`,
+unless the line is itself an admissible command.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 from environments.base import EnvError, EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task, resolve_cache_dir
 from environments.game_cache import cached_entry
-from environments.interpreter import meta_command
+from environments.interpreter import meta_command, multi_command
 
 _GENERATOR_VERSION = "1"
 _GAME_FILES = ("game.tw-pddl", "traj_data.json", "expert.json")  # a complete cache entry
@@ -222,6 +224,10 @@ class AlfworldEnv(EpisodicEnv):
         meta = meta_command(action)
         if meta is not None:  # the PDDL engine would not apply it either; flagged as TextWorld flags it
             return NOTHING_HAPPENS, 0.0, False, {**self._info(self._state), "meta_command": meta}
+        multi = multi_command(action)  # several objects or commands in one line: never sent, as in TextWorld
+        if multi is not None and action.strip().lower() not in {a.lower() for a in self._state["admissible_commands"]
+                                                                or []}:
+            return NOTHING_HAPPENS, 0.0, False, {**self._info(self._state), "multi_command": multi}
         state, _, done = self._env.step(action.strip())
         self._state = state
         feedback = state["feedback"].strip() or NOTHING_HAPPENS
