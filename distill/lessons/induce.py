@@ -126,6 +126,12 @@ class _Tally:
     won_ids: set[int] = field(default_factory=set)
     lost_ids: set[int] = field(default_factory=set)
 
+    def gap(self) -> float | None:
+        """The won side's choice rate minus the lost side's; None when either side never had the choice."""
+        if not self.avail_won or not self.avail_lost:
+            return None
+        return self.chose_won / self.avail_won - self.chose_lost / self.avail_lost
+
     def add(self, won: bool, chose: bool, episode_id: int) -> None:
         if won:
             self.avail_won += 1
@@ -225,23 +231,18 @@ def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, 
             tally.avail_lost, z if won_side else -z, tuple(sorted(tally.won_ids)), tuple(sorted(tally.lost_ids))))
 
     for key, tally in anywhere.items():
-        if not tally.avail_won or not tally.avail_lost:
-            continue
-        gap = tally.chose_won / tally.avail_won - tally.chose_lost / tally.avail_lost
-        if gap >= min_gap and tally.chose_won >= min_support:
+        gap = tally.gap()
+        if gap is not None and gap >= min_gap and tally.chose_won >= min_support:
             finding("prefer", key, tally, True)
-        elif -gap >= min_gap and tally.chose_lost >= min_support:
+        elif gap is not None and -gap >= min_gap and tally.chose_lost >= min_support:
             finding("avoid", key, tally, False)
     for key, tally in first.items():
-        if not tally.avail_won or not tally.avail_lost:
-            continue
-        gap = tally.chose_won / tally.avail_won - tally.chose_lost / tally.avail_lost
-        if gap >= min_gap and tally.chose_won >= min_support:
+        gap = tally.gap()
+        if gap is not None and gap >= min_gap and tally.chose_won >= min_support:
             finding("start", key, tally, True)
-    if repeat.avail_won and repeat.avail_lost:
-        gap = repeat.chose_lost / repeat.avail_lost - repeat.chose_won / repeat.avail_won
-        if gap >= min_gap and repeat.chose_lost >= min_support:
-            finding("repeat", "", repeat, False)
+    gap = repeat.gap()
+    if gap is not None and -gap >= min_gap and repeat.chose_lost >= min_support:
+        finding("repeat", "", repeat, False)
     return out
 
 
