@@ -123,12 +123,18 @@ def episode_prefixes(config: RunConfig, workdir: Path, store: ExperienceStore, r
         episode = store.episode(info.id)
         if not held.usable(episode):
             continue
-        history: list[Turn] = []
-        for step in episode.steps:
-            chat = builder.build(history, step.observation, step.admissible_actions, lessons=[])
-            choices = step.admissible_actions if (step.info or {}).get("action_mode") == "choice" else None
-            out.append(Decision(chat, [info.id], list(choices) if choices else None))
-            history.append(Turn(step.observation, step.response, step.admissible_actions))
+        out.extend(turn_prefixes(builder, episode.steps, info.id))
+    return out
+
+
+def turn_prefixes(builder, steps, episode_id: int | None = None) -> list[Decision]:
+    """Each turn of one episode's `steps` as the prompt it was decided from, rebuilt without lessons."""
+    out, history = [], []
+    for step in steps:
+        chat = builder.build(history, step.observation, step.admissible_actions, lessons=[])
+        choices = step.admissible_actions if (step.info or {}).get("action_mode") == "choice" else None
+        out.append(Decision(chat, [] if episode_id is None else [episode_id], list(choices) if choices else None))
+        history.append(Turn(step.observation, step.response, step.admissible_actions))
     return out
 
 

@@ -11,6 +11,11 @@ prompts of those episodes (one cycle); the student is then played WITHOUT the le
     .venv/bin/python bench/cycle_sweep.py --variants old-b4-1e-4 --objectives off_policy sft --seeds 0 1 2
     .venv/bin/python bench/cycle_sweep.py --report
 
+`--heldout-kl` measures each cached student's KL to the teacher (the base model with the lesson) on the held-out games:
+on every turn of the teacher's greedy episodes on the 40 held-out games (prompts rebuilt without the lesson), the
+exact reverse KL between the two choice policies, for the base model ("before") and each student ("after").
+It goes to `<workdir>/heldout_kl.json` (a file of its own: it can run beside a sweep that writes results.json).
+
 `--objectives` trains the same budget with off-policy distillation (forward KL to the teacher's choice
 distribution) or SFT (cross-entropy on an action drawn from it) beside OPCD; `--retention` also plays each
 student on the study's retention games (treasure-hunter level 1, 40 games, never trained on).
@@ -80,7 +85,63 @@ def run(study: Study, variants: list[str], seeds: list[int], objectives: list[st
                         study.evaluate(f"{key}:retention", adapter=study.results[key]["adapter"], env=RETENTION)
 
 
-def report(results: dict, variants: list[str]) -> str:
+def heldout_decisions(study: Study) -> list:
+    """Every choice turn of the teacher's (base model + the lesson) greedy episodes on the held-out games, each
+    prompt rebuilt without the lesson, as the held-out KL is measured on."""
+    from agent_runtime.consolidate import turn_prefixes
+    from agent_runtime.envs import build_envs, build_prompt_builders
+    from agent_runtime.llm.base import SamplingParams
+    from agent_runtime.runner import Draw, EpisodeRunner
+
+    config = study_config()
+    backend = study.acting_with(None)
+    specs, [tasks] = build_envs(config, study.workdir, split="eval")
+    params = SamplingParams(max_new_tokens=config.model.max_new_tokens, temperature=config.evaluation.temperature,
+                            top_p=config.model.top_p)
+    n = config.evaluation.episodes_per_env
+    queue = [Draw(index=i, env_index=0, task_id=t, seed=config.evaluation.seed + i) for i, t in enumerate(tasks[:n])]
+    records = []
+    runner = EpisodeRunner(backend, specs, build_prompt_builders(config, specs, backend, [GIVEN]), params,
+                           slots=config.runtime.slots, policy_name="teacher")
+    try:
+        runner.run(lambda: queue.pop(0) if queue else None, records.append)
+    finally:
+        runner.close()
+    [without] = build_prompt_builders(config, specs, backend)
+    return [d for r in sorted(records, key=lambda r: r.seed) for d in turn_prefixes(without, r.steps) if d.choices]
+
+
+def heldout_kl(study: Study, keys: list[str]) -> dict[str, float]:
+    """KL(student without the lesson || base model with it) on the held-out turns, per arm key ("base": before)."""
+    import json
+
+    from agent_runtime.agent import lessons_section
+    from agent_runtime.checkpoints import resolve_model
+    from distill.opcd import OPCDTrainer
+    from distill.opcd.job import load_model
+    from distill.opcd.teacher import TeacherSpec, load_teacher
+
+    path = study.workdir / "heldout_kl.json"
+    done = json.loads(path.read_text()) if path.exists() else {}
+    todo = [k for k in ["base", *keys] if k not in done]
+    if not todo:
+        return done
+    decisions = heldout_decisions(study)
+    model_path = resolve_model("smollm2-135m-instruct")
+    teacher = load_teacher(TeacherSpec(model_path=model_path), "cpu")
+    settings = study_config().opcd.trainer
+    context = lessons_section([GIVEN])
+    for key in todo:
+        model, tokenizer = load_model(model_path)
+        adapter = None if key == "base" else study.results[key]["adapter"]
+        trainer = OPCDTrainer(model, tokenizer, settings, parent_adapter=adapter, teacher_model=teacher)
+        done[key] = trainer.evaluate_kl([d.chat for d in decisions], context, [d.choices for d in decisions])
+        print(f"  held-out KL {key}: {done[key]:.4f} ({len(decisions)} turns)", flush=True)
+        path.write_text(json.dumps(done, indent=1))
+    return done
+
+
+def report(results: dict, variants: list[str], kl: dict[str, float] | None = None) -> str:
     base, given = results["base"], results["given"]
     lines = [f"base {rate(base)}, lesson in context {rate(given)} (40 held-out games)", "",
              ("| variant | objective | trainer | seeds | student without lesson, pooled | per seed "
@@ -125,7 +186,18 @@ def report(results: dict, variants: list[str]) -> str:
                                 f"{rate(results['retention:base'])}; students "
                                 f"{', '.join(f'{sum(r) / len(r):.0%}' for r in kept)}, pooled "
                                 f"{rate([w for r in kept for w in r])}")
-    return "\n".join(lines + [""] + paired + retained) + "\n"
+    held = []
+    if kl and "base" in kl:
+        for variant in variants:
+            for objective in OBJECTIVES:
+                name = arm(variant, objective)
+                after = [(s, kl[f"sweep:{name}:{s}"]) for s in range(100) if f"sweep:{name}:{s}" in kl]
+                if after:
+                    fell = sum(v < kl["base"] for _, v in after)
+                    held.append(f"- held-out KL ({name}; teacher's turns on the 40 held-out games): before "
+                                f"{kl['base']:.3f}, after {', '.join(f'{v:.3f}' for _, v in after)}; fell in "
+                                f"{fell} of {len(after)}")
+    return "\n".join(lines + [""] + paired + retained + held) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,12 +207,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     parser.add_argument("--objectives", nargs="*", default=["opcd"], choices=list(OBJECTIVES))
     parser.add_argument("--retention", action="store_true", help="also play each student on the retention games")
+    parser.add_argument("--heldout-kl", action="store_true",
+                        help="measure each cached student's KL to the teacher on the held-out games")
     parser.add_argument("--report", action="store_true", help="only print the table from the cache")
     args = parser.parse_args(argv)
     study = Study(args.workdir)
-    if not args.report:
+    if not args.report and not args.heldout_kl:
         run(study, args.variants, args.seeds, args.objectives, args.retention)
-    print(report(study.results, args.variants))
+    kl = None
+    if args.heldout_kl:
+        keys = [f"sweep:{arm(v, o)}:{s}" for v in args.variants for o in args.objectives for s in args.seeds
+                if f"sweep:{arm(v, o)}:{s}" in study.results]
+        kl = heldout_kl(study, keys)
+    elif (args.workdir / "heldout_kl.json").exists():
+        import json
+
+        kl = json.loads((args.workdir / "heldout_kl.json").read_text())
+    print(report(study.results, args.variants, kl))
     return 0
 
 

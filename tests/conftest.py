@@ -5,7 +5,8 @@
 - PostgreSQL: `pg_url`, an empty test database, or a skip (a failure in CI) without a server;
 - the memory: `memory_url` (a fresh SQLite workdir, and the PostgreSQL database: parametrized) and
   `store`, a migrated store on it with a cheap deterministic embedder;
-- `cli`: runs `python -m agent_runtime ARGS` in a subprocess;
+- `cli`: runs the CLI's `main(ARGS)` in this process (streams captured, the process's state restored after);
+  `cli_process`: runs `python -m agent_runtime ARGS` in a subprocess (one smoke test per command);
 - `cycle_config`: the whole-cycle run config on the tiny model (PLAY, EXTRACT with a fake extractor,
   CONSOLIDATE, EVALUATE);
 - `seed_with_xss`: the demo store plus an episode and a lesson carrying a script payload.
@@ -18,10 +19,14 @@ databases, dropped at exit), so two test runs against one server cannot reset ea
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
+import io
 import os
+import signal
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -219,10 +224,53 @@ def _run_cli(*args: Any, check: bool = True, timeout: float = 600, cwd: Path | N
     return proc
 
 
+def _run_cli_in_process(*args: Any, check: bool = True, timeout: float = 600, cwd: Path | None = None):
+    """The CLI's `main(argv)` here, as the subprocess would run it: its exit status (an uncaught exception is
+    1 with its traceback on stderr, as Python's), both streams, and the working directory, signal handlers
+    and torch thread count it may change put back. `timeout` is pytest-timeout's job here."""
+    import torch
+
+    from agent_runtime.cli import main
+
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    directory, threads = os.getcwd(), torch.get_num_threads()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:
+                code = exc.code
+                if code is not None and not isinstance(code, int):
+                    print(code, file=sys.stderr)
+                    code = 1
+            except Exception:  # noqa: BLE001 - as Python would: a traceback and exit 1
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(directory)
+        torch.set_num_threads(threads)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    proc = subprocess.CompletedProcess(["agent-runtime", *argv], code or 0, out.getvalue(), err.getvalue())
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
 @pytest.fixture
 def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """`cli(*args, check=True, timeout=600, cwd=None)`: run the CLI in a subprocess; with `check`, a
-    non-zero exit fails the test showing both streams."""
+    """`cli(*args, check=True, timeout=600, cwd=None)`: run the CLI in this process; with `check`, a non-zero
+    exit fails the test showing both streams."""
+    return _run_cli_in_process
+
+
+@pytest.fixture
+def cli_process() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`cli_process(*args, check=True, timeout=600, cwd=None)`: run `python -m agent_runtime` in a subprocess."""
     return _run_cli
 
 

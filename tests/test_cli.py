@@ -1,24 +1,44 @@
-"""CLI smoke tests: every command end to end in a subprocess, on tiny budgets."""
+"""CLI tests: every command end to end on tiny budgets, in process through `main(argv)`; the installed entry
+point (`python -m agent_runtime`) once per command in a subprocess."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from agent_runtime import __version__
+from agent_runtime.cli import build_parser
+
+COMMANDS = ("run", "eval", "distill", "memory", "lessons", "envs", "setup", "dashboard")
+
+
+def test_every_command_has_a_subprocess_smoke_test():
+    [commands] = [a for a in build_parser()._actions if a.choices and "run" in a.choices]
+    assert set(commands.choices) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c != "run"])
+def test_each_command_starts_as_a_process(command, cli_process):
+    """The entry point imports and parses every command (`run` is started for real below)."""
+    out = cli_process(command, "--help").stdout
+    assert out.startswith(f"usage: agent-runtime {command}") or f"agent-runtime {command}" in out.splitlines()[0]
 
 
 def test_help_and_version(cli):
     out = cli("--help").stdout
-    for command in ("run", "memory", "envs"):
+    for command in COMMANDS:
         assert command in out
     assert cli("--version").stdout.strip() == f"agent-runtime {__version__}"
     assert "--resume" in cli("run", "--help").stdout
+    assert cli("no-such-command", check=False).returncode == 2
 
 
-def test_run_smoke_config_then_memory_stats(tmp_path, games_dir, cli):
+def test_run_smoke_config_then_memory_stats(tmp_path, games_dir, cli, cli_process):
+    """`run` as a real process (the progress bar on its stderr), then the memory it left, in process."""
     workdir = tmp_path / "smoke"
-    proc = cli("run", "configs/smoke.yaml", "--workdir", workdir, "--episodes", 40, "--json",
-               "--set", f"envs.0.kwargs.cache_dir={games_dir}", "--set", "envs.0.kwargs.n_train=4")
+    proc = cli_process("run", "configs/smoke.yaml", "--workdir", workdir, "--episodes", 40, "--json",
+                       "--set", f"envs.0.kwargs.cache_dir={games_dir}", "--set", "envs.0.kwargs.n_train=4")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["episodes"] == 40 and summary["new_episodes"] == 40
     assert "PLAY" in proc.stderr  # the progress bar
