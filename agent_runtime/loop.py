@@ -342,7 +342,7 @@ class AgentLoop:
             bar.update(1)
             bar.set_postfix(success=f"{state.won / state.episodes:.0%}")
             if state.episodes % self.config.runtime.summary_every == 0:
-                self._summary_line(started, start_episodes, start_tokens)
+                self._summary_line(started, start_episodes, start_tokens, state)
 
         session = PlaySession(self.state, self.schedule, self.sampler, self.store, self.run_id,
                               context_for=self.lessons.for_draw, should_stop=lambda: self.stop_requested,
@@ -456,9 +456,11 @@ class AgentLoop:
             tqdm.write(result.line())
 
     # -- reporting ------------------------------------------------------------------------------------
-    def _summary(self, started: float, start_episodes: int, start_tokens: int) -> RunSummary:
+    def _summary(self, started: float, start_episodes: int, start_tokens: int,
+                 state: RunState | None = None) -> RunSummary:
+        """The run so far; `state`: the play session's, while it plays (the loop's own is set when PLAY ends)."""
         seconds = time.monotonic() - started
-        stats, state = self.stats, self.state
+        stats, state = self.stats, state or self.state
         tokens = stats.completion_tokens - start_tokens
         return RunSummary(
             run_id=self.run_id, episodes=state.episodes, won=state.won, errors=state.errors,
@@ -469,10 +471,16 @@ class AgentLoop:
             adapter=self.adapter.name if self.adapter else None,
         )
 
-    def _summary_line(self, started: float, start_episodes: int, start_tokens: int) -> None:
-        s = self._summary(started, start_episodes, start_tokens)
+    def _summary_line(self, started: float, start_episodes: int, start_tokens: int,
+                      state: RunState | None = None) -> None:
+        s = self._summary(started, start_episodes, start_tokens, state)
         rate = s.new_episodes / s.seconds * 60 if s.seconds else 0.0
-        msg = f"{s.episodes} episodes, success {s.success_rate:.1%}, {s.tokens_per_s:.1f} tok/s, {rate:.1f} ep/min"
+        stats = self.stats
+        if stats.completion_tokens or not stats.seconds:
+            speed = f"{s.tokens_per_s:.1f} tok/s"
+        else:  # choice mode scores the action set: no token is generated
+            speed = f"{sum(stats.batch_sizes) / stats.seconds:.1f} decisions/s"
+        msg = f"{s.episodes} episodes, success {s.success_rate:.1%}, {speed}, {rate:.1f} ep/min"
         tqdm.write(msg)
         log.info(msg, extra={"fields": {"episodes": s.episodes, "success_rate": s.success_rate,
                                         "tokens_per_s": s.tokens_per_s, "episodes_per_min": rate}})

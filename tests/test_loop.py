@@ -235,3 +235,16 @@ def test_history_shows_admissible_sends_each_turn_as_an_extension_of_the_last(tm
     for episode in multi:
         for before, after in zip(episode.steps, episode.steps[1:]):
             assert after.prompt.startswith(before.prompt + "\n<assistant> " + before.response)
+
+
+def test_the_periodic_summary_counts_the_episodes_played_so_far(tmp_path, games_dir, capsys):
+    """Every `summary_every` episodes a line with the episodes committed by then (not the count PLAY started
+    with), their success, and the policy's speed."""
+    config = make_config(games_dir, episodes=6, slots=2, runtime={"slots": 2, "episodes": 6, "summary_every": 2})
+    loop = AgentLoop(config, tmp_path, progress=False)
+    summary = loop.run()
+    loop.close()
+    lines = [line for line in capsys.readouterr().out.splitlines() if "ep/min" in line]
+    assert [line.split(" episodes")[0] for line in lines] == ["2", "4", "6"]
+    assert all(("tok/s" in line) != ("decisions/s" in line) for line in lines)
+    assert lines[-1].startswith(f"6 episodes, success {summary.won / 6:.1%}")
