@@ -54,7 +54,7 @@ def test_findings_name_what_separates_won_from_lost_play_with_their_counts(store
     # "go east" and "go west" are one verb: which way wins is a detail of each task, going is the rule
     go = findings["go"]
     assert go.kind in ("start", "prefer") and go.text.startswith(("Start with go", "When you can go, go"))
-    assert "go east" in go.text  # the example is the direction the won episodes took most
+    assert go.text == "Start with go."  # the won episodes went east and west: no direction is named
     assert "go east" not in findings and "go west" not in findings
     repeat = findings[""]
     assert (repeat.kind, repeat.chose_won, repeat.chose_lost) == ("repeat", 0, 3)
@@ -63,6 +63,17 @@ def test_findings_name_what_separates_won_from_lost_play_with_their_counts(store
     assert [f.z for f in ranked] == sorted((f.z for f in ranked), reverse=True)
     assert ranked[0].evidence()["summary"].startswith(ranked[0].kind)
     assert induce(episodes, max_candidates=2) == ranked[:2]
+
+
+def test_a_verb_names_its_example_only_when_the_won_episodes_agree_on_it(store) -> None:
+    run_id = store.create_run("one-way", {})
+    for _ in range(3):
+        _store_episode(store, run_id, [("go east", ROOM, "A hall."), ("take coin", COIN, "A coin.")], True)
+    for _ in range(3):
+        _store_episode(store, run_id, [("look", ROOM, "A hall."), ("look", ROOM, "A hall.")], False)
+    episodes = [store.episode(e.id) for e in store.episodes(run_id)]
+    go = {f.key: f for f in induce(episodes, max_candidates=10)}["go"]
+    assert go.text.endswith("go: for example go east.")
 
 
 def test_no_contrast_no_finding_and_environment_text_is_screened(store) -> None:

@@ -12,11 +12,12 @@ stand in for the list):
 - at every step where a key was available, the step either chose it or not; per key, the share of such steps
   that chose it in won episodes (`p_won`) against lost ones (`p_lost`);
 - **prefer**: `p_won - p_lost >= min_gap`, chosen at least `min_support` times in won episodes
-  -> "When you can take coin, take coin." / "When you can go, go: for example go south.";
+  -> "When you can take coin, take coin." / "When you can go, go." (a verb names an example action only when
+  every won episode that used the verb chose that same action: "When you can go, go: for example go south.");
 - **avoid**: `p_lost - p_won >= min_gap`, chosen at least `min_support` times in lost episodes
   -> "Look never helps.";
-- **start**: the same comparison on the first step only (the order of play) -> "Start with go: for example
-  go south." (only when it says more than the prefer finding of the same key);
+- **start**: the same comparison on the first step only (the order of play) -> "Start with go." (only when it
+  says more than the prefer finding of the same key);
 - **repeat**: lost episodes that chose the same action twice in a row while the observation did not change,
   against won ones -> "If an action changed nothing, choose another one."
 Findings are ranked by a two-proportion z statistic (how surely the two rates differ given their counts), and
@@ -217,10 +218,14 @@ def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, 
         repeat.add(e.won, repeated, e.id)
 
     def example(key: str) -> str | None:
-        if key not in verbs:
+        # a verb's example only when the won episodes agree on one action of it: where they went different
+        # ways, naming one primes the wrong one in other tasks ("Start with go: for example go west." lowered
+        # success in every trial it had; measured in bench/RESULTS.md)
+        counts = examples.get(key, {})
+        if key not in verbs or len(counts) != 1:
             return None
-        counts = examples.get(key) or {a: 0 for a in per_verb[key]}
-        return min(counts, key=lambda a: (-counts[a], a))
+        [(action, times)] = counts.items()
+        return action if times >= min_support else None
 
     out: list[Finding] = []
 
