@@ -20,7 +20,9 @@ def test_cycle_in_the_loop(tmp_path, cycle_config):
     assert summary.cycles == 1 and summary.extractions == 2
     with ExperienceStore.open(tmp_path) as store:
         [cycle] = store.cycles(summary.run_id)
-        assert cycle.status in ("promoted", "rolled_back")
+        # the fixture's fake lessons leave the tiny model's choices as they are (KL ~0 before), so any step
+        # moves the student away from its teacher: no evidence of learning, rolled back on every machine
+        assert cycle.status == "rolled_back" and "did not fall" in cycle.metrics["reasons"][0]
         assert len(cycle.curves["loss"]) == 3 and all(not math.isnan(v) for v in cycle.curves["loss"])
         played = {e.id for e in store.episodes(summary.run_id, limit=100)}
         assert cycle.episode_ids and set(cycle.episode_ids) <= played, "the adapter's training set is recorded"
@@ -97,7 +99,7 @@ def test_distill_and_eval_commands(tmp_path, cycle_config, cli):
     assert proc.returncode == 2 and "play some episodes first" in proc.stderr
     cli("run", path, "--workdir", workdir, "--no-progress")
     report = json.loads(cli("distill", path, "--workdir", workdir, "--json").stdout)
-    assert report["status"] in ("promoted", "rolled_back") and report["adapter_id"] is not None
+    assert report["status"] == "rolled_back" and report["adapter_id"] is not None  # as test_cycle_in_the_loop
     assert set(report["metrics"]["evaluation"]) >= {"student_without_lessons", "teacher_with_lessons"}
     rows = json.loads(cli("eval", path, "--workdir", workdir, "--adapter", report["adapter_id"], "--json").stdout)
     [row] = rows
