@@ -55,17 +55,18 @@ from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.evaluation import EvalResult, evaluate
 from agent_runtime.heldout import held_out
 from agent_runtime.llm.base import LocalModelBackend, SleepingBackend, activate
+from agent_runtime.profile import profiled
 from agent_runtime.system_prompt import SystemPrompt, load_context, load_prompts
 from distill.fingerprint import fingerprint_files
 from distill.lessons import live_lessons
 from distill.lessons.versions import create_version, live_version
 from distill.opcd import (
-                          DivergenceError,
-                          TeacherSpec,
-                          TeacherTokenizerError,
-                          TrainJob,
-                          remove_partial_writes,
-                          run_job,
+    DivergenceError,
+    TeacherSpec,
+    TeacherTokenizerError,
+    TrainJob,
+    remove_partial_writes,
+    run_job,
 )
 from distill.opcd.teacher import check_teacher
 from memory import AdapterInfo, ExperienceStore, LessonInfo, LessonSetInfo
@@ -262,7 +263,8 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     job = train_job(config, settings, cycle, run_id, train, heldout, per_lesson, path, choice_mode=choice_mode,
                     device=training_device(config, backend))
     try:
-        result = _train(store, cycle.cycle_id, job, backend, progress)
+        with profiled("CONSOLIDATE: train"):
+            result = _train(store, cycle.cycle_id, job, backend, progress)
     except DivergenceError as exc:
         with store.transaction():
             store.rollback_cycle(cycle.cycle_id, error=str(exc))
@@ -281,7 +283,8 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     metrics["training"] = {"steps": len(result.steps), "best_step": result.best_step,
                            "stopped_early": result.stopped_early, "validation": result.validation}
     store.update_cycle(cycle.cycle_id, adapter_id=adapter_id, metrics=metrics)
-    evals = evaluate_cycle(config, workdir, backend, settings, cycle, path)
+    with profiled("CONSOLIDATE: evaluate"):
+        evals = evaluate_cycle(config, workdir, backend, settings, cycle, path)
     rates = {k: _rate(v) for k, v in evals.items()}
     metrics["evaluation"] = rates
     with store.transaction():

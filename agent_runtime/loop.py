@@ -58,6 +58,7 @@ from agent_runtime.lessons_phase import (
 from agent_runtime.llm import LOCAL_WEIGHTS, PolicyBackend, check_capabilities, make_backend
 from agent_runtime.llm.base import BackendStats, activate
 from agent_runtime.play import CursorMove, Executor, LocalExecutor, PlaySession, RequestWatch, RunState, Schedule
+from agent_runtime.profile import Profile
 from agent_runtime.retrieved_examples import example_retriever
 from agent_runtime.runner import TaskSampler
 from distill.lessons import pending_user_candidate, sync_statuses
@@ -157,7 +158,9 @@ class AgentLoop:
             config, resumed_id = self._stored_config(config)
         check_phases(config)
         self.config = config
-        self.envs, tasks = build_envs(config, self.workdir)
+        self.profile = Profile(lambda: getattr(self, "stats", None))
+        with self.profile.phase("START"):
+            self.envs, tasks = build_envs(config, self.workdir)
         self.sampler = TaskSampler([e.weight for e in config.envs], tasks, config.seed)
         # Under Ray with the learner on a worker the driver never generates: it does not load the model at all
         # (a driver on a CPU node next to the database); its executor counts the workers' tokens.
@@ -165,7 +168,8 @@ class AgentLoop:
         if backend is not None:
             check_capabilities(backend, config, [e.family for e in self.envs])  # held to what a built one would be
         elif not self._on_learner():
-            self._backend = self._make_backend()
+            with self.profile.phase("START: model"):
+                self._backend = self._make_backend()
         elif config.model.backend in LOCAL_WEIGHTS:
             resolve_model(config.model.name)  # an unknown model fails here, not on every worker
         # Generation counters of the acting policy: the driver's backend, or the Ray workers' summed up.
@@ -291,7 +295,8 @@ class AgentLoop:
                     if self.schedule.over(self.state):
                         break
                     self._gate_user_lessons()
-                    self._play(started, start_episodes, start_tokens)
+                    with self.profile.phase("PLAY"):
+                        self._play(started, start_episodes, start_tokens)
                     if self.stop_requested:
                         break
                     after = self.schedule.after_play(self.state)
@@ -300,10 +305,12 @@ class AgentLoop:
                     elif self.schedule.over(self.state):
                         break
                 elif self.phase == "EXTRACT":
-                    self._extract()
+                    with self.profile.phase("EXTRACT"):
+                        self._extract()
                     self._move(self.schedule.after_extract(self.state))
                 elif self.phase == "CONSOLIDATE":
-                    self._consolidate()
+                    with self.profile.phase("CONSOLIDATE"):
+                        self._consolidate()
                     self._move("PLAY")
                 else:
                     raise PhaseNotAvailableError(f"the run's cursor is at {self.phase}, which this version cannot run")
@@ -313,7 +320,7 @@ class AgentLoop:
             status = "finished" if self.schedule.target_reached(self.state) and self.phase == "PLAY" else "stopped"
             self.store.update_run(self.run_id, state=self.state.stored(), status=status)
             summary = self._summary(started, start_episodes, start_tokens)
-            log.info(summary.line(), extra={"fields": {"summary": asdict(summary)}})
+            log.info(summary.line(), extra={"fields": {"summary": asdict(summary), "profile": self.profile.as_dict()}})
             log.removeHandler(handler)
             handler.close()
         return summary
@@ -383,6 +390,7 @@ class AgentLoop:
                    disable=not self.progress, dynamic_ncols=True)
 
         def progress(metrics: dict) -> None:
+            self.profile.add_training("CONSOLIDATE: train", metrics)
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['loss']:.3f}")
 
@@ -424,7 +432,8 @@ class AgentLoop:
         tqdm.write(report.line())
         log.info(report.line(), extra={"fields": {"phase": "CONSOLIDATE", "cycle": asdict(report)}})
         if report.status == "promoted":
-            self._probe_promoted()
+            with self.profile.phase("PROMOTE: probe"):
+                self._probe_promoted()
 
     def _probe_promoted(self) -> None:
         """The adapter probe after a promotion (`agent_runtime.adapter_probe`): its reference is computed here

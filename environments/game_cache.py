@@ -40,6 +40,10 @@ STALE_AFTER_S = 6 * 3600  # a temporary folder this old belongs to no live build
 _TEMP_PREFIXES = (".gen-", ".trash-")
 
 
+BUILT = {"games": 0, "seconds": 0.0}
+"""Games this process generated, and the wall seconds it took (what a run's profile reads: `agent_runtime.profile`)."""
+
+
 def run_games_dir(workdir: str | Path) -> Path:
     """Where a run in `workdir` caches generated games when its config entry names no `cache_dir`.
 
@@ -138,8 +142,11 @@ def cached_entry(root: str | Path, key: str, files: Sequence[str], build: Callab
         if folder.exists() or folder.is_symlink():
             _discard(folder, root, key)  # damaged or partial: never used, rebuilt
         tmp = Path(tempfile.mkdtemp(prefix=f".gen-{key}-", dir=root))
+        started = time.perf_counter()
         try:
             build(tmp)
+            BUILT["games"] += 1
+            BUILT["seconds"] += time.perf_counter() - started
             missing = [name for name in files if not _nonempty_file(tmp / name)]
             if missing:
                 raise RuntimeError(f"building game {key} under {root} wrote no (or empty) {', '.join(missing)}")

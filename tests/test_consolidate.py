@@ -18,6 +18,15 @@ def test_cycle_in_the_loop(tmp_path, cycle_config):
     summary = loop.run()
     loop.close()
     assert summary.cycles == 1 and summary.extractions == 2
+    # where the time went (bench/loop.py's profile): each phase, and the tokens it put through the model
+    profile = loop.profile.phases
+    assert {"START", "START: model", "PLAY", "EXTRACT", "CONSOLIDATE", "CONSOLIDATE: train",
+            "CONSOLIDATE: evaluate"} <= set(profile)
+    assert profile["PLAY"].decisions >= 4 and profile["PLAY"].prompt_tokens > 0
+    train, evaluate = profile["CONSOLIDATE: train"], profile["CONSOLIDATE: evaluate"]
+    assert train.train_tokens > 0 and train.teacher_tokens > 0 and train.prompt_tokens == 0
+    assert evaluate.decisions > 0 and evaluate.train_tokens == 0
+    assert profile["CONSOLIDATE"].wall_s >= train.wall_s + evaluate.wall_s > 0
     with ExperienceStore.open(tmp_path) as store:
         [cycle] = store.cycles(summary.run_id)
         # the fixture's fake lessons leave the tiny model's choices as they are (KL ~0 before), so any step

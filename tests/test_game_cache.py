@@ -65,10 +65,15 @@ def _start_playing(workdir: Path) -> list[str]:
 
 
 def test_second_workdir_starts_playing_without_generating(tmp_path, cache_root, generations):
+    from environments.game_cache import BUILT
+
+    before = dict(BUILT)
     first = _start_playing(tmp_path / "run-a")
     assert sorted(generations) == ["train-0", "train-1"]
+    assert BUILT["games"] == before["games"] + 2 and BUILT["seconds"] > before["seconds"]  # the run's profile
     second = _start_playing(tmp_path / "run-b")
     assert sorted(generations) == ["train-0", "train-1"]  # nothing generated for the second workdir
+    assert BUILT["games"] == before["games"] + 2
     assert second == first
     assert not (tmp_path / "run-a" / "games").exists() and not (tmp_path / "run-b" / "games").exists()
     assert len(list((cache_root / "games" / "textworld").glob("*/game.z8"))) == 2

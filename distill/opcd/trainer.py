@@ -95,6 +95,9 @@ class OPCDTrainer:
         self.tokenizer = tokenizer
         self.parent_adapter = str(parent_adapter) if parent_adapter else None
         self.steps_done = 0
+        # tokens run through the student with gradients (forward + backward) and through the frozen teacher
+        # (forward only), padding left out; each step's share goes into its metrics (train_/teacher_tokens)
+        self.tokens = {"train": 0, "teacher": 0}
         self.history: list[dict] = []
         self._spikes = 0
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -192,6 +195,7 @@ class OPCDTrainer:
         prompts, contexts = prompts[share], contexts[share]
         choices = choices[share] if choices is not None else None
         result, sampled, scored = None, started, started
+        counted = dict(self.tokens)
         divergence = {"opcd": "reverse", "off_policy": "forward", "sft": "cross_entropy"}[cfg.objective]
         if prompts and choices is not None:
             result = self._choice_loss(prompts, contexts, choices, divergence)
@@ -209,6 +213,8 @@ class OPCDTrainer:
             targets, mask = pad_responses(responses, self._pad_id, self.model.device)
             teacher_hidden, teacher_head = self._teacher_hidden(teacher_ids, responses)
             scored = time.perf_counter()
+            self.tokens["teacher"] += sum(len(t) + len(r) for t, r in zip(teacher_ids, responses))
+            self.tokens["train"] += sum(len(p) + len(r) for p, r in zip(student_ids, responses))
             self.model.train()
             student_lm = self._student_lm
             hidden = response_hidden(student_lm, student_ids, responses, pad_id=self._pad_id)
@@ -243,6 +249,8 @@ class OPCDTrainer:
             "sample_seconds": sampled - started, "teacher_seconds": scored - sampled,
             "train_seconds": finished - scored,
             "response_length": tokens / batch_size,
+            "train_tokens": self.tokens["train"] - counted["train"],
+            "teacher_tokens": self.tokens["teacher"] - counted["teacher"],
         }
         self.history.append(metrics)
         return metrics
@@ -260,6 +268,8 @@ class OPCDTrainer:
             actions.append(action_token_ids(self.tokenizer, chat, ids, options, self.tokenizer.eos_token_id))
         teacher_logp = self._teacher_choice_scores(teacher_ids, actions)
         self.model.train(torch.is_grad_enabled())
+        if torch.is_grad_enabled():
+            self.tokens["train"] += sum(len(p) + sum(len(a) - 1 for a in row) for p, row in zip(student_ids, actions))
         student_logp = choice_logprobs(*lm_parts(self._student_lm),
                                        pack_choices(student_ids, actions, pad_id=self._pad_id))
         return student_logp, teacher_logp
@@ -272,6 +282,7 @@ class OPCDTrainer:
             with torch.no_grad(), self.policies.teacher() as teacher:
                 scored = choice_logprobs(*lm_parts(teacher), pack_choices(
                     [teacher_ids[i] for i in missing], [actions[i] for i in missing], pad_id=self._pad_id))
+            self.tokens["teacher"] += sum(len(teacher_ids[i]) + sum(len(a) - 1 for a in actions[i]) for i in missing)
             for i, scores in zip(missing, scored):  # a separate teacher may run on another device
                 self._teacher_choices[keys[i]] = scores.to(self.model.device)
         return [self._teacher_choices[key] for key in keys]

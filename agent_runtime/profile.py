@@ -1,0 +1,100 @@
+"""Where a run's time goes: wall and CPU seconds per phase, and the tokens each phase put through the model.
+
+The loop keeps one `Profile` (`AgentLoop.profile`) and measures what it runs: START (building the environments,
+and the model as its own row), PLAY, EXTRACT, CONSOLIDATE, PROMOTE: probe; code deeper down marks its own
+parts with `profiled(name)` (a cycle's training and its evaluations), which counts only while a profile is
+active in this process and is free otherwise. A part is measured inside its phase, so a phase's row includes
+its parts. Every row also says how many games it generated and how long that took (games are generated when
+first needed, through `environments.game_cache`).
+
+Tokens come from the acting backend's counters (`BackendStats`: prompt tokens scored, tokens generated,
+decisions) for the acting parts, and from the trainer's per-step metrics for training (`add_training`): the
+tokens the student ran forward and backward, and the tokens the frozen teacher ran forward. `bench/loop.py`
+turns them into each phase's *floor*, the time a plain batched forward (and forward+backward) of the same
+tokens takes on the same machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+
+_ACTIVE: list[Profile] = []
+
+
+@dataclass
+class PhaseTime:
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    times: int = 0
+    prompt_tokens: int = 0  # forward only: the acting policy's prompts (and scored action tokens' prompts)
+    generated_tokens: int = 0
+    decisions: int = 0  # completions the backend returned (choice mode: scored action sets)
+    train_tokens: int = 0  # forward + backward through the student
+    teacher_tokens: int = 0  # forward only, through the frozen teacher
+    games: int = 0  # games generated (not found in the game cache) during the phase
+    games_s: float = 0.0  # the wall seconds that took
+
+    @property
+    def forward_tokens(self) -> int:
+        return self.prompt_tokens + self.generated_tokens + self.teacher_tokens
+
+
+class Profile:
+    """Per-phase totals of one process's run. `stats()` gives the acting backend's counters (None: none yet)."""
+
+    def __init__(self, stats: Callable[[], object | None] = lambda: None):
+        self._stats = stats
+        self.phases: dict[str, PhaseTime] = {}
+
+    def _counters(self) -> tuple[int, int, int, int, float]:
+        from environments.game_cache import BUILT
+
+        stats = self._stats()
+        acting = (0, 0, 0) if stats is None else (stats.prompt_tokens, stats.completion_tokens,
+                                                   sum(stats.batch_sizes))
+        return (*acting, BUILT["games"], BUILT["seconds"])
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[PhaseTime]:
+        row = self.phases.setdefault(name, PhaseTime())
+        wall, cpu, counters = time.perf_counter(), time.process_time(), self._counters()
+        _ACTIVE.append(self)
+        try:
+            yield row
+        finally:
+            _ACTIVE.remove(self)
+            after = self._counters()
+            row.wall_s += time.perf_counter() - wall
+            row.cpu_s += time.process_time() - cpu
+            row.times += 1
+            row.prompt_tokens += after[0] - counters[0]
+            row.generated_tokens += after[1] - counters[1]
+            row.decisions += after[2] - counters[2]
+            row.games += after[3] - counters[3]
+            row.games_s += after[4] - counters[4]
+
+    def add_training(self, name: str, metrics: dict) -> None:
+        """Count one optimizer step's tokens (the trainer's `train_tokens` / `teacher_tokens` metrics)."""
+        row = self.phases.setdefault(name, PhaseTime())
+        row.train_tokens += int(metrics.get("train_tokens") or 0)
+        row.teacher_tokens += int(metrics.get("teacher_tokens") or 0)
+
+    def as_dict(self) -> dict[str, dict]:
+        return {name: {**asdict(row), "forward_tokens": row.forward_tokens} for name, row in self.phases.items()}
+
+
+@contextlib.contextmanager
+def profiled(name: str) -> Iterator[None]:
+    """Measure a part of a phase under `name` in the active profile (nothing when none is active)."""
+    if not _ACTIVE:
+        yield
+        return
+    with _ACTIVE[-1].phase(name):
+        yield
+
+
+def active() -> Profile | None:
+    return _ACTIVE[-1] if _ACTIVE else None
