@@ -107,11 +107,6 @@ def encode_chat(tokenizer, chat: Chat, *, continuation: str = "") -> ChatPrompt:
     return ChatPrompt(text, ids)
 
 
-def chat_token_ids(tokenizer, chat: Chat) -> list[int]:
-    """`encode_chat(tokenizer, chat).ids`: what a backend that takes token ids (vLLM) sends as the prompt."""
-    return encode_chat(tokenizer, chat).ids
-
-
 def defuse_special_text(text: str, tokenizer=None) -> str:
     """`text` with a word joiner (U+2060, invisible) after the first character of every special-token string
     in it, for a server that renders and tokenises the chat itself: its tokenizer then reads text there, not a
