@@ -43,6 +43,16 @@ DEFAULT_PG_URL = "postgresql+psycopg://agent:agent@127.0.0.1:5432/agent_test"
 XSS = "<script>alert(1)</script>"
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs the suite in parallel workers) each worker takes its share of the cores
+    for torch, so that the workers do not oversubscribe them; a serial run keeps torch's default."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Model and game caches go to a per-session temporary root, never to the user's ~/.cache.
