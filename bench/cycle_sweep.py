@@ -114,6 +114,7 @@ def heldout_decisions(study: Study) -> list:
 def heldout_kl(study: Study, keys: list[str]) -> dict[str, float]:
     """KL(student without the lesson || base model with it) on the held-out turns, per arm key ("base": before)."""
     import json
+    from types import SimpleNamespace
 
     from agent_runtime.agent import lessons_section
     from agent_runtime.checkpoints import resolve_model
@@ -126,15 +127,22 @@ def heldout_kl(study: Study, keys: list[str]) -> dict[str, float]:
     todo = [k for k in ["base", *keys] if k not in done]
     if not todo:
         return done
-    decisions = heldout_decisions(study)
+    cached = study.workdir / "heldout_decisions.json"  # the teacher's turns, played once
+    if cached.exists():
+        decisions = [SimpleNamespace(**d) for d in json.loads(cached.read_text())]
+    else:
+        decisions = heldout_decisions(study)
+        cached.write_text(json.dumps([{"chat": d.chat, "choices": d.choices} for d in decisions]))
     model_path = resolve_model("smollm2-135m-instruct")
     teacher = load_teacher(TeacherSpec(model_path=model_path), "cpu")
     settings = study_config().opcd.trainer
     context = lessons_section([GIVEN])
+    scores: dict = {}  # the teacher's choice scores, the same for every student: computed once
     for key in todo:
         model, tokenizer = load_model(model_path)
         adapter = None if key == "base" else study.results[key]["adapter"]
         trainer = OPCDTrainer(model, tokenizer, settings, parent_adapter=adapter, teacher_model=teacher)
+        trainer._teacher_choices = scores
         done[key] = trainer.evaluate_kl([d.chat for d in decisions], context, [d.choices for d in decisions])
         print(f"  held-out KL {key}: {done[key]:.4f} ({len(decisions)} turns)", flush=True)
         path.write_text(json.dumps(done, indent=1))
