@@ -173,7 +173,7 @@ def test_runner_records_choices_and_free_mode_is_unchanged(tmp_path, games_dir):
         assert step.info["action_mode"] == "free" and "choice_logprobs" not in step.info
 
 
-def _trainer(tiny, objective="opcd"):
+def _trainer(tiny, objective="opcd", **settings):
     """A student and, as the teacher, another (sharpened) random model with the same tokenizer: a random tiny
     model barely reads its context, so its own view with the lesson would leave almost nothing to distil."""
     import copy
@@ -184,8 +184,8 @@ def _trainer(tiny, objective="opcd"):
     teacher, _ = tiny_model_and_tokenizer(seed=1)
     with torch.no_grad():
         teacher.get_output_embeddings().weight.mul_(20.0)  # sharper, so the two choice policies differ clearly
-    config = OPCDConfig(objective=objective, lr=1e-2, lora_r=8, batch_size=3, temperature=1.0,
-                        sampler="live", gradient_checkpointing=True)
+    config = OPCDConfig(**{"objective": objective, "lr": 1e-2, "lora_r": 8, "batch_size": 3, "temperature": 1.0,
+                           "sampler": "live", "gradient_checkpointing": True, **settings})
     torch.manual_seed(0)
     return OPCDTrainer(copy.deepcopy(model), tokenizer, config, teacher_model=teacher)
 
@@ -347,3 +347,21 @@ def test_cosine_schedule_with_warm_up(tiny):
     factors = [trainer._lr_factor(s) for s in range(11)]
     assert factors[0] == pytest.approx(0.1) and factors[2] == pytest.approx(1.0)
     assert factors[10] == pytest.approx(0.1) and all(a >= b for a, b in itertools.pairwise(factors[2:]))
+
+
+def test_a_shared_prefix_run_once_gives_the_scores_and_the_step_of_the_rows_run_whole(tiny):
+    """The student's and the teacher's common prefix (system prompt; lessons in the teacher's view) is run once
+    and its KV read by every row: the same scores, the same gradient, fewer tokens through the model."""
+    shared = _trainer(tiny, share_context_cache=True, min_shared_prefix=4, gradient_checkpointing=False)
+    whole = _trainer(tiny, share_context_cache=False, gradient_checkpointing=False)
+    assert shared._share_student_prefix and shared._share_teacher_prefix and not whole._share_student_prefix
+    with torch.no_grad():
+        for a, b in zip(*(t._choice_scores(list(CHATS), [LESSON] * len(CHATS), list(SETS)) for t in (shared, whole))):
+            for x, y in zip(a, b):
+                torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+    for trainer in (shared, whole):
+        trainer.step(list(CHATS), [LESSON] * len(CHATS), list(SETS))
+    for a, b in zip(shared._params, whole._params):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert shared.history[0]["loss"] == pytest.approx(whole.history[0]["loss"], rel=1e-4)
+    assert shared.history[0]["train_tokens"] < whole.history[0]["train_tokens"]

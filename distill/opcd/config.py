@@ -77,7 +77,8 @@ class OPCDConfig(StrictConfig):
         "(fastest on CPUs with bf16 support and on GPUs), an fp32 merged copy, or the live training model "
         "(no extra memory, slower: unmerged LoRA)")
     share_context_cache: bool = Field(
-        True, description="run the teacher once over the token prefix that all teacher prompts of a batch "
+        True, description="run the teacher (and in the choice objective the student, gradients included) once "
+        "over the token prefix that all prompts of a batch "
         "share (the system prompt and the lessons when they are the same) and reuse its KV cache "
         "(distill.opcd.prefix_kv, which the transformers backend's prefix cache uses too)")
     min_shared_prefix: int = Field(32, ge=1, description="shorter shared prefixes are not worth a separate pass "

@@ -112,6 +112,7 @@ class OPCDTrainer:
         # the teacher's shared prefix is spliced into its batch cache: only for models whose cache allows it
         self._share_teacher_prefix = config.share_context_cache and plain_kv_layers(
             self.policies.teacher_model or self.policies.student_lm) > 0
+        self._share_student_prefix = config.share_context_cache and plain_kv_layers(self.policies.student_lm) > 0
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         assert self._params, "nothing to train"
         self.optimizer = torch.optim.AdamW(self._params, lr=config.lr, weight_decay=config.weight_decay)
@@ -268,11 +269,31 @@ class OPCDTrainer:
             actions.append(action_token_ids(self.tokenizer, chat, ids, options, self.tokenizer.eos_token_id))
         teacher_logp = self._teacher_choice_scores(teacher_ids, actions)
         self.model.train(torch.is_grad_enabled())
+        # a checkpointed student in training runs without a KV cache (transformers turns it off): rows run whole
+        share = self._share_student_prefix and not (torch.is_grad_enabled() and self.config.gradient_checkpointing)
+        student_logp, fed = self._scored(self._student_lm, student_ids, actions, share=share)
         if torch.is_grad_enabled():
-            self.tokens["train"] += sum(len(p) + sum(len(a) - 1 for a in row) for p, row in zip(student_ids, actions))
-        student_logp = choice_logprobs(*lm_parts(self._student_lm),
-                                       pack_choices(student_ids, actions, pad_id=self._pad_id))
+            self.tokens["train"] += fed
         return student_logp, teacher_logp
+
+    def _scored(self, causal_lm, ids: list[list[int]], actions: list[list[list[int]]], *, share: bool):
+        """(`choice_logprobs` of the rows, the tokens that went through the model). With `share`, the prefix all
+        rows have in common (the system prompt, and the lessons in the teacher's view) runs once as a batch-1
+        sequence and its KV serves every row; gradients flow through it as through the rows' own tokens, so the
+        scores and their gradients are those of the rows run whole (tests/test_opcd_choice.py)."""
+        decoder, head = lm_parts(causal_lm)
+        common = shared_prefix_length(ids, self.config.min_shared_prefix) if share else 0
+        fed = sum(len(p) - common + sum(len(a) - 1 for a in row) for p, row in zip(ids, actions)) + common
+        if not common:
+            return choice_logprobs(decoder, head, pack_choices(ids, actions, pad_id=self._pad_id)), fed
+        prefix = torch.as_tensor(ids[0][:common], device=head.weight.device)[None]
+        cache = decoder(input_ids=prefix, use_cache=True).cache
+        for layer in cache.layers:  # one copy of the prefix's KV, read by every row (a view, not a copy)
+            layer.keys = layer.keys.expand(len(ids), -1, -1, -1)
+            layer.values = layer.values.expand(len(ids), -1, -1, -1)
+        packed = pack_choices([p[common:] for p in ids], actions, pad_id=self._pad_id,
+                              past_lengths=[common] * len(ids), past_width=common)
+        return choice_logprobs(decoder, head, packed, past=cache), fed
 
     def _teacher_choice_scores(self, teacher_ids: list[list[int]], actions: list[list[list[int]]]):
         keys = [(tuple(t), tuple(tuple(a) for a in row)) for t, row in zip(teacher_ids, actions)]
@@ -280,9 +301,9 @@ class OPCDTrainer:
         if missing:
             self.model.eval()
             with torch.no_grad(), self.policies.teacher() as teacher:
-                scored = choice_logprobs(*lm_parts(teacher), pack_choices(
-                    [teacher_ids[i] for i in missing], [actions[i] for i in missing], pad_id=self._pad_id))
-            self.tokens["teacher"] += sum(len(teacher_ids[i]) + sum(len(a) - 1 for a in actions[i]) for i in missing)
+                scored, fed = self._scored(teacher, [teacher_ids[i] for i in missing], [actions[i] for i in missing],
+                                           share=self._share_teacher_prefix)
+            self.tokens["teacher"] += fed
             for i, scores in zip(missing, scored):  # a separate teacher may run on another device
                 self._teacher_choices[keys[i]] = scores.to(self.model.device)
         return [self._teacher_choices[key] for key in keys]
