@@ -66,3 +66,28 @@ def test_gpu_check_sections_run_in_cpu_dry_run(tmp_path, capsys):
     assert gpu_check.main(["report", "--results", str(results)]) == 0
     table = capsys.readouterr().out
     assert table.count("\n") == len(rows) + 2 and "| opcd | OPCD, default config |" in table
+
+
+def test_loop_profile_bench_sets_each_phase_against_its_floor(tmp_path, games_dir, tiny_model_dir, cycle_config,
+                                                               capsys):
+    """`bench/loop.py` on a whole cycle of the tiny model: every phase that ran has its row, a floor from the
+    same model's measured rates, and the JSON beside the table."""
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("loop_bench", ROOT / "bench" / "loop.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    config = tmp_path / "cycle.yaml"
+    config.write_text(yaml.safe_dump(cycle_config().model_dump(mode="json")))
+    workdir = tmp_path / "w"
+    assert bench.main(["--config", str(config), "--workdir", str(workdir), "--no-progress"]) == 0
+    saved = json.loads((workdir / "profile.json").read_text())
+    assert saved["rates"]["forward"] > 0 and saved["rates"]["train"] > 0
+    table = capsys.readouterr().out
+    rows = {line.split(" | ")[0][2:]: line for line in table.splitlines() if line.startswith("| ")}
+    assert "EXTRACT" in rows  # its fake extractor puts nothing through the model: no floor
+    for phase in ("PLAY", "CONSOLIDATE", "CONSOLIDATE: train", "CONSOLIDATE: evaluate"):
+        assert rows[phase].rstrip(" |").endswith("x"), rows[phase]  # model work: a floor and a ratio
+    assert saved["profile"]["CONSOLIDATE: train"]["train_tokens"] > 0
