@@ -390,7 +390,8 @@ class AgentLoop:
                    disable=not self.progress, dynamic_ncols=True)
 
         def progress(metrics: dict) -> None:
-            self.profile.add_training("CONSOLIDATE: train", metrics)
+            for name in ("CONSOLIDATE", "CONSOLIDATE: train"):  # the phase's row includes its parts
+                self.profile.add_training(name, metrics)
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['loss']:.3f}")
 

@@ -27,6 +27,7 @@ def test_cycle_in_the_loop(tmp_path, cycle_config):
     assert train.train_tokens > 0 and train.teacher_tokens > 0 and train.prompt_tokens == 0
     assert evaluate.decisions > 0 and evaluate.train_tokens == 0
     assert profile["CONSOLIDATE"].wall_s >= train.wall_s + evaluate.wall_s > 0
+    assert profile["CONSOLIDATE"].train_tokens == train.train_tokens
     with ExperienceStore.open(tmp_path) as store:
         [cycle] = store.cycles(summary.run_id)
         # the fixture's fake lessons leave the tiny model's choices as they are (KL ~0 before), so any step
