@@ -14,8 +14,9 @@ ARGS   ?=
 run: $(STAMP)
 	$(VENV)/bin/agent-runtime run $(CONFIG) $(ARGS)
 
+# the suite in parallel workers, one per core up to 4, a test file per worker at a time (`ARGS="-n 0"`: serially)
 test: $(STAMP)
-	$(VENV)/bin/pytest $(ARGS)
+	$(VENV)/bin/pytest -n auto --maxprocesses 4 --dist loadfile $(ARGS)
 
 install: $(STAMP)
 
