@@ -195,11 +195,13 @@ def close_env_pool() -> None:
 
 def evaluate(config: RunConfig, workdir: Path, backend: PolicyBackend, *, lessons: list[str] | None = None,
              episodes_per_env: int | None = None, slots: int | None = None, split: str = "eval",
-             context: str | None = None, reuse: bool = True, pool: EnvPool | None = None) -> list[EvalResult]:
+             context: str | None = None, reuse: bool = True, pool: EnvPool | None = None,
+             on_record: Callable[[EpisodeRecord], None] | None = None) -> list[EvalResult]:
     """Play the first N tasks of `split` (the held-out eval split by default) of every environment of the
     config; return one result per environment. `context`: a system prompt appended to every system message
     (a system-prompt distillation cycle's "with context" conditions). `pool`: where specs and started
-    instances are kept between calls (default: this process's, `env_pool()`); `reuse=False`: none kept."""
+    instances are kept between calls (default: this process's, `env_pool()`); `reuse=False`: none kept.
+    `on_record`: called with each finished episode's whole record (its steps), for a caller that needs the turns."""
     n = episodes_per_env or config.evaluation.episodes_per_env
     lender = None
     if reuse:
@@ -216,6 +218,8 @@ def evaluate(config: RunConfig, workdir: Path, backend: PolicyBackend, *, lesson
     results = [EvalResult(spec.env_id) for spec in specs]
 
     def on_episode(record: EpisodeRecord) -> None:
+        if on_record is not None:
+            on_record(record)
         env_index = next(i for i, s in enumerate(specs) if s.env_id == record.env_id)
         results[env_index].episodes.append({
             "task_id": record.task_id, "seed": record.seed, "won": record.won, "return": record.total_return,

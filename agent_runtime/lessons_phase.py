@@ -140,6 +140,9 @@ class LessonContexts:
     def reload(self) -> None:
         version, lessons = live_lessons(self.store, self.run_id)
         self.version = version.version if version is not None else None
+        # a stored lesson the screen now rejects never reaches the prompt (`agent.lessons_section`), so an
+        # episode does not list it among the lessons it had in context either
+        lessons = [x for x in lessons if prompt_lessons([x.text])]
         self.by_pool = {p: [x for x in lessons if x.pool == p] for p in range(self.pools)}
         self._checked = time.monotonic()
 
@@ -156,9 +159,7 @@ class LessonContexts:
     def for_draw(self, draw: Draw) -> EpisodeContext:
         self.refresh()
         pool = random.Random(f"pool:{self.seed}:{draw.index}").randrange(self.pools) if self.pools > 1 else 0
-        # a stored lesson the screen now rejects never reaches the prompt (`agent.lessons_section`), so the
-        # episode does not list it among the lessons it had in context either
-        lessons = [x for x in self.by_pool.get(pool, []) if prompt_lessons([x.text])]
+        lessons = self.by_pool.get(pool, [])
         return EpisodeContext(tuple(x.text for x in lessons), tuple(x.id for x in lessons), self.version)
 
     def texts(self, pool: int = 0) -> list[str]:

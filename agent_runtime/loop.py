@@ -485,12 +485,7 @@ class AgentLoop:
                       state: RunState | None = None) -> None:
         s = self._summary(started, start_episodes, start_tokens, state)
         rate = s.new_episodes / s.seconds * 60 if s.seconds else 0.0
-        stats = self.stats
-        if stats.completion_tokens or not stats.seconds:
-            speed = f"{s.tokens_per_s:.1f} tok/s"
-        else:  # choice mode scores the action set: no token is generated
-            speed = f"{sum(stats.batch_sizes) / stats.seconds:.1f} decisions/s"
-        msg = f"{s.episodes} episodes, success {s.success_rate:.1%}, {speed}, {rate:.1f} ep/min"
+        msg = f"{s.episodes} episodes, success {s.success_rate:.1%}, {s.tokens_per_s:.1f} tok/s, {rate:.1f} ep/min"
         tqdm.write(msg)
         log.info(msg, extra={"fields": {"episodes": s.episodes, "success_rate": s.success_rate,
                                         "tokens_per_s": s.tokens_per_s, "episodes_per_min": rate}})

@@ -94,7 +94,3 @@ def profiled(name: str) -> Iterator[None]:
         return
     with _ACTIVE[-1].phase(name):
         yield
-
-
-def active() -> Profile | None:
-    return _ACTIVE[-1] if _ACTIVE else None

@@ -86,27 +86,17 @@ def run(study: Study, variants: list[str], seeds: list[int], objectives: list[st
 
 
 def heldout_decisions(study: Study) -> list:
-    """Every choice turn of the teacher's (base model + the lesson) greedy episodes on the held-out games, each
-    prompt rebuilt without the lesson, as the held-out KL is measured on."""
+    """Every choice turn of the teacher's (base model + the lesson) greedy episodes on the held-out games (the
+    study's evaluation of the "given" arm, its tasks and seeds), each prompt rebuilt without the lesson."""
     from agent_runtime.consolidate import turn_prefixes
     from agent_runtime.envs import build_envs, build_prompt_builders
-    from agent_runtime.llm.base import SamplingParams
-    from agent_runtime.runner import Draw, EpisodeRunner
+    from agent_runtime.evaluation import evaluate
 
     config = study_config()
     backend = study.acting_with(None)
-    specs, [tasks] = build_envs(config, study.workdir, split="eval")
-    params = SamplingParams(max_new_tokens=config.model.max_new_tokens, temperature=config.evaluation.temperature,
-                            top_p=config.model.top_p)
-    n = config.evaluation.episodes_per_env
-    queue = [Draw(index=i, env_index=0, task_id=t, seed=config.evaluation.seed + i) for i, t in enumerate(tasks[:n])]
     records = []
-    runner = EpisodeRunner(backend, specs, build_prompt_builders(config, specs, backend, [GIVEN]), params,
-                           slots=config.runtime.slots, policy_name="teacher")
-    try:
-        runner.run(lambda: queue.pop(0) if queue else None, records.append)
-    finally:
-        runner.close()
+    evaluate(config, study.workdir, backend, lessons=[GIVEN], on_record=records.append)
+    specs, _ = build_envs(config, study.workdir, split="eval")
     [without] = build_prompt_builders(config, specs, backend)
     return [d for r in sorted(records, key=lambda r: r.seed) for d in turn_prefixes(without, r.steps) if d.choices]
 
@@ -199,11 +189,12 @@ def report(results: dict, variants: list[str], kl: dict[str, float] | None = Non
         for variant in variants:
             for objective in OBJECTIVES:
                 name = arm(variant, objective)
-                after = [(s, kl[f"sweep:{name}:{s}"]) for s in range(100) if f"sweep:{name}:{s}" in kl]
+                after = [v for _, v in sorted((int(k.rsplit(":", 1)[1]), v) for k, v in kl.items()
+                                              if k.startswith(f"sweep:{name}:"))]
                 if after:
-                    fell = sum(v < kl["base"] for _, v in after)
+                    fell = sum(v < kl["base"] for v in after)
                     held.append(f"- held-out KL ({name}; teacher's turns on the 40 held-out games): before "
-                                f"{kl['base']:.3f}, after {', '.join(f'{v:.3f}' for _, v in after)}; fell in "
+                                f"{kl['base']:.3f}, after {', '.join(f'{v:.3f}' for v in after)}; fell in "
                                 f"{fell} of {len(after)}")
     return "\n".join(lines + [""] + paired + retained + held) + "\n"
 

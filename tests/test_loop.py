@@ -246,5 +246,5 @@ def test_the_periodic_summary_counts_the_episodes_played_so_far(tmp_path, games_
     loop.close()
     lines = [line for line in capsys.readouterr().out.splitlines() if "ep/min" in line]
     assert [line.split(" episodes")[0] for line in lines] == ["2", "4", "6"]
-    assert all(("tok/s" in line) != ("decisions/s" in line) for line in lines)
+    assert all("tok/s" in line for line in lines)
     assert lines[-1].startswith(f"6 episodes, success {summary.won / 6:.1%}")
