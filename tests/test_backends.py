@@ -68,6 +68,18 @@ def test_lora_adapters_load_and_switch(tmp_path, tiny_model_dir):
         backend.load_adapter("bad", tmp_path)
 
 
+def test_auto_dtype_is_float32_on_every_device(tiny_model_dir):
+    # bf16 acting rounded away most of a small OPCD adapter's gain (bench/RESULTS.md "Acting in bfloat16"), so
+    # `auto` never picks it, on a CPU with native bf16 or on a GPU; `bfloat16` asked for by name still works
+    from agent_runtime.llm.transformers_backend import TransformersBackend, auto_dtype
+
+    assert auto_dtype(torch.device("cuda")) == torch.float32 and auto_dtype(torch.device("cpu")) == torch.float32
+    backend = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="auto")
+    assert {p.dtype for p in backend.model.parameters()} == {torch.float32}
+    asked = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="bfloat16")
+    assert {p.dtype for p in asked.model.parameters()} == {torch.bfloat16}
+
+
 def test_chat_backend_with_fake_chat_model():
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
 

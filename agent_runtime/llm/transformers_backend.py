@@ -8,10 +8,13 @@ EOS or stop string. Sampling is seeded per call when `SamplingParams.seed` is se
 LoRA adapters (peft) are loaded by name and switched with `use_adapter(name)`; `use_adapter(None)` gives the
 base model. Each loaded adapter's fingerprint (`distill.fingerprint`) is computed from the tensors peft put in the
 model, and `adapter_fingerprint()` reports the one of the adapter peft itself has active: what the model
-computes with, not what this class was told. With `dtype: auto` the model runs in bf16 on CUDA and in float32 on
-every CPU. bf16 on CPUs with native support (AVX512-BF16/AMX) generated 1.7x faster (bench/RESULTS.md), but it
-made a seeded run's table depend on the machine (the quickstart gave another table on a bf16 CPU), and bf16
-rounds away much of a small LoRA adapter's change to the weights; `dtype: bfloat16` still asks for it.
+computes with, not what this class was told. `dtype: auto` is float32 on every device: acting in bf16 lost
+most of what a small OPCD adapter had learned (bench/RESULTS.md "Acting in bfloat16": the same four adapters
+won 87.5/77.5/40/90% of the held-out games in float32 and far fewer in bf16, while the base model and the lesson
+in context moved by 2-5 points): the adapter's change to each layer's output is below bf16's resolution of the
+residual stream, so it is rounded away. bf16 also made a seeded run's table depend on the CPU. `dtype:
+bfloat16` still asks for it (1.7x faster generation on CPUs with native bf16; half the memory of a large model
+on a GPU), for adapters whose effect is large enough to survive it.
 
 A prefix KV cache (per row, across calls: `agent_runtime.llm.prefix_cache`) makes an agent's next turn
 prefill only its new observation; the same greedy tokens as without it. Choice mode (`choose`) scores every
@@ -57,8 +60,9 @@ def resolve_device(device: str) -> torch.device:
 
 
 def auto_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on CUDA, float32 on CPUs whatever they support: the same numbers on every CPU (module docstring)."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    """float32 on every device: bf16 rounds a small adapter's effect away (module docstring). `device` is kept
+    for the callers that resolve a dtype per device."""
+    return torch.float32
 
 
 class InverseCDFSampler:
