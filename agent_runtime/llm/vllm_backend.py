@@ -159,6 +159,9 @@ class VLLMBackend:
         self._sleep_mode = bool(engine_kwargs.setdefault("enable_sleep_mode", current_platform.is_cuda()))
         self._asleep = False
         self._vllm = vllm
+        # `auto` is float32, as on the transformers backend: vLLM's own auto would act in fp16/bf16 on a GPU,
+        # where a small OPCD adapter's change is rounded away (bench/RESULTS.md "Acting in bfloat16")
+        dtype = "float32" if dtype == "auto" else dtype
         try:
             self.llm = vllm.LLM(model=model_path, dtype=dtype, enable_lora=True, max_lora_rank=max_lora_rank,
                                 max_loras=max_loras, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
