@@ -45,7 +45,7 @@ def test_findings_name_what_separates_won_from_lost_play_with_their_counts(store
     episodes = [store.episode(e.id) for e in store.episodes(run_id)]
     findings = {f.key: f for f in induce(episodes, max_candidates=10)}
     take = findings["take coin"]
-    assert (take.kind, take.text) == ("prefer", "When you can take coin, take coin.")
+    assert (take.kind, take.text) == ("prefer", "When you see a coin, take coin.")
     assert (take.chose_won, take.avail_won, take.chose_lost, take.avail_lost) == (3, 3, 0, 1)
     assert len(take.won_episode_ids) == 3 and take.lost_episode_ids == ()
     look = findings["look"]
@@ -53,8 +53,8 @@ def test_findings_name_what_separates_won_from_lost_play_with_their_counts(store
     assert (look.chose_won, look.chose_lost) == (0, 9) and len(look.lost_episode_ids) == 3
     # "go east" and "go west" are one verb: which way wins is a detail of each task, going is the rule
     go = findings["go"]
-    assert go.kind in ("start", "prefer") and go.text.startswith(("Start with go", "When you can go, go"))
-    assert go.text == "Start with go."  # the won episodes went east and west: no direction is named
+    assert go.kind in ("start", "prefer") and go.text.startswith(("Go first", "When you can go, go"))
+    assert go.text == "Go first."  # the won episodes went east and west: no direction is named
     assert "go east" not in findings and "go west" not in findings
     repeat = findings[""]
     assert (repeat.kind, repeat.chose_won, repeat.chose_lost) == ("repeat", 0, 3)
@@ -73,7 +73,7 @@ def test_a_verb_names_its_example_only_when_the_won_episodes_agree_on_it(store) 
         _store_episode(store, run_id, [("look", ROOM, "A hall."), ("look", ROOM, "A hall.")], False)
     episodes = [store.episode(e.id) for e in store.episodes(run_id)]
     go = {f.key: f for f in induce(episodes, max_candidates=10)}["go"]
-    assert go.text.endswith("go: for example go east.")
+    assert (go.kind, go.text) == ("start", "Go east first.")  # every won episode went east: the verb names it
 
 
 def test_no_contrast_no_finding_and_environment_text_is_screened(store) -> None:
@@ -131,10 +131,10 @@ def test_an_induced_lesson_goes_live_only_when_its_trial_raises_success(tmp_path
     loop.close()
     with ExperienceStore.open(tmp_path, read_only=True) as store:
         _, live = live_lessons(store, summary.run_id)
-        assert [x.text for x in live] == ["When you can take coin, take coin."]
+        assert [x.text for x in live] == ["When you see a coin, take coin."]
         [call] = [x for x in store.extractions(summary.run_id) if x.extractor == "induce"]
         trials = {t["text"]: t for t in call.metadata["trials"]}
-        take = trials["When you can take coin, take coin."]
+        take = trials["When you see a coin, take coin."]
         assert take["accepted"] and take["trial"]["candidate_rate"] == 1.0 > take["trial"]["current_rate"]
         # the ones tried after it add nothing on top of it: kept out, with what their trial measured
         for text, trial in trials.items():

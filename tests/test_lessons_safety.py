@@ -171,8 +171,9 @@ def test_poisoned_trajectory_never_reaches_the_live_set(poisoned) -> None:
 def test_filler_too_short_to_be_a_rule_is_rejected() -> None:
     from distill.lessons import screen_item
 
-    for filler in ("xxx", "experiment", "Go north.", "42 7"):
+    for filler in ("xxx", "experiment", "Go.", "42 7", "a 42"):
         verdict = screen_item(filler)
         assert verdict.text is None and "too short" in verdict.reason
     assert screen_item("Take the coin first.").text == "Take the coin first."
+    assert screen_item("Go first.").text == "Go first."  # two words make a rule
     assert screen_item("DELETE #9").text == "DELETE #9"

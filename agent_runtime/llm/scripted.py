@@ -10,9 +10,9 @@ It reads the last user message the agent wrote and answers without a model, hund
 
 With `follow_lessons`, a lesson in the system prompt of the form "Always reply: X" makes the policy reply X:
 a policy for which a lesson is known to help or hurt, to test the lesson gate. It also follows the lessons
-`distill.lessons.induce` writes, when the prompt lists admissible actions: "When you can X, X." picks an
-admissible action that is X or starts with the verb X, and "X never helps." leaves X (or X's verb) out of
-the random pick -- so a test can see a right induced lesson raise success and a wrong one lower it.
+`distill.lessons.induce` writes, when the prompt lists admissible actions: "When you can X, X." (or "When you
+see Y, X.") picks an admissible action that is X or starts with the verb X, and "X never helps." leaves X (or
+X's verb) out of the random pick -- so a test can see a right induced lesson raise success and a wrong one lower it.
 
 In every mode, a lesson-extraction prompt (one that asks for "EXPERIENCE ITEM" lines) is answered with
 `lesson_reply`, so the EXTRACT phase can be exercised without a model.
@@ -33,6 +33,7 @@ from agent_runtime.llm.base import BackendStats, Chat, Completion, SamplingParam
 _BRACKETED = re.compile(r"\[([a-z]+)\]")
 _ALWAYS_REPLY = re.compile(r"Always reply: (.+)$", re.MULTILINE)
 _WHEN_YOU_CAN = re.compile(r"When you can ([a-z][a-z ]*?), \1\b", re.IGNORECASE)
+_WHEN_YOU_SEE = re.compile(r"When you see [^,.\n]{1,80}, ([a-z][a-z ]*?)\.", re.IGNORECASE)
 _NEVER_HELPS = re.compile(r"(?:^|[.:>-]\s*)([A-Za-z][a-z ]*?) never helps\.", re.MULTILINE)
 
 
@@ -100,7 +101,7 @@ class ScriptedBackend:
     def _follow(system: str, options: list[str]) -> list[str]:
         """The admissible actions an induced lesson leaves: the preferred ones if any is offered, else all but
         the ones that never help (all of them if a lesson would leave none)."""
-        for key in _WHEN_YOU_CAN.findall(system):
+        for key in _WHEN_YOU_CAN.findall(system) + _WHEN_YOU_SEE.findall(system):
             preferred = [a for a in options if _matches(a, key.lower())]
             if preferred:
                 return preferred

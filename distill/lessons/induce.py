@@ -12,11 +12,12 @@ stand in for the list):
 - at every step where a key was available, the step either chose it or not; per key, the share of such steps
   that chose it in won episodes (`p_won`) against lost ones (`p_lost`);
 - **prefer**: `p_won - p_lost >= min_gap`, chosen at least `min_support` times in won episodes
-  -> "When you can take coin, take coin." / "When you can go, go." (a verb names an example action only when
-  every won episode that used the verb chose that same action: "When you can go, go: for example go south.");
+  -> "When you see a coin, take coin." (the object named as the observations before it named it, when they all
+  did) / "When you can go, go." (a verb names an example action only when every won episode that used the verb
+  chose that same action: "When you can go, go: for example go south.");
 - **avoid**: `p_lost - p_won >= min_gap`, chosen at least `min_support` times in lost episodes
   -> "Look never helps.";
-- **start**: the same comparison on the first step only (the order of play) -> "Start with go." (only when it
+- **start**: the same comparison on the first step only (the order of play) -> "Go first." (only when it
   says more than the prefer finding of the same key);
 - **repeat**: lost episodes that chose the same action twice in a row while the observation did not change,
   against won ones -> "If an action changed nothing, choose another one."
@@ -33,6 +34,7 @@ primes the small model can lower success: measured in bench/RESULTS.md).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -106,16 +108,44 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _texts(kind: str, key: str, example: str | None) -> str:
-    """The plain-words lesson of a finding. A key that is a verb names one action it covers as an example."""
+def _texts(kind: str, key: str, example: str | None, seen: str | None = None) -> str:
+    """The plain-words lesson of a finding. A key that is a verb names one action it covers as an example; a
+    preferred action whose object the won episodes saw before choosing it says so ("When you see a coin, take
+    coin."). The wordings are the ones the 135M model acted on in a measurement on train games (bench/RESULTS.md
+    "Wording of induced lessons"): "Go first." moved it where "Start with go." did not, and "When you see a
+    coin" where "When you can take coin" did less."""
     if kind == "repeat":
         return "If an action changed nothing, choose another one."
-    act = key if example is None else f"{key}: for example {example}"
     if kind == "prefer":
+        if seen is not None:
+            return f"When you see {seen}, {key}."
+        act = key if example is None else f"{key}: for example {example}"
         return f"When you can {key}, {act}."
     if kind == "avoid":
         return f"{_sentence(key)} never helps."
-    return f"Start with {act}."  # start
+    return f"{_sentence(example or key)} first."  # start
+
+
+_ARTICLE = re.compile(r"\b(a|an|the|some)\s+$", re.IGNORECASE)
+
+
+def _seen_phrase(action: str, observations: Sequence[str]) -> str | None:
+    """How the observations before an action name its object ("a coin" for "take coin"), when every one of
+    them does; None for a one-word action, or when the object was not always in sight."""
+    parts = action.split(" ", 1)
+    if len(parts) < 2 or not observations:
+        return None
+    obj = parts[1]
+    articles: dict[str, int] = {}
+    for text in observations:
+        found = [m for m in re.finditer(rf"\b{re.escape(obj)}\b", text, re.IGNORECASE)]
+        if not found:
+            return None
+        article = _ARTICLE.search(text[:found[0].start()])
+        word = article.group(1).lower() if article else ""
+        articles[word] = articles.get(word, 0) + 1
+    word = max(sorted(articles), key=articles.get)
+    return f"{word} {obj}" if word else obj
 
 
 @dataclass
@@ -195,6 +225,7 @@ def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, 
     anywhere: dict[str, _Tally] = {}
     first: dict[str, _Tally] = {}
     examples: dict[str, dict[str, int]] = {}  # verb -> chosen actions in won episodes (the example named)
+    sights: dict[str, list[str]] = {}  # action -> the observations won episodes chose it after
     repeat = _Tally()
     for e in episodes:
         repeated = False
@@ -209,6 +240,8 @@ def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, 
                 anywhere.setdefault(key, _Tally()).add(e.won, picked, e.id)
                 if i == 0:
                     first.setdefault(key, _Tally()).add(e.won, picked, e.id)
+            if e.won:
+                sights.setdefault(chosen, []).append(s.observation or "")
             if e.won and _verb(chosen) in verbs:
                 counts = examples.setdefault(_verb(chosen), {})
                 counts[chosen] = counts.get(chosen, 0) + 1
@@ -232,7 +265,8 @@ def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, 
     def finding(kind: str, key: str, tally: _Tally, won_side: bool) -> None:
         z = z_statistic(tally.chose_won, tally.avail_won, tally.chose_lost, tally.avail_lost)
         out.append(Finding(
-            _texts(kind, key, example(key)), kind, key, env_id, tally.chose_won, tally.avail_won, tally.chose_lost,
+            _texts(kind, key, example(key), _seen_phrase(key, sights.get(key, ())) if key not in verbs else None),
+            kind, key, env_id, tally.chose_won, tally.avail_won, tally.chose_lost,
             tally.avail_lost, z if won_side else -z, tuple(sorted(tally.won_ids)), tuple(sorted(tally.lost_ids))))
 
     for key, tally in anywhere.items():

@@ -557,7 +557,10 @@ def _cap(text: str, max_chars: int) -> tuple[str, bool]:
     return cut.rstrip(" ,;:-"), True
 
 
-MIN_ITEM_WORDS = 3  # "xxx", "experiment": a small model's filler, not a transferable rule
+# "xxx", "experiment": a small model's filler, not a transferable rule. Two words make a rule ("Go first.": the
+# wording the 135M model acted on best, bench/RESULTS.md "Wording of induced lessons"); whether a short rule
+# helps is the lesson trial's question, not the screen's.
+MIN_ITEM_WORDS = 2
 
 
 def screen_item(text: str, max_chars: int = 300) -> Screened:
