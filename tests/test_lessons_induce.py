@@ -76,6 +76,25 @@ def test_a_verb_names_its_example_only_when_the_won_episodes_agree_on_it(store) 
     assert (go.kind, go.text) == ("start", "Go east first.")  # every won episode went east: the verb names it
 
 
+def test_a_preferred_action_names_its_object_as_the_won_episodes_saw_it(store) -> None:
+    run_id = store.create_run("seen", {})
+    coin = "There is a coin on the floor."
+    _store_episode(store, run_id, [("go east", ROOM, "A hall."), ("take coin", COIN, coin)], True)
+    # the coin was seen, then "inventory" answered: it is still known when the coin is taken
+    _store_episode(store, run_id, [("go west", ROOM, "A hall."), ("inventory", COIN, coin),
+                                   ("take coin", COIN, "You are carrying nothing.")], True)
+    _store_episode(store, run_id, [("go east", ROOM, "A hall."), ("take coin", COIN, f"A cellar. {coin}")], True)
+    for _ in range(3):
+        _store_episode(store, run_id, [("look", ROOM, "A hall."), ("go back", COIN, coin)], False)
+    episodes = [store.episode(e.id) for e in store.episodes(run_id)]
+    assert {f.key: f for f in induce(episodes, max_candidates=10)}["take coin"].text == "When you see a coin, take coin."
+    # one won episode that took the coin without having seen it: the lesson does not claim a sight
+    _store_episode(store, run_id, [("go east", ROOM, "A hall."), ("take coin", COIN, "A hall.")], True)
+    episodes = [store.episode(e.id) for e in store.episodes(run_id)]
+    assert {f.key: f for f in induce(episodes, max_candidates=10)}["take coin"].text == \
+        "When you can take coin, take coin."
+
+
 def test_no_contrast_no_finding_and_environment_text_is_screened(store) -> None:
     run_id = store.create_run("one-sided", {})
     for _ in range(3):

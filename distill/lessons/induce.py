@@ -129,19 +129,21 @@ def _texts(kind: str, key: str, example: str | None, seen: str | None = None) ->
 _ARTICLE = re.compile(r"\b(a|an|the|some)\s+$", re.IGNORECASE)
 
 
-def _seen_phrase(action: str, observations: Sequence[str]) -> str | None:
-    """How the observations before an action name its object ("a coin" for "take coin"), when every one of
-    them does; None for a one-word action, or when the object was not always in sight."""
+def _seen_phrase(action: str, histories: Sequence[Sequence[str]]) -> str | None:
+    """How what was seen before an action names its object ("a coin" for "take coin"), when every history
+    does (each: the observations of one won episode up to the choice); None for a one-word action, or when
+    the object was not always seen first."""
     parts = action.split(" ", 1)
-    if len(parts) < 2 or not observations:
+    if len(parts) < 2 or not histories:
         return None
     obj = parts[1]
+    pattern = re.compile(rf"\b{re.escape(obj)}\b", re.IGNORECASE)
     articles: dict[str, int] = {}
-    for text in observations:
-        found = [m for m in re.finditer(rf"\b{re.escape(obj)}\b", text, re.IGNORECASE)]
-        if not found:
+    for history in histories:
+        text, found = next(((t, m) for t in history if (m := pattern.search(t))), ("", None))
+        if found is None:
             return None
-        article = _ARTICLE.search(text[:found[0].start()])
+        article = _ARTICLE.search(text[:found.start()])
         word = article.group(1).lower() if article else ""
         articles[word] = articles.get(word, 0) + 1
     word = max(sorted(articles), key=articles.get)
@@ -225,7 +227,7 @@ def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, 
     anywhere: dict[str, _Tally] = {}
     first: dict[str, _Tally] = {}
     examples: dict[str, dict[str, int]] = {}  # verb -> chosen actions in won episodes (the example named)
-    sights: dict[str, list[str]] = {}  # action -> the observations won episodes chose it after
+    sights: dict[str, list[list[str]]] = {}  # action -> what won episodes had seen when they chose it
     repeat = _Tally()
     for e in episodes:
         repeated = False
@@ -241,7 +243,8 @@ def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, 
                 if i == 0:
                     first.setdefault(key, _Tally()).add(e.won, picked, e.id)
             if e.won:
-                sights.setdefault(chosen, []).append(s.observation or "")
+                # the episode's observations so far: an object seen stays known after "inventory"
+                sights.setdefault(chosen, []).append([x.observation or "" for x in e.steps[:i + 1]])
             if e.won and _verb(chosen) in verbs:
                 counts = examples.setdefault(_verb(chosen), {})
                 counts[chosen] = counts.get(chosen, 0) + 1
