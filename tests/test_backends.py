@@ -66,6 +66,16 @@ def test_lora_adapters_load_and_switch(tmp_path, tiny_model_dir):
         backend.use_adapter("nope")
     with pytest.raises(BackendError, match="adapter_config.json missing"):
         backend.load_adapter("bad", tmp_path)
+    # any name: peft refuses '.' in its module names, so "run.v2" and "run_v2" are kept apart under other keys
+    backend.use_adapter("a1")
+    fingerprint = backend.adapter_fingerprint()
+    assert fingerprint is not None
+    backend.load_adapter("run.v2", tmp_path / "adapter")
+    assert backend.generate(chats(1), params)[0].logprobs == pytest.approx(tuned.logprobs, abs=1e-5)
+    assert backend.adapter_fingerprint() == fingerprint
+    backend.load_adapter("run_v2", tmp_path / "adapter")
+    assert backend.active_adapter == "run_v2" and set(backend.adapters) == {"a1", "run.v2", "run_v2"}
+    assert len(set(backend.model.peft_config)) == 3
 
 
 def test_auto_dtype_is_float32_on_every_device(tiny_model_dir):

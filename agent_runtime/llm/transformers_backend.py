@@ -24,6 +24,7 @@ admissible action in one packed forward (`distill.opcd.choice`) continuing the s
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -121,7 +122,8 @@ class TransformersBackend:
         limit = getattr(model.config, "max_position_embeddings", None) or 2048
         self._context_window = min(context_window or limit, limit)
         self.adapters: dict[str, str] = {}
-        self.fingerprints: dict[str, str] = {}  # by adapter name, of the tensors in the model after loading
+        self.fingerprints: dict[str, str] = {}  # by peft key, of the tensors in the model after loading
+        self._peft_keys: dict[str, str] = {}  # adapter name -> the key peft keeps it under
         self.active_adapter: str | None = None
         self.stats = BackendStats()
         # stored sequences of the active adapter; cleared when the weights change
@@ -157,21 +159,34 @@ class TransformersBackend:
 
     # LoRA adapters -------------------------------------------------------------------------------------
     def load_adapter(self, name: str, path: str | Path) -> None:
-        """Load a peft LoRA adapter under `name` (kept in memory; switch with `use_adapter`)."""
+        """Load a peft LoRA adapter under `name` (kept in memory; switch with `use_adapter`). Any name is
+        accepted: peft keeps the adapter under a module-safe key ("run.v2" -> "run_v2")."""
         from peft import PeftModel, get_peft_model_state_dict
 
         path = str(path)
         if not (Path(path) / "adapter_config.json").is_file():
             raise BackendError(f"no LoRA adapter at {path!r} (adapter_config.json missing)")
+        key = self._peft_key(name)
         if isinstance(self.model, PeftModel):
-            if name not in self.model.peft_config:
-                self.model.load_adapter(path, adapter_name=name)
+            if key not in self.model.peft_config:
+                self.model.load_adapter(path, adapter_name=key)
         else:
-            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name).eval()
+            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=key).eval()
         self.adapters[name] = path
-        self.fingerprints[name] = fingerprint_state(get_peft_model_state_dict(self.model, adapter_name=name))
+        self.fingerprints[key] = fingerprint_state(get_peft_model_state_dict(self.model, adapter_name=key))
         self.clear_prefix_cache()  # new weights: no stored sequence was computed with them
         self.use_adapter(name)
+
+    def _peft_key(self, name: str) -> str:
+        """The key peft keeps adapter `name` under: a torch module name ('.' and '' are refused there), one per
+        name."""
+        if name in self._peft_keys:
+            return self._peft_keys[name]
+        key = re.sub(r"[^\w-]", "_", name) or "_"
+        taken = set(self._peft_keys.values())
+        key = next(k for k in (key if i == 0 else f"{key}-{i}" for i in range(len(taken) + 1)) if k not in taken)
+        self._peft_keys[name] = key
+        return key
 
     def use_adapter(self, name: str | None) -> None:
         """Switch the active adapter; None runs the base model."""
@@ -181,7 +196,7 @@ class TransformersBackend:
             self.clear_prefix_cache()
         self.active_adapter = name
         if name is not None:
-            self.model.set_adapter(name)
+            self.model.set_adapter(self._peft_keys[name])
 
     def adapter_fingerprint(self) -> str | None:
         """The fingerprint of the adapter the model computes with (peft's active one; None: the base model)."""
