@@ -78,15 +78,16 @@ def test_a_verb_names_its_example_only_when_the_won_episodes_agree_on_it(store) 
 
 def test_a_preferred_action_names_its_object_as_the_won_episodes_saw_it(store) -> None:
     run_id = store.create_run("seen", {})
-    coin = "There is a coin on the floor."
-    _store_episode(store, run_id, [("go east", ROOM, "A hall."), ("take coin", COIN, coin)], True)
+    coin, hall = "There is a coin on the floor.", "Your task: take the coin. A hall."
+    _store_episode(store, run_id, [("go east", ROOM, hall), ("take coin", COIN, coin)], True)
     # the coin was seen, then "inventory" answered: it is still known when the coin is taken
-    _store_episode(store, run_id, [("go west", ROOM, "A hall."), ("inventory", COIN, coin),
+    _store_episode(store, run_id, [("go west", ROOM, hall), ("inventory", COIN, coin),
                                    ("take coin", COIN, "You are carrying nothing.")], True)
-    _store_episode(store, run_id, [("go east", ROOM, "A hall."), ("take coin", COIN, f"A cellar. {coin}")], True)
+    _store_episode(store, run_id, [("go east", ROOM, hall), ("take coin", COIN, f"A cellar. {coin}")], True)
     for _ in range(3):
-        _store_episode(store, run_id, [("look", ROOM, "A hall."), ("go back", COIN, coin)], False)
+        _store_episode(store, run_id, [("look", ROOM, hall), ("go back", COIN, coin)], False)
     episodes = [store.episode(e.id) for e in store.episodes(run_id)]
+    # named as the sight nearest the choice names it ("a coin"), not as the task does ("the coin")
     assert {f.key: f for f in induce(episodes, max_candidates=10)}["take coin"].text == "When you see a coin, take coin."
     # one won episode that took the coin without having seen it: the lesson does not claim a sight
     _store_episode(store, run_id, [("go east", ROOM, "A hall."), ("take coin", COIN, "A hall.")], True)

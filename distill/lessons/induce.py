@@ -140,7 +140,8 @@ def _seen_phrase(action: str, histories: Sequence[Sequence[str]]) -> str | None:
     pattern = re.compile(rf"\b{re.escape(obj)}\b", re.IGNORECASE)
     articles: dict[str, int] = {}
     for history in histories:
-        text, found = next(((t, m) for t in history if (m := pattern.search(t))), ("", None))
+        # the latest mention: the sight nearest the choice ("There is a coin"), not the task's "find the coin"
+        text, found = next(((t, m) for t in reversed(history) if (m := pattern.search(t))), ("", None))
         if found is None:
             return None
         article = _ARTICLE.search(text[:found.start()])
