@@ -107,21 +107,27 @@ def run(study: Study, seeds: list[int], episodes: int, rounds: int, round_seeds:
 
 def report(results: dict, explore: float) -> str:
     base, head = results["base"], prefix(explore)
-    lines = [f"base (no lessons) {rate(base)} on 40 held-out games", "",
+    kept = results.get("retention:base")
+    lines = [f"base (no lessons) {rate(base)} on 40 held-out games"
+             + (f"; retention (treasure-hunter) {rate(kept)}" if kept else ""), "",
              ("| seed | round | lessons live after trial (tried) | held-out with them in context | vs base, McNemar p "
-             "| all induced, untried | student without lessons (after consolidating) | EXTRACT s |"),
-             "|---|---|---|---|---|---|---|---|"]
+             "| all induced, untried | student without lessons (after consolidating), vs base | retention "
+             "| EXTRACT s |"),
+             "|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(k for k in results if k.startswith(f"{head}:") and k.count(":") == 2):
         _, seed, r = key.split(":")
         found = results[key]
         induced = results.get(f"{key}:induced")
         untried = results.get(f"{key}:untried")
         student = results.get(f"{key}:student")
+        retention = results.get(f"{key}:retention")
         lines.append(
             f"| {seed} | {r[1:]} | {'; '.join(found['live']) or 'none'} ({len(found['induced'])}) | "
             f"{rate(induced) if induced else '-'} | {mcnemar_p(base, induced):.2g} | "
             f"{f'{rate(untried)} (p {mcnemar_p(base, untried):.2g})' if untried else '-'} | "
-            f"{rate(student) if student else '-'} | {found['seconds']:.0f} |")
+            f"{f'{rate(student)} (p {mcnemar_p(base, student):.2g})' if student else '-'} | "
+            f"{rate(retention) + (f' (p {mcnemar_p(kept, retention):.2g})' if kept else '') if retention else '-'} | "
+            f"{found['seconds']:.0f} |")
     trials = [f"- seed {k.split(':')[1]} round {k.split(':')[2][1:]}: " + "; ".join(
         f"{'LIVE' if x['accepted'] else 'out'} '{x['text']}' ({x['summary']}; {x['trial'][0]:.2f}->{x['trial'][1]:.2f})"
         for x in results[k]["induced"]) for k in sorted(results) if k.startswith(f"{head}:") and k.count(":") == 2]
