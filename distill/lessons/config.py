@@ -122,7 +122,7 @@ class LessonsConfig(StrictConfig):
             if not verdict.accepted:
                 raise ValueError(
                     f"seed[{i}] ({text[:60]!r}) is rejected by the lesson safety screen: {verdict.reason}; "
-                    "write it as one general rule of at least three words, without instructions to the model "
+                    "write it as one general rule of at least two words, without instructions to the model "
                     "about its prompt and without secrets"
                 )
         return self
