@@ -113,7 +113,7 @@ def _texts(kind: str, key: str, example: str | None, seen: str | None = None) ->
     preferred action whose object the won episodes saw before choosing it says so ("When you see a coin, take
     coin."). The wordings are the ones the 135M model acted on in a measurement on train games (bench/RESULTS.md
     "Wording of induced lessons"): "Go first." moved it where "Start with go." did not, and "When you see a
-    coin" where "When you can take coin" did less."""
+    coin" more than "When you can take coin" (15 of 40 train games against 5 for the old pair; none: 2)."""
     if kind == "repeat":
         return "If an action changed nothing, choose another one."
     if kind == "prefer":
