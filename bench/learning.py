@@ -124,15 +124,16 @@ class Study:
             print(f"  {key}: done in {time.perf_counter() - started:.0f}s", flush=True)
         return self.results[key]
 
-    def evaluate(self, key: str, *, lessons=(), adapter: str | None = None, env=ENV, policy=None) -> list[bool]:
-        """Won/lost per held-out task (ordered by seed), for one condition."""
+    def evaluate(self, key: str, *, lessons=(), adapter: str | None = None, env=ENV, policy=None,
+                 split: str = "eval") -> list[bool]:
+        """Won/lost per held-out task (ordered by seed), for one condition (`split="train"`: the train games)."""
         from agent_runtime.config import EnvEntry
         from agent_runtime.evaluation import evaluate
 
         def compute():
             config = study_config().model_copy(update={"envs": [EnvEntry.model_validate(env)]})
             backend = policy or self.acting_with(adapter)
-            [result] = evaluate(config, self.workdir, backend, lessons=list(lessons))
+            [result] = evaluate(config, self.workdir, backend, lessons=list(lessons), split=split)
             return [bool(e["won"]) for e in result.episodes]
 
         return self.cached(key, compute)

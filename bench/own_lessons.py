@@ -105,6 +105,13 @@ def run(study: Study, seeds: list[int], episodes: int, rounds: int, round_seeds:
                 study.evaluate(f"{key}:retention", adapter=adapter, env=RETENTION)
 
 
+def versus(wins: list[bool] | None, reference: list[bool] | None) -> str:
+    """A condition's rate with its McNemar p against `reference` (paired on the same games); '-' if not run."""
+    if wins is None:
+        return "-"
+    return rate(wins) + (f" (p {mcnemar_p(reference, wins):.2g})" if reference is not None else "")
+
+
 def report(results: dict, explore: float) -> str:
     base, head = results["base"], prefix(explore)
     kept = results.get("retention:base")
@@ -124,10 +131,7 @@ def report(results: dict, explore: float) -> str:
         lines.append(
             f"| {seed} | {r[1:]} | {'; '.join(found['live']) or 'none'} ({len(found['induced'])}) | "
             f"{rate(induced) if induced else '-'} | {mcnemar_p(base, induced):.2g} | "
-            f"{f'{rate(untried)} (p {mcnemar_p(base, untried):.2g})' if untried else '-'} | "
-            f"{f'{rate(student)} (p {mcnemar_p(base, student):.2g})' if student else '-'} | "
-            f"{rate(retention) + (f' (p {mcnemar_p(kept, retention):.2g})' if kept else '') if retention else '-'} | "
-            f"{found['seconds']:.0f} |")
+            f"{versus(untried, base)} | {versus(student, base)} | {versus(retention, kept)} | {found['seconds']:.0f} |")
     trials = [f"- seed {k.split(':')[1]} round {k.split(':')[2][1:]}: " + "; ".join(
         f"{'LIVE' if x['accepted'] else 'out'} '{x['text']}' ({x['summary']}; {x['trial'][0]:.2f}->{x['trial'][1]:.2f})"
         for x in results[k]["induced"]) for k in sorted(results) if k.startswith(f"{head}:") and k.count(":") == 2]

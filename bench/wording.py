@@ -8,7 +8,7 @@ choice mode, and compares each with no lesson, paired on the same games (McNemar
     .venv/bin/python bench/wording.py                 # every set below (cached: rerun prints the table)
     .venv/bin/python bench/wording.py --sets 0 3 9    # some of them
 
-Results are cached in `<workdir>/wording.json`.
+Results are cached beside the learning study's (`<workdir>/results.json`, keys `wording:<the lessons as JSON>`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from learning import ENV, rate, study_config
+from learning import ENV, Study, rate
 
 from distill.lessons.gate import mcnemar_p
 
@@ -54,36 +53,19 @@ def main() -> None:
     parser.add_argument("--sets", nargs="*", type=int, default=list(range(len(SETS))))
     args = parser.parse_args()
 
-    from agent_runtime.config import EnvEntry
-    from agent_runtime.evaluation import evaluate
-    from agent_runtime.llm import make_backend
-
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    cache_file = args.workdir / "wording.json"
-    cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
-    config = study_config().model_copy(update={"envs": [EnvEntry.model_validate(TRAIN_ENV)]})
-    backend = None
-    for index in sorted({0, *args.sets}):
-        name, lessons = SETS[index]
-        key = json.dumps(lessons)
-        if key not in cache:
-            backend = backend or make_backend(config.model, seed=0)
-            started = time.perf_counter()
-            [result] = evaluate(config, args.workdir, backend, lessons=lessons, episodes_per_env=GAMES, split="train")
-            cache[key] = [bool(e["won"]) for e in result.episodes]
-            cache_file.write_text(json.dumps(cache))
-            print(f"  {name}: {time.perf_counter() - started:.0f}s", flush=True)
-
-    base = cache[json.dumps([])]
+    study = Study(args.workdir)
+    indexes = sorted({0, *args.sets})
+    wins = {i: study.evaluate(f"wording:{json.dumps(SETS[i][1])}", lessons=SETS[i][1], env=TRAIN_ENV, split="train")
+            for i in indexes}
+    base = wins[0]
     print(f"\n{GAMES} train games of coin-collector level 2 (3 steps), greedy, SmolLM2-135M, choice mode\n")
     print("| lesson set | wins | success [95% CI] | McNemar p vs no lesson |")
     print("|---|---|---|---|")
-    for index in sorted({0, *args.sets}):
+    for index in indexes:
         name, lessons = SETS[index]
-        wins = cache[json.dumps(lessons)]
         shown = " ".join(lessons) or "(none)"
-        p = "" if not lessons else f"{mcnemar_p(base, wins):.2g}"
-        print(f"| {name}: {shown} | {sum(wins)}/{len(wins)} | {rate(wins)} | {p} |")
+        p = "" if not lessons else f"{mcnemar_p(base, wins[index]):.2g}"
+        print(f"| {name}: {shown} | {sum(wins[index])}/{GAMES} | {rate(wins[index])} | {p} |")
 
 
 if __name__ == "__main__":

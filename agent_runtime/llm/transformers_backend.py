@@ -180,13 +180,15 @@ class TransformersBackend:
     def _peft_key(self, name: str) -> str:
         """The key peft keeps adapter `name` under: a torch module name ('.' and '' are refused there), one per
         name."""
-        if name in self._peft_keys:
-            return self._peft_keys[name]
-        key = re.sub(r"[^\w-]", "_", name) or "_"
-        taken = set(self._peft_keys.values())
-        key = next(k for k in (key if i == 0 else f"{key}-{i}" for i in range(len(taken) + 1)) if k not in taken)
-        self._peft_keys[name] = key
-        return key
+        if name not in self._peft_keys:
+            taken = set(self._peft_keys.values())
+            key = base = re.sub(r"[^\w-]", "_", name) or "_"
+            suffix = 0
+            while key in taken:
+                suffix += 1
+                key = f"{base}-{suffix}"
+            self._peft_keys[name] = key
+        return self._peft_keys[name]
 
     def use_adapter(self, name: str | None) -> None:
         """Switch the active adapter; None runs the base model."""

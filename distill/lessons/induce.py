@@ -269,7 +269,8 @@ def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, 
     def finding(kind: str, key: str, tally: _Tally, won_side: bool) -> None:
         z = z_statistic(tally.chose_won, tally.avail_won, tally.chose_lost, tally.avail_lost)
         out.append(Finding(
-            _texts(kind, key, example(key), _seen_phrase(key, sights.get(key, ())) if key not in verbs else None),
+            _texts(kind, key, example(key),
+                   _seen_phrase(key, sights.get(key, ())) if kind == "prefer" and key not in verbs else None),
             kind, key, env_id, tally.chose_won, tally.avail_won, tally.chose_lost,
             tally.avail_lost, z if won_side else -z, tuple(sorted(tally.won_ids)), tuple(sorted(tally.lost_ids))))
 
