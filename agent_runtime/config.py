@@ -179,6 +179,12 @@ class ConsolidationConfig(StrictConfig):
     eval_episodes: int | None = Field(None, gt=0, description="held-out tasks per env (default: evaluation's)")
     retention_envs: list[EnvEntry] = Field(
         default_factory=list, description="out-of-distribution envs for the retention check (like `envs`)")
+    anchor_envs: list[EnvEntry] = Field(
+        default_factory=list, description="envs whose states the student keeps (replay against forgetting): before "
+        "the cycle trains, the parent plays anchor_episodes of each one's train tasks greedily without lessons, and "
+        "the cycle holds the student's policy there to the parent's. Never a retention env (the check would then be "
+        "trained on)")
+    anchor_episodes: int = Field(16, gt=0, description="train tasks per anchor env played for the anchor prompts")
     promote_margin: float = Field(0.05, ge=0, le=1, description="allowed drop of the student without lessons")
     retention_margin: float = Field(0.05, ge=0, le=1, description="allowed drop on the retention set")
     internalized_ratio: float = Field(0.5, gt=0, le=1, description="per-lesson KL after/before for consolidation")
@@ -194,6 +200,18 @@ class ConsolidationConfig(StrictConfig):
         None, description="a separate teacher model (cross-size distillation); default: the start-of-cycle policy")
     context: SystemPromptConfig | None = Field(
         None, description="distil this fixed system prompt instead of the lessons (system-prompt distillation)")
+
+    @model_validator(mode="after")
+    def _anchors(self) -> ConsolidationConfig:
+        if self.anchor_envs and self.teacher is not None:
+            raise ValueError("opcd.anchor_envs hold the student to the start-of-cycle policy, and opcd.teacher names "
+                             "a separate teacher: use one of them")
+        checked = [(e.id, e.kwargs) for e in self.retention_envs]
+        for entry in self.anchor_envs:
+            if (entry.id, entry.kwargs) in checked:
+                raise ValueError(f"opcd.anchor_envs: {entry.id} {entry.kwargs} is also a retention env; the retention "
+                                 "check must be made on an env the cycle did not train on: anchor another one")
+        return self
 
     @model_validator(mode="after")
     def _teacher_device(self) -> ConsolidationConfig:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_runtime.agent import Turn, lessons_section
 from agent_runtime.checkpoints import resolve_model
-from agent_runtime.config import ConfigError, ConsolidationConfig, RunConfig
+from agent_runtime.config import ConfigError, ConsolidationConfig, EnvEntry, RunConfig
 from agent_runtime.envs import build_envs, build_prompt_builders
 from agent_runtime.evaluation import EvalResult, evaluate
 from agent_runtime.heldout import held_out
@@ -137,6 +137,21 @@ def turn_prefixes(builder, steps, episode_id: int | None = None) -> list[Decisio
         out.append(Decision(chat, [] if episode_id is None else [episode_id], list(choices) if choices else None))
         history.append(Turn(step.observation, step.response, step.admissible_actions))
     return out
+
+
+def anchor_decisions(config: RunConfig, workdir: Path, backend, envs: list[EnvEntry], episodes: int,
+                     *, choice_mode: bool) -> list[Decision]:
+    """The anchor prompts (`opcd.anchor_envs`): every turn of `episodes` train tasks of each env, played by the
+    acting policy as it is (the parent) greedily without lessons, rebuilt as prompts; only the choice-mode turns
+    when the cycle distils the choice policy, only the free ones otherwise. The episodes are not stored: they are
+    the parent's behaviour to keep, not experience."""
+    config = config.model_copy(update={"envs": list(envs)})
+    specs, _ = build_envs(config, workdir, split="train")
+    builders = {s.env_id: b for s, b in zip(specs, build_prompt_builders(config, specs, backend))}
+    out: list[Decision] = []
+    evaluate(config, workdir, backend, lessons=[], episodes_per_env=episodes, split="train",
+             on_record=lambda record: out.extend(turn_prefixes(builders[record.env_id], record.steps)))
+    return [d for d in out if bool(d.choices) == choice_mode]
 
 
 def _eval(config, workdir, backend, *, lessons, n, envs=None, context=None, split="eval") -> list[EvalResult]:
@@ -260,8 +275,14 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
         remove_partial_writes(adapters_dir)  # what a killed cycle left half-written
     per_lesson = {x.id: _lesson_prompts(x, decisions, heldout) for x in cycle.lessons}
     path = adapters_dir / f"cycle-{cycle.cycle_id}"
+    anchors = []
+    if settings.anchor_envs:
+        with profiled("CONSOLIDATE: anchor play"):
+            activate(backend, cycle.parent)
+            anchors = anchor_decisions(config, workdir, backend, settings.anchor_envs, settings.anchor_episodes,
+                                       choice_mode=choice_mode)
     job = train_job(config, settings, cycle, run_id, train, heldout, per_lesson, path, choice_mode=choice_mode,
-                    device=training_device(config, backend))
+                    device=training_device(config, backend), anchors=anchors)
     try:
         with profiled("CONSOLIDATE: train"):
             result = _train(store, cycle.cycle_id, job, backend, progress)
@@ -280,6 +301,8 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
                                    fingerprint=fingerprint_files(path))
     metrics = cycle_metrics(config, settings, cycle, kl, lesson_kl, prompts=len(train), heldout=len(heldout),
                             choice_mode=choice_mode, train_seconds=result.seconds)
+    if settings.anchor_envs:
+        metrics["anchor_prompts"] = len(anchors)
     metrics["training"] = {"steps": len(result.steps), "best_step": result.best_step,
                            "stopped_early": result.stopped_early, "validation": result.validation}
     store.update_cycle(cycle.cycle_id, adapter_id=adapter_id, metrics=metrics)
@@ -354,10 +377,10 @@ def split_heldout(decisions: list[Decision]) -> tuple[list[Decision], list[Decis
 
 def train_job(config: RunConfig, settings: ConsolidationConfig, cycle: CycleSetup, run_id: int,
               train: list[Decision], heldout: list[Decision], per_lesson: dict[int, list[Decision]], path: Path,
-              *, choice_mode: bool, device: str) -> TrainJob:
+              *, choice_mode: bool, device: str, anchors: list[Decision] = ()) -> TrainJob:
     """The trainer's job: the student (the parent's adapter on the run's model) learns on `train` (the choice
-    policy over each decision's action set in `choice_mode`); the KL to the teacher is measured on the held-out
-    decisions and on each lesson's own ones."""
+    policy over each decision's action set in `choice_mode`), and keeps the parent's policy on `anchors`; the KL
+    to the teacher is measured on the held-out decisions and on each lesson's own ones."""
     kl_sets = {"heldout": ([d.chat for d in heldout], cycle.contexts[0]),
                **{f"lesson:{i}": ([d.chat for d in ds], lessons_section([_text(cycle.lessons, i)]))
                   for i, ds in per_lesson.items()}}
@@ -372,6 +395,8 @@ def train_job(config: RunConfig, settings: ConsolidationConfig, cycle: CycleSetu
                     output=str(path), parent_adapter=parent.path if parent else None, teacher=cycle.teacher_spec,
                     kl_sets=kl_sets, kl_choices=kl_choices,
                     train_choices=[d.choices for d in train] if choice_mode else None,
+                    anchor_prompts=[d.chat for d in anchors],
+                    anchor_choices=[d.choices for d in anchors] if choice_mode and anchors else None,
                     metadata={"cycle_id": cycle.cycle_id, "run_id": run_id, "kind": cycle.kind,
                               "teacher": cycle.teacher},
                     device=device, overwrite=True)

@@ -60,6 +60,11 @@ RETENTION = {"id": "textworld/treasure_hunter", "max_steps": 1, "kwargs": {"leve
 TRAINER = {"steps": 8, "batch_size": 4, "lr": 1e-4, "lora_r": 8, "temperature": 0.7, "gradient_checkpointing": False}
 LEVEL1 = {"id": "textworld/coin_collector", "max_steps": 1, "kwargs": {"level": 1, "n_train": 8, "n_eval": 40}}
 TRAIN_EPISODES = 16
+# the anchor env of `--anchor` runs (opcd.anchor_envs): TextWorld custom games, two rooms, a one-action quest in the
+# first room (open, close, eat, drop, put, insert, unlock, take): an exit is there, and going through it is wrong
+ANCHOR = {"id": "textworld/custom", "max_steps": 2,
+          "kwargs": {"nb_rooms": 2, "nb_objects": 4, "quest_length": 1, "n_train": 16, "n_eval": 40}}
+ANCHOR_EPISODES = 16
 HERE = Path(__file__).resolve().parent
 
 
@@ -163,17 +168,22 @@ class Study:
         return store.add_episodes(run_id, records)
 
     def train(self, key: str, store, run_id: int, seed: int, objective: str, parent: str | None = None,
-              trainer: dict | None = None, lessons: list[str] | None = None) -> dict:
+              trainer: dict | None = None, lessons: list[str] | None = None, anchor: dict | None = None) -> dict:
         """One OPCD-style cycle's training on the run's newest episodes (the loop's CONSOLIDATE, by hand);
-        `trainer` overrides fields of the cycle's trainer config; `lessons` the teacher's (default: the given one)."""
+        `trainer` overrides fields of the cycle's trainer config; `lessons` the teacher's (default: the given one);
+        `anchor` an env entry whose train games the parent plays for the anchor prompts (`opcd.anchor_envs`)."""
         from agent_runtime.agent import lessons_section
         from agent_runtime.checkpoints import resolve_model
-        from agent_runtime.consolidate import episode_prefixes
+        from agent_runtime.config import EnvEntry
+        from agent_runtime.consolidate import anchor_decisions, episode_prefixes
         from distill.opcd import TrainJob, run_job
 
         def compute():
             config = study_config(seed, objective)
             settings = config.opcd.trainer.model_copy(update=trainer or {})
+            anchors = [] if anchor is None else anchor_decisions(
+                config, self.workdir, self.acting_with(parent), [EnvEntry.model_validate(anchor)], ANCHOR_EPISODES,
+                choice_mode=True)
             decisions = [d for d in episode_prefixes(config, self.workdir, store, run_id, self.backend,
                                                      TRAIN_EPISODES) if d.choices]
             out = self.workdir / "adapters" / key.replace(":", "-")
@@ -181,6 +191,8 @@ class Study:
             job = TrainJob(model_path=resolve_model("smollm2-135m-instruct"), config=settings,
                            train_prompts=[d.chat for d in decisions], train_choices=[d.choices for d in decisions],
                            contexts=context, output=str(out), parent_adapter=parent, overwrite=True,
+                           anchor_prompts=[d.chat for d in anchors],
+                           anchor_choices=[d.choices for d in anchors] if anchors else None,
                            kl_sets={"train": ([d.chat for d in decisions[:16]], context)},
                            kl_choices={"train": [d.choices for d in decisions[:16]]})
             def show(m: dict) -> None:
@@ -191,7 +203,7 @@ class Study:
             return {"adapter": str(out), "decisions": len(decisions), "seconds": result.seconds,
                     "kl_before": result.kl_before["train"], "kl_after": result.kl_after["train"],
                     "losses": [m["loss"] for m in result.steps], "validation": result.validation,
-                    "best_step": result.best_step, "steps": len(result.steps)}
+                    "best_step": result.best_step, "steps": len(result.steps), "anchors": len(anchors)}
 
         return self.cached(key, compute)
 

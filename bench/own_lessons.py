@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from learning import RETENTION, Study, rate, study_config
+from learning import ANCHOR, RETENTION, Study, rate, study_config
 
 from distill.lessons.gate import mcnemar_p
 
@@ -66,28 +66,30 @@ def induce_round(study: Study, store, run_id: int, seed: int, key: str, episode_
     return study.cached(key, compute)
 
 
-def prefix(explore: float) -> str:
-    return "own-evidence" if not explore else f"own-evidence@x{explore:g}"
+def prefix(explore: float, anchor: bool = False) -> str:
+    return ("own-evidence" if not explore else f"own-evidence@x{explore:g}") + ("+anchor" if anchor else "")
 
 
-def run(study: Study, seeds: list[int], episodes: int, rounds: int, round_seeds: list[int], explore: float) -> None:
+def run(study: Study, seeds: list[int], episodes: int, rounds: int, round_seeds: list[int], explore: float,
+        anchor: bool = False) -> None:
     from memory import ExperienceStore
 
     study.evaluate("base")
     study.evaluate("retention:base", env=RETENTION)
     for seed in seeds:
         print(f"seed {seed}", flush=True)
-        db = study.workdir / f"{prefix(explore)}-{seed}.db"
-        if f"{prefix(explore)}:{seed}:r1" not in study.results:  # an unfinished seed replays from scratch
+        head = prefix(explore, anchor)
+        db = study.workdir / f"{head}-{seed}.db"
+        if f"{head}:{seed}:r1" not in study.results:  # an unfinished seed replays from scratch
             for stale in db.parent.glob(db.name + "*"):
                 stale.unlink()
         with ExperienceStore.open(db, embedder="hash") as store:
-            name = f"{prefix(explore)}-{seed}"
+            name = f"{head}-{seed}"
             run = store.find_run(name)
             run_id = run.id if run else store.create_run(name, own_config(seed).model_dump(mode="json"))
             adapter = None
             for r in range(1, (rounds if seed in round_seeds else 1) + 1):
-                key = f"{prefix(explore)}:{seed}:r{r}"
+                key = f"{head}:{seed}:r{r}"
                 if key not in study.results:
                     played = study.play(store, run_id, seed, [], adapter, range((r - 1) * episodes, r * episodes),
                                         explore=explore)
@@ -99,7 +101,7 @@ def run(study: Study, seeds: list[int], episodes: int, rounds: int, round_seeds:
                 if seed not in round_seeds or rounds == 1 or not found["live"]:
                     continue
                 trained = study.train(f"{key}:cycle", store, run_id, seed, "opcd", parent=adapter,
-                                      lessons=found["live"])
+                                      lessons=found["live"], anchor=ANCHOR if anchor else None)
                 adapter = trained["adapter"]
                 study.evaluate(f"{key}:student", adapter=adapter)
                 study.evaluate(f"{key}:retention", adapter=adapter, env=RETENTION)
@@ -112,8 +114,8 @@ def versus(wins: list[bool] | None, reference: list[bool] | None) -> str:
     return rate(wins) + (f" (p {mcnemar_p(reference, wins):.2g})" if reference is not None else "")
 
 
-def report(results: dict, explore: float) -> str:
-    base, head = results["base"], prefix(explore)
+def report(results: dict, explore: float, anchor: bool = False) -> str:
+    base, head = results["base"], prefix(explore, anchor)
     kept = results.get("retention:base")
     lines = [f"base (no lessons) {rate(base)} on 40 held-out games"
              + (f"; retention (treasure-hunter) {rate(kept)}" if kept else ""), "",
@@ -147,11 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round-seeds", nargs="*", type=int, default=[0])
     parser.add_argument("--explore", type=float, default=0.5, help="share of PLAY decisions drawn uniformly")
     parser.add_argument("--report", action="store_true", help="only print the table from the cache")
+    parser.add_argument("--anchor", action="store_true",
+                        help="each cycle holds the student to its parent on learning.ANCHOR's games (opcd.anchor_envs)")
     args = parser.parse_args(argv)
     study = Study(args.workdir)
     if not args.report:
-        run(study, args.seeds, args.episodes, args.rounds, args.round_seeds, args.explore)
-    print(report(study.results, args.explore))
+        run(study, args.seeds, args.episodes, args.rounds, args.round_seeds, args.explore, args.anchor)
+    print(report(study.results, args.explore, args.anchor))
     return 0
 
 

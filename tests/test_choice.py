@@ -365,3 +365,68 @@ def test_a_shared_prefix_run_once_gives_the_scores_and_the_step_of_the_rows_run_
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert shared.history[0]["loss"] == pytest.approx(whole.history[0]["loss"], rel=1e-4)
     assert shared.history[0]["train_tokens"] < whole.history[0]["train_tokens"]
+
+
+def _first_turns(games_dir, split: str):
+    """The loop's first-turn choice prompts of the level-1 coin-collector games of `split` (the coin in sight)."""
+    import environments
+
+    env = environments.make("textworld/coin_collector", level=1, n_train=4, n_eval=4, cache_dir=str(games_dir))
+    builder = PromptBuilder(family="textworld", count_tokens=lambda chat: 0, context_window=4096,
+                            action_mode="choice")
+    chats, sets = [], []
+    for i, task in enumerate(env.tasks(split)):
+        observation, info = env.reset(seed=1234 + i, task_id=task)
+        chats.append(builder.build([], observation, info["admissible_actions"], lessons=[]))
+        sets.append(info["admissible_actions"])
+    env.close()
+    return chats, sets
+
+
+def test_anchors_hold_the_student_to_its_start_where_training_would_move_it(coin_lesson_model, games_dir):
+    """Anchor prompts (`opcd.anchor_envs`) are trained with no context: there the teacher is the start-of-cycle
+    policy. The cycle distils COIN_LESSON on the train games; unanchored, the student also takes the coin on the
+    eval games' prompts; with those prompts as anchors it stays near what it did there at the start."""
+    from agent_runtime.testing import COIN_LESSON
+    from distill.opcd.job import load_model
+
+    train, train_sets = _first_turns(games_dir, "train")
+    anchors, anchor_sets = _first_turns(games_dir, "eval")
+
+    def trained(with_anchors: bool):
+        model, tokenizer = load_model(str(coin_lesson_model))
+        config = OPCDConfig(lr=1e-2, lora_r=4, batch_size=64, steps=12, temperature=1.0, seed=0)
+        torch.manual_seed(0)
+        trainer = OPCDTrainer(model, tokenizer, config)
+        lesson = f"Lessons from your past experience:\n- {COIN_LESSON}"
+        before = trainer.evaluate_kl(train, lesson, train_sets)
+        extra = {"anchors": anchors, "anchor_choices": anchor_sets} if with_anchors else {}
+        history = trainer.train(train, lesson, choices=train_sets, **extra)
+        assert [m["tokens"] for m in history[:1]] == [len(train) + (len(anchors) if with_anchors else 0)]
+        return before, trainer.evaluate_kl(train, lesson, train_sets), trainer.evaluate_kl(anchors, "", anchor_sets)
+
+    before, learned, drift = trained(False)
+    assert learned < 0.5 * before and drift > 0.05, (before, learned, drift)  # the lesson moved the anchors too
+    _, learned_anchored, drift_anchored = trained(True)
+    assert learned_anchored < before  # the lesson is still learned where it is taught
+    assert drift_anchored < 0.25 * drift, (drift_anchored, drift)
+
+
+def test_anchor_prompts_get_no_context_and_need_their_action_sets(tiny, monkeypatch):
+    trainer = _trainer_with(tiny, batch_size=64)
+    seen = []
+
+    def recording(prompts, contexts, choices=None):
+        seen.extend(zip([p[-1]["content"] for p in prompts], contexts, choices))
+        return {"loss": 0.0}
+
+    monkeypatch.setattr(trainer, "step", recording)
+    trainer.train(CHATS[:2], LESSON, steps=1, choices=SETS[:2], anchors=CHATS[2:], anchor_choices=SETS[2:])
+    assert sorted(seen) == sorted([(CHATS[0][-1]["content"], LESSON, SETS[0]), (CHATS[1][-1]["content"], LESSON,
+                                   SETS[1]), (CHATS[2][-1]["content"], "", SETS[2])])
+    with pytest.raises(ValueError, match="anchor_choices"):
+        trainer.train(CHATS[:2], LESSON, steps=1, choices=SETS[:2], anchors=CHATS[2:])
+    with pytest.raises(ValueError, match="1 anchors but 2 action sets"):
+        trainer.train(CHATS[:2], LESSON, steps=1, choices=SETS[:2], anchors=CHATS[2:], anchor_choices=SETS[:2])
+    with pytest.raises(TypeError, match="sequence"):
+        trainer.train(iter(CHATS[:2]), LESSON, steps=1, anchors=CHATS[2:])

@@ -80,3 +80,13 @@ def test_shipped_configs_validate():
         assert config.name
     paper = load_config("configs/paper/frozenlake-qwen3-1.7b.yaml")
     assert paper.lessons.pools == 10 and paper.opcd.trainer.k == 256 and paper.envs[0].max_steps == 5
+
+
+def test_anchor_envs_are_never_the_retention_check_nor_beside_a_separate_teacher(tmp_path):
+    th = "{id: textworld/treasure_hunter, kwargs: {level: 1}}"
+    config = load_config(write(tmp_path, f"envs: [{{id: a}}]\nopcd: {{anchor_envs: [{th}], anchor_episodes: 4}}\n"))
+    assert config.opcd.anchor_envs[0].kwargs == {"level": 1} and config.opcd.anchor_episodes == 4
+    with pytest.raises(ConfigError, match="also a retention env"):
+        load_config(write(tmp_path, f"envs: [{{id: a}}]\nopcd: {{anchor_envs: [{th}], retention_envs: [{th}]}}\n"))
+    with pytest.raises(ConfigError, match="separate teacher|opcd.teacher"):
+        load_config(write(tmp_path, f"envs: [{{id: a}}]\nopcd: {{anchor_envs: [{th}], teacher: {{model: b}}}}\n"))

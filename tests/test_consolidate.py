@@ -76,6 +76,35 @@ def test_a_cycle_with_validation_stores_its_curve_and_the_step_it_kept(tmp_path,
         assert read_metadata(store.get_adapter(cycle.adapter_id).path)["best_step"] == best["step"]
 
 
+def test_a_cycle_with_anchor_envs_keeps_the_parent_there(tmp_path, cycle_config, games_dir, monkeypatch):
+    """`opcd.anchor_envs`: the parent plays that env's train games without lessons before the cycle trains, and their
+    turns go to the trainer as anchor prompts (no context: the parent teaches there), not into the run's memory."""
+    import agent_runtime.consolidate as consolidate
+
+    jobs, real = [], consolidate.run_job
+
+    def capturing(job, **kwargs):
+        jobs.append(job)
+        return real(job, **kwargs)
+
+    monkeypatch.setattr(consolidate, "run_job", capturing)
+    anchor = {"id": "textworld/coin_collector", "max_steps": 2,
+              "kwargs": {"level": 2, "n_train": 2, "n_eval": 2, "cache_dir": str(games_dir)}}
+    loop = AgentLoop(cycle_config(anchor_envs=[anchor], anchor_episodes=2), tmp_path, progress=False)
+    summary = loop.run()
+    loop.close()
+    [job] = jobs
+    assert 2 <= len(job.anchor_prompts) <= 4 and len(job.anchor_choices) == len(job.anchor_prompts)
+    for chat, actions in zip(job.anchor_prompts, job.anchor_choices):
+        text = " ".join(m["content"] for m in chat)
+        assert "Lessons" not in text and actions and all(a in text for a in actions)
+    assert any(a.startswith("go ") for actions in job.anchor_choices for a in actions)  # level 2: an exit to take
+    with ExperienceStore.open(tmp_path) as store:
+        [cycle] = store.cycles(summary.run_id)
+        assert cycle.metrics["anchor_prompts"] == len(job.anchor_prompts)
+        assert store.count_episodes(summary.run_id) == 4  # the anchor games are not experience
+
+
 def test_interrupted_cycle_is_rolled_back_on_resume(tmp_path, cycle_config):
     cfg = cycle_config()
     loop = AgentLoop(cfg, tmp_path, progress=False)

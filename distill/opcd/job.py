@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from distill.config_base import StrictConfig
 from distill.opcd.config import OPCDConfig
@@ -83,11 +83,23 @@ class TrainJob(StrictConfig):
     """One action set per training prompt: the agent acts by choosing, and the choice policy is distilled."""
     kl_choices: dict[str, list[list[str]]] = Field(default_factory=dict)
     """name -> one action set per prompt of that KL set: its KL is then the choice policies' KL."""
+    anchor_prompts: list[Chat] = Field(default_factory=list)
+    """Prompts of other tasks trained on beside `train_prompts` with no context: there the student is held to the
+    start-of-cycle policy (replay against forgetting; `OPCDTrainer.train`'s `anchors`)."""
+    anchor_choices: list[list[str]] | None = None
+    """One action set per anchor prompt, exactly when `train_choices` is given."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Stored with the adapter (`opcd.json`), e.g. cycle and run ids."""
     device: Literal["cpu", "cuda"] = "cpu"
     overwrite: bool = False
     """Replace an adapter already at `output` (a rerun of an interrupted cycle)."""
+
+    @model_validator(mode="after")
+    def _anchors_need_own_teacher(self) -> TrainJob:
+        if self.anchor_prompts and self.teacher is not None:
+            raise ValueError("anchor_prompts hold the student to the start-of-cycle policy; a separate teacher "
+                             "would teach there instead: drop the anchors or the separate teacher")
+        return self
 
 
 @dataclass
@@ -139,7 +151,8 @@ def execute(job: TrainJob, on_step: Callable[[dict], None] | None = None,
                 for name, (prompts, contexts) in job.kl_sets.items()}
 
     kl_before = kls()
-    steps = trainer.train(job.train_prompts, job.contexts, on_step=on_step, choices=job.train_choices)
+    steps = trainer.train(job.train_prompts, job.contexts, on_step=on_step, choices=job.train_choices,
+                          anchors=job.anchor_prompts, anchor_choices=job.anchor_choices)
     kl_after = kls()
     chosen = {"validation": trainer.validation or None, "best_step": trainer.best["step"] if trainer.best else None,
               "stopped_early": trainer.stopped_early}

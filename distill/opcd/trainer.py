@@ -369,7 +369,8 @@ class OPCDTrainer:
 
     def train(self, prompt_source: Sequence[Chat] | Iterable[Chat], context_source: ContextSource,
               steps: int | None = None, on_step: Callable[[dict], None] | None = None,
-              choices: Sequence[list[str]] | None = None) -> list[dict]:
+              choices: Sequence[list[str]] | None = None, anchors: Sequence[Chat] = (),
+              anchor_choices: Sequence[list[str]] | None = None) -> list[dict]:
         """Run `steps` (default config.steps) optimizer steps; returns the per-step metrics.
 
         `prompt_source`: a sequence of chats (reshuffled every pass with the config seed) or an iterator of
@@ -379,6 +380,8 @@ class OPCDTrainer:
         raising); under data parallel on rank 0 only (an exception there ends rank 0, and the launcher then
         stops the others). A NaN or diverging loss raises `DivergenceError` (on every rank at once).
         `choices`: one action set per prompt of a sequence `prompt_source`: the choice policy is distilled.
+        `anchors` (with `anchor_choices` when `choices` is given): prompts of other tasks, mixed into the sequence,
+        whose teacher has no context: the start-of-cycle policy itself, so that there the student keeps what it did.
 
         With `validation_fraction` (a sequence source only) a seeded share of the prompts is held back: their
         exact KL to the teacher is measured before the first step and every `eval_every` steps (`val_kl` in
@@ -392,6 +395,8 @@ class OPCDTrainer:
                 raise ValueError("choices needs a sequence of prompts and one action set per prompt")
             prompt_source = list(zip(prompt_source, choices))
         pick = self._context_picker(context_source, rng)
+        if anchors:
+            prompt_source, pick = self._with_anchors(prompt_source, pick, anchors, choices, anchor_choices)
         validation = None
         if cfg.validation_fraction > 0 and isinstance(prompt_source, Sequence) and len(prompt_source) >= 2:
             prompt_source, held = split_validation(list(prompt_source), cfg.validation_fraction, cfg.seed)
@@ -440,6 +445,21 @@ class OPCDTrainer:
     def _since_best(self) -> int:
         """Validation measurements since the best one."""
         return sum(1 for v in self.validation if v["step"] > self.best["step"])
+
+    @staticmethod
+    def _with_anchors(source, pick: Callable[[Chat], str], anchors: Sequence[Chat],
+                      choices: Sequence[list[str]] | None, anchor_choices: Sequence[list[str]] | None):
+        """The prompt sequence with the anchors appended, and a context picker that gives them none."""
+        if not isinstance(source, Sequence):
+            raise TypeError("anchors need a sequence of prompts, not an iterator")
+        if (choices is None) != (anchor_choices is None):
+            raise ValueError("give anchor_choices exactly when choices are given (one action set per anchor)")
+        if anchor_choices is not None and len(anchor_choices) != len(anchors):
+            raise ValueError(f"{len(anchors)} anchors but {len(anchor_choices)} action sets")
+        anchors = [list(chat) for chat in anchors]  # own objects: the picker tells them apart by identity
+        anchored = {id(chat) for chat in anchors}
+        extra = list(zip(anchors, anchor_choices)) if anchor_choices is not None else anchors
+        return [*source, *extra], lambda chat: "" if id(chat) in anchored else pick(chat)
 
     @staticmethod
     def _prompt_stream(source, rng: random.Random) -> Iterator[Chat]:
