@@ -18,7 +18,8 @@ It goes to `<workdir>/heldout_kl.json` (a file of its own: it can run beside a s
 
 `--objectives` trains the same budget with off-policy distillation (forward KL to the teacher's choice
 distribution) or SFT (cross-entropy on an action drawn from it) beside OPCD; `--retention` also plays each
-student on the study's retention games (treasure-hunter level 1, 40 games, never trained on).
+student on the study's retention games (treasure-hunter level 1, 40 games, never trained on); `--anchor` makes each
+cycle hold the student to its parent on learning.ANCHOR's games (`opcd.anchor_envs`; keys end in `+anchor`).
 
 Results are cached with the learning study's (`<workdir>/results.json`, keys `sweep:<variant>:<seed>`, with
 `@<objective>` after the variant for the other objectives).
@@ -27,13 +28,14 @@ Results are cached with the learning study's (`<workdir>/results.json`, keys `sw
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from learning import GIVEN, OBJECTIVES, RETENTION, TRAIN_EPISODES, Study, rate, study_config
+from learning import ANCHOR, GIVEN, OBJECTIVES, RETENTION, TRAIN_EPISODES, Study, rate, study_config
 
 from distill.lessons.gate import mcnemar_p
 
@@ -52,13 +54,14 @@ VARIANTS: dict[str, dict] = {
 }
 
 
-def arm(variant: str, objective: str) -> str:
-    """The cache name of a variant trained with `objective` (OPCD's keeps the variant's bare name)."""
-    return variant if objective == "opcd" else f"{variant}@{objective}"
+def arm(variant: str, objective: str, anchor: bool = False) -> str:
+    """The cache name of a variant trained with `objective` (OPCD's keeps the variant's bare name), `+anchor` when
+    the cycle held the student to its parent on learning.ANCHOR's games (`opcd.anchor_envs`)."""
+    return (variant if objective == "opcd" else f"{variant}@{objective}") + ("+anchor" if anchor else "")
 
 
 def run(study: Study, variants: list[str], seeds: list[int], objectives: list[str] = ("opcd",),
-        retention: bool = False) -> None:
+        retention: bool = False, anchor: bool = False) -> None:
     from memory import ExperienceStore
 
     study.evaluate("base")
@@ -77,9 +80,10 @@ def run(study: Study, variants: list[str], seeds: list[int], objectives: list[st
                 run_id = run.id
             for variant in variants:
                 for objective in objectives:
-                    key = f"sweep:{arm(variant, objective)}:{seed}"
+                    key = f"sweep:{arm(variant, objective, anchor)}:{seed}"
                     print(f"{key}", flush=True)
-                    study.train(key, store, run_id, seed, objective, trainer={**VARIANTS[variant], "seed": seed})
+                    study.train(key, store, run_id, seed, objective, trainer={**VARIANTS[variant], "seed": seed},
+                                anchor=ANCHOR if anchor else None)
                     study.evaluate(f"{key}:without", adapter=study.results[key]["adapter"])
                     if retention:
                         study.evaluate(f"{key}:retention", adapter=study.results[key]["adapter"], env=RETENTION)
@@ -148,8 +152,8 @@ def report(results: dict, variants: list[str], kl: dict[str, float] | None = Non
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     paired, retained = [], []
     for variant in variants:
-        for objective in OBJECTIVES:
-            name = arm(variant, objective)
+        for objective, anchored in itertools.product(OBJECTIVES, (False, True)):
+            name = arm(variant, objective, anchored)
             seeds = sorted(int(k.split(":")[2]) for k in results if k.startswith(f"sweep:{name}:")
                            and k.count(":") == 2 and f"{k}:without" in results)
             if not seeds:
@@ -162,13 +166,13 @@ def report(results: dict, variants: list[str], kl: dict[str, float] | None = Non
             kls = ", ".join(f"{t['kl_before']:.3f}->{t['kl_after']:.3f}" for t in trained)
             steps = ", ".join(f"{t.get('steps', '?')} ({t.get('best_step')})" for t in trained)
             lines.append(
-                f"| {variant} | {objective} | {settings} | {len(seeds)} | {rate([w for r in runs for w in r])} | "
+                f"| {variant} | {objective}{' + anchors' if anchored else ''} | {settings} | {len(seeds)} | {rate([w for r in runs for w in r])} | "
                 f"{', '.join(f'{sum(r) / len(r):.0%}' for r in runs)} | "
                 f"{', '.join(f'{g:.0%}' for g in gains)} ({statistics.fmean(gains):.0%}) | "
                 f"{', '.join(f'{mcnemar_p(base, r):.2g}' for r in runs)} | "
                 f"{kls} | {steps} | "
                 f"{statistics.fmean(t['seconds'] for t in trained):.0f} |")
-            if objective != "opcd":
+            if name != variant:
                 both = [s for s in seeds if f"sweep:{variant}:{s}:without" in results]
                 if both:
                     diffs = [sum(results[f"sweep:{name}:{s}:without"]) - sum(results[f"sweep:{variant}:{s}:without"])
@@ -206,13 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     parser.add_argument("--objectives", nargs="*", default=["opcd"], choices=list(OBJECTIVES))
     parser.add_argument("--retention", action="store_true", help="also play each student on the retention games")
+    parser.add_argument("--anchor", action="store_true",
+                        help="each cycle holds the student to its parent on learning.ANCHOR's games (opcd.anchor_envs)")
     parser.add_argument("--heldout-kl", action="store_true",
                         help="measure each cached student's KL to the teacher on the held-out games")
     parser.add_argument("--report", action="store_true", help="only print the table from the cache")
     args = parser.parse_args(argv)
     study = Study(args.workdir)
     if not args.report and not args.heldout_kl:
-        run(study, args.variants, args.seeds, args.objectives, args.retention)
+        run(study, args.variants, args.seeds, args.objectives, args.retention, args.anchor)
     kl = None
     if args.heldout_kl:
         keys = [f"sweep:{arm(v, o)}:{s}" for v in args.variants for o in args.objectives for s in args.seeds

@@ -79,7 +79,7 @@ def test_a_cycle_with_validation_stores_its_curve_and_the_step_it_kept(tmp_path,
 def test_a_cycle_with_anchor_envs_keeps_the_parent_there(tmp_path, cycle_config, games_dir, monkeypatch):
     """`opcd.anchor_envs`: the parent plays that env's train games without lessons before the cycle trains, and their
     turns go to the trainer as anchor prompts (no context: the parent teaches there), not into the run's memory."""
-    import agent_runtime.consolidate as consolidate
+    from agent_runtime import consolidate
 
     jobs, real = [], consolidate.run_job
 
