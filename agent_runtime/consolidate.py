@@ -52,7 +52,7 @@ from agent_runtime.agent import Turn, lessons_section
 from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import ConfigError, ConsolidationConfig, EnvEntry, RunConfig
 from agent_runtime.envs import build_envs, build_prompt_builders
-from agent_runtime.evaluation import EvalResult, evaluate
+from agent_runtime.evaluation import EvalResult, env_pool, evaluate
 from agent_runtime.heldout import held_out
 from agent_runtime.llm.base import LocalModelBackend, SleepingBackend, activate
 from agent_runtime.profile import profiled
@@ -146,7 +146,7 @@ def anchor_decisions(config: RunConfig, workdir: Path, backend, envs: list[EnvEn
     when the cycle distils the choice policy, only the free ones otherwise. The episodes are not stored: they are
     the parent's behaviour to keep, not experience."""
     config = config.model_copy(update={"envs": list(envs)})
-    specs, _ = build_envs(config, workdir, split="train")
+    specs, _, _ = env_pool().envs(config, workdir, "train")  # built once; `evaluate` below takes them from the pool
     builders = {s.env_id: b for s, b in zip(specs, build_prompt_builders(config, specs, backend))}
     out: list[Decision] = []
     evaluate(config, workdir, backend, lessons=[], episodes_per_env=episodes, split="train",

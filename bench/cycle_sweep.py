@@ -144,6 +144,8 @@ def heldout_kl(study: Study, keys: list[str]) -> dict[str, float]:
 
 
 def report(results: dict, variants: list[str], kl: dict[str, float] | None = None) -> str:
+    if "base" not in results or "given" not in results:
+        return "nothing measured yet in this workdir: run the sweep without --report first"
     base, given = results["base"], results["given"]
     lines = [f"base {rate(base)}, lesson in context {rate(given)} (40 held-out games)", "",
              ("| variant | objective | trainer | seeds | student without lesson, pooled | per seed "
@@ -165,8 +167,9 @@ def report(results: dict, variants: list[str], kl: dict[str, float] | None = Non
             settings = ", ".join(f"{k} {v}" for k, v in VARIANTS[variant].items())
             kls = ", ".join(f"{t['kl_before']:.3f}->{t['kl_after']:.3f}" for t in trained)
             steps = ", ".join(f"{t.get('steps', '?')} ({t.get('best_step')})" for t in trained)
+            shown = f"{objective} + anchors" if anchored else objective
             lines.append(
-                f"| {variant} | {objective}{' + anchors' if anchored else ''} | {settings} | {len(seeds)} | {rate([w for r in runs for w in r])} | "
+                f"| {variant} | {shown} | {settings} | {len(seeds)} | {rate([w for r in runs for w in r])} | "
                 f"{', '.join(f'{sum(r) / len(r):.0%}' for r in runs)} | "
                 f"{', '.join(f'{g:.0%}' for g in gains)} ({statistics.fmean(gains):.0%}) | "
                 f"{', '.join(f'{mcnemar_p(base, r):.2g}' for r in runs)} | "
