@@ -169,6 +169,17 @@ def test_an_induced_lesson_goes_live_only_when_its_trial_raises_success(tmp_path
         assert store.evaluations(summary.run_id, kind="gate"), "the set that went live has its gate row"
 
 
+def test_a_finding_that_only_restates_a_live_lesson_is_not_tried(tmp_path) -> None:
+    """A person's lesson already says what two findings say ("Look never helps.", "Inventory never helps."); only
+    the third is new and goes to its trial."""
+    loop = AgentLoop(_config(seed=["Look and inventory never help."]), tmp_path, progress=False)
+    summary = loop.run()
+    loop.close()
+    with ExperienceStore.open(tmp_path, read_only=True) as store:
+        [call] = [x for x in store.extractions(summary.run_id) if x.extractor == "induce"]
+        assert [t["text"] for t in call.metadata["trials"]] == ["When you see a coin, take coin."]
+
+
 def test_a_planted_misleading_lesson_is_kept_out(tmp_path) -> None:
     """Lost episodes relabelled as won: the evidence now says looking wins, the trial says it does not."""
     config = _config()

@@ -5,7 +5,8 @@ The pieces (each module's docstring has the details):
   `record_extraction`; `distill.lessons.render` shows episodes and lessons to it.
 - `distill.lessons.contrast`: `pick_partners`, a won/lost partner per episode for the contrastive prompt.
 - `distill.lessons.safety`: cleaning and rejecting items (control tokens, injections, secrets, length).
-- `distill.lessons.curate`: `LessonCurator` (add / merge / update / delete, budget, pools), `render_lessons`.
+- `distill.lessons.curate`: `LessonCurator` (add / merge / update / delete, budget, pools), `render_lessons`,
+  `restates` (a text that says nothing a lesson does not).
 - `distill.lessons.versions`: live and candidate versions, promote, reject, restore, diff.
 - `distill.lessons.gate`: `decide_gate` (promote or block, with its numbers) and per-lesson utility.
 - `distill.lessons.phase`: `extract_phase`, one EXTRACT phase end to end.
@@ -18,7 +19,7 @@ Storage is the experience memory (`memory.ExperienceStore`); this package never 
 
 from distill.lessons.config import LessonsConfig
 from distill.lessons.contrast import pick_partners
-from distill.lessons.curate import Change, CurationResult, LessonCurator, render_lessons
+from distill.lessons.curate import Change, CurationResult, LessonCurator, render_lessons, restates
 from distill.lessons.errors import GateInputError, LessonsError, UnknownLessonError, UnknownVersionError
 from distill.lessons.extract import (
     ExtractionOutcome,
@@ -117,6 +118,7 @@ __all__ = [
     "redact_secrets",
     "reject_candidate",
     "render_lessons",
+    "restates",
     "restore_version",
     "retire_lessons",
     "screen_item",

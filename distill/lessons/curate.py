@@ -17,11 +17,12 @@ How each proposal is decided (the documented rule):
 2. "UPDATE #id: text": the new text replaces the lesson (appended as the newest item); unknown ids
    fall through to 3.
 3. An addition is compared with every lesson of its pool by cosine similarity of embeddings, and
-   the most similar lesson (an identical text, ignoring case and punctuation, comes first) decides:
+   the most similar lesson (an identical text, ignoring case and punctuation, or one the addition only
+   restates, `restates`: its sentences are parts of that lesson's sentences, comes first) decides:
    - at `conflict_threshold` or above with opposite polarity (exactly one of the two has a negation:
      not/never/no/avoid/don't/...): a CONFLICT -- the newer item replaces it, as a new row appended
      at the end whose metadata names the lesson it `replaces`;
-   - at `merge_threshold` or above, or identical: a NEAR-DUPLICATE -- both merge into a new lesson
+   - at `merge_threshold` or above, identical or restated: a NEAR-DUPLICATE -- both merge into a new lesson
      row that keeps the existing text and position and the union of both provenances (source
      episodes; `merged_from` and `extraction_ids` in its metadata);
    - otherwise the item is ADDED at the end.
@@ -76,6 +77,32 @@ def has_negation(text: str) -> bool:
 
 def _normal(text: str) -> str:
     return _NORMAL.sub(" ", text.lower()).strip()
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
+
+
+def _words(sentence: str) -> list[str]:
+    """Lower-case words, a final "s" dropped from the longer ones: "helps" and "help" are one word."""
+    return [w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w
+            for w in _normal(sentence).split()]
+
+
+def _in_order(part: list[str], whole: list[str]) -> bool:
+    rest = iter(whole)
+    return all(word in rest for word in part)
+
+
+def restates(text: str, lesson: str) -> bool:
+    """Whether `text` says nothing that `lesson` does not: each of its sentences is part of one sentence of `lesson`
+    (its words there, in the same order, others allowed between them) with the same polarity. "Look never helps."
+    restates "Look and inventory never help."; "When you see a coin, take coin." restates itself inside a longer
+    lesson; "Never go." restates nothing in "Go through the exit." (the polarity differs), nor "Go first." (a word
+    that is not there)."""
+    ours = [s for s in _SENTENCE_END.split(text.strip()) if _words(s)]
+    theirs = [(_words(s), has_negation(s)) for s in _SENTENCE_END.split(lesson.strip()) if _words(s)]
+    return bool(ours) and all(any(negated == has_negation(s) and _in_order(_words(s), words)
+                                  for words, negated in theirs) for s in ours)
 
 
 @dataclass(frozen=True)
@@ -295,10 +322,10 @@ class LessonCurator:
 
     def _nearest(self, text: str, pool: list[LessonInfo]) -> tuple[int, float, bool]:
         """(position, cosine, identical) of the pool's lesson closest to `text`; an identical text (ignoring
-        case and punctuation) comes first. The pool must not be empty."""
+        case and punctuation) or one that `text` only restates comes first. The pool must not be empty."""
         self._embed_all([text] + [x.text for x in pool])
         sims = np.array([float(self._vector(text) @ self._vector(x.text)) for x in pool])
-        identical = [i for i, x in enumerate(pool) if _normal(x.text) == _normal(text)]
+        identical = [i for i, x in enumerate(pool) if _normal(x.text) == _normal(text) or restates(text, x.text)]
         best = identical[0] if identical else int(np.argmax(sims))
         return best, float(sims[best]), bool(identical)
 
