@@ -1,9 +1,10 @@
-"""The search for a second environment family (issues 24 and 25): where is SmolLM2-135M's base rate between 10%
-and 80%, and does a person's lesson in context raise it?
+"""The search for a second environment family (issues 24 and 25): where does a person's lesson in context raise
+SmolLM2-135M's success?
 
-A consolidation study needs a family where the base model is neither near 0% nor near 100% and a lesson helps in
-context: a cycle can only keep a gain that the lesson gives. Coin-collector level 2 is one such family (base 5-8%,
-the lesson 52.5%). This plays every candidate below on its TRAIN split (40 games or problems, the held-out
+A consolidation study needs a family where the base model is not near 100% and a lesson helps in context: a cycle
+can only keep a gain that the lesson gives. Coin-collector level 2 is one such family (base 5-8%, below random
+play, and the lesson 42-52%). A candidate qualifies when a lesson raises success on the same tasks (McNemar p <
+0.05) and the base wins at most 80%. This plays every candidate below on its TRAIN split (40 games or problems, the held-out
 games stay untouched by the search), greedy, SmolLM2-135M on CPU, the learning study's agent settings (choice mode
 where the game lists its actions, free text otherwise): the base model without lessons, a uniformly random
 admissible action where there is a set, and each lesson, paired with the base on the same tasks (McNemar).
@@ -44,7 +45,10 @@ CANDIDATES: list[tuple[str, dict, int | None, list[str]]] = [
      ["The object you must find is already in the room. Take it.",
       "Reply take and the name of the object in your task."]),
     ("treasure-hunter L3, 4 steps", _env("textworld/treasure_hunter", 4, level=3), None,
-     ["Go through an exit, then take the object your task names."]),
+     ["Go through an exit, then take the object your task names.",
+      ("Go through the exit. Look, examine and inventory never help. When you see the object your task names, "
+       "take it."),
+      "Never look, examine or check your inventory."]),
     ("custom, 1 room, one-action quest, 2 steps", _env("textworld/custom", 2, nb_rooms=1, nb_objects=4, quest_length=1),
      None,
      ["Examine, look and inventory never help.",
@@ -111,8 +115,8 @@ def report(results: dict, only: list[str] | None = None) -> str:
             if sum(won) > sum(base) and p < 0.05:
                 best = text
         share = sum(base) / len(base)
-        verdict = ("yes" if 0.1 <= share <= 0.8 and best else
-                   f"no: base {share:.0%} outside 10-80%" if not 0.1 <= share <= 0.8 else "no: no lesson helped")
+        verdict = (f"no: base {share:.0%}, no room to gain" if share > 0.8 else
+                   f"yes: \"{best}\"" if best else "no: no lesson raised it (p < 0.05)")
         lines.append(f"| {name} | {rate(base)} | {rate(rand) if rand else 'free text'} | "
                      f"{'; '.join(cells)} | {verdict} |")
     return "\n".join(lines) + "\n"
