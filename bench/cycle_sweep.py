@@ -54,14 +54,16 @@ VARIANTS: dict[str, dict] = {
 }
 
 
-def arm(variant: str, objective: str, anchor: bool = False) -> str:
+def arm(variant: str, objective: str, anchor: bool = False, share: float | None = None) -> str:
     """The cache name of a variant trained with `objective` (OPCD's keeps the variant's bare name), `+anchor` when
-    the cycle held the student to its parent on learning.ANCHOR's games (`opcd.anchor_envs`)."""
-    return (variant if objective == "opcd" else f"{variant}@{objective}") + ("+anchor" if anchor else "")
+    the cycle held the student to its parent on learning.ANCHOR's games (`opcd.anchor_envs`), followed by the
+    anchors' share of each batch when it was fixed (`anchor_share`)."""
+    suffix = ("+anchor" + (f"{share:g}" if share is not None else "")) if anchor else ""
+    return (variant if objective == "opcd" else f"{variant}@{objective}") + suffix
 
 
 def run(study: Study, variants: list[str], seeds: list[int], objectives: list[str] = ("opcd",),
-        retention: bool = False, anchor: bool = False) -> None:
+        retention: bool = False, anchor: bool = False, share: float | None = None) -> None:
     from memory import ExperienceStore
 
     study.evaluate("base")
@@ -80,9 +82,10 @@ def run(study: Study, variants: list[str], seeds: list[int], objectives: list[st
                 run_id = run.id
             for variant in variants:
                 for objective in objectives:
-                    key = f"sweep:{arm(variant, objective, anchor)}:{seed}"
+                    key = f"sweep:{arm(variant, objective, anchor, share)}:{seed}"
                     print(f"{key}", flush=True)
-                    study.train(key, store, run_id, seed, objective, trainer={**VARIANTS[variant], "seed": seed},
+                    study.train(key, store, run_id, seed, objective,
+                                trainer={**VARIANTS[variant], "seed": seed, "anchor_share": share},
                                 anchor=ANCHOR if anchor else None)
                     study.evaluate(f"{key}:without", adapter=study.results[key]["adapter"])
                     if retention:
@@ -154,8 +157,10 @@ def report(results: dict, variants: list[str], kl: dict[str, float] | None = Non
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     paired, retained = [], []
     for variant in variants:
-        for objective, anchored in itertools.product(OBJECTIVES, (False, True)):
-            name = arm(variant, objective, anchored)
+        shares = sorted({k.split(":")[1].split("+anchor", 1)[1] for k in results
+                         if k.startswith(f"sweep:{variant}") and "+anchor" in k})
+        for objective, anchored in itertools.product(OBJECTIVES, [None, *shares]):
+            name = arm(variant, objective) + ("" if anchored is None else f"+anchor{anchored}")
             seeds = sorted(int(k.split(":")[2]) for k in results if k.startswith(f"sweep:{name}:")
                            and k.count(":") == 2 and f"{k}:without" in results)
             if not seeds:
@@ -167,7 +172,8 @@ def report(results: dict, variants: list[str], kl: dict[str, float] | None = Non
             settings = ", ".join(f"{k} {v}" for k, v in VARIANTS[variant].items())
             kls = ", ".join(f"{t['kl_before']:.3f}->{t['kl_after']:.3f}" for t in trained)
             steps = ", ".join(f"{t.get('steps', '?')} ({t.get('best_step')})" for t in trained)
-            shown = f"{objective} + anchors" if anchored else objective
+            shown = objective if anchored is None else f"{objective} + anchors" + (f" ({anchored} of each batch)"
+                                                                                     if anchored else "")
             lines.append(
                 f"| {variant} | {shown} | {settings} | {len(seeds)} | {rate([w for r in runs for w in r])} | "
                 f"{', '.join(f'{sum(r) / len(r):.0%}' for r in runs)} | "
@@ -215,13 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retention", action="store_true", help="also play each student on the retention games")
     parser.add_argument("--anchor", action="store_true",
                         help="each cycle holds the student to its parent on learning.ANCHOR's games (opcd.anchor_envs)")
+    parser.add_argument("--anchor-share", type=float, default=None,
+                        help="with --anchor: the anchors' fixed share of every batch (opcd.trainer.anchor_share)")
     parser.add_argument("--heldout-kl", action="store_true",
                         help="measure each cached student's KL to the teacher on the held-out games")
     parser.add_argument("--report", action="store_true", help="only print the table from the cache")
     args = parser.parse_args(argv)
     study = Study(args.workdir)
     if not args.report and not args.heldout_kl:
-        run(study, args.variants, args.seeds, args.objectives, args.retention, args.anchor)
+        run(study, args.variants, args.seeds, args.objectives, args.retention, args.anchor, args.anchor_share)
     kl = None
     if args.heldout_kl:
         keys = [f"sweep:{arm(v, o)}:{s}" for v in args.variants for o in args.objectives for s in args.seeds

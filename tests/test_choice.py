@@ -15,6 +15,7 @@ from agent_runtime.consolidate import decide_promotion
 from agent_runtime.llm.base import SamplingParams, closest_action
 from distill.opcd import OPCDConfig, OPCDTrainer
 from distill.opcd.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices
+from distill.opcd.trainer import anchors_in_step
 
 SYSTEM = {"role": "system", "content": "You are playing a text adventure game. Reply with exactly one command."}
 CHATS = [
@@ -410,6 +411,32 @@ def test_anchors_hold_the_student_to_its_start_where_training_would_move_it(coin
     _, learned_anchored, drift_anchored = trained(True)
     assert learned_anchored < before  # the lesson is still learned where it is taught
     assert drift_anchored < 0.25 * drift, (drift_anchored, drift)
+
+
+def test_anchor_share_fixes_the_anchors_part_of_every_batch_whatever_their_count(tiny, monkeypatch):
+    """Ten anchors beside two lesson prompts: in proportion they would fill 5 of every 6 places; with
+    `anchor_share` 0.25 each batch of 4 holds exactly one, and the lesson prompts fill the rest."""
+    lesson_chats = [[SYSTEM, {"role": "user", "content": f"Room {i}. You see a coin."}] for i in range(6)]
+    anchors = [[SYSTEM, {"role": "user", "content": f"Lake {i}."}] for i in range(10)]
+    batches = []
+
+    def recording(prompts, contexts, choices=None):
+        batches.append(contexts)
+        return {"loss": 0.0}
+
+    for share, expected in ((0.25, [1, 1, 1, 1, 1, 1]), (0.5, [2, 2, 2, 2, 2, 2]), (None, None)):
+        trainer = _trainer_with(tiny, batch_size=4, anchor_share=share)
+        monkeypatch.setattr(trainer, "step", recording)
+        batches.clear()
+        trainer.train(lesson_chats, LESSON, steps=6, choices=[SETS[1]] * 6, anchors=anchors,
+                      anchor_choices=[SETS[2]] * 10)
+        counts = [contexts.count("") for contexts in batches]
+        assert all(len(contexts) == 4 for contexts in batches)
+        if expected is not None:
+            assert counts == expected
+        else:  # in proportion: 10 of every 16 prompts over the passes
+            assert sum(counts) > 12, counts
+    assert anchors_in_step(0, 4, 0.2) + anchors_in_step(1, 4, 0.2) + anchors_in_step(2, 4, 0.2) == round(0.2 * 12)
 
 
 def test_anchor_prompts_get_no_context_and_need_their_action_sets(tiny, monkeypatch):

@@ -43,6 +43,10 @@ class OPCDConfig(StrictConfig):
     max_new_tokens: int = Field(256, ge=1, description="longest sampled response; longer ones are cut")
     max_prompt_tokens: int | None = Field(None, ge=1, description="keep only the last N prompt tokens")
     batch_size: int = Field(4, ge=1, description="prompts per optimizer step, one sample each")
+    anchor_share: float | None = Field(
+        None, gt=0, lt=1, description="with anchor prompts (`OPCDTrainer.train(anchors=...)`): the share of every "
+        "batch that they fill, whatever their count (rounded per step so that the running share is exact); None: "
+        "they join the prompts and fill batches in proportion to their count")
     micro_batch_size: int = Field(
         8, ge=1, description="choice objective: prompts per forward pass inside one step (the gradient is accumulated "
         "over them), so a step may see every prompt of a cycle without holding their activations at once")

@@ -82,6 +82,12 @@ def split_validation(items: list, fraction: float, seed: int) -> tuple[list, lis
     return [items[i] for i in kept], [items[i] for i in sorted(order[:held])]
 
 
+def anchors_in_step(index: int, batch_size: int, share: float) -> int:
+    """How many of step `index`'s `batch_size` prompts are anchors: the running total is round(share x prompts so
+    far), so every step holds floor or ceil of share x batch_size and the share over the run is exact."""
+    return round(share * batch_size * (index + 1)) - round(share * batch_size * index)
+
+
 class DivergenceError(RuntimeError):
     """The loss became NaN/inf or diverged; the run must be aborted and its adapter rolled back."""
 
@@ -395,8 +401,11 @@ class OPCDTrainer:
                 raise ValueError("choices needs a sequence of prompts and one action set per prompt")
             prompt_source = list(zip(prompt_source, choices))
         pick = self._context_picker(context_source, rng)
+        extra: list = []  # anchors drawn as their own share of every batch (`anchor_share`)
         if anchors:
-            prompt_source, pick = self._with_anchors(prompt_source, pick, anchors, choices, anchor_choices)
+            prompt_source, pick, extra = self._with_anchors(prompt_source, pick, anchors, choices, anchor_choices)
+            if cfg.anchor_share is None:
+                prompt_source, extra = [*prompt_source, *extra], []
         validation = None
         if cfg.validation_fraction > 0 and isinstance(prompt_source, Sequence) and len(prompt_source) >= 2:
             prompt_source, held = split_validation(list(prompt_source), cfg.validation_fraction, cfg.seed)
@@ -404,13 +413,16 @@ class OPCDTrainer:
             validation = (held_chats, [pick(chat) for chat in held_chats],
                           [item[1] for item in held] if choices is not None else None)
         # a sequence smaller than a batch is one batch: every step sees all of it (the exact gradient)
-        batch_size = min(cfg.batch_size, len(prompt_source)) if isinstance(prompt_source, Sequence) else cfg.batch_size
+        batch_size = (min(cfg.batch_size, len(prompt_source) + len(extra)) if isinstance(prompt_source, Sequence)
+                      else cfg.batch_size)
         prompts = self._prompt_stream(prompt_source, rng)
+        anchored = self._prompt_stream(extra, random.Random(f"anchors:{cfg.seed}")) if extra else None
         if validation is not None:
             self._validate(validation)
         out = []
-        for _ in range(cfg.steps if steps is None else steps):
-            batch = list(itertools.islice(prompts, batch_size))
+        for index in range(cfg.steps if steps is None else steps):
+            k = anchors_in_step(index, batch_size, cfg.anchor_share) if anchored else 0
+            batch = list(itertools.islice(prompts, batch_size - k)) + list(itertools.islice(anchored or (), k))
             if len(batch) < batch_size:  # an iterator ran dry: stop at the last full batch
                 break
             sets = None
@@ -449,7 +461,7 @@ class OPCDTrainer:
     @staticmethod
     def _with_anchors(source, pick: Callable[[Chat], str], anchors: Sequence[Chat],
                       choices: Sequence[list[str]] | None, anchor_choices: Sequence[list[str]] | None):
-        """The prompt sequence with the anchors appended, and a context picker that gives them none."""
+        """(the prompt sequence, a context picker that gives the anchors none, the anchors as prompt items)."""
         if not isinstance(source, Sequence):
             raise TypeError("anchors need a sequence of prompts, not an iterator")
         if (choices is None) != (anchor_choices is None):
@@ -459,7 +471,7 @@ class OPCDTrainer:
         anchors = [list(chat) for chat in anchors]  # own objects: the picker tells them apart by identity
         anchored = {id(chat) for chat in anchors}
         extra = list(zip(anchors, anchor_choices)) if anchor_choices is not None else anchors
-        return [*source, *extra], lambda chat: "" if id(chat) in anchored else pick(chat)
+        return source, lambda chat: "" if id(chat) in anchored else pick(chat), extra
 
     @staticmethod
     def _prompt_stream(source, rng: random.Random) -> Iterator[Chat]:
