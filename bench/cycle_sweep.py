@@ -43,6 +43,7 @@ from distill.lessons.gate import mcnemar_p
 # prompt (batch 64 > a cycle's ~40 prompts), learning rates, schedules and the validation split.
 VARIANTS: dict[str, dict] = {
     "old-b4-1e-4": {"steps": 8, "batch_size": 4, "lr": 1e-4},
+    "old-b4-1e-4-bf16": {"steps": 8, "batch_size": 4, "lr": 1e-4, "weights_dtype": "bfloat16"},  # trained in bf16
     "full-1e-4": {"steps": 8, "batch_size": 64, "lr": 1e-4},
     "full-3e-4": {"steps": 8, "batch_size": 64, "lr": 3e-4},
     "full-1e-3": {"steps": 8, "batch_size": 64, "lr": 1e-3},

@@ -156,3 +156,27 @@ def test_batch_shares_are_contiguous_and_cover_the_global_batch_once():
             assert [i for s in shares for i in range(n)[s]] == list(range(n)), (world, n)
             sizes = [len(range(n)[s]) for s in shares]
             assert max(sizes) - min(sizes) <= 1, (world, n, sizes)
+
+
+def test_a_job_trains_in_bfloat16_when_asked_and_keeps_its_adapter_float32(tiny_model_dir, tmp_path, monkeypatch):
+    """`weights_dtype: bfloat16` puts the model's weights (and so its activations) in bf16 for the cycle; the LoRA
+    weights stay float32, and the adapter differs from the one the float32 run trains on the same data."""
+    sets = [["look", "take coin", "go west"]] * 6
+    seen = []
+    original = job_module.OPCDTrainer
+
+    def recording(model, *args, **kwargs):
+        seen.append(next(model.parameters()).dtype)
+        return original(model, *args, **kwargs)
+
+    monkeypatch.setattr(job_module, "OPCDTrainer", recording)
+    adapters = {}
+    for dtype in ("float32", "bfloat16"):
+        job = _job(tiny_model_dir, tmp_path / dtype, weights_dtype=dtype).model_copy(
+            update={"train_choices": sets, "contexts": LESSON})
+        result = run_job(job)
+        assert all(torch.isfinite(torch.tensor(m["loss"])) for m in result.steps)
+        adapters[dtype] = load_file(str(tmp_path / dtype / "adapter_model.safetensors"))
+    assert seen == [torch.float32, torch.bfloat16]
+    assert {w.dtype for w in adapters["bfloat16"].values()} == {torch.float32}
+    assert any(not torch.equal(adapters["float32"][k], adapters["bfloat16"][k]) for k in adapters["float32"])

@@ -64,6 +64,11 @@ class OPCDConfig(StrictConfig):
     min_improvement: float = Field(
         0.01, ge=0, lt=1, description="a validation KL is a new best only below (1 - this) x the best so far")
     grad_clip: float = Field(1.0, gt=0, description="global gradient-norm clip")
+    weights_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype of the model's weights and activations while the cycle trains (a LoRA "
+        "adapter's own weights stay float32). float32: an 8-step adapter changes each layer's output by less than "
+        "bfloat16 resolves, so bf16 acting loses most of what it learned (bench/RESULTS.md); bfloat16 halves the "
+        "weights' memory")
     full_finetune: bool = Field(False, description="train all weights instead of a LoRA adapter (the teacher is "
                                 "then a frozen copy of the start-of-cycle model: twice the weights in memory)")
     lora_r: int = Field(16, ge=1)

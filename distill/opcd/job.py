@@ -137,7 +137,7 @@ def execute(job: TrainJob, on_step: Callable[[dict], None] | None = None,
     if job.teacher is not None:  # before any weights are read: a teacher that cannot teach fails at once
         check_teacher(job.model_path, job.teacher)
     model, tokenizer = load_model(job.model_path)
-    model.to(device or job.device)
+    model.to(device or job.device, dtype=getattr(torch, job.config.weights_dtype))
     teacher = None
     if job.teacher is not None:
         teacher = load_teacher(job.teacher, job.teacher.device if device is None and job.teacher.device
