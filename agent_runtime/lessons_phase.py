@@ -50,7 +50,6 @@ from distill.lessons import (
     load_utilities,
     measure_utilities,
     pending_user_candidate,
-    restates,
     store_gate_decision,
     store_utilities,
 )
@@ -278,13 +277,9 @@ def _induce(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: in
              if e.id not in set(episode_ids)] if settings.contrastive_lookback else []
     evidence = read + [e for e in older if usable(e)]
     live, current = live_lessons(store, run_id, pool=0)
-    known = [x.text for x in current]
-    findings = []  # a finding that only restates a live lesson or an earlier finding is no candidate
-    for f in induce(evidence, min_support=settings.induce_min_support, min_gap=settings.induce_min_gap,
-                    max_candidates=settings.induce_candidates + len(known), max_chars=settings.max_item_chars):
-        if not any(restates(f.text, other) for other in [*known, *(g.text for g in findings)]):
-            findings.append(f)
-    findings = findings[: settings.induce_candidates]
+    findings = induce(evidence, min_support=settings.induce_min_support, min_gap=settings.induce_min_gap,
+                      max_candidates=settings.induce_candidates, max_chars=settings.max_item_chars,
+                      known=[x.text for x in current])  # what a live lesson already says is no candidate
     if not findings:
         return [], None
 

@@ -75,6 +75,11 @@ CANDIDATES: list[tuple[str, dict, int | None, list[str]]] = [
 ]
 
 
+def selected(name: str, only: list[str] | None) -> bool:
+    """Whether the candidate `name` is one of `--only`'s (names starting with one of its words; all without)."""
+    return not only or any(name.lower().startswith(o.lower()) for o in only)
+
+
 def key(env: dict, arm: str) -> str:
     return f"family:{json.dumps(env, sort_keys=True)}:{arm}"
 
@@ -101,7 +106,7 @@ def report(results: dict, only: list[str] | None = None) -> str:
     lines = [("| candidate (40 train tasks, greedy) | base | random admissible | lesson in context: rate, "
               "difference, McNemar p | a second family? |"), "|---|---|---|---|---|"]
     for name, env, _, lessons in CANDIDATES:
-        if only and not any(name.lower().startswith(o.lower()) for o in only):
+        if not selected(name, only):
             continue
         base = results.get(key(env, "base"))
         if base is None:
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     study = Study(args.workdir)
     if not args.report:
         for name, env, tokens, lessons in CANDIDATES:
-            if args.only and not any(name.lower().startswith(o.lower()) for o in args.only):
+            if not selected(name, args.only):
                 continue
             started = time.perf_counter()
             print(f"{name}", flush=True)

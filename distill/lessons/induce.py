@@ -1,6 +1,6 @@
 """Lessons induced from evidence: what separates the run's won episodes from its lost ones, in plain words.
 
-What: `induce(episodes, *, min_support=2, min_gap=0.3, max_candidates=6) -> list[Finding]`. Each finding
+What: `induce(episodes, *, min_support=2, min_gap=0.3, max_candidates=6, known=()) -> list[Finding]`. Each finding
 is a short lesson (a template filled with the environment's own action words) with the counts and episode ids
 behind it, best first. No model writes anything: a 135M model's free extraction is vague prose, while its
 episodes already hold the evidence (what was done, when it could have been done, in which order).
@@ -39,6 +39,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from distill.lessons.curate import restates
 from distill.lessons.safety import screen_item
 
 if TYPE_CHECKING:
@@ -184,8 +185,9 @@ def _playable(episode: EpisodeInfo) -> bool:
 
 
 def induce(episodes: Iterable[EpisodeInfo], *, min_support: int = 2, min_gap: float = 0.3,
-           max_candidates: int = 6, max_chars: int = 300) -> list[Finding]:
-    """The findings that separate won from lost episodes (see the module doc), best first, one per key.
+           max_candidates: int = 6, max_chars: int = 300, known: Sequence[str] = ()) -> list[Finding]:
+    """The findings that separate won from lost episodes (see the module doc), best first, one per key; a finding
+    that only restates a `known` lesson or a better finding (`curate.restates`) is left out.
 
     Environments are taken separately (a rule of one game is not a rule of another); an environment needs at
     least one won and one lost episode, else it says nothing. `episodes` must carry their steps."""
@@ -199,13 +201,14 @@ def induce(episodes: Iterable[EpisodeInfo], *, min_support: int = 2, min_gap: fl
         if any(e.won for e in group) and not all(e.won for e in group):
             findings += _induce_env(env_id, group, min_support, min_gap)
     findings.sort(key=lambda f: (-f.z, f.kind, f.key))
-    chosen, seen_keys, seen_texts = [], set(), set()
+    chosen, seen_keys, seen_texts = [], set(), []
     for finding in findings:
         verdict = screen_item(finding.text, max_chars)
-        if verdict.text is None or (finding.env_id, finding.key) in seen_keys or verdict.text in seen_texts:
+        if verdict.text is None or (finding.env_id, finding.key) in seen_keys or \
+                any(restates(verdict.text, other) for other in [*known, *seen_texts]):
             continue
         seen_keys.add((finding.env_id, finding.key))
-        seen_texts.add(verdict.text)
+        seen_texts.append(verdict.text)
         chosen.append(Finding(**{**asdict(finding), "text": verdict.text}))
         if len(chosen) == max_candidates:
             break
