@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from agent_runtime.decisions import episode_prefixes
+from agent_runtime.llm import training_device
 from agent_runtime.llm.base import ChoiceBackend, SamplingParams
 
 log = logging.getLogger("agent_runtime.probe")
@@ -315,7 +317,6 @@ def probe_decisions(config, workdir, store, run_id: int, cycle, backend) -> list
     """The probe's fixed prompts for `cycle`: decisions of its own training episodes (choice-mode ones when the
     cycle distilled a choice policy), the first turn of each episode first, in episode order; a system-prompt
     cycle trained on a prompt file probes with that file's first prompts."""
-    from agent_runtime.consolidate import episode_prefixes
     from agent_runtime.system_prompt import load_prompts
 
     settings = config.opcd
@@ -350,7 +351,6 @@ def ensure_reference(config, workdir, store, run_id: int, adapter, backend) -> P
     """`adapter`'s probe reference: the stored one, else computed here (call it where the cycle ran) and stored
     with its cycle; None when no cycle trained it or there is nothing to probe with."""
     from agent_runtime.checkpoints import resolve_model
-    from agent_runtime.consolidate import training_device
 
     found = stored_reference(store, adapter)
     cycle = _cycle_of(store, adapter)

@@ -160,10 +160,10 @@ def _system_prompt_args(config, args):
 def cmd_distill(args) -> int:
     from agent_runtime.config import load_config
     from agent_runtime.consolidate import cycle_teacher, run_cycle
+    from agent_runtime.cursor import CursorMove
     from agent_runtime.llm import LOCAL_WEIGHTS, make_backend
     from agent_runtime.llm.base import activate
     from agent_runtime.loop import default_workdir
-    from agent_runtime.play import CursorMove
     from distill.lessons.forget import RECONSOLIDATE
     from distill.opcd import VocabularyCheck
     from memory import ExperienceStore
@@ -191,15 +191,14 @@ def cmd_distill(args) -> int:
         report = run_cycle(config, workdir, store, run.id, backend, config.opcd,
                            finish=CursorMove(None, requests_done=asked))
         backend.close()
-        if report is None and asked:
-            with store.transaction():
-                CursorMove(None, requests_done=asked).apply(store, run.id)
-            print(f"run {run.id}: the scheduled re-consolidation found no live lessons; the run acts with "
-                  f"{store.active_adapter(run.id).name if store.active_adapter(run.id) else 'the base model'}")
-            return 0
+        acting = store.active_adapter(run.id)
     finally:
         store.close()
-    if report is None:
+    if report.status == "skipped" and asked:
+        print(f"run {run.id}: the scheduled re-consolidation found no live lessons; the run acts with "
+              f"{acting.name if acting else 'the base model'}")
+        return 0
+    if report.status == "skipped":
         raise UsageError(f"run {run.id} has no live lessons to consolidate (enable lessons and let EXTRACT run, or "
                          "distil a system prompt: --context-file FILE)")
     if args.json:

@@ -1,60 +1,39 @@
-"""The CONSOLIDATE -> EVALUATE -> PROMOTE | ROLLBACK phases: one OPCD cycle as the loop runs it.
+"""One OPCD cycle as the loop runs it: CONSOLIDATE -> EVALUATE -> PROMOTE | ROLLBACK (`run_cycle`, in numbered steps).
 
-CONSOLIDATE. The prompts are the per-turn prefixes of the run's recent episodes, rebuilt exactly as the
-agent saw them but without lessons (OEL's recipe for multi-turn agents); a tenth of them is held out. The
-contexts are the live lesson set, one pool per sample, as the block the agent puts in its system prompt.
-`distill.opcd.OPCDTrainer` (through `distill.opcd.run_job`: in this process, or data parallel over
-`opcd.trainer.processes` ranks, one per GPU) trains a LoRA adapter whose parent is the run's active adapter (the teacher is
-that parent with the lessons), logging loss and KL per step into the cycle row. The adapter is written
-atomically under `<workdir>/adapters/cycle-<id>`, and its row records the fingerprint of the files written
-(`distill.fingerprint`: what every episode acting with it is compared against). A NaN or diverging loss aborts
-the cycle: ROLLBACK.
+1. CONSOLIDATE: the prompts are the run's recent decisions rebuilt without lessons (`agent_runtime.decisions`), a
+   tenth held out; the context is the live lesson set (or one system prompt, `opcd.context`). The trainer
+   (`distill.opcd.run_job`) fits a LoRA adapter on top of the run's adapter so that the student without the
+   context matches the teacher with it (the choice policy in choice mode); curves go into the cycle row as it
+   trains. A diverging loss is a ROLLBACK.
+2. EVALUATE (`evaluate_cycle`): on the held-out tasks with fixed seeds, random play, the parent and the student
+   with and without the lessons, retention on environments the cycle did not train on, and the decision's
+   validation games.
+3. PROMOTE or ROLLBACK: the rule is `decide_promotion`, and only there; lessons the student internalised leave
+   the context (`internalized_lessons`). The outcome and the run's cursor move are one transaction.
 
-EVALUATE. On the held-out tasks with fixed seeds: the student without lessons, the student with lessons,
-the teacher (parent) with and without lessons, and the retention set (environments the cycle did not train
-on, e.g. math when training on games) for the student and the parent, all without lessons.
-
-In choice mode (the steps were choices among admissible actions) the prompts are those steps and the
-trainer distils the choice policy (exact KL over each step's action set, `distill.opcd.choice`); the
-held-out KL is then the choice policies' KL. A random-admissible player is evaluated beside them, the
-baseline every success rate is read against.
-
-PROMOTE only on evidence (`decide_promotion`): the held-out KL to the teacher fell by at least `min_kl_drop`
-of its start-of-cycle value, the student did not fall below the parent by more than `promote_margin`
-(without lessons, and with them), and retention did not fall by more than `retention_margin`; the acting
-policy switches to the new adapter. Lessons the student has internalised (`internalized_lessons`: its
-held-out KL to the teacher with that lesson fell to `internalized_ratio` of the start-of-cycle value) are
-marked consolidated and leave the context. Otherwise
-ROLLBACK: the adapter stays on disk, marked rejected, and the reasons are stored with the cycle.
-
-Two variants of the paper (issue 18), recorded in the cycle row (`config.kind`, `config.teacher`):
-- a separate teacher (`opcd.teacher`, cross-size distillation): the model with the context is that model
-  instead of the parent, after a check that its tokenizer is the student's (refused otherwise). EVALUATE
-  still plays the parent as "teacher_*": those conditions are the start-of-cycle ACTING policy (what the
-  student must not fall below), not the model that taught; the cycle's metrics say which is which (`parent`,
-  `teacher`, `conditions`), and the separate teacher is not played.
-- system-prompt distillation (`opcd.context`): the context is one fixed system prompt (its text and SHA-256
-  stored with the cycle) instead of the lesson set, over the run's recent prompts or a prompt file
-  (`agent_runtime.system_prompt`); the "with lessons" conditions then show that system prompt instead, no
-  lesson set is involved and none is consolidated; the decision is the same `decide_promotion`.
+A separate teacher (`opcd.teacher`) replaces the parent as the model with the context; EVALUATE's "teacher" rows
+stay the parent (the acting policy the student must not fall below), and the cycle row says which is which.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from agent_runtime.agent import Turn, lessons_section
+from agent_runtime.adapter_probe import ensure_reference
+from agent_runtime.agent import lessons_section
 from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import ConfigError, ConsolidationConfig, EnvEntry, RunConfig
-from agent_runtime.envs import build_envs, build_prompt_builders
+from agent_runtime.cursor import CursorMove
+from agent_runtime.decisions import Decision, episode_prefixes, turn_prefixes
+from agent_runtime.envs import build_prompt_builders
 from agent_runtime.evaluation import EvalResult, env_pool, evaluate
 from agent_runtime.heldout import held_out
-from agent_runtime.llm.base import LocalModelBackend, SleepingBackend, activate
+from agent_runtime.llm import making_room, training_device
+from agent_runtime.llm.base import AdapterFiles, acting
 from agent_runtime.profile import profiled
 from agent_runtime.system_prompt import SystemPrompt, load_context, load_prompts
 from distill.fingerprint import fingerprint_files
@@ -71,15 +50,15 @@ from distill.opcd import (
 from distill.opcd.teacher import check_teacher
 from memory import AdapterInfo, ExperienceStore, LessonInfo, LessonSetInfo
 
-if TYPE_CHECKING:
-    from agent_runtime.play import CursorMove
-
 log = logging.getLogger("agent_runtime.consolidate")
 
 
 @dataclass
 class CycleReport:
-    cycle_id: int
+    """What one call of `run_cycle` did: "promoted", "rolled_back", or "skipped" (nothing to consolidate: no
+    cycle row, `cycle_id` None)."""
+
+    cycle_id: int | None
     status: str  # promoted, rolled_back, skipped
     reasons: list[str] = field(default_factory=list)
     adapter_id: int | None = None
@@ -87,6 +66,8 @@ class CycleReport:
     metrics: dict[str, Any] = field(default_factory=dict)
 
     def line(self) -> str:
+        if self.status == "skipped":
+            return f"CONSOLIDATE: {'; '.join(self.reasons)}; nothing to consolidate"
         head = f"OPCD cycle {self.cycle_id}: {self.status}"
         if self.metrics.get("kind") == "system_prompt":
             head += f" (system prompt {self.metrics['context_sha256'][:12]})"
@@ -98,45 +79,6 @@ class CycleReport:
         kl_s = f"; held-out KL {kl['before']:.3f} -> {kl['after']:.3f}" if kl else ""
         extra = f"; {len(self.consolidated)} lessons consolidated" if self.consolidated else ""
         return f"{head}{kl_s}; {shown}{extra}" + (f" ({'; '.join(self.reasons)})" if self.reasons else "")
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One per-turn prompt of a logged episode, as the agent saw it but without lessons."""
-
-    chat: list[dict]
-    episode_ids: list[int]
-    choices: list[str] | None = None  # the action set of a choice-mode step
-
-
-def episode_prefixes(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
-                     limit: int) -> list[Decision]:
-    """Every turn of the run's `limit` newest episodes, rebuilt without lessons (held-out evaluation tasks are
-    left out: `agent_runtime.heldout`)."""
-    specs, _ = build_envs(config, workdir)
-    builders = {s.env_id: b for s, b in zip(specs, build_prompt_builders(config, specs, backend))}
-    held = held_out(config, workdir)
-    out = []
-    for info in store.episodes(run_id, limit=limit):
-        builder = builders.get(info.env_id)
-        if builder is None or info.outcome == "error":
-            continue
-        episode = store.episode(info.id)
-        if not held.usable(episode):
-            continue
-        out.extend(turn_prefixes(builder, episode.steps, info.id))
-    return out
-
-
-def turn_prefixes(builder, steps, episode_id: int | None = None) -> list[Decision]:
-    """Each turn of one episode's `steps` as the prompt it was decided from, rebuilt without lessons."""
-    out, history = [], []
-    for step in steps:
-        chat = builder.build(history, step.observation, step.admissible_actions, lessons=[])
-        choices = step.admissible_actions if (step.info or {}).get("action_mode") == "choice" else None
-        out.append(Decision(chat, [] if episode_id is None else [episode_id], list(choices) if choices else None))
-        history.append(Turn(step.observation, step.response, step.admissible_actions))
-    return out
 
 
 def anchor_decisions(config: RunConfig, workdir: Path, backend, envs: list[EnvEntry], episodes: int,
@@ -254,18 +196,30 @@ class CycleSetup:
 
 
 def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
-              settings: ConsolidationConfig, *, progress=None, finish: CursorMove | None = None) -> CycleReport | None:
-    """One whole cycle, stored with its outcome and reasons; None when there are no lessons to consolidate.
-    `backend` acts with adapters (checked where it was built: `agent_runtime.llm.check_capabilities`).
+              settings: ConsolidationConfig, *, progress=None, finish: CursorMove | None = None) -> CycleReport:
+    """One whole cycle, stored with its outcome and reasons (status "skipped" when there are no lessons to
+    consolidate). `backend` acts with adapters (checked where it was built: `agent_runtime.llm.check_capabilities`);
+    it acts as it did before once the cycle is over, whatever the outcome (the caller switches to a promoted
+    adapter).
 
     The cycle's outcome (its evaluations, the promotion or rollback, the lesson set without what it
     consolidated) and `finish`, the run's cursor move, are written in one transaction: a process killed after
     a promotion never starts a second cycle on resume. The cycle row itself (written at the start, its curves
     step by step) is the cycle's progress, shown while it trains; a cycle found still running was
-    interrupted and is rolled back (`roll_back_interrupted`)."""
+    interrupted and is rolled back (`roll_back_interrupted`). After a promotion the adapter probe's reference
+    is computed here, where the cycle ran (`agent_runtime.adapter_probe.ensure_reference`)."""
+
+    def move_cursor(report: CycleReport) -> CycleReport:  # called inside the transaction of the outcome
+        if finish is not None:
+            finish.apply(store, run_id, skipped=report.status == "skipped")
+        return report
+
+    # 1. set-up: the lessons (or system prompt) to distil, the cycle row
     cycle = start_cycle(config, workdir, store, run_id, settings)
     if cycle is None:
-        return None
+        with store.transaction():
+            return move_cursor(CycleReport(None, "skipped", ["no live lessons"]))
+    # 2. the prompts: the run's recent decisions, a tenth held out
     decisions = cycle_prompts(config, workdir, store, run_id, backend, settings, cycle)
     choice_mode = any(d.choices for d in decisions)
     store.update_cycle(cycle.cycle_id, episode_ids=sorted({e for d in decisions for e in d.episode_ids}))
@@ -277,10 +231,10 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     path = adapters_dir / f"cycle-{cycle.cycle_id}"
     anchors = []
     if settings.anchor_envs:
-        with profiled("CONSOLIDATE: anchor play"):
-            activate(backend, cycle.parent)
+        with profiled("CONSOLIDATE: anchor play"), acting(backend, cycle.parent):
             anchors = anchor_decisions(config, workdir, backend, settings.anchor_envs, settings.anchor_episodes,
                                        choice_mode=choice_mode)
+    # 3. CONSOLIDATE: train the student
     job = train_job(config, settings, cycle, run_id, train, heldout, per_lesson, path, choice_mode=choice_mode,
                     device=training_device(config, backend), anchors=anchors)
     try:
@@ -289,9 +243,7 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     except DivergenceError as exc:
         with store.transaction():
             store.rollback_cycle(cycle.cycle_id, error=str(exc))
-            if finish is not None:
-                finish.apply(store, run_id)
-        return CycleReport(cycle.cycle_id, "rolled_back", [str(exc)])
+            return move_cursor(CycleReport(cycle.cycle_id, "rolled_back", [str(exc)]))
     kl = (result.kl_before["heldout"], result.kl_after["heldout"])
     lesson_kl = ({i: result.kl_before[f"lesson:{i}"] for i in per_lesson},
                  {i: result.kl_after[f"lesson:{i}"] for i in per_lesson})
@@ -306,16 +258,18 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     metrics["training"] = {"steps": len(result.steps), "best_step": result.best_step,
                            "stopped_early": result.stopped_early, "validation": result.validation}
     store.update_cycle(cycle.cycle_id, adapter_id=adapter_id, metrics=metrics)
+    # 4. EVALUATE every condition, then PROMOTE or ROLLBACK with the cursor's move
     with profiled("CONSOLIDATE: evaluate"):
         evals = evaluate_cycle(config, workdir, backend, settings, cycle, path)
     rates = {k: _rate(v) for k, v in evals.items()}
     metrics["evaluation"] = rates
     with store.transaction():
-        report = _decide(store, run_id, config, settings, cycle, adapter_id, evals, rates, metrics, kl, lesson_kl)
-        if finish is not None:
-            finish.apply(store, run_id)
-    if report.status == "rolled_back":
-        activate(backend, parent)
+        report = move_cursor(_decide(store, run_id, config, settings, cycle, adapter_id, evals, rates, metrics, kl,
+                                     lesson_kl))
+    # 5. the probe's reference for a promoted adapter, where it was trained
+    if report.status == "promoted":
+        with profiled("PROMOTE: probe"), making_room(backend):
+            ensure_reference(config, workdir, store, run_id, store.get_adapter(adapter_id), backend)
     return report
 
 
@@ -440,23 +394,23 @@ def evaluate_cycle(config: RunConfig, workdir: Path, backend, settings: Consolid
     n = settings.eval_episodes or config.evaluation.episodes_per_env
     shown = cycle.shown()
     evals: dict[str, list[EvalResult]] = {"random": _eval(config, workdir, random_policy(config), lessons=[], n=n)}
-    activate(backend, cycle.parent)
-    evals["teacher_with_lessons"] = _eval(config, workdir, backend, n=n, **shown)
-    evals["teacher_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
     retention = list(settings.retention_envs)
-    if retention:
-        evals["teacher_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
-    if settings.validation_games:
-        evals["validation_parent"] = _eval(config, workdir, backend, lessons=[], n=settings.validation_games,
-                                           split="train")
-    backend.load_adapter(f"cycle-{cycle.cycle_id}", path)
-    evals["student_with_lessons"] = _eval(config, workdir, backend, n=n, **shown)
-    evals["student_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
-    if settings.validation_games:
-        evals["validation_student"] = _eval(config, workdir, backend, lessons=[], n=settings.validation_games,
-                                            split="train")
-    if retention:
-        evals["student_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
+    with acting(backend, cycle.parent):
+        evals["teacher_with_lessons"] = _eval(config, workdir, backend, n=n, **shown)
+        evals["teacher_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
+        if retention:
+            evals["teacher_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
+        if settings.validation_games:
+            evals["validation_parent"] = _eval(config, workdir, backend, lessons=[], n=settings.validation_games,
+                                               split="train")
+    with acting(backend, AdapterFiles(f"cycle-{cycle.cycle_id}", path)):
+        evals["student_with_lessons"] = _eval(config, workdir, backend, n=n, **shown)
+        evals["student_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
+        if settings.validation_games:
+            evals["validation_student"] = _eval(config, workdir, backend, lessons=[],
+                                                n=settings.validation_games, split="train")
+        if retention:
+            evals["student_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
     return evals
 
 
@@ -518,33 +472,6 @@ def _changed_meanwhile(store: ExperienceStore, run_id: int, live, parent) -> lis
     if forgotten:
         reasons.append(f"lessons {forgotten} it was taught with were forgotten during the cycle")
     return reasons
-
-
-def training_device(config: RunConfig, backend) -> str:
-    """Where a cycle trains: the acting policy's own device when its weights live in this process (the
-    transformers backend), else the device the config names for the model (vLLM: the same GPU, or the CPU)."""
-    if isinstance(backend, LocalModelBackend):
-        return "cuda" if backend.device.type == "cuda" else "cpu"
-    device = config.model.device
-    if device == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cuda" if device.startswith("cuda") else "cpu"
-
-
-@contextmanager
-def making_room(backend):
-    """Free the acting engine's accelerator memory while a cycle trains next to it (vLLM's sleep mode on a
-    GPU: weights offloaded, KV cache dropped), and bring it back after; nothing for other backends."""
-    sleeper = backend if isinstance(backend, SleepingBackend) else None
-    if sleeper is None or not sleeper.sleep():
-        yield
-        return
-    try:
-        yield
-    finally:
-        sleeper.wake_up()
 
 
 def random_policy(config: RunConfig):

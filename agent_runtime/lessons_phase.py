@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
 from agent_runtime.config import ModelConfig, RunConfig
+from agent_runtime.cursor import CursorMove
 from agent_runtime.evaluation import evaluate
 from agent_runtime.heldout import held_out
 from agent_runtime.llm.base import BackendError, PolicyBackend, SamplingParams, TokenizerBackend
@@ -55,9 +55,6 @@ from distill.lessons import (
 )
 from distill.lessons.safety import prompt_lessons
 from memory import ExperienceStore
-
-if TYPE_CHECKING:
-    from agent_runtime.play import CursorMove
 
 log = logging.getLogger("agent_runtime.lessons")
 

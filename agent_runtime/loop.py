@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from agent_runtime.adapter_probe import check_backend, ensure_reference, stored_reference, tolerance_for
+from agent_runtime.adapter_probe import check_backend, stored_reference, tolerance_for
 from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import (
     ConfigError,
@@ -45,7 +45,8 @@ from agent_runtime.config import (
     resume_differences,
     save_resolved,
 )
-from agent_runtime.consolidate import making_room, roll_back_interrupted
+from agent_runtime.consolidate import roll_back_interrupted
+from agent_runtime.cursor import CursorMove
 from agent_runtime.envs import build_envs
 from agent_runtime.heldout import held_out
 from agent_runtime.lessons_phase import (
@@ -57,7 +58,7 @@ from agent_runtime.lessons_phase import (
 )
 from agent_runtime.llm import LOCAL_WEIGHTS, PolicyBackend, check_capabilities, make_backend
 from agent_runtime.llm.base import BackendStats, activate
-from agent_runtime.play import CursorMove, Executor, LocalExecutor, PlaySession, RequestWatch, RunState, Schedule
+from agent_runtime.play import Executor, LocalExecutor, PlaySession, RequestWatch, RunState, Schedule
 from agent_runtime.profile import Profile
 from agent_runtime.retrieved_examples import example_retriever
 from agent_runtime.runner import TaskSampler
@@ -402,10 +403,11 @@ class AgentLoop:
                     bar.update(len(losses) - bar.n)
                     bar.set_postfix(loss=f"{losses[-1]:.3f}")
 
-        # what the cycle writes with its outcome, in one transaction; with no cycle the loop moves the cursor
+        # what the cycle writes with its outcome, in one transaction (with nothing to consolidate, no cycle counts)
         after = replace(self.state, cycles=self.state.cycles + 1, last_consolidate_at=self.state.episodes)
+        skipped = replace(self.state, last_consolidate_at=self.state.episodes)
         asked = self.requests.pending(fresh=True)
-        finish = CursorMove("PLAY", after.stored(), asked)
+        finish = CursorMove("PLAY", after.stored(), asked, state_if_skipped=skipped.stored())
         if asked:  # a re-consolidation after `lessons forget`: the adapter and the lessons it starts from
             self.adapter = self.store.active_adapter(self.run_id)
             self.lessons.reload()
@@ -414,39 +416,17 @@ class AgentLoop:
                                                on_poll=poll if self.progress else None)
         finally:
             bar.close()
-        if report is None:
-            self.state.last_consolidate_at = self.state.episodes
-            with self.store.transaction():
-                CursorMove("PLAY", self.state.stored(), asked).apply(self.store, self.run_id)
-            self.requests.carried_out(asked)
-            self.phase = "PLAY"
-            if self._backend is not None and asked:
-                activate(self._backend, self.adapter)
-            tqdm.write("CONSOLIDATE: no live lessons; nothing to consolidate")
-            return
         self.requests.carried_out(asked)
-        self.state, self.phase = after, finish.phase
+        self.state, self.phase = (skipped if report.status == "skipped" else after), finish.phase
         self.adapter = self.store.active_adapter(self.run_id)
         if self._backend is not None:
             activate(self._backend, self.adapter)
         self.lessons.reload()
         tqdm.write(report.line())
         log.info(report.line(), extra={"fields": {"phase": "CONSOLIDATE", "cycle": asdict(report)}})
-        if report.status == "promoted":
+        if report.status == "promoted":  # the cycle stored the probe's reference where it ran: check against it
             with self.profile.phase("PROMOTE: probe"):
-                self._probe_promoted()
-
-    def _probe_promoted(self) -> None:
-        """The adapter probe after a promotion (`agent_runtime.adapter_probe`): its reference is computed here
-        when the cycle ran here (a Ray learner stores its own; an engine sharing the device sleeps meanwhile), and
-        the loop's backend is checked against it. Ray workers are probed by their executor when the adapter
-        reaches them."""
-        if self.adapter is None or self._on_learner():
-            return
-        with making_room(self.backend):
-            reference = ensure_reference(self.config, self.workdir, self.store, self.run_id, self.adapter,
-                                         self.backend)
-        self._probe_acting(reference)
+                self._probe_acting()
 
     def _probe_acting(self, reference=None) -> None:
         """When the loop's own backend plays (the local executor), check it against the probe of the adapter it

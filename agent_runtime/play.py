@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from agent_runtime.config import RunConfig
+from agent_runtime.consolidate import CycleReport, run_cycle
+from agent_runtime.cursor import CursorMove
+from agent_runtime.envs import build_prompt_builders, sampling_params
+from agent_runtime.lessons_phase import ExtractReport, run_extract
 from agent_runtime.runner import Draw, EpisodeContext, EpisodeRunner, TaskSampler
 from memory import EpisodeRecord, ExperienceStore
 
 if TYPE_CHECKING:
-    from agent_runtime.consolidate import CycleReport
-    from agent_runtime.lessons_phase import ExtractReport
     from agent_runtime.llm.base import PolicyBackend
     from agent_runtime.runner import EnvSlotSpec
 
@@ -61,23 +63,6 @@ class RunState:
         """The state once `record` is committed."""
         return replace(self, episodes=self.episodes + 1, won=self.won + int(record.won),
                        errors=self.errors + int(record.outcome == "error"), open_draws=sorted(open_draws))
-
-
-@dataclass(frozen=True)
-class CursorMove:
-    """The run's cursor and state as they are once a phase is done, and the run requests the phase carried
-    out: written by the phase itself, in the transaction of its results (`ExperienceStore.transaction`), so a
-    kill can never separate them. `phase` None moves nothing (`agent-runtime distill` outside the loop)."""
-
-    phase: str | None
-    state: dict | None = None
-    requests_done: tuple[int, ...] = ()
-
-    def apply(self, store: ExperienceStore, run_id: int) -> None:
-        if self.phase is not None:
-            store.update_run(run_id, phase=self.phase, state=self.state)
-        for request_id in self.requests_done:
-            store.finish_request(request_id, {"done_by": self.phase or "distill"})
 
 
 class RequestWatch:
@@ -239,7 +224,7 @@ class Executor(Protocol):
     def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove) -> ExtractReport: ...
 
     def consolidate(self, run_id: int, finish: CursorMove, progress: Callable[[dict], None] | None = None,
-                    on_poll: Callable[[], None] | None = None) -> CycleReport | None: ...
+                    on_poll: Callable[[], None] | None = None) -> CycleReport: ...
 
     def close(self) -> None: ...
 
@@ -256,8 +241,6 @@ class LocalExecutor:
         self.examples_for = examples_for
 
     def play(self, session: PlaySession, adapter) -> None:
-        from agent_runtime.envs import build_prompt_builders, sampling_params
-
         backend = self._backend()
         runner = EpisodeRunner(backend, self.envs, build_prompt_builders(self.config, self.envs, backend),
                                sampling_params(self.config.model), slots=self.config.runtime.slots,
@@ -270,14 +253,10 @@ class LocalExecutor:
             runner.close()
 
     def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove) -> ExtractReport:
-        from agent_runtime.lessons_phase import run_extract
-
         return run_extract(self.config, self.workdir, self.store, run_id, self._backend(), episode_ids,
                            finish=finish)
 
-    def consolidate(self, run_id: int, finish: CursorMove, progress=None, on_poll=None) -> CycleReport | None:
-        from agent_runtime.consolidate import run_cycle
-
+    def consolidate(self, run_id: int, finish: CursorMove, progress=None, on_poll=None) -> CycleReport:
         return run_cycle(self.config, self.workdir, self.store, run_id, self._backend(), self.config.opcd,
                          progress=progress, finish=finish)
 

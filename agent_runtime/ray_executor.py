@@ -54,7 +54,6 @@ from agent_runtime.adapter_probe import (
     ProbeReference,
     ProbeResult,
     StaleAdapterError,
-    ensure_reference,
     judge,
     measure,
     record_results,
@@ -62,7 +61,7 @@ from agent_runtime.adapter_probe import (
     tolerance_for,
 )
 from agent_runtime.config import ConfigError, RunConfig, config_from_dict
-from agent_runtime.consolidate import making_room, roll_back_interrupted, run_cycle
+from agent_runtime.consolidate import roll_back_interrupted, run_cycle
 from agent_runtime.envs import build_envs, build_prompt_builders, sampling_params
 from agent_runtime.lessons_phase import run_extract
 from agent_runtime.llm import make_backend
@@ -71,7 +70,8 @@ from agent_runtime.runner import Draw, EpisodeContext, EpisodeRunner
 from memory import AdapterInfo, EpisodeRecord, ExperienceStore
 
 if TYPE_CHECKING:
-    from agent_runtime.play import CursorMove, LocalExecutor, PlaySession
+    from agent_runtime.cursor import CursorMove
+    from agent_runtime.play import LocalExecutor, PlaySession
 
 log = logging.getLogger("agent_runtime.ray")
 
@@ -188,13 +188,9 @@ class Learner:
         self._act_with_run_adapter(run_id)
         report = run_cycle(self.config, self.workdir, self.store, run_id, self.backend, self.config.opcd,
                            finish=finish)
-        if report is not None:
+        if report.cycle_id is not None:
             report.metrics["learner"] = self.where()
             self.store.update_cycle(report.cycle_id, metrics=report.metrics)
-        if report is not None and report.status == "promoted":  # the probe's reference, where the cycle ran
-            with making_room(self.backend):
-                ensure_reference(self.config, self.workdir, self.store, run_id,
-                                 self.store.get_adapter(report.adapter_id), self.backend)
         return report
 
     def close(self) -> None:

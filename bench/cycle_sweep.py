@@ -96,7 +96,7 @@ def run(study: Study, variants: list[str], seeds: list[int], objectives: list[st
 def heldout_decisions(study: Study) -> list:
     """Every choice turn of the teacher's (base model + the lesson) greedy episodes on the held-out games (the
     study's evaluation of the "given" arm, its tasks and seeds), each prompt rebuilt without the lesson."""
-    from agent_runtime.consolidate import turn_prefixes
+    from agent_runtime.decisions import turn_prefixes
     from agent_runtime.envs import build_envs, build_prompt_builders
     from agent_runtime.evaluation import evaluate
 

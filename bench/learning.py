@@ -175,7 +175,8 @@ class Study:
         from agent_runtime.agent import lessons_section
         from agent_runtime.checkpoints import resolve_model
         from agent_runtime.config import EnvEntry
-        from agent_runtime.consolidate import anchor_decisions, episode_prefixes
+        from agent_runtime.consolidate import anchor_decisions
+        from agent_runtime.decisions import episode_prefixes
         from distill.opcd import TrainJob, run_job
 
         def compute():

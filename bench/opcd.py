@@ -12,10 +12,16 @@ Each configuration runs in its own subprocess so that peak RSS (`ru_maxrss`) bel
 model" is the peak minus the RSS right after the model was loaded. OPCD variants: `plain` samples from the
 live (unmerged LoRA) model and runs the teacher over every row's full prompt; `merged-fp32` samples from an
 fp32 merged copy; `default` is the shipped configuration (bf16 merged copy + the shared-prefix teacher cache).
-All OPCD variants use gradient checkpointing (the default, as in TRL); `trl-nogc` is TRL without it.
+These use gradient checkpointing (the default, as in TRL); `nogc` is `default` without it (what the quickstart
+trains with), to compare with `trl-nogc`, TRL without it.
 
-    .venv/bin/python bench/opcd.py                       # tiny + smollm2, all variants, TRL if installed
-    .venv/bin/python bench/opcd.py --models tiny --steps 2
+    .venv/bin/python bench/opcd.py                       # tiny + smollm2, all variants, TRL if installed, 1 and 2 threads
+    .venv/bin/python bench/opcd.py --models smollm2 --variants default,trl --repeat 2
+    .venv/bin/python bench/opcd.py --models tiny --steps 2 --threads 1
+
+Each thread count is a block of rows; the last two columns compare a row with TRL's at the same thread count and
+gradient checkpointing (`nogc` with `trl-nogc` when both ran): its tokens/s over TRL's, and TRL's seconds per
+step over its own (above 1 is faster than TRL).
 
 TRL is the `bench` extra (`pip install trl==1.16.0` and its `datasets` dependency); without it the table
 says so in a row of its own.
@@ -97,7 +103,8 @@ def run_opcd(model_name: str, variant: str, args) -> dict:
     loaded = _rss_mib()
     options = {"plain": {"sampler": "live", "share_context_cache": False},
                "merged-fp32": {"sampler": "merged-fp32", "share_context_cache": False},
-               "default": {}}[variant]
+               "default": {},
+               "nogc": {"gradient_checkpointing": False}}[variant]
     config = OPCDConfig(lr=args.lr, k=256, temperature=0.7, max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, lora_r=16, lora_alpha=32, seed=0, **options)
     trainer = OPCDTrainer(model, tok, config)
@@ -164,7 +171,7 @@ def run_trl(model_name: str, args, *, gradient_checkpointing: bool = True) -> di
 def _child(spec: str, args) -> None:
     import torch
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(int(args.threads))
     model_name, runner = spec.split(":")
     if runner.startswith("trl"):
         result = run_trl(model_name, args, gradient_checkpointing=runner == "trl")
@@ -182,7 +189,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-6)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts, each a block of rows")
     parser.add_argument("--repeat", type=int, default=1, help="runs per variant, interleaved; the fastest is shown")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -191,47 +198,58 @@ def main() -> None:
         return
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     try:
-        import trl.experimental.sdft  # noqa: F401
+        import trl.experimental.sdft
         have_trl = True
     except ImportError as error:
         have_trl, why = False, str(error)
     print(f"OPCD vs TRL SDFTTrainer: batch {args.batch_size}, {args.max_new_tokens} new tokens max, "
-          f"{args.steps} timed steps after 1 warm-up, {args.threads} threads, context {len(LESSONS)} chars\n")
-    print("| model | trainer | tokens/s | s/step | sampling | teacher | tokens/step | peak RSS MiB | over model MiB "
-          "| load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"{args.steps} timed steps after 1 warm-up, threads {args.threads}, context {len(LESSONS)} chars\n")
+    print("| model | threads | trainer | tokens/s | s/step | sampling | teacher | tokens/step | peak RSS MiB "
+          "| over model MiB | load avg | tokens/s vs TRL | per step vs TRL |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    variants = args.variants.split(",")
     for model_name in args.models.split(","):
-        runs: dict[str, list[dict]] = {}
-        for _ in range(args.repeat):  # interleaved, so that a burst of load elsewhere hits every variant alike
-            for variant in args.variants.split(","):
+        for threads in args.threads.split(","):
+            runs: dict[str, list[dict]] = {}
+            for _ in range(args.repeat):  # interleaved, so that a burst of load elsewhere hits every variant alike
+                for variant in variants:
+                    if variant.startswith("trl") and not have_trl:
+                        continue
+                    runs.setdefault(variant, []).append(_run_child(model_name, variant, threads, args))
+            best = {variant: max(good, key=lambda run: run["tokens_per_s"])  # the least disturbed run
+                    for variant, rows in runs.items() if (good := [r for r in rows if "error" not in r])}
+            for variant in variants:  # each against TRL with the same gradient checkpointing, where it ran
+                trl = best.get("trl-nogc" if variant.endswith("nogc") and "trl-nogc" in best else "trl")
+                label = {"trl": "TRL SDFTTrainer 1.16", "trl-nogc": "TRL SDFTTrainer 1.16, no grad. checkpointing"
+                         }.get(variant, f"OPCD {variant}")
+                head = f"| {model_name} | {threads} | {label} |"
                 if variant.startswith("trl") and not have_trl:
+                    print(f"{head} TRL not installed ({why}); `pip install -e .[bench]` | | | | | | | | | |")
                     continue
-                child = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--steps", str(args.steps),
-                         "--batch-size", str(args.batch_size), "--max-new-tokens", str(args.max_new_tokens),
-                         "--lr", str(args.lr), "--threads", str(args.threads)]
-                proc = subprocess.run(child, capture_output=True, text=True, check=False)
-                lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-                if proc.returncode or not lines:
-                    runs.setdefault(variant, []).append({"error": proc.stderr.strip().splitlines()[-1:]})
-                else:
-                    runs.setdefault(variant, []).append(json.loads(lines[-1][len("RESULT "):]))
-        for variant in args.variants.split(","):
-            label = {"trl": "TRL SDFTTrainer 1.16", "trl-nogc": "TRL SDFTTrainer 1.16, no grad. checkpointing"
-                     }.get(variant, f"OPCD {variant}")
-            if variant.startswith("trl") and not have_trl:
-                print(f"| {model_name} | {label} | TRL not installed ({why}); `pip install -e .[bench]` | | | | | | | |")
-                continue
-            good = [r for r in runs[variant] if "error" not in r]
-            if not good:
-                print(f"| {model_name} | {label} | failed: {runs[variant][-1]['error']} | | | | | | | |")
-                continue
-            r = max(good, key=lambda run: run["tokens_per_s"])  # the least disturbed run
-            peak, over = max(g["peak_mib"] for g in good), max(g["over_model_mib"] for g in good)
-            pct = (lambda x: "-" if math.isnan(x) else f"{100 * x:.0f}%")
-            print(f"| {model_name} | {label} | {r['tokens_per_s']:.1f} | {r['s_per_step']:.2f} | "
-                  f"{pct(r['sample_frac'])} | {pct(r['teacher_frac'])} | {r['tokens_per_step']:.0f} | "
-                  f"{peak:.0f} | {over:.0f} | {r['load']:.1f} |", flush=True)
+                if variant not in best:
+                    print(f"{head} failed: {runs[variant][-1]['error']} | | | | | | | | | |")
+                    continue
+                r = best[variant]
+                good = [g for g in runs[variant] if "error" not in g]
+                peak, over = max(g["peak_mib"] for g in good), max(g["over_model_mib"] for g in good)
+                pct = (lambda x: "-" if math.isnan(x) else f"{100 * x:.0f}%")
+                versus = (f"{r['tokens_per_s'] / trl['tokens_per_s']:.2f}x | {trl['s_per_step'] / r['s_per_step']:.2f}x"
+                          if trl else "- | -")
+                print(f"{head} {r['tokens_per_s']:.1f} | {r['s_per_step']:.2f} | {pct(r['sample_frac'])} | "
+                      f"{pct(r['teacher_frac'])} | {r['tokens_per_step']:.0f} | {peak:.0f} | {over:.0f} | "
+                      f"{r['load']:.1f} | {versus} |", flush=True)
 
+
+def _run_child(model_name: str, variant: str, threads: str, args) -> dict:
+    """One configuration in its own process (its peak RSS is its own): the result, or {"error": [last line]}."""
+    child = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--steps", str(args.steps),
+             "--batch-size", str(args.batch_size), "--max-new-tokens", str(args.max_new_tokens),
+             "--lr", str(args.lr), "--threads", threads]
+    proc = subprocess.run(child, capture_output=True, text=True, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        return {"error": proc.stderr.strip().splitlines()[-1:]}
+    return json.loads(lines[-1][len("RESULT "):])
 
 if __name__ == "__main__":
     main()

@@ -16,6 +16,7 @@ from memory import ExperienceStore
 def test_cycle_in_the_loop(tmp_path, cycle_config):
     loop = AgentLoop(cycle_config(), tmp_path, progress=False)
     summary = loop.run()
+    assert loop.backend.active_adapter is None, "after a rollback the loop acts with the parent (the base model)"
     loop.close()
     assert summary.cycles == 1 and summary.extractions == 2
     # where the time went (bench/loop.py's profile): each phase, and the tokens it put through the model
@@ -172,7 +173,7 @@ def test_cycle_trains_data_parallel(tmp_path, cycle_config):
 def test_an_engine_that_can_sleep_gives_its_memory_back_while_a_cycle_trains():
     """`making_room`: sleep before the training, wake after it (an error included); an engine that cannot
     sleep (vLLM's CPU build) is left alone."""
-    from agent_runtime.consolidate import making_room
+    from agent_runtime.llm import making_room
 
     class Engine:
         def __init__(self, can: bool):
@@ -214,7 +215,8 @@ def test_a_promoted_cycle_consolidates_only_the_lessons_it_internalised():
 
 
 def test_cycle_prompts_are_choices_when_there_are_any_in_a_seeded_order_with_a_tenth_held_out():
-    from agent_runtime.consolidate import Decision, choose_prompts, split_heldout
+    from agent_runtime.consolidate import choose_prompts, split_heldout
+    from agent_runtime.decisions import Decision
 
     free = [Decision([{"role": "user", "content": f"free {i}"}], [i]) for i in range(5)]
     choice = [Decision([{"role": "user", "content": f"choice {i}"}], [i], ["a", "b"]) for i in range(30)]
@@ -225,3 +227,58 @@ def test_cycle_prompts_are_choices_when_there_are_any_in_a_seeded_order_with_a_t
     heldout, train = split_heldout(chosen)
     assert (len(heldout), len(train)) == (2, 23) and heldout + train == chosen
     assert split_heldout(free[:1]) == (free[:1], free[:1]), "one decision is both held out and trained on"
+
+
+def test_a_cycle_with_nothing_to_consolidate_is_a_skipped_report_that_moves_the_cursor(tmp_path, cycle_config):
+    """No live lessons: no cycle row, a "skipped" report, and the cursor's move written by the cycle itself, with
+    the state meant for a phase that did nothing (no cycle counted) and the run requests it carried out."""
+    from agent_runtime.consolidate import run_cycle
+    from agent_runtime.cursor import CursorMove
+    from distill.lessons.forget import RECONSOLIDATE
+
+    config = cycle_config()
+    with ExperienceStore.open(tmp_path) as store:
+        run_id = store.create_run(config.name, config.model_dump(mode="json"))
+        asked = store.add_request(run_id, RECONSOLIDATE, {"reason": "a test"})
+        finish = CursorMove("PLAY", {"episodes": 4, "cycles": 1}, (asked,),
+                            state_if_skipped={"episodes": 4, "cycles": 0})
+        report = run_cycle(config, tmp_path, store, run_id, None, config.opcd, finish=finish)
+        assert (report.status, report.cycle_id, report.adapter_id) == ("skipped", None, None)
+        assert report.line() == "CONSOLIDATE: no live lessons; nothing to consolidate"
+        run = store.get_run(run_id)
+        assert (run.phase, run.state) == ("PLAY", {"episodes": 4, "cycles": 0})
+        assert store.cycles(run_id) == [] and store.requests(run_id, kind=RECONSOLIDATE, pending=True) == []
+
+
+class _Adapters:
+    """The adapter capability alone: loads and switches by name (what `acting` drives)."""
+
+    def __init__(self):
+        self.adapters, self.active_adapter, self.loads = {}, None, []
+
+    def load_adapter(self, name, path):
+        self.adapters[name], self.active_adapter = str(path), name
+        self.loads.append(name)
+
+    def use_adapter(self, name):
+        assert name is None or name in self.adapters
+        self.active_adapter = name
+
+
+def test_acting_switches_for_the_block_and_restores_what_was_in_use_even_on_error():
+    from agent_runtime.llm.base import AdapterFiles, acting, activate
+
+    backend = _Adapters()
+    activate(backend, AdapterFiles("parent", "/a/parent"))
+    with acting(backend, AdapterFiles("candidate", "/a/candidate")):
+        assert backend.active_adapter == "candidate"
+        with acting(backend, None):
+            assert backend.active_adapter is None, "None acts with the base model"
+        assert backend.active_adapter == "candidate"
+    assert backend.active_adapter == "parent" and backend.loads == ["parent", "candidate"]
+    with pytest.raises(RuntimeError), acting(backend, AdapterFiles("candidate", "/a/candidate")):
+        raise RuntimeError("an evaluation failed")
+    assert backend.active_adapter == "parent" and backend.loads == ["parent", "candidate"], "loaded once"
+    plain = object()  # a backend without adapters acts with the base model anyway
+    with acting(plain, None) as inside:
+        assert inside is plain

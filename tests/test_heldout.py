@@ -9,7 +9,7 @@ import pytest
 
 import environments
 from agent_runtime.config import config_from_dict
-from agent_runtime.consolidate import episode_prefixes
+from agent_runtime.decisions import episode_prefixes
 from agent_runtime.heldout import EvalLeakError, held_out, observation_hash
 from agent_runtime.lessons_phase import learnable_recent, run_extract
 from agent_runtime.llm.scripted import ScriptedBackend

@@ -180,16 +180,16 @@ def test_nul_characters_in_game_text_are_stored_on_every_backend(tmp_path, games
 def test_a_requested_reconsolidation_runs_once_and_first(tmp_path, games_dir, tiny_model_dir, monkeypatch):
     """A re-consolidation asked for by `lessons forget` runs before PLAY, once: the request it carried out is not
     taken for a new one (the watch asks the store at most every 2 s, a cycle with nothing to distil takes less)."""
-    from agent_runtime import consolidate
+    from agent_runtime import play
     from distill.lessons.forget import RECONSOLIDATE
 
-    cycles, run_cycle = [], consolidate.run_cycle
+    cycles, run_cycle = [], play.run_cycle
 
     def counted(*args, finish=None, **kwargs):
         cycles.append(finish.requests_done)
         return run_cycle(*args, finish=finish, **kwargs)
 
-    monkeypatch.setattr(consolidate, "run_cycle", counted)
+    monkeypatch.setattr(play, "run_cycle", counted)
     config = make_config(games_dir, episodes=2, model={"name": str(tiny_model_dir), "max_new_tokens": 4},
                          lessons={"enabled": True, "extract_every": 10_000},
                          opcd={"enabled": True, "consolidate_every": 10_000})

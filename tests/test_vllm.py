@@ -158,7 +158,7 @@ class TestEngine:
     def test_no_sleep_mode_on_the_cpu_build(self, vllm_engine):
         """sleep() on the CPU build does nothing and says so (False); a cycle's `making_room` then leaves the
         engine as it was."""
-        from agent_runtime.consolidate import making_room
+        from agent_runtime.llm import making_room
         from agent_runtime.llm.base import SleepingBackend
 
         assert isinstance(vllm_engine, SleepingBackend)

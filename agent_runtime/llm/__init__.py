@@ -12,6 +12,7 @@ the backend, the capability and the setting that needs it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import contextmanager
 
 from agent_runtime.llm.base import (
     AdapterBackend,
@@ -19,9 +20,11 @@ from agent_runtime.llm.base import (
     Chat,
     ChoiceBackend,
     Completion,
+    LocalModelBackend,
     Message,
     PolicyBackend,
     SamplingParams,
+    SleepingBackend,
     require,
 )
 
@@ -108,3 +111,30 @@ def check_capabilities(backend: PolicyBackend, config, families: Iterable[str] =
 
 __all__ = ["BACKENDS", "LOCAL_WEIGHTS", "BackendError", "Chat", "Completion", "Message", "PolicyBackend",
            "SamplingParams", "backend_needs", "check_capabilities", "make_backend"]
+
+
+def training_device(config, backend) -> str:
+    """Where a cycle trains: the acting policy's own device when its weights live in this process (the
+    transformers backend), else the device the config names for the model (vLLM: the same GPU, or the CPU)."""
+    if isinstance(backend, LocalModelBackend):
+        return "cuda" if backend.device.type == "cuda" else "cpu"
+    device = config.model.device
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+@contextmanager
+def making_room(backend):
+    """Free the acting engine's accelerator memory while a cycle trains next to it (vLLM's sleep mode on a
+    GPU: weights offloaded, KV cache dropped), and bring it back after; nothing for other backends."""
+    sleeper = backend if isinstance(backend, SleepingBackend) else None
+    if sleeper is None or not sleeper.sleep():
+        yield
+        return
+    try:
+        yield
+    finally:
+        sleeper.wake_up()

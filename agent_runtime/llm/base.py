@@ -17,7 +17,10 @@ optional capability is used with `isinstance`; nobody probes with `hasattr`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 Message = dict[str, str]
@@ -163,6 +166,27 @@ def activate(backend: PolicyBackend, adapter) -> None:
     if adapter.name not in backend.adapters:
         backend.load_adapter(adapter.name, str(adapter.path))
     backend.use_adapter(adapter.name)
+
+
+@dataclass(frozen=True)
+class AdapterFiles:
+    """An adapter by name and folder, for `activate`/`acting` (the store's AdapterInfo has the same two fields)."""
+
+    name: str
+    path: str | Path
+
+
+@contextmanager
+def acting(backend: PolicyBackend, adapter) -> Iterator[PolicyBackend]:
+    """Within the block `backend` acts with `adapter` (as `activate`); after it, also when the block raises, with
+    what it acted with before (the adapter it had in use, still loaded, or the base model)."""
+    before = backend.active_adapter if isinstance(backend, AdapterBackend) else None
+    activate(backend, adapter)
+    try:
+        yield backend
+    finally:
+        if isinstance(backend, AdapterBackend):
+            backend.use_adapter(before)
 
 
 def closest_action(reply: str, choices: list[str]) -> str:

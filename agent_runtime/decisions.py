@@ -1,0 +1,53 @@
+"""The decisions a cycle learns from and the adapter probe measures on: each turn of a logged episode rebuilt as
+the prompt the agent decided from, without lessons (OEL's recipe for multi-turn agents), with its action set
+in choice mode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent_runtime.agent import Turn
+from agent_runtime.config import RunConfig
+from agent_runtime.envs import build_envs, build_prompt_builders
+from agent_runtime.heldout import held_out
+from memory import ExperienceStore
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One per-turn prompt of a logged episode, as the agent saw it but without lessons."""
+
+    chat: list[dict]
+    episode_ids: list[int]
+    choices: list[str] | None = None  # the action set of a choice-mode step
+
+
+def episode_prefixes(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
+                     limit: int) -> list[Decision]:
+    """Every turn of the run's `limit` newest episodes, rebuilt without lessons (held-out evaluation tasks are
+    left out: `agent_runtime.heldout`)."""
+    specs, _ = build_envs(config, workdir)
+    builders = {s.env_id: b for s, b in zip(specs, build_prompt_builders(config, specs, backend))}
+    held = held_out(config, workdir)
+    out = []
+    for info in store.episodes(run_id, limit=limit):
+        builder = builders.get(info.env_id)
+        if builder is None or info.outcome == "error":
+            continue
+        episode = store.episode(info.id)
+        if not held.usable(episode):
+            continue
+        out.extend(turn_prefixes(builder, episode.steps, info.id))
+    return out
+
+
+def turn_prefixes(builder, steps, episode_id: int | None = None) -> list[Decision]:
+    """Each turn of one episode's `steps` as the prompt it was decided from, rebuilt without lessons."""
+    out, history = [], []
+    for step in steps:
+        chat = builder.build(history, step.observation, step.admissible_actions, lessons=[])
+        choices = step.admissible_actions if (step.info or {}).get("action_mode") == "choice" else None
+        out.append(Decision(chat, [] if episode_id is None else [episode_id], list(choices) if choices else None))
+        history.append(Turn(step.observation, step.response, step.admissible_actions))
+    return out
