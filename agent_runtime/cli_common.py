@@ -84,8 +84,9 @@ def progress_bars():
 
 def add_command(parent, name: str, func, help_text: str, description: str | None = None) -> argparse.ArgumentParser:
     """A store subcommand: `--workdir`/`--db` to find the store, `--json` for machine-readable output."""
-    p = parent.add_parser(name, help=help_text, description=description,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parent.add_parser(
+        name, help=help_text, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_store_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=func)

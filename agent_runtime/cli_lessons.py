@@ -37,14 +37,33 @@ def cmd_lessons_list(args) -> int:
             version, lessons = None, store.lessons(run_id, status=args.status)
         else:
             version, lessons = live_lessons(store, run_id)
-    rows = [{"id": x.id, "pool": x.pool, "status": x.status, "text": x.text, "sources": x.source_episode_ids,
-             "source": x.metadata.get("source", "extracted"), "times_in_context": x.times_in_context}
-            for x in lessons]
-    head = (f"run {run_id}, lesson set v{version.version} ({len(rows)} lessons)" if version is not None
-            else f"run {run_id}: {len(rows)} lessons")
-    print_result(args, {"run_id": run_id, "version": version.version if version else None, "lessons": rows},
-           [head] + [f"#{r['id']:<5} pool {r['pool']} [{r['status']}]{' (user)' if r['source'] == 'user' else ''} "
-                      f"{shown(r['text'])}" for r in rows])
+    rows = [
+        {
+            "id": x.id,
+            "pool": x.pool,
+            "status": x.status,
+            "text": x.text,
+            "sources": x.source_episode_ids,
+            "source": x.metadata.get("source", "extracted"),
+            "times_in_context": x.times_in_context,
+        }
+        for x in lessons
+    ]
+    head = (
+        f"run {run_id}, lesson set v{version.version} ({len(rows)} lessons)"
+        if version is not None
+        else f"run {run_id}: {len(rows)} lessons"
+    )
+    print_result(
+        args,
+        {"run_id": run_id, "version": version.version if version else None, "lessons": rows},
+        [head]
+        + [
+            f"#{r['id']:<5} pool {r['pool']} [{r['status']}]{' (user)' if r['source'] == 'user' else ''} "
+            f"{shown(r['text'])}"
+            for r in rows
+        ],
+    )
     return 0
 
 
@@ -58,18 +77,24 @@ def cmd_lessons_show(args) -> int:
         lines.append(f"  extraction #{info['extraction']['id']} ({info['extraction']['extractor']})")
     evidence, trial = info["metadata"].get("evidence"), info["metadata"].get("trial")
     if evidence:  # an induced lesson: what it rests on
-        lines.append(f"  evidence: {shown(evidence['summary'])}; won episodes {evidence['won_episode_ids']}, "
-                     f"lost episodes {evidence['lost_episode_ids']}")
+        lines.append(
+            f"  evidence: {shown(evidence['summary'])}; won episodes {evidence['won_episode_ids']}, "
+            f"lost episodes {evidence['lost_episode_ids']}"
+        )
     if trial:
         verdict = "went live" if info["metadata"].get("accepted") else "kept out"
-        lines.append(f"  trial ({verdict}): success {trial['current_rate']:.2f} -> {trial['candidate_rate']:.2f} "
-                     f"on {trial['n']} paired train games (delta {trial['delta']:+.2f}, 95% CI "
-                     f"{trial['delta_ci'][0]:+.2f} to {trial['delta_ci'][1]:+.2f})")
+        lines.append(
+            f"  trial ({verdict}): success {trial['current_rate']:.2f} -> {trial['candidate_rate']:.2f} "
+            f"on {trial['n']} paired train games (delta {trial['delta']:+.2f}, 95% CI "
+            f"{trial['delta_ci'][0]:+.2f} to {trial['delta_ci'][1]:+.2f})"
+        )
     if info.get("utility") is not None:
         lines.append(f"  measured utility in play: {info['utility']:+.2f} (success with it in context minus without)")
     for ep in info["source_episodes"]:
-        lines.append(f"  from episode {ep['id']}: {shown(ep['env_id'])} {shown(ep['task_id'])} {ep['outcome']} "
-                     f"({ep['num_steps']} steps)")
+        lines.append(
+            f"  from episode {ep['id']}: {shown(ep['env_id'])} {shown(ep['task_id'])} {ep['outcome']} "
+            f"({ep['num_steps']} steps)"
+        )
     for parent in info.get("ancestry", []):
         lines.append(f"  {parent['relation']} #{parent['id']}: {shown(parent['text'])}")
     print_result(args, info, lines)
@@ -113,8 +138,10 @@ def _add_target(args, config) -> str:
         workdir = Path(".")
     if not (workdir / "memory.db").exists():
         if config is None:
-            raise UsageError(f"no run in {workdir} (no memory.db): pass --config CONFIG.yaml to create the run, "
-                             f"or start one first (agent-runtime run CONFIG --workdir {workdir})")
+            raise UsageError(
+                f"no run in {workdir} (no memory.db): pass --config CONFIG.yaml to create the run, "
+                f"or start one first (agent-runtime run CONFIG --workdir {workdir})"
+            )
         workdir.mkdir(parents=True, exist_ok=True)
     return str(workdir)
 
@@ -138,16 +165,17 @@ def cmd_lessons_add(args) -> int:
         else:
             runs = store.runs()
             if not runs:
-                raise UsageError(f"no run in {store.url}: pass --config CONFIG.yaml to create one, or start a run "
-                                 "first (agent-runtime run CONFIG)")
+                raise UsageError(
+                    f"no run in {store.url}: pass --config CONFIG.yaml to create one, or start a run "
+                    "first (agent-runtime run CONFIG)"
+                )
             run = runs[-1]
         run_config = _run_config(run)
         spec = run_config.lessons.embedder or run_config.memory.embedder
         embedder = make_embedder(spec) if spec else None
         seeded = add_seed_lessons(run_config, store, run.id) if created else None
         result = add_lessons(run_config, store, run.id, args.text, embedder=embedder, note="lessons add")
-    payload = {**result.to_dict(), "created_run": created,
-               "seed": seeded.to_dict() if seeded is not None else None}
+    payload = {**result.to_dict(), "created_run": created, "seed": seeded.to_dict() if seeded is not None else None}
     head = [f"created run {run.id} ({run.name}) from {args.config}" if created else f"run {run.id} ({run.name})"]
     print_result(args, payload, head + result.lines())
     return 1 if result.rejected else 0
@@ -172,11 +200,19 @@ def cmd_lessons_forget(args) -> int:
     with open_store(args, read_only=False) as store:
         plan = plan_forget(store, args.lesson_id)
         lines = plan.lines()
-        payload = {"run_id": plan.run_id, "forgotten": plan.forgotten, "derived": plan.derived,
-                   "tainted_cycles": [c.id for c in plan.tainted_cycles],
-                   "tainted_adapters": [a.id for a in plan.tainted_adapters], "rolls_back": plan.rolls_back,
-                   "fallback_adapter": plan.fallback.id if plan.fallback else None, "restored": plan.restored,
-                   "kept_text": plan.kept_text, "back_in_place": plan.back_in_place, "applied": False}
+        payload = {
+            "run_id": plan.run_id,
+            "forgotten": plan.forgotten,
+            "derived": plan.derived,
+            "tainted_cycles": [c.id for c in plan.tainted_cycles],
+            "tainted_adapters": [a.id for a in plan.tainted_adapters],
+            "rolls_back": plan.rolls_back,
+            "fallback_adapter": plan.fallback.id if plan.fallback else None,
+            "restored": plan.restored,
+            "kept_text": plan.kept_text,
+            "back_in_place": plan.back_in_place,
+            "applied": False,
+        }
         if plan.rolls_back and not args.yes:
             refusal = "nothing was changed: this rolls back the run's adapter; pass --yes to do it"
             print_result(args, payload, [*lines, refusal])
@@ -184,8 +220,15 @@ def cmd_lessons_forget(args) -> int:
         count_tokens = config_token_counter(_run_config(store.get_run(plan.run_id)).model)
         done = apply_forget(store, plan, count_tokens=count_tokens)
     payload.update(applied=True, **done)
-    print_result(args, payload, [*lines, f"done: new lesson-set versions {done['versions'] or 'none'}"
-                                 + (f", run request #{done['request_id']}" if done["request_id"] else "")])
+    print_result(
+        args,
+        payload,
+        [
+            *lines,
+            f"done: new lesson-set versions {done['versions'] or 'none'}"
+            + (f", run request #{done['request_id']}" if done["request_id"] else ""),
+        ],
+    )
     return 0
 
 
@@ -195,8 +238,11 @@ def cmd_lessons_rollback(args) -> int:
     with open_store(args, read_only=False) as store:
         run_id = _run_id(store, args)
         info = restore_version(store, run_id, args.version, note=f"rollback to v{args.version} from the CLI")
-    print_result(args, {"run_id": run_id, "restored": args.version, "new_version": info.version},
-           [f"run {run_id}: lesson set v{args.version} restored as v{info.version}"])
+    print_result(
+        args,
+        {"run_id": run_id, "restored": args.version, "new_version": info.version},
+        [f"run {run_id}: lesson set v{args.version} restored as v{info.version}"],
+    )
     return 0
 
 
@@ -247,16 +293,19 @@ def register(sub) -> None:
     rollback = add_command(lsub, "rollback", cmd_lessons_rollback, "make an earlier lesson-set version live again")
     rollback.add_argument("version", type=int)
     rollback.add_argument("--run", type=int)
-    add = add_command(lsub, "add", cmd_lessons_add, "add lessons written by a person to every pool of a run",
-                  description=ADD_HELP)
+    add = add_command(
+        lsub, "add", cmd_lessons_add, "add lessons written by a person to every pool of a run", description=ADD_HELP
+    )
     add.add_argument("text", nargs="+", help="one lesson per argument: one general rule in one sentence")
     add.add_argument("--run", type=int, help="the run (default: the run of --config's name, else the newest)")
     add.add_argument("--config", type=Path, help="a run config: its run is used, or created if the store has none")
-    retire = add_command(lsub, "retire", cmd_lessons_retire, "take lessons out of the live set (a new version)",
-                     description=RETIRE_HELP)
+    retire = add_command(
+        lsub, "retire", cmd_lessons_retire, "take lessons out of the live set (a new version)", description=RETIRE_HELP
+    )
     retire.add_argument("lesson_ids", nargs="+", type=int, metavar="ID", help="lesson ids (see `lessons list`)")
     retire.add_argument("--run", type=int)
-    forget = add_command(lsub, "forget", cmd_lessons_forget, "forget a lesson from the context and the weights",
-                         description=FORGET_HELP)
+    forget = add_command(
+        lsub, "forget", cmd_lessons_forget, "forget a lesson from the context and the weights", description=FORGET_HELP
+    )
     forget.add_argument("lesson_id", type=int, metavar="ID")
     forget.add_argument("--yes", action="store_true", help="do it even when it rolls back the run's adapter")

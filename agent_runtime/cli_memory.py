@@ -5,7 +5,8 @@
 Reads open the store read-only; `memory import`, `memory reindex`, `memory prune --yes` and `memory vacuum`
 write. `memory import` is all or nothing, and every lesson in the file goes through the lesson safety screen
 (`distill.lessons.safety.stored_lesson_problem`): one it rejects, a value that is not finite or not Unicode
-text, fails the whole import with a message naming the line (exit 2), and nothing is written. `memory prune` keeps a run's last N episodes and/or last D days (and every episode a live lesson or an
+text, fails the whole import with a message naming the line (exit 2), and nothing is written. `memory prune` keeps a
+run's last N episodes and/or last D days (and every episode a live lesson or an
 adapter's training set came from); without `--yes` it only prints what it would delete.
 """
 
@@ -83,18 +84,24 @@ def cmd_prune(args) -> int:
 
 
 def _prune_lines(plan, deleted: bool, dialect: str) -> list[str]:
-    kept = (f"kept: {plan.kept_recent} recent, {plan.kept_for_lessons} a live lesson came from, "
-            f"{plan.kept_for_adapters} in an adapter's training set" + (", the store's newest" if plan.kept_newest else ""))
+    kept = (
+        f"kept: {plan.kept_recent} recent, {plan.kept_for_lessons} a live lesson came from, "
+        f"{plan.kept_for_adapters} in an adapter's training set" + (", the store's newest" if plan.kept_newest else "")
+    )
     if not plan.episode_ids:
         return [f"run {plan.run_id}: nothing to prune of its {plan.episodes} episodes ({kept})"]
     verb = "deleted" if deleted else "would delete"
-    head = (f"run {plan.run_id}: {verb} {len(plan.episode_ids)} of {plan.episodes} episodes ({plan.steps} steps), "
-            f"ended {plan.oldest:%Y-%m-%d %H:%M} to {plan.newest:%Y-%m-%d %H:%M} UTC")
+    head = (
+        f"run {plan.run_id}: {verb} {len(plan.episode_ids)} of {plan.episodes} episodes ({plan.steps} steps), "
+        f"ended {plan.oldest:%Y-%m-%d %H:%M} to {plan.newest:%Y-%m-%d %H:%M} UTC"
+    )
     lines = [head, f"  ids: {plan.ranges()}", f"  {kept}"]
     if not deleted:
         lines.append("dry run: nothing was deleted; add --yes to delete them")
     elif dialect == "sqlite":
-        lines.append("the freed space is reused by new episodes; `agent-runtime memory vacuum` gives it back to the disk")
+        lines.append(
+            "the freed space is reused by new episodes; `agent-runtime memory vacuum` gives it back to the disk"
+        )
     return lines
 
 
@@ -114,10 +121,22 @@ def cmd_search(args) -> int:
             lines = [f"{r['score']:.3f}  lesson {r['id']} [{r['status']}]  {shown(r['text'])}" for r in rows]
         else:
             hits = store.search_episodes(args.query, args.k, run_id=args.run, env_id=args.env)
-            rows = [{"id": h.id, "score": h.score, "env_id": h.item.env_id, "task_id": h.item.task_id,
-                     "outcome": h.item.outcome, "goal": h.item.goal} for h in hits]
-            lines = [f"{r['score']:.3f}  episode {r['id']} {shown(r['env_id'])} {shown(r['task_id'])} {r['outcome']}  "
-                     f"{shown((r['goal'] or '')[:80])}" for r in rows]
+            rows = [
+                {
+                    "id": h.id,
+                    "score": h.score,
+                    "env_id": h.item.env_id,
+                    "task_id": h.item.task_id,
+                    "outcome": h.item.outcome,
+                    "goal": h.item.goal,
+                }
+                for h in hits
+            ]
+            lines = [
+                f"{r['score']:.3f}  episode {r['id']} {shown(r['env_id'])} {shown(r['task_id'])} {r['outcome']}  "
+                f"{shown((r['goal'] or '')[:80])}"
+                for r in rows
+            ]
     print_result(args, rows, lines or ["no matches"])
     return 0
 
@@ -128,14 +147,20 @@ def register(sub) -> None:
 
     add_command(msub, "stats", cmd_stats, "counts of runs, episodes, steps, lessons")
     add_command(msub, "export", cmd_export, "write the whole store as versioned JSONL").add_argument(
-        "path", help="output file, or - for stdout")
+        "path", help="output file, or - for stdout"
+    )
     add_command(msub, "import", cmd_import, "read a JSONL export into the store (all or nothing)").add_argument("path")
     add_command(msub, "reindex", cmd_reindex, "recompute missing vectors and rebuild every FAISS index from SQL")
-    prune = add_command(msub, "prune", cmd_prune, "delete a run's old episodes (dry run without --yes)",
-                        description="Keep a run's last N episodes and/or the last D days (either keeps an episode), "
-                        "and always the episodes a live lesson's provenance or an adapter's training set points at; "
-                        "delete the rest with their steps and vectors (the FAISS indexes are rebuilt). Without --yes "
-                        "it only prints what it would delete.")
+    prune = add_command(
+        msub,
+        "prune",
+        cmd_prune,
+        "delete a run's old episodes (dry run without --yes)",
+        description="Keep a run's last N episodes and/or the last D days (either keeps an episode), "
+        "and always the episodes a live lesson's provenance or an adapter's training set points at; "
+        "delete the rest with their steps and vectors (the FAISS indexes are rebuilt). Without --yes "
+        "it only prints what it would delete.",
+    )
     prune.add_argument("--run", type=int, help="the run (required when the store holds several)")
     prune.add_argument("--keep", type=int, metavar="N", help="keep the run's N newest episodes")
     prune.add_argument("--days", type=float, metavar="D", help="keep the episodes that ended in the last D days")

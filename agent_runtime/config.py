@@ -58,22 +58,29 @@ class AgentConfig(StrictConfig):
 
     system_prompt: str | None = Field(None, description="default: a prompt per environment family")
     action_mode: Literal["auto", "choice", "free"] = Field(
-        "auto", description="choice: the reply is one admissible action (or arena move) drawn from the model's "
+        "auto",
+        description="choice: the reply is one admissible action (or arena move) drawn from the model's "
         "distribution restricted to that set; free: the model writes a reply and the action is parsed from it; "
-        "auto: choice wherever the game lists actions or has fixed moves, free for math")
+        "auto: choice wherever the game lists actions or has fixed moves, free for math",
+    )
     show_admissible_actions: bool = True
     history_shows_admissible: bool = Field(
-        True, description="past turns keep the action list they were shown with, so the transcript is "
+        True,
+        description="past turns keep the action list they were shown with, so the transcript is "
         "append-only and a KV cache (the transformers backend's per-slot cache, vLLM's prefix caching) reuses it "
         "whole; false shows past observations without their lists (shorter prompts, every turn re-prefilled "
-        "from the previous observation on)")
+        "from the previous observation on)",
+    )
     max_history_turns: int = Field(8, ge=0)
     retrieved_examples: int = Field(0, ge=0, description="past won episodes of the same env shown as examples")
     explore: float = Field(
-        0.0, ge=0.0, le=1.0,
+        0.0,
+        ge=0.0,
+        le=1.0,
         description="PLAY only: the share of choice-mode decisions drawn uniformly from the admissible actions instead "
         "of the policy (seeded per draw and turn; marked `explored` on the step). A policy that almost never wins "
-        "gives lessons induced from evidence nothing to contrast; evaluation, the gate and trials never explore")
+        "gives lessons induced from evidence nothing to contrast; evaluation, the gate and trials never explore",
+    )
 
 
 class RayConfig(StrictConfig):
@@ -83,28 +90,40 @@ class RayConfig(StrictConfig):
     slots: int | None = Field(None, gt=0, description="env slots per worker; default: runtime.slots")
     address: str | None = Field(None, description="cluster to join ('auto', 'ray://host:10001'); None: start one here")
     generation: Literal["local", "server"] = Field(
-        "local", description="local: each worker builds `model`; server: workers use the chat backend on `server`")
-    server: dict[str, Any] = Field(default_factory=dict,
-                                   description="chat backend options (class, kwargs, ...) of the shared server")
+        "local", description="local: each worker builds `model`; server: workers use the chat backend on `server`"
+    )
+    server: dict[str, Any] = Field(
+        default_factory=dict, description="chat backend options (class, kwargs, ...) of the shared server"
+    )
     worker_cpus: float = Field(1.0, ge=0)
     worker_gpus: float = Field(0.0, ge=0)
     replace_workers: int = Field(
-        2, ge=0, description="dead rollout workers replaced by fresh ones (per driver process); 0: go on with "
-        "the workers that are left")
+        2,
+        ge=0,
+        description="dead rollout workers replaced by fresh ones (per driver process); 0: go on with "
+        "the workers that are left",
+    )
     learner: Literal["worker", "driver"] = Field(
-        "worker", description="where EXTRACT and CONSOLIDATE run: a designated Ray actor (the learner, with "
-        "learner_gpus GPUs) or the driver process")
+        "worker",
+        description="where EXTRACT and CONSOLIDATE run: a designated Ray actor (the learner, with "
+        "learner_gpus GPUs) or the driver process",
+    )
     learner_cpus: float = Field(1.0, ge=0)
     learner_gpus: float | None = Field(
-        None, ge=0, description="GPUs of the learner; with more than one, OPCD trains data parallel over them (one "
-        "rank per GPU). Default: one GPU when the cluster has one the rollout workers do not claim, else none")
+        None,
+        ge=0,
+        description="GPUs of the learner; with more than one, OPCD trains data parallel over them (one "
+        "rank per GPU). Default: one GPU when the cluster has one the rollout workers do not claim, else none",
+    )
     learner_device: str = Field("auto", description="the learner's model device (auto: cuda when it has a GPU)")
 
     @model_validator(mode="after")
     def _server_needs_options(self) -> RayConfig:
         if self.generation == "server" and not self.server:
-            raise ValueError("generation: server needs `server:` chat backend options, e.g. "
-                             "{class: langchain_openai:ChatOpenAI, kwargs: {base_url: http://vllm:8000/v1, model: m}}")
+            raise ValueError(
+                "generation: server needs `server:` chat backend options, e.g. "
+                "{class: langchain_openai:ChatOpenAI, kwargs: {base_url: http://vllm:8000/v1, model: m}}"
+            )
         return self
 
 
@@ -144,8 +163,9 @@ class TeacherConfig(StrictConfig):
 
     model: str = Field(..., description="alias, Hugging Face id (already in the local cache), or local path")
     adapter: str | None = Field(None, description="a LoRA adapter directory applied to the teacher (merged at load)")
-    device: str | None = Field(None, pattern=r"^(cpu|cuda(:\d+)?)$",
-                               description="cpu, cuda or cuda:N; default: the student's device")
+    device: str | None = Field(
+        None, pattern=r"^(cpu|cuda(:\d+)?)$", description="cpu, cuda or cuda:N; default: the student's device"
+    )
 
 
 class SystemPromptConfig(StrictConfig):
@@ -156,8 +176,10 @@ class SystemPromptConfig(StrictConfig):
     text: str | None = Field(None, description="the system prompt itself")
     file: str | None = Field(None, description="a UTF-8 text file holding it (read when a cycle starts)")
     prompts: str | None = Field(
-        None, description="a JSONL file of training prompts, one per line ({\"messages\": [...]} or {\"prompt\": "
-        "\"...\"}); default: the per-turn prompts of the run's recent episodes")
+        None,
+        description='a JSONL file of training prompts, one per line ({"messages": [...]} or {"prompt": '
+        '"..."}); default: the per-turn prompts of the run\'s recent episodes',
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> SystemPromptConfig:
@@ -178,47 +200,65 @@ class ConsolidationConfig(StrictConfig):
     trainer: CycleTrainerConfig = Field(default_factory=CycleTrainerConfig)
     eval_episodes: int | None = Field(None, gt=0, description="held-out tasks per env (default: evaluation's)")
     retention_envs: list[EnvEntry] = Field(
-        default_factory=list, description="out-of-distribution envs for the retention check (like `envs`)")
+        default_factory=list, description="out-of-distribution envs for the retention check (like `envs`)"
+    )
     anchor_envs: list[EnvEntry] = Field(
-        default_factory=list, description="envs whose states the student keeps (replay against forgetting): before "
+        default_factory=list,
+        description="envs whose states the student keeps (replay against forgetting): before "
         "the cycle trains, the parent plays anchor_episodes of each one's train tasks greedily without lessons, and "
         "the cycle holds the student's policy there to the parent's. Never a retention env (the check would then be "
-        "trained on)")
+        "trained on)",
+    )
     anchor_episodes: int = Field(16, gt=0, description="train tasks per anchor env played for the anchor prompts")
     promote_margin: float = Field(0.05, ge=0, le=1, description="allowed drop of the student without lessons")
     retention_margin: float = Field(0.05, ge=0, le=1, description="allowed drop on the retention set")
     internalized_ratio: float = Field(0.5, gt=0, le=1, description="per-lesson KL after/before for consolidation")
     min_kl_drop: float = Field(
-        0.1, ge=0, le=1, description="evidence of learning: the held-out KL to the teacher fell by at least this "
-        "fraction of its start-of-cycle value (0: any cycle that did not raise it)")
+        0.1,
+        ge=0,
+        le=1,
+        description="evidence of learning: the held-out KL to the teacher fell by at least this "
+        "fraction of its start-of-cycle value (0: any cycle that did not raise it)",
+    )
     validation_games: int = Field(
-        12, ge=0, description="train-split games (the first N, fixed seeds, greedy) that the parent and the student "
+        12,
+        ge=0,
+        description="train-split games (the first N, fixed seeds, greedy) that the parent and the student "
         "play without lessons: the student winning more of them than the parent by over promote_margin is "
         "evidence of learning too, and the no-regression check without lessons is made on them, never on the "
-        "held-out games of the report (0: both on the KL and the held-out games, as before)")
+        "held-out games of the report (0: both on the KL and the held-out games, as before)",
+    )
     teacher: TeacherConfig | None = Field(
-        None, description="a separate teacher model (cross-size distillation); default: the start-of-cycle policy")
+        None, description="a separate teacher model (cross-size distillation); default: the start-of-cycle policy"
+    )
     context: SystemPromptConfig | None = Field(
-        None, description="distil this fixed system prompt instead of the lessons (system-prompt distillation)")
+        None, description="distil this fixed system prompt instead of the lessons (system-prompt distillation)"
+    )
 
     @model_validator(mode="after")
     def _anchors(self) -> ConsolidationConfig:
         if self.anchor_envs and self.teacher is not None:
-            raise ValueError("opcd.anchor_envs hold the student to the start-of-cycle policy, and opcd.teacher names "
-                             "a separate teacher: use one of them")
+            raise ValueError(
+                "opcd.anchor_envs hold the student to the start-of-cycle policy, and opcd.teacher names "
+                "a separate teacher: use one of them"
+            )
         checked = [(e.id, e.kwargs) for e in self.retention_envs]
         for entry in self.anchor_envs:
             if (entry.id, entry.kwargs) in checked:
-                raise ValueError(f"opcd.anchor_envs: {entry.id} {entry.kwargs} is also a retention env; the retention "
-                                 "check must be made on an env the cycle did not train on: anchor another one")
+                raise ValueError(
+                    f"opcd.anchor_envs: {entry.id} {entry.kwargs} is also a retention env; the retention "
+                    "check must be made on an env the cycle did not train on: anchor another one"
+                )
         return self
 
     @model_validator(mode="after")
     def _teacher_device(self) -> ConsolidationConfig:
         if self.teacher is not None and self.teacher.device and self.trainer.processes > 1:
-            raise ValueError(f"opcd.teacher.device: {self.teacher.device} with opcd.trainer.processes: "
-                             f"{self.trainer.processes}; each data-parallel rank holds its own teacher on its own "
-                             "device, so leave opcd.teacher.device unset")
+            raise ValueError(
+                f"opcd.teacher.device: {self.teacher.device} with opcd.trainer.processes: "
+                f"{self.trainer.processes}; each data-parallel rank holds its own teacher on its own "
+                "device, so leave opcd.teacher.device unset"
+            )
         return self
 
 
@@ -379,18 +419,23 @@ def check_stored_code(stored: RunConfig, given: RunConfig, source: str) -> None:
     differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
     if differ:
         lines = [f"  {k}: stored {theirs.get(k)!r}, given {ours.get(k)!r}" for k in differ]
-        raise ConfigError(f"--resume: {source} names code that the given config does not; refusing to import "
-                          "and run it. Give a config that names the same classes, or start a new run:\n"
-                          + "\n".join(lines))
+        raise ConfigError(
+            f"--resume: {source} names code that the given config does not; refusing to import "
+            "and run it. Give a config that names the same classes, or start a new run:\n" + "\n".join(lines)
+        )
 
 
 # Fields that decide what runs, what is read or where anything is written: on --resume the stored run's value
 # must be the given config's (`resume_differences`), besides the code references (`check_stored_code`). A
 # pattern matches a dotted key and everything under it.
 RESUME_GUARDED = (
-    r"memory\.url", r"memory\.embedder", r"model\.name", r"model\.adapter",
+    r"memory\.url",
+    r"memory\.embedder",
+    r"model\.name",
+    r"model\.adapter",
     r"model\.options\.(.+\.)?(trust_remote_code|worker_extension_cls|logits_processors)",
-    r"opcd\.context\.(file|prompts)", r"opcd\.teacher\.(model|adapter)",
+    r"opcd\.context\.(file|prompts)",
+    r"opcd\.teacher\.(model|adapter)",
     r"(envs|opcd\.retention_envs)\.\d+\.kwargs\.cache_dir",
 )
 _GUARDED = re.compile(rf"^({'|'.join(RESUME_GUARDED)})(\..*)?$")
@@ -433,7 +478,8 @@ def resume_differences(stored: RunConfig, given: RunConfig, source: str) -> list
         raise ConfigError(
             f"--resume: the given config and {source} differ in fields that decide what runs, what is read or "
             "where the run writes; refusing to resume with either. Give a config with the stored values, or start "
-            "a new run (another name, or without --resume):\n" + "\n".join(line(k) for k in guarded))
+            "a new run (another name, or without --resume):\n" + "\n".join(line(k) for k in guarded)
+        )
     return [line(k) + ("" if k.startswith(RESUME_TAKES) else " (the stored value is kept)") for k in differ]
 
 
@@ -446,14 +492,18 @@ def open_owned(path: Path, mode: str = "w", encoding: str = "utf-8"):
     planted at `path` would have the write land on its target."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC) | getattr(os, "O_NOFOLLOW", 0)
     if path.is_symlink():
-        raise UnsafePathError(f"{path} is a symbolic link (to {os.readlink(path)}); the runtime never writes "
-                              "through one: remove the link (or use another workdir) and start again")
+        raise UnsafePathError(
+            f"{path} is a symbolic link (to {os.readlink(path)}); the runtime never writes "
+            "through one: remove the link (or use another workdir) and start again"
+        )
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise UnsafePathError(f"{path} is a symbolic link; the runtime never writes through one: remove it "
-                                  "(or use another workdir) and start again") from None
+            raise UnsafePathError(
+                f"{path} is a symbolic link; the runtime never writes through one: remove it "
+                "(or use another workdir) and start again"
+            ) from None
         raise
     return os.fdopen(fd, mode, encoding=encoding)
 

@@ -81,8 +81,9 @@ class CycleReport:
         return f"{head}{kl_s}; {shown}{extra}" + (f" ({'; '.join(self.reasons)})" if self.reasons else "")
 
 
-def anchor_decisions(config: RunConfig, workdir: Path, backend, envs: list[EnvEntry], episodes: int,
-                     *, choice_mode: bool) -> list[Decision]:
+def anchor_decisions(
+    config: RunConfig, workdir: Path, backend, envs: list[EnvEntry], episodes: int, *, choice_mode: bool
+) -> list[Decision]:
     """The anchor prompts (`opcd.anchor_envs`): every turn of `episodes` train tasks of each env, played by the
     acting policy as it is (the parent) greedily without lessons, rebuilt as prompts; only the choice-mode turns
     when the cycle distils the choice policy, only the free ones otherwise. The episodes are not stored: they are
@@ -91,8 +92,15 @@ def anchor_decisions(config: RunConfig, workdir: Path, backend, envs: list[EnvEn
     specs, _, _ = env_pool().envs(config, workdir, "train")  # built once; `evaluate` below takes them from the pool
     builders = {s.env_id: b for s, b in zip(specs, build_prompt_builders(config, specs, backend))}
     out: list[Decision] = []
-    evaluate(config, workdir, backend, lessons=[], episodes_per_env=episodes, split="train",
-             on_record=lambda record: out.extend(turn_prefixes(builders[record.env_id], record.steps)))
+    evaluate(
+        config,
+        workdir,
+        backend,
+        lessons=[],
+        episodes_per_env=episodes,
+        split="train",
+        on_record=lambda record: out.extend(turn_prefixes(builders[record.env_id], record.steps)),
+    )
     return [d for d in out if bool(d.choices) == choice_mode]
 
 
@@ -106,8 +114,11 @@ def cycle_teacher(config: RunConfig, settings: ConsolidationConfig) -> tuple[Tea
     """The cycle's separate teacher (None: the start-of-cycle policy teaches) and its record for the cycle row;
     a teacher whose tokenizer is not the student's is a ConfigError here, before anything is trained."""
     if settings.teacher is None:
-        return None, {"separate": False, "model": config.model.name,
-                      "what": "the start-of-cycle policy: the parent adapter, or the base model"}
+        return None, {
+            "separate": False,
+            "model": config.model.name,
+            "what": "the start-of-cycle policy: the parent adapter, or the base model",
+        }
     t = settings.teacher
     spec = TeacherSpec(model_path=resolve_model(t.model), adapter=t.adapter, device=t.device)
     try:
@@ -116,21 +127,31 @@ def cycle_teacher(config: RunConfig, settings: ConsolidationConfig) -> tuple[Tea
         raise ConfigError(f"opcd.teacher.model: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"opcd.teacher.model: cannot read the tokenizer of {t.model!r} ({exc})") from None
-    return spec, {"separate": True, "model": t.model, "path": spec.model_path, "adapter": t.adapter,
-                  "device": t.device, "vocabulary": check.as_dict()}
+    return spec, {
+        "separate": True,
+        "model": t.model,
+        "path": spec.model_path,
+        "adapter": t.adapter,
+        "device": t.device,
+        "vocabulary": check.as_dict(),
+    }
 
 
 def _conditions(config: RunConfig, parent, teacher: dict, system: SystemPrompt | None) -> dict[str, str]:
     """What each evaluated condition is in this cycle (a separate teacher or a system prompt change it)."""
     acting = f"{config.model.name} + adapter {parent.name}" if parent else f"{config.model.name} (no adapter)"
     shown = "the system prompt" if system else "the lessons"
-    out = {"teacher_with_lessons": f"the parent, {acting}, with {shown}",
-           "teacher_without_lessons": f"the parent, {acting}, without {shown}",
-           "student_with_lessons": f"the cycle's adapter with {shown}",
-           "student_without_lessons": f"the cycle's adapter without {shown}"}
+    out = {
+        "teacher_with_lessons": f"the parent, {acting}, with {shown}",
+        "teacher_without_lessons": f"the parent, {acting}, without {shown}",
+        "student_with_lessons": f"the cycle's adapter with {shown}",
+        "student_without_lessons": f"the cycle's adapter without {shown}",
+    }
     if teacher["separate"]:
-        out["teacher"] = (f"{teacher['model']} taught this cycle with {shown}; the teacher_* conditions are the "
-                          "parent (the acting policy before the cycle), not that model, which is not evaluated")
+        out["teacher"] = (
+            f"{teacher['model']} taught this cycle with {shown}; the teacher_* conditions are the "
+            "parent (the acting policy before the cycle), not that model, which is not evaluated"
+        )
     return out
 
 
@@ -139,8 +160,9 @@ def _rate(results: list[EvalResult]) -> float:
     return sum(r.successes for r in results) / n if n else 0.0
 
 
-def decide_promotion(rates: dict[str, float], kl_before: float, kl_after: float,
-                     settings: ConsolidationConfig) -> list[str]:
+def decide_promotion(
+    rates: dict[str, float], kl_before: float, kl_after: float, settings: ConsolidationConfig
+) -> list[str]:
     """The reasons not to promote a cycle's adapter (none: promote). Evidence is needed both ways.
 
     1. Learning: the held-out KL of the student without lessons to the teacher with them fell by `min_kl_drop` of
@@ -153,22 +175,38 @@ def decide_promotion(rates: dict[str, float], kl_before: float, kl_after: float,
     validated = "validation_student" in rates and "validation_parent" in rates
     gain = rates["validation_student"] - rates["validation_parent"] if validated else None
     if not kl_before > 0:
-        reasons.append(f"held-out KL before training is {kl_before:.4f}: the lessons do not change the policy, "
-                       "there is nothing to distil")
-    elif not kl_after <= (1.0 - settings.min_kl_drop) * kl_before and not (gain is not None
-                                                                            and gain > settings.promote_margin):
-        won = (f", and the student won {rates['validation_student']:.2f} of the validation games against the "
-               f"parent's {rates['validation_parent']:.2f} (needs over +{settings.promote_margin})") if validated else ""
+        reasons.append(
+            f"held-out KL before training is {kl_before:.4f}: the lessons do not change the policy, "
+            "there is nothing to distil"
+        )
+    elif not kl_after <= (1.0 - settings.min_kl_drop) * kl_before and not (
+        gain is not None and gain > settings.promote_margin
+    ):
+        won = (
+            (
+                f", and the student won {rates['validation_student']:.2f} of the validation games against the "
+                f"parent's {rates['validation_parent']:.2f} (needs over +{settings.promote_margin})"
+            )
+            if validated
+            else ""
+        )
         reasons.append(f"held-out KL {kl_before:.4f} -> {kl_after:.4f} did not fall by {settings.min_kl_drop:.0%}{won}")
-    without = ("validation_student", "validation_parent") if validated else ("student_without_lessons",
-                                                                             "teacher_without_lessons")
-    pairs = [(*without, settings.promote_margin, "without lessons"),
-             ("student_with_lessons", "teacher_with_lessons", settings.promote_margin, "with lessons"),
-             ("student_retention", "teacher_retention", settings.retention_margin, "retention")]
+    without = (
+        ("validation_student", "validation_parent")
+        if validated
+        else ("student_without_lessons", "teacher_without_lessons")
+    )
+    pairs = [
+        (*without, settings.promote_margin, "without lessons"),
+        ("student_with_lessons", "teacher_with_lessons", settings.promote_margin, "with lessons"),
+        ("student_retention", "teacher_retention", settings.retention_margin, "retention"),
+    ]
     for student, parent, margin, what in pairs:
         if student in rates and parent in rates and rates[student] < rates[parent] - margin:
-            reasons.append(f"{what}: student {rates[student]:.2f} fell below the parent's {rates[parent]:.2f} "
-                           f"by more than {margin}")
+            reasons.append(
+                f"{what}: student {rates[student]:.2f} fell below the parent's {rates[parent]:.2f} "
+                f"by more than {margin}"
+            )
     return reasons
 
 
@@ -195,8 +233,17 @@ class CycleSetup:
         return {"lessons": [x.text for x in self.lessons if x.pool == first]}
 
 
-def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
-              settings: ConsolidationConfig, *, progress=None, finish: CursorMove | None = None) -> CycleReport:
+def run_cycle(
+    config: RunConfig,
+    workdir: Path,
+    store: ExperienceStore,
+    run_id: int,
+    backend,
+    settings: ConsolidationConfig,
+    *,
+    progress=None,
+    finish: CursorMove | None = None,
+) -> CycleReport:
     """One whole cycle, stored with its outcome and reasons (status "skipped" when there are no lessons to
     consolidate). `backend` acts with adapters (checked where it was built: `agent_runtime.llm.check_capabilities`);
     it acts as it did before once the cycle is over, whatever the outcome (the caller switches to a promoted
@@ -232,11 +279,23 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     anchors = []
     if settings.anchor_envs:
         with profiled("CONSOLIDATE: anchor play"), acting(backend, cycle.parent):
-            anchors = anchor_decisions(config, workdir, backend, settings.anchor_envs, settings.anchor_episodes,
-                                       choice_mode=choice_mode)
+            anchors = anchor_decisions(
+                config, workdir, backend, settings.anchor_envs, settings.anchor_episodes, choice_mode=choice_mode
+            )
     # 3. CONSOLIDATE: train the student
-    job = train_job(config, settings, cycle, run_id, train, heldout, per_lesson, path, choice_mode=choice_mode,
-                    device=training_device(config, backend), anchors=anchors)
+    job = train_job(
+        config,
+        settings,
+        cycle,
+        run_id,
+        train,
+        heldout,
+        per_lesson,
+        path,
+        choice_mode=choice_mode,
+        device=training_device(config, backend),
+        anchors=anchors,
+    )
     try:
         with profiled("CONSOLIDATE: train"):
             result = _train(store, cycle.cycle_id, job, backend, progress)
@@ -245,18 +304,38 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
             store.rollback_cycle(cycle.cycle_id, error=str(exc))
             return move_cursor(CycleReport(cycle.cycle_id, "rolled_back", [str(exc)]))
     kl = (result.kl_before["heldout"], result.kl_after["heldout"])
-    lesson_kl = ({i: result.kl_before[f"lesson:{i}"] for i in per_lesson},
-                 {i: result.kl_after[f"lesson:{i}"] for i in per_lesson})
+    lesson_kl = (
+        {i: result.kl_before[f"lesson:{i}"] for i in per_lesson},
+        {i: result.kl_after[f"lesson:{i}"] for i in per_lesson},
+    )
     parent = cycle.parent
-    adapter_id = store.add_adapter(f"cycle-{cycle.cycle_id}", str(path), run_id=run_id,
-                                   parent_id=parent.id if parent else None, base_model=config.model.name,
-                                   fingerprint=fingerprint_files(path))
-    metrics = cycle_metrics(config, settings, cycle, kl, lesson_kl, prompts=len(train), heldout=len(heldout),
-                            choice_mode=choice_mode, train_seconds=result.seconds)
+    adapter_id = store.add_adapter(
+        f"cycle-{cycle.cycle_id}",
+        str(path),
+        run_id=run_id,
+        parent_id=parent.id if parent else None,
+        base_model=config.model.name,
+        fingerprint=fingerprint_files(path),
+    )
+    metrics = cycle_metrics(
+        config,
+        settings,
+        cycle,
+        kl,
+        lesson_kl,
+        prompts=len(train),
+        heldout=len(heldout),
+        choice_mode=choice_mode,
+        train_seconds=result.seconds,
+    )
     if settings.anchor_envs:
         metrics["anchor_prompts"] = len(anchors)
-    metrics["training"] = {"steps": len(result.steps), "best_step": result.best_step,
-                           "stopped_early": result.stopped_early, "validation": result.validation}
+    metrics["training"] = {
+        "steps": len(result.steps),
+        "best_step": result.best_step,
+        "stopped_early": result.stopped_early,
+        "validation": result.validation,
+    }
     store.update_cycle(cycle.cycle_id, adapter_id=adapter_id, metrics=metrics)
     # 4. EVALUATE every condition, then PROMOTE or ROLLBACK with the cursor's move
     with profiled("CONSOLIDATE: evaluate"):
@@ -264,8 +343,9 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     rates = {k: _rate(v) for k, v in evals.items()}
     metrics["evaluation"] = rates
     with store.transaction():
-        report = move_cursor(_decide(store, run_id, config, settings, cycle, adapter_id, evals, rates, metrics, kl,
-                                     lesson_kl))
+        report = move_cursor(
+            _decide(store, run_id, config, settings, cycle, adapter_id, evals, rates, metrics, kl, lesson_kl)
+        )
     # 5. the probe's reference for a promoted adapter, where it was trained
     if report.status == "promoted":
         with profiled("PROMOTE: probe"), making_room(backend):
@@ -273,23 +353,35 @@ def run_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: 
     return report
 
 
-def start_cycle(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int,
-                settings: ConsolidationConfig) -> CycleSetup | None:
+def start_cycle(
+    config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, settings: ConsolidationConfig
+) -> CycleSetup | None:
     """The cycle's set-up and its row, written as it starts (None: no live lessons and no system prompt)."""
     live, lessons = live_lessons(store, run_id)
     system = load_context(settings.context) if settings.context is not None else None
     if system is None and not lessons:
         return None
     # checked against the held-out tasks before the cycle starts (PromptFileLeakError names the line)
-    prompt_file = (load_prompts(settings.context.prompts, held=held_out(config, workdir))
-                   if system and settings.context.prompts else None)
+    prompt_file = (
+        load_prompts(settings.context.prompts, held=held_out(config, workdir))
+        if system and settings.context.prompts
+        else None
+    )
     teacher_spec, teacher = cycle_teacher(config, settings)
     parent = store.active_adapter(run_id)
     kind = "system_prompt" if system else "lessons"
-    cycle_config = {"opcd": settings.model_dump(mode="json"), "kind": kind, "teacher": teacher,
-                    **({"context": system.record()} if system else {})}
-    cycle_id = store.start_cycle(run_id, cycle_config, lesson_set_version=None if system else live.version,
-                                 base_adapter_id=parent.id if parent else None)
+    cycle_config = {
+        "opcd": settings.model_dump(mode="json"),
+        "kind": kind,
+        "teacher": teacher,
+        **({"context": system.record()} if system else {}),
+    }
+    cycle_id = store.start_cycle(
+        run_id,
+        cycle_config,
+        lesson_set_version=None if system else live.version,
+        base_adapter_id=parent.id if parent else None,
+    )
     if system:  # no lesson set is involved: none is shown, recorded or consolidated
         live, lessons, contexts = None, [], [system.text]
     else:
@@ -301,8 +393,15 @@ def lesson_pools(lessons: list[LessonInfo]) -> list[int]:
     return sorted({x.pool for x in lessons})
 
 
-def cycle_prompts(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
-                  settings: ConsolidationConfig, cycle: CycleSetup) -> list[Decision]:
+def cycle_prompts(
+    config: RunConfig,
+    workdir: Path,
+    store: ExperienceStore,
+    run_id: int,
+    backend,
+    settings: ConsolidationConfig,
+    cycle: CycleSetup,
+) -> list[Decision]:
     """The decisions the cycle trains and measures on: a prompt file's, or the run's recent ones."""
     if cycle.prompt_file is not None:
         decisions = [Decision(chat, []) for chat in cycle.prompt_file]
@@ -329,31 +428,54 @@ def split_heldout(decisions: list[Decision]) -> tuple[list[Decision], list[Decis
     return decisions[:held], decisions[held:] or decisions
 
 
-def train_job(config: RunConfig, settings: ConsolidationConfig, cycle: CycleSetup, run_id: int,
-              train: list[Decision], heldout: list[Decision], per_lesson: dict[int, list[Decision]], path: Path,
-              *, choice_mode: bool, device: str, anchors: list[Decision] = ()) -> TrainJob:
+def train_job(
+    config: RunConfig,
+    settings: ConsolidationConfig,
+    cycle: CycleSetup,
+    run_id: int,
+    train: list[Decision],
+    heldout: list[Decision],
+    per_lesson: dict[int, list[Decision]],
+    path: Path,
+    *,
+    choice_mode: bool,
+    device: str,
+    anchors: list[Decision] = (),
+) -> TrainJob:
     """The trainer's job: the student (the parent's adapter on the run's model) learns on `train` (the choice
     policy over each decision's action set in `choice_mode`), and keeps the parent's policy on `anchors`; the KL
     to the teacher is measured on the held-out decisions and on each lesson's own ones."""
-    kl_sets = {"heldout": ([d.chat for d in heldout], cycle.contexts[0]),
-               **{f"lesson:{i}": ([d.chat for d in ds], lessons_section([_text(cycle.lessons, i)]))
-                  for i, ds in per_lesson.items()}}
+    kl_sets = {
+        "heldout": ([d.chat for d in heldout], cycle.contexts[0]),
+        **{
+            f"lesson:{i}": ([d.chat for d in ds], lessons_section([_text(cycle.lessons, i)]))
+            for i, ds in per_lesson.items()
+        },
+    }
     kl_choices = {}
     if choice_mode:
-        kl_choices = {"heldout": [d.choices for d in heldout],
-                      **{f"lesson:{i}": [d.choices for d in ds] for i, ds in per_lesson.items()}}
+        kl_choices = {
+            "heldout": [d.choices for d in heldout],
+            **{f"lesson:{i}": [d.choices for d in ds] for i, ds in per_lesson.items()},
+        }
     parent = cycle.parent
-    return TrainJob(model_path=resolve_model(config.model.name), config=settings.trainer,
-                    train_prompts=[d.chat for d in train],
-                    contexts=cycle.system.text if cycle.system else cycle.contexts,
-                    output=str(path), parent_adapter=parent.path if parent else None, teacher=cycle.teacher_spec,
-                    kl_sets=kl_sets, kl_choices=kl_choices,
-                    train_choices=[d.choices for d in train] if choice_mode else None,
-                    anchor_prompts=[d.chat for d in anchors],
-                    anchor_choices=[d.choices for d in anchors] if choice_mode and anchors else None,
-                    metadata={"cycle_id": cycle.cycle_id, "run_id": run_id, "kind": cycle.kind,
-                              "teacher": cycle.teacher},
-                    device=device, overwrite=True)
+    return TrainJob(
+        model_path=resolve_model(config.model.name),
+        config=settings.trainer,
+        train_prompts=[d.chat for d in train],
+        contexts=cycle.system.text if cycle.system else cycle.contexts,
+        output=str(path),
+        parent_adapter=parent.path if parent else None,
+        teacher=cycle.teacher_spec,
+        kl_sets=kl_sets,
+        kl_choices=kl_choices,
+        train_choices=[d.choices for d in train] if choice_mode else None,
+        anchor_prompts=[d.chat for d in anchors],
+        anchor_choices=[d.choices for d in anchors] if choice_mode and anchors else None,
+        metadata={"cycle_id": cycle.cycle_id, "run_id": run_id, "kind": cycle.kind, "teacher": cycle.teacher},
+        device=device,
+        overwrite=True,
+    )
 
 
 def _train(store: ExperienceStore, cycle_id: int, job: TrainJob, backend, progress):
@@ -371,23 +493,39 @@ def _train(store: ExperienceStore, cycle_id: int, job: TrainJob, backend, progre
         return run_job(job, on_step=on_step)
 
 
-def cycle_metrics(config: RunConfig, settings: ConsolidationConfig, cycle: CycleSetup, kl: tuple[float, float],
-                  lesson_kl: tuple[dict, dict], *, prompts: int, heldout: int, choice_mode: bool,
-                  train_seconds: float) -> dict[str, Any]:
+def cycle_metrics(
+    config: RunConfig,
+    settings: ConsolidationConfig,
+    cycle: CycleSetup,
+    kl: tuple[float, float],
+    lesson_kl: tuple[dict, dict],
+    *,
+    prompts: int,
+    heldout: int,
+    choice_mode: bool,
+    train_seconds: float,
+) -> dict[str, Any]:
     """The cycle row's metrics once it has trained (EVALUATE and the decision add theirs)."""
     (before, after), (lesson_before, lesson_after) = kl, lesson_kl
     system = cycle.system
-    return {"heldout_kl": {"before": before, "after": after}, "prompts": prompts, "heldout_prompts": heldout,
-            "processes": settings.trainer.processes, "objective": "choice" if choice_mode else "tokens",
-            "kind": cycle.kind, "teacher": cycle.teacher,
-            "conditions": _conditions(config, cycle.parent, cycle.teacher, system),
-            **({"context_sha256": system.sha256} if system else {}),
-            "train_seconds": train_seconds,
-            "lesson_kl": {str(i): {"before": lesson_before[i], "after": lesson_after[i]} for i in lesson_before}}
+    return {
+        "heldout_kl": {"before": before, "after": after},
+        "prompts": prompts,
+        "heldout_prompts": heldout,
+        "processes": settings.trainer.processes,
+        "objective": "choice" if choice_mode else "tokens",
+        "kind": cycle.kind,
+        "teacher": cycle.teacher,
+        "conditions": _conditions(config, cycle.parent, cycle.teacher, system),
+        **({"context_sha256": system.sha256} if system else {}),
+        "train_seconds": train_seconds,
+        "lesson_kl": {str(i): {"before": lesson_before[i], "after": lesson_after[i]} for i in lesson_before},
+    }
 
 
-def evaluate_cycle(config: RunConfig, workdir: Path, backend, settings: ConsolidationConfig, cycle: CycleSetup,
-                   path: Path) -> dict[str, list[EvalResult]]:
+def evaluate_cycle(
+    config: RunConfig, workdir: Path, backend, settings: ConsolidationConfig, cycle: CycleSetup, path: Path
+) -> dict[str, list[EvalResult]]:
     """EVALUATE: every condition on the held-out tasks with fixed seeds (the random-admissible baseline, the
     parent and the new adapter with and without the lessons, and both on the retention environments), and the
     parent and the adapter without lessons on `validation_games` train-split games (the decision's evidence)."""
@@ -401,34 +539,53 @@ def evaluate_cycle(config: RunConfig, workdir: Path, backend, settings: Consolid
         if retention:
             evals["teacher_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
         if settings.validation_games:
-            evals["validation_parent"] = _eval(config, workdir, backend, lessons=[], n=settings.validation_games,
-                                               split="train")
+            evals["validation_parent"] = _eval(
+                config, workdir, backend, lessons=[], n=settings.validation_games, split="train"
+            )
     with acting(backend, AdapterFiles(f"cycle-{cycle.cycle_id}", path)):
         evals["student_with_lessons"] = _eval(config, workdir, backend, n=n, **shown)
         evals["student_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
         if settings.validation_games:
-            evals["validation_student"] = _eval(config, workdir, backend, lessons=[],
-                                                n=settings.validation_games, split="train")
+            evals["validation_student"] = _eval(
+                config, workdir, backend, lessons=[], n=settings.validation_games, split="train"
+            )
         if retention:
             evals["student_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
     return evals
 
 
-def _decide(store: ExperienceStore, run_id: int, config: RunConfig, settings: ConsolidationConfig, cycle: CycleSetup,
-            adapter_id: int, evals: dict[str, list[EvalResult]], rates: dict[str, float], metrics: dict,
-            kl: tuple[float, float], lesson_kl: tuple[dict, dict]) -> CycleReport:
+def _decide(
+    store: ExperienceStore,
+    run_id: int,
+    config: RunConfig,
+    settings: ConsolidationConfig,
+    cycle: CycleSetup,
+    adapter_id: int,
+    evals: dict[str, list[EvalResult]],
+    rates: dict[str, float],
+    metrics: dict,
+    kl: tuple[float, float],
+    lesson_kl: tuple[dict, dict],
+) -> CycleReport:
     """EVALUATE's rows, then PROMOTE or ROLLBACK (the caller holds the transaction, so what a person changed
     while the cycle trained is seen here: a parent rolled back or a lesson forgotten meanwhile is a rollback)."""
     cycle_id, live = cycle.cycle_id, cycle.live
     for condition, results in evals.items():
         for r in results:
             lo, hi = r.interval
-            store.add_evaluation(r.env_id, run_id=run_id, adapter_id=adapter_id, cycle_id=cycle_id,
-                                 lesson_set_version=live.version if live else None,
-                                 split="train" if condition.startswith("validation_") else "eval",
-                                 policy=config.model.name,
-                                 num_episodes=r.n, success_rate=r.success_rate, mean_return=r.mean_return,
-                                 metrics={"condition": condition, "episodes": r.episodes, "ci95": [lo, hi]})
+            store.add_evaluation(
+                r.env_id,
+                run_id=run_id,
+                adapter_id=adapter_id,
+                cycle_id=cycle_id,
+                lesson_set_version=live.version if live else None,
+                split="train" if condition.startswith("validation_") else "eval",
+                policy=config.model.name,
+                num_episodes=r.n,
+                success_rate=r.success_rate,
+                mean_return=r.mean_return,
+                metrics={"condition": condition, "episodes": r.episodes, "ci95": [lo, hi]},
+            )
     (before, after), (lesson_before, lesson_after) = kl, lesson_kl
     reasons = decide_promotion(rates, before, after, settings) + _changed_meanwhile(store, run_id, live, cycle.parent)
     if reasons:
@@ -438,9 +595,13 @@ def _decide(store: ExperienceStore, run_id: int, config: RunConfig, settings: Co
         return CycleReport(cycle_id, "rolled_back", reasons, adapter_id, metrics=metrics)
     consolidated = internalized_lessons(lesson_before, lesson_after, rates, settings)
     metrics["decision"] = "promoted"
-    metrics["reasons"] = [(f"held-out KL {before:.4f} -> {after:.4f}; student without lessons "
-                           f"{rates['student_without_lessons']:.2f} vs parent {rates['teacher_without_lessons']:.2f} "
-                           f"(margin {settings.promote_margin})")]
+    metrics["reasons"] = [
+        (
+            f"held-out KL {before:.4f} -> {after:.4f}; student without lessons "
+            f"{rates['student_without_lessons']:.2f} vs parent {rates['teacher_without_lessons']:.2f} "
+            f"(margin {settings.promote_margin})"
+        )
+    ]
     store.update_cycle(cycle_id, metrics=metrics)
     store.promote_cycle(cycle_id, consolidated)
     if consolidated:  # from the live set as it is now (a person may have added or retired lessons meanwhile)
@@ -450,8 +611,9 @@ def _decide(store: ExperienceStore, run_id: int, config: RunConfig, settings: Co
     return CycleReport(cycle_id, "promoted", [], adapter_id, consolidated, metrics)
 
 
-def internalized_lessons(kl_before: dict[int, float], kl_after: dict[int, float], rates: dict[str, float],
-                         settings: ConsolidationConfig) -> list[int]:
+def internalized_lessons(
+    kl_before: dict[int, float], kl_after: dict[int, float], rates: dict[str, float], settings: ConsolidationConfig
+) -> list[int]:
     """The lessons a promoted adapter has internalised, which leave the context: the student's held-out KL to
     the teacher with the lesson fell to `internalized_ratio` of its start-of-cycle value, and the student
     without lessons does as well as the parent with them (within `promote_margin`)."""
@@ -465,8 +627,10 @@ def _changed_meanwhile(store: ExperienceStore, run_id: int, live, parent) -> lis
     reasons = []
     active = store.active_adapter(run_id)
     if (active.id if active else None) != (parent.id if parent else None):
-        reasons.append(f"the run's adapter changed during the cycle (parent {parent.name if parent else 'base'}, "
-                       f"now {active.name if active else 'base'}): a lesson was forgotten")
+        reasons.append(
+            f"the run's adapter changed during the cycle (parent {parent.name if parent else 'base'}, "
+            f"now {active.name if active else 'base'}): a lesson was forgotten"
+        )
     taught = store.lessons(run_id, ids=live.lesson_ids) if live is not None and live.lesson_ids else []
     forgotten = [x.id for x in taught if x.forgotten_at is not None]
     if forgotten:

@@ -23,8 +23,9 @@ class Decision:
     choices: list[str] | None = None  # the action set of a choice-mode step
 
 
-def episode_prefixes(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend,
-                     limit: int) -> list[Decision]:
+def episode_prefixes(
+    config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend, limit: int
+) -> list[Decision]:
     """Every turn of the run's `limit` newest episodes, rebuilt without lessons (held-out evaluation tasks are
     left out: `agent_runtime.heldout`)."""
     specs, _ = build_envs(config, workdir)

@@ -44,14 +44,27 @@ def sampling_params(model) -> SamplingParams:
     return SamplingParams(max_new_tokens=model.max_new_tokens, temperature=model.temperature, top_p=model.top_p)
 
 
-def build_prompt_builders(config: RunConfig, specs: list[EnvSlotSpec], backend: PolicyBackend,
-                          lessons: list[str] | None = None, context: str | None = None) -> list[PromptBuilder]:
+def build_prompt_builders(
+    config: RunConfig,
+    specs: list[EnvSlotSpec],
+    backend: PolicyBackend,
+    lessons: list[str] | None = None,
+    context: str | None = None,
+) -> list[PromptBuilder]:
     agent = config.agent
-    return [PromptBuilder(
-        family=spec.family, count_tokens=backend.count_tokens, context_window=backend.context_window,
-        system_prompt=agent.system_prompt, show_admissible_actions=agent.show_admissible_actions,
-        history_shows_admissible=agent.history_shows_admissible,
-        max_history_turns=agent.max_history_turns, reserve_tokens=config.model.max_new_tokens,
-        lessons=list(lessons or []), action_mode=resolve_action_mode(agent.action_mode, spec.family),
-        context=context,
-    ) for spec in specs]
+    return [
+        PromptBuilder(
+            family=spec.family,
+            count_tokens=backend.count_tokens,
+            context_window=backend.context_window,
+            system_prompt=agent.system_prompt,
+            show_admissible_actions=agent.show_admissible_actions,
+            history_shows_admissible=agent.history_shows_admissible,
+            max_history_turns=agent.max_history_turns,
+            reserve_tokens=config.model.max_new_tokens,
+            lessons=list(lessons or []),
+            action_mode=resolve_action_mode(agent.action_mode, spec.family),
+            context=context,
+        )
+        for spec in specs
+    ]

@@ -68,16 +68,21 @@ class EvalResult:
 
     def line(self) -> str:
         lo, hi = self.interval
-        return (f"{self.env_id:<28} {self.successes:>4}/{self.n:<4} success {self.success_rate:6.1%} "
-                f"[95% CI {lo:.1%}-{hi:.1%}]  mean return {self.mean_return:.2f}")
+        return (
+            f"{self.env_id:<28} {self.successes:>4}/{self.n:<4} success {self.success_rate:6.1%} "
+            f"[95% CI {lo:.1%}-{hi:.1%}]  mean return {self.mean_return:.2f}"
+        )
 
 
 def _entry_key(entry: EnvEntry, workdir: Path, *, whole: bool) -> str:
     """What decides an entry's spec (`whole`: the whole entry) or what its factory builds (its id and keyword
     arguments), with the workdir and its game cache."""
     what = entry.model_dump(mode="json") if whole else {"id": entry.id, "kwargs": entry.kwargs}
-    return json.dumps({"entry": what, "workdir": str(Path(workdir).resolve()),
-                       "games": str(run_games_dir(workdir).resolve())}, sort_keys=True, default=repr)
+    return json.dumps(
+        {"entry": what, "workdir": str(Path(workdir).resolve()), "games": str(run_games_dir(workdir).resolve())},
+        sort_keys=True,
+        default=repr,
+    )
 
 
 class EnvPool:
@@ -102,7 +107,9 @@ class EnvPool:
         if self._pid != os.getpid():
             self._specs, self._idle, self._pid = {}, OrderedDict(), os.getpid()
 
-    def envs(self, config: RunConfig, workdir: Path, split: str) -> tuple[list[EnvSlotSpec], list[list[str]], list[str]]:
+    def envs(
+        self, config: RunConfig, workdir: Path, split: str
+    ) -> tuple[list[EnvSlotSpec], list[list[str]], list[str]]:
         """`build_envs(config, workdir, split)`, built once per key; and each spec's instance key."""
         for entry in config.envs:  # the code-trust check runs on every call, as build_envs does
             check_env_id(entry.id)
@@ -193,10 +200,20 @@ def close_env_pool() -> None:
         _POOL.close()
 
 
-def evaluate(config: RunConfig, workdir: Path, backend: PolicyBackend, *, lessons: list[str] | None = None,
-             episodes_per_env: int | None = None, slots: int | None = None, split: str = "eval",
-             context: str | None = None, reuse: bool = True, pool: EnvPool | None = None,
-             on_record: Callable[[EpisodeRecord], None] | None = None) -> list[EvalResult]:
+def evaluate(
+    config: RunConfig,
+    workdir: Path,
+    backend: PolicyBackend,
+    *,
+    lessons: list[str] | None = None,
+    episodes_per_env: int | None = None,
+    slots: int | None = None,
+    split: str = "eval",
+    context: str | None = None,
+    reuse: bool = True,
+    pool: EnvPool | None = None,
+    on_record: Callable[[EpisodeRecord], None] | None = None,
+) -> list[EvalResult]:
     """Play the first N tasks of `split` (the held-out eval split by default) of every environment of the
     config; return one result per environment. `context`: a system prompt appended to every system message
     (a system-prompt distillation cycle's "with context" conditions). `pool`: where specs and started
@@ -211,23 +228,41 @@ def evaluate(config: RunConfig, workdir: Path, backend: PolicyBackend, *, lesson
     else:
         specs, task_lists = build_envs(config, workdir, split=split)
     builders = build_prompt_builders(config, specs, backend, lessons, context)
-    params = SamplingParams(max_new_tokens=config.model.max_new_tokens, temperature=config.evaluation.temperature,
-                            top_p=config.model.top_p)
-    queue = [Draw(index=len(specs) * i + e, env_index=e, task_id=tasks[i], seed=config.evaluation.seed + i)
-             for e, tasks in enumerate(task_lists) for i in range(min(n, len(tasks)))]
+    params = SamplingParams(
+        max_new_tokens=config.model.max_new_tokens, temperature=config.evaluation.temperature, top_p=config.model.top_p
+    )
+    queue = [
+        Draw(index=len(specs) * i + e, env_index=e, task_id=tasks[i], seed=config.evaluation.seed + i)
+        for e, tasks in enumerate(task_lists)
+        for i in range(min(n, len(tasks)))
+    ]
     results = [EvalResult(spec.env_id) for spec in specs]
 
     def on_episode(record: EpisodeRecord) -> None:
         if on_record is not None:
             on_record(record)
         env_index = next(i for i, s in enumerate(specs) if s.env_id == record.env_id)
-        results[env_index].episodes.append({
-            "task_id": record.task_id, "seed": record.seed, "won": record.won, "return": record.total_return,
-            "steps": len(record.steps), "outcome": record.outcome})
+        results[env_index].episodes.append(
+            {
+                "task_id": record.task_id,
+                "seed": record.seed,
+                "won": record.won,
+                "return": record.total_return,
+                "steps": len(record.steps),
+                "outcome": record.outcome,
+            }
+        )
 
     torch.manual_seed(config.evaluation.seed)
-    runner = EpisodeRunner(backend, specs, builders, params, slots=slots or config.runtime.slots,
-                           policy_name=config.model.name, lender=lender)
+    runner = EpisodeRunner(
+        backend,
+        specs,
+        builders,
+        params,
+        slots=slots or config.runtime.slots,
+        policy_name=config.model.name,
+        lender=lender,
+    )
     finished = False
     try:
         runner.run(lambda: queue.pop(0) if queue else None, on_episode)

@@ -66,7 +66,9 @@ class HeldOut:
     def holds(self, env_id: str, task_id: str, first_observation: str | None = None) -> bool:
         if (env_id, task_id) in self.tasks:
             return True
-        return first_observation is not None and (env_id, observation_hash(first_observation)) in self.first_observations
+        return (
+            first_observation is not None and (env_id, observation_hash(first_observation)) in self.first_observations
+        )
 
     def identifies(self, env_id: str, opening_hash: str) -> bool:
         """Whether an opening tells one game of `env_id` from another: not one that several tasks show."""
@@ -87,8 +89,10 @@ class HeldOut:
         leaked = [e for e in episodes if not self.usable(e)]
         if leaked:
             shown = ", ".join(f"episode {e.id} ({e.env_id} {e.task_id!r})" for e in leaked[:5])
-            raise EvalLeakError(f"{what}: {len(leaked)} held-out evaluation task(s) would be used: {shown}; "
-                                "they are left out of every pool of learning material")
+            raise EvalLeakError(
+                f"{what}: {len(leaked)} held-out evaluation task(s) would be used: {shown}; "
+                "they are left out of every pool of learning material"
+            )
 
 
 _CACHE: dict[tuple[str, str], HeldOut] = {}
@@ -98,8 +102,10 @@ def held_out(config: RunConfig, workdir: Path) -> HeldOut:
     """The held-out tasks of `config`'s evaluation (built once per process and config)."""
     n = max(config.evaluation.episodes_per_env, config.opcd.eval_episodes or 0)
     envs = [*config.envs, *config.opcd.retention_envs]
-    key = (json.dumps([e.model_dump(mode="json") for e in envs] + [n, config.evaluation.seed], sort_keys=True),
-           str(Path(workdir).resolve()))
+    key = (
+        json.dumps([e.model_dump(mode="json") for e in envs] + [n, config.evaluation.seed], sort_keys=True),
+        str(Path(workdir).resolve()),
+    )
     if key not in _CACHE:
         _CACHE[key] = _build(config.model_copy(update={"envs": envs}), Path(workdir), n)
     return _CACHE[key]
@@ -151,13 +157,17 @@ class LeakReport:
         return not (self.leaked_lessons or self.leaked_adapter_episodes)
 
     def line(self) -> str:
-        head = (f"leak check: {self.held_out} held-out tasks (task id and first observation) against "
-                f"{self.stored_episodes} stored episodes of the run: {len(self.leaked_episodes)} held-out "
-                "episode(s) in the store (never learned from)")
+        head = (
+            f"leak check: {self.held_out} held-out tasks (task id and first observation) against "
+            f"{self.stored_episodes} stored episodes of the run: {len(self.leaked_episodes)} held-out "
+            "episode(s) in the store (never learned from)"
+        )
         if self.clean:
             return head + "; no live lesson and no acting adapter learned from one"
-        return (head + f"; LEAKED: lessons {self.leaked_lessons} come from held-out episodes, the acting adapter "
-                f"trained on held-out episodes {self.leaked_adapter_episodes}")
+        return (
+            head + f"; LEAKED: lessons {self.leaked_lessons} come from held-out episodes, the acting adapter "
+            f"trained on held-out episodes {self.leaked_adapter_episodes}"
+        )
 
 
 def leak_report(store: ExperienceStore, run_id: int, held: HeldOut, adapter=None) -> LeakReport:
@@ -166,8 +176,9 @@ def leak_report(store: ExperienceStore, run_id: int, held: HeldOut, adapter=None
 
     episodes = store.episodes(run_id, limit=max(store.count_episodes(run_id), 1))
     suspects = [e for e in episodes if not held.usable(e)]
-    by_content = [e.id for e in episodes if e.id not in {s.id for s in suspects}
-                  and not held.usable(store.episode(e.id))]
+    by_content = [
+        e.id for e in episodes if e.id not in {s.id for s in suspects} and not held.usable(store.episode(e.id))
+    ]
     leaked = sorted({e.id for e in suspects} | set(by_content))
     _, lessons = live_lessons(store, run_id)
     bad_lessons = sorted(x.id for x in lessons if set(x.source_episode_ids) & set(leaked))

@@ -93,18 +93,35 @@ def user_lessons_gated(config: RunConfig) -> bool:
     return config.lessons.enabled and config.lessons.gate_episodes > 0
 
 
-def add_lessons(config: RunConfig, store: ExperienceStore, run_id: int, texts: Sequence[str], *,
-                backend: PolicyBackend | None = None, embedder=None, note: str = "") -> UserAddResult:
+def add_lessons(
+    config: RunConfig,
+    store: ExperienceStore,
+    run_id: int,
+    texts: Sequence[str],
+    *,
+    backend: PolicyBackend | None = None,
+    embedder=None,
+    note: str = "",
+) -> UserAddResult:
     """Add lessons a person wrote to every pool of the run (`distill.lessons.add_user_lessons`): a candidate
     for the gate the loop runs before it next plays when `user_lessons_gated(config)`, else live. The budget
     is counted with `backend`'s tokenizer, or the configured model's when no backend is loaded."""
     count_tokens = text_token_counter(backend) if backend is not None else config_token_counter(config.model)
-    return add_user_lessons(store, run_id, texts, config.lessons, count_tokens=count_tokens, embedder=embedder,
-                            candidate=user_lessons_gated(config), note=note)
+    return add_user_lessons(
+        store,
+        run_id,
+        texts,
+        config.lessons,
+        count_tokens=count_tokens,
+        embedder=embedder,
+        candidate=user_lessons_gated(config),
+        note=note,
+    )
 
 
-def add_seed_lessons(config: RunConfig, store: ExperienceStore, run_id: int,
-                     backend: PolicyBackend | None = None) -> UserAddResult | None:
+def add_seed_lessons(
+    config: RunConfig, store: ExperienceStore, run_id: int, backend: PolicyBackend | None = None
+) -> UserAddResult | None:
     """`lessons.seed` into a NEW run (the caller creates the run; a resumed run never comes here)."""
     if not config.lessons.seed:
         return None
@@ -182,24 +199,40 @@ class ExtractReport:
         where = f"lesson set v{self.version}" if self.version is not None else "no change to the lessons"
         if self.induced is not None and not self.items and self.gate is None:  # evidence only
             live = sum(x["accepted"] for x in self.induced)
-            return (f"EXTRACT: {user}{self.episodes} episodes -> {len(self.induced)} lesson(s) induced from won/lost "
-                    f"evidence, {live} raised success on trial -> {where}")
+            return (
+                f"EXTRACT: {user}{self.episodes} episodes -> {len(self.induced)} lesson(s) induced from won/lost "
+                f"evidence, {live} raised success on trial -> {where}"
+            )
         induced = ""
         if self.induced is not None:
-            induced = (f"; induced {len(self.induced)}, {sum(x['accepted'] for x in self.induced)} raised success "
-                       "on trial")
-        return (f"EXTRACT: {user}{self.episodes} episodes -> {self.items} items ({self.empty} empty, "
-                f"{self.rejected} rejected{pairs}) -> {where}{gate}{induced}")
+            induced = (
+                f"; induced {len(self.induced)}, {sum(x['accepted'] for x in self.induced)} raised success on trial"
+            )
+        return (
+            f"EXTRACT: {user}{self.episodes} episodes -> {self.items} items ({self.empty} empty, "
+            f"{self.rejected} rejected{pairs}) -> {where}{gate}{induced}"
+        )
 
     def trial_lines(self) -> list[str]:
         """One line per induced lesson: its text, its evidence and what its trial measured."""
-        return [f"  {'live' if x['accepted'] else 'kept out'}: {x['text']!r} ({x['evidence']['summary']}; "
-                f"trial {x['trial']['current_rate']:.2f} -> {x['trial']['candidate_rate']:.2f} on "
-                f"{x['trial']['n']} train games)" for x in self.induced or []]
+        return [
+            f"  {'live' if x['accepted'] else 'kept out'}: {x['text']!r} ({x['evidence']['summary']}; "
+            f"trial {x['trial']['current_rate']:.2f} -> {x['trial']['candidate_rate']:.2f} on "
+            f"{x['trial']['n']} train games)"
+            for x in self.induced or []
+        ]
 
 
-def run_extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend,
-                episode_ids: list[int], *, finish: CursorMove | None = None) -> ExtractReport:
+def run_extract(
+    config: RunConfig,
+    workdir: Path,
+    store: ExperienceStore,
+    run_id: int,
+    backend: PolicyBackend,
+    episode_ids: list[int],
+    *,
+    finish: CursorMove | None = None,
+) -> ExtractReport:
     """Extract from `episode_ids`, curate into a new version, and (with a gate) promote or block it. A held-out
     evaluation task among `episode_ids` is an `EvalLeakError` before anything runs (`learnable_recent`
     chooses episodes that are not); contrastive partners are chosen among the others.
@@ -214,8 +247,14 @@ def run_extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id
     return report
 
 
-def _extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend,
-             episode_ids: list[int]) -> ExtractReport:
+def _extract(
+    config: RunConfig,
+    workdir: Path,
+    store: ExperienceStore,
+    run_id: int,
+    backend: PolicyBackend,
+    episode_ids: list[int],
+) -> ExtractReport:
     settings = config.lessons
     writer = extractor_backend(config, backend)
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
@@ -234,8 +273,9 @@ def _extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: i
     if utilities:
         store_utilities(store, run_id, utilities)
     extractor = LessonExtractor.from_settings(complete, settings, name=settings.extractor)
-    curator = LessonCurator.from_settings(store, run_id, settings, count_tokens=count_tokens,
-                                          utilities=load_utilities(store, run_id))
+    curator = LessonCurator.from_settings(
+        store, run_id, settings, count_tokens=count_tokens, utilities=load_utilities(store, run_id)
+    )
     gated = settings.gate_episodes > 0
     pending = pending_user_candidate(store, run_id)
     user_gate = None
@@ -245,9 +285,18 @@ def _extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: i
     held.check([store.episode(i) for i in episode_ids], "EXTRACT")
     report = ExtractReport(len(episode_ids), 0, 0, 0, None, None, 0, user_gate)
     if settings.method in ("model", "both"):
-        result = extract_phase(store, run_id, episode_ids, extractor, curator, candidate=gated,
-                               batch=settings.extract_batch, contrastive=settings.contrastive,
-                               lookback=settings.contrastive_lookback, usable=held.usable)
+        result = extract_phase(
+            store,
+            run_id,
+            episode_ids,
+            extractor,
+            curator,
+            candidate=gated,
+            batch=settings.extract_batch,
+            contrastive=settings.contrastive,
+            lookback=settings.contrastive_lookback,
+            usable=held.usable,
+        )
         version = result.curation.version if result.curation else None
         report.items = sum(len(r.proposals) for r in result.recorded)
         report.empty, report.rejected = result.empty_extractions, result.rejected_items
@@ -256,74 +305,139 @@ def _extract(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: i
         if gated and version is not None:
             report.gate = _gate(config, workdir, store, run_id, backend, curator, version.version)
     if settings.method in ("evidence", "both"):
-        report.induced, version = _induce(config, workdir, store, run_id, backend, curator, episode_ids,
-                                          held.usable)
+        report.induced, version = _induce(config, workdir, store, run_id, backend, curator, episode_ids, held.usable)
         report.version = version if version is not None else report.version
     return report
 
 
-def _induce(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend,
-            curator: LessonCurator, episode_ids: list[int], usable) -> tuple[list[dict], int | None]:
+def _induce(
+    config: RunConfig,
+    workdir: Path,
+    store: ExperienceStore,
+    run_id: int,
+    backend: PolicyBackend,
+    curator: LessonCurator,
+    episode_ids: list[int],
+    usable,
+) -> tuple[list[dict], int | None]:
     """Lessons induced from the won and lost episodes (`distill.lessons.induce`), tried on the gate's games on top
     of the live lessons (`_try_lessons`: the whole set, then each one); those that earn their place go live as
     one new version. Every induced lesson is stored with its evidence and its trial, kept
     out or not. Returns (one dict per induced lesson, the new live version or None)."""
     settings = config.lessons
     read = [store.episode(i) for i in episode_ids]
-    older = [store.episode(e.id) for e in store.episodes(run_id, limit=settings.contrastive_lookback)
-             if e.id not in set(episode_ids)] if settings.contrastive_lookback else []
+    older = (
+        [
+            store.episode(e.id)
+            for e in store.episodes(run_id, limit=settings.contrastive_lookback)
+            if e.id not in set(episode_ids)
+        ]
+        if settings.contrastive_lookback
+        else []
+    )
     evidence = read + [e for e in older if usable(e)]
     live, current = live_lessons(store, run_id, pool=0)
-    findings = induce(evidence, min_support=settings.induce_min_support, min_gap=settings.induce_min_gap,
-                      max_candidates=settings.induce_candidates, max_chars=settings.max_item_chars,
-                      known=[x.text for x in current])  # what a live lesson already says is no candidate
+    findings = induce(
+        evidence,
+        min_support=settings.induce_min_support,
+        min_gap=settings.induce_min_gap,
+        max_candidates=settings.induce_candidates,
+        max_chars=settings.max_item_chars,
+        known=[x.text for x in current],
+    )  # what a live lesson already says is no candidate
     if not findings:
         return [], None
 
     def outcomes(lessons: list[str]) -> dict:
-        results = evaluate(config, workdir, backend, lessons=lessons, episodes_per_env=settings.gate_episodes,
-                           split=settings.gate_split)
+        results = evaluate(
+            config,
+            workdir,
+            backend,
+            lessons=lessons,
+            episodes_per_env=settings.gate_episodes,
+            split=settings.gate_split,
+        )
         return {(r.env_id, e["task_id"], e["seed"]): e["won"] for r in results for e in r.episodes}
 
     texts = [x.text for x in current]
-    with tqdm(total=len(findings) + 2, desc="EXTRACT: trying induced lessons", unit="set", file=sys.stderr,
-              disable=None) as bar:
+    with tqdm(
+        total=len(findings) + 2, desc="EXTRACT: trying induced lessons", unit="set", file=sys.stderr, disable=None
+    ) as bar:
         trials, start, final, joint = _try_lessons(findings, texts, outcomes, settings, bar)
     accepted = [t["text"] for t in trials if t["accepted"]]
     specs, tags = [], []  # one row per trial (pool 0), and one per further pool for the accepted ones
     for index, t in enumerate(trials):
         for pool in range(curator.pools if t["accepted"] else 1):
-            specs.append({"text": t["text"], "pool": pool, "env_id": t["evidence"]["env_id"],
-                          "token_count": curator.count_tokens(t["text"]),
-                          "source_episode_ids": sorted({*t["evidence"]["won_episode_ids"],
-                                                        *t["evidence"]["lost_episode_ids"]}),
-                          "metadata": {"evidence": t["evidence"], "trial": t["trial"], "accepted": t["accepted"]}})
+            specs.append(
+                {
+                    "text": t["text"],
+                    "pool": pool,
+                    "env_id": t["evidence"]["env_id"],
+                    "token_count": curator.count_tokens(t["text"]),
+                    "source_episode_ids": sorted(
+                        {*t["evidence"]["won_episode_ids"], *t["evidence"]["lost_episode_ids"]}
+                    ),
+                    "metadata": {"evidence": t["evidence"], "trial": t["trial"], "accepted": t["accepted"]},
+                }
+            )
             tags.append(index)
     extraction_id, lesson_ids = store.record_extraction(
-        "induce", specs, run_id=run_id, episode_ids=[e.id for e in evidence], env_id=None,
-        metadata={"style": "evidence", "empty": False, "items": [t["text"] for t in trials], "rejected": [],
-                  "accepted": accepted, "trials": trials, "joint_trial": joint})
+        "induce",
+        specs,
+        run_id=run_id,
+        episode_ids=[e.id for e in evidence],
+        env_id=None,
+        metadata={
+            "style": "evidence",
+            "empty": False,
+            "items": [t["text"] for t in trials],
+            "rejected": [],
+            "accepted": accepted,
+            "trials": trials,
+            "joint_trial": joint,
+        },
+    )
     for t, lesson_id in zip(trials, (lesson_ids[tags.index(i)] for i in range(len(trials)))):
         t["lesson_id"] = lesson_id
     if not accepted:
         return trials, None
     curator.begin()
-    curator.apply([Proposal(op="add", text=spec["text"], pool=spec["pool"], extraction_id=extraction_id,
-                            source_episode_ids=tuple(spec["source_episode_ids"]), lesson_id=lesson_id)
-                   for spec, index, lesson_id in zip(specs, tags, lesson_ids) if trials[index]["accepted"]])
-    result = curator.commit(candidate=True, note=f"induced from {len(evidence)} episode(s); "
-                            f"{len(accepted)} of {len(trials)} raised success on trial")
+    curator.apply(
+        [
+            Proposal(
+                op="add",
+                text=spec["text"],
+                pool=spec["pool"],
+                extraction_id=extraction_id,
+                source_episode_ids=tuple(spec["source_episode_ids"]),
+                lesson_id=lesson_id,
+            )
+            for spec, index, lesson_id in zip(specs, tags, lesson_ids)
+            if trials[index]["accepted"]
+        ]
+    )
+    result = curator.commit(
+        candidate=True,
+        note=f"induced from {len(evidence)} episode(s); {len(accepted)} of {len(trials)} raised success on trial",
+    )
     if result.version is None:
         return trials, None
     decision = decide_gate(start, final, margin=settings.gate_margin)
-    store_gate_decision(store, decision, run_id=run_id, env_id="*", current_version=live.version if live else None,
-                        candidate_version=result.version.version)
+    store_gate_decision(
+        store,
+        decision,
+        run_id=run_id,
+        env_id="*",
+        current_version=live.version if live else None,
+        candidate_version=result.version.version,
+    )
     curator.promote(result.version.version, note=f"induced lessons tried one by one: {decision.reason}")
     return trials, result.version.version
 
 
-def _try_lessons(findings: list, texts: list[str], outcomes, settings,
-                 bar) -> tuple[list[dict], dict, dict, dict | None]:
+def _try_lessons(
+    findings: list, texts: list[str], outcomes, settings, bar
+) -> tuple[list[dict], dict, dict, dict | None]:
     """Which induced lessons earn their place, on the gate's games (paired, same tasks and seeds).
 
     Lessons can work only together (measured: on coin-collector "take the coin", "look never helps" and "start
@@ -337,8 +451,12 @@ def _try_lessons(findings: list, texts: list[str], outcomes, settings,
 
     def verdict(finding, without: dict, with_it: dict, accepted: bool) -> dict:
         decision = decide_gate(without, with_it, margin=settings.gate_margin)
-        return {"text": finding.text, "evidence": finding.evidence(), "accepted": accepted,
-                "trial": {k: v for k, v in decision.to_dict().items() if k != "keys"}}
+        return {
+            "text": finding.text,
+            "evidence": finding.evidence(),
+            "accepted": accepted,
+            "trial": {k: v for k, v in decision.to_dict().items() if k != "keys"},
+        }
 
     def raises(current: dict, candidate: dict) -> bool:
         return decide_gate(current, candidate, margin=settings.gate_margin).delta > settings.induce_min_gain
@@ -347,8 +465,13 @@ def _try_lessons(findings: list, texts: list[str], outcomes, settings,
     bar.update()
     together = outcomes([*texts, *(f.text for f in findings)]) if len(findings) > 1 else None
     bar.update()
-    joint = None if together is None else {
-        k: v for k, v in decide_gate(start, together, margin=settings.gate_margin).to_dict().items() if k != "keys"}
+    joint = (
+        None
+        if together is None
+        else {
+            k: v for k, v in decide_gate(start, together, margin=settings.gate_margin).to_dict().items() if k != "keys"
+        }
+    )
     decided: dict[str, dict] = {}
     if together is not None and raises(start, together):
         kept, best = list(findings), together
@@ -385,19 +508,28 @@ def learnable_recent(config: RunConfig, workdir: Path, store: ExperienceStore, r
     return sorted(out)
 
 
-def gate_user_lessons(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int,
-                      backend: PolicyBackend) -> str | None:
+def gate_user_lessons(
+    config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend
+) -> str | None:
     """Gate a person's pending lessons now (the loop calls this before it plays, so that `lessons.seed` and
     `lessons add` go live as soon as the gate lets them); the gate's reason, or None when nothing waited."""
     if not user_lessons_gated(config) or pending_user_candidate(store, run_id) is None:
         return None
-    curator = LessonCurator.from_settings(store, run_id, config.lessons, count_tokens=text_token_counter(backend),
-                                          utilities=load_utilities(store, run_id))
+    curator = LessonCurator.from_settings(
+        store, run_id, config.lessons, count_tokens=text_token_counter(backend), utilities=load_utilities(store, run_id)
+    )
     return _gate(config, workdir, store, run_id, backend, curator, pending_user_candidate(store, run_id).version)
 
 
-def _gate(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend,
-          curator: LessonCurator, candidate_version: int) -> str:
+def _gate(
+    config: RunConfig,
+    workdir: Path,
+    store: ExperienceStore,
+    run_id: int,
+    backend: PolicyBackend,
+    curator: LessonCurator,
+    candidate_version: int,
+) -> str:
     settings = config.lessons
     live, current = live_lessons(store, run_id, pool=0)
     candidate_set = next(s for s in store.lesson_sets(run_id) if s.version == candidate_version)
@@ -405,13 +537,25 @@ def _gate(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int,
     candidate = [by_id[i].text for i in candidate_set.lesson_ids if by_id[i].pool == 0]
 
     def outcomes(lessons: list[str]) -> dict:
-        results = evaluate(config, workdir, backend, lessons=lessons, episodes_per_env=settings.gate_episodes,
-                           split=settings.gate_split)
+        results = evaluate(
+            config,
+            workdir,
+            backend,
+            lessons=lessons,
+            episodes_per_env=settings.gate_episodes,
+            split=settings.gate_split,
+        )
         return {(r.env_id, e["task_id"], e["seed"]): e["won"] for r in results for e in r.episodes}
 
     decision = decide_gate(outcomes([x.text for x in current]), outcomes(candidate), margin=settings.gate_margin)
-    store_gate_decision(store, decision, run_id=run_id, env_id="*",
-                        current_version=live.version if live else None, candidate_version=candidate_version)
+    store_gate_decision(
+        store,
+        decision,
+        run_id=run_id,
+        env_id="*",
+        current_version=live.version if live else None,
+        candidate_version=candidate_version,
+    )
     if decision.promote:
         curator.promote(candidate_version, note=decision.reason)
     else:

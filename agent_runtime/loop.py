@@ -102,9 +102,11 @@ class RunSummary:
         lessons = f", lesson set v{self.lesson_set_version}" if self.lesson_set_version is not None else ""
         if self.cycles:
             lessons += f", {self.cycles} OPCD cycles, adapter {self.adapter or 'none (base model)'}"
-        return (f"run {self.run_id}: {self.episodes} episodes ({self.new_episodes} this session), "
-                f"success {self.success_rate:.1%}, errors {self.errors}{lessons}, "
-                f"{self.tokens_per_s:.1f} generated tokens/s, {self.seconds:.1f}s")
+        return (
+            f"run {self.run_id}: {self.episodes} episodes ({self.new_episodes} this session), "
+            f"success {self.success_rate:.1%}, errors {self.errors}{lessons}, "
+            f"{self.tokens_per_s:.1f} generated tokens/s, {self.seconds:.1f}s"
+        )
 
 
 def default_workdir(config_name: str) -> Path:
@@ -117,16 +119,21 @@ def check_phases(config: RunConfig) -> None:
     if config.opcd.enabled and config.model.backend not in LOCAL_WEIGHTS:
         raise PhaseNotAvailableError(
             f"opcd.enabled: consolidation trains the policy's own weights (model.name), which needs backend: "
-            f"{' or '.join(LOCAL_WEIGHTS)} (got {config.model.backend}); set opcd.enabled: false or use one of them")
+            f"{' or '.join(LOCAL_WEIGHTS)} (got {config.model.backend}); set opcd.enabled: false or use one of them"
+        )
     if config.opcd.enabled and not config.lessons.enabled and config.opcd.context is None:
-        raise PhaseNotAvailableError("opcd.enabled: consolidation distils the lessons, so lessons.enabled must be "
-                                     "true (or give opcd.context: a system prompt to distil instead)")
+        raise PhaseNotAvailableError(
+            "opcd.enabled: consolidation distils the lessons, so lessons.enabled must be "
+            "true (or give opcd.context: a system prompt to distil instead)"
+        )
     processes, on_driver = config.opcd.trainer.processes, config.runtime.executor == "local"
     if config.opcd.enabled and processes > 1 and on_driver and config.model.device.startswith("cuda"):
         gpus = torch.cuda.device_count()
         if processes > gpus:
-            raise PhaseNotAvailableError(f"opcd.trainer.processes: {processes} data-parallel ranks on CUDA need one "
-                                         f"GPU each, but {gpus} are visible; lower processes to {gpus} or fewer")
+            raise PhaseNotAvailableError(
+                f"opcd.trainer.processes: {processes} data-parallel ranks on CUDA need one "
+                f"GPU each, but {gpus} are visible; lower processes to {gpus} or fewer"
+            )
 
 
 class _OwnedFileHandler(logging.FileHandler):
@@ -150,8 +157,15 @@ def _json_log(workdir: Path) -> logging.Handler:
 
 
 class AgentLoop:
-    def __init__(self, config: RunConfig, workdir: Path, *, resume: bool = False,
-                 backend: PolicyBackend | None = None, progress: bool = True):
+    def __init__(
+        self,
+        config: RunConfig,
+        workdir: Path,
+        *,
+        resume: bool = False,
+        backend: PolicyBackend | None = None,
+        progress: bool = True,
+    ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         resumed_id = None
@@ -208,8 +222,9 @@ class AgentLoop:
 
     def _make_backend(self) -> PolicyBackend:
         """The driver's policy, checked against what the run needs of it before anything plays."""
-        return make_backend(self.config.model, seed=self.config.seed, run=self.config,
-                            families=[e.family for e in self.envs])
+        return make_backend(
+            self.config.model, seed=self.config.seed, run=self.config, families=[e.family for e in self.envs]
+        )
 
     @property
     def executor(self) -> Executor:
@@ -217,8 +232,14 @@ class AgentLoop:
         if self._executor is None:
             k = self.config.agent.retrieved_examples
             examples = example_retriever(self.store, self.run_id, k, lambda: held_out(self.config, self.workdir))
-            local = LocalExecutor(self.config, self.workdir, self.store, self.envs, lambda: self.backend,
-                                  examples_for=examples if k else None)
+            local = LocalExecutor(
+                self.config,
+                self.workdir,
+                self.store,
+                self.envs,
+                lambda: self.backend,
+                examples_for=examples if k else None,
+            )
             if self.config.runtime.executor == "ray":
                 from agent_runtime.ray_executor import RayExecutor
 
@@ -236,8 +257,7 @@ class AgentLoop:
             existing = store.find_run(config.name)
             url = store.url
             if existing is None:
-                raise ConfigError(f"--resume: no run named {config.name!r} in {url}; "
-                                  "start one without --resume")
+                raise ConfigError(f"--resume: no run named {config.name!r} in {url}; start one without --resume")
         # the store keeps no secrets: a resumed run takes them from the config given now
         data = restore_secrets(existing.config, config.model_dump(mode="json"))
         stored = config_from_dict(data, source=f"run {existing.id}")
@@ -246,11 +266,14 @@ class AgentLoop:
                 f"--resume: run {existing.id} in {url} is named {existing.name!r}, but its stored config names the "
                 f"run {stored.name!r}: the store disagrees with itself (an edited or imported store?), so which run "
                 f"to continue is unclear; refusing to resume it. Start a new run instead (without --resume, or "
-                f"--set name=ANOTHER), or give the store a run whose name and stored config agree")
+                f"--set name=ANOTHER), or give the store a run whose name and stored config agree"
+            )
         differences = resume_differences(stored, config, f"the stored config of run {existing.id}")
         if differences:
-            head = (f"--resume: run {existing.id} ({existing.name}): the given config differs from the stored one "
-                    "(only runtime.episodes and runtime.hours are taken from the given config):")
+            head = (
+                f"--resume: run {existing.id} ({existing.name}): the given config differs from the stored one "
+                "(only runtime.episodes and runtime.hours are taken from the given config):"
+            )
             log.warning(head + "\n" + "\n".join(differences))
             print(head, *differences, sep="\n", file=sys.stderr)
         stored.runtime.episodes = config.runtime.episodes
@@ -262,9 +285,11 @@ class AgentLoop:
         run = next((r for r in self.store.runs() if r.id == run_id), None)
         if run is None or run.name != self.config.name:
             found = f"run {run_id} there is named {run.name!r}" if run is not None else f"it has no run {run_id}"
-            raise ConfigError(f"--resume: the run to continue is run {run_id} ({self.config.name!r}), but the store "
-                              f"this run opens ({self.store.url}) is another one: {found}. Give the config the "
-                              "stored run's memory.url, or start a new run without --resume")
+            raise ConfigError(
+                f"--resume: the run to continue is run {run_id} ({self.config.name!r}), but the store "
+                f"this run opens ({self.store.url}) is another one: {found}. Give the config the "
+                "stored run's memory.url, or start a new run without --resume"
+            )
         return run
 
     def request_stop(self, *_args) -> None:
@@ -343,8 +368,14 @@ class AgentLoop:
         executor = self.executor
         target = self.config.runtime.episodes
         done = self.state.episodes
-        bar = tqdm(total=target, initial=min(done, target or done), desc=executor.label, unit="ep",
-                   disable=not self.progress, dynamic_ncols=True)
+        bar = tqdm(
+            total=target,
+            initial=min(done, target or done),
+            desc=executor.label,
+            unit="ep",
+            disable=not self.progress,
+            dynamic_ncols=True,
+        )
 
         def on_commit(state: RunState) -> None:
             bar.update(1)
@@ -352,9 +383,16 @@ class AgentLoop:
             if state.episodes % self.config.runtime.summary_every == 0:
                 self._summary_line(started, start_episodes, start_tokens, state)
 
-        session = PlaySession(self.state, self.schedule, self.sampler, self.store, self.run_id,
-                              context_for=self.lessons.for_draw, should_stop=lambda: self.stop_requested,
-                              on_commit=on_commit)
+        session = PlaySession(
+            self.state,
+            self.schedule,
+            self.sampler,
+            self.store,
+            self.run_id,
+            context_for=self.lessons.for_draw,
+            should_stop=lambda: self.stop_requested,
+            on_commit=on_commit,
+        )
         try:
             executor.play(session, self.adapter)
         finally:
@@ -370,8 +408,9 @@ class AgentLoop:
     # -- EXTRACT --------------------------------------------------------------------------------------
     def _extract(self) -> None:
         """EXTRACT, which writes its results and the cursor's move in one transaction (`CursorMove`)."""
-        recent = learnable_recent(self.config, self.workdir, self.store, self.run_id,
-                                  self.config.lessons.episodes_per_extraction)
+        recent = learnable_recent(
+            self.config, self.workdir, self.store, self.run_id, self.config.lessons.episodes_per_extraction
+        )
         after = replace(self.state, extractions=self.state.extractions + 1, last_extract_at=self.state.episodes)
         finish = CursorMove(self.schedule.after_extract(after), after.stored())
         report = self.executor.extract(self.run_id, recent, finish)
@@ -387,8 +426,13 @@ class AgentLoop:
         """One OPCD cycle. The cycle row is the cursor inside it: a cycle found still running here was
         interrupted (the process died); it is rolled back and a fresh cycle starts."""
         roll_back_interrupted(self.store, self.run_id, "the process stopped during the cycle")
-        bar = tqdm(total=self.config.opcd.trainer.steps, desc="CONSOLIDATE", unit="step",
-                   disable=not self.progress, dynamic_ncols=True)
+        bar = tqdm(
+            total=self.config.opcd.trainer.steps,
+            desc="CONSOLIDATE",
+            unit="step",
+            disable=not self.progress,
+            dynamic_ncols=True,
+        )
 
         def progress(metrics: dict) -> None:
             for name in ("CONSOLIDATE", "CONSOLIDATE: train"):  # the phase's row includes its parts
@@ -412,8 +456,9 @@ class AgentLoop:
             self.adapter = self.store.active_adapter(self.run_id)
             self.lessons.reload()
         try:
-            report = self.executor.consolidate(self.run_id, finish, progress=progress,
-                                               on_poll=poll if self.progress else None)
+            report = self.executor.consolidate(
+                self.run_id, finish, progress=progress, on_poll=poll if self.progress else None
+            )
         finally:
             bar.close()
         self.requests.carried_out(asked)
@@ -438,37 +483,60 @@ class AgentLoop:
         reference = reference or stored_reference(self.store, adapter)
         if reference is None:
             return
-        result = check_backend(reference, self.backend, where=f"the loop's {self.backend.name} backend",
-                               tolerance=tolerance_for(self.config.model, self.backend.name), store=self.store,
-                               adapter=adapter)
+        result = check_backend(
+            reference,
+            self.backend,
+            where=f"the loop's {self.backend.name} backend",
+            tolerance=tolerance_for(self.config.model, self.backend.name),
+            store=self.store,
+            adapter=adapter,
+        )
         self._probed = adapter.id
         if result.verdict == "adapter":  # the other verdicts are warnings, which the console shows already
             tqdm.write(result.line())
 
     # -- reporting ------------------------------------------------------------------------------------
-    def _summary(self, started: float, start_episodes: int, start_tokens: int,
-                 state: RunState | None = None) -> RunSummary:
+    def _summary(
+        self, started: float, start_episodes: int, start_tokens: int, state: RunState | None = None
+    ) -> RunSummary:
         """The run so far; `state`: the play session's, while it plays (the loop's own is set when PLAY ends)."""
         seconds = time.monotonic() - started
         stats, state = self.stats, state or self.state
         tokens = stats.completion_tokens - start_tokens
         return RunSummary(
-            run_id=self.run_id, episodes=state.episodes, won=state.won, errors=state.errors,
-            new_episodes=state.episodes - start_episodes, seconds=seconds, completion_tokens=tokens,
+            run_id=self.run_id,
+            episodes=state.episodes,
+            won=state.won,
+            errors=state.errors,
+            new_episodes=state.episodes - start_episodes,
+            seconds=seconds,
+            completion_tokens=tokens,
             tokens_per_s=stats.completion_tokens / stats.seconds if stats.seconds > 0 else 0.0,
-            stopped_by_signal=self.stop_requested, extractions=state.extractions,
-            lesson_set_version=self.lessons.version, cycles=state.cycles,
+            stopped_by_signal=self.stop_requested,
+            extractions=state.extractions,
+            lesson_set_version=self.lessons.version,
+            cycles=state.cycles,
             adapter=self.adapter.name if self.adapter else None,
         )
 
-    def _summary_line(self, started: float, start_episodes: int, start_tokens: int,
-                      state: RunState | None = None) -> None:
+    def _summary_line(
+        self, started: float, start_episodes: int, start_tokens: int, state: RunState | None = None
+    ) -> None:
         s = self._summary(started, start_episodes, start_tokens, state)
         rate = s.new_episodes / s.seconds * 60 if s.seconds else 0.0
         msg = f"{s.episodes} episodes, success {s.success_rate:.1%}, {s.tokens_per_s:.1f} tok/s, {rate:.1f} ep/min"
         tqdm.write(msg)
-        log.info(msg, extra={"fields": {"episodes": s.episodes, "success_rate": s.success_rate,
-                                        "tokens_per_s": s.tokens_per_s, "episodes_per_min": rate}})
+        log.info(
+            msg,
+            extra={
+                "fields": {
+                    "episodes": s.episodes,
+                    "success_rate": s.success_rate,
+                    "tokens_per_s": s.tokens_per_s,
+                    "episodes_per_min": rate,
+                }
+            },
+        )
 
     def close(self) -> None:
         if self._executor is not None:

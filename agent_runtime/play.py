@@ -61,8 +61,13 @@ class RunState:
 
     def with_episode(self, record: EpisodeRecord, open_draws: list[int]) -> RunState:
         """The state once `record` is committed."""
-        return replace(self, episodes=self.episodes + 1, won=self.won + int(record.won),
-                       errors=self.errors + int(record.outcome == "error"), open_draws=sorted(open_draws))
+        return replace(
+            self,
+            episodes=self.episodes + 1,
+            won=self.won + int(record.won),
+            errors=self.errors + int(record.outcome == "error"),
+            open_draws=sorted(open_draws),
+        )
 
 
 class RequestWatch:
@@ -92,8 +97,7 @@ class RequestWatch:
 class Schedule:
     """When a phase is due and when the run is over: the one copy of these rules."""
 
-    def __init__(self, config: RunConfig, deadline: float | None = None,
-                 requested: Callable[[], bool] = lambda: False):
+    def __init__(self, config: RunConfig, deadline: float | None = None, requested: Callable[[], bool] = lambda: False):
         self.config = config
         self.deadline = deadline  # time.monotonic() after which no new draw starts
         self.requested = requested  # a re-consolidation was asked for (`RequestWatch`)
@@ -134,8 +138,11 @@ class Schedule:
         target = self.config.runtime.episodes
         if target is not None and committed_or_running >= target:
             return False
-        return not (self.extract_due(state, committed_or_running) or self.consolidate_due(state, committed_or_running)
-                    or self.past_deadline())
+        return not (
+            self.extract_due(state, committed_or_running)
+            or self.consolidate_due(state, committed_or_running)
+            or self.past_deadline()
+        )
 
     def before_play(self) -> str | None:
         """The phase due before PLAY starts, even once the run is over (a requested re-consolidation); None:
@@ -157,9 +164,18 @@ class Schedule:
 class PlaySession:
     """One PLAY phase: draws out, episodes in, each commit with the state that counts it."""
 
-    def __init__(self, state: RunState, schedule: Schedule, sampler: TaskSampler, store: ExperienceStore,
-                 run_id: int, *, context_for: Callable[[Draw], EpisodeContext], should_stop: Callable[[], bool],
-                 on_commit: Callable[[RunState], None] | None = None):
+    def __init__(
+        self,
+        state: RunState,
+        schedule: Schedule,
+        sampler: TaskSampler,
+        store: ExperienceStore,
+        run_id: int,
+        *,
+        context_for: Callable[[Draw], EpisodeContext],
+        should_stop: Callable[[], bool],
+        on_commit: Callable[[RunState], None] | None = None,
+    ):
         self.state = state
         self.schedule = schedule
         self.sampler = sampler
@@ -223,8 +239,13 @@ class Executor(Protocol):
 
     def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove) -> ExtractReport: ...
 
-    def consolidate(self, run_id: int, finish: CursorMove, progress: Callable[[dict], None] | None = None,
-                    on_poll: Callable[[], None] | None = None) -> CycleReport: ...
+    def consolidate(
+        self,
+        run_id: int,
+        finish: CursorMove,
+        progress: Callable[[dict], None] | None = None,
+        on_poll: Callable[[], None] | None = None,
+    ) -> CycleReport: ...
 
     def close(self) -> None: ...
 
@@ -234,31 +255,52 @@ class LocalExecutor:
 
     label = "PLAY"
 
-    def __init__(self, config: RunConfig, workdir: Path, store: ExperienceStore, envs: list[EnvSlotSpec],
-                 backend: Callable[[], PolicyBackend], examples_for=None):
+    def __init__(
+        self,
+        config: RunConfig,
+        workdir: Path,
+        store: ExperienceStore,
+        envs: list[EnvSlotSpec],
+        backend: Callable[[], PolicyBackend],
+        examples_for=None,
+    ):
         self.config, self.workdir, self.store, self.envs = config, Path(workdir), store, envs
         self._backend = backend
         self.examples_for = examples_for
 
     def play(self, session: PlaySession, adapter) -> None:
         backend = self._backend()
-        runner = EpisodeRunner(backend, self.envs, build_prompt_builders(self.config, self.envs, backend),
-                               sampling_params(self.config.model), slots=self.config.runtime.slots,
-                               policy_name=self.config.model.name, context_for=session.context_for,
-                               adapter_id=adapter.id if adapter else None, examples_for=self.examples_for,
-                               explore=self.config.agent.explore)
+        runner = EpisodeRunner(
+            backend,
+            self.envs,
+            build_prompt_builders(self.config, self.envs, backend),
+            sampling_params(self.config.model),
+            slots=self.config.runtime.slots,
+            policy_name=self.config.model.name,
+            context_for=session.context_for,
+            adapter_id=adapter.id if adapter else None,
+            examples_for=self.examples_for,
+            explore=self.config.agent.explore,
+        )
         try:
             runner.run(session.next_draw, session.commit, session.should_stop)
         finally:
             runner.close()
 
     def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove) -> ExtractReport:
-        return run_extract(self.config, self.workdir, self.store, run_id, self._backend(), episode_ids,
-                           finish=finish)
+        return run_extract(self.config, self.workdir, self.store, run_id, self._backend(), episode_ids, finish=finish)
 
     def consolidate(self, run_id: int, finish: CursorMove, progress=None, on_poll=None) -> CycleReport:
-        return run_cycle(self.config, self.workdir, self.store, run_id, self._backend(), self.config.opcd,
-                         progress=progress, finish=finish)
+        return run_cycle(
+            self.config,
+            self.workdir,
+            self.store,
+            run_id,
+            self._backend(),
+            self.config.opcd,
+            progress=progress,
+            finish=finish,
+        )
 
     def close(self) -> None:
         """Nothing of its own to release: the backend belongs to the loop."""

@@ -24,7 +24,8 @@ back to the front of the queue and are played by the remaining workers; the run 
 only if it is still assigned to the worker that returns it, so nothing is committed twice. A draw that was
 in flight on `MAX_ATTEMPTS` dead workers is committed as a lost episode (outcome "error") instead of being
 retried forever. A dead worker is replaced by a fresh actor up to `runtime.ray.replace_workers` times.
-A learner that dies mid-phase is replaced and the phase reruns from its start. If every worker is gone, the state is saved and `NoWorkersLeftError` is raised; `run
+A learner that dies mid-phase is replaced and the phase reruns from its start. If every worker is gone, the state is
+saved and `NoWorkersLeftError` is raised; `run
 --resume` replays the open draws. The driver killed at any moment resumes like the local loop does, from
 the state committed with the last episode.
 
@@ -100,15 +101,22 @@ class RolloutWorker:
         if settings.generation == "server":
             model = model.model_copy(update={"backend": "chat", "options": dict(settings.server)})
         self.envs, _ = build_envs(config, Path(workdir))
-        self.backend = make_backend(model, seed=config.seed + worker_id, run=config,
-                                    families=[e.family for e in self.envs])
+        self.backend = make_backend(
+            model, seed=config.seed + worker_id, run=config, families=[e.family for e in self.envs]
+        )
         params = sampling_params(model)
         self._queue: deque[Draw] = deque()
         self._contexts: dict[int, EpisodeContext] = {}
-        self.runner = EpisodeRunner(self.backend, self.envs, build_prompt_builders(config, self.envs, self.backend),
-                                    params, slots=settings.slots or config.runtime.slots,
-                                    policy_name=config.model.name, context_for=lambda d: self._contexts.pop(d.index),
-                                    explore=config.agent.explore)
+        self.runner = EpisodeRunner(
+            self.backend,
+            self.envs,
+            build_prompt_builders(config, self.envs, self.backend),
+            params,
+            slots=settings.slots or config.runtime.slots,
+            policy_name=config.model.name,
+            context_for=lambda d: self._contexts.pop(d.index),
+            explore=config.agent.explore,
+        )
 
     def slots(self) -> int:
         return self.runner.slots
@@ -138,8 +146,9 @@ class RolloutWorker:
         before = (stats.calls, stats.prompt_tokens, stats.completion_tokens, stats.seconds)
         self.runner.run(lambda: self._queue.popleft() if self._queue else None, on_episode, lambda: bool(finished))
         after = (stats.calls, stats.prompt_tokens, stats.completion_tokens, stats.seconds)
-        delta = dict(zip(("calls", "prompt_tokens", "completion_tokens", "seconds"),
-                         (b - a for a, b in zip(before, after))))
+        delta = dict(
+            zip(("calls", "prompt_tokens", "completion_tokens", "seconds"), (b - a for a, b in zip(before, after)))
+        )
         return finished, delta
 
     def close(self) -> None:
@@ -173,9 +182,13 @@ class Learner:
         device = self.backend.device if isinstance(self.backend, LocalModelBackend) else None
         import ray
 
-        return {"pid": os.getpid(), "host": socket.gethostname(), "device": str(device) if device else None,
-                "ray_gpu_ids": [str(i) for i in ray.get_gpu_ids()],
-                "processes": self.config.opcd.trainer.processes}
+        return {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "device": str(device) if device else None,
+            "ray_gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+            "processes": self.config.opcd.trainer.processes,
+        }
 
     def _act_with_run_adapter(self, run_id: int) -> None:
         activate(self.backend, self.store.active_adapter(run_id))
@@ -186,8 +199,7 @@ class Learner:
 
     def consolidate(self, run_id: int, finish: CursorMove):
         self._act_with_run_adapter(run_id)
-        report = run_cycle(self.config, self.workdir, self.store, run_id, self.backend, self.config.opcd,
-                           finish=finish)
+        report = run_cycle(self.config, self.workdir, self.store, run_id, self.backend, self.config.opcd, finish=finish)
         if report.cycle_id is not None:
             report.metrics["learner"] = self.where()
             self.store.update_cycle(report.cycle_id, metrics=report.metrics)
@@ -202,8 +214,9 @@ def _import_ray():
     try:
         import ray
     except ImportError as exc:
-        raise ConfigError("runtime.executor: ray needs the `ray` package (pip install 'ray==2.60.0'); "
-                          "or set runtime.executor: local") from exc
+        raise ConfigError(
+            "runtime.executor: ray needs the `ray` package (pip install 'ray==2.60.0'); or set runtime.executor: local"
+        ) from exc
     return ray
 
 
@@ -241,19 +254,32 @@ def _check_resources(available: dict, settings, learner: dict[str, float]) -> No
         need, have = settings.workers * per_worker + extra, available.get(name, 0.0)
         if need > have:
             plus = f" + the learner's {extra:g}" if extra else ""
-            raise ConfigError(f"runtime.ray: {settings.workers} workers x {per_worker} {name}{plus} = {need:g} "
-                              f"{name}s, but the Ray cluster has {have:g}; lower runtime.ray.workers or "
-                              f"worker_{name.lower()}s, or add nodes")
+            raise ConfigError(
+                f"runtime.ray: {settings.workers} workers x {per_worker} {name}{plus} = {need:g} "
+                f"{name}s, but the Ray cluster has {have:g}; lower runtime.ray.workers or "
+                f"worker_{name.lower()}s, or add nodes"
+            )
 
 
 def lost_record(draw: Draw, env_id: str, policy: str, attempts: int) -> EpisodeRecord:
     """The record committed for a draw whose workers kept dying: an errored episode, so the run can go on."""
     now = datetime.now(UTC)
     return EpisodeRecord(
-        env_id=env_id, task_id=draw.task_id, seed=draw.seed, policy=policy, adapter_id=None,
-        lesson_set_version=None, outcome="error", won=False, total_return=0.0, prompt_tokens=0,
-        completion_tokens=0, started_at=now, ended_at=now,
-        error=f"lost: in flight on {attempts} rollout workers that died", metadata={"draw": draw.index, "lost": True},
+        env_id=env_id,
+        task_id=draw.task_id,
+        seed=draw.seed,
+        policy=policy,
+        adapter_id=None,
+        lesson_set_version=None,
+        outcome="error",
+        won=False,
+        total_return=0.0,
+        prompt_tokens=0,
+        completion_tokens=0,
+        started_at=now,
+        ended_at=now,
+        error=f"lost: in flight on {attempts} rollout workers that died",
+        metadata={"draw": draw.index, "lost": True},
     )
 
 
@@ -280,9 +306,11 @@ class RayExecutor:
         _check_resources(available, settings, {"CPU": settings.learner_cpus, "GPU": gpus} if uses_learner else {})
         env = {"env_vars": _worker_env()}
         self._worker_class = ray.remote(RolloutWorker).options(
-            num_cpus=settings.worker_cpus, num_gpus=settings.worker_gpus, max_restarts=0, runtime_env=env)
+            num_cpus=settings.worker_cpus, num_gpus=settings.worker_gpus, max_restarts=0, runtime_env=env
+        )
         self._learner_class = ray.remote(Learner).options(
-            num_cpus=settings.learner_cpus, num_gpus=gpus, max_restarts=0, runtime_env=env)
+            num_cpus=settings.learner_cpus, num_gpus=gpus, max_restarts=0, runtime_env=env
+        )
         self._data, self._workdir = config.model_dump(mode="json"), str(workdir)
         self._learner_data = learner_config(config, gpus)
         self._policy, self._env_ids = config.model.name, [e.id for e in config.envs]
@@ -347,8 +375,9 @@ class RayExecutor:
         for worker, (measured, backend_name) in zip(worker_ids, answers):
             where = f"rollout worker {worker} ({backend_name} backend)"
             try:
-                results.append(judge(reference, measured, where=where,
-                                     tolerance=tolerance_for(self._model_config, backend_name)))
+                results.append(
+                    judge(reference, measured, where=where, tolerance=tolerance_for(self._model_config, backend_name))
+                )
             except StaleAdapterError as exc:
                 results.append(exc.result)
                 stale = stale or exc
@@ -384,24 +413,36 @@ class RayExecutor:
             orphans = sorted(self.assigned.pop(worker))
             del self.workers[worker], self.slots[worker]
             self.dead.append(worker)
-            log.warning("rollout worker %d died (%s); re-queueing draws %s", worker, type(exc).__name__, orphans,
-                        extra={"fields": {"worker": worker, "requeued": orphans}})
+            log.warning(
+                "rollout worker %d died (%s); re-queueing draws %s",
+                worker,
+                type(exc).__name__,
+                orphans,
+                extra={"fields": {"worker": worker, "requeued": orphans}},
+            )
             self._attempts.update(orphans)
             self.requeued.extend(orphans)
             session.give_back([i for i in orphans if self._attempts[i] < MAX_ATTEMPTS])
             for index in orphans:
                 if self._attempts[index] >= MAX_ATTEMPTS:
                     draw = session.sampler.draw(index)
-                    session.commit(lost_record(draw, self._env_ids[draw.env_index], self._policy,
-                                               self._attempts[index]))
+                    session.commit(
+                        lost_record(draw, self._env_ids[draw.env_index], self._policy, self._attempts[index])
+                    )
             if len(self.replaced) < self._settings.replace_workers:
                 fresh = self._start_worker()
                 self.replaced.append(fresh)
-                log.warning("started rollout worker %d in place of worker %d", fresh, worker,
-                            extra={"fields": {"worker": fresh, "replaces": worker}})
+                log.warning(
+                    "started rollout worker %d in place of worker %d",
+                    fresh,
+                    worker,
+                    extra={"fields": {"worker": fresh, "replaces": worker}},
+                )
             if not self.workers:
-                raise NoWorkersLeftError(f"all rollout workers died (last: worker {worker}, {exc}); the run's "
-                                         "state is saved: `run --resume` replays the open draws")
+                raise NoWorkersLeftError(
+                    f"all rollout workers died (last: worker {worker}, {exc}); the run's "
+                    "state is saved: `run --resume` replays the open draws"
+                )
             busy = set(pending.values())
             for other in self.workers:
                 if other not in busy:
@@ -438,8 +479,13 @@ class RayExecutor:
             return self.driver.extract(run_id, episode_ids, finish)
         return self._on_learner(run_id, "extract", episode_ids, finish)
 
-    def consolidate(self, run_id: int, finish: CursorMove, progress: Callable[[dict], None] | None = None,
-                    on_poll: Callable[[], None] | None = None):
+    def consolidate(
+        self,
+        run_id: int,
+        finish: CursorMove,
+        progress: Callable[[dict], None] | None = None,
+        on_poll: Callable[[], None] | None = None,
+    ):
         """One OPCD cycle on the learner; `on_poll` runs while the driver waits (it shows the cycle's progress)."""
         if self._learner_is_driver():
             return self.driver.consolidate(run_id, finish, progress=progress)
@@ -465,11 +511,19 @@ class RayExecutor:
                 self.learner = None
                 self.learners_lost += 1
                 roll_back_interrupted(self.driver.store, run_id, "the learner died during the cycle")
-                log.warning("the learner died during %s (attempt %d of %d): %s", method.upper(), attempt,
-                            LEARNER_ATTEMPTS, type(exc).__name__, extra={"fields": {"phase": method}})
+                log.warning(
+                    "the learner died during %s (attempt %d of %d): %s",
+                    method.upper(),
+                    attempt,
+                    LEARNER_ATTEMPTS,
+                    type(exc).__name__,
+                    extra={"fields": {"phase": method}},
+                )
                 if attempt == LEARNER_ATTEMPTS:
-                    raise LearnerLostError(f"the learner died {attempt} times during {method.upper()}; the run's "
-                                           "state is saved: `run --resume` runs the phase again") from exc
+                    raise LearnerLostError(
+                        f"the learner died {attempt} times during {method.upper()}; the run's "
+                        "state is saved: `run --resume` runs the phase again"
+                    ) from exc
 
     def close(self) -> None:
         """Kill the workers and the learner (and the local cluster, if this executor started it)."""

@@ -27,9 +27,13 @@ ROWS = (
     ("validation_parent", "decision (train games): base policy"),
     ("validation_student", "decision (train games): adapter"),
 )
-REFERENCE = {"teacher_with_lessons": "teacher_without_lessons", "student_without_lessons": "teacher_without_lessons",
-             "student_with_lessons": "teacher_with_lessons", "student_retention": "teacher_retention",
-             "validation_student": "validation_parent"}
+REFERENCE = {
+    "teacher_with_lessons": "teacher_without_lessons",
+    "student_without_lessons": "teacher_without_lessons",
+    "student_with_lessons": "teacher_with_lessons",
+    "student_retention": "teacher_retention",
+    "validation_student": "validation_parent",
+}
 
 
 @dataclass
@@ -75,15 +79,19 @@ def learning_table(store: ExperienceStore, run_id: int) -> str | None:
         if condition is None or condition.n == 0:
             continue
         lo, hi = wilson_interval(condition.wins, condition.n)
-        line = (f"  {label:<34} {condition.wins:>3}/{condition.n:<3} {condition.wins / condition.n:6.1%} "
-                f"[95% CI {lo:.0%}-{hi:.0%}]")
+        line = (
+            f"  {label:<34} {condition.wins:>3}/{condition.n:<3} {condition.wins / condition.n:6.1%} "
+            f"[95% CI {lo:.0%}-{hi:.0%}]"
+        )
         reference = conditions.get(REFERENCE.get(name, ""))
         if reference is not None:
             keys = sorted(set(condition.outcomes) & set(reference.outcomes))
             a, b = [reference.outcomes[k] for k in keys], [condition.outcomes[k] for k in keys]
             if keys:
-                line += (f"  {(sum(b) - sum(a)) / len(keys):+.0%} vs {labels[REFERENCE[name]]} "
-                         f"(paired, McNemar p={mcnemar_p(a, b):.2g})")
+                line += (
+                    f"  {(sum(b) - sum(a)) / len(keys):+.0%} vs {labels[REFERENCE[name]]} "
+                    f"(paired, McNemar p={mcnemar_p(a, b):.2g})"
+                )
         lines.append(line)
     kl = (cycle.metrics or {}).get("heldout_kl")
     if kl:

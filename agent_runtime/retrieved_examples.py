@@ -47,7 +47,8 @@ def example_retriever(store: ExperienceStore, run_id: int, k: int, held: Callabl
         for hit in hits:
             episode = store.episode(hit.id)
             same_game = episode.task_id == task_id or (
-                by_opening and bool(episode.steps) and observation_hash(episode.steps[0].observation) == opening)
+                by_opening and bool(episode.steps) and observation_hash(episode.steps[0].observation) == opening
+            )
             if same_game or (guard and not guard[0].usable(episode)):
                 continue
             out.append(render_example(episode))

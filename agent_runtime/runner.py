@@ -118,11 +118,21 @@ def _now() -> datetime:
 
 
 class EpisodeRunner:
-    def __init__(self, backend: PolicyBackend, envs: list[EnvSlotSpec], builders: list[PromptBuilder],
-                 params: SamplingParams, *, slots: int = 1, policy_name: str = "",
-                 adapter_id: int | None = None, context_for: Callable[[Draw], EpisodeContext] | None = None,
-                 examples_for: Callable[[str, str, str], list[str]] | None = None, explore: float = 0.0,
-                 lender: EnvLender | None = None):
+    def __init__(
+        self,
+        backend: PolicyBackend,
+        envs: list[EnvSlotSpec],
+        builders: list[PromptBuilder],
+        params: SamplingParams,
+        *,
+        slots: int = 1,
+        policy_name: str = "",
+        adapter_id: int | None = None,
+        context_for: Callable[[Draw], EpisodeContext] | None = None,
+        examples_for: Callable[[str, str, str], list[str]] | None = None,
+        explore: float = 0.0,
+        lender: EnvLender | None = None,
+    ):
         assert len(envs) == len(builders), "one prompt builder per environment"
         assert 0.0 <= explore <= 1.0, f"explore is a share of decisions, got {explore}"
         if any(b.action_mode == "choice" for b in builders):
@@ -146,8 +156,9 @@ class EpisodeRunner:
 
     def _env(self, slot: int, env_index: int):
         if env_index not in self._instances[slot]:
-            self._instances[slot][env_index] = (self.lender.borrow(env_index) if self.lender is not None
-                                                else self.envs[env_index].factory())
+            self._instances[slot][env_index] = (
+                self.lender.borrow(env_index) if self.lender is not None else self.envs[env_index].factory()
+            )
         return self._instances[slot][env_index]
 
     def _drop_env(self, slot: int, env_index: int) -> None:
@@ -160,12 +171,24 @@ class EpisodeRunner:
     def _record(self, ep: _Episode, outcome: str, won: bool, error: str | None = None) -> EpisodeRecord:
         spec = self.envs[ep.draw.env_index]
         return EpisodeRecord(
-            env_id=spec.env_id, task_id=ep.draw.task_id, seed=ep.draw.seed, policy=self.policy_name,
-            adapter_id=self.adapter_id, lesson_set_version=ep.context.version, outcome=outcome, won=won,
-            total_return=ep.total_return, prompt_tokens=ep.prompt_tokens, completion_tokens=ep.completion_tokens,
-            started_at=ep.started_at, ended_at=_now(), error=error, goal=ep.info.get("goal"),
+            env_id=spec.env_id,
+            task_id=ep.draw.task_id,
+            seed=ep.draw.seed,
+            policy=self.policy_name,
+            adapter_id=self.adapter_id,
+            lesson_set_version=ep.context.version,
+            outcome=outcome,
+            won=won,
+            total_return=ep.total_return,
+            prompt_tokens=ep.prompt_tokens,
+            completion_tokens=ep.completion_tokens,
+            started_at=ep.started_at,
+            ended_at=_now(),
+            error=error,
+            goal=ep.info.get("goal"),
             lessons_in_context=list(ep.context.lesson_ids),
-            metadata={"draw": ep.draw.index, "final_observation": ep.observation}, steps=ep.steps,
+            metadata={"draw": ep.draw.index, "final_observation": ep.observation},
+            steps=ep.steps,
             adapter_fingerprint=ep.fingerprint,
         )
 
@@ -182,14 +205,20 @@ class EpisodeRunner:
             self._drop_env(slot, draw.env_index)
             ep = _Episode(draw, None, "", {}, started, context, fingerprint=fingerprint)
             return self._record(ep, "error", False, f"reset failed: {type(exc).__name__}: {exc}")
-        examples = (self.examples_for(self.envs[draw.env_index].env_id, draw.task_id, observation)
-                    if self.examples_for else [])
-        self._live[slot] = _Episode(draw, env, observation, dict(info or {}), started, context, examples,
-                                    fingerprint=fingerprint)
+        examples = (
+            self.examples_for(self.envs[draw.env_index].env_id, draw.task_id, observation) if self.examples_for else []
+        )
+        self._live[slot] = _Episode(
+            draw, env, observation, dict(info or {}), started, context, examples, fingerprint=fingerprint
+        )
         return None
 
-    def run(self, next_draw: Callable[[], Draw | None], on_episode: Callable[[EpisodeRecord], None],
-            should_stop: Callable[[], bool] = lambda: False) -> None:
+    def run(
+        self,
+        next_draw: Callable[[], Draw | None],
+        on_episode: Callable[[EpisodeRecord], None],
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> None:
         """Play until `next_draw` runs dry and every slot is idle, or until `should_stop` says so.
 
         On a stop request the current turn is finished and its ended episodes are handed over; episodes
@@ -219,8 +248,11 @@ class EpisodeRunner:
             lessons = list(ep.context.lessons) if ep.context is not NO_CONTEXT else None
             options = builder.choices(ep.info.get("admissible_actions"))
             offered.append(options)
-            chats.append(builder.build(ep.history, ep.observation, options or ep.info.get("admissible_actions"),
-                                       lessons, ep.examples))
+            chats.append(
+                builder.build(
+                    ep.history, ep.observation, options or ep.info.get("admissible_actions"), lessons, ep.examples
+                )
+            )
         completions = self._act(chats, offered)
         for slot, completion, options in zip(live, completions, offered):
             ep = self._live[slot]
@@ -228,15 +260,21 @@ class EpisodeRunner:
             admissible = options or ep.info.get("admissible_actions")
             explored = bool(options) and self.explore > 0 and self._explores(ep)
             if explored:  # seeded by the draw and the turn: a resumed run explores the same way
-                completion.text = random.Random(f"explore-pick:{ep.draw.seed}:{ep.draw.index}:{len(ep.steps)}") \
-                    .choice(options)
+                completion.text = random.Random(f"explore-pick:{ep.draw.seed}:{ep.draw.index}:{len(ep.steps)}").choice(
+                    options
+                )
             action = completion.text if options else parse_action(spec.family, completion.text, admissible)
             ep.prompt_tokens += completion.prompt_tokens
             ep.completion_tokens += completion.completion_tokens
             error = None
             if action is None:
                 observation, reward, terminated, truncated, info = (
-                    INVALID_ACTION_FEEDBACK, 0.0, False, False, dict(ep.info))
+                    INVALID_ACTION_FEEDBACK,
+                    0.0,
+                    False,
+                    False,
+                    dict(ep.info),
+                )
             else:
                 try:
                     observation, reward, terminated, truncated, info = ep.env.step(action)
@@ -250,13 +288,22 @@ class EpisodeRunner:
                 step_info["explored"] = True
             if completion.choice_logprobs is not None:
                 step_info["choice_logprobs"] = [round(x, 6) for x in completion.choice_logprobs]
-            ep.steps.append(StepRecord(
-                index=len(ep.steps), observation=ep.observation, prompt=completion.prompt_text,
-                response=completion.text, action=action, valid_action=action is not None, reward=float(reward),
-                admissible_actions=list(admissible) if admissible is not None else None,
-                prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
-                latency_s=completion.latency_s, info=step_info,
-            ))
+            ep.steps.append(
+                StepRecord(
+                    index=len(ep.steps),
+                    observation=ep.observation,
+                    prompt=completion.prompt_text,
+                    response=completion.text,
+                    action=action,
+                    valid_action=action is not None,
+                    reward=float(reward),
+                    admissible_actions=list(admissible) if admissible is not None else None,
+                    prompt_tokens=completion.prompt_tokens,
+                    completion_tokens=completion.completion_tokens,
+                    latency_s=completion.latency_s,
+                    info=step_info,
+                )
+            )
             ep.total_return += float(reward)
             ep.history.append(Turn(ep.observation, completion.text, list(admissible) if admissible else None))
             ep.observation, ep.info = observation, dict(info or {})
@@ -281,8 +328,9 @@ class EpisodeRunner:
         choice_rows = [i for i, options in enumerate(offered) if options]
         free_rows = [i for i, options in enumerate(offered) if not options]
         if choice_rows:
-            chosen = self.backend.choose([chats[i] for i in choice_rows], [offered[i] for i in choice_rows],
-                                         self.params)
+            chosen = self.backend.choose(
+                [chats[i] for i in choice_rows], [offered[i] for i in choice_rows], self.params
+            )
             for i, completion in zip(choice_rows, chosen):
                 out[i] = completion
         if free_rows:

@@ -52,8 +52,10 @@ def load_context(settings: SystemPromptConfig) -> SystemPrompt:
     else:
         path = Path(settings.file).expanduser()
         if not path.is_file():
-            raise ConfigError(f"opcd.context.file: {path} does not exist; give a UTF-8 text file holding the system "
-                              "prompt to distil (or opcd.context.text)")
+            raise ConfigError(
+                f"opcd.context.file: {path} does not exist; give a UTF-8 text file holding the system "
+                "prompt to distil (or opcd.context.text)"
+            )
         text, source = path.read_text(encoding="utf-8"), str(path)
     text = text.strip()
     if not text:
@@ -70,8 +72,9 @@ def _chat(value, where: str) -> list[dict]:
         chat = []
         for m in value:
             if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-                raise ConfigError(f"{where}: every message needs a role ({', '.join(ROLES)}) and a string content, "
-                                  f"got {m!r}")
+                raise ConfigError(
+                    f"{where}: every message needs a role ({', '.join(ROLES)}) and a string content, got {m!r}"
+                )
             chat.append({"role": m["role"], "content": m["content"]})
         if chat[-1]["role"] == "assistant":
             raise ConfigError(f"{where}: the prompt ends with an assistant message; the student writes that turn")
@@ -84,8 +87,10 @@ def load_prompts(path: str | Path, *, held: HeldOut | None = None) -> list[list[
     with `held`, PromptFileLeakError naming a line whose first user turn holds a held-out task's opening."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ConfigError(f"prompt file {path} does not exist; give a JSONL file with one prompt per line "
-                          f"(keys: {', '.join(PROMPT_KEYS)})")
+        raise ConfigError(
+            f"prompt file {path} does not exist; give a JSONL file with one prompt per line "
+            f"(keys: {', '.join(PROMPT_KEYS)})"
+        )
     chats = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -102,9 +107,11 @@ def load_prompts(path: str | Path, *, held: HeldOut | None = None) -> list[list[
         first = next((m["content"] for m in chat if m["role"] == "user"), None)
         task = held.task_in(first) if held is not None and first is not None else None
         if task is not None:
-            raise PromptFileLeakError(f"{where}: the first user turn holds the opening of held-out evaluation task "
-                                      f"{task[1]!r} of {task[0]}; the cycle is evaluated on it, so it may not train "
-                                      "on it: leave that line out of the prompt file")
+            raise PromptFileLeakError(
+                f"{where}: the first user turn holds the opening of held-out evaluation task "
+                f"{task[1]!r} of {task[0]}; the cycle is evaluated on it, so it may not train "
+                "on it: leave that line out of the prompt file"
+            )
         chats.append(chat)
     if not chats:
         raise ConfigError(f"prompt file {path} holds no prompts")

@@ -25,7 +25,14 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
 
 _CORPUS = [
     "You are in a kitchen. There is a closed door to the north and an exit to the east.",
-    "go north", "go south", "go east", "go west", "take coin", "open door", "look", "inventory",
+    "go north",
+    "go south",
+    "go east",
+    "go west",
+    "take coin",
+    "open door",
+    "look",
+    "inventory",
     "You see a coin on the floor. Taken. You win! Your score has just gone up by one point.",
     "Admissible actions: go north | go east | take coin | look",
     "Lessons from your past experience: explore every exit before going back.",
@@ -43,17 +50,27 @@ def tiny_tokenizer(vocab_size: int = 512):
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<pad>",
-                                   bos_token="<|im_start|>", unk_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<pad>",
+        bos_token="<|im_start|>",
+        unk_token="<|endoftext|>",
+    )
     fast.chat_template = CHATML_TEMPLATE
     return fast
 
 
-def tiny_model_and_tokenizer(arch: str = "llama", *, hidden_size: int = 64, layers: int = 2, heads: int = 4,
-                             context: int = 2048, seed: int = 0):
+def tiny_model_and_tokenizer(
+    arch: str = "llama", *, hidden_size: int = 64, layers: int = 2, heads: int = 4, context: int = 2048, seed: int = 0
+):
     """A random tiny causal LM and its tokenizer. `arch` is "llama" or "qwen2"."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -63,10 +80,16 @@ def tiny_model_and_tokenizer(arch: str = "llama", *, hidden_size: int = 64, laye
         raise ValueError(f"unknown tiny architecture {arch!r}; accepted: {', '.join(kinds)}")
     config_cls, model_cls = kinds[arch]
     config = config_cls(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-        max_position_embeddings=context, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=context,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
@@ -103,9 +126,9 @@ def teach(model, tokenizer, example, *, steps: int, batch: int = 16, lr: float =
         ids = torch.full((len(rows), width), tokenizer.pad_token_id)
         labels, mask = torch.full_like(ids, -100), torch.zeros_like(ids)
         for r, (p, a) in enumerate(rows):
-            ids[r, :len(p) + len(a)] = torch.tensor(p + a)
-            labels[r, len(p):len(p) + len(a)] = torch.tensor(a)
-            mask[r, :len(p) + len(a)] = 1
+            ids[r, : len(p) + len(a)] = torch.tensor(p + a)
+            labels[r, len(p) : len(p) + len(a)] = torch.tensor(a)
+            mask[r, : len(p) + len(a)] = 1
         model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -121,8 +144,7 @@ def save_coin_lesson_model(directory: str | Path, games_cache: str | Path, lesso
 
     model, tokenizer = tiny_model_and_tokenizer("llama")
     env = environments.make("textworld/coin_collector", level=1, n_train=4, n_eval=4, cache_dir=str(games_cache))
-    builder = PromptBuilder(family="textworld", count_tokens=lambda chat: 0, context_window=4096,
-                            action_mode="choice")
+    builder = PromptBuilder(family="textworld", count_tokens=lambda chat: 0, context_window=4096, action_mode="choice")
     firsts = []
     for split in ("train", "eval"):
         for i, task in enumerate(env.tasks(split)):

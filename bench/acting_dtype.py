@@ -43,8 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapters", nargs="*", default=None, help="result keys of bench/cycle_sweep.py")
     args = parser.parse_args(argv)
     results = json.loads((args.workdir / "results.json").read_text())
-    keys = args.adapters if args.adapters is not None else [k for k in results if k.startswith("sweep:")
-                                                             and k.count(":") == 2][:3]
+    keys = (
+        args.adapters
+        if args.adapters is not None
+        else [k for k in results if k.startswith("sweep:") and k.count(":") == 2][:3]
+    )
     conditions = [("base", None, []), ("lesson in context", None, [GIVEN])]
     conditions += [(f"adapter {k}", results[k]["adapter"], []) for k in keys]
     rows = {}

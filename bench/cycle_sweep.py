@@ -50,8 +50,15 @@ VARIANTS: dict[str, dict] = {
     "full-3e-4-val": {"steps": 16, "batch_size": 64, "lr": 3e-4, "validation_fraction": 0.25, "patience": 4},
     "full-1e-3-val": {"steps": 16, "batch_size": 64, "lr": 1e-3, "validation_fraction": 0.25, "patience": 4},
     "b8-1e-4-val": {"steps": 12, "batch_size": 8, "lr": 1e-4, "validation_fraction": 0.2, "patience": 4},
-    "b8-1e-4-warm": {"steps": 12, "batch_size": 8, "lr": 1e-4, "warmup_steps": 4, "lr_schedule": "cosine",
-                     "validation_fraction": 0.2, "patience": 4},
+    "b8-1e-4-warm": {
+        "steps": 12,
+        "batch_size": 8,
+        "lr": 1e-4,
+        "warmup_steps": 4,
+        "lr_schedule": "cosine",
+        "validation_fraction": 0.2,
+        "patience": 4,
+    },
 }
 
 
@@ -63,8 +70,15 @@ def arm(variant: str, objective: str, anchor: bool = False, share: float | None 
     return (variant if objective == "opcd" else f"{variant}@{objective}") + suffix
 
 
-def run(study: Study, variants: list[str], seeds: list[int], objectives: list[str] = ("opcd",),
-        retention: bool = False, anchor: bool = False, share: float | None = None) -> None:
+def run(
+    study: Study,
+    variants: list[str],
+    seeds: list[int],
+    objectives: list[str] = ("opcd",),
+    retention: bool = False,
+    anchor: bool = False,
+    share: float | None = None,
+) -> None:
     from memory import ExperienceStore
 
     study.evaluate("base")
@@ -85,9 +99,15 @@ def run(study: Study, variants: list[str], seeds: list[int], objectives: list[st
                 for objective in objectives:
                     key = f"sweep:{arm(variant, objective, anchor, share)}:{seed}"
                     print(f"{key}", flush=True)
-                    study.train(key, store, run_id, seed, objective,
-                                trainer={**VARIANTS[variant], "seed": seed, "anchor_share": share},
-                                anchor=ANCHOR if anchor else None)
+                    study.train(
+                        key,
+                        store,
+                        run_id,
+                        seed,
+                        objective,
+                        trainer={**VARIANTS[variant], "seed": seed, "anchor_share": share},
+                        anchor=ANCHOR if anchor else None,
+                    )
                     study.evaluate(f"{key}:without", adapter=study.results[key]["adapter"])
                     if retention:
                         study.evaluate(f"{key}:retention", adapter=study.results[key]["adapter"], env=RETENTION)
@@ -151,19 +171,32 @@ def report(results: dict, variants: list[str], kl: dict[str, float] | None = Non
     if "base" not in results or "given" not in results:
         return "nothing measured yet in this workdir: run the sweep without --report first"
     base, given = results["base"], results["given"]
-    lines = [f"base {rate(base)}, lesson in context {rate(given)} (40 held-out games)", "",
-             ("| variant | objective | trainer | seeds | student without lesson, pooled | per seed "
-              "| gain kept per seed (mean) | vs base, McNemar p per seed | train KL before -> after | steps (best) "
-              "| s/cycle |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"base {rate(base)}, lesson in context {rate(given)} (40 held-out games)",
+        "",
+        (
+            "| variant | objective | trainer | seeds | student without lesson, pooled | per seed "
+            "| gain kept per seed (mean) | vs base, McNemar p per seed | train KL before -> after | steps (best) "
+            "| s/cycle |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     paired, retained = [], []
     for variant in variants:
-        shares = sorted({k.split(":")[1].split("+anchor", 1)[1] for k in results
-                         if k.startswith(f"sweep:{variant}") and "+anchor" in k})
+        shares = sorted(
+            {
+                k.split(":")[1].split("+anchor", 1)[1]
+                for k in results
+                if k.startswith(f"sweep:{variant}") and "+anchor" in k
+            }
+        )
         for objective, anchored in itertools.product(OBJECTIVES, [None, *shares]):
             name = arm(variant, objective) + ("" if anchored is None else f"+anchor{anchored}")
-            seeds = sorted(int(k.split(":")[2]) for k in results if k.startswith(f"sweep:{name}:")
-                           and k.count(":") == 2 and f"{k}:without" in results)
+            seeds = sorted(
+                int(k.split(":")[2])
+                for k in results
+                if k.startswith(f"sweep:{name}:") and k.count(":") == 2 and f"{k}:without" in results
+            )
             if not seeds:
                 continue
             runs = [results[f"sweep:{name}:{s}:without"] for s in seeds]
@@ -173,43 +206,61 @@ def report(results: dict, variants: list[str], kl: dict[str, float] | None = Non
             settings = ", ".join(f"{k} {v}" for k, v in VARIANTS[variant].items())
             kls = ", ".join(f"{t['kl_before']:.3f}->{t['kl_after']:.3f}" for t in trained)
             steps = ", ".join(f"{t.get('steps', '?')} ({t.get('best_step')})" for t in trained)
-            shown = objective if anchored is None else f"{objective} + anchors" + (f" ({anchored} of each batch)"
-                                                                                     if anchored else "")
+            shown = (
+                objective
+                if anchored is None
+                else f"{objective} + anchors" + (f" ({anchored} of each batch)" if anchored else "")
+            )
             lines.append(
                 f"| {variant} | {shown} | {settings} | {len(seeds)} | {rate([w for r in runs for w in r])} | "
                 f"{', '.join(f'{sum(r) / len(r):.0%}' for r in runs)} | "
                 f"{', '.join(f'{g:.0%}' for g in gains)} ({statistics.fmean(gains):.0%}) | "
                 f"{', '.join(f'{mcnemar_p(base, r):.2g}' for r in runs)} | "
                 f"{kls} | {steps} | "
-                f"{statistics.fmean(t['seconds'] for t in trained):.0f} |")
+                f"{statistics.fmean(t['seconds'] for t in trained):.0f} |"
+            )
             if name != variant:
                 both = [s for s in seeds if f"sweep:{variant}:{s}:without" in results]
                 if both:
-                    diffs = [sum(results[f"sweep:{name}:{s}:without"]) - sum(results[f"sweep:{variant}:{s}:without"])
-                             for s in both]
-                    ps = [mcnemar_p(results[f"sweep:{variant}:{s}:without"], results[f"sweep:{name}:{s}:without"])
-                          for s in both]
-                    paired.append(f"- {name} vs OPCD ({variant}), {len(both)} seeds: "
-                                  f"{', '.join(f'{d:+d}' for d in diffs)} tasks (mean {statistics.fmean(diffs):+.1f}); "
-                                  f"McNemar p {', '.join(f'{p:.2g}' for p in ps)}")
+                    diffs = [
+                        sum(results[f"sweep:{name}:{s}:without"]) - sum(results[f"sweep:{variant}:{s}:without"])
+                        for s in both
+                    ]
+                    ps = [
+                        mcnemar_p(results[f"sweep:{variant}:{s}:without"], results[f"sweep:{name}:{s}:without"])
+                        for s in both
+                    ]
+                    paired.append(
+                        f"- {name} vs OPCD ({variant}), {len(both)} seeds: "
+                        f"{', '.join(f'{d:+d}' for d in diffs)} tasks (mean {statistics.fmean(diffs):+.1f}); "
+                        f"McNemar p {', '.join(f'{p:.2g}' for p in ps)}"
+                    )
             kept = [results[f"sweep:{name}:{s}:retention"] for s in seeds if f"sweep:{name}:{s}:retention" in results]
             if kept and "retention:base" in results:
-                retained.append(f"- retention ({name}, treasure-hunter L1, 40 games): base "
-                                f"{rate(results['retention:base'])}; students "
-                                f"{', '.join(f'{sum(r) / len(r):.0%}' for r in kept)}, pooled "
-                                f"{rate([w for r in kept for w in r])}")
+                retained.append(
+                    f"- retention ({name}, treasure-hunter L1, 40 games): base "
+                    f"{rate(results['retention:base'])}; students "
+                    f"{', '.join(f'{sum(r) / len(r):.0%}' for r in kept)}, pooled "
+                    f"{rate([w for r in kept for w in r])}"
+                )
     held = []
     if kl and "base" in kl:
         for variant in variants:
             for objective in OBJECTIVES:
                 name = arm(variant, objective)
-                after = [v for _, v in sorted((int(k.rsplit(":", 1)[1]), v) for k, v in kl.items()
-                                              if k.startswith(f"sweep:{name}:"))]
+                after = [
+                    v
+                    for _, v in sorted(
+                        (int(k.rsplit(":", 1)[1]), v) for k, v in kl.items() if k.startswith(f"sweep:{name}:")
+                    )
+                ]
                 if after:
                     fell = sum(v < kl["base"] for v in after)
-                    held.append(f"- held-out KL ({name}; teacher's turns on the 40 held-out games): before "
-                                f"{kl['base']:.3f}, after {', '.join(f'{v:.3f}' for v in after)}; fell in "
-                                f"{fell} of {len(after)}")
+                    held.append(
+                        f"- held-out KL ({name}; teacher's turns on the 40 held-out games): before "
+                        f"{kl['base']:.3f}, after {', '.join(f'{v:.3f}' for v in after)}; fell in "
+                        f"{fell} of {len(after)}"
+                    )
     return "\n".join(lines + [""] + paired + retained + held) + "\n"
 
 
@@ -220,12 +271,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     parser.add_argument("--objectives", nargs="*", default=["opcd"], choices=list(OBJECTIVES))
     parser.add_argument("--retention", action="store_true", help="also play each student on the retention games")
-    parser.add_argument("--anchor", action="store_true",
-                        help="each cycle holds the student to its parent on learning.ANCHOR's games (opcd.anchor_envs)")
-    parser.add_argument("--anchor-share", type=float, default=None,
-                        help="with --anchor: the anchors' fixed share of every batch (opcd.trainer.anchor_share)")
-    parser.add_argument("--heldout-kl", action="store_true",
-                        help="measure each cached student's KL to the teacher on the held-out games")
+    parser.add_argument(
+        "--anchor",
+        action="store_true",
+        help="each cycle holds the student to its parent on learning.ANCHOR's games (opcd.anchor_envs)",
+    )
+    parser.add_argument(
+        "--anchor-share",
+        type=float,
+        default=None,
+        help="with --anchor: the anchors' fixed share of every batch (opcd.trainer.anchor_share)",
+    )
+    parser.add_argument(
+        "--heldout-kl",
+        action="store_true",
+        help="measure each cached student's KL to the teacher on the held-out games",
+    )
     parser.add_argument("--report", action="store_true", help="only print the table from the cache")
     args = parser.parse_args(argv)
     study = Study(args.workdir)
@@ -233,8 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         run(study, args.variants, args.seeds, args.objectives, args.retention, args.anchor, args.anchor_share)
     kl = None
     if args.heldout_kl:
-        keys = [f"sweep:{arm(v, o)}:{s}" for v in args.variants for o in args.objectives for s in args.seeds
-                if f"sweep:{arm(v, o)}:{s}" in study.results]
+        keys = [
+            f"sweep:{arm(v, o)}:{s}"
+            for v in args.variants
+            for o in args.objectives
+            for s in args.seeds
+            if f"sweep:{arm(v, o)}:{s}" in study.results
+        ]
         kl = heldout_kl(study, keys)
     elif (args.workdir / "heldout_kl.json").exists():
         import json

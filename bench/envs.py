@@ -99,8 +99,9 @@ def main() -> None:
     ids = [i for i in args.only.split(",") if i] or list(SETTINGS)
     with tempfile.TemporaryDirectory() as tmp:
         problems = Path(tmp) / "gsm8k.jsonl"
-        problems.write_text("\n".join(json.dumps({"question": f"What is {n} + {n}?", "answer": f"#### {2 * n}"})
-                                      for n in range(200)))
+        problems.write_text(
+            "\n".join(json.dumps({"question": f"What is {n} + {n}?", "answer": f"#### {2 * n}"}) for n in range(200))
+        )
         rows = []
         for env_id in ids:
             kwargs = dict(SETTINGS.get(env_id, {}))

@@ -46,10 +46,15 @@ def main(argv: list[str] | None = None) -> int:
         from agent_runtime.testing import save_tiny_model
 
         model = {"name": str(save_tiny_model(work / "tiny")), "max_new_tokens": 8, "device": "cpu"}
-    config = config_from_dict({
-        "name": "bench", "model": model, "runtime": {"slots": args.slots},
-        "envs": [{"id": "textworld/coin_collector", "max_steps": 3 if args.level == 2 else None, "kwargs": kwargs}],
-        "evaluation": {"episodes_per_env": args.games}})
+    config = config_from_dict(
+        {
+            "name": "bench",
+            "model": model,
+            "runtime": {"slots": args.slots},
+            "envs": [{"id": "textworld/coin_collector", "max_steps": 3 if args.level == 2 else None, "kwargs": kwargs}],
+            "evaluation": {"episodes_per_env": args.games},
+        }
+    )
 
     def backend():
         if not args.tiny:
@@ -91,13 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     pool.close()
 
     won = sum(w for *_, w in pooled[0][1])
-    print(f"coin_collector level {args.level}, {args.games} eval games, {args.slots} slots, "
-          f"{'tiny model' if args.tiny else 'scripted policy'}: {won}/{args.games} won, "
-          f"{'same' if len(outcomes) == 1 else 'DIFFERENT'} episodes in every call\n")
+    print(
+        f"coin_collector level {args.level}, {args.games} eval games, {args.slots} slots, "
+        f"{'tiny model' if args.tiny else 'scripted policy'}: {won}/{args.games} won, "
+        f"{'same' if len(outcomes) == 1 else 'DIFFERENT'} episodes in every call\n"
+    )
     print("| evaluate() | calls | s per call | calls' seconds |")
     print("|---|---|---|---|")
-    rows = [("fresh (reuse=False)", [t for t, _ in fresh]), ("pool cold (1st call)", [pooled[0][0]]),
-            ("pool warm (later calls)", [t for t, _ in pooled[1:]])]
+    rows = [
+        ("fresh (reuse=False)", [t for t, _ in fresh]),
+        ("pool cold (1st call)", [pooled[0][0]]),
+        ("pool warm (later calls)", [t for t, _ in pooled[1:]]),
+    ]
     for name, times in rows:
         print(f"| {name} | {len(times)} | {statistics.mean(times):.3f} | {' '.join(f'{t:.3f}' for t in times)} |")
     print(f"\nenv instance reset: new {new:.3f} s, lent again (another game) {statistics.median(lent):.3f} s")

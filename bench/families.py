@@ -4,7 +4,8 @@ SmolLM2-135M's success?
 A consolidation study needs a family where the base model is not near 100% and a lesson helps in context: a cycle
 can only keep a gain that the lesson gives. Coin-collector level 2 is one such family (base 5-8%, below random
 play, and the lesson 42-52%). A candidate qualifies when a lesson raises success on the same tasks (McNemar p <
-0.05) and the base wins at most 80%. This plays every candidate below on its TRAIN split (40 games or problems, the held-out
+0.05) and the base wins at most 80%. This plays every candidate below on its TRAIN split (40 games or problems, the
+held-out
 games stay untouched by the search), greedy, SmolLM2-135M on CPU, the learning study's agent settings (choice mode
 where the game lists its actions, free text otherwise): the base model without lessons, a uniformly random
 admissible action where there is a set, and each lesson, paired with the base on the same tasks (McNemar).
@@ -39,39 +40,88 @@ def _env(env_id: str, max_steps: int, **kwargs) -> dict:
 
 # (name, env, max_new_tokens for a free-text family (None: choice mode, the study's 12), lessons to try)
 CANDIDATES: list[tuple[str, dict, int | None, list[str]]] = [
-    ("coin-collector L2 (the study's family, for reference)", _env("textworld/coin_collector", 3, level=2), None,
-     [GIVEN]),
-    ("treasure-hunter L1, 1 step", _env("textworld/treasure_hunter", 1, level=1), None,
-     ["The object you must find is already in the room. Take it.",
-      "Reply take and the name of the object in your task."]),
-    ("treasure-hunter L3, 4 steps", _env("textworld/treasure_hunter", 4, level=3), None,
-     ["Go through an exit, then take the object your task names.",
-      ("Go through the exit. Look, examine and inventory never help. When you see the object your task names, "
-       "take it."),
-      "Never look, examine or check your inventory."]),
-    ("custom, 1 room, one-action quest, 2 steps", _env("textworld/custom", 2, nb_rooms=1, nb_objects=4, quest_length=1),
-     None,
-     ["Examine, look and inventory never help.",
-      "Do what your task asks in one action. Examine, look and inventory never help.",
-      "Choose the action that names the objects of your task. Never examine.",
-      "Shut means close. Ditch means drop. Rest on means put on. Examine never helps."]),
-    ("custom, 2 rooms, one-action quest, 2 steps", _env("textworld/custom", 2, nb_rooms=2, nb_objects=4,
-                                                        quest_length=1), None,
-     ["Stay in this room: what your task names is here. Never go, examine or look."]),
-    ("cooking, 1 ingredient, 1 room, 6 steps", _env("textworld/cooking", 6, recipe=1, take=1, go=1), None,
-     ["Take the ingredient, then prepare meal, then eat meal."]),
-    ("FrozenLake 3x3, 2 holes, 5 steps", _env("textarena/frozenlake", 5), None,
-     ["Move down twice and right twice, never into a hole.", "Alternate: down, right, down, right."]),
-    ("Sokoban 6x6, 1 box, 5 steps", _env("textarena/sokoban", 5), None,
-     ["Stand behind the box and push it towards the goal.",
-      "Walk to the box, then keep moving the same way to push it onto the goal.",
-      "Never move away from the box."]),
-    ("ALFWorld pick-and-place (generated), 8 steps", _env("alfworld/text", 8, task_types=["pick_and_place_simple"]),
-     None,
-     ["Go to where the object is, take it, go to the target, then move it there."]),
-    ("GSM-Symbolic, free text, 256 tokens", _env("math/gsm_symbolic", 1), 256,
-     ["End with the final number inside \\boxed{}.",
-      "Compute step by step with short sentences, then write \\boxed{answer}."]),
+    (
+        "coin-collector L2 (the study's family, for reference)",
+        _env("textworld/coin_collector", 3, level=2),
+        None,
+        [GIVEN],
+    ),
+    (
+        "treasure-hunter L1, 1 step",
+        _env("textworld/treasure_hunter", 1, level=1),
+        None,
+        [
+            "The object you must find is already in the room. Take it.",
+            "Reply take and the name of the object in your task.",
+        ],
+    ),
+    (
+        "treasure-hunter L3, 4 steps",
+        _env("textworld/treasure_hunter", 4, level=3),
+        None,
+        [
+            "Go through an exit, then take the object your task names.",
+            (
+                "Go through the exit. Look, examine and inventory never help. When you see the object your task names, "
+                "take it."
+            ),
+            "Never look, examine or check your inventory.",
+        ],
+    ),
+    (
+        "custom, 1 room, one-action quest, 2 steps",
+        _env("textworld/custom", 2, nb_rooms=1, nb_objects=4, quest_length=1),
+        None,
+        [
+            "Examine, look and inventory never help.",
+            "Do what your task asks in one action. Examine, look and inventory never help.",
+            "Choose the action that names the objects of your task. Never examine.",
+            "Shut means close. Ditch means drop. Rest on means put on. Examine never helps.",
+        ],
+    ),
+    (
+        "custom, 2 rooms, one-action quest, 2 steps",
+        _env("textworld/custom", 2, nb_rooms=2, nb_objects=4, quest_length=1),
+        None,
+        ["Stay in this room: what your task names is here. Never go, examine or look."],
+    ),
+    (
+        "cooking, 1 ingredient, 1 room, 6 steps",
+        _env("textworld/cooking", 6, recipe=1, take=1, go=1),
+        None,
+        ["Take the ingredient, then prepare meal, then eat meal."],
+    ),
+    (
+        "FrozenLake 3x3, 2 holes, 5 steps",
+        _env("textarena/frozenlake", 5),
+        None,
+        ["Move down twice and right twice, never into a hole.", "Alternate: down, right, down, right."],
+    ),
+    (
+        "Sokoban 6x6, 1 box, 5 steps",
+        _env("textarena/sokoban", 5),
+        None,
+        [
+            "Stand behind the box and push it towards the goal.",
+            "Walk to the box, then keep moving the same way to push it onto the goal.",
+            "Never move away from the box.",
+        ],
+    ),
+    (
+        "ALFWorld pick-and-place (generated), 8 steps",
+        _env("alfworld/text", 8, task_types=["pick_and_place_simple"]),
+        None,
+        ["Go to where the object is, take it, go to the target, then move it there."],
+    ),
+    (
+        "GSM-Symbolic, free text, 256 tokens",
+        _env("math/gsm_symbolic", 1),
+        256,
+        [
+            "End with the final number inside \\boxed{}.",
+            "Compute step by step with short sentences, then write \\boxed{answer}.",
+        ],
+    ),
 ]
 
 
@@ -95,16 +145,20 @@ def play(study: Study, env: dict, max_new_tokens: int | None, arm: str, lessons:
         model = config.model.model_copy(update={"max_new_tokens": max_new_tokens}) if max_new_tokens else config.model
         config = config.model_copy(update={"envs": [EnvEntry.model_validate(env)], "model": model})
         policy = random_policy(config) if arm == "random" else study.acting_with(None)
-        [result] = evaluate(config, study.workdir, policy, lessons=lessons, split="train",
-                            episodes_per_env=GAMES)
+        [result] = evaluate(config, study.workdir, policy, lessons=lessons, split="train", episodes_per_env=GAMES)
         return [bool(e["won"]) for e in result.episodes]
 
     return study.cached(key(env, arm), compute)
 
 
 def report(results: dict, only: list[str] | None = None) -> str:
-    lines = [("| candidate (40 train tasks, greedy) | base | random admissible | lesson in context: rate, "
-              "difference, McNemar p | a second family? |"), "|---|---|---|---|---|"]
+    lines = [
+        (
+            "| candidate (40 train tasks, greedy) | base | random admissible | lesson in context: rate, "
+            "difference, McNemar p | a second family? |"
+        ),
+        "|---|---|---|---|---|",
+    ]
     for name, env, _, lessons in CANDIDATES:
         if not selected(name, only):
             continue
@@ -118,14 +172,20 @@ def report(results: dict, only: list[str] | None = None) -> str:
             if won is None:
                 continue
             p = mcnemar_p(base, won)
-            cells.append(f"\"{text}\" {sum(won) / len(won):.0%} ({sum(won) - sum(base):+d} tasks, p {p:.2g})")
+            cells.append(f'"{text}" {sum(won) / len(won):.0%} ({sum(won) - sum(base):+d} tasks, p {p:.2g})')
             if sum(won) > sum(base) and p < 0.05:
                 best = text
         share = sum(base) / len(base)
-        verdict = (f"no: base {share:.0%}, no room to gain" if share > 0.8 else
-                   f"yes: \"{best}\"" if best else "no: no lesson raised it (p < 0.05)")
-        lines.append(f"| {name} | {rate(base)} | {rate(rand) if rand else 'free text'} | "
-                     f"{'; '.join(cells)} | {verdict} |")
+        verdict = (
+            f"no: base {share:.0%}, no room to gain"
+            if share > 0.8
+            else f'yes: "{best}"'
+            if best
+            else "no: no lesson raised it (p < 0.05)"
+        )
+        lines.append(
+            f"| {name} | {rate(base)} | {rate(rand) if rand else 'free text'} | {'; '.join(cells)} | {verdict} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -33,26 +33,62 @@ import torch
 
 H200_BF16_DENSE_FLOPS = 989e12
 SHAPES = {  # the real models' configs, minus the weights
-    "qwen2.5-0.5b": ("Qwen2", {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
-                               "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
-                               "max_position_embeddings": 32768, "rope_theta": 1e6, "tie_word_embeddings": True}),
-    "qwen3-1.7b": ("Qwen3", {"hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16,
-                             "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 6144,
-                             "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1e6,
-                             "tie_word_embeddings": True}),
+    "qwen2.5-0.5b": (
+        "Qwen2",
+        {
+            "hidden_size": 896,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 14,
+            "num_key_value_heads": 2,
+            "intermediate_size": 4864,
+            "vocab_size": 151936,
+            "max_position_embeddings": 32768,
+            "rope_theta": 1e6,
+            "tie_word_embeddings": True,
+        },
+    ),
+    "qwen3-1.7b": (
+        "Qwen3",
+        {
+            "hidden_size": 2048,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "intermediate_size": 6144,
+            "vocab_size": 151936,
+            "max_position_embeddings": 40960,
+            "rope_theta": 1e6,
+            "tie_word_embeddings": True,
+        },
+    ),
 }
-DRY_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-             "head_dim": 16, "intermediate_size": 128, "vocab_size": 1024, "max_position_embeddings": 4096,
-             "tie_word_embeddings": True}
+DRY_SHAPE = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "vocab_size": 1024,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+}
 OPTIONAL = ("vllm", "trl", "textworld", "peft", "pydantic", "sqlalchemy", "flash_attn")
-ROOM_TEXT = ("-= {room} =-\nYou arrive in a {room}. A plain, dusty place. There is an exit to the {exit}. "
-             "You notice a wooden table, a rusty lamp and a closed chest here. Nothing else catches your eye.")
-LESSONS = "\n".join(f"- EXPERIENCE ITEM: {t}" for t in [
-    "Read the goal before you move; it names the room or the object you need.",
-    "Try every exit of a room once before you go back the way you came.",
-    "Take an object as soon as you see it when the goal mentions it.",
-    "Open closed containers; the object you need is often inside.",
-] * 4)
+ROOM_TEXT = (
+    "-= {room} =-\nYou arrive in a {room}. A plain, dusty place. There is an exit to the {exit}. "
+    "You notice a wooden table, a rusty lamp and a closed chest here. Nothing else catches your eye."
+)
+LESSONS = "\n".join(
+    f"- EXPERIENCE ITEM: {t}"
+    for t in [
+        "Read the goal before you move; it names the room or the object you need.",
+        "Try every exit of a room once before you go back the way you came.",
+        "Take an object as soon as you see it when the goal mentions it.",
+        "Open closed containers; the object you need is often inside.",
+    ]
+    * 4
+)
 
 
 def _device(args) -> torch.device:
@@ -80,8 +116,9 @@ def build_model(shape: str, args, *, eos_token_id: int = 2, pad_token_id: int = 
         kwargs.update(DRY_SHAPE)
     if family == "Qwen2":
         kwargs.pop("head_dim", None)
-    config = getattr(transformers, f"{family}Config")(**kwargs, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                                                       bos_token_id=eos_token_id)
+    config = getattr(transformers, f"{family}Config")(
+        **kwargs, eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=eos_token_id
+    )
     model_cls = getattr(transformers, f"{family}ForCausalLM")
     device = _device(args)
     torch.manual_seed(0)
@@ -117,13 +154,20 @@ def section_env(args, out: Results) -> None:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         device = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}"
-    out.add("machine", device, f"python {platform.python_version()}, torch {torch.__version__}, "
-            f"transformers {transformers.__version__}")
+    out.add(
+        "machine",
+        device,
+        f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}",
+    )
     present = {name: importlib.util.find_spec(name) is not None for name in OPTIONAL}
     out.add("optional packages", ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in present.items()))
     if not present["vllm"]:
-        out.add("vllm", "absent", "all generation below is Hugging Face generate (the transformers backend), "
-                "the runtime's fallback; the vllm backend is not measured")
+        out.add(
+            "vllm",
+            "absent",
+            "all generation below is Hugging Face generate (the transformers backend), "
+            "the runtime's fallback; the vllm backend is not measured",
+        )
     if not args.cpu_dry_run and not torch.cuda.is_available():
         raise SystemExit("no CUDA device visible to torch; the GPU sections will fail (use --cpu-dry-run on a CPU)")
 
@@ -141,8 +185,16 @@ def section_hf_generate(args, out: Results) -> None:
     for batch in [int(b) for b in args.batches.split(",")]:
         gen = torch.Generator(device="cpu").manual_seed(batch)
         ids = torch.randint(10, vocab - 1, (batch, prompt_len), generator=gen).to(device)
-        kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": new_tokens,
-                  "min_new_tokens": new_tokens, "do_sample": True, "temperature": 0.7, "top_k": 0, "top_p": 1.0}
+        kwargs = {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "max_new_tokens": new_tokens,
+            "min_new_tokens": new_tokens,
+            "do_sample": True,
+            "temperature": 0.7,
+            "top_k": 0,
+            "top_p": 1.0,
+        }
         if static:
             kwargs["cache_implementation"] = "static"
         with torch.no_grad():
@@ -157,10 +209,15 @@ def section_hf_generate(args, out: Results) -> None:
             seconds = (time.perf_counter() - start) / reps
         tps = batch * new_tokens / seconds
         compiled = "compiled" if hasattr(model, "_compiled_call") else "not compiled"
-        out.add(f"{label}, batch {batch}", f"{tps:,.0f} tokens/s",
-                f"{seconds * 1000 / new_tokens:.1f} ms/step, prompt {prompt_len} + {new_tokens} new, "
-                f"first call {first:.1f}s, {compiled}, {_peak(device)}",
-                tokens_per_s=tps, batch=batch, cache=args.cache)
+        out.add(
+            f"{label}, batch {batch}",
+            f"{tps:,.0f} tokens/s",
+            f"{seconds * 1000 / new_tokens:.1f} ms/step, prompt {prompt_len} + {new_tokens} new, "
+            f"first call {first:.1f}s, {compiled}, {_peak(device)}",
+            tokens_per_s=tps,
+            batch=batch,
+            cache=args.cache,
+        )
 
 
 class SyntheticTextEnv:
@@ -172,8 +229,11 @@ class SyntheticTextEnv:
     def _observation(self) -> tuple[str, dict]:
         room = self.rooms[self.steps % len(self.rooms)]
         exit_ = ["north", "south", "east", "west"][self.steps % 4]
-        info = {"admissible_actions": [f"go {exit_}", "look", "inventory", "open chest", "take lamp"],
-                "won": False, "goal": "Find the coin and take it."}
+        info = {
+            "admissible_actions": [f"go {exit_}", "look", "inventory", "open chest", "take lamp"],
+            "won": False,
+            "goal": "Find the coin and take it.",
+        }
         return ROOM_TEXT.format(room=room, exit=exit_), info
 
     def reset(self, *, seed=None, task_id=None):
@@ -202,8 +262,9 @@ def _game_factory(args, max_steps: int):
         for task in probe.tasks("train"):
             probe.game_file(task)  # generate before timing
         probe.close()
-        return (lambda: environments.make("textworld/coin_collector", **kwargs)), \
-            "TextWorld coin_collector level 1 (4 games)"
+        return (
+            lambda: environments.make("textworld/coin_collector", **kwargs)
+        ), "TextWorld coin_collector level 1 (4 games)"
     reason = "--synthetic" if args.synthetic else "textworld not installed"
     return (lambda: SyntheticTextEnv(max_steps)), f"synthetic text env ({reason})"
 
@@ -216,8 +277,7 @@ def section_rollout(args, out: Results) -> None:
     from agent_runtime.testing import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
-    model = build_model("qwen2.5-0.5b", args, eos_token_id=tokenizer.eos_token_id,
-                        pad_token_id=tokenizer.pad_token_id)
+    model = build_model("qwen2.5-0.5b", args, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     device = _device(args)
     backend = TransformersBackend(model, tokenizer, device=device.type, dtype="bfloat16", context_window=4096)
     max_steps, new_tokens = (2, 4) if args.cpu_dry_run else (4, 32)
@@ -231,23 +291,72 @@ def section_rollout(args, out: Results) -> None:
     backend.generate([[{"role": "user", "content": "warm up"}]] * 2, params)
     for slots in [int(s) for s in args.slots.split(",")]:
         episodes = slots if args.cpu_dry_run else max(4, 2 * slots)
-        builder = PromptBuilder(family="text", count_tokens=backend.count_tokens,
-                                context_window=backend.context_window, reserve_tokens=new_tokens)
+        builder = PromptBuilder(
+            family="text",
+            count_tokens=backend.count_tokens,
+            context_window=backend.context_window,
+            reserve_tokens=new_tokens,
+        )
         try:
-            _rollout_row(args, out, backend, builder, params, factory, env_label, EpisodeRunner, slots, episodes,
-                         max_steps, new_tokens, device)
+            _rollout_row(
+                args,
+                out,
+                backend,
+                builder,
+                params,
+                factory,
+                env_label,
+                EpisodeRunner,
+                slots,
+                episodes,
+                max_steps,
+                new_tokens,
+                device,
+            )
         except Exception as exc:  # e.g. this transformers' cache API differs from the one tested
             if not backend.prefix_cache:
                 raise
-            out.add(f"rollout, {slots} slots", "FAILED with the prefix cache",
-                    f"{type(exc).__name__}: {str(exc)[:300]}; measuring with the prefix cache off")
+            out.add(
+                f"rollout, {slots} slots",
+                "FAILED with the prefix cache",
+                f"{type(exc).__name__}: {str(exc)[:300]}; measuring with the prefix cache off",
+            )
             backend.prefix_cache = False
-            _rollout_row(args, out, backend, builder, params, factory, env_label, EpisodeRunner, slots, episodes,
-                         max_steps, new_tokens, device)
+            _rollout_row(
+                args,
+                out,
+                backend,
+                builder,
+                params,
+                factory,
+                env_label,
+                EpisodeRunner,
+                slots,
+                episodes,
+                max_steps,
+                new_tokens,
+                device,
+            )
 
 
-def _rollout_row(args, out, backend, builder, params, factory, env_label, EpisodeRunner, slots, episodes,
-                 max_steps, new_tokens, device, *, label: str = "rollout", memory: str | None = None) -> None:
+def _rollout_row(
+    args,
+    out,
+    backend,
+    builder,
+    params,
+    factory,
+    env_label,
+    EpisodeRunner,
+    slots,
+    episodes,
+    max_steps,
+    new_tokens,
+    device,
+    *,
+    label: str = "rollout",
+    memory: str | None = None,
+) -> None:
     """One row of the rollout section: `episodes` episodes on `slots` slots through the runtime's runner."""
     calls, gen_seconds, tokens = backend.stats.calls, backend.stats.seconds, backend.stats.completion_tokens
     start = time.perf_counter()
@@ -276,10 +385,15 @@ def _rollout_row(args, out, backend, builder, params, factory, env_label, Episod
     # the transformers backend's own prefix cache may be off; a vLLM engine here runs with its prefix caching on
     on = backend.prefix_cache if isinstance(backend, TransformersBackend) else True
     cache = "prefix cache on" if on else "prefix cache off"
-    out.add(f"{label}, {slots} slots", f"{60 * episodes / wall:,.1f} episodes/min, {tps:,.0f} gen tokens/s",
-            f"{episodes} episodes x {max_steps} steps ({steps} steps), {new_tokens} new tokens, "
-            f"{backend.stats.calls - calls} generate calls, {share:.0%} of wall in generate, {cache}, "
-            f"{env_label}, {memory or _peak(device)}", tokens_per_s=tps, slots=slots)
+    out.add(
+        f"{label}, {slots} slots",
+        f"{60 * episodes / wall:,.1f} episodes/min, {tps:,.0f} gen tokens/s",
+        f"{episodes} episodes x {max_steps} steps ({steps} steps), {new_tokens} new tokens, "
+        f"{backend.stats.calls - calls} generate calls, {share:.0%} of wall in generate, {cache}, "
+        f"{env_label}, {memory or _peak(device)}",
+        tokens_per_s=tps,
+        slots=slots,
+    )
 
 
 def _batched_turns(backend, builder, params, factory, slots: int, episodes: int, max_steps: int) -> int:
@@ -309,14 +423,21 @@ def section_opcd(args, out: Results) -> None:
 
     tokenizer = tiny_tokenizer()
     device = _device(args)
-    batch, new_tokens, steps = (2, 4, 1) if args.cpu_dry_run else (args.opcd_batch, args.opcd_new_tokens,
-                                                                     args.opcd_steps)
-    chats = [[{"role": "system", "content": "You are playing a text adventure game. Reply with one command."},
-              {"role": "user", "content": ROOM_TEXT.format(room=f"room {i}", exit="north")}] for i in range(batch)]
+    batch, new_tokens, steps = (
+        (2, 4, 1) if args.cpu_dry_run else (args.opcd_batch, args.opcd_new_tokens, args.opcd_steps)
+    )
+    chats = [
+        [
+            {"role": "system", "content": "You are playing a text adventure game. Reply with one command."},
+            {"role": "user", "content": ROOM_TEXT.format(room=f"room {i}", exit="north")},
+        ]
+        for i in range(batch)
+    ]
     attempts = [("default config", {}), ("share_context_cache=False", {"share_context_cache": False})]
     for label, overrides in attempts:
-        model = build_model("qwen3-1.7b", args, eos_token_id=tokenizer.eos_token_id,
-                            pad_token_id=tokenizer.pad_token_id)
+        model = build_model(
+            "qwen3-1.7b", args, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+        )
         params = n_params(model)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -336,12 +457,16 @@ def section_opcd(args, out: Results) -> None:
         tps = tokens / seconds
         mfu = 6 * params * tps / H200_BF16_DENSE_FLOPS
         fractions = {k: sum(m[f"{k}_seconds"] for m in timed) / seconds for k in ("sample", "teacher", "train")}
-        out.add(f"OPCD, {label}", f"{tps:,.0f} training tokens/s, MFU {mfu:.2%}",
-                f"{params / 1e9:.2f}B params, batch {batch}, {tokens / len(timed):.0f} response tokens/step, "
-                f"{seconds / len(timed):.2f} s/step (sample {fractions['sample']:.0%}, teacher "
-                f"{fractions['teacher']:.0%}, train {fractions['train']:.0%}), warm-up step "
-                f"{history[0]['seconds']:.1f}s, {_peak(device)}; MFU = 6*params*tokens/s/989e12",
-                tokens_per_s=tps, mfu=mfu)
+        out.add(
+            f"OPCD, {label}",
+            f"{tps:,.0f} training tokens/s, MFU {mfu:.2%}",
+            f"{params / 1e9:.2f}B params, batch {batch}, {tokens / len(timed):.0f} response tokens/step, "
+            f"{seconds / len(timed):.2f} s/step (sample {fractions['sample']:.0%}, teacher "
+            f"{fractions['teacher']:.0%}, train {fractions['train']:.0%}), warm-up step "
+            f"{history[0]['seconds']:.1f}s, {_peak(device)}; MFU = 6*params*tokens/s/989e12",
+            tokens_per_s=tps,
+            mfu=mfu,
+        )
         return
     raise SystemExit("every OPCD configuration failed (see the rows above)")
 
@@ -359,8 +484,13 @@ def section_vllm(args, out: Results) -> None:
     run(args, out)
 
 
-SECTIONS = {"env": section_env, "hf-generate": section_hf_generate, "rollout": section_rollout, "opcd": section_opcd,
-            "vllm": section_vllm}
+SECTIONS = {
+    "env": section_env,
+    "hf-generate": section_hf_generate,
+    "rollout": section_rollout,
+    "opcd": section_opcd,
+    "vllm": section_vllm,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

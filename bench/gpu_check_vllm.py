@@ -44,8 +44,13 @@ def write_model(directory: Path, args) -> Path:
     kwargs = {**kwargs, **(DRY_VLLM_SHAPE if args.cpu_dry_run else {})}
     tokenizer = tiny_tokenizer()
     config = getattr(transformers, f"{family}Config")(
-        **kwargs, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.eos_token_id, torch_dtype="bfloat16", architectures=[f"{family}ForCausalLM"])
+        **kwargs,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        torch_dtype="bfloat16",
+        architectures=[f"{family}ForCausalLM"],
+    )
     config.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
@@ -59,22 +64,40 @@ def write_lora(directory: Path, model_dir: Path) -> Path:
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     head = config.get("head_dim") or hidden // config["num_attention_heads"]
     kv = config["num_key_value_heads"] * head
-    shapes = {"self_attn.q_proj": (hidden, config["num_attention_heads"] * head), "self_attn.k_proj": (hidden, kv),
-              "self_attn.v_proj": (hidden, kv), "self_attn.o_proj": (config["num_attention_heads"] * head, hidden),
-              "mlp.gate_proj": (hidden, inter), "mlp.up_proj": (hidden, inter), "mlp.down_proj": (inter, hidden)}
+    shapes = {
+        "self_attn.q_proj": (hidden, config["num_attention_heads"] * head),
+        "self_attn.k_proj": (hidden, kv),
+        "self_attn.v_proj": (hidden, kv),
+        "self_attn.o_proj": (config["num_attention_heads"] * head, hidden),
+        "mlp.gate_proj": (hidden, inter),
+        "mlp.up_proj": (hidden, inter),
+        "mlp.down_proj": (inter, hidden),
+    }
     generator = torch.Generator().manual_seed(0)
     tensors = {}
     for layer in range(config["num_hidden_layers"]):
         for name, (fan_in, fan_out) in shapes.items():
             key = f"base_model.model.model.layers.{layer}.{name}"
-            tensors[f"{key}.lora_A.weight"] = torch.randn(LORA_RANK, fan_in, generator=generator) / fan_in ** 0.5
+            tensors[f"{key}.lora_A.weight"] = torch.randn(LORA_RANK, fan_in, generator=generator) / fan_in**0.5
             tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, LORA_RANK, generator=generator) * 0.01
     directory.mkdir(parents=True)
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, directory / "adapter_model.safetensors")
-    (directory / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": LORA_RANK, "lora_alpha": 2 * LORA_RANK,
-        "lora_dropout": 0.0, "bias": "none", "base_model_name_or_path": str(model_dir),
-        "target_modules": sorted({n.split(".")[-1] for n in shapes})}))
+    save_file(
+        {k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, directory / "adapter_model.safetensors"
+    )
+    (directory / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "task_type": "CAUSAL_LM",
+                "r": LORA_RANK,
+                "lora_alpha": 2 * LORA_RANK,
+                "lora_dropout": 0.0,
+                "bias": "none",
+                "base_model_name_or_path": str(model_dir),
+                "target_modules": sorted({n.split(".")[-1] for n in shapes}),
+            }
+        )
+    )
     return directory
 
 
@@ -87,10 +110,19 @@ def section_vllm(args, out) -> None:
     model_dir = write_model(work / "model", args)
     adapter = write_lora(work / "lora", model_dir)
     started = time.perf_counter()
-    backend = VLLMBackend(str(model_dir), dtype="bfloat16", context_window=4096, load_format="dummy",
-                          max_lora_rank=LORA_RANK, enable_prefix_caching=True)
-    out.add("engine", f"up in {time.perf_counter() - started:.1f}s",
-            f"platform {backend.platform}, {backend.dtype}, random weights (load_format dummy), prefix caching on")
+    backend = VLLMBackend(
+        str(model_dir),
+        dtype="bfloat16",
+        context_window=4096,
+        load_format="dummy",
+        max_lora_rank=LORA_RANK,
+        enable_prefix_caching=True,
+    )
+    out.add(
+        "engine",
+        f"up in {time.perf_counter() - started:.1f}s",
+        f"platform {backend.platform}, {backend.dtype}, random weights (load_format dummy), prefix caching on",
+    )
     max_steps, new_tokens = (2, 4) if args.cpu_dry_run else (4, 32)
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.7)
     factory, env_label = check._game_factory(args, max_steps)
@@ -104,10 +136,29 @@ def section_vllm(args, out) -> None:
     slot_counts = [1, 4] if args.cpu_dry_run else [int(s) for s in args.vllm_slots.split(",")]
     for slots in slot_counts:
         episodes = slots if args.cpu_dry_run else max(4, 2 * slots)
-        builder = PromptBuilder(family="text", count_tokens=backend.count_tokens,
-                                context_window=backend.context_window, reserve_tokens=new_tokens)
-        check._rollout_row(args, out, backend, builder, params, factory, env_label, EpisodeRunner, slots, episodes,
-                           max_steps, new_tokens, torch.device("cpu"), label="vllm rollout", memory=memory)
+        builder = PromptBuilder(
+            family="text",
+            count_tokens=backend.count_tokens,
+            context_window=backend.context_window,
+            reserve_tokens=new_tokens,
+        )
+        check._rollout_row(
+            args,
+            out,
+            backend,
+            builder,
+            params,
+            factory,
+            env_label,
+            EpisodeRunner,
+            slots,
+            episodes,
+            max_steps,
+            new_tokens,
+            torch.device("cpu"),
+            label="vllm rollout",
+            memory=memory,
+        )
     _lora_rows(backend, adapter, out, args)
     _sleep_row(backend, out)
     backend.close()
@@ -117,14 +168,19 @@ def _sleep_row(backend, out) -> None:
     """What an OPCD cycle next to the engine costs it and gives the cycle: sleep (weights offloaded, KV cache
     dropped) and wake, and the device's free memory awake, asleep and woken again (device-wide: vLLM's engine
     runs in processes of its own, so this process's allocator does not see its memory)."""
+
     def free_gib() -> float:
         return torch.cuda.mem_get_info()[0] / 2**30 if torch.cuda.is_available() else float("nan")
 
     awake = free_gib()
     start = time.perf_counter()
     if not backend.sleep():
-        out.add("sleep mode", "not available", f"platform {backend.platform}: the engine keeps its memory while a "
-                "cycle trains (the CPU build has no sleep mode)")
+        out.add(
+            "sleep mode",
+            "not available",
+            f"platform {backend.platform}: the engine keeps its memory while a "
+            "cycle trains (the CPU build has no sleep mode)",
+        )
         return
     slept = time.perf_counter() - start
     asleep = free_gib()
@@ -132,10 +188,17 @@ def _sleep_row(backend, out) -> None:
     backend.wake_up()
     woke = time.perf_counter() - start
     woken = free_gib()
-    out.add("sleep mode", f"sleep {slept:.2f}s, wake {woke:.2f}s",
-            f"GPU memory free: {awake:.1f} GiB awake, {asleep:.1f} GiB asleep ({asleep - awake:+.1f} GiB for a "
-            f"cycle), {woken:.1f} GiB after waking", sleep_s=slept, wake_s=woke, free_awake_gib=awake,
-            free_asleep_gib=asleep, free_woken_gib=woken)
+    out.add(
+        "sleep mode",
+        f"sleep {slept:.2f}s, wake {woke:.2f}s",
+        f"GPU memory free: {awake:.1f} GiB awake, {asleep:.1f} GiB asleep ({asleep - awake:+.1f} GiB for a "
+        f"cycle), {woken:.1f} GiB after waking",
+        sleep_s=slept,
+        wake_s=woke,
+        free_awake_gib=awake,
+        free_asleep_gib=asleep,
+        free_woken_gib=woken,
+    )
 
 
 def _lora_rows(backend, adapter: Path, out, args) -> None:
@@ -159,7 +222,13 @@ def _lora_rows(backend, adapter: Path, out, args) -> None:
     first = timed("lora")
     steady = min(timed("lora") for _ in range(2))
     back = timed(None)
-    out.add("LoRA hot swap", f"load {load * 1000:.0f} ms, first batch {first * 1000:.0f} ms",
-            f"rank {LORA_RANK} on 7 projections per layer; batch 8 x {new_tokens} tokens: base {base * 1000:.0f} ms, "
-            f"with the adapter {steady * 1000:.0f} ms ({steady / base:.2f}x), back to base {back * 1000:.0f} ms",
-            load_ms=load * 1000, first_ms=first * 1000, base_ms=base * 1000, adapter_ms=steady * 1000)
+    out.add(
+        "LoRA hot swap",
+        f"load {load * 1000:.0f} ms, first batch {first * 1000:.0f} ms",
+        f"rank {LORA_RANK} on 7 projections per layer; batch 8 x {new_tokens} tokens: base {base * 1000:.0f} ms, "
+        f"with the adapter {steady * 1000:.0f} ms ({steady / base:.2f}x), back to base {back * 1000:.0f} ms",
+        load_ms=load * 1000,
+        first_ms=first * 1000,
+        base_ms=base * 1000,
+        adapter_ms=steady * 1000,
+    )

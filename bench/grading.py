@@ -85,8 +85,9 @@ print(json.dumps([statistics.median(times) * 1000, statistics.mean(times) * 1000
 
 def _run(code: str, args: list[str], cap: float) -> subprocess.CompletedProcess | None:
     try:
-        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=cap,
-                              check=False)
+        return subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=cap, check=False
+        )
     except subprocess.TimeoutExpired:
         return None
 

@@ -62,8 +62,11 @@ LEVEL1 = {"id": "textworld/coin_collector", "max_steps": 1, "kwargs": {"level": 
 TRAIN_EPISODES = 16
 # the anchor env of `--anchor` runs (opcd.anchor_envs): TextWorld custom games, two rooms, a one-action quest in the
 # first room (open, close, eat, drop, put, insert, unlock, take): an exit is there, and going through it is wrong
-ANCHOR = {"id": "textworld/custom", "max_steps": 2,
-          "kwargs": {"nb_rooms": 2, "nb_objects": 4, "quest_length": 1, "n_train": 16, "n_eval": 40}}
+ANCHOR = {
+    "id": "textworld/custom",
+    "max_steps": 2,
+    "kwargs": {"nb_rooms": 2, "nb_objects": 4, "quest_length": 1, "n_train": 16, "n_eval": 40},
+}
 ANCHOR_EPISODES = 16
 HERE = Path(__file__).resolve().parent
 
@@ -71,16 +74,31 @@ HERE = Path(__file__).resolve().parent
 def study_config(seed: int = 0, objective: str = "opcd"):
     from agent_runtime.config import config_from_dict
 
-    return config_from_dict({
-        "name": f"learning-study-{seed}", "seed": seed,
-        "model": {"name": "smollm2-135m-instruct", "max_new_tokens": 12, "temperature": 0.7},
-        "envs": [ENV], "agent": {"max_history_turns": 3}, "runtime": {"slots": 8},
-        "evaluation": {"episodes_per_env": 40},
-        "lessons": {"enabled": True, "gate_episodes": 0, "max_new_tokens": 48, "max_trajectory_chars": 2000,
-                    "budget_tokens": 256, "contrastive": True, "embedder": "hash"},
-        "opcd": {"enabled": True, "trainer": {**TRAINER, "objective": objective, "seed": seed},
-                 "retention_envs": [RETENTION]},
-    })
+    return config_from_dict(
+        {
+            "name": f"learning-study-{seed}",
+            "seed": seed,
+            "model": {"name": "smollm2-135m-instruct", "max_new_tokens": 12, "temperature": 0.7},
+            "envs": [ENV],
+            "agent": {"max_history_turns": 3},
+            "runtime": {"slots": 8},
+            "evaluation": {"episodes_per_env": 40},
+            "lessons": {
+                "enabled": True,
+                "gate_episodes": 0,
+                "max_new_tokens": 48,
+                "max_trajectory_chars": 2000,
+                "budget_tokens": 256,
+                "contrastive": True,
+                "embedder": "hash",
+            },
+            "opcd": {
+                "enabled": True,
+                "trainer": {**TRAINER, "objective": objective, "seed": seed},
+                "retention_envs": [RETENTION],
+            },
+        }
+    )
 
 
 # -- statistics ---------------------------------------------------------------------------------------------
@@ -129,8 +147,9 @@ class Study:
             print(f"  {key}: done in {time.perf_counter() - started:.0f}s", flush=True)
         return self.results[key]
 
-    def evaluate(self, key: str, *, lessons=(), adapter: str | None = None, env=ENV, policy=None,
-                 split: str = "eval") -> list[bool]:
+    def evaluate(
+        self, key: str, *, lessons=(), adapter: str | None = None, env=ENV, policy=None, split: str = "eval"
+    ) -> list[bool]:
         """Won/lost per held-out task (ordered by seed), for one condition (`split="train"`: the train games)."""
         from agent_runtime.config import EnvEntry
         from agent_runtime.evaluation import evaluate
@@ -143,8 +162,9 @@ class Study:
 
         return self.cached(key, compute)
 
-    def play(self, store, run_id: int, seed: int, lessons: list[str], adapter: str | None, draws: range,
-             explore: float = 0.0) -> list[int]:
+    def play(
+        self, store, run_id: int, seed: int, lessons: list[str], adapter: str | None, draws: range, explore: float = 0.0
+    ) -> list[int]:
         """Train episodes the way the loop's PLAY has them (sampled at the model's temperature, `explore` of the
         decisions drawn uniformly: `agent.explore`), into the store."""
         from agent_runtime.envs import build_envs, build_prompt_builders
@@ -157,18 +177,34 @@ class Study:
         sampler = TaskSampler([1.0], tasks, seed)
         queue = [sampler.draw(i) for i in draws]
         records = []
-        runner = EpisodeRunner(backend, specs, build_prompt_builders(config, specs, backend),
-                               SamplingParams(max_new_tokens=12, temperature=0.7, seed=seed), slots=8,
-                               policy_name="smollm2", context_for=lambda draw: EpisodeContext(tuple(lessons)),
-                               explore=explore)
+        runner = EpisodeRunner(
+            backend,
+            specs,
+            build_prompt_builders(config, specs, backend),
+            SamplingParams(max_new_tokens=12, temperature=0.7, seed=seed),
+            slots=8,
+            policy_name="smollm2",
+            context_for=lambda draw: EpisodeContext(tuple(lessons)),
+            explore=explore,
+        )
         try:
             runner.run(lambda: queue.pop(0) if queue else None, records.append)
         finally:
             runner.close()
         return store.add_episodes(run_id, records)
 
-    def train(self, key: str, store, run_id: int, seed: int, objective: str, parent: str | None = None,
-              trainer: dict | None = None, lessons: list[str] | None = None, anchor: dict | None = None) -> dict:
+    def train(
+        self,
+        key: str,
+        store,
+        run_id: int,
+        seed: int,
+        objective: str,
+        parent: str | None = None,
+        trainer: dict | None = None,
+        lessons: list[str] | None = None,
+        anchor: dict | None = None,
+    ) -> dict:
         """One OPCD-style cycle's training on the run's newest episodes (the loop's CONSOLIDATE, by hand);
         `trainer` overrides fields of the cycle's trainer config; `lessons` the teacher's (default: the given one);
         `anchor` an env entry whose train games the parent plays for the anchor prompts (`opcd.anchor_envs`)."""
@@ -182,29 +218,57 @@ class Study:
         def compute():
             config = study_config(seed, objective)
             settings = config.opcd.trainer.model_copy(update=trainer or {})
-            anchors = [] if anchor is None else anchor_decisions(
-                config, self.workdir, self.acting_with(parent), [EnvEntry.model_validate(anchor)], ANCHOR_EPISODES,
-                choice_mode=True)
-            decisions = [d for d in episode_prefixes(config, self.workdir, store, run_id, self.backend,
-                                                     TRAIN_EPISODES) if d.choices]
+            anchors = (
+                []
+                if anchor is None
+                else anchor_decisions(
+                    config,
+                    self.workdir,
+                    self.acting_with(parent),
+                    [EnvEntry.model_validate(anchor)],
+                    ANCHOR_EPISODES,
+                    choice_mode=True,
+                )
+            )
+            decisions = [
+                d
+                for d in episode_prefixes(config, self.workdir, store, run_id, self.backend, TRAIN_EPISODES)
+                if d.choices
+            ]
             out = self.workdir / "adapters" / key.replace(":", "-")
             context = lessons_section(lessons or [GIVEN])
-            job = TrainJob(model_path=resolve_model("smollm2-135m-instruct"), config=settings,
-                           train_prompts=[d.chat for d in decisions], train_choices=[d.choices for d in decisions],
-                           contexts=context, output=str(out), parent_adapter=parent, overwrite=True,
-                           anchor_prompts=[d.chat for d in anchors],
-                           anchor_choices=[d.choices for d in anchors] if anchors else None,
-                           kl_sets={"train": ([d.chat for d in decisions[:16]], context)},
-                           kl_choices={"train": [d.choices for d in decisions[:16]]})
+            job = TrainJob(
+                model_path=resolve_model("smollm2-135m-instruct"),
+                config=settings,
+                train_prompts=[d.chat for d in decisions],
+                train_choices=[d.choices for d in decisions],
+                contexts=context,
+                output=str(out),
+                parent_adapter=parent,
+                overwrite=True,
+                anchor_prompts=[d.chat for d in anchors],
+                anchor_choices=[d.choices for d in anchors] if anchors else None,
+                kl_sets={"train": ([d.chat for d in decisions[:16]], context)},
+                kl_choices={"train": [d.choices for d in decisions[:16]]},
+            )
+
             def show(m: dict) -> None:
                 val = f" val {m['val_kl']:.4f}" if m.get("val_kl") is not None else ""
                 print(f"    step {m['step']} loss {m['loss']:.4f}{val} ({m['seconds']:.1f}s)", flush=True)
 
             result = run_job(job, on_step=show)
-            return {"adapter": str(out), "decisions": len(decisions), "seconds": result.seconds,
-                    "kl_before": result.kl_before["train"], "kl_after": result.kl_after["train"],
-                    "losses": [m["loss"] for m in result.steps], "validation": result.validation,
-                    "best_step": result.best_step, "steps": len(result.steps), "anchors": len(anchors)}
+            return {
+                "adapter": str(out),
+                "decisions": len(decisions),
+                "seconds": result.seconds,
+                "kl_before": result.kl_before["train"],
+                "kl_after": result.kl_after["train"],
+                "losses": [m["loss"] for m in result.steps],
+                "validation": result.validation,
+                "best_step": result.best_step,
+                "steps": len(result.steps),
+                "anchors": len(anchors),
+            }
 
         return self.cached(key, compute)
 
@@ -231,8 +295,11 @@ class Study:
                     stale.unlink()
             with ExperienceStore.open(db, embedder="hash") as store:
                 run = store.find_run(f"learning-study-{seed}")
-                run_id = run.id if run else store.create_run(f"learning-study-{seed}",
-                                                             study_config(seed).model_dump(mode="json"))
+                run_id = (
+                    run.id
+                    if run
+                    else store.create_run(f"learning-study-{seed}", study_config(seed).model_dump(mode="json"))
+                )
                 if f"own:{seed}:lessons" not in self.results:
                     own = self.play(store, run_id, seed, [], None, range(TRAIN_EPISODES))
                     self.play(store, run_id, seed, [GIVEN], None, range(TRAIN_EPISODES, 2 * TRAIN_EPISODES))
@@ -274,15 +341,20 @@ def report(results: dict) -> str:
         diffs = [sum(r) / len(r) - sum(against) / len(against) for r in runs]
         ps = [mcnemar_p(against, r) for r in runs]
         spread = f" (per seed {', '.join(f'{sum(r) / len(r):.0%}' for r in runs)})" if len(runs) > 1 else ""
-        lines.append(f"| {name} | {rate(pooled)}{spread} | {statistics.fmean(diffs):+.1%}, "
-                     f"p {'/'.join(f'{p:.2g}' for p in ps)}{note} | {len(runs)} |")
+        lines.append(
+            f"| {name} | {rate(pooled)}{spread} | {statistics.fmean(diffs):+.1%}, "
+            f"p {'/'.join(f'{p:.2g}' for p in ps)}{note} | {len(runs)} |"
+        )
 
     row("random admissible", ["random"])
     row("base (no lessons)", ["base"])
     row("given lesson in context", ["given"])
     row("own extracted lessons in context", [f"own:{s}" for s in SEEDS])
-    for objective, label in (("opcd", "OPCD student, no lessons"), ("off_policy", "off-policy CD, no lessons"),
-                             ("sft", "SFT on teacher choices, no lessons")):
+    for objective, label in (
+        ("opcd", "OPCD student, no lessons"),
+        ("off_policy", "off-policy CD, no lessons"),
+        ("sft", "SFT on teacher choices, no lessons"),
+    ):
         row(label, [f"{objective}:{s}:without" for s in SEEDS])
     row("harmful lesson added to the given one", ["harmful"])
     out = ["## Learning study (bench/learning.py)", "", "\n".join(lines), ""]
@@ -294,8 +366,10 @@ def report(results: dict) -> str:
             gains.append((sum(results[key]) - sum(base)) / (sum(given) - sum(base)))
     if gains:
         shown = ", ".join(f"{g:.0%}" for g in gains)
-        out.append(f"Gain kept by OPCD (student without lessons - base) / (given - base): {shown} over "
-                   f"{len(gains)} seeds, mean {statistics.fmean(gains):.0%}.")
+        out.append(
+            f"Gain kept by OPCD (student without lessons - base) / (given - base): {shown} over "
+            f"{len(gains)} seeds, mean {statistics.fmean(gains):.0%}."
+        )
     compare = []
     for objective in ("off_policy", "sft"):
         for s in SEEDS:
@@ -311,25 +385,41 @@ def report(results: dict) -> str:
             own_gate = decide_gate(base, results[f"own:{s}"], margin=0.05)
             out.append(f"Lesson gate on the agent's own lessons, seed {s} (current: none): {own_gate.reason}.")
     if "level1:base" in results:
-        out.append(f"Choice mode where the base model needs no lesson (coin-collector level 1, first decision, "
-                   f"n=40): random {rate(results['level1:random'])}, base {rate(results['level1:base'])}, "
-                   f"McNemar p {mcnemar_p(results['level1:random'], results['level1:base']):.2g}.")
-    ret = [results["retention:base"]] + [results[f"{o}:{s}:retention"] for o in OBJECTIVES for s in SEEDS
-                                         if f"{o}:{s}:retention" in results]
-    out.append(f"Retention (treasure-hunter level 1, 1 step, n=40, not trained on): random "
-               f"{rate(results['retention:random'])}, base {rate(ret[0])}; after training: " + ", ".join(
-                   f"{o} {rate([w for s in SEEDS for w in results.get(f'{o}:{s}:retention', [])])}"
-                   for o in OBJECTIVES if f"{o}:0:retention" in results) + ".")
-    curve = [("base", base)] + [(f"cycle {c}", results[k]) for c, k in
-                                ((1, "opcd:0:without"), (2, "cycle2:0:without"), (3, "cycle3:0:without"))
-                                if k in results]
-    out.append("Cycles in a row (seed 0), success without lessons: "
-               + " -> ".join(f"{name} {sum(w) / len(w):.0%}" for name, w in curve) + ".")
+        out.append(
+            f"Choice mode where the base model needs no lesson (coin-collector level 1, first decision, "
+            f"n=40): random {rate(results['level1:random'])}, base {rate(results['level1:base'])}, "
+            f"McNemar p {mcnemar_p(results['level1:random'], results['level1:base']):.2g}."
+        )
+    ret = [results["retention:base"]] + [
+        results[f"{o}:{s}:retention"] for o in OBJECTIVES for s in SEEDS if f"{o}:{s}:retention" in results
+    ]
+    out.append(
+        f"Retention (treasure-hunter level 1, 1 step, n=40, not trained on): random "
+        f"{rate(results['retention:random'])}, base {rate(ret[0])}; after training: "
+        + ", ".join(
+            f"{o} {rate([w for s in SEEDS for w in results.get(f'{o}:{s}:retention', [])])}"
+            for o in OBJECTIVES
+            if f"{o}:0:retention" in results
+        )
+        + "."
+    )
+    curve = [("base", base)] + [
+        (f"cycle {c}", results[k])
+        for c, k in ((1, "opcd:0:without"), (2, "cycle2:0:without"), (3, "cycle3:0:without"))
+        if k in results
+    ]
+    out.append(
+        "Cycles in a row (seed 0), success without lessons: "
+        + " -> ".join(f"{name} {sum(w) / len(w):.0%}" for name, w in curve)
+        + "."
+    )
     for s in SEEDS:
         stats = results.get(f"own:{s}:stats")
         if stats:
-            out.append(f"Own lessons, seed {s}: {results[f'own:{s}:lessons']} "
-                       f"(extraction stats: {json.dumps(stats, default=str)[:300]})")
+            out.append(
+                f"Own lessons, seed {s}: {results[f'own:{s}:lessons']} "
+                f"(extraction stats: {json.dumps(stats, default=str)[:300]})"
+            )
     return "\n".join(out) + "\n"
 
 
@@ -339,10 +429,16 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms = [("random", ["random"]), ("base", ["base"]), ("given\nlesson", ["given"]),
-            ("own\nlessons", [f"own:{s}" for s in SEEDS]),
-            ("OPCD", [f"opcd:{s}:without" for s in SEEDS]), ("off-policy", [f"off_policy:{s}:without" for s in SEEDS]),
-            ("SFT", [f"sft:{s}:without" for s in SEEDS]), ("harmful", ["harmful"])]
+    arms = [
+        ("random", ["random"]),
+        ("base", ["base"]),
+        ("given\nlesson", ["given"]),
+        ("own\nlessons", [f"own:{s}" for s in SEEDS]),
+        ("OPCD", [f"opcd:{s}:without" for s in SEEDS]),
+        ("off-policy", [f"off_policy:{s}:without" for s in SEEDS]),
+        ("SFT", [f"sft:{s}:without" for s in SEEDS]),
+        ("harmful", ["harmful"]),
+    ]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [2.2, 1]})
     for i, (label, keys) in enumerate(arms):
         runs = [results[k] for k in keys if k in results]
@@ -368,7 +464,7 @@ def plot(results: dict, path: Path) -> None:
     right.plot(xs, ps, "o-", label="without lessons")
     right.axhline(sum(results["given"]) / len(results["given"]), ls="--", color="#55a868", label="base + lesson")
     right.axhline(sum(results["random"]) / len(results["random"]), ls=":", color="gray", label="random")
-    right.set_xticks(xs, ["base", "cycle 1", "cycle 2", "cycle 3"][:len(xs)], fontsize=8)
+    right.set_xticks(xs, ["base", "cycle 1", "cycle 2", "cycle 3"][: len(xs)], fontsize=8)
     right.set_ylim(0, 1)
     right.set_title("OPCD cycles in a row (seed 0)", fontsize=9)
     right.legend(fontsize=7, loc="lower right")

@@ -27,8 +27,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ROWS = ("START", "START: model", "PLAY", "EXTRACT", "CONSOLIDATE", "CONSOLIDATE: train", "CONSOLIDATE: evaluate",
-        "PROMOTE: probe")
+ROWS = (
+    "START",
+    "START: model",
+    "PLAY",
+    "EXTRACT",
+    "CONSOLIDATE",
+    "CONSOLIDATE: train",
+    "CONSOLIDATE: evaluate",
+    "PROMOTE: probe",
+)
 
 
 def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats: int = 3) -> dict[str, float]:
@@ -55,8 +63,14 @@ def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats
 
     with torch.no_grad():
         forward = best(lambda: model(input_ids=ids))
-    student = get_peft_model(model, LoraConfig(r=lora.get("lora_r", 8), lora_alpha=lora.get("lora_alpha", 16),
-                                               target_modules=lora.get("target_modules") or "all-linear"))
+    student = get_peft_model(
+        model,
+        LoraConfig(
+            r=lora.get("lora_r", 8),
+            lora_alpha=lora.get("lora_alpha", 16),
+            target_modules=lora.get("target_modules") or "all-linear",
+        ),
+    )
     student.train()
 
     def step() -> None:
@@ -67,10 +81,18 @@ def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats
 
 
 def table(profile: dict[str, dict], rates: dict[str, float], seconds: float) -> str:
-    lines = [(f"floor: forward {rates['forward']:,.0f} tok/s, forward+backward (LoRA) {rates['train']:,.0f} tok/s "
-             f"({rates['rows']} x {rates['length']} tokens, float32); run wall {seconds:.0f} s"), "",
-             ("| phase | wall s | CPU s | games generated (s) | forward tokens | train tokens | decisions | floor s "
-             "| wall / floor |"), "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            f"floor: forward {rates['forward']:,.0f} tok/s, forward+backward (LoRA) {rates['train']:,.0f} tok/s "
+            f"({rates['rows']} x {rates['length']} tokens, float32); run wall {seconds:.0f} s"
+        ),
+        "",
+        (
+            "| phase | wall s | CPU s | games generated (s) | forward tokens | train tokens | decisions | floor s "
+            "| wall / floor |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name in [*ROWS, *(n for n in profile if n not in ROWS)]:
         row = profile.get(name)
         if row is None:
@@ -78,9 +100,11 @@ def table(profile: dict[str, dict], rates: dict[str, float], seconds: float) -> 
         floor = row["forward_tokens"] / rates["forward"] + row["train_tokens"] / rates["train"]
         model_wall = row["wall_s"] - row["games_s"]
         ratio = f"{model_wall / floor:.1f}x" if floor > 0.01 else "-"
-        lines.append(f"| {name} | {row['wall_s']:.1f} | {row['cpu_s']:.1f} | {row['games']} ({row['games_s']:.1f}) | "
-                     f"{row['forward_tokens']:,} | {row['train_tokens']:,} | {row['decisions']:,} | "
-                     f"{floor:.1f} | {ratio} |")
+        lines.append(
+            f"| {name} | {row['wall_s']:.1f} | {row['cpu_s']:.1f} | {row['games']} ({row['games_s']:.1f}) | "
+            f"{row['forward_tokens']:,} | {row['train_tokens']:,} | {row['decisions']:,} | "
+            f"{floor:.1f} | {ratio} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -89,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="configs/quickstart.yaml")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a fresh temporary folder")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
-    parser.add_argument("--floor-model", default=None,
-                        help="the model the floor is measured on (default: the run's, or SmolLM2 for a scripted run)")
+    parser.add_argument(
+        "--floor-model",
+        default=None,
+        help="the model the floor is measured on (default: the run's, or SmolLM2 for a scripted run)",
+    )
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
@@ -111,14 +138,25 @@ def main(argv: list[str] | None = None) -> int:
     length = round(play.get("prompt_tokens", 0) / play["decisions"]) if play.get("decisions") else 256
     from agent_runtime.llm import LOCAL_WEIGHTS
 
-    floor_model = args.floor_model or (config.model.name if config.model.backend in LOCAL_WEIGHTS
-                                       else "smollm2-135m-instruct")
+    floor_model = args.floor_model or (
+        config.model.name if config.model.backend in LOCAL_WEIGHTS else "smollm2-135m-instruct"
+    )
     rates = floor_rates(floor_model, length, config.opcd.trainer.model_dump())
     text = table(profile, rates, seconds)
     print(text)
-    (workdir / "profile.json").write_text(json.dumps({"config": args.config, "overrides": args.set,
-                                                      "seconds": seconds, "rates": rates, "profile": profile,
-                                                      "table": text}, indent=1))
+    (workdir / "profile.json").write_text(
+        json.dumps(
+            {
+                "config": args.config,
+                "overrides": args.set,
+                "seconds": seconds,
+                "rates": rates,
+                "profile": profile,
+                "table": text,
+            },
+            indent=1,
+        )
+    )
     print(f"(written to {workdir / 'profile.json'})")
     return 0
 

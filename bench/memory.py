@@ -50,25 +50,38 @@ def episode(i: int, rng: np.random.Generator) -> EpisodeRecord:
     start = dt.datetime.now(dt.UTC)
     steps = []
     for s in range(20):
-        steps.append(StepRecord(
-            index=s,
-            observation=f"You are in the kitchen (turn {s}). " + "You see a fridge, a table. " * 10,
-            prompt="<|system|>You play a text game.<|user|>" + "History line. " * 100,
-            response=f"I think I should open the fridge. Action: open fridge {rng.integers(100)}",
-            action="open fridge",
-            valid_action=True,
-            reward=float(rng.random()),
-            admissible_actions=["open fridge", "go north", "take apple", "look"],
-            prompt_tokens=400,
-            completion_tokens=30,
-            latency_s=0.4,
-            info={"score": s},
-        ))
+        steps.append(
+            StepRecord(
+                index=s,
+                observation=f"You are in the kitchen (turn {s}). " + "You see a fridge, a table. " * 10,
+                prompt="<|system|>You play a text game.<|user|>" + "History line. " * 100,
+                response=f"I think I should open the fridge. Action: open fridge {rng.integers(100)}",
+                action="open fridge",
+                valid_action=True,
+                reward=float(rng.random()),
+                admissible_actions=["open fridge", "go north", "take apple", "look"],
+                prompt_tokens=400,
+                completion_tokens=30,
+                latency_s=0.4,
+                info={"score": s},
+            )
+        )
     return EpisodeRecord(
-        env_id="textworld/coin_collector", task_id=f"task-{i}", seed=i, policy="smollm2-135m",
-        adapter_id=None, lesson_set_version=None, outcome="won", won=True, total_return=1.0,
-        prompt_tokens=8000, completion_tokens=600, started_at=start, ended_at=start,
-        goal="find the coin", steps=steps,
+        env_id="textworld/coin_collector",
+        task_id=f"task-{i}",
+        seed=i,
+        policy="smollm2-135m",
+        adapter_id=None,
+        lesson_set_version=None,
+        outcome="won",
+        won=True,
+        total_return=1.0,
+        prompt_tokens=8000,
+        completion_tokens=600,
+        started_at=start,
+        ended_at=start,
+        goal="find the coin",
+        steps=steps,
     )
 
 
@@ -93,8 +106,7 @@ def bench_inserts(target: str, episodes: int, label: str) -> list[tuple[str, str
     if label == "SQLite":
         path = Path(target) / "memory.db"
         size = path.stat().st_size  # the store closed cleanly, so the WAL is checkpointed
-        rows.append(("disk, SQLite", f"{size / steps:,.0f} bytes/step",
-                     f"{steps:,} steps, {size / 2**20:,.1f} MiB"))
+        rows.append(("disk, SQLite", f"{size / steps:,.0f} bytes/step", f"{steps:,} steps, {size / 2**20:,.1f} MiB"))
     return rows
 
 
@@ -135,10 +147,26 @@ def bench_retrieval(sizes: list[int]) -> list[tuple[str, ...]]:
         build_s = time.perf_counter() - t
         found, approx_ms = latencies(approx, queries)
         recall = np.mean([len(set(f) & set(g)) / 10 for f, g in zip(found, truth)])
-        rows.append((f"{n:,}", "exact (Flat)", f"{np.percentile(exact_ms, 50):.2f}",
-                     f"{np.percentile(exact_ms, 95):.2f}", "1.000", "-"))
-        rows.append((f"{n:,}", "approximate (HNSW32)", f"{np.percentile(approx_ms, 50):.2f}",
-                     f"{np.percentile(approx_ms, 95):.2f}", f"{recall:.3f}", f"{build_s:.1f}"))
+        rows.append(
+            (
+                f"{n:,}",
+                "exact (Flat)",
+                f"{np.percentile(exact_ms, 50):.2f}",
+                f"{np.percentile(exact_ms, 95):.2f}",
+                "1.000",
+                "-",
+            )
+        )
+        rows.append(
+            (
+                f"{n:,}",
+                "approximate (HNSW32)",
+                f"{np.percentile(approx_ms, 50):.2f}",
+                f"{np.percentile(approx_ms, 95):.2f}",
+                f"{recall:.3f}",
+                f"{build_s:.1f}",
+            )
+        )
         print(f"  retrieval at {n:,} done", file=sys.stderr, flush=True)
         del approx, vectors
     return rows
@@ -156,14 +184,40 @@ def bench_reindex(n: int, workdir: Path) -> list[tuple[str, str, str]]:
         with store._write() as session:  # bulk-load lessons with vectors, as if embedded before
             for start in range(0, n, 10_000):
                 chunk = range(start, min(n, start + 10_000))
-                session.execute(Lesson.__table__.insert(), [
-                    {"id": i + 1, "run_id": run_id, "text": f"lesson {i}", "status": "active",
-                     "pool": i % 10, "source_episode_ids": [], "token_count": 10,
-                     "times_in_context": 0, "wins_in_context": 0, "created_at": now,
-                     "updated_at": now, "metadata": {}} for i in chunk])
-                session.execute(Embedding.__table__.insert(), [
-                    {"kind": "lesson", "model": embedder.name, "item_id": i + 1, "dim": DIM,
-                     "vector": vectors[i].tobytes(), "created_at": now} for i in chunk])
+                session.execute(
+                    Lesson.__table__.insert(),
+                    [
+                        {
+                            "id": i + 1,
+                            "run_id": run_id,
+                            "text": f"lesson {i}",
+                            "status": "active",
+                            "pool": i % 10,
+                            "source_episode_ids": [],
+                            "token_count": 10,
+                            "times_in_context": 0,
+                            "wins_in_context": 0,
+                            "created_at": now,
+                            "updated_at": now,
+                            "metadata": {},
+                        }
+                        for i in chunk
+                    ],
+                )
+                session.execute(
+                    Embedding.__table__.insert(),
+                    [
+                        {
+                            "kind": "lesson",
+                            "model": embedder.name,
+                            "item_id": i + 1,
+                            "dim": DIM,
+                            "vector": vectors[i].tobytes(),
+                            "created_at": now,
+                        }
+                        for i in chunk
+                    ],
+                )
         t = time.perf_counter()
         store.reindex()
         reindex_s = time.perf_counter() - t
@@ -175,9 +229,11 @@ def bench_reindex(n: int, workdir: Path) -> list[tuple[str, str, str]]:
     ms = np.array(times) * 1e3
     return [
         (f"reindex, {n:,} lesson vectors (HNSW)", f"{reindex_s:.1f} s", "from vectors in SQLite"),
-        (f"store.search_lessons(k=10, pool filter), {n:,}",
-         f"p50 {np.percentile(ms, 50):.1f} ms, p95 {np.percentile(ms, 95):.1f} ms",
-         "embed query + index + SQL filter + rows"),
+        (
+            f"store.search_lessons(k=10, pool filter), {n:,}",
+            f"p50 {np.percentile(ms, 50):.1f} ms, p95 {np.percentile(ms, 95):.1f} ms",
+            "embed query + index + SQL filter + rows",
+        ),
     ]
 
 

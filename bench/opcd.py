@@ -15,7 +15,7 @@ fp32 merged copy; `default` is the shipped configuration (bf16 merged copy + the
 These use gradient checkpointing (the default, as in TRL); `nogc` is `default` without it (what the quickstart
 trains with), to compare with `trl-nogc`, TRL without it.
 
-    .venv/bin/python bench/opcd.py                       # tiny + smollm2, all variants, TRL if installed, 1 and 2 threads
+    .venv/bin/python bench/opcd.py         # tiny + smollm2, all variants, TRL if installed, 1 and 2 threads
     .venv/bin/python bench/opcd.py --models smollm2 --variants default,trl --repeat 2
     .venv/bin/python bench/opcd.py --models tiny --steps 2 --threads 1
 
@@ -43,11 +43,26 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SYSTEM = "You are a careful assistant. Solve the problem and give the final answer as \\boxed{N}."
-QUESTIONS = [f"A shop sells {a} boxes of {b} pencils and {c} loose pencils. How many pencils is that?"
-             for a, b, c in [(3, 12, 5), (7, 6, 2), (4, 9, 11), (12, 3, 8), (5, 5, 5), (9, 8, 1), (2, 14, 6),
-                             (6, 7, 3), (8, 4, 9), (11, 2, 7), (10, 10, 4), (13, 5, 2)]]
+QUESTIONS = [
+    f"A shop sells {a} boxes of {b} pencils and {c} loose pencils. How many pencils is that?"
+    for a, b, c in [
+        (3, 12, 5),
+        (7, 6, 2),
+        (4, 9, 11),
+        (12, 3, 8),
+        (5, 5, 5),
+        (9, 8, 1),
+        (2, 14, 6),
+        (6, 7, 3),
+        (8, 4, 9),
+        (11, 2, 7),
+        (10, 10, 4),
+        (13, 5, 2),
+    ]
+]
 LESSONS = "\n".join(
-    f"- EXPERIENCE ITEM: {text}" for text in [
+    f"- EXPERIENCE ITEM: {text}"
+    for text in [
         "Write the quantities down first, then the operation that combines them.",
         "Multiply the number of boxes by the pencils per box before adding loose items.",
         "Check the final sum by estimating: it must be close to boxes times items per box.",
@@ -56,7 +71,9 @@ LESSONS = "\n".join(
         "When two numbers are large, split the multiplication into tens and ones.",
         "Re-read the question after computing to make sure the asked quantity is the one computed.",
         "Prefer short sentences; each line of working should contain one operation.",
-    ] * 3)
+    ]
+    * 3
+)
 
 
 def _rss_mib() -> float:
@@ -92,8 +109,10 @@ def _load(model_name: str):
 
 
 def _chats(n: int) -> list[list[dict]]:
-    return [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
-            for i in range(n)]
+    return [
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+        for i in range(n)
+    ]
 
 
 def run_opcd(model_name: str, variant: str, args) -> dict:
@@ -101,21 +120,36 @@ def run_opcd(model_name: str, variant: str, args) -> dict:
 
     model, tok = _load(model_name)
     loaded = _rss_mib()
-    options = {"plain": {"sampler": "live", "share_context_cache": False},
-               "merged-fp32": {"sampler": "merged-fp32", "share_context_cache": False},
-               "default": {},
-               "nogc": {"gradient_checkpointing": False}}[variant]
-    config = OPCDConfig(lr=args.lr, k=256, temperature=0.7, max_new_tokens=args.max_new_tokens,
-                        batch_size=args.batch_size, lora_r=16, lora_alpha=32, seed=0, **options)
+    options = {
+        "plain": {"sampler": "live", "share_context_cache": False},
+        "merged-fp32": {"sampler": "merged-fp32", "share_context_cache": False},
+        "default": {},
+        "nogc": {"gradient_checkpointing": False},
+    }[variant]
+    config = OPCDConfig(
+        lr=args.lr,
+        k=256,
+        temperature=0.7,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        lora_r=16,
+        lora_alpha=32,
+        seed=0,
+        **options,
+    )
     trainer = OPCDTrainer(model, tok, config)
     history = trainer.train(_chats(args.batch_size * (args.steps + 1)), LESSONS, steps=args.steps + 1)
     timed = history[1:]
     seconds = sum(m["seconds"] for m in timed)
-    return {"tokens_per_s": sum(m["tokens"] for m in timed) / seconds, "s_per_step": seconds / len(timed),
-            "sample_frac": sum(m["sample_seconds"] for m in timed) / seconds,
-            "teacher_frac": sum(m["teacher_seconds"] for m in timed) / seconds,
-            "peak_mib": _peak_mib(), "over_model_mib": _peak_mib() - loaded,
-            "tokens_per_step": sum(m["tokens"] for m in timed) / len(timed)}
+    return {
+        "tokens_per_s": sum(m["tokens"] for m in timed) / seconds,
+        "s_per_step": seconds / len(timed),
+        "sample_frac": sum(m["sample_seconds"] for m in timed) / seconds,
+        "teacher_frac": sum(m["teacher_seconds"] for m in timed) / seconds,
+        "peak_mib": _peak_mib(),
+        "over_model_mib": _peak_mib() - loaded,
+        "tokens_per_step": sum(m["tokens"] for m in timed) / len(timed),
+    }
 
 
 def run_trl(model_name: str, args, *, gradient_checkpointing: bool = True) -> dict:
@@ -130,8 +164,9 @@ def run_trl(model_name: str, args, *, gradient_checkpointing: bool = True) -> di
 
     model, tok = _load(model_name)
     loaded = _rss_mib()
-    data = Dataset.from_list([{"prompt": chat, "privileged_context": LESSONS}
-                              for chat in _chats(args.batch_size * (args.steps + 1))])
+    data = Dataset.from_list(
+        [{"prompt": chat, "privileged_context": LESSONS} for chat in _chats(args.batch_size * (args.steps + 1))]
+    )
     stamps: list[float] = []
     lengths: list[float] = []
 
@@ -148,24 +183,52 @@ def run_trl(model_name: str, args, *, gradient_checkpointing: bool = True) -> di
 
     with tempfile.TemporaryDirectory() as out:
         config = SDFTConfig(
-            output_dir=out, per_device_train_batch_size=args.batch_size, gradient_accumulation_steps=1,
-            num_generations=1, max_steps=args.steps + 1, learning_rate=args.lr, lr_scheduler_type="constant",
-            warmup_steps=0, max_grad_norm=1.0, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
-            bf16=False, temperature=0.7, top_k=0, top_p=1.0, max_completion_length=args.max_new_tokens,
-            distillation_mode="topk_logits", distillation_topk=256, distillation_alpha=1.0,
-            distillation_is_clip=None, teacher_model_kind="base", shuffle_dataset=False, seed=0,
-            teacher_prompt_template="{privileged_context}\n\n{prompt}", disable_tqdm=True,
-            gradient_checkpointing=gradient_checkpointing)
+            output_dir=out,
+            per_device_train_batch_size=args.batch_size,
+            gradient_accumulation_steps=1,
+            num_generations=1,
+            max_steps=args.steps + 1,
+            learning_rate=args.lr,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            max_grad_norm=1.0,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            bf16=False,
+            temperature=0.7,
+            top_k=0,
+            top_p=1.0,
+            max_completion_length=args.max_new_tokens,
+            distillation_mode="topk_logits",
+            distillation_topk=256,
+            distillation_alpha=1.0,
+            distillation_is_clip=None,
+            teacher_model_kind="base",
+            shuffle_dataset=False,
+            seed=0,
+            teacher_prompt_template="{privileged_context}\n\n{prompt}",
+            disable_tqdm=True,
+            gradient_checkpointing=gradient_checkpointing,
+        )
         lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
-        trainer = SDFTTrainer(model=model, args=config, train_dataset=data, processing_class=tok,
-                              peft_config=lora, callbacks=[Clock()])
+        trainer = SDFTTrainer(
+            model=model, args=config, train_dataset=data, processing_class=tok, peft_config=lora, callbacks=[Clock()]
+        )
         trainer.train()
     durations = [end - start for start, end in zip(stamps[0::2], stamps[1::2])][1:]
     tokens = [length * args.batch_size for length in lengths][1:]
     seconds = sum(durations)
-    return {"tokens_per_s": sum(tokens) / seconds, "s_per_step": seconds / len(durations),
-            "sample_frac": float("nan"), "teacher_frac": float("nan"), "peak_mib": _peak_mib(),
-            "over_model_mib": _peak_mib() - loaded, "tokens_per_step": sum(tokens) / len(tokens)}
+    return {
+        "tokens_per_s": sum(tokens) / seconds,
+        "s_per_step": seconds / len(durations),
+        "sample_frac": float("nan"),
+        "teacher_frac": float("nan"),
+        "peak_mib": _peak_mib(),
+        "over_model_mib": _peak_mib() - loaded,
+        "tokens_per_step": sum(tokens) / len(tokens),
+    }
 
 
 def _child(spec: str, args) -> None:
@@ -199,13 +262,18 @@ def main() -> None:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     try:
         import trl.experimental.sdft
+
         have_trl = True
     except ImportError as error:
         have_trl, why = False, str(error)
-    print(f"OPCD vs TRL SDFTTrainer: batch {args.batch_size}, {args.max_new_tokens} new tokens max, "
-          f"{args.steps} timed steps after 1 warm-up, threads {args.threads}, context {len(LESSONS)} chars\n")
-    print("| model | threads | trainer | tokens/s | s/step | sampling | teacher | tokens/step | peak RSS MiB "
-          "| over model MiB | load avg | tokens/s vs TRL | per step vs TRL |")
+    print(
+        f"OPCD vs TRL SDFTTrainer: batch {args.batch_size}, {args.max_new_tokens} new tokens max, "
+        f"{args.steps} timed steps after 1 warm-up, threads {args.threads}, context {len(LESSONS)} chars\n"
+    )
+    print(
+        "| model | threads | trainer | tokens/s | s/step | sampling | teacher | tokens/step | peak RSS MiB "
+        "| over model MiB | load avg | tokens/s vs TRL | per step vs TRL |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     variants = args.variants.split(",")
     for model_name in args.models.split(","):
@@ -216,12 +284,16 @@ def main() -> None:
                     if variant.startswith("trl") and not have_trl:
                         continue
                     runs.setdefault(variant, []).append(_run_child(model_name, variant, threads, args))
-            best = {variant: max(good, key=lambda run: run["tokens_per_s"])  # the least disturbed run
-                    for variant, rows in runs.items() if (good := [r for r in rows if "error" not in r])}
+            best = {
+                variant: max(good, key=lambda run: run["tokens_per_s"])  # the least disturbed run
+                for variant, rows in runs.items()
+                if (good := [r for r in rows if "error" not in r])
+            }
             for variant in variants:  # each against TRL with the same gradient checkpointing, where it ran
                 trl = best.get("trl-nogc" if variant.endswith("nogc") and "trl-nogc" in best else "trl")
-                label = {"trl": "TRL SDFTTrainer 1.16", "trl-nogc": "TRL SDFTTrainer 1.16, no grad. checkpointing"
-                         }.get(variant, f"OPCD {variant}")
+                label = {"trl": "TRL SDFTTrainer 1.16", "trl-nogc": "TRL SDFTTrainer 1.16, no grad. checkpointing"}.get(
+                    variant, f"OPCD {variant}"
+                )
                 head = f"| {model_name} | {threads} | {label} |"
                 if variant.startswith("trl") and not have_trl:
                     print(f"{head} TRL not installed ({why}); `pip install -e .[bench]` | | | | | | | | | |")
@@ -232,24 +304,44 @@ def main() -> None:
                 r = best[variant]
                 good = [g for g in runs[variant] if "error" not in g]
                 peak, over = max(g["peak_mib"] for g in good), max(g["over_model_mib"] for g in good)
-                pct = (lambda x: "-" if math.isnan(x) else f"{100 * x:.0f}%")
-                versus = (f"{r['tokens_per_s'] / trl['tokens_per_s']:.2f}x | {trl['s_per_step'] / r['s_per_step']:.2f}x"
-                          if trl else "- | -")
-                print(f"{head} {r['tokens_per_s']:.1f} | {r['s_per_step']:.2f} | {pct(r['sample_frac'])} | "
-                      f"{pct(r['teacher_frac'])} | {r['tokens_per_step']:.0f} | {peak:.0f} | {over:.0f} | "
-                      f"{r['load']:.1f} | {versus} |", flush=True)
+                pct = lambda x: "-" if math.isnan(x) else f"{100 * x:.0f}%"
+                versus = (
+                    f"{r['tokens_per_s'] / trl['tokens_per_s']:.2f}x | {trl['s_per_step'] / r['s_per_step']:.2f}x"
+                    if trl
+                    else "- | -"
+                )
+                print(
+                    f"{head} {r['tokens_per_s']:.1f} | {r['s_per_step']:.2f} | {pct(r['sample_frac'])} | "
+                    f"{pct(r['teacher_frac'])} | {r['tokens_per_step']:.0f} | {peak:.0f} | {over:.0f} | "
+                    f"{r['load']:.1f} | {versus} |",
+                    flush=True,
+                )
 
 
 def _run_child(model_name: str, variant: str, threads: str, args) -> dict:
     """One configuration in its own process (its peak RSS is its own): the result, or {"error": [last line]}."""
-    child = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--steps", str(args.steps),
-             "--batch-size", str(args.batch_size), "--max-new-tokens", str(args.max_new_tokens),
-             "--lr", str(args.lr), "--threads", threads]
+    child = [
+        sys.executable,
+        __file__,
+        "--child",
+        f"{model_name}:{variant}",
+        "--steps",
+        str(args.steps),
+        "--batch-size",
+        str(args.batch_size),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--lr",
+        str(args.lr),
+        "--threads",
+        threads,
+    ]
     proc = subprocess.run(child, capture_output=True, text=True, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         return {"error": proc.stderr.strip().splitlines()[-1:]}
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
+
 
 if __name__ == "__main__":
     main()

@@ -50,29 +50,60 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         model_path = _model_path(args.model, folder)
-        prompts = [[{"role": "system", "content": SYSTEM},
-                    {"role": "user", "content": f"A shop sells {a} boxes of {a + 3} pencils and {2 * a} loose "
-                                                "pencils. How many pencils is that?"}]
-                   for a in range(2, 2 + args.batch_size * (args.steps + 1))]
+        prompts = [
+            [
+                {"role": "system", "content": SYSTEM},
+                {
+                    "role": "user",
+                    "content": f"A shop sells {a} boxes of {a + 3} pencils and {2 * a} loose "
+                    "pencils. How many pencils is that?",
+                },
+            ]
+            for a in range(2, 2 + args.batch_size * (args.steps + 1))
+        ]
         for processes in [int(p) for p in args.processes.split(",")]:
-            config = OPCDConfig(steps=args.steps + 1, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                                lr=1e-4, lora_r=16, processes=processes, seed=0)
-            job = TrainJob(model_path=model_path, config=config, train_prompts=prompts, contexts=LESSONS,
-                           output=str(folder / f"adapter-{processes}"), kl_sets={"heldout": (prompts[:4], LESSONS)})
+            config = OPCDConfig(
+                steps=args.steps + 1,
+                batch_size=args.batch_size,
+                max_new_tokens=args.max_new_tokens,
+                lr=1e-4,
+                lora_r=16,
+                processes=processes,
+                seed=0,
+            )
+            job = TrainJob(
+                model_path=model_path,
+                config=config,
+                train_prompts=prompts,
+                contexts=LESSONS,
+                output=str(folder / f"adapter-{processes}"),
+                kl_sets={"heldout": (prompts[:4], LESSONS)},
+            )
             started = time.perf_counter()
             result = run_job(job)
             wall = time.perf_counter() - started
             timed = result.steps[1:]
             seconds = sum(m["seconds"] for m in timed)
-            rows.append((processes, wall, seconds / len(timed), sum(m["tokens"] for m in timed) / seconds,
-                         result.kl_before["heldout"], result.kl_after["heldout"]))
+            rows.append(
+                (
+                    processes,
+                    wall,
+                    seconds / len(timed),
+                    sum(m["tokens"] for m in timed) / seconds,
+                    result.kl_before["heldout"],
+                    result.kl_after["heldout"],
+                )
+            )
             print(f"processes={processes}: {wall:.1f} s", file=sys.stderr, flush=True)
     print(f"\nOPCD data parallel, {args.model}, global batch {args.batch_size}, {args.max_new_tokens} new tokens\n")
     print("| ranks | job wall s | s/step | train tokens/s | vs 1 rank | held-out KL before -> after |")
     print("|---:|---:|---:|---:|---:|---|")
     base = next((r[3] for r in rows if r[0] == 1), rows[0][3])
     for processes, wall, per_step, tps, before, after in rows:
-        print(f"| {processes} | {wall:.1f} | {per_step:.2f} | {tps:.1f} | {tps / base:.2f}x | {before:.3f} -> {after:.3f} |")
+        print(
+            f"| {processes} | {wall:.1f} | {per_step:.2f} | {tps:.1f} | {tps / base:.2f}x "
+            f"| {before:.3f} -> {after:.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,9 @@ TRIAL_GAMES = 24
 def own_config(seed: int):
     """The study's config with lessons induced from evidence and tried on train games (no person's lesson)."""
     config = study_config(seed)
-    lessons = config.lessons.model_copy(update={"method": "evidence", "gate_episodes": TRIAL_GAMES,
-                                                "gate_split": "train", "induce_candidates": 4})
+    lessons = config.lessons.model_copy(
+        update={"method": "evidence", "gate_episodes": TRIAL_GAMES, "gate_split": "train", "induce_candidates": 4}
+    )
     return config.model_copy(update={"lessons": lessons})
 
 
@@ -57,11 +58,19 @@ def induce_round(study: Study, store, run_id: int, seed: int, key: str, episode_
         report = run_extract(own_config(seed), study.workdir, store, run_id, study.backend, episode_ids)
         for line in [report.line(), *report.trial_lines()]:
             print("   ", line, flush=True)
-        return {"live": [x.text for x in live_lessons(store, run_id)[1]],
-                "induced": [{"text": x["text"], "accepted": x["accepted"], "summary": x["evidence"]["summary"],
-                             "trial": [x["trial"]["current_rate"], x["trial"]["candidate_rate"], x["trial"]["n"]]}
-                            for x in report.induced or []],
-                "seconds": time.perf_counter() - started}
+        return {
+            "live": [x.text for x in live_lessons(store, run_id)[1]],
+            "induced": [
+                {
+                    "text": x["text"],
+                    "accepted": x["accepted"],
+                    "summary": x["evidence"]["summary"],
+                    "trial": [x["trial"]["current_rate"], x["trial"]["candidate_rate"], x["trial"]["n"]],
+                }
+                for x in report.induced or []
+            ],
+            "seconds": time.perf_counter() - started,
+        }
 
     return study.cached(key, compute)
 
@@ -70,8 +79,15 @@ def prefix(explore: float, anchor: bool = False) -> str:
     return ("own-evidence" if not explore else f"own-evidence@x{explore:g}") + ("+anchor" if anchor else "")
 
 
-def run(study: Study, seeds: list[int], episodes: int, rounds: int, round_seeds: list[int], explore: float,
-        anchor: bool = False) -> None:
+def run(
+    study: Study,
+    seeds: list[int],
+    episodes: int,
+    rounds: int,
+    round_seeds: list[int],
+    explore: float,
+    anchor: bool = False,
+) -> None:
     from memory import ExperienceStore
 
     study.evaluate("base")
@@ -91,8 +107,9 @@ def run(study: Study, seeds: list[int], episodes: int, rounds: int, round_seeds:
             for r in range(1, (rounds if seed in round_seeds else 1) + 1):
                 key = f"{head}:{seed}:r{r}"
                 if key not in study.results:
-                    played = study.play(store, run_id, seed, [], adapter, range((r - 1) * episodes, r * episodes),
-                                        explore=explore)
+                    played = study.play(
+                        store, run_id, seed, [], adapter, range((r - 1) * episodes, r * episodes), explore=explore
+                    )
                     induce_round(study, store, run_id, seed, key, played)
                 found = study.results[key]
                 study.evaluate(f"{key}:induced", lessons=found["live"], adapter=adapter)
@@ -100,8 +117,16 @@ def run(study: Study, seeds: list[int], episodes: int, rounds: int, round_seeds:
                     study.evaluate(f"{key}:untried", lessons=[x["text"] for x in found["induced"]])
                 if seed not in round_seeds or rounds == 1 or not found["live"]:
                     continue
-                trained = study.train(f"{key}:cycle", store, run_id, seed, "opcd", parent=adapter,
-                                      lessons=found["live"], anchor=ANCHOR if anchor else None)
+                trained = study.train(
+                    f"{key}:cycle",
+                    store,
+                    run_id,
+                    seed,
+                    "opcd",
+                    parent=adapter,
+                    lessons=found["live"],
+                    anchor=ANCHOR if anchor else None,
+                )
                 adapter = trained["adapter"]
                 study.evaluate(f"{key}:student", adapter=adapter)
                 study.evaluate(f"{key}:retention", adapter=adapter, env=RETENTION)
@@ -117,12 +142,17 @@ def versus(wins: list[bool] | None, reference: list[bool] | None) -> str:
 def report(results: dict, explore: float, anchor: bool = False) -> str:
     base, head = results["base"], prefix(explore, anchor)
     kept = results.get("retention:base")
-    lines = [f"base (no lessons) {rate(base)} on 40 held-out games"
-             + (f"; retention (treasure-hunter) {rate(kept)}" if kept else ""), "",
-             ("| seed | round | lessons live after trial (tried) | held-out with them in context | vs base, McNemar p "
-             "| all induced, untried | student without lessons (after consolidating), vs base | retention "
-             "| EXTRACT s |"),
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"base (no lessons) {rate(base)} on 40 held-out games"
+        + (f"; retention (treasure-hunter) {rate(kept)}" if kept else ""),
+        "",
+        (
+            "| seed | round | lessons live after trial (tried) | held-out with them in context | vs base, McNemar p "
+            "| all induced, untried | student without lessons (after consolidating), vs base | retention "
+            "| EXTRACT s |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for key in sorted(k for k in results if k.startswith(f"{head}:") and k.count(":") == 2):
         _, seed, r = key.split(":")
         found = results[key]
@@ -133,10 +163,18 @@ def report(results: dict, explore: float, anchor: bool = False) -> str:
         lines.append(
             f"| {seed} | {r[1:]} | {'; '.join(found['live']) or 'none'} ({len(found['induced'])}) | "
             f"{rate(induced) if induced else '-'} | {mcnemar_p(base, induced):.2g} | "
-            f"{versus(untried, base)} | {versus(student, base)} | {versus(retention, kept)} | {found['seconds']:.0f} |")
-    trials = [f"- seed {k.split(':')[1]} round {k.split(':')[2][1:]}: " + "; ".join(
-        f"{'LIVE' if x['accepted'] else 'out'} '{x['text']}' ({x['summary']}; {x['trial'][0]:.2f}->{x['trial'][1]:.2f})"
-        for x in results[k]["induced"]) for k in sorted(results) if k.startswith(f"{head}:") and k.count(":") == 2]
+            f"{versus(untried, base)} | {versus(student, base)} | {versus(retention, kept)} | {found['seconds']:.0f} |"
+        )
+    trials = [
+        f"- seed {k.split(':')[1]} round {k.split(':')[2][1:]}: "
+        + "; ".join(
+            f"{'LIVE' if x['accepted'] else 'out'} '{x['text']}' "
+            f"({x['summary']}; {x['trial'][0]:.2f}->{x['trial'][1]:.2f})"
+            for x in results[k]["induced"]
+        )
+        for k in sorted(results)
+        if k.startswith(f"{head}:") and k.count(":") == 2
+    ]
     return "\n".join(lines + ["", "Induced lessons and their trials (train games):", *trials]) + "\n"
 
 
@@ -149,8 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round-seeds", nargs="*", type=int, default=[0])
     parser.add_argument("--explore", type=float, default=0.5, help="share of PLAY decisions drawn uniformly")
     parser.add_argument("--report", action="store_true", help="only print the table from the cache")
-    parser.add_argument("--anchor", action="store_true",
-                        help="each cycle holds the student to its parent on learning.ANCHOR's games (opcd.anchor_envs)")
+    parser.add_argument(
+        "--anchor",
+        action="store_true",
+        help="each cycle holds the student to its parent on learning.ANCHOR's games (opcd.anchor_envs)",
+    )
     args = parser.parse_args(argv)
     study = Study(args.workdir)
     if not args.report:

@@ -6,7 +6,8 @@ setting plays the same fixed draws (max(`--episodes`, slots) of them; draw k is 
 everywhere) of TextWorld coin_collector level 1 from a small task pool whose games are generated once,
 before any timing, under `~/.cache/agent-runtime/bench-games` (`--games-dir` moves it). Models: `tiny`
 (the random tiny Llama of `agent_runtime.testing`) and `smollm2` (SmolLM2-135M-Instruct,
-`resolve_model("smollm2-135m-instruct")`), both with the transformers backend on CPU, 32 new tokens, greedy by default (`--temperature 0`): with
+`resolve_model("smollm2-135m-instruct")`), both with the transformers backend on CPU, 32 new tokens, greedy by default
+(`--temperature 0`): with
 sampling, a reply depends on the batch it was drawn in, so each slot count would play different episodes
 and the totals would move by ~10%; greedy makes the rows compare the same episodes (bf16 batch numerics
 can still end a reply a token earlier: compare the generated tokens/s column too). `EpisodeRunner` is
@@ -199,9 +200,14 @@ class _TimedBackend:
         self._backend.close()
 
 
-def load_backend(model: str, dtype: str = "auto", prefix_cache: bool = True,
-                 prefix_cache_tokens: int | None = None, backend: str = "transformers",
-                 vllm_python: str | None = None) -> TransformersBackend:
+def load_backend(
+    model: str,
+    dtype: str = "auto",
+    prefix_cache: bool = True,
+    prefix_cache_tokens: int | None = None,
+    backend: str = "transformers",
+    vllm_python: str | None = None,
+) -> TransformersBackend:
     if backend == "vllm":
         return load_vllm_backend(model, dtype, prefix_cache, vllm_python)
     options = {"device": "cpu", "dtype": dtype, "prefix_cache": prefix_cache}
@@ -226,13 +232,23 @@ def load_vllm_backend(model: str, dtype: str, prefix_cache: bool, python: str | 
 
     if model != "smollm2":
         raise SystemExit("--backend vllm runs the smollm2 model only (the tiny model's tokenizer is built in code)")
-    python = python or subprocess.run(["bash", str(ROOT / ".ci" / "vllm-env.sh"), "--find"], capture_output=True,
-                                      text=True, check=False).stdout.strip()
+    python = (
+        python
+        or subprocess.run(
+            ["bash", str(ROOT / ".ci" / "vllm-env.sh"), "--find"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    )
     if not python:
-        raise SystemExit("--backend vllm: vLLM's CPU environment is not built; run `bash .ci/vllm-env.sh` "
-                         "(or pass --vllm-python)")
-    backend = VLLMProcessBackend(resolve_model("smollm2-135m-instruct"), python=python, dtype=dtype,
-                                 context_window=4096, enable_prefix_caching=prefix_cache)
+        raise SystemExit(
+            "--backend vllm: vLLM's CPU environment is not built; run `bash .ci/vllm-env.sh` (or pass --vllm-python)"
+        )
+    backend = VLLMProcessBackend(
+        resolve_model("smollm2-135m-instruct"),
+        python=python,
+        dtype=dtype,
+        context_window=4096,
+        enable_prefix_caching=prefix_cache,
+    )
     print(f"  vllm engine ({backend.platform}, {backend.dtype}) up in {backend.start_seconds:.0f}s", file=sys.stderr)
     return backend
 
@@ -277,9 +293,15 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
     timed = _TimedBackend(backend, timers)
     kwargs = env_kwargs(args)
     spec = EnvSlotSpec(ENV_ID, lambda: _TimedEnv(environments.make(ENV_ID, **kwargs), timers), "text", args.max_steps)
-    builder = PromptBuilder(family="text", count_tokens=timed.count_tokens, context_window=timed.context_window,
-                            reserve_tokens=args.max_new_tokens, lessons=bench_lessons(args.lessons),
-                            history_shows_admissible=args.history_admissible, action_mode=args.action_mode)
+    builder = PromptBuilder(
+        family="text",
+        count_tokens=timed.count_tokens,
+        context_window=timed.context_window,
+        reserve_tokens=args.max_new_tokens,
+        lessons=bench_lessons(args.lessons),
+        history_shows_admissible=args.history_admissible,
+        action_mode=args.action_mode,
+    )
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     runner = EpisodeRunner(timed, [spec], [_TimedBuilder(builder, timers)], params, slots=slots, policy_name=model)
     sampler = TaskSampler([1.0], [[f"train-{i}" for i in range(args.tasks)]], seed=args.seed)
@@ -305,13 +327,25 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
     prompted = backend.prefix_stats.prompt_tokens - prompt_before
     prefilled = backend.prefix_stats.prefilled_tokens - prefilled_before
     return {
-        "model": model, "backend": backend.name, "slots": slots, "episodes": len(episodes), "steps": steps, "won": sum(e.won for e in episodes),
-        "wall_s": wall, "cpu_s": cpu, "episodes_per_min": 60 * len(episodes) / wall, "steps_per_s": steps / wall,
+        "model": model,
+        "backend": backend.name,
+        "slots": slots,
+        "episodes": len(episodes),
+        "steps": steps,
+        "won": sum(e.won for e in episodes),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "episodes_per_min": 60 * len(episodes) / wall,
+        "steps_per_s": steps / wall,
         "episodes_per_cpu_min": 60 * len(episodes) / cpu,
-        "gen_tokens_per_s": tokens / wall, "mean_batch": sum(timers.batch_sizes) / max(1, len(timers.batch_sizes)),
-        "share_model_generate": timers.model_generate / wall, "share_prefill": timers.prefill / wall,
+        "gen_tokens_per_s": tokens / wall,
+        "mean_batch": sum(timers.batch_sizes) / max(1, len(timers.batch_sizes)),
+        "share_model_generate": timers.model_generate / wall,
+        "share_prefill": timers.prefill / wall,
         "share_backend_overhead": (timers.backend_generate - timers.model_generate) / wall,
-        "share_prompt_build": timers.build / wall, "share_env": timers.env / wall, "share_other": other / wall,
+        "share_prompt_build": timers.build / wall,
+        "share_env": timers.env / wall,
+        "share_other": other / wall,
         "pad_share": timers.padded_tokens / total_prompt if total_prompt else 0.0,
         "mean_prompt_tokens": (timers.prompt_tokens or prompted) / max(1, steps),  # vLLM: the engine's count
         "prefilled_share": prefilled / prompted if prompted else 0.0,
@@ -322,8 +356,11 @@ def bench_lessons(n: int) -> list[str]:
     """`n` distinct lesson lines of the kind the extractor writes (about 25 tokens each)."""
     things = ["coin", "door", "key", "chest", "lamp", "map", "box", "note"]
     rooms = ["kitchen", "cellar", "garden", "attic", "hall", "study", "pantry", "porch"]
-    return [f"When you see the {things[i % 8]} in the {rooms[i // 8 % 8]}, check the admissible actions first "
-            f"and prefer 'take {things[i % 8]}' over moving on (lesson {i + 1})." for i in range(n)]
+    return [
+        f"When you see the {things[i % 8]} in the {rooms[i // 8 % 8]}, check the admissible actions first "
+        f"and prefer 'take {things[i % 8]}' over moving on (lesson {i + 1})."
+        for i in range(n)
+    ]
 
 
 def _next_draw(sampler: TaskSampler, draws):
@@ -342,9 +379,11 @@ def warm_up(backend: TransformersBackend, args) -> None:
 def table(rows: list[dict]) -> str:
     base = {(r["model"], r.get("backend")): r for r in rows if r["slots"] == 1}
     lines = [
-        ("| model | slots | episodes | steps | wall s | CPU s | episodes/min | gen tokens/s | speedup vs 1 slot "
-         "| speedup, CPU time | mean batch | model.generate (prefill) | backend overhead | prompt build | env "
-         "| other | prompt tokens | pad | prefilled |"),
+        (
+            "| model | slots | episodes | steps | wall s | CPU s | episodes/min | gen tokens/s | speedup vs 1 slot "
+            "| speedup, CPU time | mean batch | model.generate (prefill) | backend overhead | prompt build | env "
+            "| other | prompt tokens | pad | prefilled |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -354,7 +393,8 @@ def table(rows: list[dict]) -> str:
         speedup = f"{r['episodes_per_min'] / one['episodes_per_min']:.2f}x" if one else "-"
         cpu_speedup = f"{r['episodes_per_cpu_min'] / one['episodes_per_cpu_min']:.2f}x" if one else "-"
         lines.append(
-            f"| {r['model'] + (' (vllm)' if engine else '')} | {r['slots']} | {r['episodes']} | {r['steps']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} "
+            f"| {r['model'] + (' (vllm)' if engine else '')} | {r['slots']} | {r['episodes']} | {r['steps']} "
+            f"| {r['wall_s']:.1f} | {r['cpu_s']:.1f} "
             f"| {r['episodes_per_min']:.1f} | {r['gen_tokens_per_s']:.1f} | {speedup} | {cpu_speedup} "
             f"| {r['mean_batch']:.1f} "
             f"| {split} | {r['share_backend_overhead']:.0%} "
@@ -379,46 +419,86 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="tiny,smollm2", help=f"comma-separated, from: {', '.join(MODELS)}")
     parser.add_argument("--slots", default="1,4,8,16", help="comma-separated slot counts")
-    parser.add_argument("--episodes", type=int, default=8,
-                        help="episodes per setting, at least one per slot (draw k is the same everywhere)")
+    parser.add_argument(
+        "--episodes",
+        type=int,
+        default=8,
+        help="episodes per setting, at least one per slot (draw k is the same everywhere)",
+    )
     parser.add_argument("--max-steps", type=int, default=4, help="step budget of an episode")
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="0 (default): greedy, so every slot count plays the same episodes and the rows compare "
-                        "equal work; sampled replies differ with the batch and move the totals by ~10%%")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 (default): greedy, so every slot count plays the same episodes and the rows compare "
+        "equal work; sampled replies differ with the batch and move the totals by ~10%%",
+    )
     parser.add_argument("--tasks", type=int, default=8, help="size of the coin_collector task pool")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                        help="the backend's dtype (auto = float32 on CPU, the runtime's default)")
-    parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers",
-                        help="vllm: SmolLM2 on vLLM's CPU build, in its own environment (bash .ci/vllm-env.sh)")
-    parser.add_argument("--vllm-python", help="the interpreter of vLLM's environment (default: the one "
-                        ".ci/vllm-env.sh built)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="the backend's dtype (auto = float32 on CPU, the runtime's default)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("transformers", "vllm"),
+        default="transformers",
+        help="vllm: SmolLM2 on vLLM's CPU build, in its own environment (bash .ci/vllm-env.sh)",
+    )
+    parser.add_argument(
+        "--vllm-python", help="the interpreter of vLLM's environment (default: the one .ci/vllm-env.sh built)"
+    )
     parser.add_argument("--lessons", type=int, default=0, help="lesson lines in the system prompt")
-    parser.add_argument("--action-mode", choices=("free", "choice"), default="free",
-                        help="free: the model writes each command (what the tables below measured); choice: it "
-                        "picks one admissible action (every action scored in one packed pass)")
-    parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
-                        help="turn off the backend's prefix KV cache")
-    parser.add_argument("--prefix-cache-tokens", type=int, default=None,
-                        help="token budget of the cache's store across turns (0: within a call only; "
-                             "default: the backend's)")
-    parser.add_argument("--no-history-admissible", dest="history_admissible", action="store_false",
-                        help="past turns without their action list (agent.history_shows_admissible: false): "
-                        "prompts that are not append-only")
+    parser.add_argument(
+        "--action-mode",
+        choices=("free", "choice"),
+        default="free",
+        help="free: the model writes each command (what the tables below measured); choice: it "
+        "picks one admissible action (every action scored in one packed pass)",
+    )
+    parser.add_argument(
+        "--no-prefix-cache", dest="prefix_cache", action="store_false", help="turn off the backend's prefix KV cache"
+    )
+    parser.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=None,
+        help="token budget of the cache's store across turns (0: within a call only; default: the backend's)",
+    )
+    parser.add_argument(
+        "--no-history-admissible",
+        dest="history_admissible",
+        action="store_false",
+        help="past turns without their action list (agent.history_shows_admissible: false): "
+        "prompts that are not append-only",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    parser.add_argument("--games-dir", type=Path,
-                        default=Path(os.environ.get("AGENT_RUNTIME_CACHE", "~/.cache/agent-runtime")).expanduser()
-                        / "bench-games")
+    parser.add_argument(
+        "--games-dir",
+        type=Path,
+        default=Path(os.environ.get("AGENT_RUNTIME_CACHE", "~/.cache/agent-runtime")).expanduser() / "bench-games",
+    )
     parser.add_argument("--profile", metavar="MODEL:SLOTS", help="cProfile one setting instead of the table")
     parser.add_argument("--profile-top", type=int, default=25)
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny model, slots 1 and 4, 4 episodes of 2 steps (a smoke run of the script)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny model, slots 1 and 4, 4 episodes of 2 steps (a smoke run of the script)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
-        args.models, args.slots, args.episodes, args.max_steps, args.max_new_tokens, args.tasks = \
-            "tiny", "1,4", 4, 2, 8, 2
+        args.models, args.slots, args.episodes, args.max_steps, args.max_new_tokens, args.tasks = (
+            "tiny",
+            "1,4",
+            4,
+            2,
+            8,
+            2,
+        )
     return args
 
 
@@ -432,27 +512,31 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"unknown model {model!r}; accepted: {', '.join(MODELS)}")
     slot_counts = [int(s) for s in args.slots.split(",")]
     pregen = pregenerate(args)
-    header = (f"# rollout throughput: {ENV_ID} level 1, {args.tasks} tasks, max({args.episodes}, slots) "
-              f"episodes/setting, "
-              f"max {args.max_steps} steps, {args.max_new_tokens} new tokens, T={args.temperature}, CPU, "
-              f"{args.backend} backend, "
-              f"{args.dtype} weights, {args.lessons} lessons, prefix cache {'on' if args.prefix_cache else 'off'}"
-              f"{'' if args.prefix_cache_tokens is None else f' ({args.prefix_cache_tokens} tokens)'}, "
-              f"history {'with' if args.history_admissible else 'without'} action lists, "
-              f"torch threads {torch.get_num_threads()}, games ready in {pregen:.1f}s, "
-              f"load average {os.getloadavg()[0]:.1f} at start")
+    header = (
+        f"# rollout throughput: {ENV_ID} level 1, {args.tasks} tasks, max({args.episodes}, slots) "
+        f"episodes/setting, "
+        f"max {args.max_steps} steps, {args.max_new_tokens} new tokens, T={args.temperature}, CPU, "
+        f"{args.backend} backend, "
+        f"{args.dtype} weights, {args.lessons} lessons, prefix cache {'on' if args.prefix_cache else 'off'}"
+        f"{'' if args.prefix_cache_tokens is None else f' ({args.prefix_cache_tokens} tokens)'}, "
+        f"history {'with' if args.history_admissible else 'without'} action lists, "
+        f"torch threads {torch.get_num_threads()}, games ready in {pregen:.1f}s, "
+        f"load average {os.getloadavg()[0]:.1f} at start"
+    )
     if args.profile:
         model, _, slots = args.profile.partition(":")
-        backend = load_backend(model, args.dtype, args.prefix_cache, args.prefix_cache_tokens, args.backend,
-                               args.vllm_python)
+        backend = load_backend(
+            model, args.dtype, args.prefix_cache, args.prefix_cache_tokens, args.backend, args.vllm_python
+        )
         warm_up(backend, args)
         print(header)
         print(profile_setting(backend, model, int(slots or 1), args))
         return 0
     rows = []
     for model in models:
-        backend = load_backend(model, args.dtype, args.prefix_cache, args.prefix_cache_tokens, args.backend,
-                               args.vllm_python)
+        backend = load_backend(
+            model, args.dtype, args.prefix_cache, args.prefix_cache_tokens, args.backend, args.vllm_python
+        )
         warm_up(backend, args)
         for slots in slot_counts:
             rows.append(run_setting(backend, model, slots, args))
@@ -467,8 +551,10 @@ def main(argv: list[str] | None = None) -> int:
             ratio = by_slots[8]["episodes_per_min"] / by_slots[1]["episodes_per_min"]
             cpu_ratio = by_slots[8]["episodes_per_cpu_min"] / by_slots[1]["episodes_per_cpu_min"]
             verdict = "meets" if ratio >= 4 else "misses"
-            print(f"\n{model}: 8 slots = {ratio:.2f}x the episodes/min of 1 slot ({verdict} the 4x target); "
-                  f"{cpu_ratio:.2f}x per CPU-second")
+            print(
+                f"\n{model}: 8 slots = {ratio:.2f}x the episodes/min of 1 slot ({verdict} the 4x target); "
+                f"{cpu_ratio:.2f}x per CPU-second"
+            )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

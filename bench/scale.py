@@ -57,8 +57,13 @@ class Row:
 def make_config(args, executor: str, workers: int, memory_url: str | None) -> RunConfig:
     if args.model == "scripted":
         model = {"name": "scripted", "backend": "scripted"}
-        envs = [{"id": "textworld/coin_collector", "max_steps": 8,
-                 "kwargs": {"level": 1, "n_train": 8, "cache_dir": str(args.games_dir)}}]
+        envs = [
+            {
+                "id": "textworld/coin_collector",
+                "max_steps": 8,
+                "kwargs": {"level": 1, "n_train": 8, "cache_dir": str(args.games_dir)},
+            }
+        ]
     else:
         from agent_runtime.testing import save_tiny_model
 
@@ -67,8 +72,13 @@ def make_config(args, executor: str, workers: int, memory_url: str | None) -> Ru
             save_tiny_model(tiny)
         model = {"name": str(tiny), "max_new_tokens": 32}
         envs = [{"id": "math/gsm_symbolic"}]
-    runtime = {"slots": args.slots, "episodes": args.episodes, "executor": executor, "summary_every": 10_000,
-               "ray": {"workers": workers, "slots": args.slots, "worker_cpus": 1}}
+    runtime = {
+        "slots": args.slots,
+        "episodes": args.episodes,
+        "executor": executor,
+        "summary_every": 10_000,
+        "ray": {"workers": workers, "slots": args.slots, "worker_cpus": 1},
+    }
     name = f"scale-{executor}-{workers}-{int(time.time())}"  # runs apart in a shared --memory-url store
     data = {"name": name, "seed": 0, "model": model, "envs": envs, "runtime": runtime}
     if memory_url:
@@ -99,21 +109,35 @@ def run_setting(args, executor: str, workers: int, root: Path) -> Row:
     summary = loop.run()
     play = time.perf_counter() - t
     loop.close()
-    return Row(executor, workers if executor == "ray" else 0, args.slots * max(workers, 1), startup, play,
-               summary.new_episodes, commit["s"] / max(summary.new_episodes, 1) * 1000)
+    return Row(
+        executor,
+        workers if executor == "ray" else 0,
+        args.slots * max(workers, 1),
+        startup,
+        play,
+        summary.new_episodes,
+        commit["s"] / max(summary.new_episodes, 1) * 1000,
+    )
 
 
 def table(rows: list[Row], args) -> str:
     base = rows[0].per_min if rows else 0.0
-    head = (f"model {args.model}, {args.episodes} episodes per setting, {args.slots} slots per worker, "
-            f"{os.cpu_count()} cores, {args.threads} torch thread(s) per process, "
-            f"load average {os.getloadavg()[0]:.1f}")
-    lines = [head, "",
-             "| executor | workers | slots | startup s | play s | episodes/min | vs local | commit ms/ep |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    head = (
+        f"model {args.model}, {args.episodes} episodes per setting, {args.slots} slots per worker, "
+        f"{os.cpu_count()} cores, {args.threads} torch thread(s) per process, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    lines = [
+        head,
+        "",
+        "| executor | workers | slots | startup s | play s | episodes/min | vs local | commit ms/ep |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r.executor} | {r.workers or '-'} | {r.slots} | {r.startup_s:.1f} | {r.play_s:.1f} | "
-                     f"{r.per_min:.1f} | {r.per_min / base:.2f}x | {r.commit_ms:.1f} |")
+        lines.append(
+            f"| {r.executor} | {r.workers or '-'} | {r.slots} | {r.startup_s:.1f} | {r.play_s:.1f} | "
+            f"{r.per_min:.1f} | {r.per_min / base:.2f}x | {r.commit_ms:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -123,13 +147,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="1,2,4", help="comma-separated Ray worker counts")
     parser.add_argument("--episodes", type=int, default=48)
     parser.add_argument("--slots", type=int, default=2, help="environment slots per worker (and locally)")
-    parser.add_argument("--games-dir", type=Path,
-                        default=Path(os.environ.get("AGENT_RUNTIME_CACHE", Path.home() / ".cache/agent-runtime"))
-                        / "bench-games")
+    parser.add_argument(
+        "--games-dir",
+        type=Path,
+        default=Path(os.environ.get("AGENT_RUNTIME_CACHE", Path.home() / ".cache/agent-runtime")) / "bench-games",
+    )
     parser.add_argument("--memory-url", help="SQLAlchemy URL of a shared store (default: SQLite per setting)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads of the driver (the local baseline); Ray gives each worker "
-                             "OMP_NUM_THREADS = worker_cpus = 1, so 1 compares like with like")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of the driver (the local baseline); Ray gives each worker "
+        "OMP_NUM_THREADS = worker_cpus = 1, so 1 compares like with like",
+    )
     parser.add_argument("--quick", action="store_true", help="skip the local baseline")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

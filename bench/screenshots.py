@@ -24,8 +24,13 @@ from agent_runtime.dashboard.app import running_server
 from memory.testing import seed_demo_store
 
 MAX_BYTES = 300_000
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-gpu",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-gpu",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def pages(ids: dict[str, int]) -> list[tuple[str, str, bool]]:

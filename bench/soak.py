@@ -74,9 +74,11 @@ class SoakLessonWriter(BaseChatModel):
         digest = hashlib.sha256("\n".join(str(m.content) for m in messages).encode()).digest()
         items = []
         for k in range(1 + digest[0] % 2):
-            b = digest[1 + 5 * k: 6 + 5 * k]
-            items.append(f"- EXPERIENCE ITEM: In a {_ADJ[b[0] % 10]} {_PLACE[b[1] % 10]} with a {_THING[b[2] % 10]}, "
-                         f"{_VERB[b[3] % 10]} it before going {_WAY[b[4] % 8]}.")
+            b = digest[1 + 5 * k : 6 + 5 * k]
+            items.append(
+                f"- EXPERIENCE ITEM: In a {_ADJ[b[0] % 10]} {_PLACE[b[1] % 10]} with a {_THING[b[2] % 10]}, "
+                f"{_VERB[b[3] % 10]} it before going {_WAY[b[4] % 8]}."
+            )
         return ChatResult(generations=[ChatGeneration(message=AIMessage(content="\n".join(items)))])
 
 
@@ -114,21 +116,46 @@ class Settings:
 def soak_config(s: Settings) -> dict:
     """The run config: fast acting (a tiny model choosing among admissible actions), every phase real."""
     return {
-        "name": s.name, "seed": s.seed,
+        "name": s.name,
+        "seed": s.seed,
         "model": {"name": str(s.model_dir), "dtype": "float32", "max_new_tokens": 4},
-        "envs": [{"id": "textworld/coin_collector", "max_steps": 3,
-                  "kwargs": {"level": 1, "n_train": s.train_tasks, "n_eval": 4, "cache_dir": str(s.games_dir)}}],
+        "envs": [
+            {
+                "id": "textworld/coin_collector",
+                "max_steps": 3,
+                "kwargs": {"level": 1, "n_train": s.train_tasks, "n_eval": 4, "cache_dir": str(s.games_dir)},
+            }
+        ],
         "runtime": {"slots": s.slots, "summary_every": 100},
-        "lessons": {"enabled": True, "extract_every": s.extract_every, "recent_episodes": 4, "extractor": WRITER,
-                    "embedder": "hash", "pools": s.pools, "budget_tokens": s.budget_tokens,
-                    "gate_episodes": s.gate_episodes},
+        "lessons": {
+            "enabled": True,
+            "extract_every": s.extract_every,
+            "recent_episodes": 4,
+            "extractor": WRITER,
+            "embedder": "hash",
+            "pools": s.pools,
+            "budget_tokens": s.budget_tokens,
+            "gate_episodes": s.gate_episodes,
+        },
         "evaluation": {"episodes_per_env": 2},
         # min_kl_drop 0: promote any cycle that did not raise the held-out KL, so that both outcomes (and acting
         # with a promoted adapter, and cycles on top of it) happen on a random tiny model
-        "opcd": {"enabled": True, "consolidate_every": s.consolidate_every, "recent_episodes": 16, "max_prompts": 32,
-                 "min_kl_drop": 0.0,
-                 "trainer": {"steps": s.cycle_steps, "batch_size": 2, "max_new_tokens": 6, "lr": s.cycle_lr, "k": 16,
-                             "lora_r": 4, "sampler": "live"}},
+        "opcd": {
+            "enabled": True,
+            "consolidate_every": s.consolidate_every,
+            "recent_episodes": 16,
+            "max_prompts": 32,
+            "min_kl_drop": 0.0,
+            "trainer": {
+                "steps": s.cycle_steps,
+                "batch_size": 2,
+                "max_new_tokens": 6,
+                "lr": s.cycle_lr,
+                "k": 16,
+                "lora_r": 4,
+                "sampler": "live",
+            },
+        },
         "memory": {"embedder": "hash", **({"url": s.memory_url} if s.memory_url else {})},
     }
 
@@ -265,8 +292,11 @@ class Soak:
         try:
             for i in range(self.s.kills):
                 timed = self.rng.random() >= self.s.phase_kills
-                delay = (self.rng.uniform(self.s.min_delay, self.s.max_delay) if timed
-                         else self.rng.uniform(0.0, self.s.phase_grace))
+                delay = (
+                    self.rng.uniform(self.s.min_delay, self.s.max_delay)
+                    if timed
+                    else self.rng.uniform(0.0, self.s.phase_grace)
+                )
                 session = self._session(i, "timer" if timed else "phase", delay, None)
                 if session.violations:
                     break
@@ -281,10 +311,26 @@ class Soak:
         exists, done = self._committed()
         session = Session(index, kind, delay, resumed=exists, start_episodes=done)
         tag = uuid.uuid4().hex
-        cmd = [sys.executable, "-m", "agent_runtime", "run", str(self.config_path), "--workdir", str(self.s.workdir),
-               "--no-progress", "--episodes", str(target or 10**9), *(["--resume"] if session.resumed else [])]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(self.tmp), TAG: tag,
-               "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+        cmd = [
+            sys.executable,
+            "-m",
+            "agent_runtime",
+            "run",
+            str(self.config_path),
+            "--workdir",
+            str(self.s.workdir),
+            "--no-progress",
+            "--episodes",
+            str(target or 10**9),
+            *(["--resume"] if session.resumed else []),
+        ]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "TMPDIR": str(self.tmp),
+            TAG: tag,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        }
         with self.log.open("a") as log:
             log.write(f"\n=== session {index} ({kind}, delay {delay:.1f}s): {' '.join(cmd)}\n")
             log.flush()
@@ -307,10 +353,13 @@ class Soak:
             session.violations.append(f"the session exited {proc.returncode} (see {self.log})")
         self._check(session)
         self.sessions.append(session)
-        print(f"session {index:3d} {kind:6s} {session.start_episodes:6d} -> {session.end_episodes:6d} episodes, "
-              f"{session.seconds:5.1f}s, {'killed in ' + str(session.phase_at_kill) if session.killed else 'exit ' + str(proc.returncode)}, "
-              f"peak RSS {session.peak_rss_kb / 1024:.0f} MiB{'; ' + '; '.join(session.violations) if session.violations else ''}",
-              flush=True)
+        ending = f"killed in {session.phase_at_kill}" if session.killed else f"exit {proc.returncode}"
+        problems = "; " + "; ".join(session.violations) if session.violations else ""
+        print(
+            f"session {index:3d} {kind:6s} {session.start_episodes:6d} -> {session.end_episodes:6d} episodes, "
+            f"{session.seconds:5.1f}s, {ending}, peak RSS {session.peak_rss_kb / 1024:.0f} MiB{problems}",
+            flush=True,
+        )
         return session
 
     def _watch(self, proc: subprocess.Popen, session: Session, kill: bool, tag: str) -> None:
@@ -331,8 +380,9 @@ class Soak:
                     session.rss.append((round(t, 1), rss, last["episodes"] if last else session.start_episodes))
                 if not kill and t - tree_at >= 10:  # the game processes and the fork server beside the loop
                     tree_at = t
-                    session.tree_rss.append((round(t, 1), sum(proc_kb(p, "VmRSS") or 0 for p in tagged_pids(tag)),
-                                             len(tagged_pids(tag))))
+                    session.tree_rss.append(
+                        (round(t, 1), sum(proc_kb(p, "VmRSS") or 0 for p in tagged_pids(tag)), len(tagged_pids(tag)))
+                    )
             if kill and kill_at is None and t > 3 * self.s.max_delay:
                 kill_at = t  # no move seen (a long PLAY): kill anyway
             if kill_at is not None and t >= kill_at:
@@ -361,8 +411,9 @@ class Soak:
             before = set(self.sessions[-1].running_cycles) if self.sessions else set()
             if session.killed:  # a cycle left by an earlier kill is rolled back only once CONSOLIDATE starts again
                 new = set(session.running_cycles) - before
-                session.phase_at_kill = run.phase + (" (cycle running)" if new else
-                                                     " (before the interrupted cycle's rollback)" if running else "")
+                session.phase_at_kill = run.phase + (
+                    " (cycle running)" if new else " (before the interrupted cycle's rollback)" if running else ""
+                )
             elif running:
                 session.violations.append(f"cycles left running after a clean exit: {[c.id for c in running]}")
             session.violations += draw_violations(store, run)
@@ -397,22 +448,30 @@ class Soak:
         left_running = len({i for x in killed for i in x.running_cycles})  # a kill at start-up finds the last one's
         if interrupted != left_running:
             violations.append(f"{interrupted} cycles marked interrupted, but kills left {left_running} running")
-        gaps = {x.start_episodes for x in self.sessions} | set(record["extraction_rows"]) | {
-            p for p in range(self.s.consolidate_every, n + 1, self.s.consolidate_every)}
+        gaps = (
+            {x.start_episodes for x in self.sessions}
+            | set(record["extraction_rows"])
+            | {p for p in range(self.s.consolidate_every, n + 1, self.s.consolidate_every)}
+        )
         window = min(1000, n // 2)
         return {
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.s).items()},
-            "seconds": round(seconds, 1), "kills": len(killed), "episodes": n, "steps": steps,
+            "seconds": round(seconds, 1),
+            "kills": len(killed),
+            "episodes": n,
+            "steps": steps,
             "episodes_under_kills": final.start_episodes if final.kind == "final" else n,
             "kills_by_phase": dict(Counter(x.phase_at_kill or "?" for x in killed)),
-            "extractions": len(record["extraction_rows"]), "lesson_sets": len(lesson_sets),
+            "extractions": len(record["extraction_rows"]),
+            "lesson_sets": len(lesson_sets),
             "lesson_sets_live": sum(v.status == "live" for v in lesson_sets),
-            "cycles": dict(Counter("interrupted" if (c.error or "").startswith("interrupted") else c.status
-                                   for c in cycles)),
+            "cycles": dict(
+                Counter("interrupted" if (c.error or "").startswith("interrupted") else c.status for c in cycles)
+            ),
             "window": window,
             "phase_seconds": phase_seconds(record, {x.start_episodes for x in self.sessions[1:]}),
             "first": rates(record["episodes"][:window], gaps, 0),
-            "last": rates(record["episodes"][n - window:], gaps, n - window),
+            "last": rates(record["episodes"][n - window :], gaps, n - window),
             "rss": rss_table(self.sessions),
             "db": db_table(self.sessions, self.s.memory_url is None),
             "survivors": sum(x.survivors for x in self.sessions),
@@ -426,8 +485,10 @@ def rates(episodes: list, gaps: set[int], offset: int) -> dict:
     ends = [e.ended_at for e in episodes]
     kept = [(b - a).total_seconds() for k, (a, b) in enumerate(pairwise(ends), start=offset + 1) if k not in gaps]
     wall = (ends[-1] - ends[0]).total_seconds() if len(ends) > 1 else 0.0
-    return {"play_per_min": round(60 * len(kept) / sum(kept), 1) if kept and sum(kept) > 0 else 0.0,
-            "wall_per_min": round(60 * (len(ends) - 1) / wall, 1) if wall > 0 else 0.0}
+    return {
+        "play_per_min": round(60 * len(kept) / sum(kept), 1) if kept and sum(kept) > 0 else 0.0,
+        "wall_per_min": round(60 * (len(ends) - 1) / wall, 1) if wall > 0 else 0.0,
+    }
 
 
 def phase_seconds(record: dict, restarts: set[int]) -> dict:
@@ -439,12 +500,18 @@ def phase_seconds(record: dict, restarts: set[int]) -> dict:
     ends, cycle_start = record["ends"], {p: c.started_at for p, c in record["cycles"]}
     extract = []
     for point in sorted(record["extraction_rows"]):
-        made = [v.created_at for p, v in record["versions"]
-                if p == point and (point not in cycle_start or v.created_at < cycle_start[point])]
+        made = [
+            v.created_at
+            for p, v in record["versions"]
+            if p == point and (point not in cycle_start or v.created_at < cycle_start[point])
+        ]
         if made and point > 0 and point not in restarts:
             extract.append((max(made) - ends[point - 1]).total_seconds())
-    cycles = [(c.ended_at - c.started_at).total_seconds() for _, c in record["cycles"]
-              if c.ended_at and not (c.error or "").startswith("interrupted")]
+    cycles = [
+        (c.ended_at - c.started_at).total_seconds()
+        for _, c in record["cycles"]
+        if c.ended_at and not (c.error or "").startswith("interrupted")
+    ]
 
     def ends_of(xs: list[float]) -> list[float]:
         return [round(median(xs[:10]), 1), round(median(xs[-10:]), 1)] if xs else [0.0, 0.0]
@@ -470,10 +537,14 @@ def rss_table(sessions: list[Session]) -> dict:
     def mean(xs: list[float]) -> float:
         return round(sum(xs) / len(xs), 1) if xs else 0.0
 
-    return {"killed_first10_mib": mean(killed[:10]), "killed_last10_mib": mean(killed[-10:]),
-            "killed_max_mib": round(max(killed, default=0.0), 1),
-            "final_peak_mib": round((final.peak_rss_kb if final else 0) / 1024, 1), "final_over_time": over_time,
-            "final_tree_mib": [(t, round(kb / 1024), n) for t, kb, n in (final.tree_rss if final else [])]}
+    return {
+        "killed_first10_mib": mean(killed[:10]),
+        "killed_last10_mib": mean(killed[-10:]),
+        "killed_max_mib": round(max(killed, default=0.0), 1),
+        "final_peak_mib": round((final.peak_rss_kb if final else 0) / 1024, 1),
+        "final_over_time": over_time,
+        "final_tree_mib": [(t, round(kb / 1024), n) for t, kb, n in (final.tree_rss if final else [])],
+    }
 
 
 def db_table(sessions: list[Session], sqlite: bool) -> dict:
@@ -484,9 +555,14 @@ def db_table(sessions: list[Session], sqlite: bool) -> dict:
     n, size = points[-1]
     start = next(((e, b) for e, b in points if e >= n / 3), points[0])
     marginal = (size - start[1]) / (n - start[0]) if n > start[0] else 0.0
-    return {"kind": "SQLite file + WAL" if sqlite else "pg_database_size", "bytes": size, "episodes": n,
-            "bytes_per_episode": round(size / n), "marginal_bytes_per_episode": round(marginal),
-            "from_episode": start[0]}
+    return {
+        "kind": "SQLite file + WAL" if sqlite else "pg_database_size",
+        "bytes": size,
+        "episodes": n,
+        "bytes_per_episode": round(size / n),
+        "marginal_bytes_per_episode": round(marginal),
+        "from_episode": start[0],
+    }
 
 
 def table(report: dict) -> str:
@@ -497,20 +573,39 @@ def table(report: dict) -> str:
     rows = [
         ("kills (SIGKILL, each resumed)", f"{r['kills']} ({phases})"),
         ("episodes", f"{r['episodes']} ({r['episodes_under_kills']} under kills, then run on), {r['steps']} steps"),
-        ("EXTRACT phases / lesson-set versions (live)", f"{r['extractions']} / {r['lesson_sets']} ({r['lesson_sets_live']})"),
+        (
+            "EXTRACT phases / lesson-set versions (live)",
+            f"{r['extractions']} / {r['lesson_sets']} ({r['lesson_sets_live']})",
+        ),
         ("OPCD cycles", ", ".join(f"{k} {v}" for k, v in sorted(r["cycles"].items())) or "none"),
         (f"episodes/min, first {r['window']}: PLAY only / wall", f"{f['play_per_min']} / {f['wall_per_min']}"),
         (f"episodes/min, last {r['window']}: PLAY only / wall", f"{last['play_per_min']} / {last['wall_per_min']}"),
-        ("EXTRACT / OPCD cycle seconds, median of the first 10 -> last 10",
-         "{} -> {} / {} -> {}".format(*r["phase_seconds"]["extract_first_last"], *r["phase_seconds"]["cycle_first_last"])),
-        ("peak RSS of killed sessions: first 10 / last 10 / max (MiB)",
-         f"{rss['killed_first10_mib']} / {rss['killed_last10_mib']} / {rss['killed_max_mib']}"),
+        (
+            "EXTRACT / OPCD cycle seconds, median of the first 10 -> last 10",
+            "{} -> {} / {} -> {}".format(
+                *r["phase_seconds"]["extract_first_last"], *r["phase_seconds"]["cycle_first_last"]
+            ),
+        ),
+        (
+            "peak RSS of killed sessions: first 10 / last 10 / max (MiB)",
+            f"{rss['killed_first10_mib']} / {rss['killed_last10_mib']} / {rss['killed_max_mib']}",
+        ),
         ("RSS of the final session as it played on (MiB)", over or "-"),
-        ("all its processes (loop, game processes, fork server): first / last sample (MiB, count)",
-         " / ".join(f"{kb} ({n})" for _, kb, n in rss["final_tree_mib"][1:2] + rss["final_tree_mib"][-1:]) or "-"),
-        (f"database ({db.get('kind', '-')})", f"{db.get('bytes', 0) / 2**20:.1f} MiB for {db.get('episodes', 0)} episodes"),
-        ("bytes per episode: overall / marginal",
-         f"{db.get('bytes_per_episode', 0)} / {db.get('marginal_bytes_per_episode', 0)} (from episode {db.get('from_episode', 0)})"),
+        (
+            "all its processes (loop, game processes, fork server): first / last sample (MiB, count)",
+            " / ".join(f"{kb} ({n})" for _, kb, n in rss["final_tree_mib"][1:2] + rss["final_tree_mib"][-1:]) or "-",
+        ),
+        (
+            f"database ({db.get('kind', '-')})",
+            f"{db.get('bytes', 0) / 2**20:.1f} MiB for {db.get('episodes', 0)} episodes",
+        ),
+        (
+            "bytes per episode: overall / marginal",
+            (
+                f"{db.get('bytes_per_episode', 0)} / {db.get('marginal_bytes_per_episode', 0)} "
+                f"(from episode {db.get('from_episode', 0)})"
+            ),
+        ),
         ("processes outliving a kill / game folders left in TMPDIR", f"{r['survivors']} / {r['game_dirs_left']}"),
         ("invariant violations", str(len(r["violations"]))),
         ("wall time", f"{r['seconds'] / 60:.1f} min"),
@@ -520,13 +615,16 @@ def table(report: dict) -> str:
 
 def append_results(path: Path, report: dict, command: str) -> None:
     """Append this soak's section to bench/RESULTS.md (never rewriting what is there)."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
 
     dirty = " (others' uncommitted changes in the tree)" if git("status", "--porcelain", "--untracked-files=no") else ""
     verdict = "none" if not report["violations"] else "; ".join(report["violations"][:10])
-    when = (f"Measured {dt.date.today()} at commit {git('rev-parse', '--short', 'HEAD')}{dirty}, on the development "
-            f"machine (2 shared cores, other jobs running). Command: `{command}`\n")
+    when = (
+        f"Measured {dt.date.today()} at commit {git('rev-parse', '--short', 'HEAD')}{dirty}, on the development "
+        f"machine (2 shared cores, other jobs running). Command: `{command}`\n"
+    )
     body = [f"\n{HEADING}\n", when, table(report), "", f"Invariant violations: {verdict}.", ""]
     with path.open("a") as out:
         out.write("\n".join(body))
@@ -569,10 +667,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, help="append the table to this file (bench/RESULTS.md)")
     args = p.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="agent-runtime-soak-"))
-    s = Settings(workdir=workdir, model_dir=cache / f"tiny-std{INIT_STD}", games_dir=cache / "games", kills=args.kills,
-                 run_on=args.run_on, seed=args.seed, memory_url=args.memory_url, extract_every=args.extract_every,
-                 consolidate_every=args.consolidate_every, cycle_steps=args.cycle_steps, cycle_lr=args.cycle_lr, min_delay=args.min_delay,
-                 max_delay=args.max_delay, phase_kills=args.phase_kills)
+    s = Settings(
+        workdir=workdir,
+        model_dir=cache / f"tiny-std{INIT_STD}",
+        games_dir=cache / "games",
+        kills=args.kills,
+        run_on=args.run_on,
+        seed=args.seed,
+        memory_url=args.memory_url,
+        extract_every=args.extract_every,
+        consolidate_every=args.consolidate_every,
+        cycle_steps=args.cycle_steps,
+        cycle_lr=args.cycle_lr,
+        min_delay=args.min_delay,
+        max_delay=args.max_delay,
+        phase_kills=args.phase_kills,
+    )
     prepare(s)
     try:
         report = Soak(s).run()
@@ -585,7 +695,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))
     if args.results:
-        append_results(args.results, report, "nice -n 10 .venv/bin/python bench/soak.py " + " ".join(argv or sys.argv[1:]))
+        append_results(
+            args.results, report, "nice -n 10 .venv/bin/python bench/soak.py " + " ".join(argv or sys.argv[1:])
+        )
     return 1 if report["violations"] else 0
 
 

@@ -32,8 +32,11 @@ def draw_violations(store, run) -> list[str]:
         out.append(f"draws lost (neither committed nor open): {lost[:10]}")
     if beyond := sorted((committed | open_draws) - expected, key=str):
         out.append(f"draws at or past next_draw {state.get('next_draw')}: {beyond[:10]}")
-    counted = {"episodes": len(episodes), "won": sum(e.won for e in episodes),
-               "errors": sum(e.outcome == "error" for e in episodes)}
+    counted = {
+        "episodes": len(episodes),
+        "won": sum(e.won for e in episodes),
+        "errors": sum(e.outcome == "error" for e in episodes),
+    }
     for key, rows in counted.items():
         if state.get(key, 0) != rows:
             out.append(f"state.{key} = {state.get(key, 0)} but the rows say {rows}")
@@ -48,7 +51,9 @@ def budget_violations(store, run_id: int, count_tokens, budget: int) -> list[str
     for version in store.lesson_sets(run_id):
         lessons = {x.id: x for x in store.lessons(run_id, ids=version.lesson_ids)}
         for pool in sorted({x.pool for x in lessons.values()}):
-            tokens = count_tokens(render_lessons(lessons[i].text for i in version.lesson_ids if lessons[i].pool == pool))
+            tokens = count_tokens(
+                render_lessons(lessons[i].text for i in version.lesson_ids if lessons[i].pool == pool)
+            )
             if tokens > budget:
                 out.append(f"lesson set v{version.version} pool {pool}: {tokens} tokens > budget {budget}")
     return out
@@ -67,9 +72,14 @@ def phase_record(store, run_id: int) -> dict:
         point = bisect_left(ends, x.created_at)
         rows[point] += 1
         reads[point].update(rank[i] for i in x.episode_ids)
-    return {"episodes": episodes, "ends": ends, "extraction_rows": rows, "extraction_reads": dict(reads),
-            "cycles": [(bisect_left(ends, c.started_at), c) for c in store.cycles(run_id)],
-            "versions": [(bisect_left(ends, v.created_at), v) for v in store.lesson_sets(run_id)]}
+    return {
+        "episodes": episodes,
+        "ends": ends,
+        "extraction_rows": rows,
+        "extraction_reads": dict(reads),
+        "cycles": [(bisect_left(ends, c.started_at), c) for c in store.cycles(run_id)],
+        "versions": [(bisect_left(ends, v.created_at), v) for v in store.lesson_sets(run_id)],
+    }
 
 
 def phase_violations(store, run, config, record: dict | None = None) -> list[str]:
@@ -86,13 +96,17 @@ def phase_violations(store, run, config, record: dict | None = None) -> list[str
     expected = [k * lessons["extract_every"] for k in range(1, n // lessons["extract_every"] + 1)]
     seen = sorted(record["extraction_rows"])
     if seen != expected:
-        out.append(f"EXTRACT ran at {seen[:8]}..., the schedule says {expected[:8]}... ({len(seen)} vs {len(expected)})")
+        out.append(
+            f"EXTRACT ran at {seen[:8]}..., the schedule says {expected[:8]}... ({len(seen)} vs {len(expected)})"
+        )
     if twice := {p: c for p, c in record["extraction_rows"].items() if c != per_phase}:
         out.append(f"EXTRACT phases with other than {per_phase} extractions (a phase done twice?): {twice}")
     for point, reads in record["extraction_reads"].items():
         if reads != Counter({r: lessons["pools"] for r in range(point - read + 1, point + 1)}):
-            out.append(f"EXTRACT at episode {point} read episodes (rank: times) {dict(reads)}; expected each of the "
-                       f"{read} newest once per pool")
+            out.append(
+                f"EXTRACT at episode {point} read episodes (rank: times) {dict(reads)}; expected each of the "
+                f"{read} newest once per pool"
+            )
     if run.state.get("extractions") != len(seen):
         out.append(f"state.extractions = {run.state.get('extractions')} but {len(seen)} EXTRACT phases are stored")
     gates = Counter(e.lesson_set_version for e in store.evaluations(run_id=run.id, kind=EVALUATION_GATE))
@@ -110,8 +124,9 @@ def phase_violations(store, run, config, record: dict | None = None) -> list[str
             allowed = int(point in extract_points) + (consolidating[point] if by_cycles else 0)
             if count > allowed:
                 out.append(f"{count} {status} lesson-set versions at episode {point}, at most {allowed} expected")
-    expected_cycles = [p for p in range(opcd["consolidate_every"], n + 1, opcd["consolidate_every"])
-                       if _live_at(record, p)]
+    expected_cycles = [
+        p for p in range(opcd["consolidate_every"], n + 1, opcd["consolidate_every"]) if _live_at(record, p)
+    ]
     if (points := [p for p, _ in finished]) != expected_cycles:
         out.append(f"cycles finished at {points}, the schedule says {expected_cycles}")
     if run.state.get("cycles") != len(finished):

@@ -48,26 +48,67 @@ KEPT_TABLES = ("runs", "episodes", "steps")
 
 def play(workdir: Path, episodes: int) -> list[dict]:
     """Play configs/smoke.yaml; the coin-collector rows (runs, episodes, steps) of its export."""
-    subprocess.run([sys.executable, "-m", "agent_runtime", "run", str(ROOT / "configs" / "smoke.yaml"), "--workdir",
-                    str(workdir), "--set", f"runtime.episodes={episodes}", "--no-progress"], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent_runtime",
+            "run",
+            str(ROOT / "configs" / "smoke.yaml"),
+            "--workdir",
+            str(workdir),
+            "--set",
+            f"runtime.episodes={episodes}",
+            "--no-progress",
+        ],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
     out = io.StringIO()
     with ExperienceStore.open(workdir, read_only=True) as store:
         store.export_jsonl(out)
     items = [json.loads(line) for line in out.getvalue().splitlines()[1:-1]]
     coin = {i["row"]["id"] for i in items if i["table"] == "episodes" and i["row"]["env_id"] == ENV}
-    return [i for i in items if i["table"] == "runs"
-            or (i["table"] == "episodes" and i["row"]["id"] in coin)
-            or (i["table"] == "steps" and i["row"]["episode_id"] in coin)]
+    return [
+        i
+        for i in items
+        if i["table"] == "runs"
+        or (i["table"] == "episodes" and i["row"]["id"] in coin)
+        or (i["table"] == "steps" and i["row"]["episode_id"] in coin)
+    ]
 
 
 def export_text(items: list[dict]) -> str:
     counts = {t: sum(1 for i in items if i["table"] == t) for t in KEPT_TABLES}
     header = {"format": "agent-runtime-memory", "version": 1, "schema_revision": "0002", "source": "bench"}
     lines = [json.dumps(header)] + [json.dumps(i) for i in items]
-    lines.append(json.dumps({"end": True, "counts": {**dict.fromkeys(
-        ("runs", "adapters", "extractions", "opcd_cycles", "lessons", "lesson_sets", "lesson_set_members", "episodes",
-         "steps", "evaluations", "embeddings"), 0), **counts}}))
+    lines.append(
+        json.dumps(
+            {
+                "end": True,
+                "counts": {
+                    **dict.fromkeys(
+                        (
+                            "runs",
+                            "adapters",
+                            "extractions",
+                            "opcd_cycles",
+                            "lessons",
+                            "lesson_sets",
+                            "lesson_set_members",
+                            "episodes",
+                            "steps",
+                            "evaluations",
+                            "embeddings",
+                        ),
+                        0,
+                    ),
+                    **counts,
+                },
+            }
+        )
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -105,7 +146,9 @@ def sizes(url: str) -> dict[str, float]:
             with engine.connect() as conn:
                 conn.connection.dbapi_connection.execute("VACUUM")
                 by_name = dict(conn.exec_driver_sql("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").all())
-                indexes = dict(conn.exec_driver_sql("SELECT name, tbl_name FROM sqlite_schema WHERE type = 'index'").all())
+                indexes = dict(
+                    conn.exec_driver_sql("SELECT name, tbl_name FROM sqlite_schema WHERE type = 'index'").all()
+                )
                 steps = sum(v for k, v in by_name.items() if k == "steps" or indexes.get(k) == "steps")
                 parts = sum(v for k, v in by_name.items() if k == "prompt_parts" or indexes.get(k) == "prompt_parts")
                 mean = conn.exec_driver_sql("SELECT avg(length(CAST(prompt AS BLOB))) FROM steps").scalar()
@@ -115,10 +158,14 @@ def sizes(url: str) -> dict[str, float]:
             has_parts = conn.exec_driver_sql("SELECT to_regclass('prompt_parts') IS NOT NULL").scalar()
             return {
                 "steps": conn.exec_driver_sql("SELECT pg_total_relation_size('steps')").scalar(),
-                "parts": conn.exec_driver_sql("SELECT pg_total_relation_size('prompt_parts')").scalar() if has_parts else 0,
+                "parts": conn.exec_driver_sql("SELECT pg_total_relation_size('prompt_parts')").scalar()
+                if has_parts
+                else 0,
                 "database": conn.exec_driver_sql(
-                    "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                    "WHERE n.nspname = 'public' AND c.relkind = 'r'").scalar(),
+                    "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = 'public' AND c.relkind = 'r'"
+                ).scalar(),
                 "prompt": conn.exec_driver_sql("SELECT avg(octet_length(prompt)) FROM steps").scalar(),
             }
     finally:
@@ -128,8 +175,11 @@ def sizes(url: str) -> dict[str, float]:
 def check_prompts(target: str, items: list[dict], index_dir: Path) -> None:
     with ExperienceStore.open(target, index_dir=index_dir) as store:
         for item in (i for i in items if i["table"] == "episodes"):
-            played = {s["row"]["step_index"]: s["row"]["prompt"] for s in items
-                      if s["table"] == "steps" and s["row"]["episode_id"] == item["row"]["id"]}
+            played = {
+                s["row"]["step_index"]: s["row"]["prompt"]
+                for s in items
+                if s["table"] == "steps" and s["row"]["episode_id"] == item["row"]["id"]
+            }
             got = {s.index: s.prompt for s in store.episode(item["row"]["id"]).steps}
             assert got == played, f"episode {item['row']['id']}: prompts differ"
 
@@ -183,10 +233,13 @@ def main() -> int:
         n_steps = sum(1 for i in items if i["table"] == "steps")
         n_episodes = sum(1 for i in items if i["table"] == "episodes")
         observation = sum(len(i["row"]["observation"].encode()) for i in items if i["table"] == "steps") / n_steps
-        print(f"configs/smoke.yaml, {args.episodes} episodes played: {n_episodes} coin-collector episodes, "
-              f"{n_steps} steps, mean observation {observation:.0f} B\n")
+        print(
+            f"configs/smoke.yaml, {args.episodes} episodes played: {n_episodes} coin-collector episodes, "
+            f"{n_steps} steps, mean observation {observation:.0f} B\n"
+        )
         results = measure("SQLite", lambda name: f"sqlite:///{tmp / (name + '.db')}", items, tmp)
         if args.pg_url:
+
             def pg(_name: str) -> str:  # one database, emptied for each of its stores in turn
                 reset_pg(args.pg_url)
                 return args.pg_url
@@ -195,10 +248,15 @@ def main() -> int:
                 results += measure("PostgreSQL", pg, items, tmp)
             except SQLAlchemyError as exc:
                 print(f"PostgreSQL not measured: {exc}\n")
-        print("| store | steps table, B/step | + prompt parts, B/step | database growth, B/step | stored prompt, mean B |")
+        print(
+            "| store | steps table, B/step | + prompt parts, B/step | database growth, B/step | stored prompt, mean B |"
+        )
         print("|---|---:|---:|---:|---:|")
         for label, s in results:
-            print(f"| {label} | {s['steps']:.0f} | {s['steps'] + s['parts']:.0f} | {s['growth']:.0f} | {s['prompt']:.0f} |")
+            print(
+                f"| {label} | {s['steps']:.0f} | {s['steps'] + s['parts']:.0f} | {s['growth']:.0f} "
+                f"| {s['prompt']:.0f} |"
+            )
         print("\nevery prompt read back through ExperienceStore.episode equals the text played")
     return 0
 

@@ -36,12 +36,21 @@ SETS: list[tuple[str, list[str]]] = [
     ("induced, new wording", ["Go first.", "Look never helps.", "When you see a coin, take coin."]),
     ("old start, new prefer", ["Start with go.", "Look never helps.", "When you see a coin, take coin."]),
     ("new start, old prefer", ["Go first.", "Look never helps.", "When you can take coin, take coin."]),
-    ("new wording, look and inventory", ["Go first.", "Look and inventory never help.",
-                                         "When you see a coin, take coin."]),
+    (
+        "new wording, look and inventory",
+        ["Go first.", "Look and inventory never help.", "When you see a coin, take coin."],
+    ),
     ("new wording without avoid", ["Go first.", "When you see a coin, take coin."]),
     ("new wording, avoid first", ["Look never helps.", "Go first.", "When you see a coin, take coin."]),
-    ("new wording + repeat", ["Go first.", "Look never helps.", "When you see a coin, take coin.",
-                              "If an action changed nothing, choose another one."]),
+    (
+        "new wording + repeat",
+        [
+            "Go first.",
+            "Look never helps.",
+            "When you see a coin, take coin.",
+            "If an action changed nothing, choose another one.",
+        ],
+    ),
     ("'Always go first.'", ["Always go first.", "Look never helps.", "When you see a coin, take coin."]),
     ("'Go first, always.'", ["Go first, always.", "Look never helps.", "When you see a coin, take coin."]),
 ]
@@ -55,8 +64,10 @@ def main() -> None:
 
     study = Study(args.workdir)
     indexes = sorted({0, *args.sets})
-    wins = {i: study.evaluate(f"wording:{json.dumps(SETS[i][1])}", lessons=SETS[i][1], env=TRAIN_ENV, split="train")
-            for i in indexes}
+    wins = {
+        i: study.evaluate(f"wording:{json.dumps(SETS[i][1])}", lessons=SETS[i][1], env=TRAIN_ENV, split="train")
+        for i in indexes
+    }
     base = wins[0]
     print(f"\n{GAMES} train games of coin-collector level 2 (3 steps), greedy, SmolLM2-135M, choice mode\n")
     print("| lesson set | wins | success [95% CI] | McNemar p vs no lesson |")

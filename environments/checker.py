@@ -154,8 +154,11 @@ def _run_checks(env: TextEnv, seed: int, fail: Callable[[str], None]) -> None:
     again, info_again = env.reset(task_id=task)
     if again != observation:
         fail(f"reset(task_id={task!r}) twice gave different observations")
-    if isinstance(info, dict) and isinstance(info_again, dict) and \
-            info.get("admissible_actions") != info_again.get("admissible_actions"):
+    if (
+        isinstance(info, dict)
+        and isinstance(info_again, dict)
+        and info.get("admissible_actions") != info_again.get("admissible_actions")
+    ):
         fail(f"reset(task_id={task!r}) twice gave different admissible actions")
     if env.reset(seed=seed)[0] != env.reset(seed=seed)[0]:
         fail(f"reset(seed={seed}) twice gave different observations")

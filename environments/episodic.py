@@ -118,7 +118,8 @@ class EpisodicEnv(TextEnv):
     def step(self, action: str) -> StepResult:
         if not self._active:
             raise ResetNeededError(
-                f"{self.spec.id}: call reset() before step()" if self._task_id is None
+                f"{self.spec.id}: call reset() before step()"
+                if self._task_id is None
                 else f"{self.spec.id}: the episode on {self._task_id!r} has ended; call reset()"
             )
         if not isinstance(action, str):

@@ -58,16 +58,21 @@ UNKNOWN_VERB = "That's not a verb I recognise."
 ONE_AT_A_TIME = "You have to be more specific! Give one command about one thing at a time."
 
 # Inform 7 out-of-world actions and their Inform 6 synonyms, and the parser's own words (again, oops, undo)
-_INFORM = ("quit q die save restore restart verify undo oops o again g score fullscore full notify pronouns "
-           "nouns version script transcript unscript noscript superbrief short verbose long brief normal "
-           "recording replay")
+_INFORM = (
+    "quit q die save restore restart verify undo oops o again g score fullscore full notify pronouns "
+    "nouns version script transcript unscript noscript superbrief short verbose long brief normal "
+    "recording replay"
+)
 # Inform's debugging verbs (present in debug builds)
-_INFORM_DEBUG = ("actions rules scenes showme showverb showheap gonear purloin abstract tree trace random "
-                 "responses test relations")
+_INFORM_DEBUG = (
+    "actions rules scenes showme showverb showheap gonear purloin abstract tree trace random responses test relations"
+)
 # the rest of jericho's defines.ILLEGAL_ACTIONS (meta words of the games jericho supports)
-_JERICHO = ("license licence lisense lisence copyright terms eula info tutorial changes daemons messages win "
-            "lose quotes hint hints menu walkthru walkthrou walkthrough manual about clue clues credit credits "
-            "places objects")
+_JERICHO = (
+    "license licence lisense lisence copyright terms eula info tutorial changes daemons messages win "
+    "lose quotes hint hints menu walkthru walkthrou walkthrough manual about clue clues credit credits "
+    "places objects"
+)
 # TextWorld's framework commands (textworld/generator/inform7/world2inform7.py); "tw-..." all start alike
 _TEXTWORLD = "print_state enable disable restrict"
 _TEXTWORLD_PREFIX = "tw-"
@@ -166,9 +171,14 @@ class _ForkServer:
         env = dict(os.environ)
         package_parent = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-        self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], cwd=os.sep, env=env,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            cwd=os.sep,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
         theirs.close()
         self.sock, self.owner = ours, os.getpid()
 
@@ -270,8 +280,11 @@ class InterpreterProcess:
         try:
             conn.send_bytes(json.dumps(request).encode())
             if not conn.poll(timeout):
-                raise self._fail(f"the game interpreter gave no answer to {request['op']} "
-                                 f"{request.get('command', '')!r} within {timeout:.0f} s and was killed", kill=True)
+                raise self._fail(
+                    f"the game interpreter gave no answer to {request['op']} "
+                    f"{request.get('command', '')!r} within {timeout:.0f} s and was killed",
+                    kill=True,
+                )
             answer = json.loads(conn.recv_bytes())
         except (EOFError, OSError) as exc:
             raise self._fail(f"the game interpreter exited during {request['op']} ({type(exc).__name__})") from None

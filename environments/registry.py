@@ -100,8 +100,9 @@ def _published(spec: str, groups: Sequence[str]) -> bool:
     return any(ep.value.replace(" ", "") == spec for group in groups for ep in entry_points(group=group))
 
 
-def check_code(spec: str, *, what: str, packages: Sequence[str] = (), prefixes: Sequence[str] = (),
-               groups: Sequence[str] = ()) -> None:
+def check_code(
+    spec: str, *, what: str, packages: Sequence[str] = (), prefixes: Sequence[str] = (), groups: Sequence[str] = ()
+) -> None:
     """Refuse (UntrustedCodeError) to import the module of `spec` ('package.module:Name', which `what` names
     in the message) when importing it could run code the user did not mean to load. Allowed without the opt-in:
     a module already imported (importing it again runs nothing), this project's own packages, a top-level package
@@ -120,12 +121,14 @@ def check_code(spec: str, *, what: str, packages: Sequence[str] = (), prefixes: 
     if _published(spec, groups):
         return
     allowed = ", ".join([*OWN_PACKAGES, *packages, *(f"{p}*" for p in prefixes)])
-    published = f", or one an installed distribution publishes as an entry point ({', '.join(groups)})" \
-        if groups else ""
+    published = (
+        f", or one an installed distribution publishes as an entry point ({', '.join(groups)})" if groups else ""
+    )
     raise UntrustedCodeError(
         f"{what} {spec!r}: refusing to import module {module_name!r}: importing a module runs its code, and "
         f"{module_name!r} is neither imported already nor in an allowed package ({allowed}){published}; "
-        f"{TRUST_HINT}")
+        f"{TRUST_HINT}"
+    )
 
 
 def check_env_id(env_id: str) -> None:
@@ -138,8 +141,10 @@ def check_env_id(env_id: str) -> None:
     check_code(env_id, what="environment")
     obj = _resolve(env_id)
     if not (isinstance(obj, type) and issubclass(obj, TextEnv)):
-        raise UntrustedCodeError(f"environment {env_id!r} is not a TextEnv class; a config may name only one "
-                                 f"(a factory function is called to find out what it builds); {TRUST_HINT}")
+        raise UntrustedCodeError(
+            f"environment {env_id!r} is not a TextEnv class; a config may name only one "
+            f"(a factory function is called to find out what it builds); {TRUST_HINT}"
+        )
 
 
 @dataclass(frozen=True)

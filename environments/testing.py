@@ -20,8 +20,10 @@ class GuessEnv(EpisodicEnv):
     """Guess the hidden number in [1, 5]; reward 1 on the right guess; hints "higher"/"lower"."""
 
     def __init__(self, *, max_steps: int | None = None, cache_dir: str | None = None) -> None:
-        super().__init__(EnvSpec(id="testing/guess", max_steps=4, family="text",
-                                 description="Guess a number between 1 and 5"), max_steps=max_steps)
+        super().__init__(
+            EnvSpec(id="testing/guess", max_steps=4, family="text", description="Guess a number between 1 and 5"),
+            max_steps=max_steps,
+        )
         self._secret = 0
 
     def _tasks(self, split: str) -> Sequence[str]:

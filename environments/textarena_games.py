@@ -121,12 +121,21 @@ def sokoban_solution(fixed: Any, state: Any) -> list[str] | None:
 class ArenaEnv(EpisodicEnv):
     """FrozenLake or Sokoban from TextArena with the paper's settings (see the module docstring)."""
 
-    def __init__(self, game: str, *, max_steps: int | None = None, n_train: int = 10_000, n_eval: int = 500,
-                 **game_kwargs: Any) -> None:
-        descriptions = {"frozenlake": "TextArena FrozenLake 3x3, 2 holes (OPCD paper setting)",
-                        "sokoban": "TextArena Sokoban 6x6, 1 box (OPCD paper setting)"}
-        spec = EnvSpec(id=f"textarena/{game}", version="1", max_steps=5, family="arena",
-                       description=descriptions[game], kwargs=dict(game_kwargs))
+    def __init__(
+        self, game: str, *, max_steps: int | None = None, n_train: int = 10_000, n_eval: int = 500, **game_kwargs: Any
+    ) -> None:
+        descriptions = {
+            "frozenlake": "TextArena FrozenLake 3x3, 2 holes (OPCD paper setting)",
+            "sokoban": "TextArena Sokoban 6x6, 1 box (OPCD paper setting)",
+        }
+        spec = EnvSpec(
+            id=f"textarena/{game}",
+            version="1",
+            max_steps=5,
+            family="arena",
+            description=descriptions[game],
+            kwargs=dict(game_kwargs),
+        )
         super().__init__(spec, max_steps=max_steps)
         self.game, self.game_kwargs = game, game_kwargs
         self._counts = {"train": n_train, "eval": n_eval}
@@ -155,8 +164,9 @@ class ArenaEnv(EpisodicEnv):
         from textarena.envs.Sokoban.env import SokobanEnv
 
         # TextArena's own turn limit is set beyond ours: truncation is ours (spec.max_steps)
-        env = SokobanEnv(dim_room=tuple(self.game_kwargs["dim_room"]), max_turns=1000,
-                         num_boxes=self.game_kwargs["num_boxes"])
+        env = SokobanEnv(
+            dim_room=tuple(self.game_kwargs["dim_room"]), max_turns=1000, num_boxes=self.game_kwargs["num_boxes"]
+        )
         with _seeded_global_random(seed):
             env.reset(num_players=1, seed=seed)
         return env, sokoban_solution(env.room_fixed, env.room_state)
@@ -165,8 +175,11 @@ class ArenaEnv(EpisodicEnv):
         import textarena as ta
 
         _, messages = self._env.get_observation()
-        keep = [text for sender, text, kind in messages
-                if kind not in (ta.ObservationType.PROMPT, ta.ObservationType.PLAYER_ACTION)]
+        keep = [
+            text
+            for sender, text, kind in messages
+            if kind not in (ta.ObservationType.PROMPT, ta.ObservationType.PLAYER_ACTION)
+        ]
         return "\n\n".join(text.strip() for text in keep)
 
     def _won(self) -> bool:
@@ -210,22 +223,36 @@ class ArenaEnv(EpisodicEnv):
         self._active = False
 
 
-def frozenlake(*, size: int = 3, num_holes: int = 2, max_steps: int | None = None,
-               cache_dir: str | None = None, n_train: int = 10_000, n_eval: int = 500) -> ArenaEnv:
+def frozenlake(
+    *,
+    size: int = 3,
+    num_holes: int = 2,
+    max_steps: int | None = None,
+    cache_dir: str | None = None,
+    n_train: int = 10_000,
+    n_eval: int = 500,
+) -> ArenaEnv:
     """FrozenLake: fixed start top-left, goal bottom-right, `num_holes` holes, solvability checked.
 
     `cache_dir` is accepted for uniformity with the other built-ins; these games are generated in
     microseconds and never written to disk.
     """
-    return ArenaEnv("frozenlake", size=size, num_holes=num_holes, max_steps=max_steps,
-                    n_train=n_train, n_eval=n_eval)
+    return ArenaEnv("frozenlake", size=size, num_holes=num_holes, max_steps=max_steps, n_train=n_train, n_eval=n_eval)
 
 
-def sokoban(*, dim_room: tuple[int, int] = (6, 6), num_boxes: int = 1, max_steps: int | None = None,
-            cache_dir: str | None = None, n_train: int = 10_000, n_eval: int = 500) -> ArenaEnv:
+def sokoban(
+    *,
+    dim_room: tuple[int, int] = (6, 6),
+    num_boxes: int = 1,
+    max_steps: int | None = None,
+    cache_dir: str | None = None,
+    n_train: int = 10_000,
+    n_eval: int = 500,
+) -> ArenaEnv:
     """Sokoban: push the box(es) onto the target(s); only rooms solvable within max_steps are offered.
 
     `cache_dir` is accepted for uniformity with the other built-ins (nothing is cached).
     """
-    return ArenaEnv("sokoban", dim_room=tuple(dim_room), num_boxes=num_boxes, max_steps=max_steps,
-                    n_train=n_train, n_eval=n_eval)
+    return ArenaEnv(
+        "sokoban", dim_room=tuple(dim_room), num_boxes=num_boxes, max_steps=max_steps, n_train=n_train, n_eval=n_eval
+    )

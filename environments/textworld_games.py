@@ -48,8 +48,16 @@ from environments.interpreter import (
     safe_command,
 )
 
-__all__ = ["TextWorldEnv", "coin_collector", "cooking", "custom", "game_seed", "safe_command", "simple",
-           "treasure_hunter"]
+__all__ = [
+    "TextWorldEnv",
+    "coin_collector",
+    "cooking",
+    "custom",
+    "game_seed",
+    "safe_command",
+    "simple",
+    "treasure_hunter",
+]
 
 EVAL_SEED_OFFSET = 1_000_000
 _GENERATOR_VERSION = "1"  # bump when generation changes so old cache entries are not reused
@@ -100,7 +108,11 @@ class TextWorldEnv(EpisodicEnv):
         n_eval: int = 100,
     ) -> None:
         spec = EnvSpec(
-            id=env_id, version="1", max_steps=default_max_steps, family="text", description=description,
+            id=env_id,
+            version="1",
+            max_steps=default_max_steps,
+            family="text",
+            description=description,
             kwargs={"challenge": challenge, **settings},
         )
         super().__init__(spec, max_steps=max_steps)
@@ -120,10 +132,16 @@ class TextWorldEnv(EpisodicEnv):
         """Hash of everything that determines the game of `task_id` (its cache entry's name)."""
         import textworld
 
-        return cache_key({
-            "challenge": self.challenge, "settings": self.settings, "seed": game_seed(task_id),
-            "split": self._split_of(task_id), "textworld": textworld.__version__, "gen": _GENERATOR_VERSION,
-        })
+        return cache_key(
+            {
+                "challenge": self.challenge,
+                "settings": self.settings,
+                "seed": game_seed(task_id),
+                "split": self._split_of(task_id),
+                "textworld": textworld.__version__,
+                "gen": _GENERATOR_VERSION,
+            }
+        )
 
     @staticmethod
     def _split_of(task_id: str) -> str:
@@ -132,8 +150,9 @@ class TextWorldEnv(EpisodicEnv):
     def game_file(self, task_id: str) -> Path:
         """The compiled game of `task_id`, generated and cached on first use."""
         key = self.game_key(task_id)
-        if not is_complete(self.cache_dir / key, _GAME_FILES) and is_complete(self.cache_dir, (f"{key}.z8",
-                                                                                               f"{key}.json")):
+        if not is_complete(self.cache_dir / key, _GAME_FILES) and is_complete(
+            self.cache_dir, (f"{key}.z8", f"{key}.json")
+        ):
             return self.cache_dir / f"{key}.z8"  # the flat layout of earlier versions (an old workdir's games/)
         return cached_entry(self.cache_dir, key, _GAME_FILES, lambda tmp: self._generate(task_id, tmp)) / "game.z8"
 
@@ -172,10 +191,19 @@ class TextWorldEnv(EpisodicEnv):
         if self._game is None:
             self._game = InterpreterProcess()
         self._loaded_path = None
-        self._game.load(path, {
-            "admissible_commands": True, "won": True, "lost": True, "score": True, "max_score": True,
-            "objective": True, "policy_commands": True, "extras": ["walkthrough"],
-        })
+        self._game.load(
+            path,
+            {
+                "admissible_commands": True,
+                "won": True,
+                "lost": True,
+                "score": True,
+                "max_score": True,
+                "objective": True,
+                "policy_commands": True,
+                "extras": ["walkthrough"],
+            },
+        )
         self._loaded_path = path
 
     @property
@@ -228,55 +256,142 @@ class TextWorldEnv(EpisodicEnv):
         self._active = False
 
 
-def coin_collector(*, level: int = 5, max_steps: int | None = None, cache_dir: str | Path | None = None,
-                   n_train: int = 1000, n_eval: int = 100) -> TextWorldEnv:
+def coin_collector(
+    *,
+    level: int = 5,
+    max_steps: int | None = None,
+    cache_dir: str | Path | None = None,
+    n_train: int = 1000,
+    n_eval: int = 100,
+) -> TextWorldEnv:
     """Coin Collector: walk a chain of rooms (level = quest length, +100 adds distractor rooms) to the coin."""
-    return TextWorldEnv("textworld/coin_collector", "tw-coin_collector", {"level": level},
-                        description="TextWorld Coin Collector: find and take the coin",
-                        max_steps=max_steps, default_max_steps=max(25, 5 * ((level - 1) % 100 + 1)),
-                        cache_dir=cache_dir, n_train=n_train, n_eval=n_eval)
+    return TextWorldEnv(
+        "textworld/coin_collector",
+        "tw-coin_collector",
+        {"level": level},
+        description="TextWorld Coin Collector: find and take the coin",
+        max_steps=max_steps,
+        default_max_steps=max(25, 5 * ((level - 1) % 100 + 1)),
+        cache_dir=cache_dir,
+        n_train=n_train,
+        n_eval=n_eval,
+    )
 
 
-def treasure_hunter(*, level: int = 1, max_steps: int | None = None, cache_dir: str | Path | None = None,
-                    n_train: int = 1000, n_eval: int = 100) -> TextWorldEnv:
+def treasure_hunter(
+    *,
+    level: int = 1,
+    max_steps: int | None = None,
+    cache_dir: str | Path | None = None,
+    n_train: int = 1000,
+    n_eval: int = 100,
+) -> TextWorldEnv:
     """Treasure Hunter (levels 1-30): find the named object, with distractors, doors and keys at higher levels."""
-    return TextWorldEnv("textworld/treasure_hunter", "tw-treasure_hunter", {"level": level},
-                        description="TextWorld Treasure Hunter: find the named object among distractors",
-                        max_steps=max_steps, default_max_steps=50,
-                        cache_dir=cache_dir, n_train=n_train, n_eval=n_eval)
+    return TextWorldEnv(
+        "textworld/treasure_hunter",
+        "tw-treasure_hunter",
+        {"level": level},
+        description="TextWorld Treasure Hunter: find the named object among distractors",
+        max_steps=max_steps,
+        default_max_steps=50,
+        cache_dir=cache_dir,
+        n_train=n_train,
+        n_eval=n_eval,
+    )
 
 
-def cooking(*, recipe: int = 1, take: int = 1, go: int = 1, open: bool = False, cook: bool = False,
-            cut: bool = False, drop: bool = False, max_steps: int | None = None,
-            cache_dir: str | Path | None = None, n_train: int = 1000, n_eval: int = 100) -> TextWorldEnv:
+def cooking(
+    *,
+    recipe: int = 1,
+    take: int = 1,
+    go: int = 1,
+    open: bool = False,
+    cook: bool = False,
+    cut: bool = False,
+    drop: bool = False,
+    max_steps: int | None = None,
+    cache_dir: str | Path | None = None,
+    n_train: int = 1000,
+    n_eval: int = 100,
+) -> TextWorldEnv:
     """The First TextWorld Problems cooking game: gather ingredients, prepare the recipe, eat the meal."""
-    settings = {"recipe": recipe, "take": take, "go": go, "open": open, "cook": cook, "cut": cut,
-                "drop": drop, "recipe_seed": 0}
-    return TextWorldEnv("textworld/cooking", "tw-cooking", settings,
-                        description="TextWorld cooking: read the cookbook, prepare and eat the meal",
-                        max_steps=max_steps, default_max_steps=50,
-                        cache_dir=cache_dir, n_train=n_train, n_eval=n_eval)
+    settings = {
+        "recipe": recipe,
+        "take": take,
+        "go": go,
+        "open": open,
+        "cook": cook,
+        "cut": cut,
+        "drop": drop,
+        "recipe_seed": 0,
+    }
+    return TextWorldEnv(
+        "textworld/cooking",
+        "tw-cooking",
+        settings,
+        description="TextWorld cooking: read the cookbook, prepare and eat the meal",
+        max_steps=max_steps,
+        default_max_steps=50,
+        cache_dir=cache_dir,
+        n_train=n_train,
+        n_eval=n_eval,
+    )
 
 
-def simple(*, rewards: str = "balanced", goal: str = "detailed", max_steps: int | None = None,
-           cache_dir: str | Path | None = None, n_train: int = 1000, n_eval: int = 100) -> TextWorldEnv:
+def simple(
+    *,
+    rewards: str = "balanced",
+    goal: str = "detailed",
+    max_steps: int | None = None,
+    cache_dir: str | Path | None = None,
+    n_train: int = 1000,
+    n_eval: int = 100,
+) -> TextWorldEnv:
     """TextWorld's "simple" house game (fixed map, find the food and put it on the stove)."""
     if rewards not in ("dense", "balanced", "sparse") or goal not in ("detailed", "brief", "none"):
-        raise ValueError("rewards must be dense|balanced|sparse and goal detailed|brief|none, "
-                         f"got rewards={rewards!r}, goal={goal!r}")
-    return TextWorldEnv("textworld/simple", "tw-simple", {"rewards": rewards, "goal": goal},
-                        description="TextWorld simple: a fixed house, fetch the food to the stove",
-                        max_steps=max_steps, default_max_steps=50,
-                        cache_dir=cache_dir, n_train=n_train, n_eval=n_eval)
+        raise ValueError(
+            "rewards must be dense|balanced|sparse and goal detailed|brief|none, "
+            f"got rewards={rewards!r}, goal={goal!r}"
+        )
+    return TextWorldEnv(
+        "textworld/simple",
+        "tw-simple",
+        {"rewards": rewards, "goal": goal},
+        description="TextWorld simple: a fixed house, fetch the food to the stove",
+        max_steps=max_steps,
+        default_max_steps=50,
+        cache_dir=cache_dir,
+        n_train=n_train,
+        n_eval=n_eval,
+    )
 
 
-def custom(*, nb_rooms: int = 3, nb_objects: int = 5, quest_length: int = 3, quest_breadth: int = 1,
-           max_steps: int | None = None, cache_dir: str | Path | None = None,
-           n_train: int = 1000, n_eval: int = 100) -> TextWorldEnv:
+def custom(
+    *,
+    nb_rooms: int = 3,
+    nb_objects: int = 5,
+    quest_length: int = 3,
+    quest_breadth: int = 1,
+    max_steps: int | None = None,
+    cache_dir: str | Path | None = None,
+    n_train: int = 1000,
+    n_eval: int = 100,
+) -> TextWorldEnv:
     """A custom TextWorld game (tw-make custom): rooms, objects and a quest of the given length."""
-    settings = {"nb_rooms": nb_rooms, "nb_objects": nb_objects, "quest_length": quest_length,
-                "quest_breadth": quest_breadth}
-    return TextWorldEnv("textworld/custom", "custom", settings,
-                        description="TextWorld custom: a generated world with a quest of given length",
-                        max_steps=max_steps, default_max_steps=max(30, 10 * quest_length),
-                        cache_dir=cache_dir, n_train=n_train, n_eval=n_eval)
+    settings = {
+        "nb_rooms": nb_rooms,
+        "nb_objects": nb_objects,
+        "quest_length": quest_length,
+        "quest_breadth": quest_breadth,
+    }
+    return TextWorldEnv(
+        "textworld/custom",
+        "custom",
+        settings,
+        description="TextWorld custom: a generated world with a quest of given length",
+        max_steps=max_steps,
+        default_max_steps=max(30, 10 * quest_length),
+        cache_dir=cache_dir,
+        n_train=n_train,
+        n_eval=n_eval,
+    )

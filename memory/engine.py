@@ -88,7 +88,8 @@ def resolve_url(target: str | os.PathLike[str]) -> URL:
         if path.is_symlink():
             raise StoreUnavailableError(
                 f"{path} is a symbolic link (to {os.readlink(path)}); the runtime never writes through one: remove "
-                "the link, or name the database file itself (--db)")
+                "the link, or name the database file itself (--db)"
+            )
     return URL.create("sqlite+pysqlite", database=str(path.resolve()))
 
 
@@ -146,9 +147,7 @@ def _sqlite_engine(url: URL, read_only: bool) -> Engine:
             )
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(
-        url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000}, json_serializer=json_dumps
-    )
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000}, json_serializer=json_dumps)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -174,9 +173,7 @@ def _postgres_engine(url: URL, read_only: bool) -> Engine:
     connect_args: dict[str, Any] = {"connect_timeout": 10}
     if read_only:
         connect_args["options"] = "-c default_transaction_read_only=on"
-    return create_engine(
-        url, pool_pre_ping=True, connect_args=connect_args, json_serializer=json_dumps
-    )
+    return create_engine(url, pool_pre_ping=True, connect_args=connect_args, json_serializer=json_dumps)
 
 
 def _enable_wal(cursor: Any) -> None:

@@ -85,9 +85,7 @@ class EvaluationsMixin(StoreMixin):
 
     def get_evaluation(self, evaluation_id: int) -> EvaluationInfo:
         with self._read() as session:
-            return to_info(
-                EvaluationInfo, self._get(session, Evaluation, evaluation_id, "evaluation")
-            )
+            return to_info(EvaluationInfo, self._get(session, Evaluation, evaluation_id, "evaluation"))
 
     def latest_evaluation(self, run_id: int | None, *, kind: str | None = None) -> EvaluationInfo | None:
         """The run's newest evaluation (of `kind`), read alone (snapshot rows can be large)."""
@@ -105,12 +103,15 @@ class EvaluationsMixin(StoreMixin):
         wanted = sorted({int(i) for i in lesson_ids})
         found: dict[int, MeasuredUtility] = {}
         for start in range(0, len(wanted), UTILITY_IDS_PER_QUERY):
-            chunk = wanted[start:start + UTILITY_IDS_PER_QUERY]
+            chunk = wanted[start : start + UTILITY_IDS_PER_QUERY]
             entries = [Evaluation.metrics[("utilities", str(i))].as_string() for i in chunk]
             query = (
                 select(Evaluation.id, Evaluation.created_at, *entries)
-                .where(same_run(Evaluation.run_id, run_id), Evaluation.kind == EVALUATION_LESSON_UTILITY,
-                       or_(*[entry.is_not(None) for entry in entries]))
+                .where(
+                    same_run(Evaluation.run_id, run_id),
+                    Evaluation.kind == EVALUATION_LESSON_UTILITY,
+                    or_(*[entry.is_not(None) for entry in entries]),
+                )
                 .order_by(Evaluation.id.desc())
                 .execution_options(yield_per=20)
             )

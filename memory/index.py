@@ -31,7 +31,6 @@ HNSW_EF_CONSTRUCTION = 40
 HNSW_EF_SEARCH = 64
 
 
-
 @contextmanager
 def _faiss_threads() -> Iterator[None]:
     """Run FAISS on AGENT_RUNTIME_FAISS_THREADS threads (default 1), restoring the setting after.
@@ -71,9 +70,7 @@ class VectorIndex:
         self._max_id = 0
 
     @classmethod
-    def build(
-        cls, ids: np.ndarray, vectors: np.ndarray, *, approx_threshold: int
-    ) -> VectorIndex:
+    def build(cls, ids: np.ndarray, vectors: np.ndarray, *, approx_threshold: int) -> VectorIndex:
         """A new index over `vectors` (rows) keyed by `ids`; approximate above the threshold."""
         made = cls(vectors.shape[1], approximate=len(ids) > approx_threshold)
         made.add(ids, vectors)
@@ -101,9 +98,7 @@ class VectorIndex:
                 )
             self._max_id = max(self._max_id, int(np.max(ids)))
 
-    def search(
-        self, query: np.ndarray, k: int, allowed: np.ndarray | None = None
-    ) -> list[tuple[int, float]]:
+    def search(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> list[tuple[int, float]]:
         """The k nearest (id, score) pairs, best first; only among `allowed` ids if given."""
         if self.count == 0 or k <= 0:
             return []
@@ -115,9 +110,7 @@ class VectorIndex:
             scores, found = self._search(query, k, allowed)
         return [(int(i), float(s)) for i, s in zip(found[0], scores[0]) if i >= 0]
 
-    def _search(
-        self, query: np.ndarray, k: int, allowed: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _search(self, query: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         if allowed is None:
             scores, found = self.index.search(query, k)
         else:

@@ -51,9 +51,7 @@ class LessonSetsMixin(StoreMixin):
         check_value(status, LESSON_SET_STATUSES, "lesson-set status")
         check_value(made_by, LESSON_SET_MAKERS, "lesson-set maker")
         with self._write() as session:
-            newest = session.scalar(
-                select(func.max(LessonSet.version)).where(same_run(LessonSet.run_id, run_id))
-            )
+            newest = session.scalar(select(func.max(LessonSet.version)).where(same_run(LessonSet.run_id, run_id)))
             row = LessonSet(
                 run_id=run_id,
                 version=(newest or 0) + 1,
@@ -67,10 +65,7 @@ class LessonSetsMixin(StoreMixin):
             if lesson_ids:
                 session.execute(
                     insert(LessonSetMember),
-                    [
-                        {"lesson_set_id": row.id, "lesson_id": lid, "position": i}
-                        for i, lid in enumerate(lesson_ids)
-                    ],
+                    [{"lesson_set_id": row.id, "lesson_id": lid, "position": i} for i, lid in enumerate(lesson_ids)],
                 )
             return self._lesson_set_info(session, row)
 

@@ -78,8 +78,11 @@ class LessonsMixin(StoreMixin):
 
     def lessons_from_episode(self, episode_id: int, *, run_id: int | None = None) -> list[LessonInfo]:
         """The lessons whose provenance names the episode, oldest first (of `run_id` or of no run, if given)."""
-        query = select(Lesson).join(LessonSource, LessonSource.lesson_id == Lesson.id).where(
-            LessonSource.episode_id == episode_id)
+        query = (
+            select(Lesson)
+            .join(LessonSource, LessonSource.lesson_id == Lesson.id)
+            .where(LessonSource.episode_id == episode_id)
+        )
         if run_id is not None:
             query = query.where((Lesson.run_id == run_id) | Lesson.run_id.is_(None))
         with self._read() as session:
@@ -136,9 +139,7 @@ class LessonsMixin(StoreMixin):
                         "updated_at": now,
                     }
                 )
-            ids = [
-                session.execute(insert(Lesson).returning(Lesson.id), [r]).scalar_one() for r in rows
-            ]
+            ids = [session.execute(insert(Lesson).returning(Lesson.id), [r]).scalar_one() for r in rows]
             self._add_sources(session, {i: r["source_episode_ids"] for i, r in zip(ids, rows, strict=True)})
             return extraction.id, ids
 
@@ -195,9 +196,7 @@ class LessonsMixin(StoreMixin):
         pool: int | None = None,
         env_id: str | None = None,
     ) -> int:
-        query = self._lesson_query(
-            select(func.count(Lesson.id)), run_id, status, pool, env_id, None
-        )
+        query = self._lesson_query(select(func.count(Lesson.id)), run_id, status, pool, env_id, None)
         with self._read() as session:
             return int(session.scalar(query) or 0)
 
@@ -211,17 +210,13 @@ class LessonsMixin(StoreMixin):
                 lesson.status, lesson.forgotten_at, lesson.updated_at = "retired", now, now
                 lesson.meta = {**(lesson.meta or {}), "forgotten": reason or "forgotten"}
 
-    def set_lesson_status(
-        self, lesson_ids: Iterable[int], status: str, *, cycle_id: int | None = None
-    ) -> None:
+    def set_lesson_status(self, lesson_ids: Iterable[int], status: str, *, cycle_id: int | None = None) -> None:
         """Move lessons to `status` (and record the consolidating cycle, if given)."""
         check_value(status, LESSON_STATUSES, "lesson status")
         with self._write() as session:
             self._set_lesson_status(session, list(lesson_ids), status, cycle_id)
 
-    def _set_lesson_status(
-        self, session: Session, ids: list[int], status: str, cycle_id: int | None
-    ) -> None:
+    def _set_lesson_status(self, session: Session, ids: list[int], status: str, cycle_id: int | None) -> None:
         values: dict[str, Any] = {"status": status, "updated_at": utcnow()}
         if cycle_id is not None:
             values["consolidated_cycle_id"] = cycle_id
@@ -242,9 +237,7 @@ class LessonsMixin(StoreMixin):
 
     def get_extraction(self, extraction_id: int) -> ExtractionInfo:
         with self._read() as session:
-            return to_info(
-                ExtractionInfo, self._get(session, Extraction, extraction_id, "extraction")
-            )
+            return to_info(ExtractionInfo, self._get(session, Extraction, extraction_id, "extraction"))
 
     def extractions(self, run_id: int | None = None, *, limit: int = 100) -> list[ExtractionInfo]:
         """Extractions, newest first."""

@@ -142,7 +142,11 @@ JSONType = JSON().with_variant(JSONB(), "postgresql")  # NaN and NUL are handled
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map: ClassVar[dict[Any, Any]] = {dt.datetime: UTCDateTime(), dict[str, Any]: JSONType, list[Any]: JSONType}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dt.datetime: UTCDateTime(),
+        dict[str, Any]: JSONType,
+        list[Any]: JSONType,
+    }
 
 
 class Run(Base):
@@ -217,8 +221,12 @@ class Step(Base):
     __table_args__ = (
         UniqueConstraint("episode_id", "step_index", name="uq_steps_episode_index"),
         # which steps use a prompt part (prune drops unused parts): only an episode's first step has one
-        Index("ix_steps_prompt_part_id", "prompt_part_id", sqlite_where=text("prompt_part_id IS NOT NULL"),
-              postgresql_where=text("prompt_part_id IS NOT NULL")),
+        Index(
+            "ix_steps_prompt_part_id",
+            "prompt_part_id",
+            sqlite_where=text("prompt_part_id IS NOT NULL"),
+            postgresql_where=text("prompt_part_id IS NOT NULL"),
+        ),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     episode_id: Mapped[int] = mapped_column(ForeignKey("episodes.id", ondelete="CASCADE"))
@@ -354,9 +362,7 @@ class LessonSetMember(Base):
     """A lesson's membership (and position) in one lesson-set version."""
 
     __tablename__ = "lesson_set_members"
-    lesson_set_id: Mapped[int] = mapped_column(
-        ForeignKey("lesson_sets.id", ondelete="CASCADE"), primary_key=True
-    )
+    lesson_set_id: Mapped[int] = mapped_column(ForeignKey("lesson_sets.id", ondelete="CASCADE"), primary_key=True)
     lesson_id: Mapped[int] = mapped_column(ForeignKey("lessons.id"), primary_key=True, index=True)
     position: Mapped[int] = mapped_column(Integer)
 

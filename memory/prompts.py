@@ -97,8 +97,14 @@ class Recipe:
     observation_at: int | None = None
 
     def columns(self, part_id: int | None) -> dict[str, Any]:
-        return {"prompt": self.own, "prompt_part_id": part_id, "prompt_base": self.base, "prompt_keep": self.keep,
-                "prompt_resume": self.resume, "prompt_observation_at": self.observation_at}
+        return {
+            "prompt": self.own,
+            "prompt_part_id": part_id,
+            "prompt_base": self.base,
+            "prompt_keep": self.keep,
+            "prompt_resume": self.resume,
+            "prompt_observation_at": self.observation_at,
+        }
 
 
 class PromptEncoder:
@@ -132,7 +138,7 @@ class PromptEncoder:
         if len(shown) >= MIN_OBSERVATION:
             at = best.own.rfind(shown)
             if at >= 0:
-                best.own = best.own[:at] + best.own[at + len(shown):]
+                best.own = best.own[:at] + best.own[at + len(shown) :]
                 best.observation_at = at
         self._last.pop(episode, None)
         self._last[episode] = (index, prompt)
@@ -165,15 +171,20 @@ def rebuild_prompts(rows: Iterable[Mapping[str, Any]], parts: Mapping[int, str])
                 raise RecipeError(f"step {row['step_index']}: its base step {row['prompt_base']} is missing")
             head += base[: row["prompt_keep"]]
             if row["prompt_resume"] is not None:
-                head += base[row["prompt_resume"]:]
+                head += base[row["prompt_resume"] :]
         out[row["step_index"]] = head + own
     return out
 
 
 PARTS = PromptPart.__table__
 STEPS = Step.__table__
-RECIPE_SELECT = (STEPS.c.episode_id, STEPS.c.step_index, STEPS.c.observation, STEPS.c.prompt,
-                 *(STEPS.c[name] for name in RECIPE_COLUMNS))
+RECIPE_SELECT = (
+    STEPS.c.episode_id,
+    STEPS.c.step_index,
+    STEPS.c.observation,
+    STEPS.c.prompt,
+    *(STEPS.c[name] for name in RECIPE_COLUMNS),
+)
 
 
 def part_id(conn: Connection, text: str, known: dict[str, int]) -> int:
@@ -196,7 +207,9 @@ def part_id(conn: Connection, text: str, known: dict[str, int]) -> int:
     return known[key]
 
 
-def stored_prompts(conn: Connection, episode_ids: Sequence[int], *, up_to: int | None = None) -> dict[tuple[int, int], str]:
+def stored_prompts(
+    conn: Connection, episode_ids: Sequence[int], *, up_to: int | None = None
+) -> dict[tuple[int, int], str]:
     """(episode id, step index) -> full prompt for the steps of `episode_ids` (only indexes <= `up_to`
     when given: a step's base always has a smaller index)."""
     query = select(*RECIPE_SELECT).where(STEPS.c.episode_id.in_(list(episode_ids)))

@@ -94,8 +94,9 @@ class PruneMixin:
 
         def _write(self) -> AbstractContextManager[Session]: ...
 
-    def prune_plan(self, run_id: int, *, keep_last: int | None = None, days: float | None = None,
-                   now: dt.datetime | None = None) -> PrunePlan:
+    def prune_plan(
+        self, run_id: int, *, keep_last: int | None = None, days: float | None = None, now: dt.datetime | None = None
+    ) -> PrunePlan:
         """What `prune` would delete from run `run_id` (nothing is written)."""
         if keep_last is None and days is None:
             raise InvalidRecordError("say what to keep: the last N episodes (keep_last) and/or the last D days (days)")
@@ -111,15 +112,19 @@ class PruneMixin:
             old = [in_run]
             if keep_last is not None:
                 boundary = session.scalar(
-                    select(Episode.id).where(in_run).order_by(Episode.id.desc()).offset(keep_last).limit(1))
+                    select(Episode.id).where(in_run).order_by(Episode.id.desc()).offset(keep_last).limit(1)
+                )
                 if boundary is None:  # the run has no more than keep_last episodes
                     return PrunePlan(run_id, keep_last, days, total, kept_recent=total)
                 old.append(Episode.id <= boundary)
             if days is not None:
                 old.append(Episode.ended_at < (now or utcnow()) - dt.timedelta(days=days))
             candidates = list(session.scalars(select(Episode.id).where(*old).order_by(Episode.id)))
-            live = select(LessonSource.episode_id).join(Lesson, Lesson.id == LessonSource.lesson_id).where(
-                Lesson.status != "retired")
+            live = (
+                select(LessonSource.episode_id)
+                .join(Lesson, Lesson.id == LessonSource.lesson_id)
+                .where(Lesson.status != "retired")
+            )
             doomed_set = set(candidates)
             for_lessons = set(session.scalars(live)) & doomed_set
             for_adapters: set[int] = set()
@@ -130,9 +135,17 @@ class PruneMixin:
             kept_newest = {newest} - for_lessons - for_adapters if newest in doomed_set else set()
             keep = for_lessons | for_adapters | kept_newest
             doomed = [i for i in candidates if i not in keep]
-            plan = PrunePlan(run_id, keep_last, days, total, doomed, kept_recent=total - len(candidates),
-                             kept_for_lessons=len(for_lessons), kept_for_adapters=len(for_adapters),
-                             kept_newest=len(kept_newest))
+            plan = PrunePlan(
+                run_id,
+                keep_last,
+                days,
+                total,
+                doomed,
+                kept_recent=total - len(candidates),
+                kept_for_lessons=len(for_lessons),
+                kept_for_adapters=len(for_adapters),
+                kept_newest=len(kept_newest),
+            )
             if doomed:
                 plan.steps, plan.oldest, plan.newest = self._doomed_extent(session, doomed)
             return plan
@@ -143,8 +156,11 @@ class PruneMixin:
         for start in range(0, len(ids), BATCH):
             chunk = ids[start : start + BATCH]
             n, first, last = session.execute(
-                select(func.coalesce(func.sum(Episode.num_steps), 0), func.min(Episode.ended_at), func.max(Episode.ended_at))
-                .where(Episode.id.in_(chunk))
+                select(
+                    func.coalesce(func.sum(Episode.num_steps), 0),
+                    func.min(Episode.ended_at),
+                    func.max(Episode.ended_at),
+                ).where(Episode.id.in_(chunk))
             ).one()
             steps += int(n)
             oldest = first if oldest is None or first < oldest else oldest
@@ -195,7 +211,8 @@ class PruneMixin:
             with self._read() as session:
                 rows = session.execute(
                     select(Embedding.item_id, Embedding.vector)
-                    .where(Embedding.kind == "episode", Embedding.model == model).order_by(Embedding.item_id)
+                    .where(Embedding.kind == "episode", Embedding.model == model)
+                    .order_by(Embedding.item_id)
                 ).all()
             if not rows:
                 path.unlink(missing_ok=True)
@@ -204,7 +221,9 @@ class PruneMixin:
             ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
             vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), -1)
             index = VectorIndex.build(ids, vectors, approx_threshold=self.approx_threshold)
-            index.save(path, sidecar, {**meta, "dim": index.dim, "count": index.count, "approximate": index.approximate})
+            index.save(
+                path, sidecar, {**meta, "dim": index.dim, "count": index.count, "approximate": index.approximate}
+            )
             if progress:
                 progress(f"index episodes ({model})", index.count, index.count)
 

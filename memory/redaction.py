@@ -15,8 +15,9 @@ from typing import Any
 
 REDACTED = "<redacted>"
 
-_SECRET_KEY = re.compile(r"(^|[_-])(api[_-]?key|apikey|password|passwd|passphrase|secret|token|credentials?)$",
-                         re.IGNORECASE)
+_SECRET_KEY = re.compile(
+    r"(^|[_-])(api[_-]?key|apikey|password|passwd|passphrase|secret|token|credentials?)$", re.IGNORECASE
+)
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<password>[^@/\s]+)@")
 
 
@@ -32,8 +33,9 @@ def redact_text(text: str) -> str:
 def redact_secrets(data: Any) -> Any:
     """A copy of `data` (JSON-like: dicts, lists, scalars) with secret values and URL passwords redacted."""
     if isinstance(data, dict):
-        return {k: (REDACTED if is_secret_key(k) and v not in (None, "") else redact_secrets(v))
-                for k, v in data.items()}
+        return {
+            k: (REDACTED if is_secret_key(k) and v not in (None, "") else redact_secrets(v)) for k, v in data.items()
+        }
     if isinstance(data, list):
         return [redact_secrets(v) for v in data]
     if isinstance(data, str):

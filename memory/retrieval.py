@@ -64,9 +64,7 @@ class RetrievalMixin:
 
         def _write(self) -> AbstractContextManager[Session]: ...
 
-    def _init_retrieval(
-        self, *, index_dir: Path, embedder: Embedder | str | None, approx_threshold: int
-    ) -> None:
+    def _init_retrieval(self, *, index_dir: Path, embedder: Embedder | str | None, approx_threshold: int) -> None:
         self.index_dir = index_dir
         self.approx_threshold = approx_threshold
         self._embedder: Embedder | None = None if isinstance(embedder, str | None) else embedder
@@ -101,9 +99,7 @@ class RetrievalMixin:
             query = query.where(model.id > newest.scalar_subquery())
         return query
 
-    def embed_pending(
-        self, kind: str | None = None, *, full: bool = True, progress: Progress | None = None
-    ) -> int:
+    def embed_pending(self, kind: str | None = None, *, full: bool = True, progress: Progress | None = None) -> int:
         """Compute and store missing vectors; returns how many were added.
 
         full=False only looks at items newer than the newest embedded one (fast, used by searches).
@@ -135,9 +131,7 @@ class RetrievalMixin:
                     progress(f"embed {each}s", start + len(batch), len(pending))
         return added
 
-    def _vectors(
-        self, session: Session, kind: str, *, after: int | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _vectors(self, session: Session, kind: str, *, after: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         query = select(Embedding.item_id, Embedding.vector).where(
             Embedding.kind == kind, Embedding.model == self.embedder.name
         )
@@ -183,9 +177,7 @@ class RetrievalMixin:
         index, meta = loaded
         sql_ids = np.asarray(
             session.scalars(
-                select(Embedding.item_id).where(
-                    Embedding.kind == kind, Embedding.model == self.embedder.name
-                )
+                select(Embedding.item_id).where(Embedding.kind == kind, Embedding.model == self.embedder.name)
             ).all(),
             dtype=np.int64,
         )

@@ -107,9 +107,7 @@ class ExperienceStore(
         self._write_engine = engine.execution_options(sqlite_immediate=True)
         self._write_sessions = sessionmaker(self._write_engine, expire_on_commit=False)
         self._unit = threading.local()  # .session: the session of an open `transaction()` in this thread
-        self._init_retrieval(
-            index_dir=index_dir, embedder=embedder, approx_threshold=approx_threshold
-        )
+        self._init_retrieval(index_dir=index_dir, embedder=embedder, approx_threshold=approx_threshold)
 
     @classmethod
     def open(
@@ -241,9 +239,7 @@ class ExperienceStore(
                 with self._write_sessions() as session, session.begin():
                     yield session
         except IntegrityError as exc:
-            raise InvalidRecordError(
-                f"the write violates the schema (nothing was written): {exc.orig}"
-            ) from exc
+            raise InvalidRecordError(f"the write violates the schema (nothing was written): {exc.orig}") from exc
         except OperationalError as exc:
             raise StoreUnavailableError(f"write to {self.url} failed: {exc.orig}") from exc
         except StatementError as exc:  # a value the database or its driver cannot take
@@ -276,9 +272,7 @@ class ExperienceStore(
     def find_run(self, name: str) -> RunInfo | None:
         """The most recent run called `name`, or None."""
         with self._read() as session:
-            row = session.scalars(
-                select(Run).where(Run.name == name).order_by(Run.id.desc()).limit(1)
-            ).first()
+            row = session.scalars(select(Run).where(Run.name == name).order_by(Run.id.desc()).limit(1)).first()
             return to_info(RunInfo, row) if row is not None else None
 
     def runs(self) -> list[RunInfo]:
@@ -315,17 +309,13 @@ class ExperienceStore(
         if status is not None:
             values["status"] = status
         runs = Run.__table__
-        result = session.connection().execute(
-            runs.update().where(runs.c.id == run_id).values(**values)
-        )
+        result = session.connection().execute(runs.update().where(runs.c.id == run_id).values(**values))
         if result.rowcount != 1:
             raise NotFoundError(f"no run with id {run_id} in {self.url}")
 
     # -- episodes ------------------------------------------------------------------------------
 
-    def add_episode(
-        self, run_id: int, record: EpisodeRecord, *, run_state: dict[str, Any] | None = None
-    ) -> int:
+    def add_episode(self, run_id: int, record: EpisodeRecord, *, run_state: dict[str, Any] | None = None) -> int:
         """Write one episode, all its steps and (if given) the run's new state in ONE transaction."""
         return self.add_episodes(run_id, [record], run_state=run_state)[0]
 
@@ -369,9 +359,7 @@ class ExperienceStore(
             if row is None:
                 raise NotFoundError(f"no episode with id {episode_id} in {self.url}")
             info = to_info(EpisodeInfo, row)
-            steps = session.scalars(
-                select(Step).where(Step.episode_id == episode_id).order_by(Step.index)
-            )
+            steps = session.scalars(select(Step).where(Step.episode_id == episode_id).order_by(Step.index))
             info.steps = [to_info(StepInfo, s) for s in steps]
             prompts = stored_prompts(session.connection(), [episode_id])
             for step in info.steps:
@@ -441,9 +429,7 @@ def _episode_filters(run_id: int | None, env_id: str | None, outcome: str | None
 
 def _validate_episode(record: EpisodeRecord) -> None:
     if record.outcome not in EPISODE_OUTCOMES:
-        raise InvalidRecordError(
-            f"unknown episode outcome {record.outcome!r}; known: {', '.join(EPISODE_OUTCOMES)}"
-        )
+        raise InvalidRecordError(f"unknown episode outcome {record.outcome!r}; known: {', '.join(EPISODE_OUTCOMES)}")
     indices = [s.index for s in record.steps]
     if len(set(indices)) != len(indices):
         raise InvalidRecordError(f"episode {record.task_id!r} has repeated step indices {indices}")

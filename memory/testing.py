@@ -155,7 +155,8 @@ def game_steps(
         steps.append(
             StepRecord(
                 index=i,
-                observation=observation if (observation is not None and i == 0)
+                observation=observation
+                if (observation is not None and i == 0)
                 else _observation(env_id, task_id, i, rng),
                 prompt=f"<|system|>You play {env_id}.\n<|user|>turn {i + 1}: what do you do?",
                 response=f"I think the best move is to {action}.\nACTION: {action}",
@@ -228,9 +229,14 @@ def seed_demo_store(target: str | os.PathLike[str], *, episodes: int = 120) -> d
             p_win = 0.25 + 0.35 * min(1.0, len(context) / 6) + (0.15 if adapter_id else 0.0)
             lessons_now = context if n % 3 else []  # every third episode plays without lessons
             record = game_episode(
-                env_id, f"{env_id.split('/')[1]}-{n % 9}", won=rng.random() < p_win,
-                n_steps=rng.randint(2, 6), seed=n, adapter_id=adapter_id,
-                lesson_set_version=version if lessons_now else None, lessons_in_context=lessons_now,
+                env_id,
+                f"{env_id.split('/')[1]}-{n % 9}",
+                won=rng.random() < p_win,
+                n_steps=rng.randint(2, 6),
+                seed=n,
+                adapter_id=adapter_id,
+                lesson_set_version=version if lessons_now else None,
+                lessons_in_context=lessons_now,
                 choice=adapter_id is not None,
             )
             episode_id = store.add_episode(run_id, record, run_state={"episodes": n + 1})
@@ -239,37 +245,67 @@ def seed_demo_store(target: str | os.PathLike[str], *, episodes: int = 120) -> d
                 texts = [t for t in (next(lesson_iter, None), next(lesson_iter, None)) if t]
                 if texts:
                     _, new = store.record_extraction(
-                        DEMO_POLICY, texts, run_id=run_id, episode_ids=[episode_id - 1, episode_id],
+                        DEMO_POLICY,
+                        texts,
+                        run_id=run_id,
+                        episode_ids=[episode_id - 1, episode_id],
                         prompt="Read this trajectory and write 1-2 general lessons.",
-                        response="\n".join(f"- EXPERIENCE ITEM: {t}" for t in texts), env_id=env_id,
+                        response="\n".join(f"- EXPERIENCE ITEM: {t}" for t in texts),
+                        env_id=env_id,
                         pool=(n // 20) % 2,
                     )
                     store.set_lesson_status(new, "active")
                     ids.setdefault("source_episode", episode_id)
                     context += new
-                    version = store.create_lesson_set(run_id, context, token_count=25 * len(context),
-                                                      note=f"after episode {episode_id}").version
+                    version = store.create_lesson_set(
+                        run_id, context, token_count=25 * len(context), note=f"after episode {episode_id}"
+                    ).version
                     current, candidate = 0.3 + 0.05 * version, 0.35 + 0.05 * version
-                    store.add_evaluation(env_id, run_id=run_id, lesson_set_version=version, kind=EVALUATION_GATE,
-                                         split=EVALUATION_GATE, policy="lesson-gate", num_episodes=20,
-                                         success_rate=candidate,
-                                         metrics={"promote": True, "current_rate": current,
-                                                  "candidate_rate": candidate,
-                                                  "reason": "the candidate is not worse than the current set "
-                                                            "by more than the 5-point margin"})
+                    store.add_evaluation(
+                        env_id,
+                        run_id=run_id,
+                        lesson_set_version=version,
+                        kind=EVALUATION_GATE,
+                        split=EVALUATION_GATE,
+                        policy="lesson-gate",
+                        num_episodes=20,
+                        success_rate=candidate,
+                        metrics={
+                            "promote": True,
+                            "current_rate": current,
+                            "candidate_rate": candidate,
+                            "reason": "the candidate is not worse than the current set by more than the 5-point margin",
+                        },
+                    )
             if n in (59, 99):  # CONSOLIDATE
-                cycle = store.start_cycle(run_id, {"lr": 2e-6, "tau": 0.7, "top_k": 256, "steps": 60},
-                                          lesson_set_version=version, base_adapter_id=adapter_id)
+                cycle = store.start_cycle(
+                    run_id,
+                    {"lr": 2e-6, "tau": 0.7, "top_k": 256, "steps": 60},
+                    lesson_set_version=version,
+                    base_adapter_id=adapter_id,
+                )
                 ids.setdefault("cycle", cycle)
-                new_adapter = store.add_adapter(f"adapter-{cycle}", f"runs/demo/adapters/{cycle}", run_id=run_id,
-                                                parent_id=adapter_id, base_model=DEMO_POLICY)
+                new_adapter = store.add_adapter(
+                    f"adapter-{cycle}",
+                    f"runs/demo/adapters/{cycle}",
+                    run_id=run_id,
+                    parent_id=adapter_id,
+                    base_model=DEMO_POLICY,
+                )
                 promoted = n == 59
                 store.update_cycle(
-                    cycle, adapter_id=new_adapter, status="succeeded", ended=True,
+                    cycle,
+                    adapter_id=new_adapter,
+                    status="succeeded",
+                    ended=True,
                     curves={"loss": _curve(rng, 1.2, 0.35), "kl": _curve(rng, 0.8, 0.12 if promoted else 0.5)},
-                    metrics={"final_loss": 0.35, "reasons": ["student without lessons reached 92% of the teacher with lessons"]
-                             if promoted else ["retention fell 9 points (limit 5)"],
-                             "heldout_kl": {"before": 0.81, "after": 0.12 if promoted else 0.5}},
+                    metrics={
+                        "final_loss": 0.35,
+                        "reasons": ["student without lessons reached 92% of the teacher with lessons"]
+                        if promoted
+                        else ["retention fell 9 points (limit 5)"],
+                        "heldout_kl": {"before": 0.81, "after": 0.12 if promoted else 0.5},
+                    },
                 )
                 _add_cycle_evaluations(store, run_id, cycle, new_adapter, version, promoted)
                 if promoted:
@@ -277,8 +313,12 @@ def seed_demo_store(target: str | os.PathLike[str], *, episodes: int = 120) -> d
                     adapter_id = new_adapter
                     store.set_lesson_status(context[:1], "retired")  # the student no longer needs it
                     context = context[1:]
-                    version = store.create_lesson_set(run_id, context, token_count=25 * len(context),
-                                                      note=f"retired a lesson consolidated by cycle {cycle}").version
+                    version = store.create_lesson_set(
+                        run_id,
+                        context,
+                        token_count=25 * len(context),
+                        note=f"retired a lesson consolidated by cycle {cycle}",
+                    ).version
                 else:
                     store.rollback_cycle(cycle)
         store.update_run(run_id, phase="PLAY", status="running")
@@ -286,28 +326,52 @@ def seed_demo_store(target: str | os.PathLike[str], *, episodes: int = 120) -> d
         for lesson in store.lessons(run_id):
             n_with = lesson.times_in_context
             rate_with = lesson.wins_in_context / n_with if n_with else None
-            utilities[str(lesson.id)] = {"utility": None if rate_with is None else rate_with - 0.4,
-                                         "rate_with": rate_with, "rate_without": 0.4, "n_with": n_with,
-                                         "n_without": 40}
-        store.add_evaluation("*", run_id=run_id, kind=EVALUATION_LESSON_UTILITY, split=EVALUATION_LESSON_UTILITY,
-                             policy="logged-episodes", metrics={"utilities": utilities})
+            utilities[str(lesson.id)] = {
+                "utility": None if rate_with is None else rate_with - 0.4,
+                "rate_with": rate_with,
+                "rate_without": 0.4,
+                "n_with": n_with,
+                "n_without": 40,
+            }
+        store.add_evaluation(
+            "*",
+            run_id=run_id,
+            kind=EVALUATION_LESSON_UTILITY,
+            split=EVALUATION_LESSON_UTILITY,
+            policy="logged-episodes",
+            metrics={"utilities": utilities},
+        )
         store.reindex()
         ids["last_episode"] = episode_id
         return ids
 
 
-def _add_cycle_evaluations(store: ExperienceStore, run_id: int, cycle: int, adapter: int, version: int | None,
-                           promoted: bool) -> None:
+def _add_cycle_evaluations(
+    store: ExperienceStore, run_id: int, cycle: int, adapter: int, version: int | None, promoted: bool
+) -> None:
     """The rows `agent_runtime.consolidate` writes for a cycle: one per condition and environment."""
-    rates = {"teacher_with_lessons": 0.6, "teacher_without_lessons": 0.35 if promoted else 0.45,
-             "student_with_lessons": 0.65, "student_without_lessons": 0.55 if promoted else 0.4}
+    rates = {
+        "teacher_with_lessons": 0.6,
+        "teacher_without_lessons": 0.35 if promoted else 0.45,
+        "student_with_lessons": 0.65,
+        "student_without_lessons": 0.55 if promoted else 0.4,
+    }
     rows = [(c, env, rate + (0.05 if i else -0.05)) for c, rate in rates.items() for i, env in enumerate(DEMO_ENVS)]
     rows += [("teacher_retention", RETENTION_ENV, 0.5), ("student_retention", RETENTION_ENV, 0.5 if promoted else 0.4)]
     for condition, env_id, rate in rows:
         n = 20
         successes = round(rate * n)
         low, high = wilson_interval(successes, n)
-        store.add_evaluation(env_id, run_id=run_id, cycle_id=cycle, adapter_id=adapter, lesson_set_version=version,
-                             split="eval", policy=DEMO_POLICY, num_episodes=n,
-                             success_rate=successes / n, mean_return=successes / n,
-                             metrics={"condition": condition, "ci95": [low, high]})
+        store.add_evaluation(
+            env_id,
+            run_id=run_id,
+            cycle_id=cycle,
+            adapter_id=adapter,
+            lesson_set_version=version,
+            split="eval",
+            policy=DEMO_POLICY,
+            num_episodes=n,
+            success_rate=successes / n,
+            mean_return=successes / n,
+            metrics={"condition": condition, "ci95": [low, high]},
+        )

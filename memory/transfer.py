@@ -158,7 +158,8 @@ def _parse_line(raw: str, where: str) -> Any:
     except _NotFinite as exc:
         raise ImportFormatError(
             f"{where}: the number {exc} is not finite; an export holds finite numbers only (NaN, Infinity, "
-            "-Infinity and numbers beyond +-1.8e308, such as 1e999, are not accepted)") from None
+            "-Infinity and numbers beyond +-1.8e308, such as 1e999, are not accepted)"
+        ) from None
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, too many digits, too deep
         raise ImportFormatError(f"{where}: not valid JSON ({getattr(exc, 'msg', exc)})") from exc
     if _SURROGATE_ESCAPE.search(raw):
@@ -171,7 +172,8 @@ def _parse_line(raw: str, where: str) -> Any:
             raise ImportFormatError(
                 f"{where}: {path} holds a lone surrogate (\\u{ord(char):04x}), which is not Unicode text; an "
                 "export holds valid UTF-8 text only (a character beyond U+FFFF is one character, or a surrogate "
-                "pair escaped as \\ud83d\\ude00)")
+                "pair escaped as \\ud83d\\ude00)"
+            )
     return item
 
 
@@ -206,14 +208,16 @@ def _lines(source: IO[str], name: str, limit: int) -> Iterator[tuple[int, str]]:
         except UnicodeDecodeError as exc:
             raise ImportFormatError(
                 f"{name}:{lineno + 1}: not UTF-8 text, at or after this line ({exc.reason}); an export is UTF-8 "
-                "(was the file re-encoded?)") from None
+                "(was the file re-encoded?)"
+            ) from None
         if not raw:
             return
         lineno += 1
         if len(raw) > limit:
             raise ImportFormatError(
                 f"{name}:{lineno}: line longer than {limit} characters; no row of an export is that long "
-                "(pass max_line_chars= to accept longer lines)")
+                "(pass max_line_chars= to accept longer lines)"
+            )
         yield lineno, raw
 
 
@@ -302,7 +306,10 @@ class TransferMixin:
         return whole
 
     def import_jsonl(
-        self, source: str | os.PathLike[str] | IO[str], *, max_line_chars: int = MAX_LINE_CHARS,
+        self,
+        source: str | os.PathLike[str] | IO[str],
+        *,
+        max_line_chars: int = MAX_LINE_CHARS,
         lesson_screen: Callable[[str], str | None] | None = None,
     ) -> dict[str, int]:
         """Add every row of a JSONL export to this store, all or nothing; returns rows per table.
@@ -335,8 +342,8 @@ class TransferMixin:
                 table_name = item.get("table")
                 if table_name not in tables or not isinstance(item.get("row"), dict):
                     raise ImportFormatError(
-                        f"{where}: expected {{\"table\": one of {', '.join(TABLE_ORDER)}, "
-                        f"\"row\": {{...}}}}, got keys {sorted(item)}"
+                        f'{where}: expected {{"table": one of {", ".join(TABLE_ORDER)}, '
+                        f'"row": {{...}}}}, got keys {sorted(item)}'
                     )
                 table = tables[table_name]
                 row = decode_row(table, upgrade_row(revision, table_name, item["row"]), where, _columns(table))
@@ -346,23 +353,20 @@ class TransferMixin:
                         raise ImportFormatError(
                             f"{where}: lesson {row['id']} is rejected by the lesson safety screen ({problem}); a "
                             "lesson enters a store only through the screen, so nothing was imported (remove or "
-                            "fix that lesson, and the rows that name it, and import again)")
+                            "fix that lesson, and the rows that name it, and import again)"
+                        )
                 importer.add(table_name, row, lineno)
                 counts[table_name] += 1
             if lineno == 0:
                 raise ImportFormatError(f"{name}:1: empty file, expected the format header")
             importer.flush()
             if trailer is None:
-                raise ImportFormatError(
-                    f"{name}:{lineno + 1}: missing end marker; the file is truncated"
-                )
+                raise ImportFormatError(f"{name}:{lineno + 1}: missing end marker; the file is truncated")
             expected = trailer.get("counts")
             # a table newer than the export (none of its rows, not in its counts) is not a mismatch
             read = {t: n for t, n in counts.items() if n or (isinstance(expected, dict) and t in expected)}
             if expected != read:
-                raise ImportFormatError(
-                    f"{name}: end marker counts {expected} do not match the rows read {read}"
-                )
+                raise ImportFormatError(f"{name}: end marker counts {expected} do not match the rows read {read}")
             importer.finish(counts)
         self._indexes.clear()
         return counts
@@ -434,7 +438,8 @@ class _Importer:
         if row["dim"] != dim:
             raise ImportFormatError(
                 f"{where}: embeddings.dim {row['dim']} for embedder {model!r}, whose vectors have dim {dim} "
-                f"(from {seen}); one embedder's vectors all have one size")
+                f"(from {seen}); one embedder's vectors all have one size"
+            )
 
     def flush(self) -> None:
         if not self.pending:
@@ -459,7 +464,9 @@ class _Importer:
                     )
 
 
-def _insert_batch(store: Any, session: Session, table: Table, batch: list[tuple[int, dict[str, Any]]], name: str) -> None:
+def _insert_batch(
+    store: Any, session: Session, table: Table, batch: list[tuple[int, dict[str, Any]]], name: str
+) -> None:
     keys = list(table.primary_key.columns)
     if len(keys) == 1:
         key = keys[0]

@@ -6,7 +6,8 @@ before the database sees it, never a driver's OverflowError, never a row the sto
 written itself. `memory.transfer` reads lines; this module says what a line may contain:
 
 - `decode_row(table, row, where)`: every column present and nothing else; integers 32-bit (PostgreSQL's
-  INTEGER, and what SQLite can bind), numbers finite (no NaN, no infinity), booleans booleans, strings strings within their
+  INTEGER, and what SQLite can bind), numbers finite (no NaN, no infinity), booleans booleans, strings strings within
+  their
   length, timestamps ISO 8601, binary base64, JSON columns of their shape (`JSON_SHAPES`: an object, a list
   of ids, a list of strings or null), embeddings whose bytes are `4 * dim` finite floats.
 - `upgrade_row(revision, table, row)`: a row of an export written at an older schema revision, as that
@@ -43,14 +44,21 @@ LOOKUP_CHUNK = 900
 
 OBJECT, IDS, STRINGS_OR_NULL = "a JSON object", "a list of integer ids", "a list of strings, or null"
 JSON_SHAPES = {
-    ("runs", "config"): OBJECT, ("runs", "state"): OBJECT,
+    ("runs", "config"): OBJECT,
+    ("runs", "state"): OBJECT,
     ("adapters", "metadata"): OBJECT,
-    ("extractions", "episode_ids"): IDS, ("extractions", "metadata"): OBJECT,
-    ("opcd_cycles", "config"): OBJECT, ("opcd_cycles", "metrics"): OBJECT, ("opcd_cycles", "curves"): OBJECT,
+    ("extractions", "episode_ids"): IDS,
+    ("extractions", "metadata"): OBJECT,
+    ("opcd_cycles", "config"): OBJECT,
+    ("opcd_cycles", "metrics"): OBJECT,
+    ("opcd_cycles", "curves"): OBJECT,
     ("opcd_cycles", "episode_ids"): IDS,
-    ("lessons", "source_episode_ids"): IDS, ("lessons", "metadata"): OBJECT,
-    ("episodes", "lessons_in_context"): IDS, ("episodes", "metadata"): OBJECT,
-    ("steps", "admissible_actions"): STRINGS_OR_NULL, ("steps", "info"): OBJECT,
+    ("lessons", "source_episode_ids"): IDS,
+    ("lessons", "metadata"): OBJECT,
+    ("episodes", "lessons_in_context"): IDS,
+    ("episodes", "metadata"): OBJECT,
+    ("steps", "admissible_actions"): STRINGS_OR_NULL,
+    ("steps", "info"): OBJECT,
     ("evaluations", "metrics"): OBJECT,
 }
 # (table, column) -> (the table it names, whether a missing row is allowed: provenance of pruned episodes)
@@ -63,10 +71,13 @@ JSON_REFERENCES = {
 # foreign keys whose target must be of the same run (the database checks that it exists)
 RUN_KEYS = {
     ("adapters", "parent_id"): "adapters",
-    ("opcd_cycles", "base_adapter_id"): "adapters", ("opcd_cycles", "adapter_id"): "adapters",
-    ("lessons", "extraction_id"): "extractions", ("lessons", "consolidated_cycle_id"): "opcd_cycles",
+    ("opcd_cycles", "base_adapter_id"): "adapters",
+    ("opcd_cycles", "adapter_id"): "adapters",
+    ("lessons", "extraction_id"): "extractions",
+    ("lessons", "consolidated_cycle_id"): "opcd_cycles",
     ("episodes", "adapter_id"): "adapters",
-    ("evaluations", "adapter_id"): "adapters", ("evaluations", "cycle_id"): "opcd_cycles",
+    ("evaluations", "adapter_id"): "adapters",
+    ("evaluations", "cycle_id"): "opcd_cycles",
 }
 
 
@@ -80,7 +91,10 @@ def _check_json(table: str, column: str, value: Any, where: str) -> None:
         shape is None
         or (shape == OBJECT and isinstance(value, dict))
         or (shape == IDS and isinstance(value, list) and all(_is_int(v) and 1 <= v <= INT_MAX for v in value))
-        or (shape == STRINGS_OR_NULL and (value is None or (isinstance(value, list) and all(isinstance(v, str) for v in value))))
+        or (
+            shape == STRINGS_OR_NULL
+            and (value is None or (isinstance(value, list) and all(isinstance(v, str) for v in value)))
+        )
     )
     if not ok:
         raise ImportFormatError(f"{where}: {table}.{column} must be {shape}, got {_show(value)}")
@@ -140,7 +154,9 @@ def _value(table: str, column: Column[Any], value: Any, where: str) -> Any:
             raise ImportFormatError(f"{what} must be an integer from {INT_MIN} to {INT_MAX}, got {_show(value)}")
     elif isinstance(base, Float):
         if not ((isinstance(value, float) and math.isfinite(value)) or (_is_int(value) and abs(value) < 2**1023)):
-            raise ImportFormatError(f"{what} must be a number (a finite float: not NaN, not infinite), got {_show(value)}")
+            raise ImportFormatError(
+                f"{what} must be a number (a finite float: not NaN, not infinite), got {_show(value)}"
+            )
     elif isinstance(base, String):  # Text is a String
         if not isinstance(value, str):
             raise ImportFormatError(f"{what} must be a string, got {_show(value)}")
@@ -156,7 +172,8 @@ def _check_vector(row: dict[str, Any], where: str) -> None:
     if len(vector) != 4 * dim:
         raise ImportFormatError(
             f"{where}: embeddings.vector holds {len(vector)} bytes; a vector of dim {dim} is {4 * dim} "
-            "(float32, little-endian)")
+            "(float32, little-endian)"
+        )
     if not np.isfinite(np.frombuffer(vector, dtype="<f4")).all():
         raise ImportFormatError(f"{where}: embeddings.vector holds NaN or infinite values")
 
@@ -246,8 +263,15 @@ class References:
             if owner == table and row.get(column) is not None:
                 self.refs.append(_Ref(where, f"{table}.{column}", run, target, [row[column]]))
         if table == "lesson_set_members":
-            self.refs.append(_Ref(where, "lesson_set_members.lesson_id", ("lesson_sets", row["lesson_set_id"]),
-                                  "lessons", [row["lesson_id"]]))
+            self.refs.append(
+                _Ref(
+                    where,
+                    "lesson_set_members.lesson_id",
+                    ("lesson_sets", row["lesson_set_id"]),
+                    "lessons",
+                    [row["lesson_id"]],
+                )
+            )
         if table == "embeddings":
             target = "episodes" if row["kind"] == "episode" else "lessons"
             self.refs.append(_Ref(where, "embeddings.item_id", None, target, [row["item_id"]]))
@@ -271,12 +295,14 @@ class References:
                         continue  # a pruned episode: provenance outlives it
                     raise ImportFormatError(
                         f"{ref.where}: {ref.what} names {ref.target} id {target_id}, which is neither in the file "
-                        "nor in the store")
+                        "nor in the store"
+                    )
                 target_run = runs[ref.target][target_id]
                 if owner is not None and target_run is not None and target_run != owner:
                     raise ImportFormatError(
                         f"{ref.where}: {ref.what} names {ref.target} id {target_id} of run {target_run}, from a row "
-                        f"of run {owner}; a row may name rows of its own run or of none")
+                        f"of run {owner}; a row may name rows of its own run or of none"
+                    )
 
 
 def _runs_of(session: Session, table: Table, ids: set[int]) -> dict[int, int | None]:

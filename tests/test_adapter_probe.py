@@ -36,9 +36,19 @@ from distill.fingerprint import fingerprint_files, fingerprint_state
 GAME = "You play a text adventure game. Reply with exactly one of the admissible actions."
 ACTIONS = ["go north", "take coin", "look", "inventory"]
 ROOMS = ["Kitchen", "Hall", "Cellar", "Garden"]
-DECISIONS = [([{"role": "system", "content": GAME},
-               {"role": "user", "content": f"-= {room} =-\nThere is a coin on the floor.\nAdmissible actions: "
-                                           + " | ".join(ACTIONS)}], ACTIONS) for room in ROOMS]
+DECISIONS = [
+    (
+        [
+            {"role": "system", "content": GAME},
+            {
+                "role": "user",
+                "content": f"-= {room} =-\nThere is a coin on the floor.\nAdmissible actions: " + " | ".join(ACTIONS),
+            },
+        ],
+        ACTIONS,
+    )
+    for room in ROOMS
+]
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +71,10 @@ def random_adapter(tiny_model_dir, path, *, seed: int, scale: float = 0.5):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
-                                            target_modules=["q_proj", "v_proj", "o_proj", "down_proj"]))
+    lora = get_peft_model(
+        model,
+        LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"]),
+    )
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in lora.named_parameters():
@@ -79,8 +91,10 @@ def adapter_info(path, *, id_: int, name: str, fingerprint=None):
 @pytest.fixture(scope="module")
 def adapters(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("probe-adapters")
-    return {name: random_adapter(tiny_model_dir, root / name, seed=seed)
-            for name, seed in (("parent", 1), ("new", 2), ("other", 3))}
+    return {
+        name: random_adapter(tiny_model_dir, root / name, seed=seed)
+        for name, seed in (("parent", 1), ("new", 2), ("other", 3))
+    }
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +173,11 @@ def test_a_backend_that_did_not_switch_stops_the_run(tiny_model_dir, adapters, r
     backend = StaleAdapterBackend(acting(tiny_model_dir, adapters["parent"]))
     activate(backend, adapter_info(adapters["new"], id_=2, name="cycle-2"))
     assert backend.active_adapter == "cycle-2", "it says it switched"
-    with pytest.raises(StaleAdapterError, match=r"rollout worker 3 does not act with adapter cycle-2 after its "
-                                                r"promotion: it acts as the parent") as caught:
+    with pytest.raises(
+        StaleAdapterError,
+        match=r"rollout worker 3 does not act with adapter cycle-2 after its "
+        r"promotion: it acts as the parent",
+    ) as caught:
         check_backend(reference, backend, where="rollout worker 3", tolerance=FLOAT32_TOLERANCE)
     result = caught.value.result
     assert result.to_parent < 1e-4 and result.to_adapter > 2 * FLOAT32_TOLERANCE
@@ -176,11 +193,13 @@ def test_a_backend_that_loaded_other_files_stops_the_run(tiny_model_dir, adapter
 
 def test_an_adapter_that_barely_moved_is_inconclusive_not_an_error(tiny_model_dir, adapters):
     same = adapter_info(adapters["new"], id_=2, name="cycle-2")
-    reference = build_reference(str(tiny_model_dir), same, adapter_info(adapters["new"], id_=1, name="cycle-1"),
-                                DECISIONS[:2])
+    reference = build_reference(
+        str(tiny_model_dir), same, adapter_info(adapters["new"], id_=1, name="cycle-1"), DECISIONS[:2]
+    )
     assert reference.shift < 1e-6
-    result = check_backend(reference, acting(tiny_model_dir, adapters["parent"]), where="w",
-                           tolerance=FLOAT32_TOLERANCE)
+    result = check_backend(
+        reference, acting(tiny_model_dir, adapters["parent"]), where="w", tolerance=FLOAT32_TOLERANCE
+    )
     assert result.verdict == "inconclusive" and "too little" in result.note
 
 
@@ -230,4 +249,3 @@ def test_distances_are_total_variation_in_probability():
     sure, unsure = [[0.0, -50.0]], [[math.log(0.5), math.log(0.5)]]
     assert choice_distance(sure, unsure) == pytest.approx(0.5)
     assert choice_distance([[0.0, -50.0]], [[0.0, -20.0]]) < 1e-8, "the numerics of excluded actions do not count"
-

@@ -50,8 +50,10 @@ def test_the_loop_probes_its_backend_after_a_promotion(tmp_path, coin_lesson_mod
 def test_a_backend_that_keeps_the_old_weights_stops_the_run(tmp_path, coin_lesson_model, coin_lesson_config):
     stale = StaleAdapterBackend(TransformersBackend.from_pretrained(str(coin_lesson_model), dtype="float32"))
     loop = AgentLoop(coin_lesson_config("probe", coin_lesson_model, 12), tmp_path, backend=stale, progress=False)
-    with pytest.raises(StaleAdapterError, match=f"{LOOP_WHERE} does not act with adapter cycle-1 after its "
-                                                "promotion: it acts as the parent"):
+    with pytest.raises(
+        StaleAdapterError,
+        match=f"{LOOP_WHERE} does not act with adapter cycle-1 after its promotion: it acts as the parent",
+    ):
         loop.run()
     loop.close()
     with ExperienceStore.open(tmp_path) as store:
@@ -83,8 +85,10 @@ def _random_adapter(model_dir, path, seed):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), LoraConfig(
-        r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"]))
+    lora = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"]),
+    )
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in lora.named_parameters():
@@ -95,14 +99,27 @@ def _random_adapter(model_dir, path, seed):
 
 
 def _ray_config(model_dir, games_dir, episodes):
-    return config_from_dict({
-        "name": "probe-ray", "model": {"name": str(model_dir), "max_new_tokens": 4, "dtype": "float32"},
-        "agent": {"action_mode": "choice"},
-        "envs": [{"id": "textworld/coin_collector", "max_steps": 2,
-                  "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)}}],
-        "runtime": {"slots": 1, "episodes": episodes, "executor": "ray", "summary_every": 1000,
-                    "ray": {"workers": 2, "slots": 1, "worker_cpus": 0.5}},
-    })
+    return config_from_dict(
+        {
+            "name": "probe-ray",
+            "model": {"name": str(model_dir), "max_new_tokens": 4, "dtype": "float32"},
+            "agent": {"action_mode": "choice"},
+            "envs": [
+                {
+                    "id": "textworld/coin_collector",
+                    "max_steps": 2,
+                    "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)},
+                }
+            ],
+            "runtime": {
+                "slots": 1,
+                "episodes": episodes,
+                "executor": "ray",
+                "summary_every": 1000,
+                "ray": {"workers": 2, "slots": 1, "worker_cpus": 0.5},
+            },
+        }
+    )
 
 
 @pytest.mark.slow
@@ -135,8 +152,11 @@ def test_ray_workers_are_probed_and_a_stale_one_stops_the_run(ray_cluster, tmp_p
     shutil.rmtree(path)  # other weights at the adapter's path: what a worker started now loads
     _random_adapter(peaky_dir, path, seed=2)
     loop = AgentLoop(_ray_config(peaky_dir, games_dir, 12), tmp_path, resume=True, progress=False)
-    with pytest.raises(StaleAdapterError, match=r"rollout worker \d \(transformers backend\) does not act with "
-                                                "adapter cycle-1 after its promotion: it acts as neither"):
+    with pytest.raises(
+        StaleAdapterError,
+        match=r"rollout worker \d \(transformers backend\) does not act with "
+        "adapter cycle-1 after its promotion: it acts as neither",
+    ):
         loop.run()
     loop.close()
     with ExperienceStore.open(tmp_path) as store:

@@ -25,8 +25,13 @@ def test_arena_and_math_actions():
 
 def test_prompt_keeps_lessons_and_current_observation_and_drops_oldest_turns():
     backend = ScriptedBackend()
-    builder = PromptBuilder(family="text", count_tokens=backend.count_tokens, context_window=120,
-                            lessons=["explore every exit"], reserve_tokens=10)
+    builder = PromptBuilder(
+        family="text",
+        count_tokens=backend.count_tokens,
+        context_window=120,
+        lessons=["explore every exit"],
+        reserve_tokens=10,
+    )
     history = [Turn(f"room {i} " + "word " * 10, f"go {i}") for i in range(10)]
     chat = builder.build(history, "You see a coin.", ["take coin", "look"])
     assert chat[0]["role"] == "system" and "explore every exit" in chat[0]["content"]
@@ -38,8 +43,9 @@ def test_prompt_keeps_lessons_and_current_observation_and_drops_oldest_turns():
 
 def test_history_limit():
     backend = ScriptedBackend()
-    builder = PromptBuilder(family="math", count_tokens=backend.count_tokens, context_window=10_000,
-                            max_history_turns=2)
+    builder = PromptBuilder(
+        family="math", count_tokens=backend.count_tokens, context_window=10_000, max_history_turns=2
+    )
     chat = builder.build([Turn(str(i), str(i)) for i in range(5)], "now", None)
     assert len(chat) == 1 + 2 * 2 + 1
 
@@ -48,15 +54,16 @@ def test_history_shows_admissible_makes_the_prompt_append_only():
     backend = ScriptedBackend()
     steps = [("You are in a hall.", ["go east", "look"], "go east"), ("You see a coin.", ["take coin"], "take coin")]
     for shows in (False, True):
-        builder = PromptBuilder(family="text", count_tokens=backend.count_tokens, context_window=10_000,
-                                history_shows_admissible=shows)
+        builder = PromptBuilder(
+            family="text", count_tokens=backend.count_tokens, context_window=10_000, history_shows_admissible=shows
+        )
         history: list[Turn] = []
         sent = []
         for observation, admissible, reply in steps:
             sent.append(builder.build(history, observation, admissible))
             history.append(Turn(observation, reply, admissible))
         first, second = sent
-        extends = second[:len(first)] == first and second[len(first)] == {"role": "assistant", "content": "go east"}
+        extends = second[: len(first)] == first and second[len(first)] == {"role": "assistant", "content": "go east"}
         assert extends == shows  # as sent, or without the action list
         assert ("go east | look" in second[1]["content"]) == shows
         assert "take coin" in second[-1]["content"]

@@ -12,8 +12,9 @@ from agent_runtime.llm.chat_backend import ChatBackend
 
 
 def chats(n):
-    return [[{"role": "system", "content": "Play."}, {"role": "user", "content": "go north " * (i + 1)}]
-            for i in range(n)]
+    return [
+        [{"role": "system", "content": "Play."}, {"role": "user", "content": "go north " * (i + 1)}] for i in range(n)
+    ]
 
 
 def test_batched_generation_matches_one_by_one(tiny_backend):
@@ -32,15 +33,16 @@ def test_logprobs_are_the_sampled_tokens_logprobs(tiny_backend):
     ids = tok(out.prompt_text, add_special_tokens=False, return_tensors="pt")["input_ids"]
     full = torch.cat([ids, torch.tensor([out.token_ids])], dim=1)
     with torch.no_grad():
-        logits = model(full).logits[0, ids.shape[1] - 1:-1].log_softmax(-1)
+        logits = model(full).logits[0, ids.shape[1] - 1 : -1].log_softmax(-1)
     expected = logits.gather(-1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
     assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4)
 
 
 def test_seeded_sampling_repeats(tiny_backend):
     params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7)
-    assert [c.token_ids for c in tiny_backend.generate(chats(2), params)] == \
-           [c.token_ids for c in tiny_backend.generate(chats(2), params)]
+    assert [c.token_ids for c in tiny_backend.generate(chats(2), params)] == [
+        c.token_ids for c in tiny_backend.generate(chats(2), params)
+    ]
 
 
 def test_lora_adapters_load_and_switch(tmp_path, tiny_model_dir):
@@ -50,8 +52,9 @@ def test_lora_adapters_load_and_switch(tmp_path, tiny_model_dir):
     from agent_runtime.testing import tiny_model_and_tokenizer
 
     model, _ = tiny_model_and_tokenizer()
-    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "o_proj"],
-                                                  init_lora_weights=False))
+    peft_model = get_peft_model(
+        model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False)
+    )
     peft_model.save_pretrained(tmp_path / "adapter")
     backend = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32")
     params = SamplingParams(max_new_tokens=6, temperature=0.0, logprobs=True)
@@ -101,9 +104,14 @@ def test_chat_backend_with_fake_chat_model():
 
 
 def test_chat_backend_from_config():
-    config = ModelConfig(name="fake", backend="chat", options={
-        "class": "langchain_core.language_models.fake_chat_models:FakeListChatModel",
-        "kwargs": {"responses": ["look"]}})
+    config = ModelConfig(
+        name="fake",
+        backend="chat",
+        options={
+            "class": "langchain_core.language_models.fake_chat_models:FakeListChatModel",
+            "kwargs": {"responses": ["look"]},
+        },
+    )
     backend = make_backend(config)
     assert backend.generate(chats(1), SamplingParams())[0].text == "look"
     with pytest.raises(BackendError, match="is not a langchain-core BaseChatModel"):
@@ -115,6 +123,7 @@ def test_chat_backend_from_config():
 def test_vllm_backend_fails_clearly_without_vllm():
     try:
         import vllm  # noqa: F401
+
         pytest.skip("vllm is installed here")
     except ImportError:
         pass
@@ -165,6 +174,6 @@ def test_sampled_logprobs_are_those_of_the_tempered_distribution(tiny_backend):
     prompt = tiny_backend.tokenizer(out.prompt_text, add_special_tokens=False, return_tensors="pt")["input_ids"]
     ids = torch.cat([prompt, torch.tensor([out.token_ids])], dim=1)
     with torch.no_grad():
-        logits = tiny_backend.model(ids).logits[0, prompt.shape[1] - 1: -1].float()
+        logits = tiny_backend.model(ids).logits[0, prompt.shape[1] - 1 : -1].float()
     expected = (logits / 0.8).log_softmax(-1).gather(-1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
     assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4)

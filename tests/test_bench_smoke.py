@@ -19,9 +19,22 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_rollout_bench_quick_prints_a_consistent_table(tmp_path, games_dir):
     out = tmp_path / "rows.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "rollout.py"), "--quick", "--threads", "1",
-         "--games-dir", str(games_dir), "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "rollout.py"),
+            "--quick",
+            "--threads",
+            "1",
+            "--games-dir",
+            str(games_dir),
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| tiny | 1 | 4 |" in proc.stdout and "| tiny | 4 | 4 |" in proc.stdout
@@ -32,8 +45,16 @@ def test_rollout_bench_quick_prints_a_consistent_table(tmp_path, games_dir):
         assert 4 <= row["steps"] <= 8  # 4 episodes of at most 2 steps
         assert row["gen_tokens_per_s"] > 0 and row["wall_s"] > 0
         assert row["mean_batch"] <= slots
-        shares = [row[k] for k in ("share_model_generate", "share_backend_overhead", "share_prompt_build",
-                                   "share_env", "share_other")]
+        shares = [
+            row[k]
+            for k in (
+                "share_model_generate",
+                "share_backend_overhead",
+                "share_prompt_build",
+                "share_env",
+                "share_other",
+            )
+        ]
         assert abs(sum(shares) - 1.0) < 1e-6 and min(shares[:4]) >= 0
         assert 0 < row["share_prefill"] <= row["share_model_generate"]
     assert rows[1]["mean_batch"] == 1.0
@@ -68,8 +89,9 @@ def test_gpu_check_sections_run_in_cpu_dry_run(tmp_path, capsys):
     assert table.count("\n") == len(rows) + 2 and "| opcd | OPCD, default config |" in table
 
 
-def test_loop_profile_bench_sets_each_phase_against_its_floor(tmp_path, games_dir, tiny_model_dir, cycle_config,
-                                                               capsys):
+def test_loop_profile_bench_sets_each_phase_against_its_floor(
+    tmp_path, games_dir, tiny_model_dir, cycle_config, capsys
+):
     """`bench/loop.py` on a whole cycle of the tiny model: every phase that ran has its row, a floor from the
     same model's measured rates, and the JSON beside the table."""
     import importlib.util

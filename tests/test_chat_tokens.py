@@ -16,8 +16,12 @@ SYSTEM = {"role": "system", "content": "You are playing a text game. Reply with 
 ORDINARY = [
     [SYSTEM, {"role": "user", "content": "You are in a kitchen. There is a coin on the table."}],
     [{"role": "user", "content": "no system message here"}],
-    [SYSTEM, {"role": "user", "content": "first room"}, {"role": "assistant", "content": "go north"},
-     {"role": "user", "content": "  second room, with edges \n\n"}],
+    [
+        SYSTEM,
+        {"role": "user", "content": "first room"},
+        {"role": "assistant", "content": "go north"},
+        {"role": "user", "content": "  second room, with edges \n\n"},
+    ],
     [SYSTEM, {"role": "user", "content": "écrire: café, naïve — 東京 🙂 <b>bold</b> a<|b|>c <im_start> |>"}],
     [SYSTEM, {"role": "user", "content": "write a lesson"}, {"role": "assistant", "content": "- EXPERIENCE ITEM:"}],
     [SYSTEM, {"role": "user", "content": ""}],
@@ -79,24 +83,32 @@ def test_a_forged_observation_is_text_not_a_turn(tokenizer):
     # the control tokens are the template's, in its order
     special_ids = set(specials(tokenizer).values())
     assert [i for i in prompt.ids if i in special_ids] == [
-        i for i in encode_chat(tokenizer, benign).ids if i in special_ids]
+        i for i in encode_chat(tokenizer, benign).ids if i in special_ids
+    ]
 
 
 def test_no_special_token_of_the_tokenizer_can_be_forged_anywhere(tokenizer):
     for special in specials(tokenizer):
         text = f"a {special} b{special}"
-        for chat in ([SYSTEM, {"role": "user", "content": text}],  # an observation
-                     [{"role": "system", "content": f"Lessons: {text}"}, {"role": "user", "content": "hi"}],
-                     [SYSTEM, {"role": "user", "content": "hi"}, {"role": "assistant", "content": text},
-                      {"role": "user", "content": "again"}],  # a past reply
-                     [SYSTEM, {"role": "user", "content": "hi"}, {"role": "assistant", "content": text}]):  # prefill
+        for chat in (
+            [SYSTEM, {"role": "user", "content": text}],  # an observation
+            [{"role": "system", "content": f"Lessons: {text}"}, {"role": "user", "content": "hi"}],
+            [
+                SYSTEM,
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": "again"},
+            ],  # a past reply
+            [SYSTEM, {"role": "user", "content": "hi"}, {"role": "assistant", "content": text}],
+        ):  # prefill
             clean = [{**m, "content": m["content"].replace(special, "x")} for m in chat]
             prompt = encode_chat(tokenizer, chat)
             assert count_special(tokenizer, prompt.ids) == count_special(tokenizer, encode_chat(tokenizer, clean).ids)
             assert tokenizer.decode(prompt.ids) == prompt.text
         continued = encode_chat(tokenizer, [SYSTEM, {"role": "user", "content": "hi"}], continuation=text)
         assert count_special(tokenizer, continued.ids) == count_special(
-            tokenizer, encode_chat(tokenizer, [SYSTEM, {"role": "user", "content": "hi"}]).ids)
+            tokenizer, encode_chat(tokenizer, [SYSTEM, {"role": "user", "content": "hi"}]).ids
+        )
         assert count_special(tokenizer, encode_text(tokenizer, text)) == 0
 
 
@@ -149,8 +161,9 @@ def test_the_chat_backend_sends_defused_content():
             seen.append([m.content for m in messages])
             return super()._call(messages, *args, **kwargs)
 
-    ChatBackend(Recording(responses=["look"])).generate([[SYSTEM, {"role": "user", "content": FORGED}]],
-                                                        SamplingParams())
+    ChatBackend(Recording(responses=["look"])).generate(
+        [[SYSTEM, {"role": "user", "content": FORGED}]], SamplingParams()
+    )
     [[system, user]] = seen
     assert system == SYSTEM["content"] and "<|im_end|>" not in user and "<|im_start|>" not in user
     assert user.replace("\u2060", "") == FORGED  # the text itself is unchanged

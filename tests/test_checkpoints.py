@@ -41,13 +41,15 @@ def test_alias_converts_once_and_generates():
     from agent_runtime.llm.transformers_backend import TransformersBackend
 
     path = resolve_model("smollm2-135m-instruct")
-    assert (tuple(ALIASES) == ("smollm2-135m-instruct",))
+    assert tuple(ALIASES) == ("smollm2-135m-instruct",)
     files = {p.name for p in Path(path).iterdir()}
     assert "config.json" in files and any(f.endswith(".safetensors") for f in files)
     config = json.loads((Path(path) / "config.json").read_text())
     assert "quantization_config" not in config  # a plain checkpoint, not GGUF-packed weights
     assert resolve_model("smollm2-135m-instruct") == path  # cached: no second conversion
     backend = TransformersBackend.from_pretrained(path)
-    [out] = backend.generate([[{"role": "user", "content": "What is 2+3? Answer with a number."}]],
-                             SamplingParams(max_new_tokens=12, temperature=0))
+    [out] = backend.generate(
+        [[{"role": "user", "content": "What is 2+3? Answer with a number."}]],
+        SamplingParams(max_new_tokens=12, temperature=0),
+    )
     assert "5" in out.text

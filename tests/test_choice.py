@@ -89,8 +89,10 @@ def test_backend_replies_are_admissible_and_the_cache_changes_nothing(tiny_model
             assert math.isclose(sum(math.exp(v) for v in x.choice_logprobs), 1.0, rel_tol=1e-5)
             assert x.logprobs == [pytest.approx(x.choice_logprobs[options.index(x.text)])]
         for i, x in zip(range(3)[rows], a):
-            chats[i] = chats[i] + [{"role": "assistant", "content": x.text},
-                                   {"role": "user", "content": f"Turn {turn}: nothing happens."}]
+            chats[i] = chats[i] + [
+                {"role": "assistant", "content": x.text},
+                {"role": "user", "content": f"Turn {turn}: nothing happens."},
+            ]
     assert cached.prefix_stats.reused_tokens > 0  # later turns continued the stored prompt + chosen action
 
 
@@ -157,10 +159,19 @@ def test_runner_records_choices_and_free_mode_is_unchanged(tmp_path, games_dir):
     from memory import ExperienceStore
 
     def play(mode):
-        data = {"name": f"c-{mode}", "model": {"name": "scripted", "backend": "scripted"},
-                "envs": [{"id": "textworld/coin_collector", "max_steps": 3,
-                          "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)}}],
-                "agent": {"action_mode": mode}, "runtime": {"slots": 2, "episodes": 3}}
+        data = {
+            "name": f"c-{mode}",
+            "model": {"name": "scripted", "backend": "scripted"},
+            "envs": [
+                {
+                    "id": "textworld/coin_collector",
+                    "max_steps": 3,
+                    "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)},
+                }
+            ],
+            "agent": {"action_mode": mode},
+            "runtime": {"slots": 2, "episodes": 3},
+        }
         loop = AgentLoop(config_from_dict(data), tmp_path / mode, progress=False)
         summary = loop.run()
         loop.close()
@@ -185,8 +196,18 @@ def _trainer(tiny, objective="opcd", **settings):
     teacher, _ = tiny_model_and_tokenizer(seed=1)
     with torch.no_grad():
         teacher.get_output_embeddings().weight.mul_(20.0)  # sharper, so the two choice policies differ clearly
-    config = OPCDConfig(**{"objective": objective, "lr": 1e-2, "lora_r": 8, "batch_size": 3, "temperature": 1.0,
-                           "sampler": "live", "gradient_checkpointing": True, **settings})
+    config = OPCDConfig(
+        **{
+            "objective": objective,
+            "lr": 1e-2,
+            "lora_r": 8,
+            "batch_size": 3,
+            "temperature": 1.0,
+            "sampler": "live",
+            "gradient_checkpointing": True,
+            **settings,
+        }
+    )
     torch.manual_seed(0)
     return OPCDTrainer(copy.deepcopy(model), tokenizer, config, teacher_model=teacher)
 
@@ -214,14 +235,19 @@ def test_choice_kl_is_exact_reverse_kl():
     assert float(choice_divergence([s], [t], divergence="reverse", temperature=1.0)) == pytest.approx(expected)
     forward = float((pt * (pt.log() - ps.log())).sum())
     assert float(choice_divergence([s], [t], divergence="forward", temperature=1.0)) == pytest.approx(forward)
-    assert float(choice_divergence([s], [t], divergence="cross_entropy", temperature=1.0,
-                                   teacher_picks=[1])) == pytest.approx(-float(ps.log()[1]))
+    assert float(
+        choice_divergence([s], [t], divergence="cross_entropy", temperature=1.0, teacher_picks=[1])
+    ) == pytest.approx(-float(ps.log()[1]))
 
 
 def test_promotion_needs_evidence():
     settings = ConsolidationConfig(min_kl_drop=0.1, promote_margin=0.05)
-    rates = {"teacher_without_lessons": 0.4, "student_without_lessons": 0.8, "teacher_with_lessons": 0.9,
-             "student_with_lessons": 0.9}
+    rates = {
+        "teacher_without_lessons": 0.4,
+        "student_without_lessons": 0.8,
+        "teacher_with_lessons": 0.9,
+        "student_with_lessons": 0.9,
+    }
     assert decide_promotion(rates, 0.2, 0.05, settings) == []
     [reason] = decide_promotion(rates, 0.017, 0.018, settings)  # the quickstart's old cycle: KL rose
     assert "did not fall by 10%" in reason
@@ -237,8 +263,14 @@ def test_winning_more_validation_games_is_evidence_when_the_kl_rose():
     study's seed 0: KL 0.10 -> 0.15, held-out success 5% -> 87.5%): winning more of the train-split validation
     games than the parent is evidence too; the no-regression check without lessons is made on those games."""
     settings = ConsolidationConfig(min_kl_drop=0.1, promote_margin=0.05)
-    rates = {"teacher_without_lessons": 0.05, "student_without_lessons": 0.05, "teacher_with_lessons": 0.5,
-             "student_with_lessons": 0.5, "validation_parent": 0.25, "validation_student": 0.5}
+    rates = {
+        "teacher_without_lessons": 0.05,
+        "student_without_lessons": 0.05,
+        "teacher_with_lessons": 0.5,
+        "student_with_lessons": 0.5,
+        "validation_parent": 0.25,
+        "validation_student": 0.5,
+    }
     assert decide_promotion(rates, 0.10, 0.15, settings) == []
     [reason] = decide_promotion({**rates, "validation_student": 0.25}, 0.10, 0.15, settings)
     assert "did not fall by 10%" in reason and "validation games" in reason
@@ -302,8 +334,15 @@ def test_the_teacher_scores_each_prompt_once_per_cycle(tiny, monkeypatch):
     real = trainer._teacher_choice_scores.__func__
 
     def counting(self, teacher_ids, actions):
-        scored.append(len([1 for t, a in zip(teacher_ids, actions)
-                           if (tuple(t), tuple(tuple(x) for x in a)) not in self._teacher_choices]))
+        scored.append(
+            len(
+                [
+                    1
+                    for t, a in zip(teacher_ids, actions)
+                    if (tuple(t), tuple(tuple(x) for x in a)) not in self._teacher_choices
+                ]
+            )
+        )
         return real(self, teacher_ids, actions)
 
     monkeypatch.setattr(type(trainer), "_teacher_choice_scores", counting)
@@ -373,8 +412,7 @@ def _first_turns(games_dir, split: str):
     import environments
 
     env = environments.make("textworld/coin_collector", level=1, n_train=4, n_eval=4, cache_dir=str(games_dir))
-    builder = PromptBuilder(family="textworld", count_tokens=lambda chat: 0, context_window=4096,
-                            action_mode="choice")
+    builder = PromptBuilder(family="textworld", count_tokens=lambda chat: 0, context_window=4096, action_mode="choice")
     chats, sets = [], []
     for i, task in enumerate(env.tasks(split)):
         observation, info = env.reset(seed=1234 + i, task_id=task)
@@ -428,8 +466,9 @@ def test_anchor_share_fixes_the_anchors_part_of_every_batch_whatever_their_count
         trainer = _trainer_with(tiny, batch_size=4, anchor_share=share)
         monkeypatch.setattr(trainer, "step", recording)
         batches.clear()
-        trainer.train(lesson_chats, LESSON, steps=6, choices=[SETS[1]] * 6, anchors=anchors,
-                      anchor_choices=[SETS[2]] * 10)
+        trainer.train(
+            lesson_chats, LESSON, steps=6, choices=[SETS[1]] * 6, anchors=anchors, anchor_choices=[SETS[2]] * 10
+        )
         counts = [contexts.count("") for contexts in batches]
         assert all(len(contexts) == 4 for contexts in batches)
         if expected is not None:
@@ -449,8 +488,13 @@ def test_anchor_prompts_get_no_context_and_need_their_action_sets(tiny, monkeypa
 
     monkeypatch.setattr(trainer, "step", recording)
     trainer.train(CHATS[:2], LESSON, steps=1, choices=SETS[:2], anchors=CHATS[2:], anchor_choices=SETS[2:])
-    assert sorted(seen) == sorted([(CHATS[0][-1]["content"], LESSON, SETS[0]), (CHATS[1][-1]["content"], LESSON,
-                                   SETS[1]), (CHATS[2][-1]["content"], "", SETS[2])])
+    assert sorted(seen) == sorted(
+        [
+            (CHATS[0][-1]["content"], LESSON, SETS[0]),
+            (CHATS[1][-1]["content"], LESSON, SETS[1]),
+            (CHATS[2][-1]["content"], "", SETS[2]),
+        ]
+    )
     with pytest.raises(ValueError, match="anchor_choices"):
         trainer.train(CHATS[:2], LESSON, steps=1, choices=SETS[:2], anchors=CHATS[2:])
     with pytest.raises(ValueError, match="1 anchors but 2 action sets"):

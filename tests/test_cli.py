@@ -37,8 +37,19 @@ def test_help_and_version(cli):
 def test_run_smoke_config_then_memory_stats(tmp_path, games_dir, cli, cli_process):
     """`run` as a real process (the progress bar on its stderr), then the memory it left, in process."""
     workdir = tmp_path / "smoke"
-    proc = cli_process("run", "configs/smoke.yaml", "--workdir", workdir, "--episodes", 40, "--json",
-                       "--set", f"envs.0.kwargs.cache_dir={games_dir}", "--set", "envs.0.kwargs.n_train=4")
+    proc = cli_process(
+        "run",
+        "configs/smoke.yaml",
+        "--workdir",
+        workdir,
+        "--episodes",
+        40,
+        "--json",
+        "--set",
+        f"envs.0.kwargs.cache_dir={games_dir}",
+        "--set",
+        "envs.0.kwargs.n_train=4",
+    )
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["episodes"] == 40 and summary["new_episodes"] == 40
     assert "PLAY" in proc.stderr  # the progress bar
@@ -51,10 +62,25 @@ def test_run_smoke_config_then_memory_stats(tmp_path, games_dir, cli, cli_proces
 
 def test_run_tiny_model(tmp_path, games_dir, tiny_model_dir, cli):
     workdir = tmp_path / "tiny"
-    proc = cli("run", "configs/quickstart.yaml", "--workdir", workdir, "--episodes", 2, "--no-progress",
-               "--set", f"model.name={tiny_model_dir}", "--set", "model.max_new_tokens=4",
-               "--set", f"envs.0.kwargs.cache_dir={games_dir}", "--set", "envs.0.kwargs.n_train=4",
-               "--set", "envs.0.max_steps=3")
+    proc = cli(
+        "run",
+        "configs/quickstart.yaml",
+        "--workdir",
+        workdir,
+        "--episodes",
+        2,
+        "--no-progress",
+        "--set",
+        f"model.name={tiny_model_dir}",
+        "--set",
+        "model.max_new_tokens=4",
+        "--set",
+        f"envs.0.kwargs.cache_dir={games_dir}",
+        "--set",
+        "envs.0.kwargs.n_train=4",
+        "--set",
+        "envs.0.max_steps=3",
+    )
     assert "run 1: 2 episodes" in proc.stdout and "success" in proc.stdout
     stats = json.loads(cli("memory", "stats", "--workdir", workdir, "--json").stdout)
     assert stats["episodes"] == 2 and stats["steps"] >= 2
@@ -69,9 +95,19 @@ def test_user_errors_exit_2_with_a_message(tmp_path, cli):
     unknown.write_text("envs: [{id: textworld/nope}]\n")
     proc = cli("run", unknown, "--workdir", tmp_path / "w2", check=False)
     assert proc.returncode == 2 and "textworld/coin_collector" in proc.stderr  # lists the known ids
-    proc = cli("run", "configs/smoke.yaml", "--workdir", tmp_path / "w3", "--set", "model.backend=transformers",
-               "--set", "model.options={}",
-               "--set", "model.name=not-a-model", check=False)
+    proc = cli(
+        "run",
+        "configs/smoke.yaml",
+        "--workdir",
+        tmp_path / "w3",
+        "--set",
+        "model.backend=transformers",
+        "--set",
+        "model.options={}",
+        "--set",
+        "model.name=not-a-model",
+        check=False,
+    )
     assert proc.returncode == 2 and "smollm2-135m-instruct" in proc.stderr
     proc = cli("memory", "stats", "--workdir", tmp_path / "empty", check=False)
     assert proc.returncode == 2 and "no memory.db" in proc.stderr
@@ -79,11 +115,29 @@ def test_user_errors_exit_2_with_a_message(tmp_path, cli):
 
 def test_lessons_and_memory_commands(tmp_path, games_dir, cli):
     workdir = tmp_path / "lessons"
-    cli("run", "configs/smoke.yaml", "--workdir", workdir, "--episodes", 16, "--no-progress",
-        "--set", f"envs.0.kwargs.cache_dir={games_dir}", "--set", "envs.0.kwargs.n_train=4",
-        "--set", "lessons.enabled=true", "--set", "lessons.extract_every=8", "--set", "lessons.gate_episodes=0",
-        "--set", "lessons.embedder=hash",
-        "--set", "model.options.lesson_reply='- EXPERIENCE ITEM: Read the goal before you move.'")
+    cli(
+        "run",
+        "configs/smoke.yaml",
+        "--workdir",
+        workdir,
+        "--episodes",
+        16,
+        "--no-progress",
+        "--set",
+        f"envs.0.kwargs.cache_dir={games_dir}",
+        "--set",
+        "envs.0.kwargs.n_train=4",
+        "--set",
+        "lessons.enabled=true",
+        "--set",
+        "lessons.extract_every=8",
+        "--set",
+        "lessons.gate_episodes=0",
+        "--set",
+        "lessons.embedder=hash",
+        "--set",
+        "model.options.lesson_reply='- EXPERIENCE ITEM: Read the goal before you move.'",
+    )
     listed = json.loads(cli("lessons", "list", "--workdir", workdir, "--json").stdout)
     assert listed["version"] == 2 and [x["text"] for x in listed["lessons"]] == ["Read the goal before you move."]
     lesson_id = listed["lessons"][0]["id"]

@@ -24,10 +24,19 @@ def test_the_chat_backend_calls_no_class_that_is_not_a_chat_model(tmp_path):
 
 
 def smoke(games_dir, **extra):
-    return {"name": "t", "model": {"name": "scripted", "backend": "scripted"},
-            "envs": [{"id": "textworld/coin_collector", "max_steps": 4,
-                      "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)}}],
-            "runtime": {"episodes": 2}, **extra}
+    return {
+        "name": "t",
+        "model": {"name": "scripted", "backend": "scripted"},
+        "envs": [
+            {
+                "id": "textworld/coin_collector",
+                "max_steps": 4,
+                "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)},
+            }
+        ],
+        "runtime": {"episodes": 2},
+        **extra,
+    }
 
 
 def test_resume_refuses_a_stored_config_that_names_other_code(tmp_path, games_dir):
@@ -62,8 +71,9 @@ def test_resume_refuses_a_stored_interpreter_the_given_config_does_not_name(tmp_
     program = tmp_path / "python"
     program.write_text(f"#!/bin/sh\ntouch {marker}\n")
     program.chmod(0o755)
-    planted = smoke(games_dir, model={"name": str(tiny_model_dir), "backend": "vllm",
-                                      "options": {"python": str(program)}})
+    planted = smoke(
+        games_dir, model={"name": str(tiny_model_dir), "backend": "vllm", "options": {"python": str(program)}}
+    )
     with ExperienceStore.open(tmp_path) as store:
         store.create_run("t", config_from_dict(planted).model_dump(mode="json"))
     with pytest.raises(ConfigError, match=r"model.options.python: stored '.*python', given None"):
@@ -72,14 +82,21 @@ def test_resume_refuses_a_stored_interpreter_the_given_config_does_not_name(tmp_
 
 
 def test_every_code_naming_field_is_found():
-    config = config_from_dict({
-        "name": "t", "envs": [{"id": "math/gsm_symbolic"}, {"id": "pkg.mod:Env"}],
-        "model": {"backend": "chat", "options": {"class": "a:B", "python": "/x/bin/python"}},
-        "lessons": {"extractor": "c:D"},
-        "runtime": {"executor": "ray", "ray": {"generation": "server", "server": {"class": "e:F"}}},
-        "opcd": {"retention_envs": [{"id": "g:H"}]},
-    })
-    assert code_references(config) == {"model.options.class": "a:B", "model.options.python": "/x/bin/python",
-                                       "lessons.extractor": "c:D",
-                                       "runtime.ray.server.class": "e:F", "envs.1.id": "pkg.mod:Env",
-                                       "opcd.retention_envs.0.id": "g:H"}
+    config = config_from_dict(
+        {
+            "name": "t",
+            "envs": [{"id": "math/gsm_symbolic"}, {"id": "pkg.mod:Env"}],
+            "model": {"backend": "chat", "options": {"class": "a:B", "python": "/x/bin/python"}},
+            "lessons": {"extractor": "c:D"},
+            "runtime": {"executor": "ray", "ray": {"generation": "server", "server": {"class": "e:F"}}},
+            "opcd": {"retention_envs": [{"id": "g:H"}]},
+        }
+    )
+    assert code_references(config) == {
+        "model.options.class": "a:B",
+        "model.options.python": "/x/bin/python",
+        "lessons.extractor": "c:D",
+        "runtime.ray.server.class": "e:F",
+        "envs.1.id": "pkg.mod:Env",
+        "opcd.retention_envs.0.id": "g:H",
+    }

@@ -38,8 +38,9 @@ def test_missing_envs_and_bad_backend(tmp_path):
 
 def test_set_overrides_nested_fields_and_lists(tmp_path):
     path = write(tmp_path, "envs: [{id: a, kwargs: {level: 1}}]\n")
-    config = load_config(path, ["runtime.slots=4", "model.temperature=0", "envs.0.kwargs.level=3",
-                                "model.name=some/model"])
+    config = load_config(
+        path, ["runtime.slots=4", "model.temperature=0", "envs.0.kwargs.level=3", "model.name=some/model"]
+    )
     assert config.name == "c"  # defaults to the file's stem
     assert config.runtime.slots == 4 and config.model.temperature == 0.0
     assert config.envs[0].kwargs == {"level": 3}

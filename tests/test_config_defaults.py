@@ -68,4 +68,6 @@ def test_smoke_config_keeps_the_cycle_trainer_defaults_under_a_partial_override(
 
 
 def test_the_snapshot_is_a_whole_run_config():
-    assert RunConfig.model_validate({**json.loads(SNAPSHOT.read_text()), **MINIMAL}).model_dump(mode="json") == defaults()
+    assert (
+        RunConfig.model_validate({**json.loads(SNAPSHOT.read_text()), **MINIMAL}).model_dump(mode="json") == defaults()
+    )

@@ -21,8 +21,15 @@ def test_cycle_in_the_loop(tmp_path, cycle_config):
     assert summary.cycles == 1 and summary.extractions == 2
     # where the time went (bench/loop.py's profile): each phase, and the tokens it put through the model
     profile = loop.profile.phases
-    assert {"START", "START: model", "PLAY", "EXTRACT", "CONSOLIDATE", "CONSOLIDATE: train",
-            "CONSOLIDATE: evaluate"} <= set(profile)
+    assert {
+        "START",
+        "START: model",
+        "PLAY",
+        "EXTRACT",
+        "CONSOLIDATE",
+        "CONSOLIDATE: train",
+        "CONSOLIDATE: evaluate",
+    } <= set(profile)
     assert profile["PLAY"].decisions >= 4 and profile["PLAY"].prompt_tokens > 0
     train, evaluate = profile["CONSOLIDATE: train"], profile["CONSOLIDATE: evaluate"]
     assert train.train_tokens > 0 and train.teacher_tokens > 0 and train.prompt_tokens == 0
@@ -42,14 +49,27 @@ def test_cycle_in_the_loop(tmp_path, cycle_config):
         adapter = store.get_adapter(cycle.adapter_id)
         assert (Path(adapter.path) / "adapter_config.json").is_file()
         conditions = {e.metrics["condition"] for e in store.evaluations(summary.run_id, cycle_id=cycle.id)}
-        assert conditions == {"random", "teacher_with_lessons", "teacher_without_lessons", "student_with_lessons",
-                              "student_without_lessons", "validation_parent", "validation_student"}
+        assert conditions == {
+            "random",
+            "teacher_with_lessons",
+            "teacher_without_lessons",
+            "student_with_lessons",
+            "student_without_lessons",
+            "validation_parent",
+            "validation_student",
+        }
         splits = {e.metrics["condition"]: e.split for e in store.evaluations(summary.run_id, cycle_id=cycle.id)}
         assert splits["validation_student"] == "train" and splits["student_without_lessons"] == "eval"
         assert cycle.metrics["objective"] == "choice"  # the agent chose among admissible actions
         table = learning_table(store, summary.run_id)
-        for label in ("random admissible action", "base model, no lessons", "base model + lessons in context",
-                      "consolidated adapter, no lessons", "McNemar p=", "95% CI"):
+        for label in (
+            "random admissible action",
+            "base model, no lessons",
+            "base model + lessons in context",
+            "consolidated adapter, no lessons",
+            "McNemar p=",
+            "95% CI",
+        ):
             assert label in table
         if cycle.status == "promoted":
             assert adapter.status == "active" and summary.adapter == adapter.name
@@ -58,8 +78,17 @@ def test_cycle_in_the_loop(tmp_path, cycle_config):
 
 
 def test_a_cycle_with_validation_stores_its_curve_and_the_step_it_kept(tmp_path, cycle_config):
-    trainer = {"steps": 3, "batch_size": 2, "max_new_tokens": 6, "lr": 1e-3, "k": 16, "lora_r": 4,
-               "sampler": "live", "validation_fraction": 0.3, "min_improvement": 0.0}
+    trainer = {
+        "steps": 3,
+        "batch_size": 2,
+        "max_new_tokens": 6,
+        "lr": 1e-3,
+        "k": 16,
+        "lora_r": 4,
+        "sampler": "live",
+        "validation_fraction": 0.3,
+        "min_improvement": 0.0,
+    }
     loop = AgentLoop(cycle_config(trainer=trainer), tmp_path, progress=False)
     summary = loop.run()
     loop.close()
@@ -89,8 +118,11 @@ def test_a_cycle_with_anchor_envs_keeps_the_parent_there(tmp_path, cycle_config,
         return real(job, **kwargs)
 
     monkeypatch.setattr(consolidate, "run_job", capturing)
-    anchor = {"id": "textworld/coin_collector", "max_steps": 2,
-              "kwargs": {"level": 2, "n_train": 2, "n_eval": 2, "cache_dir": str(games_dir)}}
+    anchor = {
+        "id": "textworld/coin_collector",
+        "max_steps": 2,
+        "kwargs": {"level": 2, "n_train": 2, "n_eval": 2, "cache_dir": str(games_dir)},
+    }
     loop = AgentLoop(cycle_config(anchor_envs=[anchor], anchor_episodes=2), tmp_path, progress=False)
     summary = loop.run()
     loop.close()
@@ -240,8 +272,9 @@ def test_a_cycle_with_nothing_to_consolidate_is_a_skipped_report_that_moves_the_
     with ExperienceStore.open(tmp_path) as store:
         run_id = store.create_run(config.name, config.model_dump(mode="json"))
         asked = store.add_request(run_id, RECONSOLIDATE, {"reason": "a test"})
-        finish = CursorMove("PLAY", {"episodes": 4, "cycles": 1}, (asked,),
-                            state_if_skipped={"episodes": 4, "cycles": 0})
+        finish = CursorMove(
+            "PLAY", {"episodes": 4, "cycles": 1}, (asked,), state_if_skipped={"episodes": 4, "cycles": 0}
+        )
         report = run_cycle(config, tmp_path, store, run_id, None, config.opcd, finish=finish)
         assert (report.status, report.cycle_id, report.adapter_id) == ("skipped", None, None)
         assert report.line() == "CONSOLIDATE: no live lessons; nothing to consolidate"

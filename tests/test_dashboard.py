@@ -56,10 +56,22 @@ def client(seeded: tuple[Path, dict[str, int]]) -> TestClient:
 def page_urls(ids: dict[str, int]) -> list[str]:
     run, cycle = ids["run"], ids["cycle"]
     return [
-        "/", f"/?run={run}", f"/partials/overview?run={run}", "/learning", f"/learning?run={run}&window=5",
-        "/episodes", f"/episodes?run={run}&env={DEMO_ENVS[0]}&outcome=won&page=1", f"/episodes/{ids['xss_episode']}",
-        "/lessons", f"/lessons?run={run}&status=active&pool=0", "/lessons/versions",
-        f"/lessons/{ids['xss_lesson']}", "/cycles", f"/cycles/{cycle}", "/search", "/search?q=frozen+lake",
+        "/",
+        f"/?run={run}",
+        f"/partials/overview?run={run}",
+        "/learning",
+        f"/learning?run={run}&window=5",
+        "/episodes",
+        f"/episodes?run={run}&env={DEMO_ENVS[0]}&outcome=won&page=1",
+        f"/episodes/{ids['xss_episode']}",
+        "/lessons",
+        f"/lessons?run={run}&status=active&pool=0",
+        "/lessons/versions",
+        f"/lessons/{ids['xss_lesson']}",
+        "/cycles",
+        f"/cycles/{cycle}",
+        "/search",
+        "/search?q=frozen+lake",
         f"/episodes/{ids['xss_episode']}/steps/0/prompt",
     ]
 
@@ -79,8 +91,11 @@ def test_json_chart_endpoints(client: TestClient, seeded: tuple[Path, dict[str, 
     _, ids = seeded
     success = client.get(f"/api/runs/{ids['run']}/success.json").json()["charts"]
     per_env, lessons = success
-    assert per_env["marks"] == lessons["marks"] == [
-        {"x": 60, "label": f"cycle {ids['cycle']} promoted", "status": "promoted"}]
+    assert (
+        per_env["marks"]
+        == lessons["marks"]
+        == [{"x": 60, "label": f"cycle {ids['cycle']} promoted", "status": "promoted"}]
+    )
     assert {s["label"] for s in per_env["series"]} == set(DEMO_ENVS)
     assert {s["label"] for s in lessons["series"]} == {"with lessons", "without lessons"}
     assert per_env["x"] == sorted(per_env["x"]) and per_env["x"][-1] == 61
@@ -114,9 +129,14 @@ def test_rolling_success_rate_and_cycle_marks(tmp_path: Path) -> None:
 
 def test_model_text_is_escaped(client: TestClient, seeded: tuple[Path, dict[str, int]]) -> None:
     _, ids = seeded
-    for url in (f"/episodes/{ids['xss_episode']}", f"/lessons/{ids['xss_lesson']}", "/lessons",
-                f"/episodes/{ids['xss_episode']}/steps/0/prompt",
-                f"/episodes?run={ids['run']}", "/search?q=never+trust+a+room+description"):
+    for url in (
+        f"/episodes/{ids['xss_episode']}",
+        f"/lessons/{ids['xss_lesson']}",
+        "/lessons",
+        f"/episodes/{ids['xss_episode']}/steps/0/prompt",
+        f"/episodes?run={ids['run']}",
+        "/search?q=never+trust+a+room+description",
+    ):
         body = client.get(url).text
         assert XSS not in body, url
         assert ESCAPED in body, url
@@ -142,13 +162,20 @@ def test_episode_page_shows_trajectory_and_provenance(client: TestClient, seeded
     assert f'href="/episodes/{ids["xss_episode"]}"' in lesson and "extractor response" in lesson
 
 
-def test_cycle_page_shows_decision_evaluations_and_lineage(client: TestClient, seeded: tuple[Path, dict[str, int]]) -> None:
+def test_cycle_page_shows_decision_evaluations_and_lineage(
+    client: TestClient, seeded: tuple[Path, dict[str, int]]
+) -> None:
     _, ids = seeded
     body = client.get(f"/cycles/{ids['cycle']}").text
     assert "promoted: the adapter became the active one" in body
     assert "student without lessons reached 92%" in body
-    for condition in ("consolidated: student without lessons", "student with lessons", "teacher with lessons",
-                      "base: teacher without lessons", "student retention"):
+    for condition in (
+        "consolidated: student without lessons",
+        "student with lessons",
+        "teacher with lessons",
+        "base: teacher without lessons",
+        "student retention",
+    ):
         assert condition in body
     assert "adapter-1" in body and "base model" in body
     low, high = wilson_interval(11, 20)  # the demo's teacher with lessons on its first environment
@@ -174,9 +201,17 @@ def test_episode_filters_and_paging(client: TestClient, seeded: tuple[Path, dict
 
 @pytest.mark.parametrize(
     ("url", "status"),
-    [("/episodes?page=abc", 400), ("/episodes?outcome=bogus", 400), ("/lessons?status=bogus", 400),
-     ("/episodes/999999", 404), ("/cycles/999999", 404), ("/lessons/999999", 404), ("/?run=999", 404),
-     ("/search?kind=bogus&q=x", 400), ("/no/such/page", 404)],
+    [
+        ("/episodes?page=abc", 400),
+        ("/episodes?outcome=bogus", 400),
+        ("/lessons?status=bogus", 400),
+        ("/episodes/999999", 404),
+        ("/cycles/999999", 404),
+        ("/lessons/999999", 404),
+        ("/?run=999", 404),
+        ("/search?kind=bogus&q=x", 400),
+        ("/no/such/page", 404),
+    ],
 )
 def test_bad_requests_get_clear_errors(client: TestClient, url: str, status: int) -> None:
     response = client.get(url)
@@ -289,25 +324,28 @@ def test_empty_and_missing_stores(tmp_path: Path) -> None:
 
 def test_search_finds_lessons_and_episodes(client: TestClient) -> None:
     body = client.get("/search?q=frozen+lake+hole+tile&kind=lessons").text
-    assert "/lessons/1\"" in body and "Before stepping, check whether the next tile is a hole" in body
+    assert '/lessons/1"' in body and "Before stepping, check whether the next tile is a hole" in body
     episodes = client.get("/search?q=frozen+lake&kind=episodes", headers={"HX-Request": "true"}).text
     assert episodes.startswith('<div id="search-results">') and 'href="/episodes/' in episodes
 
 
 def test_curve_formats() -> None:
-    charts, skipped = reads.curve_charts({
-        "loss": [1.0, 0.5, float("nan")],
-        "kl": [[0, 0.3], [10, 0.2]],
-        "lr": {"step": [0, 1], "value": [1e-6, 2e-6]},
-        "notes": ["a", "b"],
-    })
+    charts, skipped = reads.curve_charts(
+        {
+            "loss": [1.0, 0.5, float("nan")],
+            "kl": [[0, 0.3], [10, 0.2]],
+            "lr": {"step": [0, 1], "value": [1e-6, 2e-6]},
+            "notes": ["a", "b"],
+        }
+    )
     by_name = {c.title: c for c in charts}
     assert by_name["loss"].series["loss"] == [1.0, 0.5, None]
     assert by_name["kl"].x == [0.0, 10.0]
     assert by_name["lr"].series["lr"] == [1e-6, 2e-6]
     assert skipped == ["notes"]
-    history, _ = reads.curve_charts({"history": [{"step": 1, "loss": 2.0, "objective": "opcd"},
-                                                 {"step": 2, "loss": 1.5, "objective": "opcd"}]})
+    history, _ = reads.curve_charts(
+        {"history": [{"step": 1, "loss": 2.0, "objective": "opcd"}, {"step": 2, "loss": 1.5, "objective": "opcd"}]}
+    )
     assert [(c.title, c.x, c.series["loss"]) for c in history] == [("loss", [1.0, 2.0], [2.0, 1.5])]
 
 
@@ -318,7 +356,7 @@ def test_vendored_assets_match_vendor_md() -> None:
     for name, digest in listed:
         assert re.search(r"-\d+\.\d+\.\d+\.min\.(js|css)$", name), f"{name} lacks its version"
         assert hashlib.sha256((PACKAGE / "static" / name).read_bytes()).hexdigest() == digest, name
-    referenced = set(re.findall(r'/static/([\w.-]+)', (PACKAGE / "templates" / "base.html").read_text()))
+    referenced = set(re.findall(r"/static/([\w.-]+)", (PACKAGE / "templates" / "base.html").read_text()))
     assert referenced == {n for n, _ in listed} | {"dashboard.css", "dashboard.js"}
     assert all((PACKAGE / "static" / n).is_file() for n in referenced)
 
@@ -335,8 +373,11 @@ def test_dashboard_imports_only_memory_of_ours() -> None:
     ours = {"agent_runtime", "environments", "distill", "memory"}
     for path in sorted(PACKAGE.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            )
             for name in names:
                 top = name.split(".")[0]
                 if top in ours:
@@ -370,14 +411,29 @@ def test_lesson_pages_read_the_state_columns(tmp_path: Path) -> None:
         live = store.add_lesson("Live lesson text.", run_id=run, status="active")
         pending = store.add_lesson("Pending lesson text.", run_id=run)
         v1 = store.create_lesson_set(run, [live], note="first").version
-        v2 = store.create_lesson_set(run, [live, pending], note="awaiting the gate", status=LESSON_SET_CANDIDATE,
-                                     made_by=MADE_BY_USER).version
-        store.add_evaluation("*", run_id=run, lesson_set_version=v2, kind=EVALUATION_GATE, split="eval",
-                             num_episodes=4, metrics={"promote": False, "reason": "blocked: worse by 0.5"})
+        v2 = store.create_lesson_set(
+            run, [live, pending], note="awaiting the gate", status=LESSON_SET_CANDIDATE, made_by=MADE_BY_USER
+        ).version
+        store.add_evaluation(
+            "*",
+            run_id=run,
+            lesson_set_version=v2,
+            kind=EVALUATION_GATE,
+            split="eval",
+            num_episodes=4,
+            metrics={"promote": False, "reason": "blocked: worse by 0.5"},
+        )
         store.add_evaluation("*", run_id=run, lesson_set_version=v1, split="gate", metrics={"promote": True})
-        store.add_evaluation("*", run_id=run, kind=EVALUATION_LESSON_UTILITY, split="eval",
-                             metrics={"utilities": {str(live): {"utility": 0.25}}})
-        store.add_evaluation("*", run_id=run, split="lesson-utility", metrics={"utilities": {str(live): {"utility": -1}}})
+        store.add_evaluation(
+            "*",
+            run_id=run,
+            kind=EVALUATION_LESSON_UTILITY,
+            split="eval",
+            metrics={"utilities": {str(live): {"utility": 0.25}}},
+        )
+        store.add_evaluation(
+            "*", run_id=run, split="lesson-utility", metrics={"utilities": {str(live): {"utility": -1}}}
+        )
         assert set(reads.gate_decisions(store, run)) == {v2}, "a policy evaluation named 'gate' is not a decision"
         assert {k: m.entry for k, m in store.latest_lesson_utilities(run, [live]).items()} == {live: {"utility": 0.25}}
     with TestClient(create_app(tmp_path), base_url="http://127.0.0.1") as client:
@@ -386,9 +442,11 @@ def test_lesson_pages_read_the_state_columns(tmp_path: Path) -> None:
         assert "Live lesson text." in current and "Pending lesson text." not in current
         versions = client.get(f"/lessons/versions?run={run}").text
     newest, oldest = versions.split('<article class="version">')[1:]
-    assert f"version {v2} <span class=\"badge candidate\">candidate</span> <span class=\"badge\">by a person</span>" in newest
+    assert (
+        f'version {v2} <span class="badge candidate">candidate</span> <span class="badge">by a person</span>' in newest
+    )
     assert "blocked: worse by 0.5" in newest and "awaiting the gate" in newest
-    assert f"version {v1} <span class=\"badge live\">live</span> <small>" in oldest and "validation gate" not in oldest
+    assert f'version {v1} <span class="badge live">live</span> <small>' in oldest and "validation gate" not in oldest
 
 
 # -- the learning view -------------------------------------------------------------------------
@@ -413,9 +471,16 @@ def seed_learning_store(target: Path | str, **open_options: Any) -> dict[str, An
         ids = {"run": run, "cycle": cycle, "adapter": adapter, "v1": v1, "v2": v2, "episodes": []}
         for i, won in enumerate(LEARNING_WINS):
             version = None if i < 3 else (v1 if i < 7 else v2)
-            record = game_episode(DEMO_ENVS[0], f"t{i}", won=won, n_steps=1, seed=i, lesson_set_version=version,
-                                  adapter_id=adapter if i >= 6 else None,
-                                  lessons_in_context=[lesson] if version else ())
+            record = game_episode(
+                DEMO_ENVS[0],
+                f"t{i}",
+                won=won,
+                n_steps=1,
+                seed=i,
+                lesson_set_version=version,
+                adapter_id=adapter if i >= 6 else None,
+                lessons_in_context=[lesson] if version else (),
+            )
             ids["episodes"].append(store.add_episode(run, record))
             if i == 4:
                 store.add_episode(other, game_episode(DEMO_ENVS[1], "elsewhere", won=True, n_steps=1))
@@ -430,22 +495,61 @@ def seed_learning_store(target: Path | str, **open_options: Any) -> dict[str, An
             metrics = {"episodes": [{"won": True}] * n, **extra}
             if condition:
                 metrics["condition"] = condition
-            store.add_evaluation(env_id, run_id=run, cycle_id=cycle, adapter_id=adapter, split="eval",
-                                 policy="Out-of-distribution probe", num_episodes=n, success_rate=rate,
-                                 metrics=metrics)
-        store.add_evaluation("*", run_id=run, cycle_id=cycle, kind=EVALUATION_LESSON_UTILITY, num_episodes=99,
-                             success_rate=1.0, metrics={"condition": "teacher_with_lessons"})
+            store.add_evaluation(
+                env_id,
+                run_id=run,
+                cycle_id=cycle,
+                adapter_id=adapter,
+                split="eval",
+                policy="Out-of-distribution probe",
+                num_episodes=n,
+                success_rate=rate,
+                metrics=metrics,
+            )
+        store.add_evaluation(
+            "*",
+            run_id=run,
+            cycle_id=cycle,
+            kind=EVALUATION_LESSON_UTILITY,
+            num_episodes=99,
+            success_rate=1.0,
+            metrics={"condition": "teacher_with_lessons"},
+        )
         store.promote_cycle(cycle, [])
         ids["running_cycle"] = store.start_cycle(run, {}, lesson_set_version=v2, base_adapter_id=adapter)
-        step = StepRecord(index=0, observation="a fork", prompt="p", response="ACTION: go north",
-                          action="go north", valid_action=True, reward=0.0,
-                          admissible_actions=["go north", f"<b>go south</b> {XSS}", "wait"],
-                          info={"action_mode": "choice", "choice_logprobs": [math.log(0.7), math.log(0.2), math.log(0.1)]})
-        skewed = StepRecord(index=1, observation="again", prompt="p", response="ACTION: wait", action="wait",
-                            valid_action=True, reward=0.0, admissible_actions=["go north", "wait", "look"],
-                            info={"action_mode": "choice", "choice_logprobs": [-0.1, -2.0]})
-        free = StepRecord(index=2, observation="free text", prompt="p", response="ACTION: look", action="look",
-                          valid_action=True, reward=1.0, admissible_actions=["look"], info={"action_mode": "text"})
+        step = StepRecord(
+            index=0,
+            observation="a fork",
+            prompt="p",
+            response="ACTION: go north",
+            action="go north",
+            valid_action=True,
+            reward=0.0,
+            admissible_actions=["go north", f"<b>go south</b> {XSS}", "wait"],
+            info={"action_mode": "choice", "choice_logprobs": [math.log(0.7), math.log(0.2), math.log(0.1)]},
+        )
+        skewed = StepRecord(
+            index=1,
+            observation="again",
+            prompt="p",
+            response="ACTION: wait",
+            action="wait",
+            valid_action=True,
+            reward=0.0,
+            admissible_actions=["go north", "wait", "look"],
+            info={"action_mode": "choice", "choice_logprobs": [-0.1, -2.0]},
+        )
+        free = StepRecord(
+            index=2,
+            observation="free text",
+            prompt="p",
+            response="ACTION: look",
+            action="look",
+            valid_action=True,
+            reward=1.0,
+            admissible_actions=["look"],
+            info={"action_mode": "text"},
+        )
         record = game_episode(DEMO_ENVS[0], "choice", won=True, n_steps=1)
         record.steps = [step, skewed, free]
         ids["choice_episode"] = store.add_episode(other, record)
@@ -462,7 +566,7 @@ def learning_client(tmp_path_factory: pytest.TempPathFactory) -> tuple[TestClien
 
 def expected_rolling(window: int) -> list[tuple[float, int]]:
     wins = [int(w) for w in LEARNING_WINS]
-    return [(sum(wins[max(0, i - window + 1):i + 1]), min(window, i + 1)) for i in range(len(wins))]
+    return [(sum(wins[max(0, i - window + 1) : i + 1]), min(window, i + 1)) for i in range(len(wins))]
 
 
 def test_learning_curve_rolling_rate_band_and_marks(learning_client: tuple[TestClient, dict[str, Any]]) -> None:
@@ -482,17 +586,36 @@ def test_learning_curve_rolling_rate_band_and_marks(learning_client: tuple[TestC
     assert series["95% high"][0] == pytest.approx(0.7935, abs=1e-4)  # 0 of 1: Wilson, not the normal approximation
     episodes = ids["episodes"]
     assert chart["marks"] == [
-        {"x": 4, "label": f"lessons v{ids['v1']}", "kind": "lesson_set", "version": ids["v1"], "episode_id": episodes[3]},
-        {"x": 7, "label": "adapter cycle-1", "kind": "adapter", "adapter_id": ids["adapter"], "episode_id": episodes[6]},
-        {"x": 8, "label": f"lessons v{ids['v2']}", "kind": "lesson_set", "version": ids["v2"], "episode_id": episodes[7]},
+        {
+            "x": 4,
+            "label": f"lessons v{ids['v1']}",
+            "kind": "lesson_set",
+            "version": ids["v1"],
+            "episode_id": episodes[3],
+        },
+        {
+            "x": 7,
+            "label": "adapter cycle-1",
+            "kind": "adapter",
+            "adapter_id": ids["adapter"],
+            "episode_id": episodes[6],
+        },
+        {
+            "x": 8,
+            "label": f"lessons v{ids['v2']}",
+            "kind": "lesson_set",
+            "version": ids["v2"],
+            "episode_id": episodes[7],
+        },
     ]
     default = client.get(f"/api/runs/{ids['run']}/learning.json").json()["charts"][0]
     assert default["title"].startswith("rolling success rate (last 20 episodes)")
     assert default["series"][0]["values"] == pytest.approx([w / n for w, n in expected_rolling(20)])
 
 
-def test_learning_curve_is_sampled_for_long_runs(learning_client: tuple[TestClient, dict[str, Any]],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_learning_curve_is_sampled_for_long_runs(
+    learning_client: tuple[TestClient, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     client, ids = learning_client
     monkeypatch.setattr(reads, "MAX_POINTS", 4)
     chart = client.get(f"/api/runs/{ids['run']}/learning.json?window=3").json()["charts"][0]
@@ -507,12 +630,19 @@ def test_learning_matrix_and_headline(learning_client: tuple[TestClient, dict[st
     payload = client.get(f"/api/runs/{ids['run']}/learning.json").json()
     matrix = payload["matrix"]
     assert [c["key"] for c in matrix["columns"]] == [
-        "teacher_without_lessons", "teacher_with_lessons", "student_without_lessons", "random",
-        "out_of_distribution_probe"]
+        "teacher_without_lessons",
+        "teacher_with_lessons",
+        "student_without_lessons",
+        "random",
+        "out_of_distribution_probe",
+    ]
     assert matrix["columns"][-1]["label"] == "Out-of-distribution probe", "unknown conditions keep their name"
     first, running = matrix["rows"]
     assert (first["cycle_id"], first["status"], first["heldout_kl"]) == (
-        ids["cycle"], "promoted", {"before": 0.8, "after": 0.2})
+        ids["cycle"],
+        "promoted",
+        {"before": 0.8, "after": 0.2},
+    )
     assert (running["cycle_id"], running["status"], running["cells"]) == (ids["running_cycle"], "running", {})
     cells = first["cells"]
     low, high = wilson_interval(8, 20)  # 3 of 10 and 5 of 10, pooled over the two environments
@@ -532,9 +662,19 @@ def test_learning_page(learning_client: tuple[TestClient, dict[str, Any]]) -> No
     body = client.get(f"/learning?run={ids['run']}&window=7").text
     assert f'data-src="/api/runs/{ids["run"]}/learning.json?window=7"' in body
     assert f'href="/cycles/{ids["cycle"]}">cycle {ids["cycle"]}</a>' in body
-    for shown in ("base: teacher without lessons", "consolidated: student without lessons", ">random<",
-                 "Out-of-distribution probe", "0.800 → 0.200", "40.0%", "75.0%", "[50.0%, 90.0%] n=20",
-                 "lessons v1", "adapter cycle-1", f'href="/episodes/{ids["episodes"][6]}"'):
+    for shown in (
+        "base: teacher without lessons",
+        "consolidated: student without lessons",
+        ">random<",
+        "Out-of-distribution probe",
+        "0.800 → 0.200",
+        "40.0%",
+        "75.0%",
+        "[50.0%, 90.0%] n=20",
+        "lessons v1",
+        "adapter cycle-1",
+        f'href="/episodes/{ids["episodes"][6]}"',
+    ):
         assert shown in body, shown
     headline = body.split('class="headline"')[1].split("</section>")[0]
     assert re.findall(r"<b>([^<]+)</b>", headline) == ["40.0%", "75.0%", "70.0%"]
@@ -559,18 +699,24 @@ def test_episode_page_shows_the_choice_distribution(learning_client: tuple[TestC
 
 @pytest.mark.parametrize(
     ("url", "message"),
-    [("/learning?run=abc", "'run' must be an integer"), ("/learning?run=0", "'run' must be at least 1"),
-     ("/learning?run=99999999999", "'run' must be at most"), ("/learning?window=0", "'window' must be at least 1"),
-     ("/learning?window=x", "'window' must be an integer"), ("/learning?window=10001", "'window' must be at most"),
-     ("/api/runs/1/learning.json?window=-3", "'window' must be at least 1"),
-     ("/api/runs/1/success.json?window=soon", "'window' must be an integer"),
-     ("/api/runs/abc/learning.json", "path parameter 'run_id' must be an integer, got 'abc'"),
-     ("/api/runs/0/learning.json", "'run_id' must be between 1 and"),
-     ("/episodes/abc", "path parameter 'episode_id' must be an integer"),
-     ("/episodes?adapter=-99999999999999999999", "'adapter' must be at least -2147483648")],
+    [
+        ("/learning?run=abc", "'run' must be an integer"),
+        ("/learning?run=0", "'run' must be at least 1"),
+        ("/learning?run=99999999999", "'run' must be at most"),
+        ("/learning?window=0", "'window' must be at least 1"),
+        ("/learning?window=x", "'window' must be an integer"),
+        ("/learning?window=10001", "'window' must be at most"),
+        ("/api/runs/1/learning.json?window=-3", "'window' must be at least 1"),
+        ("/api/runs/1/success.json?window=soon", "'window' must be an integer"),
+        ("/api/runs/abc/learning.json", "path parameter 'run_id' must be an integer, got 'abc'"),
+        ("/api/runs/0/learning.json", "'run_id' must be between 1 and"),
+        ("/episodes/abc", "path parameter 'episode_id' must be an integer"),
+        ("/episodes?adapter=-99999999999999999999", "'adapter' must be at least -2147483648"),
+    ],
 )
-def test_learning_bad_parameters_are_400(learning_client: tuple[TestClient, dict[str, Any]], url: str,
-                                         message: str) -> None:
+def test_learning_bad_parameters_are_400(
+    learning_client: tuple[TestClient, dict[str, Any]], url: str, message: str
+) -> None:
     client, _ = learning_client
     response = client.get(url)
     assert response.status_code == 400, response.text[:300]
@@ -578,8 +724,9 @@ def test_learning_bad_parameters_are_400(learning_client: tuple[TestClient, dict
     assert message in text
 
 
-def test_learning_view_on_postgres(learning_client: tuple[TestClient, dict[str, Any]], tmp_path: Path,
-                                   pg_url: str) -> None:
+def test_learning_view_on_postgres(
+    learning_client: tuple[TestClient, dict[str, Any]], tmp_path: Path, pg_url: str
+) -> None:
     url = pg_url
     ids = seed_learning_store(url, index_dir=tmp_path)
     sqlite_client, sqlite_ids = learning_client

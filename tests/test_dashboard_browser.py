@@ -30,13 +30,19 @@ from memory import ExperienceStore
 from memory.testing import DEMO_ENVS, game_episode
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-gpu",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-gpu",
+    "--disable-component-update",
+    "--disable-sync",
+]
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 
 if not CHROMIUM.exists() and not os.environ.get("CI"):
-    pytest.skip(f"{CHROMIUM} not found (apt-get install chromium); the browser test runs in CI",
-                allow_module_level=True)
+    pytest.skip(
+        f"{CHROMIUM} not found (apt-get install chromium); the browser test runs in CI", allow_module_level=True
+    )
 
 
 class Writer(threading.Thread):
@@ -53,8 +59,9 @@ class Writer(threading.Thread):
         try:
             with ExperienceStore.open(self.workdir) as store:
                 while not self.stop.wait(0.05):
-                    record = game_episode(DEMO_ENVS[self.written % 2], f"live-{self.written}", won=True,
-                                          seed=1000 + self.written)
+                    record = game_episode(
+                        DEMO_ENVS[self.written % 2], f"live-{self.written}", won=True, seed=1000 + self.written
+                    )
                     store.add_episode(self.run_id, record, run_state={"live": self.written})
                     self.written += 1
         except Exception as exc:  # noqa: BLE001 -- reported by the test, not swallowed
@@ -109,13 +116,15 @@ def test_dashboard_in_chromium_while_a_loop_writes(tmp_path: Path, seed_with_xss
             page.fill("input[name=window]", "5")
             page.press("input[name=window]", "Enter")
             page.wait_for_url(f"{base}/learning?run={ids['run']}&window=5")
-            expect(page.locator("#learning-chart[data-state=drawn] .u-title")).to_contain_text("last 5 episodes",
-                                                                                               timeout=10_000)
+            expect(page.locator("#learning-chart[data-state=drawn] .u-title")).to_contain_text(
+                "last 5 episodes", timeout=10_000
+            )
 
             page.goto(f"{base}/episodes?run={ids['run']}")
             page.select_option("select[name=outcome]", "won")
-            expect(page).to_have_url(f"{base}/episodes?run={ids['run']}&env=&task=&outcome=won&adapter=&lsv=",
-                                     timeout=5_000)
+            expect(page).to_have_url(
+                f"{base}/episodes?run={ids['run']}&env=&task=&outcome=won&adapter=&lsv=", timeout=5_000
+            )
             expect(page.locator("#episode-table .badge.lost")).to_have_count(0)
             page.locator("#episode-table tbody a").first.click()
             page.wait_for_url(f"{base}/episodes/*")
@@ -182,8 +191,12 @@ def test_a_forgotten_lessons_life_and_a_mismatched_episode_in_chromium(tmp_path:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
             context = browser.new_context()
-            context.route("**/*", lambda route, request: route.continue_()
-                          if urlsplit(request.url).hostname in LOCAL_HOSTS else route.abort())
+            context.route(
+                "**/*",
+                lambda route, request: (
+                    route.continue_() if urlsplit(request.url).hostname in LOCAL_HOSTS else route.abort()
+                ),
+            )
             page = context.new_page()
             page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: problems.append(str(e)))

@@ -35,22 +35,54 @@ def _history(workdir: Path) -> dict[str, int]:
     with ExperienceStore.open(workdir) as store:
         run = store.create_run("life", {"name": "life"})
         sources = [store.add_episode(run, game_episode(DEMO_ENVS[0], f"t{i}", won=i == 0, seed=i)) for i in (0, 1)]
-        _, [lesson] = store.record_extraction("extractor", [f"Take the coin {XSS} at once."], run_id=run,
-                                              episode_ids=sources, prompt="p", response="r")
+        _, [lesson] = store.record_extraction(
+            "extractor", [f"Take the coin {XSS} at once."], run_id=run, episode_ids=sources, prompt="p", response="r"
+        )
         user = store.add_lesson(f"Look first {XSS}.", run_id=run, metadata={"source": "user"})
         v1 = create_version(store, run, [lesson]).version
-        measured = store.add_evaluation("*", run_id=run, kind=EVALUATION_LESSON_UTILITY, metrics={"utilities": {
-            str(lesson): {"utility": 0.25, "rate_with": 0.75, "rate_without": 0.5, "n_with": 8, "n_without": 6}}})
+        measured = store.add_evaluation(
+            "*",
+            run_id=run,
+            kind=EVALUATION_LESSON_UTILITY,
+            metrics={
+                "utilities": {
+                    str(lesson): {"utility": 0.25, "rate_with": 0.75, "rate_without": 0.5, "n_with": 8, "n_without": 6}
+                }
+            },
+        )
         v2 = create_version(store, run, [lesson, user], by_user=True, note=f"a person added {XSS}").version
         cycle1 = store.start_cycle(run, {}, lesson_set_version=v1)
         adapter1 = store.add_adapter("cycle-1", "/adapters/cycle-1", run_id=run, fingerprint=TRAINED)
-        store.update_cycle(cycle1, adapter_id=adapter1, metrics={"probe": {"results": {
-            "the loop's transformers backend": {"verdict": "adapter", "mode": "choice", "prompts": 4,
-                                                "to_adapter": 0.0012, "to_parent": 0.71, "shift": 0.71,
-                                                "tolerance": 0.01, "note": ""},
-            "rollout worker 1 (vllm backend)": {"verdict": "stale", "mode": "choice", "prompts": 4,
-                                                "to_adapter": 0.7, "to_parent": 0.002, "shift": 0.71,
-                                                "tolerance": 0.15, "note": XSS}}}})
+        store.update_cycle(
+            cycle1,
+            adapter_id=adapter1,
+            metrics={
+                "probe": {
+                    "results": {
+                        "the loop's transformers backend": {
+                            "verdict": "adapter",
+                            "mode": "choice",
+                            "prompts": 4,
+                            "to_adapter": 0.0012,
+                            "to_parent": 0.71,
+                            "shift": 0.71,
+                            "tolerance": 0.01,
+                            "note": "",
+                        },
+                        "rollout worker 1 (vllm backend)": {
+                            "verdict": "stale",
+                            "mode": "choice",
+                            "prompts": 4,
+                            "to_adapter": 0.7,
+                            "to_parent": 0.002,
+                            "shift": 0.71,
+                            "tolerance": 0.15,
+                            "note": XSS,
+                        },
+                    }
+                }
+            },
+        )
         store.promote_cycle(cycle1, [lesson])
         cycle2 = store.start_cycle(run, {}, lesson_set_version=v2, base_adapter_id=adapter1)
         adapter2 = store.add_adapter("cycle-2", "/adapters/cycle-2", run_id=run, parent_id=adapter1)
@@ -67,13 +99,41 @@ def _history(workdir: Path) -> dict[str, int]:
         played["unreported"] = store.add_episode(run, unreported)
         done = apply_forget(store, plan_forget(store, lesson), count_tokens=lambda text: len(text.split()))
         # the next EXTRACT measures only what can still enter a context: the person's lesson, not the forgotten one
-        newest = store.add_evaluation("*", run_id=run, kind=EVALUATION_LESSON_UTILITY, metrics={"utilities": {
-            str(user): {"utility": None, "rate_with": 1.0, "rate_without": 0.5, "n_with": 1, "n_without": 4,
-                        "min_episodes": 3}}})
-    return {"run": run, "lesson": lesson, "user": user, "cycle1": cycle1, "cycle2": cycle2, "adapter1": adapter1,
-            "adapter2": adapter2, "v1": v1, "v2": v2, "forget_version": done["versions"][0],
-            "request": done["request_id"], "base": base, **{f"episode_{k}": v for k, v in played.items()},
-            "source0": sources[0], "measured": measured, "newest_measured": newest}
+        newest = store.add_evaluation(
+            "*",
+            run_id=run,
+            kind=EVALUATION_LESSON_UTILITY,
+            metrics={
+                "utilities": {
+                    str(user): {
+                        "utility": None,
+                        "rate_with": 1.0,
+                        "rate_without": 0.5,
+                        "n_with": 1,
+                        "n_without": 4,
+                        "min_episodes": 3,
+                    }
+                }
+            },
+        )
+    return {
+        "run": run,
+        "lesson": lesson,
+        "user": user,
+        "cycle1": cycle1,
+        "cycle2": cycle2,
+        "adapter1": adapter1,
+        "adapter2": adapter2,
+        "v1": v1,
+        "v2": v2,
+        "forget_version": done["versions"][0],
+        "request": done["request_id"],
+        "base": base,
+        **{f"episode_{k}": v for k, v in played.items()},
+        "source0": sources[0],
+        "measured": measured,
+        "newest_measured": newest,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +170,10 @@ def test_the_lesson_page_shows_its_whole_life(life) -> None:
     assert "the run went back to the base model" in forgotten
     assert f"run request #{ids['request']}, pending" in forgotten
     events = [re.sub(r"<[^>]+>", "", e) for e in re.findall(r"<li>(.*?)</li>", _section(body, "life"), re.DOTALL)]
-    kinds = [next(k for k in ("extracted", "in lesson set", "taught into", "consolidated by", "forgotten") if k in e)
-             for e in events]
+    kinds = [
+        next(k for k in ("extracted", "in lesson set", "taught into", "consolidated by", "forgotten") if k in e)
+        for e in events
+    ]
     assert kinds[0] == "extracted" and kinds[-1] == "forgotten" and "consolidated by" in kinds
     assert kinds.count("in lesson set") == 2 and kinds.count("taught into") == 2
 
@@ -129,7 +191,9 @@ def test_a_forgotten_lesson_keeps_its_last_measured_utility(life) -> None:
     older, newest = store.get_evaluation(ids["measured"]), store.get_evaluation(ids["newest_measured"])
     shown = _measured(client.get(f"/lessons/{ids['lesson']}").text)
     assert "+25.0 points (75.0% with it over 8 episodes, 50.0% without over 6)" in shown
-    assert f"measured {older.created_at.strftime('%Y-%m-%d %H:%M:%S')} UTC (lesson-utility snapshot {older.id})" in shown
+    assert (
+        f"measured {older.created_at.strftime('%Y-%m-%d %H:%M:%S')} UTC (lesson-utility snapshot {older.id})" in shown
+    )
     assert "this is its last measurement" in shown
     user = _measured(client.get(f"/lessons/{ids['user']}").text)
     assert "too few episodes to tell (1 with it, 4 without; 3 each needed)" in user
@@ -146,12 +210,19 @@ def test_latest_lesson_utilities_finds_each_lessons_newest_measurement(store) ->
 
     run, other = store.create_run("r", {}), store.create_run("other", {})
     many = range(1000, 1000 + UTILITY_IDS_PER_QUERY + 5)
-    first = store.add_evaluation("*", run_id=run, kind=EVALUATION_LESSON_UTILITY, metrics={"utilities": {
-        "1": {"utility": 0.1}, "2": {"utility": 0.2}, **{str(i): {"utility": i} for i in many}}})
-    second = store.add_evaluation("*", run_id=run, kind=EVALUATION_LESSON_UTILITY,
-                                  metrics={"utilities": {"2": {"utility": None, "n_with": 1}}})
+    first = store.add_evaluation(
+        "*",
+        run_id=run,
+        kind=EVALUATION_LESSON_UTILITY,
+        metrics={"utilities": {"1": {"utility": 0.1}, "2": {"utility": 0.2}, **{str(i): {"utility": i} for i in many}}},
+    )
+    second = store.add_evaluation(
+        "*", run_id=run, kind=EVALUATION_LESSON_UTILITY, metrics={"utilities": {"2": {"utility": None, "n_with": 1}}}
+    )
     store.add_evaluation("*", run_id=run, split="lesson-utility", metrics={"utilities": {"1": {"utility": -1}}})
-    store.add_evaluation("*", run_id=other, kind=EVALUATION_LESSON_UTILITY, metrics={"utilities": {"1": {"utility": 9}}})
+    store.add_evaluation(
+        "*", run_id=other, kind=EVALUATION_LESSON_UTILITY, metrics={"utilities": {"1": {"utility": 9}}}
+    )
     found = store.latest_lesson_utilities(run, [1, 2, 3, *many])
     assert (found[1].evaluation_id, found[1].entry) == (first, {"utility": 0.1})
     assert (found[2].evaluation_id, found[2].entry) == (second, {"utility": None, "n_with": 1})

@@ -56,8 +56,14 @@ def demo(tmp_path_factory: pytest.TempPathFactory, seed_with_xss) -> tuple[TestC
 
 
 def _fill(template: str, ids: dict[str, int], **values: Any) -> str:
-    known = {"run_id": ids["run"], "episode_id": ids["xss_episode"], "cycle_id": ids["cycle"],
-             "lesson_id": ids["xss_lesson"], "index": 0, **values}
+    known = {
+        "run_id": ids["run"],
+        "episode_id": ids["xss_episode"],
+        "cycle_id": ids["cycle"],
+        "lesson_id": ids["xss_lesson"],
+        "index": 0,
+        **values,
+    }
     return re.sub(r"\{(\w+)\}", lambda m: str(known[m.group(1)]), template)
 
 
@@ -132,8 +138,11 @@ def _many_episodes(store: ExperienceStore, run: int, n: int, seed: int = 0) -> l
         env_id = DEMO_ENVS[0] if rng.random() < 0.7 else (DEMO_ENVS[1] if rng.random() < 0.8 else "math/x")
         won, with_lessons = rng.random() < 0.4 + 0.3 * (i / n), rng.random() < i / n
         when = start + dt.timedelta(seconds=i)
-        batch.append(game_episode(env_id, f"t{i}", won=won, n_steps=1, lessons_in_context=[1] if with_lessons else (),
-                                  ended_at=when))
+        batch.append(
+            game_episode(
+                env_id, f"t{i}", won=won, n_steps=1, lessons_in_context=[1] if with_lessons else (), ended_at=when
+            )
+        )
         rows.append((env_id, won, with_lessons))
         if len(batch) == 500:
             store.add_episodes(run, batch)
@@ -159,8 +168,11 @@ def test_success_chart_is_computed_in_sql(memory_url: str, tmp_path: Path, monke
                 from memory.models import Cycle
 
                 when = dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=at - 1)
-                conn.execute(Cycle.__table__.update().where(Cycle.id == cycle).values(
-                    started_at=when, ended_at=when, status="promoted"))
+                conn.execute(
+                    Cycle.__table__.update()
+                    .where(Cycle.id == cycle)
+                    .values(started_at=when, ended_at=when, status="promoted")
+                )
         monkeypatch.setattr(reads, "Session", CountingSession)
         CountingSession.rows = 0
         per_env, lessons = reads.success_charts(store, run, window=window)
@@ -196,7 +208,9 @@ def test_episode_page_reads_only_the_lessons_it_shows(tmp_path: Path) -> None:
     """Finding the lessons an episode produced costs the same with 300 or 3,000 other lessons in the run."""
     with ExperienceStore.open(tmp_path) as store:
         run = store.create_run("r", {})
-        episodes = store.add_episodes(run, [game_episode(DEMO_ENVS[0], f"t{i}", won=True, n_steps=1) for i in range(60)])
+        episodes = store.add_episodes(
+            run, [game_episode(DEMO_ENVS[0], f"t{i}", won=True, n_steps=1) for i in range(60)]
+        )
         mine = store.add_lesson("mine", run_id=run, source_episode_ids=[episodes[3], episodes[55]])
         global_lesson = store.add_lesson("no run", source_episode_ids=[episodes[55]])
         store.add_lesson("another run's", run_id=store.create_run("other", {}), source_episode_ids=[episodes[55]])
@@ -204,8 +218,11 @@ def test_episode_page_reads_only_the_lessons_it_shows(tmp_path: Path) -> None:
         work = SqliteWork(store.engine)
         costs = []
         for more in (300, 2700):
-            store.record_extraction("x", [{"text": f"lesson {i}", "source_episode_ids": [episodes[i % 50]]}
-                                          for i in range(more)], run_id=run)
+            store.record_extraction(
+                "x",
+                [{"text": f"lesson {i}", "source_episode_ids": [episodes[i % 50]]} for i in range(more)],
+                run_id=run,
+            )
             work.steps = 0
             found = reads.lessons_from_episode(store, target)
             costs.append(work.steps)
@@ -225,8 +242,10 @@ def test_a_huge_stored_hash_embedder_is_refused(tmp_path: Path, name: str) -> No
         run = store.create_run("r", {})
         episode = store.add_episode(run, game_episode(DEMO_ENVS[0], "t", won=True, n_steps=1))
         with store.engine.begin() as conn:
-            conn.execute(insert(Embedding), [{"kind": "episode", "model": name, "item_id": episode, "dim": 4,
-                                              "vector": b"\0" * 16}])
+            conn.execute(
+                insert(Embedding),
+                [{"kind": "episode", "model": name, "item_id": episode, "dim": 4, "vector": b"\0" * 16}],
+            )
     with TestClient(create_app(tmp_path), base_url="http://127.0.0.1", raise_server_exceptions=False) as client:
         response = client.get("/search?q=coin")
     assert response.status_code == 200

@@ -34,8 +34,12 @@ def no_weights(monkeypatch):
 
 def test_the_shipped_configs_include_the_paper_set_ups():
     names = {p.name for p in SHIPPED}
-    assert {"frozenlake-qwen3-1.7b-teacher-qwen3-8b.yaml", "sysprompt-medmcqa-qwen2.5-7b.yaml",
-            "sysprompt-safety-qwen2.5-7b.yaml", "quickstart.yaml"} <= names and len(SHIPPED) >= 11
+    assert {
+        "frozenlake-qwen3-1.7b-teacher-qwen3-8b.yaml",
+        "sysprompt-medmcqa-qwen2.5-7b.yaml",
+        "sysprompt-safety-qwen2.5-7b.yaml",
+        "quickstart.yaml",
+    } <= names and len(SHIPPED) >= 11
     for path in ROOT.glob("configs/paper/*.yaml"):
         assert _reproduction_claim(path.read_text().split("\nname:")[0]), path.name
 
@@ -56,7 +60,10 @@ def test_dry_run_validates_every_shipped_config(path, tmp_path, capsys, no_weigh
     assert main(["run", "--dry-run", str(path), "--workdir", str(workdir)]) == 0
     out = capsys.readouterr().out
     assert out.rstrip().endswith("ok: the config is valid and the run would start")
-    assert f"model       {config['model']['name']}" in out and f"backend {config['model'].get('backend', 'transformers')}" in out
+    assert (
+        f"model       {config['model']['name']}" in out
+        and f"backend {config['model'].get('backend', 'transformers')}" in out
+    )
     for env in config["envs"]:
         assert f"env         {env['id']} (play" in out
         for key, value in env.get("kwargs", {}).items():  # data files the config says how to fetch
@@ -79,19 +86,24 @@ def _config(tmp_path, **fields) -> Path:
 
 
 def test_a_config_the_run_would_refuse_exits_2_naming_each_problem(tmp_path, capsys, no_weights):
-    path = _config(tmp_path, model={"name": "scripted", "backend": "scripted"},
-                   envs=[{"id": "math/gsm_symbolic"}, {"id": "no/such-env"}],
-                   lessons={"enabled": True}, opcd={"enabled": True})
+    path = _config(
+        tmp_path,
+        model={"name": "scripted", "backend": "scripted"},
+        envs=[{"id": "math/gsm_symbolic"}, {"id": "no/such-env"}],
+        lessons={"enabled": True},
+        opcd={"enabled": True},
+    )
     assert main(["run", "--dry-run", str(path), "--workdir", str(tmp_path / "w")]) == 2
     out = capsys.readouterr().out
-    assert ("PROBLEM     opcd.enabled: consolidation trains the policy's own weights (model.name), which needs "
-            "backend: transformers or vllm (got scripted)") in out
+    assert (
+        "PROBLEM     opcd.enabled: consolidation trains the policy's own weights (model.name), which needs "
+        "backend: transformers or vllm (got scripted)"
+    ) in out
     assert "PROBLEM     environment 'no/such-env' is not registered; known: " in out
     assert out.rstrip().endswith("2 problem(s): the run would not start")
 
 
-def test_the_teacher_vocabulary_is_checked_when_both_tokenizers_are_here(tmp_path, tiny_model_dir, capsys,
-                                                                        no_weights):
+def test_the_teacher_vocabulary_is_checked_when_both_tokenizers_are_here(tmp_path, tiny_model_dir, capsys, no_weights):
     from agent_runtime.testing import tiny_tokenizer
 
     same = _config(tmp_path, model={"name": str(tiny_model_dir)}, opcd={"teacher": {"model": str(tiny_model_dir)}})

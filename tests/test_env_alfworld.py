@@ -52,8 +52,7 @@ def test_train_and_eval_use_different_rooms(simple_env):
 
 
 def test_sink_reads_sinkbasin():
-    game = next(g for seed in range(50)
-                if (g := generate_game(seed, "pick_clean_then_place_in_recep", 6)) is not None)
+    game = next(g for seed in range(50) if (g := generate_game(seed, "pick_clean_then_place_in_recep", 6)) is not None)
     problem = game.game_data["pddl_problem"]
     assert mangle("Sink|") in problem and "SinkBasin_bar_" not in problem
 
@@ -96,14 +95,23 @@ def test_official_data_layout_is_read(simple_env, tmp_path):
 
 def test_generation_is_deterministic_across_processes():
     """Same seed, task type and room give the same game whatever the interpreter's hash seed."""
-    script = ("import hashlib\n"
-              "from environments.alfworld.generate import generate_game\n"
-              "g = generate_game(7, 'pick_two_obj_and_place', 6)\n"
-              "print(hashlib.sha256((g.game_data['pddl_problem'] + g.game_data['grammar']).encode()).hexdigest())")
+    script = (
+        "import hashlib\n"
+        "from environments.alfworld.generate import generate_game\n"
+        "g = generate_game(7, 'pick_two_obj_and_place', 6)\n"
+        "print(hashlib.sha256((g.game_data['pddl_problem'] + g.game_data['grammar']).encode()).hexdigest())"
+    )
     repo = str(Path(__file__).resolve().parents[1])
-    digests = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                              env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": repo}).stdout.strip()
-               for seed in ("1", "2")}
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": repo},
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }
     assert len(digests) == 1 and len(digests.pop()) == 64
 
 
@@ -125,11 +133,19 @@ def test_interpreter_meta_commands_change_nothing(simple_env, tmp_path, monkeypa
 
 
 def test_lines_with_several_objects_or_commands_change_nothing(simple_env):
-    """As in TextWorld (issue 27 item 8): never sent to the engine, flagged, the game unchanged; the expert still wins."""
+    """As in TextWorld (issue 27 item 8): never sent to the engine, flagged, the game unchanged; the expert still
+    wins."""
     _, before = simple_env.reset(task_id="train-0")
     first = simple_env.expert_actions()[0]
-    for line in ("take all.", "TAKE ALL", "get everything.", f"{first}. {first}", f"{first} then look",
-                 "take all except knife 1", "take apple 1 and knife 1"):
+    for line in (
+        "take all.",
+        "TAKE ALL",
+        "get everything.",
+        f"{first}. {first}",
+        f"{first} then look",
+        "take all except knife 1",
+        "take apple 1 and knife 1",
+    ):
         result = simple_env.step(line)
         assert result.observation == "Nothing happens." and result.reward == 0.0 and not result.terminated, line
         assert result.info["multi_command"] and result.info["admissible_actions"] == before["admissible_actions"]

@@ -35,8 +35,10 @@ def problems_file(tmp_path_factory):
 def choice_files(tmp_path_factory):
     """Small local files for the question sets (qa/*), in the layout of the OPCD paper's exports."""
     folder = tmp_path_factory.mktemp("qa")
-    rows = {"qa/medmcqa": [{"content": f"Question {n}? A. a B. b C. c D. d", "answer": "ABCD"[n % 4]} for n in range(20)],
-            "qa/safety": [{"content": f"Statement {n}: harmful?", "answer": ("yes", "no")[n % 2]} for n in range(20)]}
+    rows = {
+        "qa/medmcqa": [{"content": f"Question {n}? A. a B. b C. c D. d", "answer": "ABCD"[n % 4]} for n in range(20)],
+        "qa/safety": [{"content": f"Statement {n}: harmful?", "answer": ("yes", "no")[n % 2]} for n in range(20)],
+    }
     paths = {}
     for env_id, lines in rows.items():
         paths[env_id] = folder / f"{env_id.split('/')[1]}.jsonl"
@@ -64,8 +66,9 @@ def test_check_env_passes(env_id, games_dir, problems_file, choice_files):
     env = environments.make(env_id, **_kwargs(env_id, games_dir, problems_file, choice_files))
     assert env_failures(env) == []
     assert env.spec.id == env_id
-    assert env.spec.family == env_id.split("/")[0].replace("textworld", "text").replace("alfworld", "text") \
-        .replace("textarena", "arena").replace("qa", "math")  # the question sets answer in one free reply
+    assert env.spec.family == env_id.split("/")[0].replace("textworld", "text").replace("alfworld", "text").replace(
+        "textarena", "arena"
+    ).replace("qa", "math")  # the question sets answer in one free reply
 
 
 @pytest.mark.parametrize("env_id", sorted(TEXTWORLD) + sorted(ARENA))

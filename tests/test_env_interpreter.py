@@ -90,16 +90,28 @@ def test_meta_commands_change_nothing_and_use_the_step_budget(games_dir, private
 
 def test_real_game_commands_are_not_meta(games_dir):
     """No false positives: every admissible action and walkthrough step of sampled games passes."""
-    for env_id, kwargs in (("textworld/coin_collector", {"level": LEVEL}),
-                           ("textworld/cooking", {"recipe": 1, "take": 1, "go": 1})):
+    for env_id, kwargs in (
+        ("textworld/coin_collector", {"level": LEVEL}),
+        ("textworld/cooking", {"recipe": 1, "take": 1, "go": 1}),
+    ):
         env = environments.make(env_id, **kwargs, cache_dir=str(games_dir))
         for task in ("train-0", "eval-0"):
             _, info = env.reset(task_id=task)
             commands = info["admissible_actions"] + env.expert_actions()
             assert [c for c in commands if meta_command(c)] == []
         env.close()
-    for command in ("take the coin", "go east", "look", "inventory", "goal", "help", "examine long sword",
-                    "take scoreboard", "open restored chest", "put saved apple on table"):
+    for command in (
+        "take the coin",
+        "go east",
+        "look",
+        "inventory",
+        "goal",
+        "help",
+        "examine long sword",
+        "take scoreboard",
+        "open restored chest",
+        "put saved apple on table",
+    ):
         assert meta_command(command) is None, command
 
 

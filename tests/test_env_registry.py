@@ -45,13 +45,28 @@ def test_builtins_accept_uniform_kwargs(tmp_path):
 
 def test_list_envs_records_builtins():
     records = {r.id: r for r in environments.list_envs()}
-    expected = {"textworld/coin_collector", "textworld/treasure_hunter", "textworld/cooking", "textworld/simple",
-                "textworld/custom", "alfworld/text", "math/gsm8k", "math/math", "math/dapo", "math/gsm_symbolic",
-                "math/champ", "textarena/frozenlake", "textarena/sokoban"}
+    expected = {
+        "textworld/coin_collector",
+        "textworld/treasure_hunter",
+        "textworld/cooking",
+        "textworld/simple",
+        "textworld/custom",
+        "alfworld/text",
+        "math/gsm8k",
+        "math/math",
+        "math/dapo",
+        "math/gsm_symbolic",
+        "math/champ",
+        "textarena/frozenlake",
+        "textarena/sokoban",
+    }
     assert expected <= set(records)
     assert all(records[i].source == "builtin" and records[i].description for i in expected)
-    assert records["math/champ"].as_dict() == {"id": "math/champ", "description": records["math/champ"].description,
-                                               "source": "builtin"}
+    assert records["math/champ"].as_dict() == {
+        "id": "math/champ",
+        "description": records["math/champ"].description,
+        "source": "builtin",
+    }
 
 
 def test_duplicate_id_is_an_error(clean_registry):
@@ -70,11 +85,13 @@ def test_register_callable_with_defaults(clean_registry):
 
 
 def test_make_module_colon_class(tmp_path, monkeypatch):
-    (tmp_path / "unpublished_env.py").write_text(textwrap.dedent("""
+    (tmp_path / "unpublished_env.py").write_text(
+        textwrap.dedent("""
         from environments.testing import GuessEnv
         class Mine(GuessEnv):
             pass
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     env = environments.make("unpublished_env:Mine", max_steps=2)
     assert type(env).__name__ == "Mine" and env.spec.max_steps == 2
@@ -94,23 +111,38 @@ def _write_plugin(site: Path, dist: str, module: str, body: str) -> None:
 
 def test_plugin_discovered_through_entry_point(tmp_path):
     """A package on the path with an entry point is found lazily; a broken one is reported by name."""
-    _write_plugin(tmp_path, "good-plugin", "good_plugin", """
+    _write_plugin(
+        tmp_path,
+        "good-plugin",
+        "good_plugin",
+        """
         import environments
         from environments.testing import GuessEnv
         def register_all():
             environments.register("good/guess", GuessEnv, description="a plugin game")
-    """)
-    _write_plugin(tmp_path, "broken-plugin", "broken_plugin", """
+    """,
+    )
+    _write_plugin(
+        tmp_path,
+        "broken-plugin",
+        "broken_plugin",
+        """
         def register_all():
             raise RuntimeError("boom at registration")
-    """)
-    _write_plugin(tmp_path, "greedy-plugin", "greedy_plugin", """
+    """,
+    )
+    _write_plugin(
+        tmp_path,
+        "greedy-plugin",
+        "greedy_plugin",
+        """
         import environments
         from environments.testing import GuessEnv
         def register_all():
             environments.register("greedy/ok", GuessEnv)
             environments.register("textworld/coin_collector", GuessEnv)
-    """)
+    """,
+    )
     script = textwrap.dedent("""
         import json, sys
         import environments
@@ -121,8 +153,9 @@ def test_plugin_discovered_through_entry_point(tmp_path):
         print(json.dumps({"lazy": lazy, "records": records, "failures": failures, "type": type(env).__name__}))
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
-                         check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     records = {r["id"]: r for r in result["records"]}
@@ -155,8 +188,19 @@ def test_docs_example_environment_conforms(tmp_path, monkeypatch, clean_registry
     assert env.high == 100
 
 
-@pytest.mark.parametrize("env_id", ["math/gsm8k", "math/math", "math/dapo", "math/champ", "math/gsm_symbolic",
-                                    "textarena/sokoban", "alfworld/text", "textworld/custom"])
+@pytest.mark.parametrize(
+    "env_id",
+    [
+        "math/gsm8k",
+        "math/math",
+        "math/dapo",
+        "math/champ",
+        "math/gsm_symbolic",
+        "textarena/sokoban",
+        "alfworld/text",
+        "textworld/custom",
+    ],
+)
 def test_every_builtin_rejects_unknown_kwargs(env_id):
     with pytest.raises(environments.EnvConstructionError, match="does not accept 'bogus'"):
         environments.make(env_id, bogus=1)

@@ -61,24 +61,42 @@ def played() -> list[CountingEnv]:
 
 
 def counting_config(tag="a", slots=2):
-    return config_from_dict({"name": "c", "model": {"name": "scripted", "backend": "scripted"},
-                             "envs": [{"id": COUNTING, "kwargs": {"tag": tag}}],
-                             "runtime": {"slots": slots}, "evaluation": {"episodes_per_env": 6}})
+    return config_from_dict(
+        {
+            "name": "c",
+            "model": {"name": "scripted", "backend": "scripted"},
+            "envs": [{"id": COUNTING, "kwargs": {"tag": tag}}],
+            "runtime": {"slots": slots},
+            "evaluation": {"episodes_per_env": 6},
+        }
+    )
 
 
 def outcomes(results):
-    return [(r.env_id, [(e["task_id"], e["seed"], e["won"], e["outcome"], e["steps"], e["return"])
-                        for e in r.episodes]) for r in results]
+    return [
+        (r.env_id, [(e["task_id"], e["seed"], e["won"], e["outcome"], e["steps"], e["return"]) for e in r.episodes])
+        for r in results
+    ]
 
 
 def test_textworld_outcomes_are_the_same_with_and_without_reuse(tmp_path, games_dir):
     """Real games, several slots, a seeded random policy: a cold pooled call, warm ones (after calls that left the
     instances on other games) and a fresh build play identical episodes."""
-    config = config_from_dict({
-        "name": "t", "model": {"name": "scripted", "backend": "scripted"},
-        "envs": [{"id": "textworld/coin_collector", "max_steps": 4,
-                  "kwargs": {"level": 1, "n_eval": 6, "cache_dir": str(games_dir)}}],
-        "runtime": {"slots": 3}, "evaluation": {"episodes_per_env": 6}})
+    config = config_from_dict(
+        {
+            "name": "t",
+            "model": {"name": "scripted", "backend": "scripted"},
+            "envs": [
+                {
+                    "id": "textworld/coin_collector",
+                    "max_steps": 4,
+                    "kwargs": {"level": 1, "n_eval": 6, "cache_dir": str(games_dir)},
+                }
+            ],
+            "runtime": {"slots": 3},
+            "evaluation": {"episodes_per_env": 6},
+        }
+    )
 
     def run(**kwargs):
         return outcomes(evaluate(config, tmp_path, ScriptedBackend(seed=7), **kwargs))

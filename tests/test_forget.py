@@ -45,8 +45,7 @@ def history(store) -> dict:
             version = create_version(store, run, [c, ids["d"]]).version
         if n == 3:
             version = live_version(store, run).version
-        cycle = store.start_cycle(run, {}, lesson_set_version=version,
-                                  base_adapter_id=ids.get(parent))
+        cycle = store.start_cycle(run, {}, lesson_set_version=version, base_adapter_id=ids.get(parent))
         adapter = store.add_adapter(f"cycle-{cycle}", f"/adapters/{cycle}", run_id=run, parent_id=ids.get(parent))
         store.update_cycle(cycle, adapter_id=adapter)
         if n < 3:
@@ -75,8 +74,11 @@ def test_forgetting_a_lesson_taught_into_the_active_adapter_rolls_back_to_the_ba
     [forgotten] = store.lessons(ids["run"], ids=[ids["c"]])
     assert forgotten.status == "retired" and forgotten.forgotten_at is not None
     assert store.active_adapter(ids["run"]) is None
-    assert {a.id: a.status for a in store.adapters(ids["run"])} == {ids["a1"]: "retired", ids["a2"]: "retired",
-                                                                   ids["a3"]: "rejected"}
+    assert {a.id: a.status for a in store.adapters(ids["run"])} == {
+        ids["a1"]: "retired",
+        ids["a2"]: "retired",
+        ids["a3"]: "rejected",
+    }
     [request] = store.requests(ids["run"], kind=RECONSOLIDATE, pending=True)
     assert request.id == done["request_id"] and request.payload["base_adapter_id"] is None
 
@@ -109,8 +111,12 @@ def merged_history(store, *, consolidate_merge: bool = False) -> dict:
     c = store.add_lesson("Read the room first.", run_id=run)
     create_version(store, run, [a, c])
     b = store.add_lesson("Take the coin at once.", run_id=run, source_episode_ids=[2])
-    m = store.add_lesson("Take the coin.", run_id=run, source_episode_ids=[1, 2],
-                         metadata={"merged_from": [a, b], "merged_texts": ["Take the coin at once."]})
+    m = store.add_lesson(
+        "Take the coin.",
+        run_id=run,
+        source_episode_ids=[1, 2],
+        metadata={"merged_from": [a, b], "merged_texts": ["Take the coin at once."]},
+    )
     version = create_version(store, run, [m, c]).version
     cycle = store.start_cycle(run, {}, lesson_set_version=version)
     adapter = store.add_adapter("cycle-1", "/adapters/1", run_id=run)
@@ -128,8 +134,10 @@ def test_forgetting_the_newer_source_of_a_merge_brings_the_older_back_in_its_pla
     plan = plan_forget(store, ids["b"])
     assert plan.forgotten == [ids["b"], ids["m"]] and plan.kept_text == plan.back_in_place == {ids["m"]: ids["a"]}
     assert plan.tainted_cycles == [] and not plan.rolls_back
-    assert (f"#{ids['m']} was merged from #{ids['b']} but shows the text of #{ids['a']}: #{ids['a']} comes back as "
-            "its own lesson in its place") in "\n".join(plan.lines())
+    assert (
+        f"#{ids['m']} was merged from #{ids['b']} but shows the text of #{ids['a']}: #{ids['a']} comes back as "
+        "its own lesson in its place"
+    ) in "\n".join(plan.lines())
     apply_forget(store, plan, count_tokens=words)
     live = live_version(store, ids["run"])
     assert live.lesson_ids == [ids["a"], ids["c"]] and f"#{ids['a']} back in place of #{ids['m']}" in live.note
@@ -165,8 +173,10 @@ def test_a_merge_consolidated_into_a_kept_adapter_keeps_its_text_there(store):
     ids = merged_history(store, consolidate_merge=True)
     plan = plan_forget(store, ids["b"])
     assert plan.back_in_place == {} and not plan.rolls_back and plan.live is None
-    assert (f"#{ids['a']} does not come back: the text stays in cycle {ids['cycle']}'s adapter, which consolidated "
-            f"#{ids['m']}") in "\n".join(plan.lines())
+    assert (
+        f"#{ids['a']} does not come back: the text stays in cycle {ids['cycle']}'s adapter, which consolidated "
+        f"#{ids['m']}"
+    ) in "\n".join(plan.lines())
     apply_forget(store, plan, count_tokens=words)
     assert live_version(store, ids["run"]).lesson_ids == [ids["c"]]
 
@@ -188,8 +198,9 @@ def test_the_command_asks_before_it_rolls_back_an_adapter(tmp_path, cli):
     proc = cli("lessons", "forget", str(ids["c"]), "--workdir", tmp_path, "--json", check=False)
     assert proc.returncode == 2
     shown = json.loads(proc.stdout)
-    assert shown["rolls_back"] and not shown["applied"] and shown["tainted_adapters"] == [ids["a1"], ids["a2"],
-                                                                                             ids["a3"]]
+    assert (
+        shown["rolls_back"] and not shown["applied"] and shown["tainted_adapters"] == [ids["a1"], ids["a2"], ids["a3"]]
+    )
     with ExperienceStore.open(tmp_path) as store:
         assert store.active_adapter(ids["run"]).id == ids["a2"], "nothing changed without --yes"
     text = cli("lessons", "forget", str(ids["c"]), "--workdir", tmp_path, "--yes").stdout
@@ -209,8 +220,7 @@ def _acting_success(loop) -> float:
 
 
 @pytest.mark.slow
-def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, coin_lesson_model, coin_lesson_config,
-                                                                  cli):
+def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, coin_lesson_model, coin_lesson_config, cli):
     """End to end through `agent-runtime lessons forget`: without --yes nothing changes, with it the run acts
     with the base model again and the behaviour the lesson taught is gone on held-out games."""
     model_dir = coin_lesson_model
@@ -247,8 +257,9 @@ def test_a_consolidated_lesson_forgotten_leaves_the_acting_policy(tmp_path, coin
 
 
 @pytest.mark.slow
-def test_the_loop_reconsolidates_the_remaining_lessons_on_top_of_the_kept_ancestor(tmp_path, coin_lesson_model,
-                                                                                   coin_lesson_config, cli):
+def test_the_loop_reconsolidates_the_remaining_lessons_on_top_of_the_kept_ancestor(
+    tmp_path, coin_lesson_model, coin_lesson_config, cli
+):
     """Two promoted cycles: the first consolidates LESSON (its adapter takes the coin), the second is taught two
     lessons a person added. Forgetting one of those (which only the second cycle was taught) takes the run back to
     cycle 1's adapter, and the loop's next CONSOLIDATE trains a new adapter on top of it with the lessons still
@@ -263,11 +274,13 @@ def test_the_loop_reconsolidates_the_remaining_lessons_on_top_of_the_kept_ancest
     loop = AgentLoop(config(8), workdir, progress=False)
     loop.run()
     first = loop.store.active_adapter(loop.run_id)
-    assert first is not None and first.name == "cycle-1", [(c.error, c.metrics.get("heldout_kl"))
-                                                           for c in loop.store.cycles(loop.run_id)]
+    assert first is not None and first.name == "cycle-1", [
+        (c.error, c.metrics.get("heldout_kl")) for c in loop.store.cycles(loop.run_id)
+    ]
     [seeded] = loop.store.lessons(loop.run_id)
-    bad = loop.store.add_lesson("Never pick anything up; look around instead.", run_id=loop.run_id,
-                                metadata={"source": "user"})
+    bad = loop.store.add_lesson(
+        "Never pick anything up; look around instead.", run_id=loop.run_id, metadata={"source": "user"}
+    )
     kept = loop.store.add_lesson("Look at the room before you move.", run_id=loop.run_id, metadata={"source": "user"})
     live = live_version(loop.store, loop.run_id)
     create_version(loop.store, loop.run_id, [*(live.lesson_ids if live else []), bad, kept], by_user=True)
@@ -277,8 +290,9 @@ def test_the_loop_reconsolidates_the_remaining_lessons_on_top_of_the_kept_ancest
     loop.run()
     run_id = loop.run_id
     cycles = loop.store.cycles(run_id)
-    assert [c.status for c in cycles] == ["promoted", "promoted"], [(c.error, c.metrics.get("heldout_kl"))
-                                                                     for c in cycles]
+    assert [c.status for c in cycles] == ["promoted", "promoted"], [
+        (c.error, c.metrics.get("heldout_kl")) for c in cycles
+    ]
     second = loop.store.active_adapter(run_id)
     assert second.name == "cycle-2" and second.parent_id == first.id
     loop.close()

@@ -46,16 +46,24 @@ def generations(monkeypatch) -> list[str]:
 
 
 def _coin(cache_dir=None, **settings):
-    return environments.make("textworld/coin_collector", level=settings.pop("level", 1), cache_dir=cache_dir,
-                             n_train=2, n_eval=1, **settings)
+    return environments.make(
+        "textworld/coin_collector", level=settings.pop("level", 1), cache_dir=cache_dir, n_train=2, n_eval=1, **settings
+    )
 
 
 def _start_playing(workdir: Path) -> list[str]:
     """What a run does before its first move: build the config's environments, reset every train task."""
-    config = config_from_dict({"name": "cache", "model": {"name": "scripted", "backend": "scripted"},
-                               "envs": [{"id": "textworld/coin_collector", "max_steps": 3,
-                                         "kwargs": {"level": 1, "n_train": 2, "n_eval": 1}}],
-                               "runtime": {"episodes": 1}, "memory": {"embedder": "hash"}})
+    config = config_from_dict(
+        {
+            "name": "cache",
+            "model": {"name": "scripted", "backend": "scripted"},
+            "envs": [
+                {"id": "textworld/coin_collector", "max_steps": 3, "kwargs": {"level": 1, "n_train": 2, "n_eval": 1}}
+            ],
+            "runtime": {"episodes": 1},
+            "memory": {"embedder": "hash"},
+        }
+    )
     specs, tasks = build_envs(config, workdir)
     env = specs[0].factory()
     try:
@@ -100,8 +108,12 @@ def test_explicit_cache_dir_wins_and_old_workdirs_keep_their_games(tmp_path, cac
 
 def test_different_options_never_share_an_entry(cache_root, generations, monkeypatch):
     level1, level2 = _coin(level=1), _coin(level=2)
-    paths = {level1.game_file("train-0"), level1.game_file("train-1"), level1.game_file("eval-0"),
-             level2.game_file("train-0")}
+    paths = {
+        level1.game_file("train-0"),
+        level1.game_file("train-1"),
+        level1.game_file("eval-0"),
+        level2.game_file("train-0"),
+    }
     assert len({p.parent for p in paths}) == 4 and len(generations) == 4
     assert level1.game_key("eval-0") != level1.game_key("train-0") != level2.game_key("train-0")
     import textworld
@@ -214,8 +226,9 @@ def test_without_a_lock_the_rename_still_settles_the_race(tmp_path, monkeypatch)
 
     def ask():
         barrier.wait()
-        folder = cached_entry(tmp_path / "cache", "key", ("game.z8", "game.json"),
-                              lambda tmp: _slow_build(str(log), tmp))
+        folder = cached_entry(
+            tmp_path / "cache", "key", ("game.z8", "game.json"), lambda tmp: _slow_build(str(log), tmp)
+        )
         results.append((folder, (folder / "game.z8").read_text(), (folder / "game.json").read_text()))
 
     threads = [threading.Thread(target=ask) for _ in range(2)]

@@ -44,8 +44,9 @@ def planted(tmp_path, monkeypatch):
 
     def plant(name: str, body: str = "") -> Path:
         marker = tmp_path / f"{name}.imported"
-        (site / f"{name}.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).touch()\n"
-                                         + textwrap.dedent(body))
+        (site / f"{name}.py").write_text(
+            f"from pathlib import Path\nPath({str(marker)!r}).touch()\n" + textwrap.dedent(body)
+        )
         monkeypatch.delitem(sys.modules, name, raising=False)
         return marker
 
@@ -53,9 +54,14 @@ def planted(tmp_path, monkeypatch):
 
 
 def cfg(name: str = "t", **extra) -> dict:
-    return {"name": name, "model": {"name": "scripted", "backend": "scripted"},
-            "envs": [{"id": GUESS, "max_steps": 3}], "runtime": {"episodes": 1},
-            "memory": {"embedder": "hash"}, **extra}
+    return {
+        "name": name,
+        "model": {"name": "scripted", "backend": "scripted"},
+        "envs": [{"id": GUESS, "max_steps": 3}],
+        "runtime": {"episodes": 1},
+        "memory": {"embedder": "hash"},
+        **extra,
+    }
 
 
 def write_yaml(path: Path, data: dict) -> Path:
@@ -80,8 +86,9 @@ def test_a_chat_class_outside_the_allowed_packages_is_not_imported(planted, caps
 
 def test_run_refuses_a_planted_chat_class_and_trust_code_allows_it(tmp_path, planted, capsys):
     marker = planted("planted_run_chat", "class Model:\n    pass\n")
-    config = write_yaml(tmp_path / "c.yaml", cfg(model={"name": "x", "backend": "chat",
-                                                         "options": {"class": "planted_run_chat:Model"}}))
+    config = write_yaml(
+        tmp_path / "c.yaml", cfg(model={"name": "x", "backend": "chat", "options": {"class": "planted_run_chat:Model"}})
+    )
     assert main(["run", str(config), "--workdir", str(tmp_path / "w"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "refusing to import module 'planted_run_chat'" in err and "--trust-code" in err
@@ -113,8 +120,9 @@ def test_a_config_env_id_must_name_an_environment_class(tmp_path):
 
 
 def test_the_project_own_modules_need_no_opt_in(tmp_path):
-    specs, _ = build_envs(config_from_dict(cfg(envs=[{"id": GUESS}, {"id": "tests.test_loop:LessonSensitiveEnv"}])),
-                          tmp_path)
+    specs, _ = build_envs(
+        config_from_dict(cfg(envs=[{"id": GUESS}, {"id": "tests.test_loop:LessonSensitiveEnv"}])), tmp_path
+    )
     assert [s.env_id for s in specs] == [GUESS, "tests.test_loop:LessonSensitiveEnv"]
 
 
@@ -124,8 +132,11 @@ def test_resume_refuses_a_run_whose_stored_config_names_another_run(tmp_path):
         first = store.create_run("smoke", config_from_dict(cfg("smoke")).model_dump(mode="json"))
         second = store.create_run("smoke2", config_from_dict(cfg("smoke")).model_dump(mode="json"))
     assert (first, second) == (1, 2)
-    with pytest.raises(ConfigError, match=r"run 2 in .* is named 'smoke2', but its stored config names the run "
-                                          r"'smoke'.*Start a new run"):
+    with pytest.raises(
+        ConfigError,
+        match=r"run 2 in .* is named 'smoke2', but its stored config names the run "
+        r"'smoke'.*Start a new run",
+    ):
         AgentLoop(config_from_dict(cfg("smoke2")), tmp_path, resume=True, progress=False)
 
 
@@ -142,12 +153,15 @@ GUARDED = {
     "memory.embedder": {"memory": {"embedder": "hash:16"}},
     "model.name": {"model": {"name": "other", "backend": "scripted"}},
     "model.adapter": {"model": {"name": "scripted", "backend": "scripted", "adapter": "/tmp/planted-adapter"}},
-    "model.options.trust_remote_code": {"model": {"name": "scripted", "backend": "scripted",
-                                                  "options": {"trust_remote_code": True}}},
-    "model.options.worker_extension_cls": {"model": {"name": "scripted", "backend": "scripted",
-                                                     "options": {"worker_extension_cls": "evil:Ext"}}},
-    "model.options.logits_processors": {"model": {"name": "scripted", "backend": "scripted",
-                                                  "options": {"logits_processors": ["evil:Proc"]}}},
+    "model.options.trust_remote_code": {
+        "model": {"name": "scripted", "backend": "scripted", "options": {"trust_remote_code": True}}
+    },
+    "model.options.worker_extension_cls": {
+        "model": {"name": "scripted", "backend": "scripted", "options": {"worker_extension_cls": "evil:Ext"}}
+    },
+    "model.options.logits_processors": {
+        "model": {"name": "scripted", "backend": "scripted", "options": {"logits_processors": ["evil:Proc"]}}
+    },
     "opcd.context.file": {"opcd": {"context": {"file": "/etc/hostname"}}},
     "envs.0.kwargs.cache_dir": {"envs": [{"id": GUESS, "max_steps": 3, "kwargs": {"cache_dir": "/tmp/planted"}}]},
 }
@@ -157,7 +171,9 @@ GUARDED = {
 def test_resume_refuses_a_stored_config_that_redirects_the_run(tmp_path, field):
     with ExperienceStore.open(tmp_path) as store:
         store.create_run("t", config_from_dict(cfg(**GUARDED[field])).model_dump(mode="json"))
-    with pytest.raises(ConfigError, match=rf"differ in fields that decide what runs(.|\n)*  {re.escape(field)}[.\d]*: stored "):
+    with pytest.raises(
+        ConfigError, match=rf"differ in fields that decide what runs(.|\n)*  {re.escape(field)}[.\d]*: stored "
+    ):
         AgentLoop(config_from_dict(cfg()), tmp_path, resume=True, progress=False)
 
 
@@ -238,28 +254,35 @@ def test_the_run_log_is_still_written(tmp_path):
 
 
 # E. the dashboard's token redirect ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("path", "location"), [
-    ("//evil.example/x", "/evil.example/x"),
-    ("///evil.example/x", "/evil.example/x"),
-    ("/episodes", "/episodes"),
-])
+@pytest.mark.parametrize(
+    ("path", "location"),
+    [
+        ("//evil.example/x", "/evil.example/x"),
+        ("///evil.example/x", "/evil.example/x"),
+        ("/episodes", "/episodes"),
+    ],
+)
 def test_the_token_redirect_stays_on_the_dashboard(tmp_path, path, location):
     ExperienceStore.open(tmp_path).close()
-    with TestClient(create_app(tmp_path, token="T"), base_url="http://127.0.0.1:8765",
-                    follow_redirects=False) as client:
+    with TestClient(
+        create_app(tmp_path, token="T"), base_url="http://127.0.0.1:8765", follow_redirects=False
+    ) as client:
         answer = client.get(f"http://127.0.0.1:8765{path}?token=T&page=2")
     assert answer.status_code == 303
     assert answer.headers["location"] == f"{location}?page=2"
 
 
-@pytest.mark.parametrize(("path", "location"), [
-    ("//evil.example/x", "/evil.example/x"),
-    ("/\\evil.example/x", "/%5Cevil.example/x"),  # browsers read a backslash as a slash
-    ("/\t/evil.example", "/%09/evil.example"),  # and drop tabs and newlines
-    ("/\n//evil.example", "/%0A//evil.example"),
-    ("/http://evil.example", "/http://evil.example"),  # a path of the dashboard, not a URL
-    ("/runs/1/episodes", "/runs/1/episodes"),
-])
+@pytest.mark.parametrize(
+    ("path", "location"),
+    [
+        ("//evil.example/x", "/evil.example/x"),
+        ("/\\evil.example/x", "/%5Cevil.example/x"),  # browsers read a backslash as a slash
+        ("/\t/evil.example", "/%09/evil.example"),  # and drop tabs and newlines
+        ("/\n//evil.example", "/%0A//evil.example"),
+        ("/http://evil.example", "/http://evil.example"),  # a path of the dashboard, not a URL
+        ("/runs/1/episodes", "/runs/1/episodes"),
+    ],
+)
 def test_the_redirect_target_is_a_dashboard_path(path, location):
     """What the server was asked for (the path as decoded; a client may normalise some of these away)."""
     assert _local_path(path) == location

@@ -19,17 +19,33 @@ from environments.interpreter import ONE_AT_A_TIME, multi_command
 
 COOKING = {"recipe": 1, "take": 1, "go": 1}  # tests/test_env_builtin.py's game: shares the session's cache
 BIGGER = {"recipe": 2, "take": 2, "go": 6, "open": True, "cook": True, "cut": True}
-MULTI = ["take all.", "TAKE ALL", "get everything.", "take all except knife", "take apple and knife",
-         "take all. ", "  Take   ALL .", "pick up all.", "take all from fridge", "get everything from fridge",
-         "take all but cookbook.", "take everything but cookbook", "take all. look", "take all then look",
-         "get everything, look", "take each", "take both", "take apple, knife"]
+MULTI = [
+    "take all.",
+    "TAKE ALL",
+    "get everything.",
+    "take all except knife",
+    "take apple and knife",
+    "take all. ",
+    "  Take   ALL .",
+    "pick up all.",
+    "take all from fridge",
+    "get everything from fridge",
+    "take all but cookbook.",
+    "take everything but cookbook",
+    "take all. look",
+    "take all then look",
+    "get everything, look",
+    "take each",
+    "take both",
+    "take apple, knife",
+]
 
 
 def _two_takes(admissible: list[str]) -> tuple[str, str, str] | None:
     """Two objects the game lets the player take from one holder: (first, second, holder)."""
-    takes = [a[len("take "):].split(" from ") for a in admissible if a.startswith("take ") and " from " in a]
+    takes = [a[len("take ") :].split(" from ") for a in admissible if a.startswith("take ") and " from " in a]
     for i, (first, holder) in enumerate(takes):
-        for second, other in takes[i + 1:]:
+        for second, other in takes[i + 1 :]:
             if other == holder:
                 return first, second, holder
     return None
@@ -40,9 +56,12 @@ def _combined(admissible: list[str]) -> list[str]:
     pair = _two_takes(admissible)
     assert pair is not None, admissible
     first, second, holder = pair
-    return [f"take {first} and {second} from {holder}", f"take {first}, {second} from {holder}",
-            f"take {first} from {holder}. take {second} from {holder}",
-            f"take {first} from {holder} then take {second} from {holder}"]
+    return [
+        f"take {first} and {second} from {holder}",
+        f"take {first}, {second} from {holder}",
+        f"take {first} from {holder}. take {second} from {holder}",
+        f"take {first} from {holder} then take {second} from {holder}",
+    ]
 
 
 def test_take_all_with_a_full_stop_would_score_in_the_interpreter(games_dir):
@@ -87,8 +106,11 @@ def test_refused_lines_change_nothing_and_the_walkthrough_still_wins(games_dir):
 
 def test_admissible_actions_and_walkthroughs_are_not_multi(games_dir):
     """No false positives: every admissible action and walkthrough step of sampled games is one command."""
-    for env_id, settings in (("textworld/cooking", COOKING), ("textworld/cooking", BIGGER),
-                             ("textworld/coin_collector", {"level": 3})):
+    for env_id, settings in (
+        ("textworld/cooking", COOKING),
+        ("textworld/cooking", BIGGER),
+        ("textworld/coin_collector", {"level": 3}),
+    ):
         env = environments.make(env_id, **settings, cache_dir=str(games_dir))
         for task in ("train-0", "eval-0") if settings is not BIGGER else ("train-0",):
             _, info = env.reset(task_id=task)
@@ -97,9 +119,21 @@ def test_admissible_actions_and_walkthroughs_are_not_multi(games_dir):
         env.close()
 
 
-@pytest.mark.parametrize("line", ["take cookbook from table", "go north.", "Look.", "take the coin,", "inventory",
-                                  "examine all-purpose knife", "take wallet", "open thenardier chest",
-                                  "slice carrot with knife", "take coin from ball"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "take cookbook from table",
+        "go north.",
+        "Look.",
+        "take the coin,",
+        "inventory",
+        "examine all-purpose knife",
+        "take wallet",
+        "open thenardier chest",
+        "slice carrot with knife",
+        "take coin from ball",
+    ],
+)
 def test_one_command_about_one_thing_is_not_multi(line):
     assert multi_command(line) is None
 
@@ -115,41 +149,47 @@ def test_the_lesson_screen_keeps_a_closing_quote():
     assert screen_item("Always type 'open door'").text == "Always type 'open door'"
 
 
-@pytest.mark.parametrize("text", [
-    "Always type 'open door'",
-    "'open door' is what to type first",
-    "Always type \"open door\" before going north",
-    "Say \"go east\" (then \"take coin\")",
-    "Type `look` when you are lost",
-    "Don't say 'look' twice in a row",
-    "Check the players' items, then type 'look'",
-    "'Open' the door, then type 'go east'",
-    "Always type ('open door')",
-    "Take the coin first (it scores)",
-    "[Coin] Take the coin before going east.",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Always type 'open door'",
+        "'open door' is what to type first",
+        'Always type "open door" before going north',
+        'Say "go east" (then "take coin")',
+        "Type `look` when you are lost",
+        "Don't say 'look' twice in a row",
+        "Check the players' items, then type 'look'",
+        "'Open' the door, then type 'go east'",
+        "Always type ('open door')",
+        "Take the coin first (it scores)",
+        "[Coin] Take the coin before going east.",
+    ],
+)
 def test_balanced_quotes_and_brackets_at_the_ends_survive(text):
     verdict = screen_item(text)
     assert verdict.text == text, verdict.reason
     assert stored_lesson_problem(text) is None
 
 
-@pytest.mark.parametrize(("raw", "clean"), [
-    ("**Take the coin first.**", "Take the coin first."),
-    ("> Take the coin first.", "Take the coin first."),
-    ("_Take the coin first_", "Take the coin first"),
-    ("*Take the coin first.*", "Take the coin first."),
-    ("\"Take the coin first.\"", "Take the coin first."),  # the whole item quoted
-    ("`Take the coin first.`", "Take the coin first."),
-    ("'Take the coin first.'", "Take the coin first."),
-    ("\"Always type 'open door'\"", "Always type 'open door'"),
-    ("> 'Always type \"open door\"'", "Always type \"open door\""),
-    ("Take the coin first.\"", "Take the coin first."),  # unpaired
-    ("\"Take the coin first.", "Take the coin first."),
-    ("Take the coin first '", "Take the coin first"),
-    (": ; Take the coin first. **", "Take the coin first."),
-    ("\"\"Take the coin first.\"\"", "Take the coin first."),
-])
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        ("**Take the coin first.**", "Take the coin first."),
+        ("> Take the coin first.", "Take the coin first."),
+        ("_Take the coin first_", "Take the coin first"),
+        ("*Take the coin first.*", "Take the coin first."),
+        ('"Take the coin first."', "Take the coin first."),  # the whole item quoted
+        ("`Take the coin first.`", "Take the coin first."),
+        ("'Take the coin first.'", "Take the coin first."),
+        ("\"Always type 'open door'\"", "Always type 'open door'"),
+        ("> 'Always type \"open door\"'", 'Always type "open door"'),
+        ('Take the coin first."', "Take the coin first."),  # unpaired
+        ('"Take the coin first.', "Take the coin first."),
+        ("Take the coin first '", "Take the coin first"),
+        (": ; Take the coin first. **", "Take the coin first."),
+        ('""Take the coin first.""', "Take the coin first."),
+    ],
+)
 def test_markdown_and_whole_item_quotes_are_still_stripped(raw, clean):
     assert screen_item(raw).text == clean
     assert screen_item(clean).text == clean  # the screen is idempotent: a stored lesson passes it again

@@ -24,14 +24,25 @@ ENV = "textworld/coin_collector"
 
 def config(games_dir, episodes=8):
     kwargs = {"level": 1, "n_train": 4, "n_eval": 2, "cache_dir": str(games_dir)}
-    return config_from_dict({
-        "name": "t", "model": {"name": "scripted", "backend": "scripted"},
-        "envs": [{"id": ENV, "max_steps": 4, "kwargs": kwargs}],
-        "runtime": {"slots": 2, "episodes": episodes}, "evaluation": {"episodes_per_env": 2},
-        "agent": {"retrieved_examples": 1}, "memory": {"embedder": "hash"},
-        "lessons": {"enabled": True, "extract_every": 4, "gate_episodes": 0, "embedder": "hash", "contrastive": True,
-                    "extractor": "agent_runtime.llm.fake_chat:LessonWriter"},
-    })
+    return config_from_dict(
+        {
+            "name": "t",
+            "model": {"name": "scripted", "backend": "scripted"},
+            "envs": [{"id": ENV, "max_steps": 4, "kwargs": kwargs}],
+            "runtime": {"slots": 2, "episodes": episodes},
+            "evaluation": {"episodes_per_env": 2},
+            "agent": {"retrieved_examples": 1},
+            "memory": {"embedder": "hash"},
+            "lessons": {
+                "enabled": True,
+                "extract_every": 4,
+                "gate_episodes": 0,
+                "embedder": "hash",
+                "contrastive": True,
+                "extractor": "agent_runtime.llm.fake_chat:LessonWriter",
+            },
+        }
+    )
 
 
 def plant(store, run_id, games_dir, cfg) -> list[int]:
@@ -70,14 +81,21 @@ def test_a_planted_eval_episode_reaches_nothing_downstream(tmp_path, games_dir):
         read = {i for x in store.extractions(summary.run_id, limit=1000) for i in x.episode_ids}  # with partners
         assert read and read.isdisjoint(planted)
         assert all(set(x.source_episode_ids).isdisjoint(planted) for x in store.lessons(summary.run_id))
-        prompts = [s.prompt for e in store.episodes(summary.run_id, limit=100) if e.id not in planted
-                   for s in store.episode(e.id).steps]
+        prompts = [
+            s.prompt
+            for e in store.episodes(summary.run_id, limit=100)
+            if e.id not in planted
+            for s in store.episode(e.id).steps
+        ]
         assert prompts and not any("take the planted coin" in p for p in prompts)
         episodes = [store.episode(e.id) for e in store.episodes(summary.run_id, limit=100) if e.id not in planted]
         partner_pool = pick_partners(store, summary.run_id, episodes, usable=held.usable)
         assert {p.id for p in partner_pool.values()}.isdisjoint(planted)
-        assert [d for d in episode_prefixes(cfg, tmp_path, store, summary.run_id, ScriptedBackend(), 100)
-                if set(d.episode_ids) & set(planted)] == []
+        assert [
+            d
+            for d in episode_prefixes(cfg, tmp_path, store, summary.run_id, ScriptedBackend(), 100)
+            if set(d.episode_ids) & set(planted)
+        ] == []
 
 
 def test_retrieval_never_shows_the_task_being_played(tmp_path, games_dir):
@@ -97,8 +115,14 @@ def test_retrieval_by_opening_spares_a_game_whose_tasks_all_open_alike(tmp_path)
     """GuessEnv opens every task with the same sentence: that opening does not identify the game being played,
     so another task's episode is still an example (its task id still excludes the task itself)."""
     guess = "environments.testing:GuessEnv"
-    cfg = config_from_dict({"name": "g", "model": {"name": "scripted", "backend": "scripted"},
-                            "envs": [{"id": guess}], "evaluation": {"episodes_per_env": 2}})
+    cfg = config_from_dict(
+        {
+            "name": "g",
+            "model": {"name": "scripted", "backend": "scripted"},
+            "envs": [{"id": guess}],
+            "evaluation": {"episodes_per_env": 2},
+        }
+    )
     held = held_out(cfg, tmp_path)
     opening = environments.make(guess).reset(seed=0, task_id="train-0")[0]
     assert not held.identifies(guess, observation_hash(opening))

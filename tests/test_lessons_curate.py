@@ -106,19 +106,24 @@ def test_identical_text_is_deduplicated_even_below_the_threshold(ctx) -> None:
     assert [x.text for x in cur.working(0)] == ["Holes end the game."]
 
 
-@pytest.mark.parametrize(("text", "restated"), [
-    ("Look never helps.", True),  # part of the second sentence: "helps" and "help" are one word
-    ("When you see a coin, take coin.", True),
-    ("Take coin. Go through the exit.", True),  # every sentence is part of one of the lesson's
-    ("Go first.", False),  # "first" is not there
-    ("Never go.", False),  # the lesson says go: the polarity differs
-    ("Take the exit.", False),  # the words of one sentence must be in one sentence
-    ("Take coin. Open the chest.", False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    ("text", "restated"),
+    [
+        ("Look never helps.", True),  # part of the second sentence: "helps" and "help" are one word
+        ("When you see a coin, take coin.", True),
+        ("Take coin. Go through the exit.", True),  # every sentence is part of one of the lesson's
+        ("Go first.", False),  # "first" is not there
+        ("Never go.", False),  # the lesson says go: the polarity differs
+        ("Take the exit.", False),  # the words of one sentence must be in one sentence
+        ("Take coin. Open the chest.", False),
+        ("", False),
+    ],
+)
 def test_a_text_restates_a_lesson_when_its_sentences_are_parts_of_the_lessons(text, restated) -> None:
-    assert restates(text, "Go through the exit. Look and inventory never help. When you see a coin, take coin.") \
+    assert (
+        restates(text, "Go through the exit. Look and inventory never help. When you see a coin, take coin.")
         is restated
+    )
 
 
 def test_an_item_that_restates_a_lesson_merges_into_it_even_below_the_threshold(ctx) -> None:
@@ -129,8 +134,10 @@ def test_an_item_that_restates_a_lesson_merges_into_it_even_below_the_threshold(
     assert [c.op for c in cur.apply(propose(store, run_id, eps[1], "Look never helps."))] == ["merge"]
     assert cur.duplicate_of("Take coin.", 0) is not None
     assert [c.op for c in cur.apply(propose(store, run_id, eps[2], "Never take coin."))] == ["add"]
-    assert [x.text for x in cur.working(0)] == ["Look and inventory never help. When you see a coin, take coin.",
-                                                "Never take coin."]
+    assert [x.text for x in cur.working(0)] == [
+        "Look and inventory never help. When you see a coin, take coin.",
+        "Never take coin.",
+    ]
 
 
 def test_conflicting_item_replaces_the_old_one(ctx) -> None:

@@ -33,10 +33,15 @@ def _coin_run(store):
     for direction in ("east", "west", "east"):
         _store_episode(store, run_id, [(f"go {direction}", ROOM, "A hall."), ("take coin", COIN, "A coin.")], True)
     for _ in range(3):
-        _store_episode(store, run_id, [("look", ROOM, "A hall."), ("look", ROOM, "A hall."),
-                                       ("look", ROOM, "A hall.")], False)
-    _store_episode(store, run_id, [("go west", ROOM, "A hall."), ("go back", COIN, "A coin."),
-                                   ("inventory", ROOM, "A hall.")], False)
+        _store_episode(
+            store, run_id, [("look", ROOM, "A hall."), ("look", ROOM, "A hall."), ("look", ROOM, "A hall.")], False
+        )
+    _store_episode(
+        store,
+        run_id,
+        [("go west", ROOM, "A hall."), ("go back", COIN, "A coin."), ("inventory", ROOM, "A hall.")],
+        False,
+    )
     return run_id
 
 
@@ -81,19 +86,26 @@ def test_a_preferred_action_names_its_object_as_the_won_episodes_saw_it(store) -
     coin, hall = "There is a coin on the floor.", "Your task: take the coin. A hall."
     _store_episode(store, run_id, [("go east", ROOM, hall), ("take coin", COIN, coin)], True)
     # the coin was seen, then "inventory" answered: it is still known when the coin is taken
-    _store_episode(store, run_id, [("go west", ROOM, hall), ("inventory", COIN, coin),
-                                   ("take coin", COIN, "You are carrying nothing.")], True)
+    _store_episode(
+        store,
+        run_id,
+        [("go west", ROOM, hall), ("inventory", COIN, coin), ("take coin", COIN, "You are carrying nothing.")],
+        True,
+    )
     _store_episode(store, run_id, [("go east", ROOM, hall), ("take coin", COIN, f"A cellar. {coin}")], True)
     for _ in range(3):
         _store_episode(store, run_id, [("look", ROOM, hall), ("go back", COIN, coin)], False)
     episodes = [store.episode(e.id) for e in store.episodes(run_id)]
     # named as the sight nearest the choice names it ("a coin"), not as the task does ("the coin")
-    assert {f.key: f for f in induce(episodes, max_candidates=10)}["take coin"].text == "When you see a coin, take coin."
+    assert {f.key: f for f in induce(episodes, max_candidates=10)}[
+        "take coin"
+    ].text == "When you see a coin, take coin."
     # one won episode that took the coin without having seen it: the lesson does not claim a sight
     _store_episode(store, run_id, [("go east", ROOM, "A hall."), ("take coin", COIN, "A hall.")], True)
     episodes = [store.episode(e.id) for e in store.episodes(run_id)]
-    assert {f.key: f for f in induce(episodes, max_candidates=10)}["take coin"].text == \
-        "When you can take coin, take coin."
+    assert {f.key: f for f in induce(episodes, max_candidates=10)}[
+        "take coin"
+    ].text == "When you can take coin, take coin."
 
 
 def test_no_contrast_no_finding_and_environment_text_is_screened(store) -> None:
@@ -136,13 +148,23 @@ class CoinRoom(TextEnv):
 
 
 def _config(**lessons):
-    return config_from_dict({
-        "name": "induce", "envs": [{"id": "tests.test_lessons_induce:CoinRoom"}],
-        "model": {"name": "scripted", "backend": "scripted", "options": {"follow_lessons": True}},
-        "runtime": {"slots": 4, "episodes": 16},
-        "lessons": {"enabled": True, "extract_every": 16, "method": "evidence", "gate_episodes": 8,
-                    "gate_split": "train", "embedder": "hash", **lessons},
-    })
+    return config_from_dict(
+        {
+            "name": "induce",
+            "envs": [{"id": "tests.test_lessons_induce:CoinRoom"}],
+            "model": {"name": "scripted", "backend": "scripted", "options": {"follow_lessons": True}},
+            "runtime": {"slots": 4, "episodes": 16},
+            "lessons": {
+                "enabled": True,
+                "extract_every": 16,
+                "method": "evidence",
+                "gate_episodes": 8,
+                "gate_split": "train",
+                "embedder": "hash",
+                **lessons,
+            },
+        }
+    )
 
 
 def test_an_induced_lesson_goes_live_only_when_its_trial_raises_success(tmp_path) -> None:
@@ -187,10 +209,20 @@ def test_a_planted_misleading_lesson_is_kept_out(tmp_path) -> None:
         run_id = store.create_run("planted", config.model_dump(mode="json"))
         ids = []
         for i in range(4):
-            ids.append(_store_episode(store, run_id, [("look", ["inventory", "look", "take coin"], "A room.")], True,
-                                      task=f"train-{i}"))  # relabelled: looking never wins this game
-            ids.append(_store_episode(store, run_id, [("take coin", ["inventory", "look", "take coin"], "A room.")],
-                                      False, task=f"train-{i}"))
+            ids.append(
+                _store_episode(
+                    store, run_id, [("look", ["inventory", "look", "take coin"], "A room.")], True, task=f"train-{i}"
+                )
+            )  # relabelled: looking never wins this game
+            ids.append(
+                _store_episode(
+                    store,
+                    run_id,
+                    [("take coin", ["inventory", "look", "take coin"], "A room.")],
+                    False,
+                    task=f"train-{i}",
+                )
+            )
         for e in ids:
             store.episode(e)
         backend = ScriptedBackend(follow_lessons=True)
@@ -242,16 +274,21 @@ def _play_coin_room(explore: float, workdir) -> list:
     from agent_runtime.llm.base import SamplingParams
     from agent_runtime.runner import EpisodeRunner, TaskSampler
 
-    config = config_from_dict({"name": "explore", "envs": [{"id": "tests.test_lessons_induce:CoinRoom"}],
-                               "model": {"name": "scripted", "backend": "scripted",
-                                         "options": {"mode": "fixed", "fixed_answer": "look"}}})
+    config = config_from_dict(
+        {
+            "name": "explore",
+            "envs": [{"id": "tests.test_lessons_induce:CoinRoom"}],
+            "model": {"name": "scripted", "backend": "scripted", "options": {"mode": "fixed", "fixed_answer": "look"}},
+        }
+    )
     backend = ScriptedBackend(mode="fixed", fixed_answer="look")
     specs, tasks = build_envs(config, workdir)
     sampler = TaskSampler([1.0], tasks, 0)
     queue = [sampler.draw(i) for i in range(40)]
     records = []
-    runner = EpisodeRunner(backend, specs, build_prompt_builders(config, specs, backend), SamplingParams(),
-                           slots=4, explore=explore)
+    runner = EpisodeRunner(
+        backend, specs, build_prompt_builders(config, specs, backend), SamplingParams(), slots=4, explore=explore
+    )
     runner.run(lambda: queue.pop(0) if queue else None, records.append)
     return sorted(records, key=lambda r: r.seed)
 
@@ -262,10 +299,12 @@ def test_play_explores_a_seeded_share_of_its_choices(tmp_path) -> None:
     first, again = _play_coin_room(0.5, tmp_path), _play_coin_room(0.5, tmp_path)
     explored = [s for r in first for s in r.steps if s.info.get("explored")]
     assert 10 <= len(explored) <= 30, len(explored)  # about half of 40 decisions
-    assert any(r.won for r in first) and all(s.action == "look" for r in first for s in r.steps
-                                             if not s.info.get("explored"))
-    assert [(r.seed, [s.action for s in r.steps]) for r in first] == [(r.seed, [s.action for s in r.steps])
-                                                                     for r in again]
+    assert any(r.won for r in first) and all(
+        s.action == "look" for r in first for s in r.steps if not s.info.get("explored")
+    )
+    assert [(r.seed, [s.action for s in r.steps]) for r in first] == [
+        (r.seed, [s.action for s in r.steps]) for r in again
+    ]
 
 
 def _findings(*texts):

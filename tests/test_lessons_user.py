@@ -24,8 +24,14 @@ def write_config(tmp_path: Path, games_dir, *, name: str = "u", envs=None, **sec
     data = {
         "name": name,
         "model": {"name": "scripted", "backend": "scripted"},
-        "envs": envs or [{"id": "textworld/coin_collector", "max_steps": 4,
-                          "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)}}],
+        "envs": envs
+        or [
+            {
+                "id": "textworld/coin_collector",
+                "max_steps": 4,
+                "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)},
+            }
+        ],
         "runtime": {"slots": 2, "episodes": 4},
         "lessons": {"embedder": "hash", "gate_episodes": 0},
     }
@@ -125,8 +131,20 @@ def test_retire_makes_a_version_without_the_lessons(tmp_path, games_dir, capsys)
         assert expected in capsys.readouterr().err
     other = write_config(tmp_path, games_dir, name="other")
     _, theirs = add(capsys, "Look at the map before every move.", "--config", other, "--workdir", workdir)
-    assert main(["lessons", "retire", str(theirs["items"][0]["lesson_ids"][0]), "--workdir", str(workdir),
-                 "--run", str(run_id)]) == 2
+    assert (
+        main(
+            [
+                "lessons",
+                "retire",
+                str(theirs["items"][0]["lesson_ids"][0]),
+                "--workdir",
+                str(workdir),
+                "--run",
+                str(run_id),
+            ]
+        )
+        == 2
+    )
     assert f"belongs to run {theirs['run_id']}, not run {run_id}" in capsys.readouterr().err
     with ExperienceStore.open(workdir, read_only=True) as store:
         assert len(store.lesson_sets(run_id)) == versions_before, "a failed retire writes nothing"
@@ -146,9 +164,13 @@ def test_without_a_run_or_a_config_the_error_says_what_to_pass(tmp_path, capsys)
 
 def test_with_the_gate_on_the_lessons_are_a_candidate_gated_before_the_loop_plays(tmp_path, games_dir, capsys):
     config_path = write_config(
-        tmp_path, games_dir, envs=[{"id": "tests.test_loop:LessonSensitiveEnv"}],
-        lessons={"enabled": True, "extract_every": 2, "gate_episodes": 2}, evaluation={"episodes_per_env": 2},
-        runtime={"episodes": 2})
+        tmp_path,
+        games_dir,
+        envs=[{"id": "tests.test_loop:LessonSensitiveEnv"}],
+        lessons={"enabled": True, "extract_every": 2, "gate_episodes": 2},
+        evaluation={"episodes_per_env": 2},
+        runtime={"episodes": 2},
+    )
     workdir = tmp_path / "w"
     code, out = add(capsys, GOAL, "--config", config_path, "--workdir", workdir)
     assert code == 0 and out["candidate"] is True

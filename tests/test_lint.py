@@ -17,6 +17,12 @@ def test_the_tree_passes_ruff():
     ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     if ruff is None:
         pytest.fail("ruff is not installed: it is in the project's dev extra (make install installs it)")
-    proc = subprocess.run([ruff, "check", "--no-cache", "--output-format", "concise", "."], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [ruff, "check", "--no-cache", "--output-format", "concise", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, f"ruff findings (run `make lint`):\n{proc.stdout}{proc.stderr}"

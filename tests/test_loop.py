@@ -13,8 +13,13 @@ from memory import ExperienceStore
 
 def make_config(games_dir, *, model=None, episodes=6, slots=2, envs=None, **extra):
     model = model or {"name": "scripted", "backend": "scripted"}
-    envs = envs or [{"id": "textworld/coin_collector", "max_steps": 4,
-                     "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)}}]
+    envs = envs or [
+        {
+            "id": "textworld/coin_collector",
+            "max_steps": 4,
+            "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)},
+        }
+    ]
     data = {"name": "t", "model": model, "envs": envs, "runtime": {"slots": slots, "episodes": episodes}}
     data.update(extra)
     return config_from_dict(data)
@@ -47,9 +52,15 @@ def test_tiny_model_episode_end_to_end_into_sqlite(tmp_path, games_dir, tiny_mod
 
 
 def test_scripted_mixture_of_two_envs(tmp_path, games_dir):
-    envs = [{"id": "textworld/coin_collector", "weight": 1, "max_steps": 6,
-             "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)}},
-            {"id": "math/gsm_symbolic", "weight": 1}]
+    envs = [
+        {
+            "id": "textworld/coin_collector",
+            "weight": 1,
+            "max_steps": 6,
+            "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)},
+        },
+        {"id": "math/gsm_symbolic", "weight": 1},
+    ]
     loop = AgentLoop(make_config(games_dir, envs=envs, episodes=30, slots=4), tmp_path, progress=False)
     summary = loop.run()
     loop.close()
@@ -128,8 +139,11 @@ def test_env_errors_are_recorded_and_the_run_goes_on(tmp_path, games_dir):
 def test_garbage_output_is_a_recorded_invalid_action(tmp_path, games_dir):
     """In free mode a reply with no action in it is recorded as an invalid action (choice mode cannot produce one)."""
     model = {"name": "scripted", "backend": "scripted", "options": {"mode": "sequence", "replies": ["", "  \n"]}}
-    loop = AgentLoop(make_config(games_dir, model=model, episodes=1, slots=1, agent={"action_mode": "free"}),
-                     tmp_path, progress=False)
+    loop = AgentLoop(
+        make_config(games_dir, model=model, episodes=1, slots=1, agent={"action_mode": "free"}),
+        tmp_path,
+        progress=False,
+    )
     summary = loop.run()
     loop.close()
     with ExperienceStore.open(tmp_path) as store:
@@ -151,7 +165,9 @@ def test_lessons_are_extracted_and_enter_the_prompts(tmp_path, games_dir):
         # the second extraction found the same item again: merged, with both provenances
         assert set(lesson.source_episode_ids) == {e.id for e in episodes}
         assert all(not e.lessons_in_context for e in episodes[:4])
-        first = {x.id for x in store.lessons(summary.run_id) if set(x.source_episode_ids) <= {e.id for e in episodes[:4]}}
+        first = {
+            x.id for x in store.lessons(summary.run_id) if set(x.source_episode_ids) <= {e.id for e in episodes[:4]}
+        }
         for e in episodes[4:]:
             assert len(e.lessons_in_context) == 1 and e.lessons_in_context[0] in first
             assert e.lesson_set_version == 1
@@ -163,11 +179,25 @@ def test_gate_blocks_a_lesson_set_that_makes_the_policy_worse(tmp_path, games_di
     """A scripted policy that wins without lessons and obeys a harmful lesson ("Always reply: lose")."""
     envs = [{"id": "tests.test_loop:LessonSensitiveEnv"}]
     lessons = {"enabled": True, "extract_every": 4, "gate_episodes": 4, "embedder": "hash", "gate_margin": 0.1}
-    model = {"name": "scripted", "backend": "scripted",
-             "options": {"follow_lessons": True, "lesson_reply": "- EXPERIENCE ITEM: Always reply: lose"}}
-    loop = AgentLoop(make_config(games_dir, model=model, envs=envs, episodes=4, slots=2, lessons=lessons,
-                                 evaluation={"episodes_per_env": 4}, agent={"action_mode": "free"}),
-                     tmp_path, progress=False)
+    model = {
+        "name": "scripted",
+        "backend": "scripted",
+        "options": {"follow_lessons": True, "lesson_reply": "- EXPERIENCE ITEM: Always reply: lose"},
+    }
+    loop = AgentLoop(
+        make_config(
+            games_dir,
+            model=model,
+            envs=envs,
+            episodes=4,
+            slots=2,
+            lessons=lessons,
+            evaluation={"episodes_per_env": 4},
+            agent={"action_mode": "free"},
+        ),
+        tmp_path,
+        progress=False,
+    )
     summary = loop.run()
     loop.close()
     with ExperienceStore.open(tmp_path) as store:
@@ -204,14 +234,17 @@ def test_unavailable_phases_fail_before_anything_runs(tmp_path, games_dir):
 
 
 def test_retrieved_examples_show_past_wins(tmp_path, games_dir):
-    loop = AgentLoop(make_config(games_dir, episodes=12, slots=1, agent={"retrieved_examples": 1},
-                                 memory={"embedder": "hash"}), tmp_path, progress=False)
+    loop = AgentLoop(
+        make_config(games_dir, episodes=12, slots=1, agent={"retrieved_examples": 1}, memory={"embedder": "hash"}),
+        tmp_path,
+        progress=False,
+    )
     summary = loop.run()
     loop.close()
     with ExperienceStore.open(tmp_path) as store:
         episodes = sorted(store.episodes(summary.run_id, limit=50), key=lambda e: e.metadata["draw"])
         first_win = next(i for i, e in enumerate(episodes) if e.won)
-        later = [store.episode(e.id).steps[0].prompt for e in episodes[first_win + 1:]]
+        later = [store.episode(e.id).steps[0].prompt for e in episodes[first_win + 1 :]]
     assert later and all("Examples of past successful episodes:" in p and "Winning actions:" in p for p in later)
     assert "Examples of past" not in store_prompt_of(tmp_path, episodes[0].id)
 

@@ -44,8 +44,7 @@ while True:
 def _check_consistent(target: str, index_dir: Path, committed: set[int]) -> int:
     with ExperienceStore.open(target, index_dir=index_dir, embedder="hash:64") as store:
         with store._read() as session:
-            steps = dict(session.execute(
-                select(Step.episode_id, func.count(Step.id)).group_by(Step.episode_id)).all())
+            steps = dict(session.execute(select(Step.episode_id, func.count(Step.id)).group_by(Step.episode_id)).all())
             declared = dict(session.execute(select(Episode.id, Episode.num_steps)).all())
         assert all(steps.get(i, 0) == n == 20 for i, n in declared.items()), "partial episode"
         assert committed <= set(declared), f"lost committed episodes {committed - set(declared)}"
@@ -63,7 +62,11 @@ def test_sigkill_at_random_moments_loses_nothing_committed(memory_url: str, tmp_
     for attempt in range(KILLS):
         writer = subprocess.Popen(
             [sys.executable, "-c", WRITER, memory_url, str(index_dir)],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         assert writer.stdout is not None
         assert writer.stdout.readline().strip() == "ready", writer.stderr.read() if writer.stderr else ""
@@ -83,7 +86,11 @@ def test_readers_work_while_a_writer_writes(tmp_path: Path) -> None:
     target = str(tmp_path / "work")
     writer = subprocess.Popen(
         [sys.executable, "-c", WRITER, target, str(tmp_path / "index")],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"

@@ -33,8 +33,9 @@ def _populate(store: ExperienceStore) -> dict[str, int]:
         store.create_lesson_set(run, lessons)
         adapter = store.add_adapter(f"adapter-{name}", "/x", run_id=run)
         store.add_episode(run, make_episode(1, lessons=lessons))
-        ids.update({f"run_{name}": run, f"episode_{name}": episode, f"lesson_{name}": lessons[0],
-                    f"adapter_{name}": adapter})
+        ids.update(
+            {f"run_{name}": run, f"episode_{name}": episode, f"lesson_{name}": lessons[0], f"adapter_{name}": adapter}
+        )
     store.reindex()
     return ids
 
@@ -74,7 +75,9 @@ def _vector(row: dict[str, Any], data: bytes) -> None:
 
 def _counts(store: ExperienceStore) -> dict[str, int]:
     with store.engine.connect() as conn:
-        return {name: conn.scalar(select(func.count()).select_from(table)) for name, table in Base.metadata.tables.items()}
+        return {
+            name: conn.scalar(select(func.count()).select_from(table)) for name, table in Base.metadata.tables.items()
+        }
 
 
 # (table, row to pick, change, the message's words); ids are those of `_populate` ("run_b" etc.)
@@ -96,23 +99,52 @@ MALFORMED = [
     ("embeddings", {}, lambda ids: lambda row: _vector(row, b"\0" * 12), "holds 12 bytes; a vector of dim 16 is 64"),
     ("embeddings", {}, lambda ids: lambda row: _vector(row, b"\xff" * 64), "NaN or infinite"),
     ("embeddings", {}, lambda ids: _set(dim=2**20), "embeddings.dim must be from 1 to"),
-    ("embeddings", {"id": 2}, lambda ids: lambda row: (row.update(dim=8), _vector(row, b"\0" * 32)),
-     "whose vectors have dim 16"),
+    (
+        "embeddings",
+        {"id": 2},
+        lambda ids: lambda row: (row.update(dim=8), _vector(row, b"\0" * 32)),
+        "whose vectors have dim 16",
+    ),
     ("embeddings", {}, lambda ids: _set(item_id=99_999), "names episodes id 99999, which is neither"),
-    ("episodes", {"run_id": "run_b"}, lambda ids: _set(lessons_in_context=[ids["lesson_a"]]), "of run 1, from a row of run 2"),
+    (
+        "episodes",
+        {"run_id": "run_b"},
+        lambda ids: _set(lessons_in_context=[ids["lesson_a"]]),
+        "of run 1, from a row of run 2",
+    ),
     ("episodes", {}, lambda ids: _set(lessons_in_context=[777]), "names lessons id 777, which is neither"),
-    ("lessons", {"run_id": "run_b"}, lambda ids: _set(source_episode_ids=[ids["episode_a"]]), "of run 1, from a row of run 2"),
+    (
+        "lessons",
+        {"run_id": "run_b"},
+        lambda ids: _set(source_episode_ids=[ids["episode_a"]]),
+        "of run 1, from a row of run 2",
+    ),
     ("lessons", {"run_id": "run_b"}, lambda ids: _set(source_episode_ids=[10**6]), "names episodes id 1000000"),
-    ("lesson_set_members", {"lesson_set_id": 2}, lambda ids: _set(lesson_id=ids["lesson_a"]), "of run 1, from a row of run 2"),
-    ("episodes", {"run_id": "run_b"}, lambda ids: _set(adapter_id=ids["adapter_a"]), "episodes.adapter_id names adapters id"),
+    (
+        "lesson_set_members",
+        {"lesson_set_id": 2},
+        lambda ids: _set(lesson_id=ids["lesson_a"]),
+        "of run 1, from a row of run 2",
+    ),
+    (
+        "episodes",
+        {"run_id": "run_b"},
+        lambda ids: _set(adapter_id=ids["adapter_a"]),
+        "episodes.adapter_id names adapters id",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("table", "match", "change", "message"), MALFORMED,
-                         ids=[f"{i}-{t}" for i, (t, _, _, _) in enumerate(MALFORMED)])
+@pytest.mark.parametrize(
+    ("table", "match", "change", "message"), MALFORMED, ids=[f"{i}-{t}" for i, (t, _, _, _) in enumerate(MALFORMED)]
+)
 def test_malformed_rows_are_named_and_nothing_is_written(
-    exported: tuple[list[str], dict[str, int]], tmp_path: Path, table: str, match: dict[str, Any],
-    change: Callable[[dict[str, int]], Callable[[dict[str, Any]], None]], message: str,
+    exported: tuple[list[str], dict[str, int]],
+    tmp_path: Path,
+    table: str,
+    match: dict[str, Any],
+    change: Callable[[dict[str, int]], Callable[[dict[str, Any]], None]],
+    message: str,
 ) -> None:
     lines, ids = exported
     match = {k: ids[v] if isinstance(v, str) else v for k, v in match.items()}
@@ -121,8 +153,10 @@ def test_malformed_rows_are_named_and_nothing_is_written(
     with ExperienceStore.open(tmp_path / "dst", embedder=HashEmbedder(16)) as target:
         kept = 100  # a run already there (an id the file does not use)
         with target.engine.begin() as conn:
-            conn.execute(insert(Base.metadata.tables["runs"]), [{"id": kept, "name": "kept", "config": {}, "state": {},
-                                                                  "phase": "PLAY", "status": "running"}])
+            conn.execute(
+                insert(Base.metadata.tables["runs"]),
+                [{"id": kept, "name": "kept", "config": {}, "state": {}, "phase": "PLAY", "status": "running"}],
+            )
         before = _counts(target)
         with pytest.raises(ImportFormatError) as raised:
             target.import_jsonl(io.StringIO(broken))
@@ -138,8 +172,11 @@ def test_a_reference_into_the_store_is_checked_too(exported: tuple[list[str], di
         for _ in range(3):
             target.create_run("local", {})
         local_lesson = target.add_lesson("local", run_id=1)
-        shifted = [line for line in lines if json.loads(line).get("table") in (None, "runs", "episodes", "steps")
-                   or json.loads(line).get("end")]
+        shifted = [
+            line
+            for line in lines
+            if json.loads(line).get("table") in (None, "runs", "episodes", "steps") or json.loads(line).get("end")
+        ]
         body = []
         for line in shifted:
             item = json.loads(line)
@@ -154,7 +191,9 @@ def test_a_reference_into_the_store_is_checked_too(exported: tuple[list[str], di
             if item.get("end"):
                 item["counts"] = {t: sum(1 for x in body if json.loads(x).get("table") == t) for t in item["counts"]}
             body.append(json.dumps(item))
-        with pytest.raises(ImportFormatError, match=f"names lessons id {local_lesson} of run 1, from a row of run 1[12]"):
+        with pytest.raises(
+            ImportFormatError, match=f"names lessons id {local_lesson} of run 1, from a row of run 1[12]"
+        ):
             target.import_jsonl(io.StringIO("\n".join(body) + "\n"))
 
 
@@ -212,7 +251,9 @@ def _body(path_or_text: Path | str) -> list[str]:
     return text.splitlines()[1:]
 
 
-def test_an_export_at_revision_0001_imports_as_its_database_would_have_migrated(memory_url: str, tmp_path: Path) -> None:
+def test_an_export_at_revision_0001_imports_as_its_database_would_have_migrated(
+    memory_url: str, tmp_path: Path
+) -> None:
     """The 0001 export (written by the code of that revision) imported into a new store reads back exactly as
     the same rows in a 0001 database opened (so migrated) by this code: lesson-set states taken out of the
     notes, gate and utility evaluations by kind, prompts whole."""
@@ -228,7 +269,10 @@ def test_an_export_at_revision_0001_imports_as_its_database_would_have_migrated(
         store.export_jsonl(got)
         sets = store.lesson_sets(1)
         assert [(s.status, s.made_by, s.note) for s in sets] == [
-            ("live", "agent", "first"), ("candidate", "user", "add 2"), ("live", "user", "pool 0: add 2")]
+            ("live", "agent", "first"),
+            ("candidate", "user", "add 2"),
+            ("live", "user", "pool 0: add 2"),
+        ]
         assert sorted(e.kind for e in store.evaluations(1)) == ["eval", "gate", "lesson-utility"]
         old_steps = [json.loads(x)["row"] for x in OLD_EXPORT.read_text().splitlines() if '"table": "steps"' in x]
         for row in old_steps:

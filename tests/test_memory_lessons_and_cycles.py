@@ -12,14 +12,23 @@ def test_extraction_and_lessons_are_written_together(store: ExperienceStore) -> 
     run_id = store.create_run("r", {})
     ep = store.add_episode(run_id, make_episode())
     ext_id, lesson_ids = store.record_extraction(
-        "smollm2", ["Open doors before walking.", {"text": "Check the map.", "pool": 3}],
-        run_id=run_id, episode_ids=[ep], prompt="P", response="R", env_id="toy/corridor",
+        "smollm2",
+        ["Open doors before walking.", {"text": "Check the map.", "pool": 3}],
+        run_id=run_id,
+        episode_ids=[ep],
+        prompt="P",
+        response="R",
+        env_id="toy/corridor",
     )
     ext = store.get_extraction(ext_id)
     assert (ext.extractor, ext.episode_ids, ext.prompt, ext.response) == ("smollm2", [ep], "P", "R")
     first, second = (store.get_lesson(i) for i in lesson_ids)
     assert (first.text, first.status, first.pool, first.extraction_id) == (
-        "Open doors before walking.", "proposed", 0, ext_id)
+        "Open doors before walking.",
+        "proposed",
+        0,
+        ext_id,
+    )
     assert (second.pool, second.source_episode_ids, second.env_id) == (3, [ep], "toy/corridor")
     with pytest.raises(InvalidRecordError, match="unknown lesson status 'great'"):
         store.record_extraction("m", [{"text": "x", "status": "great"}], run_id=run_id)
@@ -70,11 +79,16 @@ def test_cycle_promotion_is_atomic(store: ExperienceStore) -> None:
     old = store.add_adapter("a0", "/tmp/a0", run_id=run_id, status="active")
     cycle = store.start_cycle(run_id, {"lr": 1e-6}, lesson_set_version=1, base_adapter_id=old)
     new = store.add_adapter("a1", "/tmp/a1", run_id=run_id, parent_id=old, base_model="tiny")
-    store.update_cycle(cycle, adapter_id=new, metrics={"loss": 0.5},
-                       curves={"loss": [1.0, 0.7, 0.5]}, status="succeeded", ended=True)
+    store.update_cycle(
+        cycle, adapter_id=new, metrics={"loss": 0.5}, curves={"loss": [1.0, 0.7, 0.5]}, status="succeeded", ended=True
+    )
     got = store.get_cycle(cycle)
     assert (got.status, got.metrics, got.curves["loss"], got.adapter_id) == (
-        "succeeded", {"loss": 0.5}, [1.0, 0.7, 0.5], new)
+        "succeeded",
+        {"loss": 0.5},
+        [1.0, 0.7, 0.5],
+        new,
+    )
     assert got.ended_at is not None and got.config == {"lr": 1e-6}
     with pytest.raises(NotFoundError):
         store.promote_cycle(cycle, [lessons[0], 999])
@@ -99,12 +113,18 @@ def test_cycle_rollback_and_evaluations(store: ExperienceStore) -> None:
     assert (got.status, got.error) == ("rolled_back", "eval regressed")
     assert store.get_adapter(adapter).status == "rejected"
     assert store.active_adapter(run_id) is None
-    ev = store.add_evaluation("toy/corridor", run_id=run_id, adapter_id=adapter, cycle_id=cycle,
-                              num_episodes=8, success_rate=0.25, mean_return=1.5,
-                              metrics={"per_task": {"t1": 1}})
+    ev = store.add_evaluation(
+        "toy/corridor",
+        run_id=run_id,
+        adapter_id=adapter,
+        cycle_id=cycle,
+        num_episodes=8,
+        success_rate=0.25,
+        mean_return=1.5,
+        metrics={"per_task": {"t1": 1}},
+    )
     got_ev = store.get_evaluation(ev)
-    assert (got_ev.success_rate, got_ev.num_episodes, got_ev.metrics) == (
-        0.25, 8, {"per_task": {"t1": 1}})
+    assert (got_ev.success_rate, got_ev.num_episodes, got_ev.metrics) == (0.25, 8, {"per_task": {"t1": 1}})
     assert [e.id for e in store.evaluations(run_id, adapter_id=adapter)] == [ev]
     assert store.evaluations(cycle_id=cycle + 1) == []
     assert [c.id for c in store.cycles(run_id, status="rolled_back")] == [cycle]

@@ -28,8 +28,13 @@ def _seed(store: ExperienceStore) -> dict[str, list[int] | int]:
     run = store.create_run("month", {})
     records = []
     for day in range(30):
-        record = game_episode("textworld/coin_collector", f"t{day}", won=day % 2 == 0, n_steps=3,
-                              ended_at=NOW - dt.timedelta(days=29 - day))
+        record = game_episode(
+            "textworld/coin_collector",
+            f"t{day}",
+            won=day % 2 == 0,
+            n_steps=3,
+            ended_at=NOW - dt.timedelta(days=29 - day),
+        )
         for step in record.steps:
             step.prompt = f"system: play well. Lessons of day {day}: look twice, then act.\n{step.observation}"
         records.append(record)
@@ -41,7 +46,9 @@ def _seed(store: ExperienceStore) -> dict[str, list[int] | int]:
         if status != "running":
             store.update_cycle(cycle, status=status)
     other = store.create_run("other", {})
-    elsewhere = store.add_episode(other, game_episode("x/y", "far", won=True, n_steps=1, ended_at=NOW - dt.timedelta(days=90)))
+    elsewhere = store.add_episode(
+        other, game_episode("x/y", "far", won=True, n_steps=1, ended_at=NOW - dt.timedelta(days=90))
+    )
     store.reindex()
     return {"run": run, "ids": ids, "other": other, "elsewhere": elsewhere}
 
@@ -109,16 +116,24 @@ def test_prune_by_age_and_by_both(store: ExperienceStore) -> None:
 
 def test_the_newest_episode_of_the_store_is_never_deleted(store: ExperienceStore) -> None:
     run = store.create_run("r", {})
-    ids = store.add_episodes(run, [game_episode("x/y", f"t{i}", won=True, n_steps=1, ended_at=NOW - dt.timedelta(days=50))
-                                   for i in range(3)])
+    ids = store.add_episodes(
+        run, [game_episode("x/y", f"t{i}", won=True, n_steps=1, ended_at=NOW - dt.timedelta(days=50)) for i in range(3)]
+    )
     plan = store.prune_plan(run, days=1, now=NOW)
     assert plan.episode_ids == ids[:2] and plan.kept_newest == 1
 
 
-@pytest.mark.parametrize(("keep_last", "days", "message"), [
-    (None, None, "say what to keep"), (-1, None, "0 or more"), (True, None, "0 or more"),
-    (None, -2.0, "0 or more"), (None, float("nan"), "0 or more"), (None, float("inf"), "0 or more"),
-])
+@pytest.mark.parametrize(
+    ("keep_last", "days", "message"),
+    [
+        (None, None, "say what to keep"),
+        (-1, None, "0 or more"),
+        (True, None, "0 or more"),
+        (None, -2.0, "0 or more"),
+        (None, float("nan"), "0 or more"),
+        (None, float("inf"), "0 or more"),
+    ],
+)
 def test_prune_refuses_unclear_windows(store: ExperienceStore, keep_last, days, message: str) -> None:
     run = store.create_run("r", {})
     with pytest.raises(InvalidRecordError, match=message):
@@ -133,8 +148,9 @@ def test_prune_command_is_a_dry_run_without_yes(tmp_path: Path, cli) -> None:
     assert "kept: 10 recent, 2 a live lesson came from, 3 in an adapter's training set" in dry
     with ExperienceStore.open(tmp_path, read_only=True) as store:
         assert store.count_episodes(seeded["run"]) == 30
-    done = json.loads(cli("memory", "prune", "--workdir", tmp_path, "--run", seeded["run"], "--keep", "10", "--yes",
-                          "--json").stdout)
+    done = json.loads(
+        cli("memory", "prune", "--workdir", tmp_path, "--run", seeded["run"], "--keep", "10", "--yes", "--json").stdout
+    )
     assert done["deleted"] and len(done["episode_ids"]) == 15
     with ExperienceStore.open(tmp_path, read_only=True) as store:
         assert store.count_episodes(seeded["run"]) == 15
@@ -157,4 +173,5 @@ def test_vectors_of_a_pruned_store_match_its_index_file(tmp_path: Path) -> None:
         index, meta = VectorIndex.load(path, sidecar)
         assert meta["count"] == index.count == len(_sql_ids(store))
         assert np.isin(index.ids(), np.asarray(seeded["ids"][:20])).sum() == len(
-            {seeded["ids"][i] for i in (2, 3, 5, 6, 8)})
+            {seeded["ids"][i] for i in (2, 3, 5, 6, 8)}
+        )

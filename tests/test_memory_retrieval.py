@@ -26,8 +26,7 @@ def _fill(store: ExperienceStore) -> tuple[int, dict[str, int]]:
     for i, (name, goal) in enumerate(TASKS.items()):
         outcome = "won" if i % 2 == 0 else "lost"
         env = "toy/house" if name != "garden" else "toy/outdoor"
-        ids[name] = store.add_episode(run_id, make_episode(2, task_id=name, goal=goal,
-                                                           outcome=outcome, env_id=env))
+        ids[name] = store.add_episode(run_id, make_episode(2, task_id=name, goal=goal, outcome=outcome, env_id=env))
     return run_id, ids
 
 
@@ -47,12 +46,13 @@ def test_search_episodes_by_task_text_with_filters(store: ExperienceStore) -> No
 
 def test_search_lessons_for_deduplication(store: ExperienceStore) -> None:
     run_id = store.create_run("r", {})
-    texts = ["Always open the fridge before taking food out of it.",
-             "Read the goal twice before acting.",
-             "Avoid walking into holes on the frozen lake."]
+    texts = [
+        "Always open the fridge before taking food out of it.",
+        "Read the goal twice before acting.",
+        "Avoid walking into holes on the frozen lake.",
+    ]
     ids = [store.add_lesson(t, run_id=run_id, status="active") for t in texts]
-    retired = store.add_lesson("Open the fridge before taking food.", run_id=run_id,
-                               status="retired")
+    retired = store.add_lesson("Open the fridge before taking food.", run_id=run_id, status="retired")
     hits = store.search_lessons("open the fridge before taking food out", k=2)
     assert {hits[0].id, hits[1].id} == {ids[0], retired}
     active = store.search_lessons("open the fridge before taking food out", k=1, status="active")
@@ -65,8 +65,7 @@ def test_rare_filter_still_finds_k(tmp_path: Path) -> None:
         run_id = store.create_run("r", {})
         for i in range(60):
             store.add_lesson(f"common lesson number {i} about doors", run_id=run_id, pool=0)
-        rare = [store.add_lesson(f"rare lesson {i} about keys", run_id=run_id, pool=9)
-                for i in range(3)]
+        rare = [store.add_lesson(f"rare lesson {i} about keys", run_id=run_id, pool=9) for i in range(3)]
         hits = store.search_lessons("common lesson about doors", k=3, pool=9)
         assert sorted(h.id for h in hits) == rare
 
@@ -81,8 +80,7 @@ def test_index_is_a_cache_rebuilt_and_extended_from_sql(tmp_path: Path) -> None:
     assert path.is_file() and sidecar.is_file()
 
     with ExperienceStore.open(tmp_path, embedder=embedder) as store:  # file agrees with SQL
-        assert [(h.id, h.score) for h in store.search_episodes("find a book", k=4)] == [
-            (h.id, h.score) for h in before]
+        assert [(h.id, h.score) for h in store.search_episodes("find a book", k=4)] == [(h.id, h.score) for h in before]
         assert store.last_index_sync["episode"] == "loaded"
         store.add_episode(1, make_episode(1, task_id="attic", goal="find the book in the attic"))
 
@@ -110,8 +108,7 @@ def test_index_is_a_cache_rebuilt_and_extended_from_sql(tmp_path: Path) -> None:
         status = store.reindex()
         assert status["episode"]["vectors"] == status["episode"]["indexed"] == 5
         assert status["lesson"]["vectors"] == 0
-        assert [h.id for h in store.search_episodes("find a book", k=5)] == [
-            h.id for h in hits]
+        assert [h.id for h in store.search_episodes("find a book", k=5)] == [h.id for h in hits]
 
 
 def test_index_switches_to_hnsw_above_threshold(tmp_path: Path) -> None:
@@ -125,8 +122,13 @@ def test_index_switches_to_hnsw_above_threshold(tmp_path: Path) -> None:
             store.add_lesson(f"lesson {i} about topic {i % 7}", run_id=run_id, pool=i % 2)
         hits = store.search_lessons("lesson 77 about topic 0", k=3)
         assert store.index_status()["lesson"] | {"path": None} == {
-            "embedder": "hash-256", "vectors": 80, "indexed": 80, "approximate": True,
-            "path": None, "sync": "rebuilt: approximate above 50"}
+            "embedder": "hash-256",
+            "vectors": 80,
+            "indexed": 80,
+            "approximate": True,
+            "path": None,
+            "sync": "rebuilt: approximate above 50",
+        }
         assert hits[0].item.text == "lesson 77 about topic 0"
         in_pool = store.search_lessons("lesson 77 about topic 0", k=25, pool=1)
         assert len(in_pool) == 20 and all(h.item.pool == 1 for h in in_pool)
@@ -164,10 +166,13 @@ def test_embedder_specs() -> None:
 def test_default_minilm_embedder_ranks_paraphrases(tmp_path: Path) -> None:
     with ExperienceStore.open(tmp_path) as store:  # default embedder: packaged all-MiniLM-L6-v2
         run_id = store.create_run("r", {})
-        ids = [store.add_lesson(t, run_id=run_id) for t in (
-            "Look inside containers before searching elsewhere.",
-            "When stuck on a math problem, check the units.",
-        )]
+        ids = [
+            store.add_lesson(t, run_id=run_id)
+            for t in (
+                "Look inside containers before searching elsewhere.",
+                "When stuck on a math problem, check the units.",
+            )
+        ]
         hits = store.search_lessons("Open boxes and drawers first when looking for an item.", k=2)
         assert store.embedder.name == "all-MiniLM-L6-v2" and store.embedder.dim == 384
         assert hits[0].id == ids[0] and hits[0].score > hits[1].score + 0.1
@@ -187,5 +192,6 @@ def test_reindex_reproduces_the_sql_vectors_exactly(tmp_path: Path) -> None:
     index, meta = loaded
     assert sorted(index.ids().tolist()) == ids.tolist() and meta["count"] == 30
     assert np.array_equal(index.index.reconstruct_batch(ids), vectors)
-    assert np.array_equal(vectors, embedder.embed([f"lesson {i}: keep the lamp lit in room {i % 4}"
-                                                   for i in range(30)]))
+    assert np.array_equal(
+        vectors, embedder.embed([f"lesson {i}: keep the lamp lit in room {i % 4}" for i in range(30)])
+    )

@@ -32,17 +32,35 @@ def played(task: str, n: int, *, lessons: list[str], seed: int, history: int = 4
     """An episode's steps with the prompts the agent's PromptBuilder makes (history trimmed to `history`
     turns, so late prompts drop a block of old turns from the middle)."""
     rng = random.Random(seed)
-    builder = PromptBuilder(family="text", count_tokens=lambda chat: sum(len(m["content"]) for m in chat) // 4,
-                            context_window=100_000, max_history_turns=history, lessons=lessons)
+    builder = PromptBuilder(
+        family="text",
+        count_tokens=lambda chat: sum(len(m["content"]) for m in chat) // 4,
+        context_window=100_000,
+        max_history_turns=history,
+        lessons=lessons,
+    )
     turns: list[Turn] = []
     steps = []
     for i in range(n):
-        observation = f"-= Room {rng.randint(1, 9)} =-\nYou are in {task}, turn {i}. There is a door.\x00" + "." * rng.randint(0, 40)
+        observation = (
+            f"-= Room {rng.randint(1, 9)} =-\nYou are in {task}, turn {i}. There is a door.\x00"
+            + "." * rng.randint(0, 40)
+        )
         admissible = ["go north", "go south", "take coin"][: rng.randint(1, 3)]
         prompt = _chat_text(builder.build(turns, observation, admissible))
         reply = rng.choice(["go north", "take coin", "  look  "])
-        steps.append(StepRecord(index=i, observation=observation, prompt=prompt, response=reply, action=reply.strip(),
-                                valid_action=True, reward=0.0, admissible_actions=admissible))
+        steps.append(
+            StepRecord(
+                index=i,
+                observation=observation,
+                prompt=prompt,
+                response=reply,
+                action=reply.strip(),
+                valid_action=True,
+                reward=0.0,
+                admissible_actions=admissible,
+            )
+        )
         turns.append(Turn(observation, reply, admissible))
     return steps
 
@@ -54,7 +72,10 @@ def test_recipes_rebuild_every_prompt_exactly() -> None:
         "game": [(s.index, s.observation, s.prompt) for s in played("the attic", 14, lessons=["Take it."], seed=1)],
         "unrelated": [(0, "x", "first prompt"), (1, "", "second, unrelated"), (2, "second", "second, unrelated!!")],
         "repeats": [(i, "same obs here", "sys " * 20 + "same obs here" * (i + 1)) for i in range(5)],
-        "reversed": [(3, "obs three long", "S" * 40 + "obs three long"), (1, "obs one long", "S" * 40 + "obs one long")],
+        "reversed": [
+            (3, "obs three long", "S" * 40 + "obs three long"),
+            (1, "obs one long", "S" * 40 + "obs one long"),
+        ],
         "empty": [(0, "", ""), (1, "", "")],
     }
     encoder = PromptEncoder()
@@ -67,7 +88,9 @@ def test_recipes_rebuild_every_prompt_exactly() -> None:
             if recipe.part is not None:
                 part = len(parts) + 1
                 parts[part] = recipe.part
-            rows.append({"step_index": index, "observation": observation.replace("\x00", "\ufffd"), **recipe.columns(part)})
+            rows.append(
+                {"step_index": index, "observation": observation.replace("\x00", "\ufffd"), **recipe.columns(part)}
+            )
         rebuilt = rebuild_prompts(rows, parts)
         assert rebuilt == {i: p.replace("\x00", "\ufffd") for i, _, p in steps}, key
 
@@ -119,24 +142,102 @@ def test_migration_0003_converts_a_database_in_place(memory_url: str, tmp_path: 
         t = MetaData()
         t.reflect(conn)
         t = t.tables
-        conn.execute(t["runs"].insert(), [{"id": 1, "name": "old", "config": {}, "phase": "PLAY", "state": {},
-                                          "status": "running", "created_at": WHEN, "updated_at": WHEN}])
-        conn.execute(t["episodes"].insert(), [
-            {"id": e, "run_id": 1, "env_id": "textworld/coin_collector", "task_id": f"t{e}", "seed": e, "policy": "p",
-             "outcome": "won", "won": True, "total_return": 1.0, "num_steps": 10, "prompt_tokens": 0,
-             "completion_tokens": 0, "started_at": WHEN, "ended_at": WHEN, "summary": "", "lessons_in_context": [],
-             "metadata": {}} for e in steps])
-        conn.execute(t["steps"].insert(), [
-            {"episode_id": e, "step_index": s.index, "observation": s.observation.replace("\x00", "\ufffd"),
-             "prompt": s.prompt.replace("\x00", "\ufffd"), "response": s.response, "action": s.action,
-             "valid_action": True, "reward": 0.0, "admissible_actions": s.admissible_actions, "prompt_tokens": 0,
-             "completion_tokens": 0, "latency_s": 0.0, "info": {}} for e, ss in steps.items() for s in ss])
-        conn.execute(t["lessons"].insert(), [
-            {"id": 7, "run_id": 1, "text": "Look.", "status": "active", "pool": 0, "env_id": None,
-             "source_episode_ids": [2, 3, 3], "token_count": 1, "times_in_context": 0, "wins_in_context": 0,
-             "created_at": WHEN, "updated_at": WHEN, "metadata": {}}])
-        conn.execute(t["opcd_cycles"].insert(), [{"id": 1, "run_id": 1, "status": "promoted", "config": {},
-                                                  "metrics": {}, "curves": {"loss": [1.0]}, "started_at": WHEN}])
+        conn.execute(
+            t["runs"].insert(),
+            [
+                {
+                    "id": 1,
+                    "name": "old",
+                    "config": {},
+                    "phase": "PLAY",
+                    "state": {},
+                    "status": "running",
+                    "created_at": WHEN,
+                    "updated_at": WHEN,
+                }
+            ],
+        )
+        conn.execute(
+            t["episodes"].insert(),
+            [
+                {
+                    "id": e,
+                    "run_id": 1,
+                    "env_id": "textworld/coin_collector",
+                    "task_id": f"t{e}",
+                    "seed": e,
+                    "policy": "p",
+                    "outcome": "won",
+                    "won": True,
+                    "total_return": 1.0,
+                    "num_steps": 10,
+                    "prompt_tokens": 0,
+                    "completion_tokens": 0,
+                    "started_at": WHEN,
+                    "ended_at": WHEN,
+                    "summary": "",
+                    "lessons_in_context": [],
+                    "metadata": {},
+                }
+                for e in steps
+            ],
+        )
+        conn.execute(
+            t["steps"].insert(),
+            [
+                {
+                    "episode_id": e,
+                    "step_index": s.index,
+                    "observation": s.observation.replace("\x00", "\ufffd"),
+                    "prompt": s.prompt.replace("\x00", "\ufffd"),
+                    "response": s.response,
+                    "action": s.action,
+                    "valid_action": True,
+                    "reward": 0.0,
+                    "admissible_actions": s.admissible_actions,
+                    "prompt_tokens": 0,
+                    "completion_tokens": 0,
+                    "latency_s": 0.0,
+                    "info": {},
+                }
+                for e, ss in steps.items()
+                for s in ss
+            ],
+        )
+        conn.execute(
+            t["lessons"].insert(),
+            [
+                {
+                    "id": 7,
+                    "run_id": 1,
+                    "text": "Look.",
+                    "status": "active",
+                    "pool": 0,
+                    "env_id": None,
+                    "source_episode_ids": [2, 3, 3],
+                    "token_count": 1,
+                    "times_in_context": 0,
+                    "wins_in_context": 0,
+                    "created_at": WHEN,
+                    "updated_at": WHEN,
+                    "metadata": {},
+                }
+            ],
+        )
+        conn.execute(
+            t["opcd_cycles"].insert(),
+            [
+                {
+                    "id": 1,
+                    "run_id": 1,
+                    "status": "promoted",
+                    "config": {},
+                    "metrics": {},
+                    "curves": {"loss": [1.0]},
+                    "started_at": WHEN,
+                }
+            ],
+        )
         whole = conn.scalar(select(func.sum(func.length(t["steps"].c.prompt))))
     engine.dispose()
     with ExperienceStore.open(memory_url, index_dir=tmp_path / "i") as store:
@@ -154,12 +255,14 @@ def test_migration_0003_converts_a_database_in_place(memory_url: str, tmp_path: 
         command.downgrade(_alembic(conn), "0002")
         t = MetaData()
         t.reflect(conn)
-        prompts = conn.execute(select(t.tables["steps"].c.episode_id, t.tables["steps"].c.step_index,
-                                      t.tables["steps"].c.prompt)).all()
+        prompts = conn.execute(
+            select(t.tables["steps"].c.episode_id, t.tables["steps"].c.step_index, t.tables["steps"].c.prompt)
+        ).all()
         assert "prompt_parts" not in t.tables and "prompt_base" not in t.tables["steps"].c
     engine.dispose()
     assert {(e, i): p for e, i, p in prompts} == {
-        (e, s.index): s.prompt.replace("\x00", "\ufffd") for e, ss in steps.items() for s in ss}
+        (e, s.index): s.prompt.replace("\x00", "\ufffd") for e, ss in steps.items() for s in ss
+    }
 
 
 def test_cycle_curves_are_appended_a_step_at_a_time(memory_url: str, tmp_path: Path) -> None:

@@ -32,7 +32,12 @@ def test_run_lifecycle(store: ExperienceStore) -> None:
     run_id = store.create_run("quickstart", {"model": "tiny", "lr": 1e-6})
     run = store.get_run(run_id)
     assert (run.name, run.config, run.phase, run.state, run.status) == (
-        "quickstart", {"model": "tiny", "lr": 1e-6}, "PLAY", {}, "running")
+        "quickstart",
+        {"model": "tiny", "lr": 1e-6},
+        "PLAY",
+        {},
+        "running",
+    )
     assert run.created_at.tzinfo is not None
     store.update_run(run_id, phase="EXTRACT", state={"episodes": 4}, status="paused")
     after = store.get_run(run_id)
@@ -77,8 +82,13 @@ def test_episode_listing_filters_and_stats(store: ExperienceStore) -> None:
     assert len(store.episodes(limit=1, offset=1)) == 1
     assert store.episodes(run_a)[0].steps == []  # listings leave steps out
     assert store.stats() | {"url": None} == {
-        "url": None, "runs": 2, "episodes": 3, "steps": 10, "lessons": 0,
-        "outcomes": {"won": 1, "lost": 1, "truncated": 1}}
+        "url": None,
+        "runs": 2,
+        "episodes": 3,
+        "steps": 10,
+        "lessons": 0,
+        "outcomes": {"won": 1, "lost": 1, "truncated": 1},
+    }
     assert store.stats(run_a)["steps"] == 5
     assert store.count_episodes(run_a, outcome="won") == 1
 

@@ -83,7 +83,7 @@ def _set_row(line: str, key: str, value) -> str:
     ("change", "message"),
     [
         (lambda line: line[:-5], "not valid JSON"),
-        (lambda line: json.dumps({"table": "nope", "row": {}}), "expected {\"table\""),
+        (lambda line: json.dumps({"table": "nope", "row": {}}), 'expected {"table"'),
         (lambda line: _set_row(line, "num_steps", "three"), "episodes.num_steps must be an integer"),
         (lambda line: _set_row(line, "started_at", "yesterday"), "episodes.started_at"),
         (lambda line: _set_row(line, "extra", 1), r"unknown: \['extra'\]"),
@@ -100,8 +100,14 @@ def test_malformed_line_is_reported_and_nothing_imported(
     with pytest.raises(ImportFormatError, match=message) as caught:
         store.import_jsonl(bad)
     assert f"bad.jsonl:{n}" in str(caught.value)
-    assert store.stats() | {"url": None} == {"url": None, "runs": 0, "episodes": 0, "steps": 0,
-                                             "lessons": 0, "outcomes": {}}
+    assert store.stats() | {"url": None} == {
+        "url": None,
+        "runs": 0,
+        "episodes": 0,
+        "steps": 0,
+        "lessons": 0,
+        "outcomes": {},
+    }
 
 
 def test_truncated_file_and_bad_header(store: ExperienceStore, tmp_path: Path) -> None:

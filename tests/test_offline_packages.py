@@ -15,8 +15,13 @@ from agent_runtime.offline_packages import PACKAGES, OfflinePackage, setup
 
 
 def test_check_lists_every_pinned_package_as_installed():
-    proc = subprocess.run([sys.executable, "-m", "agent_runtime", "setup", "--check"], capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent_runtime", "setup", "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for package in PACKAGES:
         assert package.requirement in proc.stdout
@@ -31,9 +36,10 @@ def test_missing_packages_are_installed_with_the_flags_their_metadata_needs(monk
     monkeypatch.setattr(subprocess, "run", lambda cmd, check: calls.append(cmd))
     lines = []
     assert setup(model=False, out=lines.append) == 1, "still missing after the (not run) pip call"
-    assert [c[3:] for c in calls] == [["install", "--quiet", "--no-deps", "no-such-offline-package==1.0"],
-                                      ["install", "--quiet", "--no-deps", "--ignore-requires-python",
-                                       "also-absent==2.0"]]
+    assert [c[3:] for c in calls] == [
+        ["install", "--quiet", "--no-deps", "no-such-offline-package==1.0"],
+        ["install", "--quiet", "--no-deps", "--ignore-requires-python", "also-absent==2.0"],
+    ]
     assert any("no-such-offline-package==1.0" in line and "missing" in line for line in lines)
     assert setup(model=False, check=True, out=lines.append) == 1 and len(calls) == 2, "--check installs nothing"
 

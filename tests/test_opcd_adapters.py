@@ -30,7 +30,7 @@ def test_killed_write_leaves_only_a_partial_that_cleanup_removes(tmp_path):
     script = textwrap.dedent(f"""
         import os
         from distill.opcd.adapters import atomic_directory
-        with atomic_directory({str(tmp_path / 'a1')!r}) as partial:
+        with atomic_directory({str(tmp_path / "a1")!r}) as partial:
             (partial / "weights.bin").write_bytes(b"half")
             os._exit(9)  # like SIGKILL: no cleanup runs
     """)

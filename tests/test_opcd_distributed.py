@@ -24,8 +24,10 @@ LESSON = "Lessons from your past experience: always take coin."
 
 
 def room(i: int) -> list[dict]:
-    return [{"role": "system", "content": "You play a text game."},
-            {"role": "user", "content": f"You are in room {i}. What do you do?"}]
+    return [
+        {"role": "system", "content": "You play a text game."},
+        {"role": "user", "content": f"You are in room {i}. What do you do?"},
+    ]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,11 +40,25 @@ def _one_thread():
 
 
 def _job(model_dir, output, **config) -> TrainJob:
-    base = {"lr": 1e-2, "k": 32, "max_new_tokens": 6, "batch_size": 3, "steps": 3, "lora_r": 4, "lora_alpha": 8,
-            "sampler": "merged-fp32", "min_shared_prefix": 8}
-    return TrainJob(model_path=str(model_dir), config=OPCDConfig(**{**base, **config}),
-                    train_prompts=[room(i) for i in range(6)], contexts=[LESSON, "another lesson pool"],
-                    output=str(output), metadata={"cycle_id": 7})
+    base = {
+        "lr": 1e-2,
+        "k": 32,
+        "max_new_tokens": 6,
+        "batch_size": 3,
+        "steps": 3,
+        "lora_r": 4,
+        "lora_alpha": 8,
+        "sampler": "merged-fp32",
+        "min_shared_prefix": 8,
+    }
+    return TrainJob(
+        model_path=str(model_dir),
+        config=OPCDConfig(**{**base, **config}),
+        train_prompts=[room(i) for i in range(6)],
+        contexts=[LESSON, "another lesson pool"],
+        output=str(output),
+        metadata={"cycle_id": 7},
+    )
 
 
 def _job_processes(job_file) -> list[psutil.Process]:
@@ -57,8 +73,9 @@ def _job_processes(job_file) -> list[psutil.Process]:
 def test_two_ranks_train_the_same_adapter_as_one_process(tiny_model_dir, tmp_path):
     one = run_job(_job(tiny_model_dir, tmp_path / "one", objective="sft", temperature=1e-6))
     streamed = []
-    two = run_job(_job(tiny_model_dir, tmp_path / "two", objective="sft", temperature=1e-6, processes=2),
-                  on_step=streamed.append)
+    two = run_job(
+        _job(tiny_model_dir, tmp_path / "two", objective="sft", temperature=1e-6, processes=2), on_step=streamed.append
+    )
 
     assert [m["step"] for m in streamed] == [1, 2, 3]  # each step once, from rank 0 only
     assert [m["step"] for m in two.steps] == [1, 2, 3]
@@ -78,11 +95,16 @@ def test_two_ranks_train_the_same_adapter_as_one_process(tiny_model_dir, tmp_pat
 
 
 def test_run_job_streams_steps_and_gives_every_kl_set_before_and_after(tiny_model_dir, tmp_path):
-    kl_sets = {"heldout": ([room(i) for i in range(10, 15)], LESSON),
-               "lesson-3": ([room(i) for i in range(20, 22)], [LESSON, "another lesson pool"])}
+    kl_sets = {
+        "heldout": ([room(i) for i in range(10, 15)], LESSON),
+        "lesson-3": ([room(i) for i in range(20, 22)], [LESSON, "another lesson pool"]),
+    }
     settings = {"objective": "opcd", "temperature": 1.0, "batch_size": 4, "steps": 3, "lr": 5e-2}
-    reference = run_job(_job(tiny_model_dir, tmp_path / "reference", steps=0, **{
-        k: v for k, v in settings.items() if k != "steps"}).model_copy(update={"kl_sets": kl_sets}))
+    reference = run_job(
+        _job(
+            tiny_model_dir, tmp_path / "reference", steps=0, **{k: v for k, v in settings.items() if k != "steps"}
+        ).model_copy(update={"kl_sets": kl_sets})
+    )
     workdir, calls = tmp_path / "job", []
 
     def on_step(metrics: dict) -> None:
@@ -105,8 +127,11 @@ def test_run_job_streams_steps_and_gives_every_kl_set_before_and_after(tiny_mode
 def test_failing_rank_raises_a_clear_error_and_leaves_no_process(tiny_model_dir, tmp_path):
     missing = tmp_path / "no-such-model"
     job = _job(missing, tmp_path / "out", processes=2)
-    with pytest.raises(JobError, match=r"failed on rank \d \(launcher exit code \d+\): FileNotFoundError: "
-                       rf"model directory {missing} does not exist") as info:
+    with pytest.raises(
+        JobError,
+        match=r"failed on rank \d \(launcher exit code \d+\): FileNotFoundError: "
+        rf"model directory {missing} does not exist",
+    ) as info:
         run_job(job, workdir=tmp_path / "job")
     assert "the rank's traceback" in str(info.value) and "load_model" in str(info.value)
     assert not (tmp_path / "out").exists()
@@ -133,8 +158,11 @@ def test_a_rank_divergence_comes_back_as_divergence_error(tmp_path):
     """The parent's side of the error files a failing rank writes (the rank's side runs in the test above)."""
     (tmp_path / "output.log").write_text("Traceback ...\nDivergenceError: step 0: loss 3 exceeds ...\n")
     for rank, (kind, when) in enumerate([("RuntimeError", 2.0), ("DivergenceError", 1.0)]):
-        (tmp_path / f"error-{rank}.json").write_text(json.dumps({
-            "rank": rank, "type": kind, "message": f"{kind} on rank {rank}", "time": when, "traceback": "..."}))
+        (tmp_path / f"error-{rank}.json").write_text(
+            json.dumps(
+                {"rank": rank, "type": kind, "message": f"{kind} on rank {rank}", "time": when, "traceback": "..."}
+            )
+        )
     error = job_module._failure(tmp_path, 1)
     assert isinstance(error, DivergenceError) and str(error) == "DivergenceError on rank 1"
     (tmp_path / "error-1.json").unlink()
@@ -173,7 +201,8 @@ def test_a_job_trains_in_bfloat16_when_asked_and_keeps_its_adapter_float32(tiny_
     adapters = {}
     for dtype in ("float32", "bfloat16"):
         job = _job(tiny_model_dir, tmp_path / dtype, weights_dtype=dtype).model_copy(
-            update={"train_choices": sets, "contexts": LESSON})
+            update={"train_choices": sets, "contexts": LESSON}
+        )
         result = run_job(job)
         assert all(torch.isfinite(torch.tensor(m["loss"])) for m in result.steps)
         adapters[dtype] = load_file(str(tmp_path / dtype / "adapter_model.safetensors"))

@@ -152,8 +152,17 @@ def test_chunked_loss_equals_unchunked_with_the_same_gradients(divergence):
     grads_full = trunk.grad.clone(), head.weight.grad.clone()
     trunk.grad, head.weight.grad = None, None
 
-    result = chunked_topk_divergence(trunk * 2.0, teacher_hidden, mask, student_head=head, teacher_head=teacher_head,
-                                     divergence=divergence, k=5, temperature=0.8, chunk_size=2)
+    result = chunked_topk_divergence(
+        trunk * 2.0,
+        teacher_hidden,
+        mask,
+        student_head=head,
+        teacher_head=teacher_head,
+        divergence=divergence,
+        k=5,
+        temperature=0.8,
+        chunk_size=2,
+    )
     assert result.tokens == int(mask.sum())
     assert result.loss == pytest.approx(full.item(), rel=1e-10)
     torch.testing.assert_close(trunk.grad, grads_full[0], rtol=1e-9, atol=1e-12)
@@ -171,9 +180,26 @@ def test_chunked_sampled_kl_and_cross_entropy():
     with torch.no_grad():
         ls, lt = torch.log_softmax(head(hidden), -1), torch.log_softmax(teacher_head(teacher_hidden), -1)
     gap = ls.gather(-1, targets[..., None]) - lt.gather(-1, targets[..., None])
-    result = chunked_topk_divergence(hidden, teacher_hidden, mask, student_head=head, teacher_head=teacher_head,
-                                     targets=targets, chunk_size=4, backward=False)
+    result = chunked_topk_divergence(
+        hidden,
+        teacher_hidden,
+        mask,
+        student_head=head,
+        teacher_head=teacher_head,
+        targets=targets,
+        chunk_size=4,
+        backward=False,
+    )
     assert result.sampled_kl == pytest.approx(gap.mean().item(), rel=1e-10)
-    ce = chunked_topk_divergence(hidden, teacher_hidden, mask, student_head=head, teacher_head=teacher_head,
-                                 targets=targets, divergence="cross_entropy", chunk_size=4, backward=False)
+    ce = chunked_topk_divergence(
+        hidden,
+        teacher_hidden,
+        mask,
+        student_head=head,
+        teacher_head=teacher_head,
+        targets=targets,
+        divergence="cross_entropy",
+        chunk_size=4,
+        backward=False,
+    )
     assert ce.loss == pytest.approx(-ls.gather(-1, targets[..., None]).mean().item(), rel=1e-10)

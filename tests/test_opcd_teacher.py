@@ -20,8 +20,10 @@ LESSON = "Lessons from your past experience: always take coin."
 
 
 def room(i: int) -> list[dict]:
-    return [{"role": "system", "content": "You play a text game."},
-            {"role": "user", "content": f"You are in room {i}. What do you do?"}]
+    return [
+        {"role": "system", "content": "You play a text game."},
+        {"role": "user", "content": f"You are in room {i}. What do you do?"},
+    ]
 
 
 TRAIN, HELD_OUT = [room(i) for i in range(12)], [room(i) for i in range(30, 34)]
@@ -36,8 +38,18 @@ def _one_thread():
 
 
 def _config(**overrides) -> OPCDConfig:
-    base = {"lr": 1e-2, "k": 64, "temperature": 1.0, "max_new_tokens": 6, "batch_size": 4, "steps": 3,
-            "lora_r": 4, "lora_alpha": 8, "sampler": "live", "gradient_checkpointing": False}
+    base = {
+        "lr": 1e-2,
+        "k": 64,
+        "temperature": 1.0,
+        "max_new_tokens": 6,
+        "batch_size": 4,
+        "steps": 3,
+        "lora_r": 4,
+        "lora_alpha": 8,
+        "sampler": "live",
+        "gradient_checkpointing": False,
+    }
     return OPCDConfig(**{**base, **overrides})
 
 
@@ -67,8 +79,14 @@ def test_a_teacher_with_another_tokenizer_is_refused_before_any_weights_load(tmp
 
     other = _other_tokenizer_model(tmp_path / "other")
     monkeypatch.setattr(job_module, "load_model", lambda path: pytest.fail("weights loaded before the check"))
-    job = TrainJob(model_path=str(tiny_model_dir), config=_config(), train_prompts=TRAIN, contexts=LESSON,
-                   output=str(tmp_path / "adapter"), teacher=TeacherSpec(model_path=str(other)))
+    job = TrainJob(
+        model_path=str(tiny_model_dir),
+        config=_config(),
+        train_prompts=TRAIN,
+        contexts=LESSON,
+        output=str(tmp_path / "adapter"),
+        teacher=TeacherSpec(model_path=str(other)),
+    )
     with pytest.raises(TeacherTokenizerError, match="does not share the student's tokenizer: vocabulary: 512"):
         run_job(job)
     assert not (tmp_path / "adapter").exists()
@@ -90,9 +108,9 @@ def _taught_teacher(directory: Path) -> Path:
         ids = torch.full((8, width), tok.pad_token_id)
         labels, mask = torch.full_like(ids, -100), torch.zeros_like(ids)
         for j, r in enumerate(batch):
-            ids[j, :len(r) + len(answer)] = torch.tensor(r + answer)
-            labels[j, len(r):len(r) + len(answer)] = torch.tensor(answer)
-            mask[j, :len(r) + len(answer)] = 1
+            ids[j, : len(r) + len(answer)] = torch.tensor(r + answer)
+            labels[j, len(r) : len(r) + len(answer)] = torch.tensor(answer)
+            mask[j, : len(r) + len(answer)] = 1
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         optimizer.step()
@@ -118,9 +136,15 @@ def _student(directory: Path) -> Path:
 def test_a_larger_teacher_sharing_the_tokenizer_teaches_the_smaller_student(tmp_path):
     student, teacher = _student(tmp_path / "student"), _taught_teacher(tmp_path / "teacher")
     config = _config(steps=20, k=512, lora_alpha=16)  # k = the tiny vocabulary: the exact reverse KL
-    job = TrainJob(model_path=str(student), config=config, train_prompts=TRAIN, contexts=LESSON,
-                   output=str(tmp_path / "adapter"), teacher=TeacherSpec(model_path=str(teacher)),
-                   kl_sets={"heldout": (HELD_OUT, LESSON)})
+    job = TrainJob(
+        model_path=str(student),
+        config=config,
+        train_prompts=TRAIN,
+        contexts=LESSON,
+        output=str(tmp_path / "adapter"),
+        teacher=TeacherSpec(model_path=str(teacher)),
+        kl_sets={"heldout": (HELD_OUT, LESSON)},
+    )
     result = run_job(job)
     losses = [m["loss"] for m in result.steps]
     assert result.kl_before["heldout"] > 1.0  # the teacher with the lesson is far from the student without it
@@ -143,7 +167,9 @@ def test_a_separate_copy_of_the_base_teaches_exactly_as_the_adapter_switch():
     switch = OPCDTrainer(copy.deepcopy(model), tok, _config())
     torch.manual_seed(0)
     separate = OPCDTrainer(copy.deepcopy(model), tok, _config(), teacher_model=copy.deepcopy(model))
-    assert separate.policies.fit_head(separate.policies.teacher_model.lm_head) is separate.policies.teacher_model.lm_head
+    assert (
+        separate.policies.fit_head(separate.policies.teacher_model.lm_head) is separate.policies.teacher_model.lm_head
+    )
     (a, kl_a), (b, kl_b) = _losses(switch), _losses(separate)
     assert a[0] > 0 and a == pytest.approx(b, rel=1e-6, abs=1e-7) and kl_a == pytest.approx(kl_b, rel=1e-6)
 
@@ -221,8 +247,14 @@ def test_data_parallel_ranks_each_load_the_teacher_and_train_as_one_process(tmp_
 
     def job(output, processes):
         config = _config(objective="sft", temperature=1e-6, batch_size=3, processes=processes)
-        return TrainJob(model_path=str(tiny_model_dir), config=config, train_prompts=TRAIN, contexts=LESSON,
-                        output=str(tmp_path / output), teacher=TeacherSpec(model_path=str(bigger)))
+        return TrainJob(
+            model_path=str(tiny_model_dir),
+            config=config,
+            train_prompts=TRAIN,
+            contexts=LESSON,
+            output=str(tmp_path / output),
+            teacher=TeacherSpec(model_path=str(bigger)),
+        )
 
     one, two = run_job(job("one", 1)), run_job(job("two", 2))
     for single, parallel in zip(one.steps, two.steps, strict=True):

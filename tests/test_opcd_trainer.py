@@ -24,8 +24,10 @@ MOVES = ["go north", "go south", "go east", "go west", "look", "inventory", "ope
 
 
 def room(i: int) -> list[dict]:
-    return [{"role": "system", "content": "You play a text game."},
-            {"role": "user", "content": f"You are in room {i}. What do you do?"}]
+    return [
+        {"role": "system", "content": "You play a text game."},
+        {"role": "user", "content": f"You are in room {i}. What do you do?"},
+    ]
 
 
 TRAIN, HELD_OUT = [room(i) for i in range(30)], [room(i) for i in range(30, 40)]
@@ -47,9 +49,9 @@ def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int):
     ids = torch.full((len(rows), width), pad_id)
     labels, mask = torch.full((len(rows), width), -100), torch.zeros(len(rows), width, dtype=torch.long)
     for r, (p, a) in enumerate(rows):
-        ids[r, :len(p) + len(a)] = torch.tensor(p + a)
-        labels[r, len(p):len(p) + len(a)] = torch.tensor(a)
-        mask[r, :len(p) + len(a)] = 1
+        ids[r, : len(p) + len(a)] = torch.tensor(p + a)
+        labels[r, len(p) : len(p) + len(a)] = torch.tensor(a)
+        mask[r, : len(p) + len(a)] = 1
     return ids, mask, labels
 
 
@@ -68,13 +70,16 @@ def taught():
     model, tok = tiny_model_and_tokenizer("llama", hidden_size=64, layers=2, heads=4)
 
     def encode(chat):
-        return tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True),
-                   add_special_tokens=False)["input_ids"]
+        return tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True), add_special_tokens=False)[
+            "input_ids"
+        ]
 
     coin = tok("take coin", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     probe_rooms = TRAIN[:4] + HELD_OUT[:4]
-    probe = _batch([(encode(with_context(c, LESSON)), coin) for c in probe_rooms]
-                   + [(encode(c), coin[:1]) for c in probe_rooms], tok.pad_token_id)  # P(first token "take")
+    probe = _batch(
+        [(encode(with_context(c, LESSON)), coin) for c in probe_rooms] + [(encode(c), coin[:1]) for c in probe_rooms],
+        tok.pad_token_id,
+    )  # P(first token "take")
 
     def probe_probabilities() -> tuple[float, float]:
         """(lowest P("take coin<eos>") with the lesson, highest P("take") without it) over the probe rooms."""
@@ -84,7 +89,7 @@ def taught():
         targets = labels[:, 1:]
         picked = logprobs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1) * (targets != -100)
         p = picked.sum(-1).exp()
-        return float(p[:len(probe_rooms)].min()), float(p[len(probe_rooms):].max())
+        return float(p[: len(probe_rooms)].min()), float(p[len(probe_rooms) :].max())
 
     rng = random.Random(0)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
@@ -106,13 +111,24 @@ def taught():
                 break
     assert with_lesson > 0.95 and without < 0.02, (
         f"the tiny teacher did not learn the lesson in {step} steps: P(take coin | lesson) >= {with_lesson:.3f},"
-        f" P(take | no lesson) <= {without:.3f}")
+        f" P(take | no lesson) <= {without:.3f}"
+    )
     return model.eval(), tok
 
 
 def _config(**overrides) -> OPCDConfig:
-    base = {"lr": 2e-2, "k": 64, "temperature": 1.0, "max_new_tokens": 8, "batch_size": 8, "steps": 30,
-            "lora_r": 8, "lora_alpha": 16, "sampler": "merged-fp32", "min_shared_prefix": 8}
+    base = {
+        "lr": 2e-2,
+        "k": 64,
+        "temperature": 1.0,
+        "max_new_tokens": 8,
+        "batch_size": 8,
+        "steps": 30,
+        "lora_r": 8,
+        "lora_alpha": 16,
+        "sampler": "merged-fp32",
+        "min_shared_prefix": 8,
+    }
     return OPCDConfig(**{**base, **overrides})
 
 
@@ -168,7 +184,7 @@ def test_shared_context_prefix_cache_gives_the_same_hidden_states(taught):
         full = response_hidden(model, prompts, responses, pad_id=tok.pad_token_id)
     mask = torch.zeros(4, 4, dtype=torch.bool)
     for row, r in enumerate(responses):
-        mask[row, :len(r)] = True
+        mask[row, : len(r)] = True
     torch.testing.assert_close(once[mask], full[mask], rtol=1e-4, atol=1e-5)
 
 
@@ -178,10 +194,20 @@ def test_a_qwen2_model_with_sliding_windows_and_biases_trains():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tok = tiny_model_and_tokenizer()[1]
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, use_sliding_window=True, sliding_window=64,
-                         max_window_layers=0, tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id)
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        use_sliding_window=True,
+        sliding_window=64,
+        max_window_layers=0,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(0)
     trainer = OPCDTrainer(Qwen2ForCausalLM(config), tok, _config(steps=1, batch_size=2))
     prompts = [trainer.render(with_context(c, LESSON)) for c in TRAIN[:2]]
@@ -189,8 +215,7 @@ def test_a_qwen2_model_with_sliding_windows_and_biases_trains():
     assert len(trainer.train(TRAIN, LESSON)) == 1
     ids = torch.tensor([prompts[0]])
     with torch.no_grad(), trainer.policies.sampling_model() as merged:
-        torch.testing.assert_close(merged(input_ids=ids).logits, trainer.model(input_ids=ids).logits,
-                                   rtol=0, atol=1e-4)
+        torch.testing.assert_close(merged(input_ids=ids).logits, trainer.model(input_ids=ids).logits, rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("sampler", ["merged-fp32", "merged-bf16"])
@@ -249,8 +274,9 @@ def test_adapter_round_trip_and_parent_adapter_becomes_the_teacher(taught, tmp_p
     prompts, responses = [second.render(HELD_OUT[0])], [[5, 6]]
     with torch.no_grad():
         teacher, _ = second._teacher_hidden(prompts, responses)
-        parent = response_hidden(load_adapter(copy.deepcopy(model), path).get_base_model(), prompts, responses,
-                                 pad_id=tok.pad_token_id)
+        parent = response_hidden(
+            load_adapter(copy.deepcopy(model), path).get_base_model(), prompts, responses, pad_id=tok.pad_token_id
+        )
     torch.testing.assert_close(teacher, parent, rtol=1e-4, atol=1e-5)
 
 

@@ -21,10 +21,18 @@ from memory import ExperienceStore
 
 
 def make_config(games_dir, *, episodes=6, slots=2, memory_url=None, **extra):
-    data = {"name": "t", "model": {"name": "scripted", "backend": "scripted"},
-            "envs": [{"id": "textworld/coin_collector", "max_steps": 4,
-                      "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)}}],
-            "runtime": {"slots": slots, "episodes": episodes}}
+    data = {
+        "name": "t",
+        "model": {"name": "scripted", "backend": "scripted"},
+        "envs": [
+            {
+                "id": "textworld/coin_collector",
+                "max_steps": 4,
+                "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)},
+            }
+        ],
+        "runtime": {"slots": slots, "episodes": episodes},
+    }
     data.update(extra)
     if memory_url is not None:
         data["memory"] = {"url": memory_url}
@@ -52,8 +60,9 @@ def test_state_reads_what_earlier_versions_stored():
 
 
 def test_schedule_is_the_one_place_phases_fall_due(games_dir):
-    config = make_config(games_dir, episodes=20, lessons={"enabled": True, "extract_every": 4},
-                         opcd={"consolidate_every": 8})
+    config = make_config(
+        games_dir, episodes=20, lessons={"enabled": True, "extract_every": 4}, opcd={"consolidate_every": 8}
+    )
     config.opcd.enabled = True
     schedule = Schedule(config)
     state = RunState(episodes=4)
@@ -133,13 +142,19 @@ def test_what_a_run_needs_of_a_backend_follows_its_config(games_dir):
 def test_a_backend_the_run_cannot_use_fails_where_it_is_built_naming_what_it_lacks(tmp_path, games_dir):
     config = make_config(games_dir)
     config.opcd.enabled = True
-    with pytest.raises(BackendError, match=r"opcd\.enabled \(an OPCD cycle .*\) needs a backend that can act with "
-                                           r"LoRA adapters; the scripted backend cannot"):
+    with pytest.raises(
+        BackendError,
+        match=r"opcd\.enabled \(an OPCD cycle .*\) needs a backend that can act with "
+        r"LoRA adapters; the scripted backend cannot",
+    ):
         make_backend(config.model, run=config)
     assert isinstance(make_backend(config.model), ScriptedBackend), "outside a run nothing is asked of it"
 
-    with pytest.raises(BackendError, match=r"agent\.action_mode auto \(choice mode.*\) needs a backend that can "
-                                           r"choose among admissible actions; the words-only backend cannot"):
+    with pytest.raises(
+        BackendError,
+        match=r"agent\.action_mode auto \(choice mode.*\) needs a backend that can "
+        r"choose among admissible actions; the words-only backend cannot",
+    ):
         AgentLoop(make_config(games_dir), tmp_path, backend=WordsOnly(), progress=False)
     assert not (tmp_path / "memory.db").exists(), "before the store is opened, let alone an episode played"
 
@@ -190,9 +205,13 @@ def test_a_requested_reconsolidation_runs_once_and_first(tmp_path, games_dir, ti
         return run_cycle(*args, finish=finish, **kwargs)
 
     monkeypatch.setattr(play, "run_cycle", counted)
-    config = make_config(games_dir, episodes=2, model={"name": str(tiny_model_dir), "max_new_tokens": 4},
-                         lessons={"enabled": True, "extract_every": 10_000},
-                         opcd={"enabled": True, "consolidate_every": 10_000})
+    config = make_config(
+        games_dir,
+        episodes=2,
+        model={"name": str(tiny_model_dir), "max_new_tokens": 4},
+        lessons={"enabled": True, "extract_every": 10_000},
+        opcd={"enabled": True, "consolidate_every": 10_000},
+    )
     loop = AgentLoop(config, tmp_path, progress=False)
     asked = loop.store.add_request(loop.run_id, RECONSOLIDATE, {"reason": "a test"})
     summary = loop.run()

@@ -1,5 +1,6 @@
 """The transformers backend's prefix KV cache (`agent_runtime.llm.prefix_cache`): same greedy tokens, prompt
-lengths and logprobs as the plain batched path (base model and with a LoRA adapter), within one call (a prefix shared by the rows) and across calls (each
+lengths and logprobs as the plain batched path (base model and with a LoRA adapter), within one call (a prefix shared
+by the rows) and across calls (each
 row's stored conversation, as an agent loop sends it turn after turn: rows joining and leaving, a history cut at
 the front, an adapter switch); seeded sampling still repeats; the cache really saves prefill; the store stays
 within its token budget; short or single-row batches and a disabled cache fall back to plain generation."""
@@ -13,7 +14,8 @@ from agent_runtime.llm import SamplingParams
 from agent_runtime.llm.transformers_backend import TransformersBackend
 
 SYSTEM = "You are playing a text game. Lessons: " + " ".join(
-    f"Rule {i}: open the door before going north and take the coin." for i in range(12))
+    f"Rule {i}: open the door before going north and take the coin." for i in range(12)
+)
 
 
 def chats():
@@ -35,8 +37,9 @@ def save_random_adapter(path) -> None:
     from agent_runtime.testing import tiny_model_and_tokenizer
 
     model, _ = tiny_model_and_tokenizer()
-    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "o_proj"],
-                                                  init_lora_weights=False))
+    peft_model = get_peft_model(
+        model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False)
+    )
     peft_model.save_pretrained(path)
 
 
@@ -115,8 +118,13 @@ def test_short_prefixes_single_rows_and_identical_prompts(backends):
 
 # Across calls: an agent loop's conversations -------------------------------------------------------------------
 
-OBSERVATIONS = ["You are in the kitchen. There is a coin on the table.", "You go north into a dark hallway.",
-                "A locked door blocks the way east.", "You see a key under the rug.", "The cellar smells of damp."]
+OBSERVATIONS = [
+    "You are in the kitchen. There is a coin on the table.",
+    "You go north into a dark hallway.",
+    "A locked door blocks the way east.",
+    "You see a key under the rug.",
+    "The cellar smells of damp.",
+]
 
 
 def play(backend, schedule, params, adapters=None):
@@ -203,8 +211,7 @@ def test_the_store_stays_within_its_token_budget(tiny_model_dir):
     off = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32", prefix_cache=False)
     plain = play(off, SCHEDULE, params)
     longest = max(c.prompt_tokens for turn in plain for c in turn) + params.max_new_tokens
-    small = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32",
-                                                prefix_cache_tokens=2 * longest)
+    small = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32", prefix_cache_tokens=2 * longest)
     assert_same(play(small, SCHEDULE, params), plain)
     assert small.prefix_stats.evicted > 0 and len(small.prefix_kv.entries) <= 2
     assert small.prefix_kv.tokens == sum(len(e.ids) for e in small.prefix_kv.entries.values()) <= 2 * longest

@@ -20,10 +20,21 @@ def make_config(games_dir, *, episodes=12, workers=2, slots=2, model=None, memor
     data = {
         "name": "t",
         "model": model or {"name": "scripted", "backend": "scripted"},
-        "envs": envs or [{"id": "textworld/coin_collector", "max_steps": 4,
-                          "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)}}],
-        "runtime": {"slots": 1, "episodes": episodes, "executor": "ray", "summary_every": 1000,
-                    "ray": {"workers": workers, "slots": slots, "worker_cpus": 0.5, **ray_opts}},
+        "envs": envs
+        or [
+            {
+                "id": "textworld/coin_collector",
+                "max_steps": 4,
+                "kwargs": {"level": 1, "n_train": 4, "cache_dir": str(games_dir)},
+            }
+        ],
+        "runtime": {
+            "slots": 1,
+            "episodes": episodes,
+            "executor": "ray",
+            "summary_every": 1000,
+            "ray": {"workers": workers, "slots": slots, "worker_cpus": 0.5, **ray_opts},
+        },
     }
     if memory_url is not None:
         data["memory"] = {"url": memory_url}
@@ -60,8 +71,9 @@ def test_unknown_model_fails_on_the_driver_before_any_worker_starts(tmp_path, ga
 def test_the_learner_takes_a_gpu_when_the_cluster_has_a_free_one():
     from agent_runtime.ray_executor import learner_gpus
 
-    settings = config_from_dict({"name": "t", "envs": [{"id": "math/gsm_symbolic"}],
-                                 "runtime": {"executor": "ray", "ray": {"workers": 2}}}).runtime.ray
+    settings = config_from_dict(
+        {"name": "t", "envs": [{"id": "math/gsm_symbolic"}], "runtime": {"executor": "ray", "ray": {"workers": 2}}}
+    ).runtime.ray
     assert learner_gpus(settings, {"CPU": 8}) == 0
     assert learner_gpus(settings, {"CPU": 8, "GPU": 1}) == 1
     settings.worker_gpus = 0.5
@@ -74,8 +86,13 @@ def test_the_learner_takes_a_gpu_when_the_cluster_has_a_free_one():
 def test_the_learner_trains_one_rank_per_gpu_on_its_device():
     from agent_runtime.ray_executor import learner_config
 
-    config = config_from_dict({"name": "t", "envs": [{"id": "math/gsm_symbolic"}],
-                               "runtime": {"executor": "ray", "ray": {"learner_device": "cuda"}}})
+    config = config_from_dict(
+        {
+            "name": "t",
+            "envs": [{"id": "math/gsm_symbolic"}],
+            "runtime": {"executor": "ray", "ray": {"learner_device": "cuda"}},
+        }
+    )
     assert learner_config(config, 4)["opcd"]["trainer"]["processes"] == 4
     assert learner_config(config, 1)["opcd"]["trainer"]["processes"] == 1
     assert learner_config(config, 4)["model"]["device"] == "cuda" and config.model.device == "cpu"
@@ -202,8 +219,10 @@ def test_generation_server_gives_workers_the_chat_backend(ray_cluster, tmp_path,
     """`generation: server`: the workers talk to a chat model (a vLLM server in production, a fake one here)
     while the driver keeps the configured `model` for the phases it runs."""
     config = make_config(games_dir, episodes=4, envs=[{"id": "math/gsm_symbolic"}])
-    config.runtime.ray.server = {"class": "langchain_core.language_models.fake_chat_models:FakeListChatModel",
-                                 "kwargs": {"responses": ["The answer is \\boxed{-1}."]}}
+    config.runtime.ray.server = {
+        "class": "langchain_core.language_models.fake_chat_models:FakeListChatModel",
+        "kwargs": {"responses": ["The answer is \\boxed{-1}."]},
+    }
     config.runtime.ray.generation = "server"
     loop = AgentLoop(config, tmp_path, progress=False)
     summary = loop.run()
@@ -237,8 +256,10 @@ def test_generation_server_gets_the_promoted_adapter(ray_cluster, tmp_path, game
 
     endpoint = LoraEndpoint()
     config = make_config(games_dir, episodes=2, slots=1, envs=[{"id": "math/gsm_symbolic"}])
-    config.runtime.ray.server = {"class": "agent_runtime.llm.fake_chat:ServedModelChat",
-                                 "kwargs": {"model": "base", "base_url": endpoint.url}}
+    config.runtime.ray.server = {
+        "class": "agent_runtime.llm.fake_chat:ServedModelChat",
+        "kwargs": {"model": "base", "base_url": endpoint.url},
+    }
     config.runtime.ray.generation = "server"
     loop = AgentLoop(config, tmp_path, progress=False)
     loop.run()
@@ -255,8 +276,9 @@ def test_generation_server_gets_the_promoted_adapter(ray_cluster, tmp_path, game
     loads = [r["lora_name"] for r in endpoint.requests if r["path"] == "/v1/load_lora_adapter"]
     assert loads == ["cycle-1", "cycle-1"]  # one per worker; the second finds it served from the same files
     with ExperienceStore.open(tmp_path) as store:
-        episodes = sorted((store.episode(e.id) for e in store.episodes(summary.run_id)),
-                          key=lambda e: e.metadata["draw"])
+        episodes = sorted(
+            (store.episode(e.id) for e in store.episodes(summary.run_id)), key=lambda e: e.metadata["draw"]
+        )
     assert [e.steps[0].response.split()[-1] for e in episodes] == ["base", "base", "cycle-1", "cycle-1"]
     assert [e.adapter_id for e in episodes] == [None, None, adapter_id, adapter_id]
 
@@ -265,8 +287,13 @@ def learner_config(cycle_config, memory_url=None, **ray_opts):
     data = cycle_config().model_dump(mode="json")
     if memory_url is not None:
         data["memory"] = {"url": memory_url}
-    data["runtime"] = {"slots": 1, "episodes": 4, "executor": "ray", "summary_every": 1000,
-                       "ray": {"workers": 1, "slots": 2, "worker_cpus": 0.5, "learner_cpus": 0.5, **ray_opts}}
+    data["runtime"] = {
+        "slots": 1,
+        "episodes": 4,
+        "executor": "ray",
+        "summary_every": 1000,
+        "ray": {"workers": 1, "slots": 2, "worker_cpus": 0.5, "learner_cpus": 0.5, **ray_opts},
+    }
     return config_from_dict(data)
 
 

@@ -13,9 +13,23 @@ from memory import ExperienceStore
 
 
 def start(workdir, games_dir, episodes, *extra):
-    cmd = [sys.executable, "-m", "agent_runtime", "run", "configs/smoke.yaml", "--workdir", str(workdir),
-           "--episodes", str(episodes), "--no-progress", "--set", f"envs.0.kwargs.cache_dir={games_dir}",
-           "--set", "envs.0.kwargs.n_train=4", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent_runtime",
+        "run",
+        "configs/smoke.yaml",
+        "--workdir",
+        str(workdir),
+        "--episodes",
+        str(episodes),
+        "--no-progress",
+        "--set",
+        f"envs.0.kwargs.cache_dir={games_dir}",
+        "--set",
+        "envs.0.kwargs.n_train=4",
+        *extra,
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -93,8 +107,16 @@ def test_sigterm_finishes_the_turn_commits_and_exits_0(tmp_path, games_dir):
 def test_ray_driver_sigkill_then_resume(tmp_path, games_dir):
     """The driver of a Ray run killed with SIGKILL (its workers and local cluster go with it) resumes like the
     local loop: every draw committed exactly once."""
-    ray_args = ("--set", "runtime.executor=ray", "--set", "runtime.ray.workers=2", "--set",
-                "runtime.ray.worker_cpus=0.5", "--set", "runtime.ray.slots=2")
+    ray_args = (
+        "--set",
+        "runtime.executor=ray",
+        "--set",
+        "runtime.ray.workers=2",
+        "--set",
+        "runtime.ray.worker_cpus=0.5",
+        "--set",
+        "runtime.ray.slots=2",
+    )
     workdir, total = tmp_path / "run", 40
     proc = start(workdir, games_dir, total, *ray_args)
     wait_for(workdir, 12, proc)

@@ -44,9 +44,23 @@ def _episode(draw: int, *, won: bool = False):
 
 @pytest.mark.slow
 def test_a_short_soak_loses_nothing_and_does_no_phase_twice(tmp_path, games_dir):
-    settings = soak.Settings(workdir=tmp_path / "soak", model_dir=tmp_path / "tiny", games_dir=games_dir, kills=10,
-                             run_on=90, seed=3, extract_every=40, consolidate_every=80, cycle_steps=2, train_tasks=4,
-                             min_delay=6.0, max_delay=14.0, phase_kills=0.3, phase_grace=3.0, final_timeout=300)
+    settings = soak.Settings(
+        workdir=tmp_path / "soak",
+        model_dir=tmp_path / "tiny",
+        games_dir=games_dir,
+        kills=10,
+        run_on=90,
+        seed=3,
+        extract_every=40,
+        consolidate_every=80,
+        cycle_steps=2,
+        train_tasks=4,
+        min_delay=6.0,
+        max_delay=14.0,
+        phase_kills=0.3,
+        phase_grace=3.0,
+        final_timeout=300,
+    )
     soak.prepare(settings)  # the soak's own tiny model, whose choices lessons change
     report = soak.Soak(settings).run()
     assert report["violations"] == []
@@ -131,8 +145,13 @@ store.close()
 
 
 def _write_elsewhere(workdir: Path, stay: bool) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(workdir), "stay" if stay else "close"], cwd=ROOT,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(workdir), "stay" if stay else "close"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline() == "written\n"
     return proc
 
@@ -166,8 +185,9 @@ def test_an_extract_measures_the_utility_of_the_lessons_that_can_still_enter_a_c
 
     with ExperienceStore.open(tmp_path) as store:
         run_id = store.create_run("r", {})
-        _, ids = store.record_extraction("x", [f"lesson {i}: take the coin in room {i}" for i in range(50)],
-                                         run_id=run_id)
+        _, ids = store.record_extraction(
+            "x", [f"lesson {i}: take the coin in room {i}" for i in range(50)], run_id=run_id
+        )
         store.set_lesson_status(ids[:-2], "retired")
         store.set_lesson_status(ids[-2:], "active")
         assert set(measure_utilities(store, run_id)) == set(ids[-2:])
@@ -187,8 +207,14 @@ def test_a_sigkilled_runtime_leaves_no_game_folder_behind(tmp_path, games_dir):
     """268 folders (agent-runtime-game-*, with cwd/ and interpreter.log) were left by the soak's 100 kills."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    proc = subprocess.Popen([sys.executable, "-c", _GAME, str(games_dir)], cwd=ROOT, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _GAME, str(games_dir)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
     assert proc.stdout.readline() == "playing\n"
     assert list(tmp.glob("agent-runtime-game-*"))
     os.kill(proc.pid, signal.SIGKILL)

@@ -36,18 +36,30 @@ def test_the_context_and_the_prompt_file_are_read_with_clear_errors(tmp_path):
         SystemPromptConfig(text="a", file="b")
 
     good = tmp_path / "prompts.jsonl"
-    good.write_text("\n".join([json.dumps({"prompt": "What is 2+2?"}),
-                               json.dumps({"messages": [{"role": "system", "content": "S"},
-                                                        {"role": "user", "content": "Q"}]}),
-                               "", json.dumps({"content": [{"role": "user", "content": "R"}]})]))
-    assert load_prompts(good) == [[{"role": "user", "content": "What is 2+2?"}],
-                                  [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}],
-                                  [{"role": "user", "content": "R"}]]
-    for line, message in [("{\"question\": \"x\"}", "prompts.jsonl:1: no prompt; .* messages, prompt, content"),
-                          ("not json", "prompts.jsonl:1: not valid JSON"),
-                          (json.dumps({"messages": [{"role": "user", "content": "Q"},
-                                                    {"role": "assistant", "content": "A"}]}), "ends with an assistant"),
-                          (json.dumps({"prompt": [{"role": "robot", "content": "Q"}]}), "needs a role")]:
+    good.write_text(
+        "\n".join(
+            [
+                json.dumps({"prompt": "What is 2+2?"}),
+                json.dumps({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]}),
+                "",
+                json.dumps({"content": [{"role": "user", "content": "R"}]}),
+            ]
+        )
+    )
+    assert load_prompts(good) == [
+        [{"role": "user", "content": "What is 2+2?"}],
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}],
+        [{"role": "user", "content": "R"}],
+    ]
+    for line, message in [
+        ('{"question": "x"}', "prompts.jsonl:1: no prompt; .* messages, prompt, content"),
+        ("not json", "prompts.jsonl:1: not valid JSON"),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]}),
+            "ends with an assistant",
+        ),
+        (json.dumps({"prompt": [{"role": "robot", "content": "Q"}]}), "needs a role"),
+    ]:
         good.write_text(line)
         with pytest.raises(ConfigError, match=message):
             load_prompts(good)
@@ -76,31 +88,53 @@ def test_a_prompt_file_holding_a_held_out_task_is_refused_naming_the_line(tmp_pa
     held = held_out(config, tmp_path)
     opening = _eval_opening(config)
     path = tmp_path / "prompts.jsonl"
-    fine = [json.dumps({"prompt": ask(1)[0]["content"]}),
-            json.dumps({"messages": [{"role": "system", "content": opening}, {"role": "user", "content": "Hi."}]})]
+    fine = [
+        json.dumps({"prompt": ask(1)[0]["content"]}),
+        json.dumps({"messages": [{"role": "system", "content": opening}, {"role": "user", "content": "Hi."}]}),
+    ]
     assert len(load_prompts(_write(path, fine), held=held)) == 2, "only the first user turn is the task"
-    for leaked in (json.dumps({"prompt": opening}),
-                   json.dumps({"messages": [{"role": "system", "content": "You play text games."},
-                                            {"role": "user", "content": f"Observation:\n{'  '.join(opening.split())}"
-                                                                        "\n\nWhat do you do?"}]})):
-        with pytest.raises(PromptFileLeakError, match=r"prompts.jsonl:2: the first user turn holds the opening of "
-                                                       r"held-out evaluation task") as caught:
+    for leaked in (
+        json.dumps({"prompt": opening}),
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "system", "content": "You play text games."},
+                    {"role": "user", "content": f"Observation:\n{'  '.join(opening.split())}\n\nWhat do you do?"},
+                ]
+            }
+        ),
+    ):
+        with pytest.raises(
+            PromptFileLeakError,
+            match=r"prompts.jsonl:2: the first user turn holds the opening of "
+            r"held-out evaluation task",
+        ) as caught:
             load_prompts(_write(path, [fine[0], leaked]), held=held)
         assert isinstance(caught.value, EvalLeakError) and isinstance(caught.value, ConfigError)
     assert len(load_prompts(path)) == 2, "without the held-out tasks nothing is checked"
 
 
-def test_distill_refuses_a_prompt_file_with_a_held_out_task_before_the_cycle(tmp_path, games_dir, tiny_model_dir,
-                                                                            cli):
+def test_distill_refuses_a_prompt_file_with_a_held_out_task_before_the_cycle(tmp_path, games_dir, tiny_model_dir, cli):
     from agent_runtime.config import load_config
     from memory import ExperienceStore
 
     config = _config_file(tmp_path, tiny_model_dir, games_dir)
     (tmp_path / "system.txt").write_text(CONTEXT)
-    prompts = _write(tmp_path / "prompts.jsonl", [json.dumps({"prompt": ask(1)[0]["content"]}),
-                                                  json.dumps({"prompt": _eval_opening(load_config(config))})])
-    proc = cli("distill", config, "--workdir", tmp_path / "w", "--context-file", tmp_path / "system.txt",
-               "--prompts", prompts, check=False)
+    prompts = _write(
+        tmp_path / "prompts.jsonl",
+        [json.dumps({"prompt": ask(1)[0]["content"]}), json.dumps({"prompt": _eval_opening(load_config(config))})],
+    )
+    proc = cli(
+        "distill",
+        config,
+        "--workdir",
+        tmp_path / "w",
+        "--context-file",
+        tmp_path / "system.txt",
+        "--prompts",
+        prompts,
+        check=False,
+    )
     assert proc.returncode == 2 and "prompts.jsonl:2: the first user turn holds the opening" in proc.stderr
     with ExperienceStore.open(tmp_path / "w") as store:
         assert store.cycles() == [], "no cycle was started"
@@ -135,17 +169,37 @@ def _p_take_coin(model, tok, chat) -> float:
     prompt = encode_chat(tok, chat).ids
     answer = tok("take coin", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     with torch.no_grad():
-        logp = model(input_ids=torch.tensor([prompt + answer])).logits[0, len(prompt) - 1:-1].log_softmax(-1)
+        logp = model(input_ids=torch.tensor([prompt + answer])).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
     return float(logp.gather(-1, torch.tensor(answer)[:, None]).sum().exp())
 
 
 def _config_file(tmp_path, model_dir, games_dir, **opcd) -> str:
-    data = {"name": "sysprompt", "model": {"name": str(model_dir), "max_new_tokens": 4},
-            "envs": [{"id": "textworld/coin_collector", "max_steps": 1,
-                      "kwargs": {"level": 1, "n_train": 2, "n_eval": 2, "cache_dir": str(games_dir)}}],
-            "runtime": {"slots": 2}, "evaluation": {"episodes_per_env": 2},
-            "opcd": {"trainer": {"steps": 12, "batch_size": 4, "max_new_tokens": 4, "lr": 5e-3, "k": 512,
-                                 "lora_r": 8, "sampler": "live", "temperature": 1.0}, **opcd}}
+    data = {
+        "name": "sysprompt",
+        "model": {"name": str(model_dir), "max_new_tokens": 4},
+        "envs": [
+            {
+                "id": "textworld/coin_collector",
+                "max_steps": 1,
+                "kwargs": {"level": 1, "n_train": 2, "n_eval": 2, "cache_dir": str(games_dir)},
+            }
+        ],
+        "runtime": {"slots": 2},
+        "evaluation": {"episodes_per_env": 2},
+        "opcd": {
+            "trainer": {
+                "steps": 12,
+                "batch_size": 4,
+                "max_new_tokens": 4,
+                "lr": 5e-3,
+                "k": 512,
+                "lora_r": 8,
+                "sampler": "live",
+                "temperature": 1.0,
+            },
+            **opcd,
+        },
+    }
     path = tmp_path / "sysprompt.yaml"
     path.write_text(yaml.safe_dump(data))
     return str(path)
@@ -165,8 +219,19 @@ def test_distill_a_system_prompt_over_a_prompt_file(tmp_path, games_dir, cli):
     (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": ask(i)[0]["content"]}) for i in range(40)))
     config = _config_file(tmp_path, tmp_path / "model", games_dir)
     workdir = tmp_path / "w"
-    report = json.loads(cli("distill", config, "--workdir", workdir, "--context-file", tmp_path / "system.txt",
-                            "--prompts", tmp_path / "prompts.jsonl", "--json").stdout)
+    report = json.loads(
+        cli(
+            "distill",
+            config,
+            "--workdir",
+            workdir,
+            "--context-file",
+            tmp_path / "system.txt",
+            "--prompts",
+            tmp_path / "prompts.jsonl",
+            "--json",
+        ).stdout
+    )
     metrics = report["metrics"]
     kl = metrics["heldout_kl"]
     assert metrics["kind"] == "system_prompt" and metrics["objective"] == "tokens"
@@ -234,9 +299,14 @@ def test_the_cycle_page_shows_what_was_distilled_and_by_which_teacher(tmp_path):
 
     with ExperienceStore.open(tmp_path) as store:
         run = store.create_run("r", {})
-        system = store.start_cycle(run, {"kind": "system_prompt", "teacher": {
-            "separate": True, "model": "Qwen/Qwen3-8B", "adapter": None, "vocabulary": {"same": True}},
-            "context": {"sha256": "ab" * 32, "source": "data/medmcqa.txt", "text": CONTEXT}})
+        system = store.start_cycle(
+            run,
+            {
+                "kind": "system_prompt",
+                "teacher": {"separate": True, "model": "Qwen/Qwen3-8B", "adapter": None, "vocabulary": {"same": True}},
+                "context": {"sha256": "ab" * 32, "source": "data/medmcqa.txt", "text": CONTEXT},
+            },
+        )
         plain = store.start_cycle(run, {"opcd": {}})  # a cycle stored before issue 18
     with TestClient(create_app(tmp_path), base_url="http://127.0.0.1") as client:
         page = client.get(f"/cycles/{system}").text

@@ -16,23 +16,54 @@ LESSON = "When you see a coin, take coin at once."
 
 @pytest.mark.slow
 def test_a_cycle_on_the_vllm_backend(tmp_path, games_dir, vllm_python, smollm2):
-    config = config_from_dict({
-        "name": "vllm-cycle",
-        "model": {"name": smollm2, "backend": "vllm", "dtype": "float32", "context_window": 2048,
-                  "max_new_tokens": 8, "options": {"python": vllm_python, "max_lora_rank": 8,
-                                                   "log_file": str(tmp_path / "vllm.log")}},
-        "envs": [{"id": "textworld/coin_collector", "max_steps": 1,
-                  "kwargs": {"level": 1, "n_train": 4, "n_eval": 1, "cache_dir": str(games_dir)}}],
-        "runtime": {"slots": 2, "episodes": 6}, "evaluation": {"episodes_per_env": 1},
-        "lessons": {"enabled": True, "extract_every": 10_000, "gate_episodes": 0, "embedder": "hash",
-                    "seed": [LESSON]},
-        "opcd": {"enabled": True, "consolidate_every": 4, "recent_episodes": 4, "promote_margin": 1.0,
-                 "retention_margin": 1.0, "min_kl_drop": 0.0,
-                 # no step: the adapter is the parent (a fresh LoRA is zero), so the promotion is certain and the
-                 # test is about what vLLM must do around a cycle, not about learning (tests/test_opcd_*.py)
-                 "trainer": {"steps": 0, "batch_size": 2, "lr": 2e-4, "lora_r": 8, "lora_alpha": 16,
-                             "sampler": "live", "gradient_checkpointing": False}},
-    })
+    config = config_from_dict(
+        {
+            "name": "vllm-cycle",
+            "model": {
+                "name": smollm2,
+                "backend": "vllm",
+                "dtype": "float32",
+                "context_window": 2048,
+                "max_new_tokens": 8,
+                "options": {"python": vllm_python, "max_lora_rank": 8, "log_file": str(tmp_path / "vllm.log")},
+            },
+            "envs": [
+                {
+                    "id": "textworld/coin_collector",
+                    "max_steps": 1,
+                    "kwargs": {"level": 1, "n_train": 4, "n_eval": 1, "cache_dir": str(games_dir)},
+                }
+            ],
+            "runtime": {"slots": 2, "episodes": 6},
+            "evaluation": {"episodes_per_env": 1},
+            "lessons": {
+                "enabled": True,
+                "extract_every": 10_000,
+                "gate_episodes": 0,
+                "embedder": "hash",
+                "seed": [LESSON],
+            },
+            "opcd": {
+                "enabled": True,
+                "consolidate_every": 4,
+                "recent_episodes": 4,
+                "promote_margin": 1.0,
+                "retention_margin": 1.0,
+                "min_kl_drop": 0.0,
+                # no step: the adapter is the parent (a fresh LoRA is zero), so the promotion is certain and the
+                # test is about what vLLM must do around a cycle, not about learning (tests/test_opcd_*.py)
+                "trainer": {
+                    "steps": 0,
+                    "batch_size": 2,
+                    "lr": 2e-4,
+                    "lora_r": 8,
+                    "lora_alpha": 16,
+                    "sampler": "live",
+                    "gradient_checkpointing": False,
+                },
+            },
+        }
+    )
     loop = AgentLoop(config, tmp_path / "run", progress=False)
     summary = loop.run()
     loaded = loop.backend.loaded_adapters()

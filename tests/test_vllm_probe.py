@@ -30,17 +30,28 @@ ALIAS = "smollm2-135m-instruct"
 GAME = "You play a text adventure game. Reply with exactly one of the admissible actions."
 ACTIONS = ["go north", "take coin", "look", "inventory"]
 ROOMS = ["Kitchen", "Hall", "Cellar", "Garden"]
-DECISIONS = [([{"role": "system", "content": GAME},
-               {"role": "user", "content": f"-= {room} =-\nYou are in a {room.lower()}. There is a coin on the floor. "
-                                           f"An exit leads north.\nAdmissible actions: {', '.join(ACTIONS)}"}], ACTIONS)
-             for room in ROOMS]
+DECISIONS = [
+    (
+        [
+            {"role": "system", "content": GAME},
+            {
+                "role": "user",
+                "content": f"-= {room} =-\nYou are in a {room.lower()}. There is a coin on the floor. "
+                f"An exit leads north.\nAdmissible actions: {', '.join(ACTIONS)}",
+            },
+        ],
+        ACTIONS,
+    )
+    for room in ROOMS
+]
 
 
 @pytest.fixture(scope="module")
 def reference(smollm2, smollm2_adapter):
     """The probe's float32 transformers reference of the adapter (from tests/conftest.py) and the base model."""
-    info = SimpleNamespace(id=1, name="cycle-1", path=str(smollm2_adapter),
-                           fingerprint=fingerprint_files(smollm2_adapter))
+    info = SimpleNamespace(
+        id=1, name="cycle-1", path=str(smollm2_adapter), fingerprint=fingerprint_files(smollm2_adapter)
+    )
     return build_reference(smollm2, info, None, DECISIONS)
 
 
@@ -54,20 +65,27 @@ def test_the_vllm_engine_reports_the_fingerprint_and_passes_the_probe(vllm_engin
     assert result.verdict == "adapter" and result.to_adapter < 1e-3 and result.shift > 0.5, result
     vllm_engine.use_adapter(None)
     assert vllm_engine.adapter_fingerprint() is None
-    with pytest.raises(StaleAdapterError, match="the vllm engine does not act with adapter cycle-1 after its "
-                                                "promotion: it acts as the parent"):
-        judge(reference, measure(StaleAdapterBackend(vllm_engine), reference), where="the vllm engine",
-              tolerance=FLOAT32_TOLERANCE)
+    with pytest.raises(
+        StaleAdapterError,
+        match="the vllm engine does not act with adapter cycle-1 after its promotion: it acts as the parent",
+    ):
+        judge(
+            reference,
+            measure(StaleAdapterBackend(vllm_engine), reference),
+            where="the vllm engine",
+            tolerance=FLOAT32_TOLERANCE,
+        )
 
 
 @pytest.mark.slow
-def test_a_served_adapter_is_fingerprinted_and_probed_through_the_chat_backend(vllm_server, smollm2_adapter,
-                                                                               reference):
+def test_a_served_adapter_is_fingerprinted_and_probed_through_the_chat_backend(vllm_server, smollm2_adapter, reference):
     from agent_runtime.llm.chat_backend import ChatBackend
 
-    options = {"class": "langchain_openai:ChatOpenAI", "max_concurrency": 4,
-               "kwargs": {"base_url": vllm_server, "model": ALIAS, "api_key": "none", "temperature": 0.7,
-                          "max_tokens": 24}}
+    options = {
+        "class": "langchain_openai:ChatOpenAI",
+        "max_concurrency": 4,
+        "kwargs": {"base_url": vllm_server, "model": ALIAS, "api_key": "none", "temperature": 0.7, "max_tokens": 24},
+    }
     backend = ChatBackend.from_options(options)
     backend.load_adapter("cycle-1", str(smollm2_adapter))
     assert backend.adapter_fingerprint() == reference.fingerprint, "the files the server was given"

@@ -3,7 +3,8 @@
 What it shows: runs and their phase, success over time with OPCD cycle boundaries, whether the agent
 learns (rolling success with its 95% interval, when lesson sets and adapters went live, each cycle's
 evaluation matrix), episodes step by step, lessons with their provenance and versions, OPCD cycles with
-curves, evaluations and the promotion decision, and semantic search. Stack: FastAPI + Jinja2 templates, HTMX for live partial
+curves, evaluations and the promotion decision, and semantic search. Stack: FastAPI + Jinja2 templates, HTMX for live
+partial
 updates and uPlot for charts, both vendored in `static/` (see VENDOR.md); nothing is fetched from
 the network. It imports `memory` and nothing else of ours.
 

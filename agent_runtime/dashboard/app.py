@@ -54,10 +54,7 @@ from memory import ExperienceStore, NotFoundError
 HERE = Path(__file__).parent
 COOKIE = "agent_runtime_dashboard_token"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-CSP = (
-    "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'; "
-    "object-src 'none'"
-)
+CSP = "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'; object-src 'none'"
 SECURITY_HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
@@ -235,7 +232,9 @@ def create_app(
         if request.url.path.startswith("/api/"):
             return JSONResponse({"detail": message}, status_code=status)
         return app.state.templates.TemplateResponse(
-            request, "error.html", {"message": message, "status": status, "runs": [], "run_id": None},
+            request,
+            "error.html",
+            {"message": message, "status": status, "runs": [], "run_id": None},
             status_code=status,
         )
 

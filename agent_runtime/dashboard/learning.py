@@ -11,7 +11,8 @@ What:
 
 Why this way: a run can hold 100k episodes, so the curve is computed in SQL with window functions
 (SQLite and PostgreSQL both have them) and only the sampled points (at most `reads.MAX_POINTS`) and
-the first episodes the marks need leave the database; no episode's content is read. A version or adapter "goes live" with the first episode
+the first episodes the marks need leave the database; no episode's content is read. A version or adapter "goes live"
+with the first episode
 played with it: that is when it starts to count for success, while a version's creation time can come
 long before any episode uses it (or it may never be used). The evaluation rows are what
 `agent_runtime.consolidate` stores: one per environment and condition, `metrics["condition"]` naming
@@ -130,7 +131,8 @@ def _first_episode_ids(run_id: int) -> Any:
     (grouped minima: no window, no ordering of the whole run)."""
     in_run = Episode.run_id == run_id
     return union(
-        select(func.min(Episode.id)).where(in_run, Episode.lesson_set_version.is_not(None))
+        select(func.min(Episode.id))
+        .where(in_run, Episode.lesson_set_version.is_not(None))
         .group_by(Episode.lesson_set_version),
         select(func.min(Episode.id)).where(in_run, Episode.adapter_id.is_not(None)).group_by(Episode.adapter_id),
     )
@@ -146,11 +148,23 @@ def _marks(session: Session, rows: list[Row[Any]]) -> list[dict[str, Any]]:
     for row in rows:
         if row.version is not None and row.version not in versions:
             versions.add(row.version)
-            marks.append({"x": int(row.x), "label": f"lessons v{row.version}", "kind": "lesson_set",
-                          "version": int(row.version), "episode_id": int(row.episode_id)})
+            marks.append(
+                {
+                    "x": int(row.x),
+                    "label": f"lessons v{row.version}",
+                    "kind": "lesson_set",
+                    "version": int(row.version),
+                    "episode_id": int(row.episode_id),
+                }
+            )
         if row.adapter_id is not None and row.adapter_id not in adapters:
-            adapters[row.adapter_id] = {"x": int(row.x), "label": "", "kind": "adapter",
-                                        "adapter_id": int(row.adapter_id), "episode_id": int(row.episode_id)}
+            adapters[row.adapter_id] = {
+                "x": int(row.x),
+                "label": "",
+                "kind": "adapter",
+                "adapter_id": int(row.adapter_id),
+                "episode_id": int(row.episode_id),
+            }
             marks.append(adapters[row.adapter_id])
     if adapters:
         names = dict(session.execute(select(Adapter.id, Adapter.name).where(Adapter.id.in_(adapters))).all())
@@ -187,13 +201,22 @@ def learning_chart(store: ExperienceStore, run_id: int, *, window: int = 20) -> 
         stride = sample_stride(total)
         rows = session.execute(
             select(numbered)
-            .where((numbered.c.x % stride == 0) | (numbered.c.x == total)
-                   | numbered.c.episode_id.in_(_first_episode_ids(run_id)))
+            .where(
+                (numbered.c.x % stride == 0)
+                | (numbered.c.x == total)
+                | numbered.c.episode_id.in_(_first_episode_ids(run_id))
+            )
             .order_by(numbered.c.x)
         ).all()
         marks = _marks(session, list(rows))
-    chart = Chart(f"rolling success rate (last {window} episodes), 95% Wilson band", "episode", "success",
-                  y_range=(0.0, 1.0), marks=marks, bands=[("95% high", "95% low")])
+    chart = Chart(
+        f"rolling success rate (last {window} episodes), 95% Wilson band",
+        "episode",
+        "success",
+        y_range=(0.0, 1.0),
+        marks=marks,
+        bands=[("95% high", "95% low")],
+    )
     rates: list[float | None] = []
     highs: list[float | None] = []
     lows: list[float | None] = []
@@ -236,9 +259,15 @@ class Matrix:
     def as_json(self) -> dict[str, Any]:
         return {
             "columns": [{"key": k, "label": label} for k, label in self.columns],
-            "rows": [{"cycle_id": r.cycle_id, "status": r.status,
-                      "heldout_kl": {"before": r.kl_before, "after": r.kl_after},
-                      "cells": {k: c.as_json() for k, c in r.cells.items()}} for r in self.rows],
+            "rows": [
+                {
+                    "cycle_id": r.cycle_id,
+                    "status": r.status,
+                    "heldout_kl": {"before": r.kl_before, "after": r.kl_after},
+                    "cells": {k: c.as_json() for k, c in r.cells.items()},
+                }
+                for r in self.rows
+            ],
         }
 
 
@@ -252,8 +281,14 @@ def evaluation_matrix(store: ExperienceStore, run_id: int) -> Matrix:
             select(Cycle.id, Cycle.status, Cycle.metrics["heldout_kl"]).where(Cycle.run_id == run_id).order_by(Cycle.id)
         ).all()
         evaluations = session.execute(
-            select(Evaluation.cycle_id, condition, Evaluation.policy, Evaluation.num_episodes,
-                   Evaluation.success_rate, Evaluation.metrics["ci95"])
+            select(
+                Evaluation.cycle_id,
+                condition,
+                Evaluation.policy,
+                Evaluation.num_episodes,
+                Evaluation.success_rate,
+                Evaluation.metrics["ci95"],
+            )
             .join(Cycle, Cycle.id == Evaluation.cycle_id)
             .where(Cycle.run_id == run_id, Evaluation.kind == EVALUATION_EVAL)
             .order_by(Evaluation.id)
@@ -286,8 +321,11 @@ class Headline:
     rates: list[tuple[str, str, Rate | None]]  # (label, condition key, rate)
 
     def as_json(self) -> dict[str, Any]:
-        return {"cycle_id": self.cycle_id, "status": self.status,
-                "rates": {label: (r.as_json() if r else None) for label, _, r in self.rates}}
+        return {
+            "cycle_id": self.cycle_id,
+            "status": self.status,
+            "rates": {label: (r.as_json() if r else None) for label, _, r in self.rates},
+        }
 
 
 def headline(matrix: Matrix) -> Headline | None:

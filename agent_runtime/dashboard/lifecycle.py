@@ -91,31 +91,50 @@ def _origin(lesson: LessonInfo) -> str:
 def lesson_life(store: ExperienceStore, lesson: LessonInfo) -> LessonLife:
     """Everything the store knows about the lesson's life (see the module docstring)."""
     with read_session(store) as session:
-        held_rows = session.execute(
-            select(LessonSet).join(LessonSetMember, LessonSetMember.lesson_set_id == LessonSet.id)
-            .where(LessonSetMember.lesson_id == lesson.id).order_by(LessonSet.version)).scalars().all()
+        held_rows = (
+            session.execute(
+                select(LessonSet)
+                .join(LessonSetMember, LessonSetMember.lesson_set_id == LessonSet.id)
+                .where(LessonSetMember.lesson_id == lesson.id)
+                .order_by(LessonSet.version)
+            )
+            .scalars()
+            .all()
+        )
         held = [HeldBy(r.version, r.status, r.made_by, r.note, r.created_at) for r in held_rows]
         versions = [h.version for h in held]
         cycles = []
         if versions:
             same_run = Cycle.run_id.is_(None) if lesson.run_id is None else Cycle.run_id == lesson.run_id
-            cycles = [to_info(CycleInfo, r) for r in session.scalars(
-                select(Cycle).where(same_run, Cycle.lesson_set_version.in_(versions)).order_by(Cycle.id))]
+            cycles = [
+                to_info(CycleInfo, r)
+                for r in session.scalars(
+                    select(Cycle).where(same_run, Cycle.lesson_set_version.in_(versions)).order_by(Cycle.id)
+                )
+            ]
         adapter_ids = {c.adapter_id for c in cycles if c.adapter_id is not None}
         forgotten = None
         if lesson.forgotten_at is not None:
             forgotten = _forgetting(session, lesson)
-            adapter_ids |= {i for i in (forgotten.request.payload.get("tainted_adapter_ids") or [])
-                            if isinstance(i, int)} if forgotten.request else set()
+            adapter_ids |= (
+                {i for i in (forgotten.request.payload.get("tainted_adapter_ids") or []) if isinstance(i, int)}
+                if forgotten.request
+                else set()
+            )
             back = forgotten.request.payload.get("base_adapter_id") if forgotten.request else None
             if isinstance(back, int):
                 adapter_ids.add(back)
-        adapters = {r.id: to_info(AdapterInfo, r) for r in session.scalars(
-            select(Adapter).where(Adapter.id.in_(adapter_ids)))} if adapter_ids else {}
+        adapters = (
+            {r.id: to_info(AdapterInfo, r) for r in session.scalars(select(Adapter).where(Adapter.id.in_(adapter_ids)))}
+            if adapter_ids
+            else {}
+        )
         consolidated = session.get(Cycle, lesson.consolidated_cycle_id) if lesson.consolidated_cycle_id else None
         consolidated_by = to_info(CycleInfo, consolidated) if consolidated is not None else None
-    taught = [TaughtInto(c, adapters.get(c.adapter_id) if c.adapter_id else None, c.id == lesson.consolidated_cycle_id)
-              for c in cycles]
+    taught = [
+        TaughtInto(c, adapters.get(c.adapter_id) if c.adapter_id else None, c.id == lesson.consolidated_cycle_id)
+        for c in cycles
+    ]
     if forgotten is not None and forgotten.request is not None:
         payload = forgotten.request.payload
         forgotten.tainted = [adapters[i] for i in payload.get("tainted_adapter_ids") or [] if i in adapters]
@@ -137,11 +156,19 @@ def _forgetting(session, lesson: LessonInfo) -> Forgetting:
     wrote = [LessonSet.note == reason]
     if root:  # a pending candidate written again keeps its own note, then names the forgotten lesson
         wrote.append(LessonSet.note.endswith(f"without forgotten #{root.group(1)}", autoescape=True))
-    out.versions = list(session.scalars(
-        select(LessonSet.version).where(LessonSet.run_id == lesson.run_id, or_(*wrote)).order_by(LessonSet.version)))
-    requests = [to_info(RequestInfo, r) for r in session.scalars(
-        select(RunRequest).where(RunRequest.run_id == lesson.run_id, RunRequest.kind == RECONSOLIDATE)
-        .order_by(RunRequest.id))]
+    out.versions = list(
+        session.scalars(
+            select(LessonSet.version).where(LessonSet.run_id == lesson.run_id, or_(*wrote)).order_by(LessonSet.version)
+        )
+    )
+    requests = [
+        to_info(RequestInfo, r)
+        for r in session.scalars(
+            select(RunRequest)
+            .where(RunRequest.run_id == lesson.run_id, RunRequest.kind == RECONSOLIDATE)
+            .order_by(RunRequest.id)
+        )
+    ]
     matching = [r for r in requests if (r.payload or {}).get("reason") == reason]
     if matching:  # the one nearest in time: the same words may have been a later forget's too
         out.request = min(matching, key=lambda r: abs((r.created_at - lesson.forgotten_at).total_seconds()))
@@ -149,9 +176,12 @@ def _forgetting(session, lesson: LessonInfo) -> Forgetting:
 
 
 def _events(lesson: LessonInfo, life: LessonLife) -> list[tuple[dt.datetime, str]]:
-    origin = {"user": "added by a person", "episodes": f"extracted from episodes "
-              f"{', '.join(f'#{e}' for e in lesson.source_episode_ids) or '(none recorded)'}",
-              "unknown": "created"}[life.origin]
+    origin = {
+        "user": "added by a person",
+        "episodes": f"extracted from episodes "
+        f"{', '.join(f'#{e}' for e in lesson.source_episode_ids) or '(none recorded)'}",
+        "unknown": "created",
+    }[life.origin]
     events = [(lesson.created_at, origin)]
     for held in life.held_by:
         by = " by a person" if held.made_by == MADE_BY_USER else ""

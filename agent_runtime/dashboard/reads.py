@@ -83,10 +83,7 @@ def episode_page(
     with read_session(store) as session:
         total = int(session.scalar(where.apply(select(func.count(Episode.id)))) or 0)
         rows = session.scalars(
-            where.apply(select(Episode))
-            .order_by(Episode.id.desc())
-            .limit(per_page)
-            .offset((page - 1) * per_page)
+            where.apply(select(Episode)).order_by(Episode.id.desc()).limit(per_page).offset((page - 1) * per_page)
         )
         return [to_info(EpisodeInfo, r) for r in rows], total
 
@@ -238,9 +235,7 @@ def success_without_lessons(store: ExperienceStore, run_id: int) -> float | None
 def lessons_consolidated_by(store: ExperienceStore, cycle_id: int) -> list[int]:
     with read_session(store) as session:
         return list(
-            session.scalars(
-                select(Lesson.id).where(Lesson.consolidated_cycle_id == cycle_id).order_by(Lesson.id)
-            )
+            session.scalars(select(Lesson.id).where(Lesson.consolidated_cycle_id == cycle_id).order_by(Lesson.id))
         )
 
 
@@ -322,8 +317,6 @@ def finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-
-
 def sample_stride(n: int) -> int:
     """Keep every stride-th of `n` points (and the last) so that a chart has at most MAX_POINTS."""
     return max(1, math.ceil(n / MAX_POINTS))
@@ -346,13 +339,17 @@ def _last_rates(session: Session, run_id: int, key: Any, window: int, stride: in
     )
     bucket = ((numbered.c.x + (stride - 1)) // stride).label("bucket")  # integer division (of integers)
     ranked = select(
-        numbered, bucket,
+        numbered,
+        bucket,
         func.row_number().over(partition_by=[numbered.c.key, bucket], order_by=numbered.c.x.desc()).label("last"),
     ).subquery()
-    return list(session.execute(
-        select(ranked.c.key, ranked.c.bucket, ranked.c.wins, ranked.c.n).where(ranked.c.last == 1)
-        .order_by(ranked.c.bucket, ranked.c.x)
-    ))
+    return list(
+        session.execute(
+            select(ranked.c.key, ranked.c.bucket, ranked.c.wins, ranked.c.n)
+            .where(ranked.c.last == 1)
+            .order_by(ranked.c.bucket, ranked.c.x)
+        )
+    )
 
 
 def _cycle_marks(session: Session, run_id: int) -> list[dict[str, Any]]:
@@ -361,7 +358,8 @@ def _cycle_marks(session: Session, run_id: int) -> list[dict[str, Any]]:
     (run_id, ended_at) index: the whole run is counted once, whatever the number of cycles."""
     cycles = session.execute(
         select(Cycle.id, Cycle.status, func.coalesce(Cycle.ended_at, Cycle.started_at).label("at"))
-        .where(Cycle.run_id == run_id).order_by(Cycle.id)
+        .where(Cycle.run_id == run_id)
+        .order_by(Cycle.id)
     ).all()
     positions: dict[int, int] = {}
     counted, previous = 0, None
@@ -391,12 +389,20 @@ def success_charts(store: ExperienceStore, run_id: int, *, window: int = 20) -> 
         by_env = _last_rates(session, run_id, Episode.env_id, window, stride) if n else []
         by_lessons = _last_rates(session, run_id, flag, window, stride) if n else []
         marks = _cycle_marks(session, run_id)
-    per_env = Chart(f"success rate per environment (last {window} episodes)", "episode", "success",
-                    y_range=(0.0, 1.0), marks=marks)
-    lessons = Chart(f"with lessons in context vs without (last {window} episodes)", "episode", "success",
-                    y_range=(0.0, 1.0), marks=marks)
-    for chart, rows, name in ((per_env, by_env, str),
-                              (lessons, by_lessons, lambda k: "with lessons" if k else "without lessons")):
+    per_env = Chart(
+        f"success rate per environment (last {window} episodes)", "episode", "success", y_range=(0.0, 1.0), marks=marks
+    )
+    lessons = Chart(
+        f"with lessons in context vs without (last {window} episodes)",
+        "episode",
+        "success",
+        y_range=(0.0, 1.0),
+        marks=marks,
+    )
+    for chart, rows, name in (
+        (per_env, by_env, str),
+        (lessons, by_lessons, lambda k: "with lessons" if k else "without lessons"),
+    ):
         _carry_forward(chart, rows, name, stride, n)
         if not n:
             chart.note = "no episodes yet"
@@ -517,4 +523,3 @@ def embedder_spec(name: str) -> str | None:
         return "minilm"
     match = _HASH_NAME.match(name)
     return f"hash:{match.group(1)}" if match else None
-

@@ -177,8 +177,9 @@ def learning_json(request: Request, run_id: RowId) -> JSONResponse:
     chart = learning_reads.learning_chart(store, run_id, window=_window(request))
     matrix = learning_reads.evaluation_matrix(store, run_id)
     top = learning_reads.headline(matrix)
-    return JSONResponse({"charts": [chart.as_json()], "matrix": matrix.as_json(),
-                         "headline": top.as_json() if top else None})
+    return JSONResponse(
+        {"charts": [chart.as_json()], "matrix": matrix.as_json(), "headline": top.as_json() if top else None}
+    )
 
 
 # -- episodes ----------------------------------------------------------------------------------
@@ -302,8 +303,16 @@ def lesson_versions(request: Request) -> HTMLResponse:
     diffs = reads.version_diffs(store, run_id)
     mentioned = {i for d in diffs for i in d.added + d.removed}
     texts = {lesson.id: lesson for lesson in store.lessons(ids=mentioned)} if mentioned else {}
-    return _page(request, "versions.html", runs=runs, run_id=run_id, diffs=diffs, lessons_by_id=texts,
-                 gates=reads.gate_decisions(store, run_id), by_user=MADE_BY_USER)
+    return _page(
+        request,
+        "versions.html",
+        runs=runs,
+        run_id=run_id,
+        diffs=diffs,
+        lessons_by_id=texts,
+        gates=reads.gate_decisions(store, run_id),
+        by_user=MADE_BY_USER,
+    )
 
 
 @get("/lessons/{lesson_id}", response_class=HTMLResponse)
@@ -381,8 +390,10 @@ def _search_store(request: Request) -> tuple[ExperienceStore | None, str]:
             return None, "no vectors are stored yet; run `agent-runtime memory reindex` on a writable copy"
         spec = reads.embedder_spec(name)
         if spec is None:
-            return None, (f"the stored vectors were made by embedder {name!r}, which the dashboard cannot "
-                          "rebuild by itself; pass its spec to create_app(embedder=...)")
+            return None, (
+                f"the stored vectors were made by embedder {name!r}, which the dashboard cannot "
+                "rebuild by itself; pass its spec to create_app(embedder=...)"
+            )
     with state.search_lock:
         if spec not in state.search_stores:
             try:  # built here, not at the first search: a stored name can ask for what cannot be built
@@ -413,8 +424,13 @@ def search(request: Request) -> HTMLResponse:
                     episode_hits = searcher.search_episodes(query, k)
             except MemoryStoreError as exc:
                 problem = str(exc)
-    context = {"q": query or "", "kind": kind, "lesson_hits": lesson_hits, "episode_hits": episode_hits,
-               "problem": problem}
+    context = {
+        "q": query or "",
+        "kind": kind,
+        "lesson_hits": lesson_hits,
+        "episode_hits": episode_hits,
+        "problem": problem,
+    }
     if _wants_fragment(request):
         return _render(request, "_search_results.html", context)
     return _page(request, "search.html", **context)

@@ -64,8 +64,10 @@ def _build(model_config, seed: int) -> PolicyBackend:
         accepted = {"prefix_cache", "min_shared_prefix", "prefix_cache_tokens"}
         unknown = set(options) - accepted
         if unknown:
-            raise BackendError(f"model.options for the transformers backend: unknown {', '.join(sorted(unknown))}; "
-                               f"accepted: {', '.join(sorted(accepted))}")
+            raise BackendError(
+                f"model.options for the transformers backend: unknown {', '.join(sorted(unknown))}; "
+                f"accepted: {', '.join(sorted(accepted))}"
+            )
         backend = TransformersBackend.from_pretrained(
             resolve_model(model_config.name),
             context_window=model_config.context_window,
@@ -109,8 +111,19 @@ def check_capabilities(backend: PolicyBackend, config, families: Iterable[str] =
         require(backend, capability, purpose)
 
 
-__all__ = ["BACKENDS", "LOCAL_WEIGHTS", "BackendError", "Chat", "Completion", "Message", "PolicyBackend",
-           "SamplingParams", "backend_needs", "check_capabilities", "make_backend"]
+__all__ = [
+    "BACKENDS",
+    "LOCAL_WEIGHTS",
+    "BackendError",
+    "Chat",
+    "Completion",
+    "Message",
+    "PolicyBackend",
+    "SamplingParams",
+    "backend_needs",
+    "check_capabilities",
+    "make_backend",
+]
 
 
 def training_device(config, backend) -> str:

@@ -140,18 +140,21 @@ class SleepingBackend(Protocol):
 
 Capability = TypeVar("Capability")
 
-_CAPABILITIES = {ChoiceBackend: "choose among admissible actions", AdapterBackend: "act with LoRA adapters",
-                 FingerprintBackend: "report the fingerprint of its adapter weights",
-                 TokenizerBackend: "count tokens with its own tokenizer", SleepingBackend: "free its memory",
-                 LocalModelBackend: "hold its weights in this process"}
+_CAPABILITIES = {
+    ChoiceBackend: "choose among admissible actions",
+    AdapterBackend: "act with LoRA adapters",
+    FingerprintBackend: "report the fingerprint of its adapter weights",
+    TokenizerBackend: "count tokens with its own tokenizer",
+    SleepingBackend: "free its memory",
+    LocalModelBackend: "hold its weights in this process",
+}
 
 
 def require(backend: PolicyBackend, capability: type[Capability], purpose: str) -> Capability:
     """`backend` as a `capability` backend, or a BackendError saying which backend lacks what, for what."""
     if not isinstance(backend, capability):
         name = getattr(backend, "name", type(backend).__name__)
-        raise BackendError(f"{purpose} needs a backend that can {_CAPABILITIES[capability]}; "
-                           f"the {name} backend cannot")
+        raise BackendError(f"{purpose} needs a backend that can {_CAPABILITIES[capability]}; the {name} backend cannot")
     return backend
 
 

@@ -92,8 +92,13 @@ def load_chat_model(spec: str, kwargs: dict[str, Any]):
         raise BackendError(f"chat backend: options.class must look like 'package.module:ClassName', got {spec!r}")
     module_name, _, attr = spec.partition(":")
     try:
-        check_code(spec, what="chat backend: the chat model class", packages=CHAT_PACKAGES, prefixes=CHAT_PREFIXES,
-                   groups=(CHAT_ENTRY_POINTS,))
+        check_code(
+            spec,
+            what="chat backend: the chat model class",
+            packages=CHAT_PACKAGES,
+            prefixes=CHAT_PREFIXES,
+            groups=(CHAT_ENTRY_POINTS,),
+        )
     except UntrustedCodeError as exc:
         raise BackendError(str(exc)) from None
     try:
@@ -102,17 +107,28 @@ def load_chat_model(spec: str, kwargs: dict[str, Any]):
         raise BackendError(f"chat backend: cannot load {spec!r}: {exc}") from None
     # checked before anything is called: a config naming any other callable (say subprocess:Popen) runs nothing
     if not (isinstance(cls, type) and issubclass(cls, BaseChatModel)):
-        raise BackendError(f"chat backend: {spec} is not a langchain-core BaseChatModel class; options.class "
-                           "must name one, e.g. langchain_openai:ChatOpenAI")
+        raise BackendError(
+            f"chat backend: {spec} is not a langchain-core BaseChatModel class; options.class "
+            "must name one, e.g. langchain_openai:ChatOpenAI"
+        )
     return cls(**kwargs)
 
 
 class ChatBackend:
     name = "chat"
 
-    def __init__(self, chat_model, *, context_window: int = 32768, max_concurrency: int = 8,
-                 tokenizer=None, spec: str | None = None, kwargs: dict[str, Any] | None = None,
-                 lora_api: str | None = None, model_field: str = "model"):
+    def __init__(
+        self,
+        chat_model,
+        *,
+        context_window: int = 32768,
+        max_concurrency: int = 8,
+        tokenizer=None,
+        spec: str | None = None,
+        kwargs: dict[str, Any] | None = None,
+        lora_api: str | None = None,
+        model_field: str = "model",
+    ):
         """`spec` and `kwargs` (how `chat_model` was built) let `use_adapter` rebuild it for another served model."""
         self.chat_model = chat_model
         self._context_window = context_window
@@ -142,25 +158,37 @@ class ChatBackend:
             tokenizer = AutoTokenizer.from_pretrained(resolve_model(options.pop("tokenizer")))
         unknown = set(options) - {"max_concurrency", "lora_api", "model_field"}
         if unknown:
-            raise BackendError(f"chat backend: unknown option(s) {', '.join(sorted(unknown))}; "
-                               "accepted: class, kwargs, max_concurrency, tokenizer, lora_api, model_field")
-        return cls(model, context_window=context_window or 32768,
-                   max_concurrency=options.get("max_concurrency", 8), tokenizer=tokenizer, spec=spec,
-                   kwargs=kwargs, lora_api=options.get("lora_api"), model_field=options.get("model_field", "model"))
+            raise BackendError(
+                f"chat backend: unknown option(s) {', '.join(sorted(unknown))}; "
+                "accepted: class, kwargs, max_concurrency, tokenizer, lora_api, model_field"
+            )
+        return cls(
+            model,
+            context_window=context_window or 32768,
+            max_concurrency=options.get("max_concurrency", 8),
+            tokenizer=tokenizer,
+            spec=spec,
+            kwargs=kwargs,
+            lora_api=options.get("lora_api"),
+            model_field=options.get("model_field", "model"),
+        )
 
     # LoRA adapters on the server ---------------------------------------------------------------------
     def load_adapter(self, name: str, path: str) -> None:
         """Have the server load the LoRA adapter at `path` (its path) as model `name`, then use it."""
         if self.lora_api is None:
-            raise BackendError("chat backend: loading a LoRA adapter needs the server's address: set "
-                               "model.options.lora_api (e.g. http://vllm:8000/v1) or kwargs.base_url")
+            raise BackendError(
+                "chat backend: loading a LoRA adapter needs the server's address: set "
+                "model.options.lora_api (e.g. http://vllm:8000/v1) or kwargs.base_url"
+            )
         try:
             fingerprint = fingerprint_files(path)
         except OSError:  # the server's own filesystem only: nothing here to hash
             fingerprint = None
         body = json.dumps({"lora_name": name, "lora_path": str(path)}).encode()
-        request = urllib.request.Request(f"{self.lora_api}/load_lora_adapter", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{self.lora_api}/load_lora_adapter", data=body, method="POST", headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=120):
                 pass
@@ -172,10 +200,12 @@ class ChatBackend:
                 raise BackendError(
                     f"chat backend: the server refused LoRA adapter {name!r} at {path}: HTTP {exc.code} {detail}; "
                     "a vLLM server needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and the "
-                    "path must exist on the server's machine") from None
+                    "path must exist on the server's machine"
+                ) from None
         except (urllib.error.URLError, OSError) as exc:
-            raise BackendError(f"chat backend: cannot reach {self.lora_api} to load LoRA adapter {name!r}: "
-                               f"{exc}") from None
+            raise BackendError(
+                f"chat backend: cannot reach {self.lora_api} to load LoRA adapter {name!r}: {exc}"
+            ) from None
         self.adapters[name], self.fingerprints[name] = str(path), fingerprint
         self.use_adapter(name)
 
@@ -190,9 +220,11 @@ class ChatBackend:
             return
         root = served.get(name)
         if root and os.path.normpath(str(root)) != os.path.normpath(str(path)):
-            raise BackendError(f"chat backend: the server already serves LoRA adapter {name!r} from {root}, not "
-                               f"{path}; it would answer with those weights. Unload it on the server "
-                               "(POST /v1/unload_lora_adapter) or load these files under another name")
+            raise BackendError(
+                f"chat backend: the server already serves LoRA adapter {name!r} from {root}, not "
+                f"{path}; it would answer with those weights. Unload it on the server "
+                "(POST /v1/unload_lora_adapter) or load these files under another name"
+            )
 
     def adapter_fingerprint(self) -> str | None:
         """The fingerprint of the files of the served adapter requests name now (None: the base model, or
@@ -238,14 +270,18 @@ class ChatBackend:
             text = reply.content if isinstance(reply.content, str) else str(reply.content)
             text, _ = apply_stop(text, params.stop)
             usage = getattr(reply, "usage_metadata", None) or {}
-            ids = (self.tokenizer(text, add_special_tokens=False)["input_ids"] if self.tokenizer is not None else [])
-            out.append(Completion(
-                text=text, token_ids=ids, logprobs=_token_logprobs(reply) if params.logprobs else None,
-                prompt_tokens=usage.get("input_tokens") or self.count_tokens(chat),
-                completion_tokens=usage.get("output_tokens") or (len(ids) if ids else self._count(text)),
-                prompt_text="\n".join(f"<{m['role']}> {m['content']}" for m in chat),
-                latency_s=elapsed,
-            ))
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] if self.tokenizer is not None else []
+            out.append(
+                Completion(
+                    text=text,
+                    token_ids=ids,
+                    logprobs=_token_logprobs(reply) if params.logprobs else None,
+                    prompt_tokens=usage.get("input_tokens") or self.count_tokens(chat),
+                    completion_tokens=usage.get("output_tokens") or (len(ids) if ids else self._count(text)),
+                    prompt_text="\n".join(f"<{m['role']}> {m['content']}" for m in chat),
+                    latency_s=elapsed,
+                )
+            )
         self.stats.record(out, elapsed)
         return out
 

@@ -112,17 +112,18 @@ class PrefixCache:
         return sources, cached
 
     @staticmethod
-    def batch_inputs(rows: list[list[int]], cached: list[int], pad_id: int,
-                     device: torch.device) -> dict[str, torch.Tensor]:
+    def batch_inputs(
+        rows: list[list[int]], cached: list[int], pad_id: int, device: torch.device
+    ) -> dict[str, torch.Tensor]:
         """input_ids and attention_mask laid out as [left pad][cached part][pad][rest of the prompt]."""
         width, rest = max(cached), max(len(r) - c for r, c in zip(rows, cached))
         ids = torch.full((len(rows), width + rest), pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for i, (row, c) in enumerate(zip(rows, cached)):
-            ids[i, width - c: width] = torch.tensor(row[:c], dtype=torch.long)
-            ids[i, width + rest - (len(row) - c):] = torch.tensor(row[c:], dtype=torch.long)
-            mask[i, width - c: width] = 1
-            mask[i, width + rest - (len(row) - c):] = 1
+            ids[i, width - c : width] = torch.tensor(row[:c], dtype=torch.long)
+            ids[i, width + rest - (len(row) - c) :] = torch.tensor(row[c:], dtype=torch.long)
+            mask[i, width - c : width] = 1
+            mask[i, width + rest - (len(row) - c) :] = 1
         return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
 
     def batch_cache(self, sources: list[CachedSequence | None], cached: list[int], capacity: int):
@@ -137,8 +138,9 @@ class PrefixCache:
         values = [layer.values[row].index_select(1, positions) for layer in cache.layers]
         self.insert(CachedSequence(ids, prompt_len, keys, values))
 
-    def keep_generated(self, out, mask: torch.Tensor, rows: list[np.ndarray], generated: list[list[int]],
-                       cuts: list[int | None]) -> None:
+    def keep_generated(
+        self, out, mask: torch.Tensor, rows: list[np.ndarray], generated: list[list[int]], cuts: list[int | None]
+    ) -> None:
         """Keep every row's KV after `generate`: its prompt tokens (where the mask is 1) and the generated tokens
         that went through the model (all but the last sampled one, up to EOS)."""
         cache = getattr(out, "cache", None)
@@ -147,10 +149,10 @@ class PrefixCache:
             return
         for i, row in enumerate(rows):
             fed = min(cuts[i] + 1, steps - 1) if cuts[i] is not None else steps - 1
-            positions = torch.cat([mask[i].nonzero().squeeze(1),
-                                   torch.arange(width, width + fed, device=mask.device)])
-            self.keep(cache, i, positions, np.concatenate([row, np.asarray(generated[i][:fed], dtype=np.int64)]),
-                      len(row))
+            positions = torch.cat([mask[i].nonzero().squeeze(1), torch.arange(width, width + fed, device=mask.device)])
+            self.keep(
+                cache, i, positions, np.concatenate([row, np.asarray(generated[i][:fed], dtype=np.int64)]), len(row)
+            )
 
     def insert(self, entry: CachedSequence) -> None:
         """Add a sequence; one whose prompt it continues is superseded (that slot moved on), and the least

@@ -44,10 +44,16 @@ def _matches(action: str, key: str) -> bool:
 class ScriptedBackend:
     name = "scripted"
 
-    def __init__(self, mode: str = "random-admissible", fixed_answer: str = "The answer is 42.",
-                 replies: list[str] | None = None, seed: int = 0, context_window: int = 8192,
-                 lesson_reply: str = "- EXPERIENCE ITEM: Take the coin as soon as you see it.",
-                 follow_lessons: bool = False):
+    def __init__(
+        self,
+        mode: str = "random-admissible",
+        fixed_answer: str = "The answer is 42.",
+        replies: list[str] | None = None,
+        seed: int = 0,
+        context_window: int = 8192,
+        lesson_reply: str = "- EXPERIENCE ITEM: Take the coin as soon as you see it.",
+        follow_lessons: bool = False,
+    ):
         modes = ("random-admissible", "fixed", "sequence")
         if mode not in modes:
             raise ValueError(f"unknown scripted mode {mode!r}; accepted: {', '.join(modes)}")
@@ -87,7 +93,7 @@ class ScriptedBackend:
             return reply
         for line in reversed(last.splitlines()):
             if line.startswith(ADMISSIBLE_PREFIX):
-                options = [a for a in line[len(ADMISSIBLE_PREFIX):].strip().split(ADMISSIBLE_SEPARATOR) if a]
+                options = [a for a in line[len(ADMISSIBLE_PREFIX) :].strip().split(ADMISSIBLE_SEPARATOR) if a]
                 if options and self.follow_lessons:
                     options = self._follow(next((m["content"] for m in chat if m["role"] == "system"), ""), options)
                 if options:
@@ -115,13 +121,15 @@ class ScriptedBackend:
         for chat in prompts:
             text = self._reply(chat)
             words = text.split()
-            out.append(Completion(
-                text=text,
-                token_ids=list(range(len(words))),
-                prompt_tokens=self.count_tokens(chat),
-                logprobs=[0.0] * len(words) if params.logprobs else None,
-                prompt_text="\n".join(f"<{m['role']}> {m['content']}" for m in chat),
-            ))
+            out.append(
+                Completion(
+                    text=text,
+                    token_ids=list(range(len(words))),
+                    prompt_tokens=self.count_tokens(chat),
+                    logprobs=[0.0] * len(words) if params.logprobs else None,
+                    prompt_text="\n".join(f"<{m['role']}> {m['content']}" for m in chat),
+                )
+            )
         self.stats.record(out, time.perf_counter() - start)
         return out
 

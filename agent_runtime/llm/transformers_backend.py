@@ -96,9 +96,19 @@ class InverseCDFSampler:
 class TransformersBackend:
     name = "transformers"
 
-    def __init__(self, model, tokenizer, *, context_window: int | None = None, device: str = "cpu",
-                 dtype: str = "auto", prefix_cache: bool = True, min_shared_prefix: int = 32,
-                 prefix_cache_tokens: int = 40960, choice_trie_above: int = 256):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        context_window: int | None = None,
+        device: str = "cpu",
+        dtype: str = "auto",
+        prefix_cache: bool = True,
+        min_shared_prefix: int = 32,
+        prefix_cache_tokens: int = 40960,
+        choice_trie_above: int = 256,
+    ):
         """Wrap an already loaded model and tokenizer (tests build tiny ones in code).
 
         `prefix_cache` turns the prefix KV cache on; a row reuses a stored sequence, or a prefix shared with
@@ -127,8 +137,9 @@ class TransformersBackend:
         self.active_adapter: str | None = None
         self.stats = BackendStats()
         # stored sequences of the active adapter; cleared when the weights change
-        self.prefix_kv = PrefixCache(self.model, enabled=prefix_cache, min_shared_prefix=min_shared_prefix,
-                                     max_tokens=prefix_cache_tokens)
+        self.prefix_kv = PrefixCache(
+            self.model, enabled=prefix_cache, min_shared_prefix=min_shared_prefix, max_tokens=prefix_cache_tokens
+        )
         self.choice_trie_above = choice_trie_above
 
     @classmethod
@@ -268,14 +279,16 @@ class TransformersBackend:
             gen_ids = [t for t in ids if t not in eos_ids]
             text = self.tokenizer.decode(gen_ids, skip_special_tokens=True)
             text, stopped = apply_stop(text, params.stop)
-            completions.append(Completion(
-                text=text,
-                token_ids=ids,
-                prompt_tokens=prompt_lens[i],
-                finish_reason="stop" if cut is not None or stopped else "length",
-                logprobs=logprobs[i, : len(ids)].tolist() if logprobs is not None else None,
-                prompt_text=texts[i],
-            ))
+            completions.append(
+                Completion(
+                    text=text,
+                    token_ids=ids,
+                    prompt_tokens=prompt_lens[i],
+                    finish_reason="stop" if cut is not None or stopped else "length",
+                    logprobs=logprobs[i, : len(ids)].tolist() if logprobs is not None else None,
+                    prompt_text=texts[i],
+                )
+            )
         elapsed = time.perf_counter() - start
         for c in completions:
             c.latency_s = elapsed
@@ -296,8 +309,10 @@ class TransformersBackend:
         encoded = [encode_chat(self.tokenizer, chat) for chat in prompts]
         texts, rows = [p.text for p in encoded], [p.ids for p in encoded]
         end_id = self.tokenizer.eos_token_id
-        actions = [action_token_ids(self.tokenizer, chat, row, options, end_id)
-                   for chat, row, options in zip(prompts, rows, choices)]
+        actions = [
+            action_token_ids(self.tokenizer, chat, row, options, end_id)
+            for chat, row, options in zip(prompts, rows, choices)
+        ]
         if params.seed is not None:
             torch.manual_seed(params.seed)
         completions: list[Completion] = [None] * len(rows)  # type: ignore[list-item]
@@ -312,15 +327,23 @@ class TransformersBackend:
                 pick = int(logp.argmax()) if params.temperature == 0 else int(torch.multinomial(dist.exp(), 1))
                 picks.append(pick)
                 completions[i] = Completion(
-                    text=choices[i][pick], token_ids=actions[i][pick], prompt_tokens=len(rows[i]),
-                    logprobs=[float(dist[pick])], prompt_text=texts[i], choice_logprobs=dist.tolist())
+                    text=choices[i][pick],
+                    token_ids=actions[i][pick],
+                    prompt_tokens=len(rows[i]),
+                    logprobs=[float(dist[pick])],
+                    prompt_text=texts[i],
+                    choice_logprobs=dist.tolist(),
+                )
             stored(picks)
         large = [i for i in range(len(rows)) if completions[i] is None]
         if large:  # sets too large to score whole: decode constrained to the set's token trie
             tries = [ActionTrie(choices[i], actions[i]) for i in large]
             longest = max(len(a) for i in large for a in actions[i])
-            decoded = self.generate([prompts[i] for i in large], replace(params, max_new_tokens=longest, logprobs=True,
-                                                                        stop=()), tries=tries)
+            decoded = self.generate(
+                [prompts[i] for i in large],
+                replace(params, max_new_tokens=longest, logprobs=True, stop=()),
+                tries=tries,
+            )
             for i, trie, completion in zip(large, tries, decoded):
                 completion.text = trie.action(completion.token_ids)
                 assert completion.text is not None, "constrained decoding left the action set"
@@ -369,8 +392,13 @@ class TransformersBackend:
         with self.model.disable_adapter() if disabled else contextlib.nullcontext():
             sources, cached = self.prefix_kv.plan(self.model, arrays)
             past_width = max(cached)
-            packed = pack_choices([r[c:] for r, c in zip(rows, cached)], actions, pad_id=self.tokenizer.pad_token_id,
-                                  past_lengths=cached, past_width=past_width)
+            packed = pack_choices(
+                [r[c:] for r, c in zip(rows, cached)],
+                actions,
+                pad_id=self.tokenizer.pad_token_id,
+                past_lengths=cached,
+                past_width=past_width,
+            )
             cache = None
             if self.prefix_cache:
                 cache = self.prefix_kv.batch_cache(sources, cached, past_width + packed.input_ids.shape[1])
@@ -382,10 +410,13 @@ class TransformersBackend:
             for i, (row, pick) in enumerate(zip(arrays, picks)):
                 start, fed = packed.segments[i][pick]
                 rest = len(row) - cached[i]
-                positions = torch.cat([
-                    torch.arange(past_width - cached[i], past_width),
-                    torch.arange(past_width + packed.rest - rest, past_width + packed.rest),
-                    torch.arange(past_width + start, past_width + start + fed)]).to(self.device)
+                positions = torch.cat(
+                    [
+                        torch.arange(past_width - cached[i], past_width),
+                        torch.arange(past_width + packed.rest - rest, past_width + packed.rest),
+                        torch.arange(past_width + start, past_width + start + fed),
+                    ]
+                ).to(self.device)
                 ids = np.concatenate([row, np.asarray(packed.targets[i][pick][:fed], dtype=np.int64)])
                 self.prefix_kv.keep(cache, i, positions, ids, len(row))
 

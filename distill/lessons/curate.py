@@ -10,7 +10,8 @@ What:
   extractor is shown), and `commit(candidate=...) -> CurationResult` (one new version, or none if
   nothing changed). `duplicate_of(text, pool)` says whether an item would merge into a working lesson
   (`agent-runtime lessons add` skips those). `live_lessons(pool)`, `restore(version)`,
-  `promote(version)`, `reject(version)`, `diff(v1, v2)` wrap `distill.lessons.versions`. `pool_seed(pool)` is `seed + pool` (`seed` is `LessonsConfig.pool_seed`).
+  `promote(version)`, `reject(version)`, `diff(v1, v2)` wrap `distill.lessons.versions`.
+  `pool_seed(pool)` is `seed + pool` (`seed` is `LessonsConfig.pool_seed`).
 
 How each proposal is decided (the documented rule):
 1. "DELETE #id": the lesson leaves its pool (ignored, and logged, if it is not in that pool).
@@ -84,8 +85,7 @@ _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
 
 def _words(sentence: str) -> list[str]:
     """Lower-case words, a final "s" dropped from the longer ones: "helps" and "help" are one word."""
-    return [w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w
-            for w in _normal(sentence).split()]
+    return [w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w for w in _normal(sentence).split()]
 
 
 def _in_order(part: list[str], whole: list[str]) -> bool:
@@ -101,8 +101,9 @@ def restates(text: str, lesson: str) -> bool:
     that is not there)."""
     ours = [s for s in _SENTENCE_END.split(text.strip()) if _words(s)]
     theirs = [(_words(s), has_negation(s)) for s in _SENTENCE_END.split(lesson.strip()) if _words(s)]
-    return bool(ours) and all(any(negated == has_negation(s) and _in_order(_words(s), words)
-                                  for words, negated in theirs) for s in ours)
+    return bool(ours) and all(
+        any(negated == has_negation(s) and _in_order(_words(s), words) for words, negated in theirs) for s in ours
+    )
 
 
 @dataclass(frozen=True)

@@ -66,8 +66,10 @@ class ForgetPlan:
     def lines(self) -> list[str]:
         """What the plan undoes, for a person to read before `--yes`."""
         ids = ", ".join(f"#{i}" for i in self.forgotten)
-        out = [f"forget lessons {ids}" + (f" ({', '.join(f'#{d} came from #{s}' for d, s in self.derived.items())})"
-                                          if self.derived else "")]
+        out = [
+            f"forget lessons {ids}"
+            + (f" ({', '.join(f'#{d} came from #{s}' for d, s in self.derived.items())})" if self.derived else "")
+        ]
         for merged, source in self.kept_text.items():
             line = f"#{merged} was merged from #{self.derived[merged]} but shows the text of #{source}: "
             if merged in self.back_in_place:
@@ -80,8 +82,10 @@ class ForgetPlan:
         if self.candidate is not None:
             out.append(f"pending candidate v{self.candidate.version} -> written again without them")
         for cycle in self.tainted_cycles:
-            out.append(f"OPCD cycle {cycle.id} was taught with them (lesson set v{cycle.lesson_set_version}); "
-                       f"its adapter #{cycle.adapter_id} is tainted")
+            out.append(
+                f"OPCD cycle {cycle.id} was taught with them (lesson set v{cycle.lesson_set_version}); "
+                f"its adapter #{cycle.adapter_id} is tainted"
+            )
         descendants = [a for a in self.tainted_adapters if a.id not in {c.adapter_id for c in self.tainted_cycles}]
         for adapter in descendants:
             out.append(f"adapter #{adapter.id} {adapter.name} was trained on top of a tainted adapter")
@@ -89,10 +93,14 @@ class ForgetPlan:
             back = f"adapter #{self.fallback.id} {self.fallback.name}" if self.fallback else "the base model"
             out.append(f"the run acts with {back} instead of adapter #{self.active.id} {self.active.name}")
             if self.restored:
-                out.append("lessons the tainted cycles had consolidated come back into the context: "
-                           + ", ".join(f"#{i}" for i in self.restored))
-            out.append("a re-consolidation of the live lessons on top of it is scheduled (the loop's next "
-                       "CONSOLIDATE; `agent-runtime distill` runs it now)")
+                out.append(
+                    "lessons the tainted cycles had consolidated come back into the context: "
+                    + ", ".join(f"#{i}" for i in self.restored)
+                )
+            out.append(
+                "a re-consolidation of the live lessons on top of it is scheduled (the loop's next "
+                "CONSOLIDATE; `agent-runtime distill` runs it now)"
+            )
         elif self.tainted_adapters:
             out.append("no tainted adapter is in use: nothing to roll back")
         return out
@@ -148,15 +156,21 @@ def plan_forget(store: ExperienceStore, lesson_id: int, *, run_id: int | None = 
     forgotten = [lesson_id, *sorted(derived)]
     gone = set(forgotten)
     live, pending = versions.live_version(store, run_id), versions.pending_candidate(store, run_id)
-    plan = ForgetPlan(run_id, lesson_id, forgotten, derived,
-                      live=live if live is not None and gone & set(live.lesson_ids) else None,
-                      candidate=pending if pending is not None and gone & set(pending.lesson_ids) else None)
+    plan = ForgetPlan(
+        run_id,
+        lesson_id,
+        forgotten,
+        derived,
+        live=live if live is not None and gone & set(live.lesson_ids) else None,
+        candidate=pending if pending is not None and gone & set(pending.lesson_ids) else None,
+    )
     plan.kept_text = _text_sources(every, derived, lesson_id)
     taught_text = gone - set(plan.kept_text)  # what a teacher saw of them
     sets = {s.version: set(s.lesson_ids) for s in store.lesson_sets(run_id)}
     cycles = [c for c in store.cycles(run_id) if c.adapter_id is not None]
-    plan.tainted_cycles = [c for c in cycles
-                           if c.status == "promoted" and taught_text & sets.get(c.lesson_set_version, set())]
+    plan.tainted_cycles = [
+        c for c in cycles if c.status == "promoted" and taught_text & sets.get(c.lesson_set_version, set())
+    ]
     adapters = {a.id: a for a in store.adapters(run_id)}
     tainted = {c.adapter_id for c in plan.tainted_cycles}
     grew = True
@@ -186,8 +200,9 @@ def plan_forget(store: ExperienceStore, lesson_id: int, *, run_id: int | None = 
         elif merged in in_context:
             plan.back_in_place[merged] = source
         elif merge.status == "consolidated":
-            plan.kept_out[merged] = (f"the text stays in cycle {merge.consolidated_cycle_id}'s adapter, which "
-                                     f"consolidated #{merged}")
+            plan.kept_out[merged] = (
+                f"the text stays in cycle {merge.consolidated_cycle_id}'s adapter, which consolidated #{merged}"
+            )
         else:
             plan.kept_out[merged] = f"#{merged} was not in the context"
     if plan.rolls_back:
@@ -228,9 +243,14 @@ def apply_forget(store: ExperienceStore, plan: ForgetPlan, *, count_tokens: Call
         pending = versions.pending_candidate(store, plan.run_id)
         if plan.candidate is not None and pending is not None:
             keep = _in_place(pending.lesson_ids, gone, plan.back_in_place)
-            info = versions.create_version(store, plan.run_id, keep, candidate=True,
-                                           by_user=versions.is_user_version(pending),
-                                           note=f"{pending.note.strip()}; without forgotten #{plan.lesson_id}")
+            info = versions.create_version(
+                store,
+                plan.run_id,
+                keep,
+                candidate=True,
+                by_user=versions.is_user_version(pending),
+                note=f"{pending.note.strip()}; without forgotten #{plan.lesson_id}",
+            )
             out["versions"].append(info.version)
         store.forget_lessons(plan.forgotten, reason=note)
         if plan.restored:  # in the context again: measured and consolidated again like any active lesson
@@ -242,7 +262,13 @@ def apply_forget(store: ExperienceStore, plan: ForgetPlan, *, count_tokens: Call
             if plan.fallback is not None:
                 store.set_adapter_status(plan.fallback.id, "active")
             out["request_id"] = store.add_request(
-                plan.run_id, RECONSOLIDATE,
-                {"reason": note, "base_adapter_id": plan.fallback.id if plan.fallback else None,
-                 "tainted_adapter_ids": [a.id for a in plan.tainted_adapters], "restored_lessons": plan.restored})
+                plan.run_id,
+                RECONSOLIDATE,
+                {
+                    "reason": note,
+                    "base_adapter_id": plan.fallback.id if plan.fallback else None,
+                    "tainted_adapter_ids": [a.id for a in plan.tainted_adapters],
+                    "restored_lessons": plan.restored,
+                },
+            )
     return out

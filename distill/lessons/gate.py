@@ -87,7 +87,7 @@ def mcnemar_p(a: Sequence[bool], b: Sequence[bool]) -> float:
     n = up + down
     if n == 0:
         return 1.0
-    return min(1.0, 2 * sum(math.comb(n, k) for k in range(min(up, down) + 1)) / 2 ** n)
+    return min(1.0, 2 * sum(math.comb(n, k) for k in range(min(up, down) + 1)) / 2**n)
 
 
 def _score(value: bool | float) -> float:
@@ -215,7 +215,10 @@ class LessonUtility:
 
 
 def lesson_utilities(
-    episodes: Iterable[EpisodeInfo], lessons: Iterable[LessonInfo], *, min_episodes: int = 3,
+    episodes: Iterable[EpisodeInfo],
+    lessons: Iterable[LessonInfo],
+    *,
+    min_episodes: int = 3,
     measure: Iterable[int] | None = None,
 ) -> dict[int, LessonUtility]:
     """Per lesson: wins/episodes with it in context vs. without it, in the environments where it was used

@@ -84,8 +84,10 @@ class Finding:
 
     def summary(self) -> str:
         unit = "episodes" if self.kind in ("start", "repeat") else "steps where it was possible"
-        return (f"{self.kind} {self.key or 'a repeated action'}: won {self.chose_won}/{self.avail_won}, "
-                f"lost {self.chose_lost}/{self.avail_lost} {unit} (z {self.z:.1f})")
+        return (
+            f"{self.kind} {self.key or 'a repeated action'}: won {self.chose_won}/{self.avail_won}, "
+            f"lost {self.chose_lost}/{self.avail_lost} {unit} (z {self.z:.1f})"
+        )
 
 
 def z_statistic(a: int, n: int, b: int, m: int) -> float:
@@ -145,7 +147,7 @@ def _seen_phrase(action: str, histories: Sequence[Sequence[str]]) -> str | None:
         text, found = next(((t, m) for t in reversed(history) if (m := pattern.search(t))), ("", None))
         if found is None:
             return None
-        article = _ARTICLE.search(text[:found.start()])
+        article = _ARTICLE.search(text[: found.start()])
         word = article.group(1).lower() if article else ""
         articles[word] = articles.get(word, 0) + 1
     word = max(sorted(articles), key=articles.get)
@@ -184,8 +186,15 @@ def _playable(episode: EpisodeInfo) -> bool:
     return episode.outcome != "error" and bool(episode.steps)
 
 
-def induce(episodes: Iterable[EpisodeInfo], *, min_support: int = 2, min_gap: float = 0.3,
-           max_candidates: int = 6, max_chars: int = 300, known: Sequence[str] = ()) -> list[Finding]:
+def induce(
+    episodes: Iterable[EpisodeInfo],
+    *,
+    min_support: int = 2,
+    min_gap: float = 0.3,
+    max_candidates: int = 6,
+    max_chars: int = 300,
+    known: Sequence[str] = (),
+) -> list[Finding]:
     """The findings that separate won from lost episodes (see the module doc), best first, one per key; a finding
     that only restates a `known` lesson or a better finding (`curate.restates`) is left out.
 
@@ -204,8 +213,11 @@ def induce(episodes: Iterable[EpisodeInfo], *, min_support: int = 2, min_gap: fl
     chosen, seen_keys, seen_texts = [], set(), []
     for finding in findings:
         verdict = screen_item(finding.text, max_chars)
-        if verdict.text is None or (finding.env_id, finding.key) in seen_keys or \
-                any(restates(verdict.text, other) for other in [*known, *seen_texts]):
+        if (
+            verdict.text is None
+            or (finding.env_id, finding.key) in seen_keys
+            or any(restates(verdict.text, other) for other in [*known, *seen_texts])
+        ):
             continue
         seen_keys.add((finding.env_id, finding.key))
         seen_texts.append(verdict.text)
@@ -220,7 +232,7 @@ def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, 
     per_verb: dict[str, set[str]] = {}
     for e in episodes:
         for s in e.steps:
-            for a in (s.admissible_actions or fixed):
+            for a in s.admissible_actions or fixed:
                 per_verb.setdefault(_verb(_words(a)), set()).add(_words(a))
     verbs = {v for v, actions in per_verb.items() if len(actions) >= 2}
 
@@ -248,12 +260,16 @@ def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, 
                     first.setdefault(key, _Tally()).add(e.won, picked, e.id)
             if e.won:
                 # the episode's observations so far: an object seen stays known after "inventory"
-                sights.setdefault(chosen, []).append([x.observation or "" for x in e.steps[:i + 1]])
+                sights.setdefault(chosen, []).append([x.observation or "" for x in e.steps[: i + 1]])
             if e.won and _verb(chosen) in verbs:
                 counts = examples.setdefault(_verb(chosen), {})
                 counts[chosen] = counts.get(chosen, 0) + 1
-            if i and e.steps[i - 1].action and _words(e.steps[i - 1].action) == chosen \
-                    and e.steps[i - 1].observation == s.observation:
+            if (
+                i
+                and e.steps[i - 1].action
+                and _words(e.steps[i - 1].action) == chosen
+                and e.steps[i - 1].observation == s.observation
+            ):
                 repeated = True
         repeat.add(e.won, repeated, e.id)
 
@@ -271,11 +287,26 @@ def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, 
 
     def finding(kind: str, key: str, tally: _Tally, won_side: bool) -> None:
         z = z_statistic(tally.chose_won, tally.avail_won, tally.chose_lost, tally.avail_lost)
-        out.append(Finding(
-            _texts(kind, key, example(key),
-                   _seen_phrase(key, sights.get(key, ())) if kind == "prefer" and key not in verbs else None),
-            kind, key, env_id, tally.chose_won, tally.avail_won, tally.chose_lost,
-            tally.avail_lost, z if won_side else -z, tuple(sorted(tally.won_ids)), tuple(sorted(tally.lost_ids))))
+        out.append(
+            Finding(
+                _texts(
+                    kind,
+                    key,
+                    example(key),
+                    _seen_phrase(key, sights.get(key, ())) if kind == "prefer" and key not in verbs else None,
+                ),
+                kind,
+                key,
+                env_id,
+                tally.chose_won,
+                tally.avail_won,
+                tally.chose_lost,
+                tally.avail_lost,
+                z if won_side else -z,
+                tuple(sorted(tally.won_ids)),
+                tuple(sorted(tally.lost_ids)),
+            )
+        )
 
     for key, tally in anywhere.items():
         gap = tally.gap()
@@ -295,7 +326,12 @@ def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, 
 
 def finding_from_evidence(text: str, evidence: dict[str, Any]) -> Finding:
     """A stored finding back from a lesson's metadata (`Finding.evidence()`), e.g. to show or re-rank it."""
-    fields = {k: evidence[k] for k in ("kind", "key", "env_id", "chose_won", "avail_won", "chose_lost",
-                                       "avail_lost", "z")}
-    return Finding(text=text, **fields, won_episode_ids=tuple(evidence.get("won_episode_ids", ())),
-                   lost_episode_ids=tuple(evidence.get("lost_episode_ids", ())))
+    fields = {
+        k: evidence[k] for k in ("kind", "key", "env_id", "chose_won", "avail_won", "chose_lost", "avail_lost", "z")
+    }
+    return Finding(
+        text=text,
+        **fields,
+        won_episode_ids=tuple(evidence.get("won_episode_ids", ())),
+        lost_episode_ids=tuple(evidence.get("lost_episode_ids", ())),
+    )

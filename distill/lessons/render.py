@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 ITEM_PREFIX = "- EXPERIENCE ITEM:"
 
+
 def _clip(text: str, limit: int) -> str:
     """At most `limit` characters, keeping the head and the tail (a math answer comes last)."""
     text = text.strip()
@@ -90,5 +91,7 @@ def render_current(current: Sequence[LessonInfo | str]) -> str:
         safe = prompt_lessons([text])  # a stored lesson that fails the screen never reaches a prompt
         if not safe:
             continue
-        lines.append(f"{ITEM_PREFIX} {safe[0]}" if isinstance(lesson, str) else f"{ITEM_PREFIX} [#{lesson.id}] {safe[0]}")
+        lines.append(
+            f"{ITEM_PREFIX} {safe[0]}" if isinstance(lesson, str) else f"{ITEM_PREFIX} [#{lesson.id}] {safe[0]}"
+        )
     return "\n".join(lines) if lines else "No experience yet."

@@ -52,7 +52,8 @@ class ExtractionStats:
 def extraction_stats(store: ExperienceStore, run_id: int, *, contrastive: bool | None = None) -> ExtractionStats:
     """Counts of what the run's extractions produced and what reached the prompt (see module doc)."""
     calls = [
-        x for x in store.extractions(run_id, limit=2**31 - 1)
+        x
+        for x in store.extractions(run_id, limit=2**31 - 1)
         if x.metadata.get("source") != LESSON_SOURCE_USER
         and (contrastive is None or ("contrast" in x.metadata) == contrastive)
     ]

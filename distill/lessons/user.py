@@ -144,19 +144,29 @@ def _screen(texts: Sequence[str], settings: Any, count_tokens: Callable[[str], i
             continue
         cleaned = verdict.text
         if parse_operation(cleaned).op != "add":
-            out.append(UserItem(preview, "rejected", "an UPDATE/DELETE instruction: retire the lesson and add the "
-                                                     "new text instead"))
+            out.append(
+                UserItem(
+                    preview, "rejected", "an UPDATE/DELETE instruction: retire the lesson and add the new text instead"
+                )
+            )
             continue
         tokens = count_tokens(render_lessons([cleaned]))
         if tokens > settings.budget_tokens:
-            out.append(UserItem(cleaned, "rejected", f"over budget: {tokens} tokens alone exceed "
-                                                     f"lessons.budget_tokens={settings.budget_tokens}"))
+            out.append(
+                UserItem(
+                    cleaned,
+                    "rejected",
+                    f"over budget: {tokens} tokens alone exceed lessons.budget_tokens={settings.budget_tokens}",
+                )
+            )
             continue
         if _normal(cleaned) in seen:
             out.append(UserItem(cleaned, "duplicate", f"repeats text {seen[_normal(cleaned)] + 1} of this call"))
             continue
         seen[_normal(cleaned)] = i
-        out.append(UserItem(cleaned, "added", f"cut to {settings.max_item_chars} characters" if verdict.truncated else ""))
+        out.append(
+            UserItem(cleaned, "added", f"cut to {settings.max_item_chars} characters" if verdict.truncated else "")
+        )
     return out
 
 
@@ -183,8 +193,14 @@ def add_user_lessons(
         for pool in range(curator.pools):
             found = curator.duplicate_of(item.text, pool)
             if found is None:
-                specs.append({"text": item.text, "pool": pool, "token_count": count_tokens(item.text),
-                              "metadata": {"source": LESSON_SOURCE_USER}})
+                specs.append(
+                    {
+                        "text": item.text,
+                        "pool": pool,
+                        "token_count": count_tokens(item.text),
+                        "metadata": {"source": LESSON_SOURCE_USER},
+                    }
+                )
             else:
                 item.duplicate_of.append(found[0].id)
         if len(item.duplicate_of) == curator.pools:
@@ -200,9 +216,12 @@ def add_user_lessons(
         run_id=run_id,
         episode_ids=[],
         response="\n".join(x.text for x in added),
-        metadata={"source": LESSON_SOURCE_USER, "items": [x.text for x in added],
-                  "rejected": [{"text": x.text, "reason": x.reason} for x in items if x.status == "rejected"],
-                  "duplicates": [x.text for x in items if x.status == "duplicate"]},
+        metadata={
+            "source": LESSON_SOURCE_USER,
+            "items": [x.text for x in added],
+            "rejected": [{"text": x.text, "reason": x.reason} for x in items if x.status == "rejected"],
+            "duplicates": [x.text for x in items if x.status == "duplicate"],
+        },
     )
     result.extraction_id = extraction_id
     decided: list[int] = []  # per spec: where its decision is in result.changes
@@ -270,8 +289,9 @@ class RetireResult:
         return out
 
 
-def _token_count(store: ExperienceStore, run_id: int | None, ids: Sequence[int],
-                 count_tokens: Callable[[str], int]) -> int:
+def _token_count(
+    store: ExperienceStore, run_id: int | None, ids: Sequence[int], count_tokens: Callable[[str], int]
+) -> int:
     """Tokens of the largest pool's experience block (what a version records, as `LessonCurator.commit`)."""
     if not ids:
         return 0
@@ -302,26 +322,38 @@ def retire_lessons(
         lesson = found.get(lesson_id)
         shown = ", ".join(f"#{i}" for i in live_ids) or "none"
         if lesson is None:
-            raise UnknownLessonError(f"no lesson #{lesson_id} in {store.url}; the live lessons of run {run_id}: {shown}")
+            raise UnknownLessonError(
+                f"no lesson #{lesson_id} in {store.url}; the live lessons of run {run_id}: {shown}"
+            )
         if lesson.run_id != run_id:
-            raise UnknownLessonError(f"lesson #{lesson_id} belongs to run {lesson.run_id}, not run {run_id}; "
-                                     f"pass --run {lesson.run_id}")
+            raise UnknownLessonError(
+                f"lesson #{lesson_id} belongs to run {lesson.run_id}, not run {run_id}; pass --run {lesson.run_id}"
+            )
         if lesson_id not in live_ids and lesson_id not in pending_ids:
-            raise UnknownLessonError(f"lesson #{lesson_id} of run {run_id} is not in the live set (status "
-                                     f"{lesson.status}); the live lessons: {shown}")
+            raise UnknownLessonError(
+                f"lesson #{lesson_id} of run {run_id} is not in the live set (status "
+                f"{lesson.status}); the live lessons: {shown}"
+            )
     ids = ", ".join(f"#{i}" for i in wanted)
     text = f"retired {ids}" + (f"; {note}" if note else "")
     new_live = None
     if live is not None and set(wanted) & set(live_ids):
         keep = [i for i in live_ids if i not in wanted]
-        new_live = versions.create_version(store, run_id, keep, by_user=True, note=text,
-                                           token_count=_token_count(store, run_id, keep, count_tokens))
+        new_live = versions.create_version(
+            store, run_id, keep, by_user=True, note=text, token_count=_token_count(store, run_id, keep, count_tokens)
+        )
     new_candidate = None
     if pending is not None:
         # a new live version would make the candidate stale: write it again, as the newest version
         keep = [i for i in pending_ids if i not in wanted]
         kept_note = pending.note.strip() + f"; without retired {ids}"
-        new_candidate = versions.create_version(store, run_id, keep, candidate=True, note=kept_note,
-                                                by_user=versions.is_user_version(pending),
-                                                token_count=_token_count(store, run_id, keep, count_tokens))
+        new_candidate = versions.create_version(
+            store,
+            run_id,
+            keep,
+            candidate=True,
+            note=kept_note,
+            by_user=versions.is_user_version(pending),
+            token_count=_token_count(store, run_id, keep, count_tokens),
+        )
     return RetireResult(run_id, wanted, new_live, new_candidate)

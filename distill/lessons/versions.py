@@ -218,8 +218,9 @@ def diff_versions(store: ExperienceStore, run_id: int | None, old: int, new: int
     return diff
 
 
-def _ancestors_among(store: ExperienceStore, run_id: int | None, lesson: LessonInfo, targets: set[int],
-                     stop: set[int]) -> list[tuple[str, int]]:
+def _ancestors_among(
+    store: ExperienceStore, run_id: int | None, lesson: LessonInfo, targets: set[int], stop: set[int]
+) -> list[tuple[str, int]]:
     """The `targets` this lesson descends from, through lessons in neither version (one curation round can
     merge a lesson into a new one and that one into another). The relation is the first hop's: a lesson that
     merged an intermediate descends from what that intermediate replaced by merging."""

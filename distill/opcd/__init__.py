@@ -9,11 +9,11 @@ runs one training job (KL before, training, KL after, adapter) in this process o
 """
 
 from distill.opcd.adapters import (
-                                   AdapterExistsError,
-                                   atomic_directory,
-                                   load_adapter,
-                                   read_metadata,
-                                   remove_partial_writes,
+    AdapterExistsError,
+    atomic_directory,
+    load_adapter,
+    read_metadata,
+    remove_partial_writes,
 )
 from distill.opcd.config import OPCDConfig
 from distill.opcd.job import JobError, JobResult, TrainJob, run_job
@@ -22,8 +22,24 @@ from distill.opcd.teacher import TeacherSpec, TeacherTokenizerError, VocabularyC
 from distill.opcd.trainer import DivergenceError, OPCDTrainer, with_context
 
 __all__ = [
-    "AdapterExistsError", "DivergenceError", "JobError", "JobResult", "OPCDConfig", "OPCDTrainer", "TeacherSpec",
-    "TeacherTokenizerError", "TrainJob", "VocabularyCheck", "atomic_directory", "chunked_topk_divergence",
-    "compare_tokenizers", "load_adapter", "read_metadata", "remove_partial_writes", "run_job", "topk_forward_kl",
-    "topk_reverse_kl", "with_context",
+    "AdapterExistsError",
+    "DivergenceError",
+    "JobError",
+    "JobResult",
+    "OPCDConfig",
+    "OPCDTrainer",
+    "TeacherSpec",
+    "TeacherTokenizerError",
+    "TrainJob",
+    "VocabularyCheck",
+    "atomic_directory",
+    "chunked_topk_divergence",
+    "compare_tokenizers",
+    "load_adapter",
+    "read_metadata",
+    "remove_partial_writes",
+    "run_job",
+    "topk_forward_kl",
+    "topk_reverse_kl",
+    "with_context",
 ]

@@ -36,8 +36,9 @@ def atomic_directory(target: str | Path, *, overwrite: bool = False) -> Iterator
     """
     target = Path(target)
     if target.exists() and not overwrite:
-        raise AdapterExistsError(f"{target} exists already; adapters are written once (pick a new path, "
-                                 "or pass overwrite=True)")
+        raise AdapterExistsError(
+            f"{target} exists already; adapters are written once (pick a new path, or pass overwrite=True)"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{target.name}{_PARTIAL}", dir=target.parent))
     try:
@@ -89,6 +90,8 @@ def load_adapter(model, path: str | Path, *, trainable: bool = False, adapter_na
 
     path = Path(path)
     if not (path / "adapter_config.json").exists():
-        raise FileNotFoundError(f"{path} holds no LoRA adapter (no adapter_config.json); a full fine-tune is "
-                                "loaded with from_pretrained instead")
+        raise FileNotFoundError(
+            f"{path} holds no LoRA adapter (no adapter_config.json); a full fine-tune is "
+            "loaded with from_pretrained instead"
+        )
     return PeftModel.from_pretrained(model, str(path), adapter_name=adapter_name, is_trainable=trainable)

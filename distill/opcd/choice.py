@@ -37,13 +37,14 @@ def lm_parts(causal_lm) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(decoder stack returning final normalised hidden states, output head) of a causal LM."""
     config = causal_lm.config
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
-        raise NotImplementedError(f"{type(causal_lm).__name__} post-processes its logits (softcapping/scale); "
-                                  "scoring from hidden states applies the output head alone and would be wrong")
+        raise NotImplementedError(
+            f"{type(causal_lm).__name__} post-processes its logits (softcapping/scale); "
+            "scoring from hidden states applies the output head alone and would be wrong"
+        )
     return causal_lm.base_model, causal_lm.get_output_embeddings()
 
 
-def action_token_ids(tokenizer, chat: Chat, prompt_ids: list[int], actions: list[str],
-                     end_id: int) -> list[list[int]]:
+def action_token_ids(tokenizer, chat: Chat, prompt_ids: list[int], actions: list[str], end_id: int) -> list[list[int]]:
     """Each action's token ids as they follow the prompt of `chat` (whose ids are `prompt_ids`, from
     `encode_chat`), with the end-of-turn token `end_id` appended. Actions are data: special-token text in them
     stays text.
@@ -75,8 +76,14 @@ class PackedChoices:
     rest: int  # R: the width of the prompt part
 
 
-def pack_choices(prompts: list[list[int]], choices: list[list[list[int]]], *, pad_id: int,
-                 past_lengths: list[int] | None = None, past_width: int = 0) -> PackedChoices:
+def pack_choices(
+    prompts: list[list[int]],
+    choices: list[list[list[int]]],
+    *,
+    pad_id: int,
+    past_lengths: list[int] | None = None,
+    past_width: int = 0,
+) -> PackedChoices:
     """Lay out rows of (prompt token ids, action token ids with the end-of-turn token) for one forward.
 
     `past_lengths[i]` real tokens of row i already sit in a cache of `past_width` columns (right-aligned);
@@ -84,8 +91,9 @@ def pack_choices(prompts: list[list[int]], choices: list[list[list[int]]], *, pa
     token).
     """
     assert len(prompts) == len(choices), "one action list per prompt"
-    assert all(prompts) and all(all(len(a) >= 1 for a in row) and row for row in choices), \
+    assert all(prompts) and all(all(len(a) >= 1 for a in row) and row for row in choices), (
         "every prompt needs a token and every row at least one non-empty action"
+    )
     past_lengths = past_lengths or [0] * len(prompts)
     rest = max(len(p) for p in prompts)
     fed = [[len(a) - 1 for a in row] for row in choices]
@@ -104,7 +112,7 @@ def pack_choices(prompts: list[list[int]], choices: list[list[list[int]]], *, pa
         positions[b, start:rest] = torch.arange(past, past + len(prompt))
         prompt_cols = slice(past_width + start, past_width + rest)
         # the prompt: its cached part, then causal over its own tokens
-        mask[b, 0, start:rest, past_width - past:past_width] = True
+        mask[b, 0, start:rest, past_width - past : past_width] = True
         mask[b, 0, start:rest, prompt_cols] = causal[start:rest, start:rest]
         column, spans = rest, []
         for action, n in zip(row, row_fed):
@@ -113,9 +121,9 @@ def pack_choices(prompts: list[list[int]], choices: list[list[list[int]]], *, pa
                 cols = slice(column, column + n)
                 ids[b, cols] = torch.tensor(action[:n])
                 positions[b, cols] = torch.arange(past + len(prompt), past + len(prompt) + n)
-                mask[b, 0, cols, past_width - past:past_width] = True
+                mask[b, 0, cols, past_width - past : past_width] = True
                 mask[b, 0, cols, prompt_cols] = True
-                mask[b, 0, cols, past_width + column:past_width + column + n] = causal[:n, :n]
+                mask[b, 0, cols, past_width + column : past_width + column + n] = causal[:n, :n]
             column += n
         segments.append(spans)
     # padding queries attend to themselves only, so no row of the mask is empty (softmax over nothing is NaN)
@@ -123,8 +131,15 @@ def pack_choices(prompts: list[list[int]], choices: list[list[list[int]]], *, pa
     if empty.any():
         b, _, q = empty.nonzero(as_tuple=True)
         mask[b, 0, q, past_width + q] = True
-    return PackedChoices(ids, positions, mask, torch.full((batch,), rest - 1), segments,
-                         [[list(a) for a in row] for row in choices], rest)
+    return PackedChoices(
+        ids,
+        positions,
+        mask,
+        torch.full((batch,), rest - 1),
+        segments,
+        [[list(a) for a in row] for row in choices],
+        rest,
+    )
 
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -140,9 +155,13 @@ def choice_logprobs(decoder, head, packed: PackedChoices, *, past=None) -> list[
     """
     device = head.weight.device
     dtype = head.weight.dtype if head.weight.is_floating_point() else torch.float32
-    out = decoder(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
-                  attention_mask=_additive(packed.mask.to(device), dtype), cache=past,
-                  use_cache=past is not None)
+    out = decoder(
+        input_ids=packed.input_ids.to(device),
+        position_ids=packed.position_ids.to(device),
+        attention_mask=_additive(packed.mask.to(device), dtype),
+        cache=past,
+        use_cache=past is not None,
+    )
     hidden = out.last_hidden_state
     rows, cols, targets, owners = [], [], [], []
     for b, (spans, actions) in enumerate(zip(packed.segments, packed.targets)):
@@ -160,7 +179,7 @@ def choice_logprobs(decoder, head, packed: PackedChoices, *, past=None) -> list[
     for b, actions in enumerate(packed.targets):
         sums = []
         for action in actions:
-            sums.append(token_logp[index:index + len(action)].sum())
+            sums.append(token_logp[index : index + len(action)].sum())
             index += len(action)
         result.append(torch.stack(sums))
     return result
@@ -197,8 +216,14 @@ def choice_distribution(logprobs: torch.Tensor, temperature: float) -> torch.Ten
     return (logprobs / temperature).log_softmax(-1)
 
 
-def choice_divergence(student: list[torch.Tensor], teacher: list[torch.Tensor], *, divergence: str,
-                      temperature: float, teacher_picks: list[int] | None = None) -> torch.Tensor:
+def choice_divergence(
+    student: list[torch.Tensor],
+    teacher: list[torch.Tensor],
+    *,
+    divergence: str,
+    temperature: float,
+    teacher_picks: list[int] | None = None,
+) -> torch.Tensor:
     """Mean over rows of the divergence between the two choice policies (each row's set may differ in size).
 
     `reverse`: KL(student || teacher), the on-policy OPCD objective, exact over the set. `forward`:

@@ -44,8 +44,11 @@ def buckets(params: list[torch.nn.Parameter], limit: int = 1 << 25) -> Iterator[
 def global_loss(result, device: torch.device) -> tuple[float, float, int]:
     """(loss, sampled KL, tokens) of the global batch: the ranks' token means, weighted by their tokens.
     `result` is this rank's `ChunkedLoss`, or None when its share of the batch was empty."""
-    local = [0.0, 0.0, 0.0] if result is None else [
-        result.tokens, result.loss * result.tokens, result.sampled_kl * result.tokens]
+    local = (
+        [0.0, 0.0, 0.0]
+        if result is None
+        else [result.tokens, result.loss * result.tokens, result.sampled_kl * result.tokens]
+    )
     totals = torch.tensor(local, dtype=torch.float64, device=device)
     torch.distributed.all_reduce(totals)
     tokens = int(totals[0].item())
@@ -58,10 +61,11 @@ def average_gradients(params: list[torch.nn.Parameter], local_tokens: int, globa
     sum over ranks of (local tokens / global tokens) x local gradient, the same on every rank."""
     weight = local_tokens / max(global_tokens, 1)
     for bucket in buckets(params):
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in bucket]).mul_(weight)
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket]).mul_(
+            weight
+        )
         torch.distributed.all_reduce(flat)
         offset = 0
         for param in bucket:
-            param.grad = flat[offset:offset + param.numel()].view_as(param)
+            param.grad = flat[offset : offset + param.numel()].view_as(param)
             offset += param.numel()

@@ -97,8 +97,10 @@ class TrainJob(StrictConfig):
     @model_validator(mode="after")
     def _anchors_need_own_teacher(self) -> TrainJob:
         if self.anchor_prompts and self.teacher is not None:
-            raise ValueError("anchor_prompts hold the student to the start-of-cycle policy; a separate teacher "
-                             "would teach there instead: drop the anchors or the separate teacher")
+            raise ValueError(
+                "anchor_prompts hold the student to the start-of-cycle policy; a separate teacher "
+                "would teach there instead: drop the anchors or the separate teacher"
+            )
         return self
 
 
@@ -122,16 +124,19 @@ def load_model(model_path: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if Path(model_path).is_absolute() and not Path(model_path).is_dir():
-        raise FileNotFoundError(f"model directory {model_path} does not exist; give a local checkpoint directory "
-                                "(or a Hugging Face id already in the cache)")
+        raise FileNotFoundError(
+            f"model directory {model_path} does not exist; give a local checkpoint directory "
+            "(or a Hugging Face id already in the cache)"
+        )
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True), tokenizer
 
 
-def execute(job: TrainJob, on_step: Callable[[dict], None] | None = None,
-            device: str | torch.device | None = None) -> JobResult:
+def execute(
+    job: TrainJob, on_step: Callable[[dict], None] | None = None, device: str | torch.device | None = None
+) -> JobResult:
     """Run `job` in this process: as the whole job, or as one rank when a process group is initialised."""
     started = time.perf_counter()
     if job.teacher is not None:  # before any weights are read: a teacher that cannot teach fails at once
@@ -140,28 +145,42 @@ def execute(job: TrainJob, on_step: Callable[[dict], None] | None = None,
     model.to(device or job.device, dtype=getattr(torch, job.config.weights_dtype))
     teacher = None
     if job.teacher is not None:
-        teacher = load_teacher(job.teacher, job.teacher.device if device is None and job.teacher.device
-                               else model.device)
+        teacher = load_teacher(
+            job.teacher, job.teacher.device if device is None and job.teacher.device else model.device
+        )
     cuda = [model.device.index or 0] if model.device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):  # the fresh adapter depends on the config seed alone
         torch.manual_seed(job.config.seed)
         trainer = OPCDTrainer(model, tokenizer, job.config, parent_adapter=job.parent_adapter, teacher_model=teacher)
+
     def kls() -> dict[str, float]:
-        return {name: trainer.evaluate_kl(prompts, contexts, job.kl_choices.get(name))
-                for name, (prompts, contexts) in job.kl_sets.items()}
+        return {
+            name: trainer.evaluate_kl(prompts, contexts, job.kl_choices.get(name))
+            for name, (prompts, contexts) in job.kl_sets.items()
+        }
 
     kl_before = kls()
-    steps = trainer.train(job.train_prompts, job.contexts, on_step=on_step, choices=job.train_choices,
-                          anchors=job.anchor_prompts, anchor_choices=job.anchor_choices)
+    steps = trainer.train(
+        job.train_prompts,
+        job.contexts,
+        on_step=on_step,
+        choices=job.train_choices,
+        anchors=job.anchor_prompts,
+        anchor_choices=job.anchor_choices,
+    )
     kl_after = kls()
-    chosen = {"validation": trainer.validation or None, "best_step": trainer.best["step"] if trainer.best else None,
-              "stopped_early": trainer.stopped_early}
+    chosen = {
+        "validation": trainer.validation or None,
+        "best_step": trainer.best["step"] if trainer.best else None,
+        "stopped_early": trainer.stopped_early,
+    }
     trainer.save_adapter(job.output, overwrite=job.overwrite, metadata={**job.metadata, **chosen})
     return JobResult(kl_before, kl_after, steps, job.output, time.perf_counter() - started, **chosen)
 
 
-def run_job(job: TrainJob, on_step: Callable[[dict], None] | None = None, *,
-            workdir: str | Path | None = None) -> JobResult:
+def run_job(
+    job: TrainJob, on_step: Callable[[dict], None] | None = None, *, workdir: str | Path | None = None
+) -> JobResult:
     """Run `job` (in this process, or as `job.config.processes` data-parallel ranks) and return its result.
 
     `on_step(metrics)` is called in this process after every optimizer step, as the steps happen; raising
@@ -189,21 +208,42 @@ def _launch(job: TrainJob, on_step: Callable[[dict], None] | None, folder: Path)
     processes = job.config.processes
     job_file = folder / "job.json"
     job_file.write_text(job.model_dump_json())
-    for stale in [*folder.glob("error-*.json"), *folder.glob("rank-*.pid"), folder / "steps.jsonl",
-                  folder / "result.json"]:
+    for stale in [
+        *folder.glob("error-*.json"),
+        *folder.glob("rank-*.pid"),
+        folder / "steps.jsonl",
+        folder / "result.json",
+    ]:
         stale.unlink(missing_ok=True)
     root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, PARENT_PID_ENV: str(os.getpid()),
-           "PYTHONPATH": os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH")] if p)}
+    env = {
+        **os.environ,
+        PARENT_PID_ENV: str(os.getpid()),
+        "PYTHONPATH": os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH")] if p),
+    }
     if job.device == "cpu":  # torchrun would pin every rank to one thread
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
         if sys.platform.startswith("linux"):  # one machine: gloo on loopback, whatever the hostname resolves to
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-               "--nproc_per_node", str(processes), "--max_restarts", "0", "-m", "distill.opcd.job", str(job_file)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        str(processes),
+        "--max_restarts",
+        "0",
+        "-m",
+        "distill.opcd.job",
+        str(job_file),
+    ]
     with open(folder / "output.log", "wb") as log:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   env=env, start_new_session=True)
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         try:
             tail = _LineTail(folder / "steps.jsonl")
             while True:
@@ -236,7 +276,7 @@ class _LineTail:
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             data = f.read()
-        complete = data[:data.rfind(b"\n") + 1]
+        complete = data[: data.rfind(b"\n") + 1]
         self.offset += len(complete)
         return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
@@ -285,8 +325,10 @@ def _failure(folder: Path, code: int) -> Exception:
     if reports:  # the rank's own traceback says more than the launcher's summary of it
         first = reports[0]
         tail = "\n".join(first["traceback"].strip().splitlines()[-20:])
-        return JobError(f"OPCD training job failed on rank {first['rank']} (launcher exit code {code}): "
-                        f"{first['type']}: {first['message']}\n--- the rank's traceback ---\n{tail}")
+        return JobError(
+            f"OPCD training job failed on rank {first['rank']} (launcher exit code {code}): "
+            f"{first['type']}: {first['message']}\n--- the rank's traceback ---\n{tail}"
+        )
     log = (folder / "output.log").read_text(errors="replace") if (folder / "output.log").exists() else ""
     tail = "\n".join(log.strip().splitlines()[-30:])
     return JobError(f"OPCD training job failed (launcher exit code {code})\n--- last lines of its output ---\n{tail}")
@@ -295,6 +337,7 @@ def _failure(folder: Path, code: int) -> Exception:
 # -- the rank side -----------------------------------------------------------------------------------------
 def _watch_parent(pid: int) -> None:
     """Exit this rank when the process that launched the job is gone (even after a kill -9 of it)."""
+
     def watch() -> None:
         while True:
             try:
@@ -343,9 +386,16 @@ def main(argv: list[str] | None = None) -> int:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     except BaseException as exc:
-        _write_json(folder / f"error-{rank}.json", {
-            "rank": rank, "type": type(exc).__name__, "message": str(exc), "time": time.time(),
-            "traceback": traceback.format_exc()})
+        _write_json(
+            folder / f"error-{rank}.json",
+            {
+                "rank": rank,
+                "type": type(exc).__name__,
+                "message": str(exc),
+                "time": time.time(),
+                "traceback": traceback.format_exc(),
+            },
+        )
         raise
     return 0
 

@@ -58,8 +58,11 @@ def _log_tail(log_p: torch.Tensor) -> torch.Tensor:
     """log(1 - sum exp(log_p)) over the last axis, kept as a last column: the log-mass outside the top-k,
     computed stably (log(-expm1(x)) near x = 0, log1p(-exp(x)) below) and floored at `_MIN_TAIL`."""
     inside = torch.logsumexp(log_p, dim=-1, keepdim=True).clamp(max=float(torch.log1p(torch.tensor(-_MIN_TAIL))))
-    return torch.where(inside > -_LN2, torch.log(-torch.expm1(inside.clamp(min=-_LN2))),
-                       torch.log1p(-torch.exp(inside.clamp(max=-_LN2))))
+    return torch.where(
+        inside > -_LN2,
+        torch.log(-torch.expm1(inside.clamp(min=-_LN2))),
+        torch.log1p(-torch.exp(inside.clamp(max=-_LN2))),
+    )
 
 
 def _with_tail(log_p: torch.Tensor, tail: str) -> torch.Tensor:
@@ -73,9 +76,15 @@ def _with_tail(log_p: torch.Tensor, tail: str) -> torch.Tensor:
     raise ValueError(f"unknown tail treatment {tail!r}; accepted: {', '.join(TAILS)}")
 
 
-def topk_divergence_per_token(student_logits: torch.Tensor, teacher_logits: torch.Tensor, *,
-                              divergence: Divergence = "reverse", k: int = 256, temperature: float = 1.0,
-                              tail: Tail = "bucket") -> torch.Tensor:
+def topk_divergence_per_token(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    *,
+    divergence: Divergence = "reverse",
+    k: int = 256,
+    temperature: float = 1.0,
+    tail: Tail = "bucket",
+) -> torch.Tensor:
     """Per-position top-k divergence, shape (B, T) (or the logits' leading shape).
 
     `divergence="reverse"`: OPCD's loss on the student's top-k. `divergence="forward"`: the forward KL on the
@@ -83,8 +92,10 @@ def topk_divergence_per_token(student_logits: torch.Tensor, teacher_logits: torc
     mass outside the top-k counts for (module docstring).
     """
     if student_logits.shape != teacher_logits.shape:
-        raise ValueError(f"student logits {tuple(student_logits.shape)} and teacher logits "
-                         f"{tuple(teacher_logits.shape)} differ; both models must share the tokenizer's vocabulary")
+        raise ValueError(
+            f"student logits {tuple(student_logits.shape)} and teacher logits "
+            f"{tuple(teacher_logits.shape)} differ; both models must share the tokenizer's vocabulary"
+        )
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     teacher_logits = teacher_logits.detach()
@@ -109,23 +120,39 @@ def masked_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def topk_reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, *,
-                    k: int = 256, temperature: float = 1.0, tail: Tail = "bucket") -> torch.Tensor:
+def topk_reverse_kl(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    k: int = 256,
+    temperature: float = 1.0,
+    tail: Tail = "bucket",
+) -> torch.Tensor:
     """OPCD's loss: the student-top-k reverse KL, averaged over all response tokens of the batch.
 
     `student_logits`, `teacher_logits`: (B, T, V) at the response positions (position t predicts response
     token t); `mask`: (B, T), 1 on response tokens up to and including the first EOS.
     """
-    per_token = topk_divergence_per_token(student_logits, teacher_logits, divergence="reverse", k=k,
-                                          temperature=temperature, tail=tail)
+    per_token = topk_divergence_per_token(
+        student_logits, teacher_logits, divergence="reverse", k=k, temperature=temperature, tail=tail
+    )
     return masked_token_mean(per_token, mask)
 
 
-def topk_forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, *,
-                    k: int = 256, temperature: float = 1.0, tail: Tail = "bucket") -> torch.Tensor:
+def topk_forward_kl(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    k: int = 256,
+    temperature: float = 1.0,
+    tail: Tail = "bucket",
+) -> torch.Tensor:
     """The off-policy baseline's loss: forward KL on the teacher's top-k, averaged over response tokens."""
-    per_token = topk_divergence_per_token(student_logits, teacher_logits, divergence="forward", k=k,
-                                          temperature=temperature, tail=tail)
+    per_token = topk_divergence_per_token(
+        student_logits, teacher_logits, divergence="forward", k=k, temperature=temperature, tail=tail
+    )
     return masked_token_mean(per_token, mask)
 
 
@@ -142,11 +169,21 @@ class ChunkedLoss:
 Head = Callable[[torch.Tensor], torch.Tensor]
 
 
-def chunked_topk_divergence(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, mask: torch.Tensor, *,
-                            student_head: Head, teacher_head: Head, targets: torch.Tensor | None = None,
-                            divergence: Divergence | Literal["cross_entropy"] = "reverse", k: int = 256,
-                            temperature: float = 1.0, tail: Tail = "bucket", chunk_size: int = 128,
-                            backward: bool = True) -> ChunkedLoss:
+def chunked_topk_divergence(
+    student_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    student_head: Head,
+    teacher_head: Head,
+    targets: torch.Tensor | None = None,
+    divergence: Divergence | Literal["cross_entropy"] = "reverse",
+    k: int = 256,
+    temperature: float = 1.0,
+    tail: Tail = "bucket",
+    chunk_size: int = 128,
+    backward: bool = True,
+) -> ChunkedLoss:
     """The token-mean loss over (B, T) response positions, computed `chunk_size` positions at a time.
 
     `student_hidden`, `teacher_hidden`: final hidden states (B, T, H) at the response positions; the heads map
@@ -177,8 +214,9 @@ def chunked_topk_divergence(student_hidden: torch.Tensor, teacher_hidden: torch.
             else:
                 with torch.no_grad():
                     t_logits = teacher_head(teacher_hidden[:, span])
-                per_token = topk_divergence_per_token(s_logits, t_logits, divergence=divergence, k=k,
-                                                      temperature=temperature, tail=tail)
+                per_token = topk_divergence_per_token(
+                    s_logits, t_logits, divergence=divergence, k=k, temperature=temperature, tail=tail
+                )
             chunk_loss = (per_token * chunk_mask).sum() / normaliser
             if grad_wanted:
                 chunk_loss.backward()
@@ -186,8 +224,9 @@ def chunked_topk_divergence(student_hidden: torch.Tensor, teacher_hidden: torch.
         if targets is not None and t_logits is not None:
             with torch.no_grad():
                 ids = targets[:, span, None]
-                gap = (_topk_log_probs(s_logits.detach(), ids, temperature)
-                       - _topk_log_probs(t_logits, ids, temperature)).squeeze(-1)
+                gap = (
+                    _topk_log_probs(s_logits.detach(), ids, temperature) - _topk_log_probs(t_logits, ids, temperature)
+                ).squeeze(-1)
                 kl_total += (gap * chunk_mask).sum().item() / normaliser
         del s_logits, t_logits, per_token
     if grad_wanted:

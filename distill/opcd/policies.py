@@ -50,7 +50,7 @@ class _FittedHead:
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.head(hidden)
         if self.rows is not None:
-            logits = logits[..., :self.rows]
+            logits = logits[..., : self.rows]
         return logits.to(self.device)
 
 
@@ -97,20 +97,28 @@ class Policies:
 
         model.requires_grad_(False)
         if self.parent_adapter:
-            peft_model = PeftModel.from_pretrained(model, self.parent_adapter, adapter_name="default",
-                                                   is_trainable=True)
+            peft_model = PeftModel.from_pretrained(
+                model, self.parent_adapter, adapter_name="default", is_trainable=True
+            )
             if self.teacher_model is None:
                 peft_model.load_adapter(self.parent_adapter, adapter_name="parent", is_trainable=False)
             peft_model.set_adapter("default")
             return peft_model
         cfg = self.config
-        lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                          target_modules=cfg.lora_target_modules, bias="none", task_type="CAUSAL_LM")
+        lora = LoraConfig(
+            r=cfg.lora_r,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=cfg.lora_target_modules,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
         peft_model = get_peft_model(model, lora)
         if isinstance(peft_model.get_base_model().get_output_embeddings(), BaseTunerLayer):
             raise ValueError(  # noqa: TRY004 - a bad config value, not a bad argument type
                 "lora_target_modules must not include the output head: the teacher's logits are computed with "
-                "the head outside the adapter switch")
+                "the head outside the adapter switch"
+            )
         return peft_model
 
     @property

@@ -80,8 +80,9 @@ def preallocated_layer_class():
         batch 8 with ~700 tokens of context; a batch-8 call measured 3-4% faster with this layer). `keys` and
         `values` are views of the filled part."""
 
-        def __init__(self, capacity: int, keys: torch.Tensor | None = None, values: torch.Tensor | None = None,
-                     filled: int = 0):
+        def __init__(
+            self, capacity: int, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, filled: int = 0
+        ):
             super().__init__()
             self.capacity, self.filled = capacity, filled
             self.key_room, self.value_room = keys, values  # (batch, kv_heads, capacity, head_dim) or None
@@ -112,8 +113,9 @@ def run_prefix(model, ids: np.ndarray) -> CachedSequence:
     """The KV of `ids` run once through `model` (a causal LM or its decoder stack), as a batch-1 sequence."""
     device = next(model.parameters()).device
     cache = model(input_ids=torch.as_tensor(ids, device=device)[None], use_cache=True).cache
-    return CachedSequence(ids, len(ids), [layer.keys[0] for layer in cache.layers],
-                          [layer.values[0] for layer in cache.layers])
+    return CachedSequence(
+        ids, len(ids), [layer.keys[0] for layer in cache.layers], [layer.values[0] for layer in cache.layers]
+    )
 
 
 def batched_cache(sources: list[CachedSequence | None], cached: list[int], capacity: int, layers: int):
@@ -135,8 +137,8 @@ def batched_cache(sources: list[CachedSequence | None], cached: list[int], capac
             values = torch.zeros_like(keys)
             for i, (source, c) in enumerate(zip(sources, cached)):
                 if c:
-                    keys[i, :, width - c: width] = source.keys[layer][:, :c]
-                    values[i, :, width - c: width] = source.values[layer][:, :c]
+                    keys[i, :, width - c : width] = source.keys[layer][:, :c]
+                    values[i, :, width - c : width] = source.values[layer][:, :c]
             built.append(layer_class(capacity, keys, values, width))
     cache = DynamicCache()
     cache.layers = built

@@ -1,7 +1,8 @@
 """Where OPCD's samples come from: one response per prompt, drawn from the student's merged weights.
 
 Sampling dominates an OPCD step (57-64% of it, measured), and unmerged LoRA costs extra matmuls at every
-decoded token (16-35% per decode step; bench/RESULTS.md, "OPCD training", has the step times). So the student samples from a copy of the
+decoded token (16-35% per decode step; bench/RESULTS.md, "OPCD training", has the step times). So the student samples
+from a copy of the
 model whose weights are W + BA, written in just before sampling, in bf16 by default (generation about 2x on
 CPU) or fp32 (`OPCDConfig.sampler`); the copy's parameters are emptied right after, so it never adds to the
 memory peak of the training half of the step (refilling costs one cast of the weights). `sampler: live`
@@ -26,8 +27,10 @@ class MergedSampler:
     def __init__(self, model, dtype: torch.dtype):
         """`model`: the plain causal LM, before any adapter is attached to it."""
         self.dtype = dtype
-        memo = {id(p): torch.nn.Parameter(torch.empty(0, dtype=dtype, device=p.device), requires_grad=False)
-                for p in model.parameters()}
+        memo = {
+            id(p): torch.nn.Parameter(torch.empty(0, dtype=dtype, device=p.device), requires_grad=False)
+            for p in model.parameters()
+        }
         self.model = copy.deepcopy(model, memo).eval()  # buffers (rotary frequencies) stay in full precision
 
     @torch.no_grad()
@@ -59,24 +62,32 @@ class MergedSampler:
 
 
 @torch.no_grad()
-def sample_responses(causal_lm, prompts: list[list[int]], *, temperature: float, max_new_tokens: int,
-                     eos_ids: list[int], pad_id: int) -> list[list[int]]:
+def sample_responses(
+    causal_lm, prompts: list[list[int]], *, temperature: float, max_new_tokens: int, eos_ids: list[int], pad_id: int
+) -> list[list[int]]:
     """One sample per prompt (token ids) at `temperature`, cut after the first EOS."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = 1
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
     was_training = causal_lm.training
     causal_lm.eval()
     out = causal_lm.generate(
-        input_ids=ids.to(causal_lm.device), attention_mask=mask.to(causal_lm.device), do_sample=True,
-        temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-        eos_token_id=eos_ids, pad_token_id=pad_id)
+        input_ids=ids.to(causal_lm.device),
+        attention_mask=mask.to(causal_lm.device),
+        do_sample=True,
+        temperature=temperature,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_ids,
+        pad_token_id=pad_id,
+    )
     causal_lm.train(was_training)
     responses = []
     for row in out[:, width:].tolist():
         cut = next((i for i, tok in enumerate(row) if tok in eos_ids), len(row) - 1)
-        responses.append(row[:cut + 1])
+        responses.append(row[: cut + 1])
     return responses

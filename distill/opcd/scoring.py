@@ -19,8 +19,9 @@ from distill.opcd.choice import lm_parts
 from distill.opcd.prefix_kv import batched_cache, plain_kv_layers, run_prefix
 
 
-def response_hidden(causal_lm, prompts: list[list[int]], responses: list[list[int]], *, pad_id: int,
-                    shared_prefix: int = 0) -> torch.Tensor:
+def response_hidden(
+    causal_lm, prompts: list[list[int]], responses: list[list[int]], *, pad_id: int, shared_prefix: int = 0
+) -> torch.Tensor:
     """Final hidden states (B, R, H) at the positions that predict each response token.
 
     Layout per row: [shared prefix][left padding][rest of the prompt][response][right padding]. When
@@ -37,9 +38,9 @@ def response_hidden(causal_lm, prompts: list[list[int]], responses: list[list[in
     mask = torch.zeros(batch, shared_prefix + width + longest, dtype=torch.long)
     mask[:, :shared_prefix] = 1
     for row, (rest, response) in enumerate(zip(rests, responses)):
-        ids[row, width - len(rest):width] = torch.tensor(rest)
-        ids[row, width:width + len(response)] = torch.tensor(response)
-        mask[row, shared_prefix + width - len(rest):shared_prefix + width + len(response)] = 1
+        ids[row, width - len(rest) : width] = torch.tensor(rest)
+        ids[row, width : width + len(response)] = torch.tensor(response)
+        mask[row, shared_prefix + width - len(rest) : shared_prefix + width + len(response)] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared_prefix:]
     cache = None
     if shared_prefix:
@@ -48,9 +49,14 @@ def response_hidden(causal_lm, prompts: list[list[int]], responses: list[list[in
         assert layers, f"{type(causal_lm).__name__}'s cache cannot be spliced; call with shared_prefix=0"
         prefix = run_prefix(decoder, np.asarray(prompts[0][:shared_prefix], dtype=np.int64))
         cache = batched_cache([prefix] * batch, [shared_prefix] * batch, shared_prefix + width + longest, layers)
-    out = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                  cache=cache, use_cache=cache is not None)
-    return out.last_hidden_state[:, width - 1:width - 1 + longest]
+    out = decoder(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=positions.to(device),
+        cache=cache,
+        use_cache=cache is not None,
+    )
+    return out.last_hidden_state[:, width - 1 : width - 1 + longest]
 
 
 def pad_responses(responses: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,6 +65,6 @@ def pad_responses(responses: list[list[int]], pad_id: int, device) -> tuple[torc
     targets = torch.full((len(responses), longest), pad_id, dtype=torch.long)
     mask = torch.zeros(len(responses), longest)
     for row, response in enumerate(responses):
-        targets[row, :len(response)] = torch.tensor(response)
-        mask[row, :len(response)] = 1
+        targets[row, : len(response)] = torch.tensor(response)
+        mask[row, : len(response)] = 1
     return targets.to(device), mask.to(device)

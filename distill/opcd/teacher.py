@@ -77,8 +77,9 @@ def _shown(items: list) -> str:
 
 def _added_specials(tokenizer) -> dict[int, str]:
     decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    return {i: str(t.content if hasattr(t, "content") else t) for i, t in decoder.items()
-            if getattr(t, "special", True)}
+    return {
+        i: str(t.content if hasattr(t, "content") else t) for i, t in decoder.items() if getattr(t, "special", True)
+    }
 
 
 def compare_tokenizers(student, teacher) -> VocabularyCheck:
@@ -96,9 +97,12 @@ def compare_tokenizers(student, teacher) -> VocabularyCheck:
         if only_teacher:
             parts.append(f"{len(only_teacher)} only in the teacher's ({_shown(only_teacher)})")
         if moved:
-            parts.append(f"{len(moved)} at different ids ("
-                         + ", ".join(f"{tok!r}: {s_vocab[tok]} vs {t_vocab[tok]}" for tok in moved[:_EXAMPLES])
-                         + (", ..." if len(moved) > _EXAMPLES else "") + ")")
+            parts.append(
+                f"{len(moved)} at different ids ("
+                + ", ".join(f"{tok!r}: {s_vocab[tok]} vs {t_vocab[tok]}" for tok in moved[:_EXAMPLES])
+                + (", ..." if len(moved) > _EXAMPLES else "")
+                + ")"
+            )
         differences.append(", ".join(parts))
     for name in _NAMED_SPECIALS:
         mine, theirs = getattr(student, name, None), getattr(teacher, name, None)
@@ -107,9 +111,11 @@ def compare_tokenizers(student, teacher) -> VocabularyCheck:
     s_special, t_special = _added_specials(student), _added_specials(teacher)
     if s_special != t_special:
         changed = sorted({i for i in set(s_special) | set(t_special) if s_special.get(i) != t_special.get(i)})
-        differences.append("special tokens: " + ", ".join(
-            f"id {i}: {s_special.get(i)!r} vs {t_special.get(i)!r}" for i in changed[:_EXAMPLES])
-            + (", ..." if len(changed) > _EXAMPLES else ""))
+        differences.append(
+            "special tokens: "
+            + ", ".join(f"id {i}: {s_special.get(i)!r} vs {t_special.get(i)!r}" for i in changed[:_EXAMPLES])
+            + (", ..." if len(changed) > _EXAMPLES else "")
+        )
     template_same = getattr(student, "chat_template", None) == getattr(teacher, "chat_template", None)
     return VocabularyCheck(not differences, len(s_vocab), len(t_vocab), differences, template_same)
 
@@ -119,8 +125,10 @@ def load_tokenizer(model_path: str):
     from transformers import AutoTokenizer
 
     if Path(model_path).is_absolute() and not Path(model_path).is_dir():
-        raise FileNotFoundError(f"model directory {model_path} does not exist; give a local checkpoint directory "
-                                "(or a Hugging Face id already in the cache)")
+        raise FileNotFoundError(
+            f"model directory {model_path} does not exist; give a local checkpoint directory "
+            "(or a Hugging Face id already in the cache)"
+        )
     return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
 
 
@@ -132,7 +140,8 @@ def require_same_tokenizer(student, teacher, teacher_name: str) -> VocabularyChe
             f"the teacher {teacher_name} does not share the student's tokenizer: {'; '.join(check.differences)}. "
             "OPCD compares the two models' next-token distributions over one vocabulary, so the teacher must "
             "tokenise exactly as the student does (same vocabulary and special tokens): a model of the same "
-            "family, e.g. Qwen3-8B teaching Qwen3-1.7B")
+            "family, e.g. Qwen3-8B teaching Qwen3-1.7B"
+        )
     return check
 
 

@@ -95,8 +95,9 @@ class DivergenceError(RuntimeError):
 class OPCDTrainer:
     """Distils `contexts` into `model` (see the module docstring). `model` is a plain transformers causal LM."""
 
-    def __init__(self, model, tokenizer, config: OPCDConfig, *, teacher_model=None,
-                 parent_adapter: str | Path | None = None):
+    def __init__(
+        self, model, tokenizer, config: OPCDConfig, *, teacher_model=None, parent_adapter: str | Path | None = None
+    ):
         self.config = config
         self.tokenizer = tokenizer
         self.parent_adapter = str(parent_adapter) if parent_adapter else None
@@ -113,11 +114,14 @@ class OPCDTrainer:
         self.model = self.policies.model
         rows = self.policies.rows
         if rows is not None and rows < len(tokenizer):
-            raise ValueError(f"the teacher's and the student's output heads share only {rows} rows, fewer than the "
-                             f"tokenizer's {len(tokenizer)} tokens; the teacher must cover the whole vocabulary")
+            raise ValueError(
+                f"the teacher's and the student's output heads share only {rows} rows, fewer than the "
+                f"tokenizer's {len(tokenizer)} tokens; the teacher must cover the whole vocabulary"
+            )
         # the teacher's shared prefix is spliced into its batch cache: only for models whose cache allows it
-        self._share_teacher_prefix = config.share_context_cache and plain_kv_layers(
-            self.policies.teacher_model or self.policies.student_lm) > 0
+        self._share_teacher_prefix = (
+            config.share_context_cache and plain_kv_layers(self.policies.teacher_model or self.policies.student_lm) > 0
+        )
         self._share_student_prefix = config.share_context_cache and plain_kv_layers(self.policies.student_lm) > 0
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         assert self._params, "nothing to train"
@@ -155,13 +159,19 @@ class OPCDTrainer:
         content (observations, replies, the teacher's lessons) is tokenised as text (`distill.chat_tokens`)."""
         ids = encode_chat(self.tokenizer, chat).ids
         if self.config.max_prompt_tokens:
-            ids = ids[-self.config.max_prompt_tokens:]
+            ids = ids[-self.config.max_prompt_tokens :]
         return ids
 
     def _generate(self, causal_lm, prompts: list[list[int]]) -> list[list[int]]:
         cfg = self.config
-        return sample_responses(causal_lm, prompts, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                                eos_ids=self._eos_ids, pad_id=self._pad_id)
+        return sample_responses(
+            causal_lm,
+            prompts,
+            temperature=cfg.temperature,
+            max_new_tokens=cfg.max_new_tokens,
+            eos_ids=self._eos_ids,
+            pad_id=self._pad_id,
+        )
 
     def _sample_student(self, prompts: list[list[int]]) -> list[list[int]]:
         with self.policies.sampling_model() as sampler:
@@ -178,8 +188,9 @@ class OPCDTrainer:
     def _teacher_hidden(self, prompts: list[list[int]], responses: list[list[int]]) -> tuple[torch.Tensor, object]:
         self.model.eval()
         with self.policies.teacher() as teacher:
-            hidden = response_hidden(teacher, prompts, responses, pad_id=self._pad_id,
-                                     shared_prefix=self._shared_prefix(prompts))
+            hidden = response_hidden(
+                teacher, prompts, responses, pad_id=self._pad_id, shared_prefix=self._shared_prefix(prompts)
+            )
             return hidden, self.policies.fit_head(lm_parts(teacher)[1])
 
     # -- training ----------------------------------------------------------------------------------------
@@ -226,11 +237,18 @@ class OPCDTrainer:
             student_lm = self._student_lm
             hidden = response_hidden(student_lm, student_ids, responses, pad_id=self._pad_id)
             result = chunked_topk_divergence(
-                hidden, teacher_hidden, mask, student_head=self.policies.fit_head(lm_parts(student_lm)[1]),
+                hidden,
+                teacher_hidden,
+                mask,
+                student_head=self.policies.fit_head(lm_parts(student_lm)[1]),
                 teacher_head=teacher_head,
-                targets=targets, divergence=divergence, k=cfg.k,
+                targets=targets,
+                divergence=divergence,
+                k=cfg.k,
                 temperature=1.0 if divergence == "cross_entropy" else cfg.temperature,
-                tail=cfg.tail, chunk_size=cfg.chunk_size)
+                tail=cfg.tail,
+                chunk_size=cfg.chunk_size,
+            )
             del hidden, teacher_hidden
         if self.world_size > 1:
             loss, sampled_kl, tokens = global_loss(result, self.model.device)
@@ -250,10 +268,16 @@ class OPCDTrainer:
         self.steps_done += 1
         finished = time.perf_counter()
         metrics = {
-            "step": self.steps_done, "objective": cfg.objective, "loss": loss, "lr": lr,
+            "step": self.steps_done,
+            "objective": cfg.objective,
+            "loss": loss,
+            "lr": lr,
             "kl_estimate": sampled_kl if cfg.objective == "opcd" else float("nan"),
-            "tokens": tokens, "grad_norm": grad_norm, "seconds": finished - started,
-            "sample_seconds": sampled - started, "teacher_seconds": scored - sampled,
+            "tokens": tokens,
+            "grad_norm": grad_norm,
+            "seconds": finished - started,
+            "sample_seconds": sampled - started,
+            "teacher_seconds": scored - sampled,
             "train_seconds": finished - scored,
             "response_length": tokens / batch_size,
             "train_tokens": self.tokens["train"] - counted["train"],
@@ -297,8 +321,9 @@ class OPCDTrainer:
         for layer in cache.layers:  # one copy of the prefix's KV, read by every row (a view, not a copy)
             layer.keys = layer.keys.expand(len(ids), -1, -1, -1)
             layer.values = layer.values.expand(len(ids), -1, -1, -1)
-        packed = pack_choices([p[common:] for p in ids], actions, pad_id=self._pad_id,
-                              past_lengths=[common] * len(ids), past_width=common)
+        packed = pack_choices(
+            [p[common:] for p in ids], actions, pad_id=self._pad_id, past_lengths=[common] * len(ids), past_width=common
+        )
         return choice_logprobs(decoder, head, packed, past=cache), fed
 
     def _teacher_choice_scores(self, teacher_ids: list[list[int]], actions: list[list[list[int]]]):
@@ -307,8 +332,12 @@ class OPCDTrainer:
         if missing:
             self.model.eval()
             with torch.no_grad(), self.policies.teacher() as teacher:
-                scored, fed = self._scored(teacher, [teacher_ids[i] for i in missing], [actions[i] for i in missing],
-                                           share=self._share_teacher_prefix)
+                scored, fed = self._scored(
+                    teacher,
+                    [teacher_ids[i] for i in missing],
+                    [actions[i] for i in missing],
+                    share=self._share_teacher_prefix,
+                )
             self.tokens["teacher"] += fed
             for i, scores in zip(missing, scored):  # a separate teacher may run on another device
                 self._teacher_choices[keys[i]] = scores.to(self.model.device)
@@ -322,29 +351,43 @@ class OPCDTrainer:
             return [list(range(len(prompts)))]
         order = sorted(range(len(prompts)), key=lambda i: sum(len(m["content"]) for m in prompts[i]))
         size = self.config.micro_batch_size
-        return [order[i:i + size] for i in range(0, len(order), size)]
+        return [order[i : i + size] for i in range(0, len(order), size)]
 
-    def _choice_loss(self, prompts: list[Chat], contexts: list[str], choices: list[list[str]],
-                     divergence: str) -> ChunkedLoss:
+    def _choice_loss(
+        self, prompts: list[Chat], contexts: list[str], choices: list[list[str]], divergence: str
+    ) -> ChunkedLoss:
         """The choice-policy divergence of the batch (mean over its prompts), back-propagated micro-batch by
         micro-batch (`micro_batch_size` prompts per forward); `tokens` counts decisions."""
         cfg = self.config
         generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.steps_done + (self.rank << 40))
         total, loss_sum, kl_sum = len(prompts), 0.0, 0.0
         for part in self._micro_batches(prompts):
-            student, teacher = self._choice_scores([prompts[i] for i in part], [contexts[i] for i in part],
-                                                   [choices[i] for i in part])
+            student, teacher = self._choice_scores(
+                [prompts[i] for i in part], [contexts[i] for i in part], [choices[i] for i in part]
+            )
             picks = None
             if divergence == "cross_entropy":  # SFT: one action drawn from the teacher's choice policy per prompt
-                picks = [int(torch.multinomial((t.float().cpu() / cfg.temperature).softmax(-1), 1,
-                                               generator=generator)) for t in teacher]
+                picks = [
+                    int(torch.multinomial((t.float().cpu() / cfg.temperature).softmax(-1), 1, generator=generator))
+                    for t in teacher
+                ]
             share = len(student) / total
-            loss = choice_divergence(student, teacher, divergence=divergence, temperature=cfg.temperature,
-                                     teacher_picks=picks) * share
+            loss = (
+                choice_divergence(
+                    student, teacher, divergence=divergence, temperature=cfg.temperature, teacher_picks=picks
+                )
+                * share
+            )
             loss.backward()
             with torch.no_grad():
-                kl_sum += float(choice_divergence([s.detach() for s in student], teacher, divergence="reverse",
-                                                  temperature=cfg.temperature)) * share
+                kl_sum += (
+                    float(
+                        choice_divergence(
+                            [s.detach() for s in student], teacher, divergence="reverse", temperature=cfg.temperature
+                        )
+                    )
+                    * share
+                )
             loss_sum += float(loss.detach())
         return ChunkedLoss(loss=loss_sum, sampled_kl=kl_sum, tokens=total)
 
@@ -358,29 +401,39 @@ class OPCDTrainer:
         """Abort before the optimizer step on a NaN/inf, an absurd loss, or repeated spikes."""
         cfg = self.config
         problem = None
-        recent = [m["loss"] for m in self.history[-cfg.divergence_window:]]
-        spike = len(recent) >= 5 and loss > cfg.divergence_spike_factor * max(statistics.median(recent),
-                                                                              cfg.divergence_spike_floor)
+        recent = [m["loss"] for m in self.history[-cfg.divergence_window :]]
+        spike = len(recent) >= 5 and loss > cfg.divergence_spike_factor * max(
+            statistics.median(recent), cfg.divergence_spike_floor
+        )
         self._spikes = self._spikes + 1 if spike else 0
         if not math.isfinite(loss):
             problem = f"loss is {loss}"
         elif loss > cfg.divergence_max_loss:
             problem = f"loss {loss:.3g} exceeds divergence_max_loss={cfg.divergence_max_loss}"
         elif self._spikes >= cfg.divergence_patience:
-            problem = (f"{self._spikes} consecutive losses above {cfg.divergence_spike_factor}x the recent median "
-                       f"{statistics.median(recent):.3g}")
+            problem = (
+                f"{self._spikes} consecutive losses above {cfg.divergence_spike_factor}x the recent median "
+                f"{statistics.median(recent):.3g}"
+            )
         if problem:
             self.optimizer.zero_grad(set_to_none=True)
             raise DivergenceError(f"step {self.steps_done}: {problem}; aborting the run (roll the adapter back)")
 
-    def train(self, prompt_source: Sequence[Chat] | Iterable[Chat], context_source: ContextSource,
-              steps: int | None = None, on_step: Callable[[dict], None] | None = None,
-              choices: Sequence[list[str]] | None = None, anchors: Sequence[Chat] = (),
-              anchor_choices: Sequence[list[str]] | None = None) -> list[dict]:
+    def train(
+        self,
+        prompt_source: Sequence[Chat] | Iterable[Chat],
+        context_source: ContextSource,
+        steps: int | None = None,
+        on_step: Callable[[dict], None] | None = None,
+        choices: Sequence[list[str]] | None = None,
+        anchors: Sequence[Chat] = (),
+        anchor_choices: Sequence[list[str]] | None = None,
+    ) -> list[dict]:
         """Run `steps` (default config.steps) optimizer steps; returns the per-step metrics.
 
         `prompt_source`: a sequence of chats (reshuffled every pass with the config seed) or an iterator of
-        chats (drawn in order; training stops early when it cannot fill a batch). `context_source`: one string for every sample (system-prompt distillation, or
+        chats (drawn in order; training stops early when it cannot fill a batch). `context_source`: one string for
+        every sample (system-prompt distillation, or
         one lesson set), a sequence of strings (one drawn at random per sample: the lesson pools), or a
         callable `chat -> context`. `on_step(metrics)` is called after each step (log it, save, stop by
         raising); under data parallel on rank 0 only (an exception there ends rank 0, and the launcher then
@@ -410,11 +463,17 @@ class OPCDTrainer:
         if cfg.validation_fraction > 0 and isinstance(prompt_source, Sequence) and len(prompt_source) >= 2:
             prompt_source, held = split_validation(list(prompt_source), cfg.validation_fraction, cfg.seed)
             held_chats = [item[0] if choices is not None else item for item in held]
-            validation = (held_chats, [pick(chat) for chat in held_chats],
-                          [item[1] for item in held] if choices is not None else None)
+            validation = (
+                held_chats,
+                [pick(chat) for chat in held_chats],
+                [item[1] for item in held] if choices is not None else None,
+            )
         # a sequence smaller than a batch is one batch: every step sees all of it (the exact gradient)
-        batch_size = (min(cfg.batch_size, len(prompt_source) + len(extra)) if isinstance(prompt_source, Sequence)
-                      else cfg.batch_size)
+        batch_size = (
+            min(cfg.batch_size, len(prompt_source) + len(extra))
+            if isinstance(prompt_source, Sequence)
+            else cfg.batch_size
+        )
         prompts = self._prompt_stream(prompt_source, rng)
         anchored = self._prompt_stream(extra, random.Random(f"anchors:{cfg.seed}")) if extra else None
         if validation is not None:
@@ -459,8 +518,13 @@ class OPCDTrainer:
         return sum(1 for v in self.validation if v["step"] > self.best["step"])
 
     @staticmethod
-    def _with_anchors(source, pick: Callable[[Chat], str], anchors: Sequence[Chat],
-                      choices: Sequence[list[str]] | None, anchor_choices: Sequence[list[str]] | None):
+    def _with_anchors(
+        source,
+        pick: Callable[[Chat], str],
+        anchors: Sequence[Chat],
+        choices: Sequence[list[str]] | None,
+        anchor_choices: Sequence[list[str]] | None,
+    ):
         """(the prompt sequence, a context picker that gives the anchors none, the anchors as prompt items)."""
         if not isinstance(source, Sequence):
             raise TypeError("anchors need a sequence of prompts, not an iterator")
@@ -484,6 +548,7 @@ class OPCDTrainer:
                     order = list(range(len(source)))
                     rng.shuffle(order)
                     yield from (source[i] for i in order)
+
             return cycle()
         return iter(source)
 
@@ -500,8 +565,9 @@ class OPCDTrainer:
 
     # -- evaluation and saving ---------------------------------------------------------------------------
     @torch.no_grad()
-    def kl_per_prompt(self, prompts: list[Chat], contexts: list[str],
-                      choices: list[list[str]] | None = None) -> list[float]:
+    def kl_per_prompt(
+        self, prompts: list[Chat], contexts: list[str], choices: list[list[str]] | None = None
+    ) -> list[float]:
         """Exact (full-vocabulary) reverse KL per response token, student without context vs teacher with it,
         on one student sample per prompt drawn with the fixed `eval_seed`; one value per prompt. With `choices`,
         the exact reverse KL between the two choice policies over each prompt's action set. Under data
@@ -514,15 +580,17 @@ class OPCDTrainer:
             for index, part in enumerate(self._micro_batches(prompts)):
                 if index % self.world_size != self.rank:
                     continue
-                student, teacher = self._choice_scores([prompts[i] for i in part], [contexts[i] for i in part],
-                                                       [choices[i] for i in part])
+                student, teacher = self._choice_scores(
+                    [prompts[i] for i in part], [contexts[i] for i in part], [choices[i] for i in part]
+                )
                 for i, s, t in zip(part, student, teacher):
-                    values[i] = float(choice_divergence([s], [t], divergence="reverse",
-                                                        temperature=self.config.temperature))
+                    values[i] = float(
+                        choice_divergence([s], [t], divergence="reverse", temperature=self.config.temperature)
+                    )
         for index, start in enumerate(range(0, len(prompts), self.config.batch_size)):
             if choices is not None or index % self.world_size != self.rank:
                 continue
-            chats = prompts[start:start + self.config.batch_size]
+            chats = prompts[start : start + self.config.batch_size]
             student_ids = [self.render(p) for p in chats]
             teacher_ids = [self.render(with_context(p, c)) for p, c in zip(chats, contexts[start:])]
             with torch.random.fork_rng(devices=[]):
@@ -534,18 +602,26 @@ class OPCDTrainer:
             head = lm_parts(self._student_lm)[1]
             for row in range(len(chats)):
                 mask = torch.zeros(1, hidden.shape[1], device=hidden.device)
-                mask[0, :len(responses[row])] = 1
+                mask[0, : len(responses[row])] = 1
                 result = chunked_topk_divergence(
-                    hidden[row:row + 1], teacher_hidden[row:row + 1], mask, student_head=self.policies.fit_head(head),
-                    teacher_head=teacher_head, k=head.weight.shape[0],
-                    temperature=self.config.temperature, chunk_size=self.config.chunk_size, backward=False)
+                    hidden[row : row + 1],
+                    teacher_hidden[row : row + 1],
+                    mask,
+                    student_head=self.policies.fit_head(head),
+                    teacher_head=teacher_head,
+                    k=head.weight.shape[0],
+                    temperature=self.config.temperature,
+                    chunk_size=self.config.chunk_size,
+                    backward=False,
+                )
                 values[start + row] = result.loss
         if self.world_size > 1:
             torch.distributed.all_reduce(values)
         return values.tolist()
 
-    def evaluate_kl(self, prompts: list[Chat], contexts: list[str] | str,
-                    choices: list[list[str]] | None = None) -> float:
+    def evaluate_kl(
+        self, prompts: list[Chat], contexts: list[str] | str, choices: list[list[str]] | None = None
+    ) -> float:
         """Held-out mean reverse KL(student without context || teacher with it), per response token or, with
         `choices`, per decision; lower is better."""
         if isinstance(contexts, str):
@@ -569,8 +645,14 @@ class OPCDTrainer:
                 self.tokenizer.save_pretrained(partial)
             else:
                 self.model.save_pretrained(partial, selected_adapters=["default"])
-            write_metadata(partial, {
-                "config": self.config.model_dump(), "steps": self.steps_done, "parent_adapter": self.parent_adapter,
-                "base_model": getattr(self._student_lm.config, "_name_or_path", None),
-                "last_metrics": self.history[-1] if self.history else None, **(metadata or {}),
-            })
+            write_metadata(
+                partial,
+                {
+                    "config": self.config.model_dump(),
+                    "steps": self.steps_done,
+                    "parent_adapter": self.parent_adapter,
+                    "base_model": getattr(self._student_lm.config, "_name_or_path", None),
+                    "last_metrics": self.history[-1] if self.history else None,
+                    **(metadata or {}),
+                },
+            )

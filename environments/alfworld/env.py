@@ -1,7 +1,8 @@
 """`alfworld/text`: ALFWorld's text household tasks, on the official games or on offline-generated ones.
 
 Official games: point `data_path` (or the `ALFWORLD_DATA` environment variable, as alfworld's own
-scripts do; it counts only when it holds json_2.1.1) at the downloaded data; tasks are the solvable `game.tw-pddl` files under
+scripts do; it counts only when it holds json_2.1.1) at the downloaded data; tasks are the solvable `game.tw-pddl`
+files under
 `json_2.1.1/train` (train) and `json_2.1.1/valid_unseen` (eval; `eval_split="valid_seen"` for the
 seen-rooms split), filtered by task type exactly as alfworld's `AlfredTWEnv` filters them.
 
@@ -9,7 +10,8 @@ Generated games (no data): `environments.alfworld.generate` builds ALFWorld-styl
 own files; train tasks use ALFRED's training floor plans and eval tasks its held-out floor plans (so eval
 rooms are unseen). Every generated game is played by alfworld's hand-coded expert before it is offered;
 a game the expert does not win within `spec.max_steps` is discarded and the task moves to the next
-attempt seed (so every offered game is winnable within the step budget). The winning expert trajectory is cached with the game and served by `expert_actions()`.
+attempt seed (so every offered game is winnable within the step budget). The winning expert trajectory is cached with
+the game and served by `expert_actions()`.
 Generated games live in `<cache_dir>/alfworld/<hash>/`, written through `environments.game_cache` (shared by
 every workdir, built in a temporary folder renamed into place, a damaged entry rebuilt).
 Scores on generated games are not comparable with published ALFWorld numbers (different rooms' object
@@ -53,8 +55,10 @@ def _official_games(root: Path, split: str, task_types: Sequence[str]) -> list[s
     """Solvable official games of a split, as alfworld's AlfredTWEnv.collect_game_files selects them."""
     base = root / "json_2.1.1" / split
     if not base.is_dir():
-        raise AlfworldDataError(f"no ALFWorld split at {base}; ALFWORLD_DATA / data_path must point at the "
-                                "folder that holds json_2.1.1 (see `alfworld-download`)")
+        raise AlfworldDataError(
+            f"no ALFWorld split at {base}; ALFWORLD_DATA / data_path must point at the "
+            "folder that holds json_2.1.1 (see `alfworld-download`)"
+        )
     games = []
     for traj in sorted(base.rglob("traj_data.json")):
         folder = traj.parent
@@ -99,17 +103,28 @@ class AlfworldEnv(EpisodicEnv):
             raise ValueError(f"eval_split must be 'valid_unseen' or 'valid_seen', got {eval_split!r}")
         data = data_path or _default_data_path()
         self.source = "official" if data else "generated"
-        description = ("ALFWorld text games (official data)" if data else
-                       "ALFWorld-style text games generated offline (not comparable with published ALFWorld scores)")
-        spec = EnvSpec(id="alfworld/text", version="1", max_steps=50, family="text", description=description,
-                       kwargs={"source": self.source, "task_types": list(types)})
+        description = (
+            "ALFWorld text games (official data)"
+            if data
+            else "ALFWorld-style text games generated offline (not comparable with published ALFWorld scores)"
+        )
+        spec = EnvSpec(
+            id="alfworld/text",
+            version="1",
+            max_steps=50,
+            family="text",
+            description=description,
+            kwargs={"source": self.source, "task_types": list(types)},
+        )
         super().__init__(spec, max_steps=max_steps)
         self.task_types = types
         self.cache_dir = resolve_cache_dir(cache_dir) / "alfworld"
         if data:
             self.data_root = Path(data).expanduser()
-            self._official = {"train": _official_games(self.data_root, "train", types),
-                              "eval": _official_games(self.data_root, eval_split, types)}
+            self._official = {
+                "train": _official_games(self.data_root, "train", types),
+                "eval": _official_games(self.data_root, eval_split, types),
+            }
             for split, games in self._official.items():
                 if not games:
                     raise AlfworldDataError(f"no solvable {split} games of types {list(types)} under {self.data_root}")
@@ -143,11 +158,18 @@ class AlfworldEnv(EpisodicEnv):
         import alfworld
 
         split, index, task_type = self._task_key(task_id)
-        payload = json.dumps({"split": split, "index": index, "type": task_type, "gen": _GENERATOR_VERSION,
-                              "alfworld": getattr(alfworld, "__version__", "?"), "expert": self.spec.max_steps})
+        payload = json.dumps(
+            {
+                "split": split,
+                "index": index,
+                "type": task_type,
+                "gen": _GENERATOR_VERSION,
+                "alfworld": getattr(alfworld, "__version__", "?"),
+                "expert": self.spec.max_steps,
+            }
+        )
         key = hashlib.sha256(payload.encode()).hexdigest()[:24]  # as before, so existing entries stay valid
-        return cached_entry(self.cache_dir, key, _GAME_FILES,
-                            lambda tmp: self._generate(split, index, task_type, tmp))
+        return cached_entry(self.cache_dir, key, _GAME_FILES, lambda tmp: self._generate(split, index, task_type, tmp))
 
     def _generate(self, split: str, index: int, task_type: str, folder: Path) -> None:
         """Write into `folder` the first game of the task that the expert wins, and the expert's actions."""
@@ -164,8 +186,9 @@ class AlfworldEnv(EpisodicEnv):
                 continue
             actions = self._expert_solution(game.write(folder))  # a later attempt overwrites both files
             if actions is not None:
-                (folder / "expert.json").write_text(json.dumps({"actions": actions, "attempt": attempt,
-                                                                "task": game.task_description}))
+                (folder / "expert.json").write_text(
+                    json.dumps({"actions": actions, "attempt": attempt, "task": game.task_description})
+                )
                 return
         raise EnvError(f"alfworld/text: no {task_type} game the expert could solve after {MAX_ATTEMPTS} attempts")
 
@@ -175,8 +198,11 @@ class AlfworldEnv(EpisodicEnv):
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos
 
         infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=True, extras=["gamefile", "expert_plan"])
-        env = textworld.start(str(game_file), request_infos=infos,
-                              wrappers=[AlfredDemangler, AlfredInfos, lambda e: AlfredExpert(e, "handcoded")])
+        env = textworld.start(
+            str(game_file),
+            request_infos=infos,
+            wrappers=[AlfredDemangler, AlfredInfos, lambda e: AlfredExpert(e, "handcoded")],
+        )
         state = random.getstate()
         random.seed(0)  # the expert picks random admissible actions when stuck
         try:
@@ -207,8 +233,9 @@ class AlfworldEnv(EpisodicEnv):
         if self._env is None or self._loaded != folder:  # loading parses the PDDL: reuse it for replays
             self.close()
             infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
-            self._env = textworld.start(str(folder / "game.tw-pddl"), request_infos=infos,
-                                        wrappers=[AlfredDemangler, AlfredInfos])
+            self._env = textworld.start(
+                str(folder / "game.tw-pddl"), request_infos=infos, wrappers=[AlfredDemangler, AlfredInfos]
+            )
             self._loaded = folder
         state = self._state = self._env.reset()
         feedback = state["feedback"]
@@ -217,16 +244,22 @@ class AlfworldEnv(EpisodicEnv):
 
     def _info(self, state: Any) -> dict[str, Any]:
         won = bool(state["won"])
-        return {"admissible_actions": list(state["admissible_commands"] or []), "won": won, "score": float(won),
-                "goal": self._goal, "source": self.source}
+        return {
+            "admissible_actions": list(state["admissible_commands"] or []),
+            "won": won,
+            "score": float(won),
+            "goal": self._goal,
+            "source": self.source,
+        }
 
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         meta = meta_command(action)
         if meta is not None:  # the PDDL engine would not apply it either; flagged as TextWorld flags it
             return NOTHING_HAPPENS, 0.0, False, {**self._info(self._state), "meta_command": meta}
         multi = multi_command(action)  # several objects or commands in one line: never sent, as in TextWorld
-        if multi is not None and action.strip().lower() not in {a.lower() for a in self._state["admissible_commands"]
-                                                                or []}:
+        if multi is not None and action.strip().lower() not in {
+            a.lower() for a in self._state["admissible_commands"] or []
+        }:
             return NOTHING_HAPPENS, 0.0, False, {**self._info(self._state), "multi_command": multi}
         state, _, done = self._env.step(action.strip())
         self._state = state
@@ -245,8 +278,9 @@ class AlfworldEnv(EpisodicEnv):
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
 
         infos = textworld.EnvInfos(extras=["walkthrough"])
-        planner = textworld.start(str(self.data_root / self._task_id / "game.tw-pddl"), request_infos=infos,
-                                  wrappers=[AlfredDemangler])
+        planner = textworld.start(
+            str(self.data_root / self._task_id / "game.tw-pddl"), request_infos=infos, wrappers=[AlfredDemangler]
+        )
         try:
             return list(planner.reset()["extra.walkthrough"])
         finally:

@@ -44,10 +44,16 @@ TASK_TYPES = (
     "pick_two_obj_and_place",
     "look_at_obj_in_light",
 )
-_TOOL_RECEPTACLE = {"pick_clean_then_place_in_recep": "SinkBasin", "pick_heat_then_place_in_recep": "Microwave",
-                    "pick_cool_then_place_in_recep": "Fridge"}
-_TOOL_FLAG = {"pick_clean_then_place_in_recep": "Cleanable", "pick_heat_then_place_in_recep": "Heatable",
-              "pick_cool_then_place_in_recep": "Coolable"}
+_TOOL_RECEPTACLE = {
+    "pick_clean_then_place_in_recep": "SinkBasin",
+    "pick_heat_then_place_in_recep": "Microwave",
+    "pick_cool_then_place_in_recep": "Fridge",
+}
+_TOOL_FLAG = {
+    "pick_clean_then_place_in_recep": "Cleanable",
+    "pick_heat_then_place_in_recep": "Heatable",
+    "pick_cool_then_place_in_recep": "Coolable",
+}
 LAMPS = ("DeskLamp", "FloorLamp")
 _LAMP_HOLDERS = ("Desk", "SideTable", "Dresser", "Shelf", "CoffeeTable", "DiningTable", "TVStand")
 MAX_INSTANCES = 3
@@ -85,7 +91,7 @@ def available_scenes() -> list[int]:
     layouts = _alfworld_root() / "gen" / "layouts"
     numbers = []
     for path in layouts.glob("FloorPlan*-openable.json"):
-        number = path.name[len("FloorPlan"):-len("-openable.json")]
+        number = path.name[len("FloorPlan") : -len("-openable.json")]
         if number.isdigit() and (layouts / f"FloorPlan{number}-objects.json").exists():
             numbers.append(int(number))
     return sorted(numbers)
@@ -111,9 +117,13 @@ class GeneratedGame:
     game_data: dict[str, Any] = field(default_factory=dict)
 
     def traj_data(self) -> dict[str, Any]:
-        return {"task_type": self.task_type, "pddl_params": self.pddl_params,
-                "scene": {"floor_plan": f"FloorPlan{self.scene}"}, "generated_by": "agent-runtime",
-                "turk_annotations": {"anns": [{"task_desc": self.task_description}]}}
+        return {
+            "task_type": self.task_type,
+            "pddl_params": self.pddl_params,
+            "scene": {"floor_plan": f"FloorPlan{self.scene}"},
+            "generated_by": "agent-runtime",
+            "turk_annotations": {"anns": [{"task_desc": self.task_description}]},
+        }
 
     def write(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
@@ -133,8 +143,9 @@ def _placeable(constants: Any) -> dict[str, list[str]]:
     return holders
 
 
-def _choose_task(rng: random.Random, task_type: str, scene: Scene, constants: Any,
-                 holders: dict[str, list[str]]) -> dict[str, str] | None:
+def _choose_task(
+    rng: random.Random, task_type: str, scene: Scene, constants: Any, holders: dict[str, list[str]]
+) -> dict[str, str] | None:
     present = {scene.receptacle_class(r) for r in scene.receptacles}
     objects = [o for o in scene.object_classes if o in holders and set(holders[o]) & present]
     if task_type == "look_at_obj_in_light":
@@ -171,17 +182,25 @@ def generate_game(seed: int, task_type: str, scene_number: int) -> GeneratedGame
     for rid in scene.receptacles:
         receptacles_by_class.setdefault(scene.receptacle_class(rid), []).append(rid)
 
-    classes = [o for o in scene.object_classes if o in holders and set(holders[o]) & set(receptacles_by_class)
-               and o != target]
+    classes = [
+        o for o in scene.object_classes if o in holders and set(holders[o]) & set(receptacles_by_class) and o != target
+    ]
     rng.shuffle(classes)
     classes = [target] + classes[: MAX_OBJECT_CLASSES - 1]
     placements: list[tuple[str, str, str]] = []  # (object class, object id, receptacle id)
     for obj in classes:
-        count = rng.randint(2, MAX_INSTANCES) if obj == target and task_type == "pick_two_obj_and_place" \
+        count = (
+            rng.randint(2, MAX_INSTANCES)
+            if obj == target and task_type == "pick_two_obj_and_place"
             else rng.randint(1, 2)
+        )
         # the target must not start where it has to end up, or the task would be solved already
-        options = [r for rc in holders[obj] if rc in receptacles_by_class and not (obj == target and rc == parent)
-                   for r in receptacles_by_class[rc]]
+        options = [
+            r
+            for rc in holders[obj]
+            if rc in receptacles_by_class and not (obj == target and rc == parent)
+            for r in receptacles_by_class[rc]
+        ]
         if not options:
             if obj == target:
                 return None
@@ -191,12 +210,22 @@ def generate_game(seed: int, task_type: str, scene_number: int) -> GeneratedGame
             placements.append((obj, f"{obj}|{coords}", rng.choice(options)))
     if toggle:
         holders_here = [r for rc in _LAMP_HOLDERS for r in receptacles_by_class.get(rc, [])]
-        placements.append((toggle, f"{toggle}|{rng.uniform(-3, 3):+06.2f}|+01.00|{rng.uniform(-3, 3):+06.2f}",
-                           rng.choice(holders_here)))
+        placements.append(
+            (
+                toggle,
+                f"{toggle}|{rng.uniform(-3, 3):+06.2f}|+01.00|{rng.uniform(-3, 3):+06.2f}",
+                rng.choice(holders_here),
+            )
+        )
 
     problem = _problem(scene, placements, task_type, task, constants, goal_library)
-    params = {"object_target": target, "parent_target": parent, "toggle_target": toggle, "mrecep_target": "",
-              "object_sliced": False}
+    params = {
+        "object_target": target,
+        "parent_target": parent,
+        "toggle_target": toggle,
+        "mrecep_target": "",
+        "object_sliced": False,
+    }
     root = _alfworld_root() / "data"
     traj_stub = {"task_type": task_type, "pddl_params": params}
     template_rng = random.Random(rng.random())
@@ -206,11 +235,17 @@ def generate_game(seed: int, task_type: str, scene_number: int) -> GeneratedGame
         grammar = add_task_to_grammar((root / "alfred.twl2").read_text(), traj_stub)
     finally:
         random.setstate(state)
-    description = grammar.split("Your task is to: ", 1)[1].split('"', 1)[0].rstrip(".") if "Your task is to: " \
-        in grammar else ""
+    description = (
+        grammar.split("Your task is to: ", 1)[1].split('"', 1)[0].rstrip(".") if "Your task is to: " in grammar else ""
+    )
     game = GeneratedGame(task_type, scene_number, params, description)
-    game.game_data = {"pddl_domain": (root / "alfred.pddl").read_text(), "grammar": grammar,
-                      "pddl_problem": problem, "solvable": True, "generated_by": "agent-runtime"}
+    game.game_data = {
+        "pddl_domain": (root / "alfred.pddl").read_text(),
+        "grammar": grammar,
+        "pddl_problem": problem,
+        "solvable": True,
+        "generated_by": "agent-runtime",
+    }
     return game
 
 
@@ -219,8 +254,14 @@ def _location(pose: tuple[float, float, int, int]) -> str:
     return mangle(f"loc|{round(x / 0.25)}|{round(z / 0.25)}|{rotation // 90 % 4}|{horizon}")
 
 
-def _problem(scene: Scene, placements: list[tuple[str, str, str]], task_type: str, task: dict[str, str],
-             constants: Any, goal_library: Any) -> str:
+def _problem(
+    scene: Scene,
+    placements: list[tuple[str, str, str]],
+    task_type: str,
+    task: dict[str, str],
+    constants: Any,
+    goal_library: Any,
+) -> str:
     rtypes = sorted(constants.RECEPTACLES - set(constants.MOVABLE_RECEPTACLES))
     otypes = sorted(set(constants.OBJECTS) - set(rtypes))
     locations = {rid: _location(pose) for rid, pose in scene.receptacles.items()}
@@ -239,8 +280,11 @@ def _problem(scene: Scene, placements: list[tuple[str, str, str]], task_type: st
     for obj, oid, rid in placements:
         name = mangle(oid)
         object_classes.add(obj)
-        facts += [f"(objectType {name} {obj}Type)", f"(inReceptacle {name} {mangle(rid)})",
-                  f"(objectAtLocation {name} {locations[rid]})"]
+        facts += [
+            f"(objectType {name} {obj}Type)",
+            f"(inReceptacle {name} {mangle(rid)})",
+            f"(objectAtLocation {name} {locations[rid]})",
+        ]
         if obj not in LAMPS:
             facts.append(f"(pickupable {name})")
         if obj in constants.MOVABLE_RECEPTACLES:
@@ -249,12 +293,25 @@ def _problem(scene: Scene, placements: list[tuple[str, str, str]], task_type: st
     for rclass in sorted(receptacle_classes):
         for obj in sorted(object_classes & set(constants.VAL_RECEPTACLE_OBJECTS.get(rclass, ()))):
             facts.append(f"(canContain {rclass}Type {obj}Type)")
-    objects = (["agent1 - agent", f"{start} - location"]
-               + [f"{t}Type - otype" for t in otypes] + [f"{t}Type - rtype" for t in rtypes]
-               + sorted({f"{loc} - location" for loc in locations.values()})
-               + [f"{mangle(rid)} - receptacle" for rid in locations]
-               + [f"{mangle(oid)} - object" for _, oid, _ in placements])
-    goal = goal_library.gdict[task_type]["pddl"].format(
-        obj=task["object_target"], recep=task["parent_target"], toggle=task["toggle_target"]).replace("#", "-")
-    return ("(define (problem alfworld_generated)\n(:domain alfred)\n(:objects\n  "
-            + "\n  ".join(objects) + "\n)\n(:init\n  " + "\n  ".join(facts) + "\n)\n" + goal.strip() + "\n")
+    objects = (
+        ["agent1 - agent", f"{start} - location"]
+        + [f"{t}Type - otype" for t in otypes]
+        + [f"{t}Type - rtype" for t in rtypes]
+        + sorted({f"{loc} - location" for loc in locations.values()})
+        + [f"{mangle(rid)} - receptacle" for rid in locations]
+        + [f"{mangle(oid)} - object" for _, oid, _ in placements]
+    )
+    goal = (
+        goal_library.gdict[task_type]["pddl"]
+        .format(obj=task["object_target"], recep=task["parent_target"], toggle=task["toggle_target"])
+        .replace("#", "-")
+    )
+    return (
+        "(define (problem alfworld_generated)\n(:domain alfred)\n(:objects\n  "
+        + "\n  ".join(objects)
+        + "\n)\n(:init\n  "
+        + "\n  ".join(facts)
+        + "\n)\n"
+        + goal.strip()
+        + "\n"
+    )

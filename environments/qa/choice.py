@@ -75,20 +75,36 @@ def chosen_label(reply: str, labels: Sequence[str], *, tag_only: bool = False) -
 class ChoiceEnv(EpisodicEnv):
     """Fixed questions, each answered by one of `labels`, as one-step episodes."""
 
-    def __init__(self, env_id: str, description: str, questions: dict[str, list[tuple[str, str]]],
-                 labels: Sequence[str], goal: str, *, source: str, answer_tag_only: bool = False,
-                 max_steps: int | None = None) -> None:
-        super().__init__(EnvSpec(id=env_id, version="1", max_steps=1, family="math", description=description,
-                                 kwargs={"source": source}), max_steps=max_steps)
+    def __init__(
+        self,
+        env_id: str,
+        description: str,
+        questions: dict[str, list[tuple[str, str]]],
+        labels: Sequence[str],
+        goal: str,
+        *,
+        source: str,
+        answer_tag_only: bool = False,
+        max_steps: int | None = None,
+    ) -> None:
+        super().__init__(
+            EnvSpec(
+                id=env_id, version="1", max_steps=1, family="math", description=description, kwargs={"source": source}
+            ),
+            max_steps=max_steps,
+        )
         for split in ("train", "eval"):
             if not questions.get(split):
-                raise EnvError(f"{env_id}: the {split} split has no questions (a single file gives every tenth "
-                               "row to eval: give at least ten rows, or eval_path= for the eval split)")
+                raise EnvError(
+                    f"{env_id}: the {split} split has no questions (a single file gives every tenth "
+                    "row to eval: give at least ten rows, or eval_path= for the eval split)"
+                )
         for split, rows in questions.items():
             for question, gold in rows:
                 if gold not in labels:
-                    raise EnvError(f"{env_id}: gold answer {gold!r} is not one of {', '.join(labels)} "
-                                   f"(question {question[:60]!r})")
+                    raise EnvError(
+                        f"{env_id}: gold answer {gold!r} is not one of {', '.join(labels)} (question {question[:60]!r})"
+                    )
         self.labels = tuple(labels)
         self.answer_tag_only = answer_tag_only
         self._questions = questions

@@ -35,8 +35,10 @@ from environments.qa.choice import ChoiceEnv
 PROMPT_FIELDS = ("content", "prompt", "messages")
 LETTERS = ("A", "B", "C", "D")
 YES_NO = ("yes", "no")
-HUB = {"medmcqa": ("ytz20/sys_medmcqa_train", "ytz20/sys_medmcqa_test"),
-       "safety": ("ytz20/sys_safety_train", "ytz20/sys_safety_test")}
+HUB = {
+    "medmcqa": ("ytz20/sys_medmcqa_train", "ytz20/sys_medmcqa_test"),
+    "safety": ("ytz20/sys_safety_train", "ytz20/sys_safety_test"),
+}
 HOLDOUT = 10
 LETTER_FORMAT = "Give the letter of the correct option in the form <answer>X</answer>."
 YES_NO_FORMAT = "Answer yes or no, in the form <answer>yes</answer> or <answer>no</answer>."
@@ -55,8 +57,9 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise QADataUnavailableError(f"reading {path} needs pyarrow (pip install pyarrow), or convert it to "
-                                         "JSONL") from None
+            raise QADataUnavailableError(
+                f"reading {path} needs pyarrow (pip install pyarrow), or convert it to JSONL"
+            ) from None
         return pq.read_table(path).to_pylist()
     text = path.read_text(encoding="utf-8")
     try:
@@ -74,8 +77,9 @@ def _prompt_text(value: Any, where: str) -> str:
     elif isinstance(value, list) and all(isinstance(m, dict) for m in value):
         text = "\n\n".join(str(m.get("content", "")) for m in value if m.get("role", "user") == "user")
     else:
-        raise EnvError(f"{where}: the prompt must be a string or a list of {{role, content}} messages, "
-                       f"got {type(value).__name__}")
+        raise EnvError(
+            f"{where}: the prompt must be a string or a list of {{role, content}} messages, got {type(value).__name__}"
+        )
     if not text.strip():
         raise EnvError(f"{where}: the prompt is empty")
     return text
@@ -91,8 +95,10 @@ def _options(row: dict[str, Any], where: str) -> list[str]:
             return [by_letter[letter] for letter in LETTERS]
     elif isinstance(options, list) and len(options) == len(LETTERS):
         return [str(o) for o in options]
-    raise EnvError(f"{where}: a MedMCQA question needs four options (opa..opd, or options: a list of four or "
-                   f"a mapping A-D); fields: {', '.join(row)}")
+    raise EnvError(
+        f"{where}: a MedMCQA question needs four options (opa..opd, or options: a list of four or "
+        f"a mapping A-D); fields: {', '.join(row)}"
+    )
 
 
 def _cop_base(rows: list[dict[str, Any]], where: str) -> int:
@@ -102,8 +108,10 @@ def _cop_base(rows: list[dict[str, Any]], where: str) -> int:
         return 0
     if 4 in indices and 0 not in indices:
         return 1
-    raise EnvError(f"{where}: cannot tell whether cop counts options from 0 or from 1 (indices seen: "
-                   f"{sorted(indices, key=str)}); give answer letters A-D instead")
+    raise EnvError(
+        f"{where}: cannot tell whether cop counts options from 0 or from 1 (indices seen: "
+        f"{sorted(indices, key=str)}); give answer letters A-D instead"
+    )
 
 
 def _letter(row: dict[str, Any], base: int, where: str) -> str:
@@ -116,8 +124,9 @@ def _letter(row: dict[str, Any], base: int, where: str) -> str:
         raise EnvError(f"{where}: no answer (give `answer`, a letter A-D, or `cop`); fields: {', '.join(row)}")
     index = row["cop"]
     if index == -1:
-        raise EnvError(f"{where}: no answer (cop -1): MedMCQA's test split has no public answers; evaluate on "
-                       "its validation split")
+        raise EnvError(
+            f"{where}: no answer (cop -1): MedMCQA's test split has no public answers; evaluate on its validation split"
+        )
     if not isinstance(index, int) or not 0 <= index - base < len(LETTERS):
         raise EnvError(f"{where}: cop {index!r} is not an option index")
     return LETTERS[index - base]
@@ -136,8 +145,9 @@ def medmcqa_questions(rows: list[dict[str, Any]], origin: str) -> list[tuple[str
             listed = "\n".join(f"{letter}. {option}" for letter, option in zip(LETTERS, _options(row, where)))
             text = f"{row['question']}\n\n{listed}\n\n{LETTER_FORMAT}"
         else:
-            raise EnvError(f"{where}: no question (tried {', '.join(PROMPT_FIELDS)}, question); "
-                           f"fields: {', '.join(row)}")
+            raise EnvError(
+                f"{where}: no question (tried {', '.join(PROMPT_FIELDS)}, question); fields: {', '.join(row)}"
+            )
         questions.append((text, _letter(row, base, where)))
     return questions
 
@@ -153,8 +163,9 @@ def safety_questions(rows: list[dict[str, Any]], origin: str) -> list[tuple[str,
         elif "question" in row:
             text = f"{row['question']}\n\n{YES_NO_FORMAT}"
         else:
-            raise EnvError(f"{where}: no question (tried {', '.join(PROMPT_FIELDS)}, question); "
-                           f"fields: {', '.join(row)}")
+            raise EnvError(
+                f"{where}: no question (tried {', '.join(PROMPT_FIELDS)}, question); fields: {', '.join(row)}"
+            )
         if "answer" not in row:
             raise EnvError(f"{where}: no answer (yes or no); fields: {', '.join(row)}")
         answer = row["answer"]
@@ -177,8 +188,13 @@ def _questions(kind: str, path: str | None, eval_path: str | None) -> tuple[dict
         train = parse(read_rows(path), str(path))
         if eval_path is not None:
             return {"train": train, "eval": parse(read_rows(eval_path), str(eval_path))}, str(path)
-        return ({"train": [q for i, q in enumerate(train) if i % HOLDOUT != HOLDOUT - 1],
-                 "eval": [q for i, q in enumerate(train) if i % HOLDOUT == HOLDOUT - 1]}, str(path))
+        return (
+            {
+                "train": [q for i, q in enumerate(train) if i % HOLDOUT != HOLDOUT - 1],
+                "eval": [q for i, q in enumerate(train) if i % HOLDOUT == HOLDOUT - 1],
+            },
+            str(path),
+        )
     if eval_path is not None:
         raise EnvError(f"qa/{kind}: eval_path= needs path= too (the train split)")
     names = dict(zip(("train", "eval"), HUB[kind]))
@@ -194,26 +210,53 @@ def _questions(kind: str, path: str | None, eval_path: str | None) -> tuple[dict
     return {split: parse(rows[split], name) for split, name in names.items()}, ", ".join(names.values())
 
 
-def medmcqa(*, path: str | None = None, eval_path: str | None = None, answer_tag_only: bool = False,
-            max_steps: int | None = None, cache_dir: str | None = None) -> ChoiceEnv:
+def medmcqa(
+    *,
+    path: str | None = None,
+    eval_path: str | None = None,
+    answer_tag_only: bool = False,
+    max_steps: int | None = None,
+    cache_dir: str | None = None,
+) -> ChoiceEnv:
     """MedMCQA medical multiple-choice questions (options A-D) from a local file or the paper's exports.
 
     `answer_tag_only` grades only `<answer>` tags, as the paper did. `cache_dir` is accepted for uniformity with
     the other built-ins: the `datasets` library keeps its own cache.
     """
     questions, origin = _questions("medmcqa", path, eval_path)
-    return ChoiceEnv("qa/medmcqa", f"MedMCQA medical multiple-choice questions ({origin})", questions, LETTERS,
-                     "Choose the correct option: A, B, C or D.", source=origin, answer_tag_only=answer_tag_only,
-                     max_steps=max_steps)
+    return ChoiceEnv(
+        "qa/medmcqa",
+        f"MedMCQA medical multiple-choice questions ({origin})",
+        questions,
+        LETTERS,
+        "Choose the correct option: A, B, C or D.",
+        source=origin,
+        answer_tag_only=answer_tag_only,
+        max_steps=max_steps,
+    )
 
 
-def safety(*, path: str | None = None, eval_path: str | None = None, answer_tag_only: bool = False,
-           max_steps: int | None = None, cache_dir: str | None = None) -> ChoiceEnv:
+def safety(
+    *,
+    path: str | None = None,
+    eval_path: str | None = None,
+    answer_tag_only: bool = False,
+    max_steps: int | None = None,
+    cache_dir: str | None = None,
+) -> ChoiceEnv:
     """The OPCD paper's safety set (yes/no judgements) from a local file or the paper's exports.
 
     `answer_tag_only` grades only `<answer>` tags, as the paper did. `cache_dir` is accepted for uniformity with
     the other built-ins: the `datasets` library keeps its own cache.
     """
     questions, origin = _questions("safety", path, eval_path)
-    return ChoiceEnv("qa/safety", f"Safety yes/no judgements ({origin})", questions, YES_NO,
-                     "Answer yes or no.", source=origin, answer_tag_only=answer_tag_only, max_steps=max_steps)
+    return ChoiceEnv(
+        "qa/safety",
+        f"Safety yes/no judgements ({origin})",
+        questions,
+        YES_NO,
+        "Answer yes or no.",
+        source=origin,
+        answer_tag_only=answer_tag_only,
+        max_steps=max_steps,
+    )

@@ -16,13 +16,14 @@ Revision ID: 0002
 Revises: 0001
 Create Date: 2026-12-02 00:40:00
 """
+
 from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0002'
-down_revision: str | None = '0001'
+revision: str = "0002"
+down_revision: str | None = "0001"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -43,10 +44,10 @@ def read_note(note: str) -> tuple[str, str, str]:
     """(status, made_by, the note without its markers), read as revision 0001's code read a note."""
     for prefix, status in PREFIXES:
         if note.startswith(prefix):
-            rest = note[len(prefix):].lstrip()
+            rest = note[len(prefix) :].lstrip()
             if rest.startswith(USER_MARK):
                 # the curator joined its label with "; " ("user:; pool 0: add 1"), the CLI with " "
-                return status, "user", rest[len(USER_MARK):].lstrip().removeprefix(";").lstrip()
+                return status, "user", rest[len(USER_MARK) :].lstrip().removeprefix(";").lstrip()
             return status, "agent", rest
     return "live", "agent", note
 
@@ -71,9 +72,7 @@ def _state_column(name: str, default: str, allowed: tuple[str, ...], table: str)
 def upgrade() -> None:
     op.add_column("lesson_sets", _state_column("status", "live", ("live", "candidate"), "lesson_sets"))
     op.add_column("lesson_sets", _state_column("made_by", "agent", ("agent", "user"), "lesson_sets"))
-    op.add_column(
-        "evaluations", _state_column("kind", "eval", ("eval", "gate", "lesson-utility"), "evaluations")
-    )
+    op.add_column("evaluations", _state_column("kind", "eval", ("eval", "gate", "lesson-utility"), "evaluations"))
     bind = op.get_bind()
     rows = bind.execute(sa.select(LESSON_SETS.c.id, LESSON_SETS.c.note)).all()
     changes = []
@@ -102,9 +101,7 @@ def downgrade() -> None:
     ).all()
     for row_id, status, made_by, note in rows:
         bind.execute(
-            LESSON_SETS.update()
-            .where(LESSON_SETS.c.id == row_id)
-            .values(note=write_note(status, made_by, note))
+            LESSON_SETS.update().where(LESSON_SETS.c.id == row_id).values(note=write_note(status, made_by, note))
         )
     # In place too (SQLite >= 3.35 drops a column whose only CHECK is its own without a rebuild).
     op.drop_column("evaluations", "kind")

@@ -22,6 +22,7 @@ Revision ID: 0003
 Revises: 0002
 Create Date: 2026-12-02 02:00:00
 """
+
 import hashlib
 import json
 import sys
@@ -31,8 +32,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = '0003'
-down_revision: str | None = '0002'
+revision: str = "0003"
+down_revision: str | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -42,12 +43,20 @@ PROGRESS_ABOVE = 5000  # steps
 
 STEPS = sa.table(
     "steps",
-    sa.column("id", sa.Integer), sa.column("episode_id", sa.Integer), sa.column("step_index", sa.Integer),
-    sa.column("observation", sa.Text), sa.column("prompt", sa.Text), sa.column("prompt_part_id", sa.Integer),
-    sa.column("prompt_base", sa.Integer), sa.column("prompt_keep", sa.Integer), sa.column("prompt_resume", sa.Integer),
+    sa.column("id", sa.Integer),
+    sa.column("episode_id", sa.Integer),
+    sa.column("step_index", sa.Integer),
+    sa.column("observation", sa.Text),
+    sa.column("prompt", sa.Text),
+    sa.column("prompt_part_id", sa.Integer),
+    sa.column("prompt_base", sa.Integer),
+    sa.column("prompt_keep", sa.Integer),
+    sa.column("prompt_resume", sa.Integer),
     sa.column("prompt_observation_at", sa.Integer),
 )
-PARTS = sa.table("prompt_parts", sa.column("id", sa.Integer), sa.column("digest", sa.String), sa.column("text", sa.Text))
+PARTS = sa.table(
+    "prompt_parts", sa.column("id", sa.Integer), sa.column("digest", sa.String), sa.column("text", sa.Text)
+)
 LESSONS = sa.table("lessons", sa.column("id", sa.Integer), sa.column("source_episode_ids", JSON))
 SOURCES = sa.table("lesson_sources", sa.column("lesson_id", sa.Integer), sa.column("episode_id", sa.Integer))
 
@@ -100,7 +109,7 @@ def encode(previous: tuple[int, str] | None, index: int, observation: str, promp
     if len(shown) >= MIN_OBSERVATION:
         at = recipe["own"].rfind(shown)
         if at >= 0:
-            recipe.update(own=recipe["own"][:at] + recipe["own"][at + len(shown):], at=at)
+            recipe.update(own=recipe["own"][:at] + recipe["own"][at + len(shown) :], at=at)
     return recipe
 
 
@@ -125,8 +134,9 @@ def upgrade() -> None:
     for name in ("prompt_base", "prompt_keep", "prompt_resume", "prompt_observation_at"):
         op.add_column("steps", sa.Column(name, sa.Integer(), nullable=True))
     used = sa.text("prompt_part_id IS NOT NULL")  # only first steps have a part: a partial index stays small
-    op.create_index("ix_steps_prompt_part_id", "steps", ["prompt_part_id"], unique=False, sqlite_where=used,
-                    postgresql_where=used)
+    op.create_index(
+        "ix_steps_prompt_part_id", "steps", ["prompt_part_id"], unique=False, sqlite_where=used, postgresql_where=used
+    )
     op.add_column("opcd_cycles", sa.Column("episode_ids", JSON, nullable=False, server_default=sa.text("'[]'")))
     op.create_table(
         "cycle_points",
@@ -134,8 +144,9 @@ def upgrade() -> None:
         sa.Column("cycle_id", sa.Integer(), nullable=False),
         sa.Column("step", sa.Integer(), nullable=False),
         sa.Column("metrics", JSON, nullable=False),
-        sa.ForeignKeyConstraint(["cycle_id"], ["opcd_cycles.id"], name=op.f("fk_cycle_points_cycle_id_opcd_cycles"),
-                                ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(
+            ["cycle_id"], ["opcd_cycles.id"], name=op.f("fk_cycle_points_cycle_id_opcd_cycles"), ondelete="CASCADE"
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_cycle_points")),
         sa.UniqueConstraint("cycle_id", "step", name="uq_cycle_points_cycle_step"),
     )
@@ -143,8 +154,9 @@ def upgrade() -> None:
         "lesson_sources",
         sa.Column("lesson_id", sa.Integer(), nullable=False),
         sa.Column("episode_id", sa.Integer(), nullable=False),
-        sa.ForeignKeyConstraint(["lesson_id"], ["lessons.id"], name=op.f("fk_lesson_sources_lesson_id_lessons"),
-                                ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(
+            ["lesson_id"], ["lessons.id"], name=op.f("fk_lesson_sources_lesson_id_lessons"), ondelete="CASCADE"
+        ),
         sa.PrimaryKeyConstraint("lesson_id", "episode_id", name=op.f("pk_lesson_sources")),
     )
     op.create_index(op.f("ix_lesson_sources_episode_id"), "lesson_sources", ["episode_id"], unique=False)
@@ -185,29 +197,51 @@ def _convert_steps(bind: sa.Connection) -> None:
     parts: dict[str, int] = {}
     after = 0
     while True:
-        episode_ids = bind.execute(
-            sa.select(STEPS.c.episode_id).where(STEPS.c.episode_id > after).distinct()
-            .order_by(STEPS.c.episode_id).limit(EPISODE_BATCH)
-        ).scalars().all()
+        episode_ids = (
+            bind.execute(
+                sa.select(STEPS.c.episode_id)
+                .where(STEPS.c.episode_id > after)
+                .distinct()
+                .order_by(STEPS.c.episode_id)
+                .limit(EPISODE_BATCH)
+            )
+            .scalars()
+            .all()
+        )
         if not episode_ids:
             break
         rows = bind.execute(
             sa.select(STEPS.c.id, STEPS.c.episode_id, STEPS.c.step_index, STEPS.c.observation, STEPS.c.prompt)
-            .where(STEPS.c.episode_id.in_(episode_ids)).order_by(STEPS.c.episode_id, STEPS.c.step_index)
+            .where(STEPS.c.episode_id.in_(episode_ids))
+            .order_by(STEPS.c.episode_id, STEPS.c.step_index)
         ).all()
         changes, previous = [], {}
         for step_id, episode_id, index, observation, prompt in rows:
             recipe = encode(previous.get(episode_id), index, observation, prompt)
             previous[episode_id] = (index, prompt)
             part = _part_id(bind, recipe["part"], parts) if recipe["part"] is not None else None
-            changes.append({"row_id": step_id, "new_prompt": recipe["own"], "new_part": part,
-                            "new_base": recipe["base"], "new_keep": recipe["keep"], "new_resume": recipe["resume"],
-                            "new_at": recipe["at"]})
+            changes.append(
+                {
+                    "row_id": step_id,
+                    "new_prompt": recipe["own"],
+                    "new_part": part,
+                    "new_base": recipe["base"],
+                    "new_keep": recipe["keep"],
+                    "new_resume": recipe["resume"],
+                    "new_at": recipe["at"],
+                }
+            )
         bind.execute(
-            STEPS.update().where(STEPS.c.id == sa.bindparam("row_id")).values(
-                prompt=sa.bindparam("new_prompt"), prompt_part_id=sa.bindparam("new_part"),
-                prompt_base=sa.bindparam("new_base"), prompt_keep=sa.bindparam("new_keep"),
-                prompt_resume=sa.bindparam("new_resume"), prompt_observation_at=sa.bindparam("new_at")),
+            STEPS.update()
+            .where(STEPS.c.id == sa.bindparam("row_id"))
+            .values(
+                prompt=sa.bindparam("new_prompt"),
+                prompt_part_id=sa.bindparam("new_part"),
+                prompt_base=sa.bindparam("new_base"),
+                prompt_keep=sa.bindparam("new_keep"),
+                prompt_resume=sa.bindparam("new_resume"),
+                prompt_observation_at=sa.bindparam("new_at"),
+            ),
             changes,
         )
         if bar is not None:
@@ -223,15 +257,28 @@ def downgrade() -> None:
     parts = dict(bind.execute(sa.select(PARTS.c.id, PARTS.c.text)).all())
     after = 0
     while True:
-        episode_ids = bind.execute(
-            sa.select(STEPS.c.episode_id).where(STEPS.c.episode_id > after).distinct()
-            .order_by(STEPS.c.episode_id).limit(EPISODE_BATCH)
-        ).scalars().all()
+        episode_ids = (
+            bind.execute(
+                sa.select(STEPS.c.episode_id)
+                .where(STEPS.c.episode_id > after)
+                .distinct()
+                .order_by(STEPS.c.episode_id)
+                .limit(EPISODE_BATCH)
+            )
+            .scalars()
+            .all()
+        )
         if not episode_ids:
             break
-        rows = bind.execute(
-            sa.select(STEPS).where(STEPS.c.episode_id.in_(episode_ids)).order_by(STEPS.c.episode_id, STEPS.c.step_index)
-        ).mappings().all()
+        rows = (
+            bind.execute(
+                sa.select(STEPS)
+                .where(STEPS.c.episode_id.in_(episode_ids))
+                .order_by(STEPS.c.episode_id, STEPS.c.step_index)
+            )
+            .mappings()
+            .all()
+        )
         full: dict[tuple[int, int], str] = {}
         changes = []
         for row in rows:
@@ -242,11 +289,15 @@ def downgrade() -> None:
             head = parts[row["prompt_part_id"]] if row["prompt_part_id"] is not None else ""
             if row["prompt_base"] is not None:
                 base = full[(row["episode_id"], row["prompt_base"])]
-                head += base[: row["prompt_keep"]] + (base[row["prompt_resume"]:] if row["prompt_resume"] is not None else "")
+                head += base[: row["prompt_keep"]] + (
+                    base[row["prompt_resume"] :] if row["prompt_resume"] is not None else ""
+                )
             full[(row["episode_id"], row["step_index"])] = head + own
             changes.append({"row_id": row["id"], "new_prompt": head + own})
-        bind.execute(STEPS.update().where(STEPS.c.id == sa.bindparam("row_id")).values(prompt=sa.bindparam("new_prompt")),
-                     changes)
+        bind.execute(
+            STEPS.update().where(STEPS.c.id == sa.bindparam("row_id")).values(prompt=sa.bindparam("new_prompt")),
+            changes,
+        )
         after = episode_ids[-1]
     op.drop_index("ix_episodes_run_id_ended_at", table_name="episodes")
     op.drop_index(op.f("ix_lesson_sources_episode_id"), table_name="lesson_sources")

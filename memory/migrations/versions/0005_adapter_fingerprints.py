@@ -21,17 +21,17 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0005'
-down_revision: str | None = '0004'
+revision: str = "0005"
+down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.add_column('episodes', sa.Column('adapter_fingerprint', sa.String(length=64), nullable=True))
-    op.add_column('adapters', sa.Column('fingerprint', sa.String(length=64), nullable=True))
+    op.add_column("episodes", sa.Column("adapter_fingerprint", sa.String(length=64), nullable=True))
+    op.add_column("adapters", sa.Column("fingerprint", sa.String(length=64), nullable=True))
 
 
 def downgrade() -> None:
-    op.drop_column('adapters', 'fingerprint')  # in place (SQLite >= 3.35): a rebuild would cascade
-    op.drop_column('episodes', 'adapter_fingerprint')
+    op.drop_column("adapters", "fingerprint")  # in place (SQLite >= 3.35): a rebuild would cascade
+    op.drop_column("episodes", "adapter_fingerprint")
