@@ -71,6 +71,7 @@ def test_server_errors_are_clear(tmp_path, endpoint):
     with pytest.raises(BackendError, match="cannot reach http://127.0.0.1:9/v1"):
         down.load_adapter("x", saved_adapter(tmp_path / "a"))
     with pytest.raises(
-        BackendError, match="unknown option.*accepted: class, kwargs, max_concurrency, tokenizer, lora_api, model_field"
+        BackendError,
+        match="lora: unknown option; accepted: class, kwargs, lora_api, max_concurrency, model_field, tokenizer",
     ):
         ChatBackend.from_options({"class": SPEC, "lora": 1})

@@ -82,21 +82,25 @@ def test_resume_refuses_a_stored_interpreter_the_given_config_does_not_name(tmp_
 
 
 def test_every_code_naming_field_is_found():
-    config = config_from_dict(
-        {
-            "name": "t",
-            "envs": [{"id": "math/gsm_symbolic"}, {"id": "pkg.mod:Env"}],
-            "model": {"backend": "chat", "options": {"class": "a:B", "python": "/x/bin/python"}},
-            "lessons": {"extractor": "c:D"},
-            "runtime": {"executor": "ray", "ray": {"generation": "server", "server": {"class": "e:F"}}},
-            "opcd": {"retention_envs": [{"id": "g:H"}]},
-        }
-    )
-    assert code_references(config) == {
-        "model.options.class": "a:B",
-        "model.options.python": "/x/bin/python",
+    def config(model):
+        return config_from_dict(
+            {
+                "name": "t",
+                "envs": [{"id": "math/gsm_symbolic"}, {"id": "pkg.mod:Env"}],
+                "model": model,
+                "lessons": {"extractor": "c:D"},
+                "runtime": {"executor": "ray", "ray": {"generation": "server", "server": {"class": "e:F"}}},
+                "opcd": {"retention_envs": [{"id": "g:H"}]},
+            }
+        )
+
+    rest = {
         "lessons.extractor": "c:D",
         "runtime.ray.server.class": "e:F",
         "envs.1.id": "pkg.mod:Env",
         "opcd.retention_envs.0.id": "g:H",
     }
+    chat = config({"backend": "chat", "options": {"class": "a:B"}})
+    assert code_references(chat) == {"model.options.class": "a:B", **rest}
+    vllm = config({"backend": "vllm", "options": {"python": "/x/bin/python"}})
+    assert code_references(vllm) == {"model.options.python": "/x/bin/python", **rest}

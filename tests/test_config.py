@@ -91,3 +91,49 @@ def test_anchor_envs_are_never_the_retention_check_nor_beside_a_separate_teacher
         load_config(write(tmp_path, f"envs: [{{id: a}}]\nopcd: {{anchor_envs: [{th}], retention_envs: [{th}]}}\n"))
     with pytest.raises(ConfigError, match="separate teacher|opcd.teacher"):
         load_config(write(tmp_path, f"envs: [{{id: a}}]\nopcd: {{anchor_envs: [{th}], teacher: {{model: b}}}}\n"))
+
+
+def test_model_options_are_checked_against_the_backend_when_the_config_is_read(tmp_path):
+    """`model.options` is typed per backend: an unknown or ill-typed option is an error at load that names the key
+    and what that backend accepts, not a failure when the backend is built."""
+    path = write(tmp_path, "envs: [{id: a}]\nmodel: {options: {prefix_cach: false}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert str(path) in msg and "model.options: the transformers backend: prefix_cach: unknown option" in msg
+    assert "accepted: min_shared_prefix, prefix_cache, prefix_cache_tokens" in msg
+    with pytest.raises(ConfigError, match=r"prefix_cache_tokens: Input should be greater than or equal to 0"):
+        load_config(write(tmp_path, "envs: [{id: a}]\nmodel: {options: {prefix_cache_tokens: -1}}\n"))
+    with pytest.raises(ConfigError, match=r"the scripted backend: mode: Input should be 'random-admissible'"):
+        load_config(write(tmp_path, "envs: [{id: a}]\nmodel: {backend: scripted, options: {mode: fixd}}\n"))
+    with pytest.raises(ConfigError, match=r"runtime\.ray: the chat backend: kwarg: unknown option"):
+        load_config(
+            write(
+                tmp_path,
+                "envs: [{id: a}]\nruntime: {executor: ray, ray: {generation: server, server: {class: a:B, kwarg: {}}}}\n",
+            )
+        )
+    # vLLM takes its engine's own arguments beside the ones it names
+    config = load_config(
+        write(tmp_path, "envs: [{id: a}]\nmodel: {backend: vllm, options: {python: /x/python, max_num_seqs: 8}}\n")
+    )
+    typed = config.model.typed_options()
+    assert typed.python == "/x/python" and typed.model_dump()["max_num_seqs"] == 8 and typed.choice_trie_above == 256
+    chat = load_config(write(tmp_path, "envs: [{id: a}]\nmodel: {backend: chat, options: {class: a:B}}\n"))
+    assert chat.model.typed_options().class_ == "a:B" and chat.model.options == {"class": "a:B"}, "stored as given"
+
+
+def test_a_backend_built_from_a_copied_config_checks_its_options_too():
+    """A config changed in code (`model_copy` does not validate) is checked where the backend is built."""
+    from agent_runtime.config import ModelConfig
+    from agent_runtime.llm import BackendError, make_backend
+
+    model = ModelConfig(name="scripted", backend="scripted").model_copy(update={"options": {"follow": True}})
+    with pytest.raises(BackendError, match="model.options: the scripted backend: follow: unknown option"):
+        make_backend(model)
+    import random
+
+    seeded = ModelConfig(name="scripted", backend="scripted")
+    assert make_backend(seeded, seed=7)._rng.getstate() == random.Random(7).getstate(), "the run's seed by default"
+    chosen = make_backend(seeded.model_copy(update={"options": {"seed": 3}}), seed=7)
+    assert chosen._rng.getstate() == random.Random(3).getstate(), "options.seed when given"

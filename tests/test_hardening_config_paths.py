@@ -154,13 +154,13 @@ GUARDED = {
     "model.name": {"model": {"name": "other", "backend": "scripted"}},
     "model.adapter": {"model": {"name": "scripted", "backend": "scripted", "adapter": "/tmp/planted-adapter"}},
     "model.options.trust_remote_code": {
-        "model": {"name": "scripted", "backend": "scripted", "options": {"trust_remote_code": True}}
+        "model": {"name": "scripted", "backend": "vllm", "options": {"trust_remote_code": True}}
     },
     "model.options.worker_extension_cls": {
-        "model": {"name": "scripted", "backend": "scripted", "options": {"worker_extension_cls": "evil:Ext"}}
+        "model": {"name": "scripted", "backend": "vllm", "options": {"worker_extension_cls": "evil:Ext"}}
     },
     "model.options.logits_processors": {
-        "model": {"name": "scripted", "backend": "scripted", "options": {"logits_processors": ["evil:Proc"]}}
+        "model": {"name": "scripted", "backend": "vllm", "options": {"logits_processors": ["evil:Proc"]}}
     },
     "opcd.context.file": {"opcd": {"context": {"file": "/etc/hostname"}}},
     "envs.0.kwargs.cache_dir": {"envs": [{"id": GUESS, "max_steps": 3, "kwargs": {"cache_dir": "/tmp/planted"}}]},

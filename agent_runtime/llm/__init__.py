@@ -47,46 +47,61 @@ def make_backend(model_config, *, seed: int = 0, run=None, families: Iterable[st
     return backend
 
 
+def _scripted(model_config, options, seed: int) -> PolicyBackend:
+    from agent_runtime.llm.scripted import ScriptedBackend
+
+    settings = options.model_dump()
+    settings["seed"] = seed if settings["seed"] is None else settings["seed"]
+    try:
+        return ScriptedBackend(**settings)
+    except ValueError as exc:
+        raise BackendError(f"model.options for the scripted backend: {exc}") from None
+
+
+def _transformers(model_config, options, seed: int) -> PolicyBackend:
+    from agent_runtime.checkpoints import resolve_model
+    from agent_runtime.llm.transformers_backend import TransformersBackend
+
+    backend = TransformersBackend.from_pretrained(
+        resolve_model(model_config.name),
+        context_window=model_config.context_window,
+        device=model_config.device,
+        dtype=model_config.dtype,
+        **options.model_dump(),
+    )
+    if model_config.adapter:
+        backend.load_adapter("configured", model_config.adapter)
+    return backend
+
+
+def _chat(model_config, options, seed: int) -> PolicyBackend:
+    from agent_runtime.llm.chat_backend import ChatBackend
+
+    return ChatBackend.from_options(options, context_window=model_config.context_window)
+
+
+def _vllm(model_config, options, seed: int) -> PolicyBackend:
+    from agent_runtime.llm.vllm_backend import make_vllm_backend
+
+    return make_vllm_backend(model_config, options, seed=seed)
+
+
+# The backends by the name a config gives (`model.backend`): each built from the model's config, its options as
+# the backend's own option model (`agent_runtime.config.BACKEND_OPTIONS`) and the run's seed.
+BUILDERS = {"transformers": _transformers, "scripted": _scripted, "chat": _chat, "vllm": _vllm}
+
+
 def _build(model_config, seed: int) -> PolicyBackend:
-    kind = model_config.backend
-    options = dict(model_config.options)
-    if kind == "scripted":
-        from agent_runtime.llm.scripted import ScriptedBackend
+    from agent_runtime.config import backend_options
 
-        try:
-            return ScriptedBackend(seed=options.pop("seed", seed), **options)
-        except TypeError as exc:
-            raise BackendError(f"model.options for the scripted backend: {exc}") from None
-    if kind == "transformers":
-        from agent_runtime.checkpoints import resolve_model
-        from agent_runtime.llm.transformers_backend import TransformersBackend
-
-        accepted = {"prefix_cache", "min_shared_prefix", "prefix_cache_tokens"}
-        unknown = set(options) - accepted
-        if unknown:
-            raise BackendError(
-                f"model.options for the transformers backend: unknown {', '.join(sorted(unknown))}; "
-                f"accepted: {', '.join(sorted(accepted))}"
-            )
-        backend = TransformersBackend.from_pretrained(
-            resolve_model(model_config.name),
-            context_window=model_config.context_window,
-            device=model_config.device,
-            dtype=model_config.dtype,
-            **options,
-        )
-        if model_config.adapter:
-            backend.load_adapter("configured", model_config.adapter)
-        return backend
-    if kind == "chat":
-        from agent_runtime.llm.chat_backend import ChatBackend
-
-        return ChatBackend.from_options(options, context_window=model_config.context_window)
-    if kind == "vllm":
-        from agent_runtime.llm.vllm_backend import make_vllm_backend
-
-        return make_vllm_backend(model_config, seed=seed)
-    raise BackendError(f"unknown backend {kind!r}; accepted: {', '.join(BACKENDS)}")
+    builder = BUILDERS.get(model_config.backend)
+    if builder is None:
+        raise BackendError(f"unknown backend {model_config.backend!r}; accepted: {', '.join(BACKENDS)}")
+    try:  # checked when the config was read; a config copied with new options is checked here
+        options = backend_options(model_config.backend, model_config.options)
+    except ValueError as exc:
+        raise BackendError(f"model.options: {exc}") from None
+    return builder(model_config, options, seed)
 
 
 def backend_needs(config, families: Iterable[str] = ()) -> list[tuple[type, str]]:

@@ -142,35 +142,35 @@ class ChatBackend:
         self.active_adapter: str | None = None
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], *, context_window: int | None = None) -> ChatBackend:
-        options = dict(options)
-        spec = options.pop("class", None)
-        if not spec:
+    def from_options(cls, options, *, context_window: int | None = None) -> ChatBackend:
+        """The backend `options` describe: a `ChatOptions`, or a dict checked against it (a BackendError names an
+        unknown key and what is accepted)."""
+        from agent_runtime.config import ChatOptions, backend_options
+
+        if not isinstance(options, ChatOptions):
+            try:
+                options = backend_options("chat", dict(options))
+            except ValueError as exc:
+                raise BackendError(f"chat backend options: {exc}") from None
+        if not options.class_:
             raise BackendError("the chat backend needs model.options.class, e.g. langchain_openai:ChatOpenAI")
-        kwargs = options.pop("kwargs", {})
-        model = load_chat_model(spec, kwargs)
+        model = load_chat_model(options.class_, options.kwargs)
         tokenizer = None
-        if options.get("tokenizer"):
+        if options.tokenizer:
             from transformers import AutoTokenizer
 
             from agent_runtime.checkpoints import resolve_model
 
-            tokenizer = AutoTokenizer.from_pretrained(resolve_model(options.pop("tokenizer")))
-        unknown = set(options) - {"max_concurrency", "lora_api", "model_field"}
-        if unknown:
-            raise BackendError(
-                f"chat backend: unknown option(s) {', '.join(sorted(unknown))}; "
-                "accepted: class, kwargs, max_concurrency, tokenizer, lora_api, model_field"
-            )
+            tokenizer = AutoTokenizer.from_pretrained(resolve_model(options.tokenizer))
         return cls(
             model,
             context_window=context_window or 32768,
-            max_concurrency=options.get("max_concurrency", 8),
+            max_concurrency=options.max_concurrency,
             tokenizer=tokenizer,
-            spec=spec,
-            kwargs=kwargs,
-            lora_api=options.get("lora_api"),
-            model_field=options.get("model_field", "model"),
+            spec=options.class_,
+            kwargs=options.kwargs,
+            lora_api=options.lora_api,
+            model_field=options.model_field,
         )
 
     # LoRA adapters on the server ---------------------------------------------------------------------

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from distill.opcd.config import MIN_SHARED_PREFIX
 from distill.opcd.prefix_kv import (
     CachedSequence,
     batched_cache,
@@ -51,7 +52,9 @@ class PrefixCache:
     least `min_shared_prefix` of its prompt tokens; `max_tokens` bounds the store (0 keeps nothing across
     calls). `enabled` is False for models whose cache cannot be spliced (see `plain_kv_layers`)."""
 
-    def __init__(self, model, *, enabled: bool = True, min_shared_prefix: int = 32, max_tokens: int = 40960):
+    def __init__(
+        self, model, *, enabled: bool = True, min_shared_prefix: int = MIN_SHARED_PREFIX, max_tokens: int = 40960
+    ):
         self.layers = plain_kv_layers(model)
         self._enabled = enabled and self.layers > 0
         self.min_shared_prefix = min_shared_prefix

@@ -44,6 +44,7 @@ from distill.opcd.choice import (
     lm_parts,
     pack_choices,
 )
+from distill.opcd.config import MIN_SHARED_PREFIX
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -105,7 +106,7 @@ class TransformersBackend:
         device: str = "cpu",
         dtype: str = "auto",
         prefix_cache: bool = True,
-        min_shared_prefix: int = 32,
+        min_shared_prefix: int = MIN_SHARED_PREFIX,
         prefix_cache_tokens: int = 40960,
         choice_trie_above: int = 256,
     ):

@@ -80,12 +80,13 @@ def release_cached_memory() -> None:
     torch.cuda.empty_cache()  # a no-op unless CUDA was initialised here
 
 
-def make_vllm_backend(model_config, *, seed: int = 0):
-    """The backend a `ModelConfig` with `backend: vllm` asks for: in this process, or, with `options.python`,
-    in a child process of that interpreter (vLLM installed in another environment)."""
+def make_vllm_backend(model_config, options=None, *, seed: int = 0):
+    """The backend a `ModelConfig` with `backend: vllm` asks for (`options`: its `VLLMOptions`; default: read from
+    the config): in this process, or, with `options.python`, in a child process of that interpreter (vLLM
+    installed in another environment). Options it does not name go to the engine."""
     from agent_runtime.checkpoints import resolve_model
 
-    options = dict(model_config.options)
+    options = (options or model_config.typed_options()).model_dump(exclude_none=True)
     python = options.pop("python", None)
     if python:
         from agent_runtime.llm.vllm_process import VLLMProcessBackend

@@ -20,6 +20,9 @@ from pydantic import Field, model_validator
 
 from distill.config_base import StrictConfig
 
+# the shortest prompt prefix shared by a batch's rows worth a separate pass: the trainer's and the acting backend's
+MIN_SHARED_PREFIX = 32
+
 Objective = Literal["opcd", "off_policy", "sft"]
 Tail = Literal["bucket", "renormalize", "drop"]
 Sampler = Literal["merged-bf16", "merged-fp32", "live"]
@@ -125,7 +128,7 @@ class OPCDConfig(StrictConfig):
         "(distill.opcd.prefix_kv, which the transformers backend's prefix cache uses too)",
     )
     min_shared_prefix: int = Field(
-        32,
+        MIN_SHARED_PREFIX,
         ge=1,
         description="shorter shared prefixes are not worth a separate pass "
         "(the same rule and default as the backend's model.options.min_shared_prefix)",
