@@ -343,16 +343,16 @@ def build_reference(
 
 
 # -- where the loop and the executors call it ----------------------------------------------------------------------
-def probe_decisions(config, workdir, store, run_id: int, cycle, backend) -> list[tuple[list[dict], list[str] | None]]:
+def probe_decisions(run, cycle, backend) -> list[tuple[list[dict], list[str] | None]]:
     """The probe's fixed prompts for `cycle`: decisions of its own training episodes (choice-mode ones when the
     cycle distilled a choice policy), the first turn of each episode first, in episode order; a system-prompt
     cycle trained on a prompt file probes with that file's first prompts."""
     from agent_runtime.system_prompt import load_prompts
 
-    settings = config.opcd
+    settings = run.config.opcd
     if not cycle.episode_ids and settings.context is not None and settings.context.prompts:
         return [(chat, None) for chat in load_prompts(settings.context.prompts)[:PROBE_PROMPTS]]
-    decisions = episode_prefixes(config, workdir, store, run_id, backend, max(settings.recent_episodes, 1))
+    decisions = episode_prefixes(run, backend, max(settings.recent_episodes, 1))
     own = [d for d in decisions if set(d.episode_ids) & set(cycle.episode_ids)] or decisions
     if any(d.choices for d in own):
         own = [d for d in own if d.choices]
@@ -377,16 +377,18 @@ def stored_reference(store, adapter) -> ProbeReference | None:
     return ProbeReference.from_json(data) if data else None
 
 
-def ensure_reference(config, workdir, store, run_id: int, adapter, backend) -> ProbeReference | None:
-    """`adapter`'s probe reference: the stored one, else computed here (call it where the cycle ran) and stored
-    with its cycle; None when no cycle trained it or there is nothing to probe with."""
+def ensure_reference(run, adapter, backend) -> ProbeReference | None:
+    """`adapter`'s probe reference: the stored one, else computed here (call it where the cycle ran, `run` its
+    `agent_runtime.run.Run`) and stored with its cycle; None when no cycle trained it or there is nothing to probe
+    with."""
     from agent_runtime.checkpoints import resolve_model
 
+    config, store = run.config, run.store
     found = stored_reference(store, adapter)
     cycle = _cycle_of(store, adapter)
     if found is not None or cycle is None:
         return found
-    decisions = probe_decisions(config, workdir, store, run_id, cycle, backend)
+    decisions = probe_decisions(run, cycle, backend)
     if not decisions:
         log.warning("adapter probe: no prompts to probe adapter %s with", adapter.name)
         return None

@@ -194,6 +194,7 @@ def cmd_distill(args) -> int:
     from agent_runtime.llm import LOCAL_WEIGHTS, make_backend
     from agent_runtime.llm.base import activate
     from agent_runtime.loop import default_workdir
+    from agent_runtime.run import Run
     from distill.lessons.forget import RECONSOLIDATE
     from distill.opcd import VocabularyCheck
     from memory import ExperienceStore
@@ -222,9 +223,7 @@ def cmd_distill(args) -> int:
         activate(backend, store.active_adapter(run.id))
         # a re-consolidation `lessons forget` scheduled is this cycle: it is done with the cycle's outcome
         asked = tuple(r.id for r in store.requests(run.id, kind=RECONSOLIDATE, pending=True))
-        report = run_cycle(
-            config, workdir, store, run.id, backend, config.opcd, finish=CursorMove(None, requests_done=asked)
-        )
+        report = run_cycle(Run(config, workdir, store, run.id), backend, finish=CursorMove(None, requests_done=asked))
         backend.close()
         acting = store.active_adapter(run.id)
     finally:

@@ -31,10 +31,10 @@ from agent_runtime.cursor import CursorMove
 from agent_runtime.decisions import Decision, episode_prefixes, turn_prefixes
 from agent_runtime.envs import build_prompt_builders
 from agent_runtime.evaluation import EvalResult, env_pool, evaluate
-from agent_runtime.heldout import held_out
 from agent_runtime.llm import making_room, training_device
 from agent_runtime.llm.base import AdapterFiles, acting
 from agent_runtime.profile import profiled
+from agent_runtime.run import Run
 from agent_runtime.system_prompt import SystemPrompt, load_context, load_prompts
 from distill.fingerprint import fingerprint_files
 from distill.lessons import live_lessons
@@ -233,18 +233,8 @@ class CycleSetup:
         return {"lessons": [x.text for x in self.lessons if x.pool == first]}
 
 
-def run_cycle(
-    config: RunConfig,
-    workdir: Path,
-    store: ExperienceStore,
-    run_id: int,
-    backend,
-    settings: ConsolidationConfig,
-    *,
-    progress=None,
-    finish: CursorMove | None = None,
-) -> CycleReport:
-    """One whole cycle, stored with its outcome and reasons (status "skipped" when there are no lessons to
+def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = None) -> CycleReport:
+    """One whole cycle of `run` (its `opcd:` settings), stored with its outcome and reasons (status "skipped" when there are no lessons to
     consolidate). `backend` acts with adapters (checked where it was built: `agent_runtime.llm.check_capabilities`);
     it acts as it did before once the cycle is over, whatever the outcome (the caller switches to a promoted
     adapter).
@@ -256,18 +246,20 @@ def run_cycle(
     interrupted and is rolled back (`roll_back_interrupted`). After a promotion the adapter probe's reference
     is computed here, where the cycle ran (`agent_runtime.adapter_probe.ensure_reference`)."""
 
+    config, workdir, store, run_id, settings = run.config, run.workdir, run.store, run.id, run.config.opcd
+
     def move_cursor(report: CycleReport) -> CycleReport:  # called inside the transaction of the outcome
         if finish is not None:
             finish.apply(store, run_id, skipped=report.status == "skipped")
         return report
 
     # 1. set-up: the lessons (or system prompt) to distil, the cycle row
-    cycle = start_cycle(config, workdir, store, run_id, settings)
+    cycle = start_cycle(run)
     if cycle is None:
         with store.transaction():
             return move_cursor(CycleReport(None, "skipped", ["no live lessons"]))
     # 2. the prompts: the run's recent decisions, a tenth held out
-    decisions = cycle_prompts(config, workdir, store, run_id, backend, settings, cycle)
+    decisions = cycle_prompts(run, backend, cycle)
     choice_mode = any(d.choices for d in decisions)
     store.update_cycle(cycle.cycle_id, episode_ids=sorted({e for d in decisions for e in d.episode_ids}))
     heldout, train = split_heldout(decisions)
@@ -339,34 +331,26 @@ def run_cycle(
     store.update_cycle(cycle.cycle_id, adapter_id=adapter_id, metrics=metrics)
     # 4. EVALUATE every condition, then PROMOTE or ROLLBACK with the cursor's move
     with profiled("CONSOLIDATE: evaluate"):
-        evals = evaluate_cycle(config, workdir, backend, settings, cycle, path)
-    rates = {k: _rate(v) for k, v in evals.items()}
-    metrics["evaluation"] = rates
+        evals = evaluate_cycle(run, backend, cycle, path)
+    metrics["evaluation"] = {k: _rate(v) for k, v in evals.items()}
     with store.transaction():
-        report = move_cursor(
-            _decide(store, run_id, config, settings, cycle, adapter_id, evals, rates, metrics, kl, lesson_kl)
-        )
+        report = move_cursor(_decide(run, cycle, adapter_id, evals, metrics, kl, lesson_kl))
     # 5. the probe's reference for a promoted adapter, where it was trained
     if report.status == "promoted":
         with profiled("PROMOTE: probe"), making_room(backend):
-            ensure_reference(config, workdir, store, run_id, store.get_adapter(adapter_id), backend)
+            ensure_reference(run, store.get_adapter(adapter_id), backend)
     return report
 
 
-def start_cycle(
-    config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, settings: ConsolidationConfig
-) -> CycleSetup | None:
+def start_cycle(run: Run) -> CycleSetup | None:
     """The cycle's set-up and its row, written as it starts (None: no live lessons and no system prompt)."""
+    config, store, run_id, settings = run.config, run.store, run.id, run.config.opcd
     live, lessons = live_lessons(store, run_id)
     system = load_context(settings.context) if settings.context is not None else None
     if system is None and not lessons:
         return None
     # checked against the held-out tasks before the cycle starts (PromptFileLeakError names the line)
-    prompt_file = (
-        load_prompts(settings.context.prompts, held=held_out(config, workdir))
-        if system and settings.context.prompts
-        else None
-    )
+    prompt_file = load_prompts(settings.context.prompts, held=run.held) if system and settings.context.prompts else None
     teacher_spec, teacher = cycle_teacher(config, settings)
     parent = store.active_adapter(run_id)
     kind = "system_prompt" if system else "lessons"
@@ -393,20 +377,13 @@ def lesson_pools(lessons: list[LessonInfo]) -> list[int]:
     return sorted({x.pool for x in lessons})
 
 
-def cycle_prompts(
-    config: RunConfig,
-    workdir: Path,
-    store: ExperienceStore,
-    run_id: int,
-    backend,
-    settings: ConsolidationConfig,
-    cycle: CycleSetup,
-) -> list[Decision]:
+def cycle_prompts(run: Run, backend, cycle: CycleSetup) -> list[Decision]:
     """The decisions the cycle trains and measures on: a prompt file's, or the run's recent ones."""
+    settings = run.config.opcd
     if cycle.prompt_file is not None:
         decisions = [Decision(chat, []) for chat in cycle.prompt_file]
     else:
-        decisions = episode_prefixes(config, workdir, store, run_id, backend, settings.recent_episodes)
+        decisions = episode_prefixes(run, backend, settings.recent_episodes)
     return choose_prompts(decisions, cycle.cycle_id, settings.max_prompts)
 
 
@@ -523,12 +500,11 @@ def cycle_metrics(
     }
 
 
-def evaluate_cycle(
-    config: RunConfig, workdir: Path, backend, settings: ConsolidationConfig, cycle: CycleSetup, path: Path
-) -> dict[str, list[EvalResult]]:
+def evaluate_cycle(run: Run, backend, cycle: CycleSetup, path: Path) -> dict[str, list[EvalResult]]:
     """EVALUATE: every condition on the held-out tasks with fixed seeds (the random-admissible baseline, the
     parent and the new adapter with and without the lessons, and both on the retention environments), and the
     parent and the adapter without lessons on `validation_games` train-split games (the decision's evidence)."""
+    config, workdir, settings = run.config, run.workdir, run.config.opcd
     n = settings.eval_episodes or config.evaluation.episodes_per_env
     shown = cycle.shown()
     evals: dict[str, list[EvalResult]] = {"random": _eval(config, workdir, random_policy(config), lessons=[], n=n)}
@@ -555,20 +531,19 @@ def evaluate_cycle(
 
 
 def _decide(
-    store: ExperienceStore,
-    run_id: int,
-    config: RunConfig,
-    settings: ConsolidationConfig,
+    run: Run,
     cycle: CycleSetup,
     adapter_id: int,
     evals: dict[str, list[EvalResult]],
-    rates: dict[str, float],
     metrics: dict,
     kl: tuple[float, float],
     lesson_kl: tuple[dict, dict],
 ) -> CycleReport:
-    """EVALUATE's rows, then PROMOTE or ROLLBACK (the caller holds the transaction, so what a person changed
-    while the cycle trained is seen here: a parent rolled back or a lesson forgotten meanwhile is a rollback)."""
+    """EVALUATE's rows (their rates are `metrics["evaluation"]`), then PROMOTE or ROLLBACK (the caller holds the
+    transaction, so what a person changed while the cycle trained is seen here: a parent rolled back or a lesson
+    forgotten meanwhile is a rollback)."""
+    config, store, run_id, settings = run.config, run.store, run.id, run.config.opcd
+    rates = metrics["evaluation"]
     cycle_id, live = cycle.cycle_id, cycle.live
     for condition, results in evals.items():
         for r in results:

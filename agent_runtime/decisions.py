@@ -5,13 +5,10 @@ in choice mode."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from agent_runtime.agent import Turn
-from agent_runtime.config import RunConfig
 from agent_runtime.envs import build_envs, build_prompt_builders
-from agent_runtime.heldout import held_out
-from memory import ExperienceStore
+from agent_runtime.run import Run
 
 
 @dataclass(frozen=True)
@@ -23,16 +20,15 @@ class Decision:
     choices: list[str] | None = None  # the action set of a choice-mode step
 
 
-def episode_prefixes(
-    config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend, limit: int
-) -> list[Decision]:
+def episode_prefixes(run: Run, backend, limit: int) -> list[Decision]:
     """Every turn of the run's `limit` newest episodes, rebuilt without lessons (held-out evaluation tasks are
     left out: `agent_runtime.heldout`)."""
-    specs, _ = build_envs(config, workdir)
+    config, store = run.config, run.store
+    specs, _ = build_envs(config, run.workdir)
     builders = {s.env_id: b for s, b in zip(specs, build_prompt_builders(config, specs, backend))}
-    held = held_out(config, workdir)
+    held = run.held
     out = []
-    for info in store.episodes(run_id, limit=limit):
+    for info in store.episodes(run.id, limit=limit):
         builder = builders.get(info.env_id)
         if builder is None or info.outcome == "error":
             continue

@@ -25,15 +25,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from agent_runtime.config import ModelConfig, RunConfig
 from agent_runtime.cursor import CursorMove
 from agent_runtime.evaluation import evaluate
-from agent_runtime.heldout import held_out
 from agent_runtime.llm.base import BackendError, PolicyBackend, SamplingParams, TokenizerBackend
+from agent_runtime.run import Run
 from agent_runtime.runner import Draw, EpisodeContext
 from distill.chat_tokens import encode_text
 from distill.lessons import (
@@ -224,14 +223,7 @@ class ExtractReport:
 
 
 def run_extract(
-    config: RunConfig,
-    workdir: Path,
-    store: ExperienceStore,
-    run_id: int,
-    backend: PolicyBackend,
-    episode_ids: list[int],
-    *,
-    finish: CursorMove | None = None,
+    run: Run, backend: PolicyBackend, episode_ids: list[int], *, finish: CursorMove | None = None
 ) -> ExtractReport:
     """Extract from `episode_ids`, curate into a new version, and (with a gate) promote or block it. A held-out
     evaluation task among `episode_ids` is an `EvalLeakError` before anything runs (`learnable_recent`
@@ -240,22 +232,15 @@ def run_extract(
     Everything the phase writes (extractions, lessons, the version, the gate's decision) and `finish`, the
     run's cursor move, are one transaction: a process killed inside the phase leaves none of it, and one
     killed after it finds the cursor already moved, so the phase never runs twice."""
-    with store.transaction():
-        report = _extract(config, workdir, store, run_id, backend, episode_ids)
+    with run.store.transaction():
+        report = _extract(run, backend, episode_ids)
         if finish is not None:
-            finish.apply(store, run_id)
+            finish.apply(run.store, run.id)
     return report
 
 
-def _extract(
-    config: RunConfig,
-    workdir: Path,
-    store: ExperienceStore,
-    run_id: int,
-    backend: PolicyBackend,
-    episode_ids: list[int],
-) -> ExtractReport:
-    settings = config.lessons
+def _extract(run: Run, backend: PolicyBackend, episode_ids: list[int]) -> ExtractReport:
+    config, store, run_id, settings = run.config, run.store, run.id, run.config.lessons
     writer = extractor_backend(config, backend)
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
 
@@ -280,8 +265,8 @@ def _extract(
     pending = pending_user_candidate(store, run_id)
     user_gate = None
     if gated and pending is not None:  # a person's lessons, added while the gate was on, are gated first
-        user_gate = _gate(config, workdir, store, run_id, backend, curator, pending.version)
-    held = held_out(config, workdir)
+        user_gate = _gate(run, backend, curator, pending.version)
+    held = run.held
     held.check([store.episode(i) for i in episode_ids], "EXTRACT")
     report = ExtractReport(len(episode_ids), 0, 0, 0, None, None, 0, user_gate)
     if settings.method in ("model", "both"):
@@ -303,28 +288,21 @@ def _extract(
         report.contrastive = result.contrastive_extractions
         report.version = version.version if version else None
         if gated and version is not None:
-            report.gate = _gate(config, workdir, store, run_id, backend, curator, version.version)
+            report.gate = _gate(run, backend, curator, version.version)
     if settings.method in ("evidence", "both"):
-        report.induced, version = _induce(config, workdir, store, run_id, backend, curator, episode_ids, held.usable)
+        report.induced, version = _induce(run, backend, curator, episode_ids, held.usable)
         report.version = version if version is not None else report.version
     return report
 
 
 def _induce(
-    config: RunConfig,
-    workdir: Path,
-    store: ExperienceStore,
-    run_id: int,
-    backend: PolicyBackend,
-    curator: LessonCurator,
-    episode_ids: list[int],
-    usable,
+    run: Run, backend: PolicyBackend, curator: LessonCurator, episode_ids: list[int], usable
 ) -> tuple[list[dict], int | None]:
     """Lessons induced from the won and lost episodes (`distill.lessons.induce`), tried on the gate's games on top
     of the live lessons (`_try_lessons`: the whole set, then each one); those that earn their place go live as
     one new version. Every induced lesson is stored with its evidence and its trial, kept
     out or not. Returns (one dict per induced lesson, the new live version or None)."""
-    settings = config.lessons
+    config, workdir, store, run_id, settings = run.config, run.workdir, run.store, run.id, run.config.lessons
     read = [store.episode(i) for i in episode_ids]
     older = (
         [
@@ -496,41 +474,32 @@ def _try_lessons(
     return [decided[f.text] for f in findings], start, reference, joint
 
 
-def learnable_recent(config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, n: int) -> list[int]:
+def learnable_recent(run: Run, n: int) -> list[int]:
     """The ids of the run's `n` newest episodes that may be learned from (held-out evaluation tasks left out)."""
-    held, out, offset = held_out(config, workdir), [], 0
+    held, out, offset = run.held, [], 0
     while len(out) < n:
-        page = store.episodes(run_id, limit=2 * n, offset=offset, newest_first=True)
-        out += [e.id for e in page if held.usable(store.episode(e.id))][: n - len(out)]
+        page = run.store.episodes(run.id, limit=2 * n, offset=offset, newest_first=True)
+        out += [e.id for e in page if held.usable(run.store.episode(e.id))][: n - len(out)]
         if len(page) < 2 * n:
             break
         offset += len(page)
     return sorted(out)
 
 
-def gate_user_lessons(
-    config: RunConfig, workdir: Path, store: ExperienceStore, run_id: int, backend: PolicyBackend
-) -> str | None:
+def gate_user_lessons(run: Run, backend: PolicyBackend) -> str | None:
     """Gate a person's pending lessons now (the loop calls this before it plays, so that `lessons.seed` and
     `lessons add` go live as soon as the gate lets them); the gate's reason, or None when nothing waited."""
+    config, store, run_id = run.config, run.store, run.id
     if not user_lessons_gated(config) or pending_user_candidate(store, run_id) is None:
         return None
     curator = LessonCurator.from_settings(
         store, run_id, config.lessons, count_tokens=text_token_counter(backend), utilities=load_utilities(store, run_id)
     )
-    return _gate(config, workdir, store, run_id, backend, curator, pending_user_candidate(store, run_id).version)
+    return _gate(run, backend, curator, pending_user_candidate(store, run_id).version)
 
 
-def _gate(
-    config: RunConfig,
-    workdir: Path,
-    store: ExperienceStore,
-    run_id: int,
-    backend: PolicyBackend,
-    curator: LessonCurator,
-    candidate_version: int,
-) -> str:
-    settings = config.lessons
+def _gate(run: Run, backend: PolicyBackend, curator: LessonCurator, candidate_version: int) -> str:
+    config, workdir, store, run_id, settings = run.config, run.workdir, run.store, run.id, run.config.lessons
     live, current = live_lessons(store, run_id, pool=0)
     candidate_set = next(s for s in store.lesson_sets(run_id) if s.version == candidate_version)
     by_id = {x.id: x for x in store.lessons(run_id, ids=candidate_set.lesson_ids)}

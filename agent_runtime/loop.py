@@ -48,7 +48,6 @@ from agent_runtime.config import (
 from agent_runtime.consolidate import roll_back_interrupted
 from agent_runtime.cursor import CursorMove
 from agent_runtime.envs import build_envs
-from agent_runtime.heldout import held_out
 from agent_runtime.lessons_phase import (
     LessonContexts,
     add_seed_lessons,
@@ -61,6 +60,7 @@ from agent_runtime.llm.base import BackendStats, activate
 from agent_runtime.play import Executor, LocalExecutor, PlaySession, RequestWatch, RunState, Schedule
 from agent_runtime.profile import Profile
 from agent_runtime.retrieved_examples import example_retriever
+from agent_runtime.run import Run
 from agent_runtime.runner import TaskSampler
 from distill.lessons import pending_user_candidate, sync_statuses
 from distill.lessons.forget import RECONSOLIDATE
@@ -200,6 +200,7 @@ class AgentLoop:
             self.run_id = self.store.create_run(config.name, config.model_dump(mode="json"))
             self.state, self.phase = RunState(), "PLAY"
             add_seed_lessons(config, self.store, self.run_id, self._backend)
+        self.the_run = Run(self.config, self.workdir, self.store, self.run_id)  # what the phases are given
         self.lessons = LessonContexts(self.store, self.run_id, config.lessons.pools, config.lessons.pool_seed)
         self.adapter = self.store.active_adapter(self.run_id)
         if self.adapter is not None and self._backend is not None:
@@ -231,15 +232,8 @@ class AgentLoop:
         """Where the phases run: this process, or Ray workers (`runtime.executor`)."""
         if self._executor is None:
             k = self.config.agent.retrieved_examples
-            examples = example_retriever(self.store, self.run_id, k, lambda: held_out(self.config, self.workdir))
-            local = LocalExecutor(
-                self.config,
-                self.workdir,
-                self.store,
-                self.envs,
-                lambda: self.backend,
-                examples_for=examples if k else None,
-            )
+            examples = example_retriever(self.store, self.run_id, k, lambda: self.the_run.held)
+            local = LocalExecutor(self.the_run, self.envs, lambda: self.backend, examples_for=examples if k else None)
             if self.config.runtime.executor == "ray":
                 from agent_runtime.ray_executor import RayExecutor
 
@@ -356,7 +350,7 @@ class AgentLoop:
         driver's own policy: the model is loaded for it only when something waits)."""
         if not user_lessons_gated(self.config) or pending_user_candidate(self.store, self.run_id) is None:
             return
-        reason = gate_user_lessons(self.config, self.workdir, self.store, self.run_id, self.backend)
+        reason = gate_user_lessons(self.the_run, self.backend)
         if reason is not None:
             self.lessons.reload()
             log.info(f"lesson gate on a person's lessons: {reason}")
@@ -408,9 +402,7 @@ class AgentLoop:
     # -- EXTRACT --------------------------------------------------------------------------------------
     def _extract(self) -> None:
         """EXTRACT, which writes its results and the cursor's move in one transaction (`CursorMove`)."""
-        recent = learnable_recent(
-            self.config, self.workdir, self.store, self.run_id, self.config.lessons.episodes_per_extraction
-        )
+        recent = learnable_recent(self.the_run, self.config.lessons.episodes_per_extraction)
         after = replace(self.state, extractions=self.state.extractions + 1, last_extract_at=self.state.episodes)
         finish = CursorMove(self.schedule.after_extract(after), after.stored())
         report = self.executor.extract(self.run_id, recent, finish)

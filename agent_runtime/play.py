@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from agent_runtime.config import RunConfig
@@ -28,6 +27,7 @@ from agent_runtime.consolidate import CycleReport, run_cycle
 from agent_runtime.cursor import CursorMove
 from agent_runtime.envs import build_prompt_builders, sampling_params
 from agent_runtime.lessons_phase import ExtractReport, run_extract
+from agent_runtime.run import Run
 from agent_runtime.runner import Draw, EpisodeContext, EpisodeRunner, TaskSampler
 from memory import EpisodeRecord, ExperienceStore
 
@@ -255,16 +255,9 @@ class LocalExecutor:
 
     label = "PLAY"
 
-    def __init__(
-        self,
-        config: RunConfig,
-        workdir: Path,
-        store: ExperienceStore,
-        envs: list[EnvSlotSpec],
-        backend: Callable[[], PolicyBackend],
-        examples_for=None,
-    ):
-        self.config, self.workdir, self.store, self.envs = config, Path(workdir), store, envs
+    def __init__(self, run: Run, envs: list[EnvSlotSpec], backend: Callable[[], PolicyBackend], examples_for=None):
+        self.run, self.envs = run, envs
+        self.config, self.workdir, self.store = run.config, run.workdir, run.store
         self._backend = backend
         self.examples_for = examples_for
 
@@ -287,20 +280,15 @@ class LocalExecutor:
         finally:
             runner.close()
 
+    def _run(self, run_id: int) -> Run:
+        assert run_id == self.run.id, f"this executor plays run {self.run.id}, not {run_id}"
+        return self.run
+
     def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove) -> ExtractReport:
-        return run_extract(self.config, self.workdir, self.store, run_id, self._backend(), episode_ids, finish=finish)
+        return run_extract(self._run(run_id), self._backend(), episode_ids, finish=finish)
 
     def consolidate(self, run_id: int, finish: CursorMove, progress=None, on_poll=None) -> CycleReport:
-        return run_cycle(
-            self.config,
-            self.workdir,
-            self.store,
-            run_id,
-            self._backend(),
-            self.config.opcd,
-            progress=progress,
-            finish=finish,
-        )
+        return run_cycle(self._run(run_id), self._backend(), progress=progress, finish=finish)
 
     def close(self) -> None:
         """Nothing of its own to release: the backend belongs to the loop."""

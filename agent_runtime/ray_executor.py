@@ -67,6 +67,7 @@ from agent_runtime.envs import build_envs, build_prompt_builders, sampling_param
 from agent_runtime.lessons_phase import run_extract
 from agent_runtime.llm import make_backend
 from agent_runtime.llm.base import BackendStats, LocalModelBackend, activate
+from agent_runtime.run import Run
 from agent_runtime.runner import Draw, EpisodeContext, EpisodeRunner
 from memory import AdapterInfo, EpisodeRecord, ExperienceStore
 
@@ -190,16 +191,19 @@ class Learner:
             "processes": self.config.opcd.trainer.processes,
         }
 
+    def _run(self, run_id: int) -> Run:
+        return Run(self.config, self.workdir, self.store, run_id)
+
     def _act_with_run_adapter(self, run_id: int) -> None:
         activate(self.backend, self.store.active_adapter(run_id))
 
     def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove):
         self._act_with_run_adapter(run_id)
-        return run_extract(self.config, self.workdir, self.store, run_id, self.backend, episode_ids, finish=finish)
+        return run_extract(self._run(run_id), self.backend, episode_ids, finish=finish)
 
     def consolidate(self, run_id: int, finish: CursorMove):
         self._act_with_run_adapter(run_id)
-        report = run_cycle(self.config, self.workdir, self.store, run_id, self.backend, self.config.opcd, finish=finish)
+        report = run_cycle(self._run(run_id), self.backend, finish=finish)
         if report.cycle_id is not None:
             report.metrics["learner"] = self.where()
             self.store.update_cycle(report.cycle_id, metrics=report.metrics)

@@ -213,6 +213,7 @@ class Study:
         from agent_runtime.config import EnvEntry
         from agent_runtime.consolidate import anchor_decisions
         from agent_runtime.decisions import episode_prefixes
+        from agent_runtime.run import Run
         from distill.opcd import TrainJob, run_job
 
         def compute():
@@ -232,7 +233,7 @@ class Study:
             )
             decisions = [
                 d
-                for d in episode_prefixes(config, self.workdir, store, run_id, self.backend, TRAIN_EPISODES)
+                for d in episode_prefixes(Run(config, self.workdir, store, run_id), self.backend, TRAIN_EPISODES)
                 if d.choices
             ]
             out = self.workdir / "adapters" / key.replace(":", "-")
@@ -275,6 +276,7 @@ class Study:
     def run(self) -> None:
         from agent_runtime.consolidate import random_policy
         from agent_runtime.lessons_phase import run_extract
+        from agent_runtime.run import Run
         from distill.lessons import extraction_stats, live_lessons
         from memory import ExperienceStore
 
@@ -303,7 +305,7 @@ class Study:
                 if f"own:{seed}:lessons" not in self.results:
                     own = self.play(store, run_id, seed, [], None, range(TRAIN_EPISODES))
                     self.play(store, run_id, seed, [GIVEN], None, range(TRAIN_EPISODES, 2 * TRAIN_EPISODES))
-                    run_extract(study_config(seed), self.workdir, store, run_id, self.backend, own)
+                    run_extract(Run(study_config(seed), self.workdir, store, run_id), self.backend, own)
                     self.results[f"own:{seed}:lessons"] = [x.text for x in live_lessons(store, run_id)[1]]
                     self.results[f"own:{seed}:stats"] = extraction_stats(store, run_id).to_dict()
                     self.save()

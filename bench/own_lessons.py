@@ -51,11 +51,12 @@ def own_config(seed: int):
 def induce_round(study: Study, store, run_id: int, seed: int, key: str, episode_ids: list[int]) -> dict:
     """EXTRACT (evidence) on `episode_ids`: the induced lessons, their trials, the accepted ones."""
     from agent_runtime.lessons_phase import run_extract
+    from agent_runtime.run import Run
     from distill.lessons import live_lessons
 
     def compute():
         started = time.perf_counter()
-        report = run_extract(own_config(seed), study.workdir, store, run_id, study.backend, episode_ids)
+        report = run_extract(Run(own_config(seed), study.workdir, store, run_id), study.backend, episode_ids)
         for line in [report.line(), *report.trial_lines()]:
             print("   ", line, flush=True)
         return {

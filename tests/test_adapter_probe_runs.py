@@ -19,6 +19,7 @@ from agent_runtime.adapter_probe import StaleAdapterError, ensure_reference
 from agent_runtime.config import config_from_dict
 from agent_runtime.llm.transformers_backend import TransformersBackend
 from agent_runtime.loop import AgentLoop
+from agent_runtime.run import Run
 from agent_runtime.testing import StaleAdapterBackend
 from distill.fingerprint import fingerprint_files
 from memory import ExperienceStore
@@ -134,7 +135,9 @@ def test_ray_workers_are_probed_and_a_stale_one_stops_the_run(ray_cluster, tmp_p
     store.update_cycle(cycle, adapter_id=adapter_id)
     store.promote_cycle(cycle, [])
     adapter = store.get_adapter(adapter_id)
-    reference = ensure_reference(loop.config, tmp_path, store, first.run_id, adapter, loop.backend)  # the learner's
+    reference = ensure_reference(
+        Run(loop.config, tmp_path, store, first.run_id), adapter, loop.backend
+    )  # the learner's
     assert reference.shift > 0.1, reference.shift
     loop.adapter = adapter
     loop.config.runtime.episodes = 8

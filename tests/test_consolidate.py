@@ -266,6 +266,7 @@ def test_a_cycle_with_nothing_to_consolidate_is_a_skipped_report_that_moves_the_
     the state meant for a phase that did nothing (no cycle counted) and the run requests it carried out."""
     from agent_runtime.consolidate import run_cycle
     from agent_runtime.cursor import CursorMove
+    from agent_runtime.run import Run
     from distill.lessons.forget import RECONSOLIDATE
 
     config = cycle_config()
@@ -275,7 +276,7 @@ def test_a_cycle_with_nothing_to_consolidate_is_a_skipped_report_that_moves_the_
         finish = CursorMove(
             "PLAY", {"episodes": 4, "cycles": 1}, (asked,), state_if_skipped={"episodes": 4, "cycles": 0}
         )
-        report = run_cycle(config, tmp_path, store, run_id, None, config.opcd, finish=finish)
+        report = run_cycle(Run(config, tmp_path, store, run_id), None, finish=finish)
         assert (report.status, report.cycle_id, report.adapter_id) == ("skipped", None, None)
         assert report.line() == "CONSOLIDATE: no live lessons; nothing to consolidate"
         run = store.get_run(run_id)

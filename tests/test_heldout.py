@@ -15,6 +15,7 @@ from agent_runtime.lessons_phase import learnable_recent, run_extract
 from agent_runtime.llm.scripted import ScriptedBackend
 from agent_runtime.loop import AgentLoop
 from agent_runtime.retrieved_examples import example_retriever
+from agent_runtime.run import Run
 from distill.lessons.contrast import pick_partners
 from memory import ExperienceStore
 from memory.testing import game_episode
@@ -66,10 +67,10 @@ def test_a_planted_eval_episode_reaches_nothing_downstream(tmp_path, games_dir):
     held = held_out(cfg, tmp_path)
     assert held.size == 2 and not any(held.usable(loop.store.episode(i)) for i in planted)
 
-    assert set(learnable_recent(cfg, tmp_path, loop.store, loop.run_id, 8)).isdisjoint(planted)
+    assert set(learnable_recent(Run(cfg, tmp_path, loop.store, loop.run_id), 8)).isdisjoint(planted)
     with pytest.raises(EvalLeakError, match="EXTRACT: 1 held-out evaluation task"):
-        run_extract(cfg, tmp_path, loop.store, loop.run_id, ScriptedBackend(), [planted[1]])
-    assert episode_prefixes(cfg, tmp_path, loop.store, loop.run_id, ScriptedBackend(), 100) == []
+        run_extract(Run(cfg, tmp_path, loop.store, loop.run_id), ScriptedBackend(), [planted[1]])
+    assert episode_prefixes(Run(cfg, tmp_path, loop.store, loop.run_id), ScriptedBackend(), 100) == []
     retrieve = example_retriever(loop.store, loop.run_id, 1, lambda: held)
     observation = loop.store.episode(planted[0]).steps[0].observation
     assert retrieve(ENV, "some train task", observation) == []
@@ -93,7 +94,7 @@ def test_a_planted_eval_episode_reaches_nothing_downstream(tmp_path, games_dir):
         assert {p.id for p in partner_pool.values()}.isdisjoint(planted)
         assert [
             d
-            for d in episode_prefixes(cfg, tmp_path, store, summary.run_id, ScriptedBackend(), 100)
+            for d in episode_prefixes(Run(cfg, tmp_path, store, summary.run_id), ScriptedBackend(), 100)
             if set(d.episode_ids) & set(planted)
         ] == []
 

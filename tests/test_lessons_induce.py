@@ -9,6 +9,7 @@ from agent_runtime.config import config_from_dict
 from agent_runtime.lessons_phase import run_extract
 from agent_runtime.llm.scripted import ScriptedBackend
 from agent_runtime.loop import AgentLoop
+from agent_runtime.run import Run
 from distill.lessons import induce, live_lessons
 from distill.lessons.induce import z_statistic
 from environments.base import EnvSpec, TextEnv
@@ -226,7 +227,7 @@ def test_a_planted_misleading_lesson_is_kept_out(tmp_path) -> None:
         for e in ids:
             store.episode(e)
         backend = ScriptedBackend(follow_lessons=True)
-        report = run_extract(config, tmp_path, store, run_id, backend, ids)
+        report = run_extract(Run(config, tmp_path, store, run_id), backend, ids)
         by_text = {x["text"]: x for x in report.induced}
         planted = by_text["When you can look, look."]
         assert not planted["accepted"] and planted["trial"]["delta"] < 0

@@ -1,0 +1,33 @@
+"""`Run`: one run as its phases see it, built once by whoever runs them (the loop, `agent-runtime distill`, a Ray
+learner) and passed down instead of the four values every phase needs.
+
+It holds the run's config, workdir, store and id, and what is derived from them once: the held-out task set
+(`agent_runtime.heldout`). The phases take a `Run` and the backend they act with; they import nothing of the
+loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from agent_runtime.config import RunConfig
+from agent_runtime.heldout import HeldOut, held_out
+from memory import ExperienceStore
+
+
+@dataclass
+class Run:
+    config: RunConfig
+    workdir: Path
+    store: ExperienceStore
+    id: int
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir)
+
+    @cached_property
+    def held(self) -> HeldOut:
+        """The held-out evaluation tasks, by task id and first observation (kept out of every learning input)."""
+        return held_out(self.config, self.workdir)
