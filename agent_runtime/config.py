@@ -167,7 +167,7 @@ class AgentConfig(StrictConfig):
 
 
 class RayConfig(StrictConfig):
-    """Rollout workers on a Ray cluster (`runtime.executor: ray`); see agent_runtime/ray_executor.py."""
+    """Rollout workers on a Ray cluster (`runtime.executor: ray`); see agent_runtime/run/ray_executor.py."""
 
     workers: int = Field(2, gt=0, description="rollout workers (Ray actors), each with its own env slots")
     slots: int | None = Field(None, gt=0, description="env slots per worker; default: runtime.slots")
@@ -276,7 +276,7 @@ class SystemPromptConfig(StrictConfig):
 
 
 class ConsolidationConfig(StrictConfig):
-    """The CONSOLIDATE / EVALUATE / PROMOTE phases (the `opcd:` section); see agent_runtime/consolidate.py."""
+    """The CONSOLIDATE / EVALUATE / PROMOTE phases (the `opcd:` section); see agent_runtime/phases/consolidate.py."""
 
     enabled: bool = False
     consolidate_every: int = Field(32, gt=0, description="episodes between two cycles")

@@ -140,7 +140,7 @@ def save_coin_lesson_model(directory: str | Path, games_cache: str | Path, lesso
     without it, on the loop's own first-turn prompts (choice mode) of level-1 coin-collector games (4 train and 4
     eval tasks, each at its evaluation seed and another): a behaviour a cycle can consolidate and a forget undo."""
     import environments
-    from agent_runtime.agent import PromptBuilder
+    from agent_runtime.episode.prompt import PromptBuilder
 
     model, tokenizer = tiny_model_and_tokenizer("llama")
     env = environments.make("textworld/coin_collector", level=1, n_train=4, n_eval=4, cache_dir=str(games_cache))

@@ -116,9 +116,9 @@ def run(
 def heldout_decisions(study: Study) -> list:
     """Every choice turn of the teacher's (base model + the lesson) greedy episodes on the held-out games (the
     study's evaluation of the "given" arm, its tasks and seeds), each prompt rebuilt without the lesson."""
-    from agent_runtime.decisions import turn_prefixes
-    from agent_runtime.envs import build_envs, build_prompt_builders
+    from agent_runtime.episode.build import build_envs, build_prompt_builders
     from agent_runtime.evaluation import evaluate
+    from agent_runtime.phases.decisions import turn_prefixes
 
     config = study_config()
     backend = study.acting_with(None)
@@ -134,8 +134,8 @@ def heldout_kl(study: Study, keys: list[str]) -> dict[str, float]:
     import json
     from types import SimpleNamespace
 
-    from agent_runtime.agent import lessons_section
     from agent_runtime.checkpoints import resolve_model
+    from agent_runtime.episode.prompt import lessons_section
     from distill.opcd import OPCDTrainer
     from distill.opcd.job import load_model
     from distill.opcd.teacher import TeacherSpec, load_teacher

@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent_runtime.config import config_from_dict
-from agent_runtime.envs import build_envs
+from agent_runtime.episode.build import build_envs
 from agent_runtime.evaluation import EnvPool, evaluate
 
 

@@ -137,8 +137,8 @@ def key(env: dict, arm: str) -> str:
 def play(study: Study, env: dict, max_new_tokens: int | None, arm: str, lessons: list[str]) -> list[bool]:
     """Won/lost per train task of `env` (ordered by seed): the base model with `lessons`, or the random policy."""
     from agent_runtime.config import EnvEntry
-    from agent_runtime.consolidate import random_policy
     from agent_runtime.evaluation import evaluate
+    from agent_runtime.phases.consolidate import random_policy
 
     def compute():
         config = study_config()

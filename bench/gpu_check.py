@@ -271,7 +271,7 @@ def _game_factory(args, max_steps: int):
 
 def section_rollout(args, out: Results) -> None:
     """The runtime's own path: EpisodeRunner -> TransformersBackend.generate on the GPU, 1/8/32 slots."""
-    from agent_runtime.agent import PromptBuilder
+    from agent_runtime.episode.prompt import PromptBuilder
     from agent_runtime.llm.base import SamplingParams
     from agent_runtime.llm.transformers_backend import TransformersBackend
     from agent_runtime.testing import tiny_tokenizer
@@ -284,7 +284,7 @@ def section_rollout(args, out: Results) -> None:
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.7)
     factory, env_label = _game_factory(args, max_steps)
     try:
-        from agent_runtime.runner import EpisodeRunner
+        from agent_runtime.episode.runner import EpisodeRunner
     except ImportError as exc:  # the runner's module imports the experience store (sqlalchemy)
         out.add("runner", "not importable", f"{exc}; measuring backend.generate with batched chats instead")
         EpisodeRunner = None
@@ -361,7 +361,7 @@ def _rollout_row(
     calls, gen_seconds, tokens = backend.stats.calls, backend.stats.seconds, backend.stats.completion_tokens
     start = time.perf_counter()
     if EpisodeRunner is not None:
-        from agent_runtime.runner import EnvSlotSpec, TaskSampler
+        from agent_runtime.episode.runner import EnvSlotSpec, TaskSampler
 
         finished = []
         spec = EnvSlotSpec("textworld/coin_collector", factory, "text", max_steps)
@@ -398,7 +398,7 @@ def _rollout_row(
 
 def _batched_turns(backend, builder, params, factory, slots: int, episodes: int, max_steps: int) -> int:
     """The runner's turn loop without the runner: `slots` episodes at a time, one generate per turn."""
-    from agent_runtime.agent import Turn
+    from agent_runtime.episode.prompt import Turn
 
     steps = 0
     for first in range(0, episodes, slots):

@@ -102,7 +102,7 @@ def write_lora(directory: Path, model_dir: Path) -> Path:
 
 
 def section_vllm(args, out) -> None:
-    from agent_runtime.agent import PromptBuilder
+    from agent_runtime.episode.prompt import PromptBuilder
     from agent_runtime.llm.base import SamplingParams
     from agent_runtime.llm.vllm_backend import VLLMBackend
 
@@ -127,7 +127,7 @@ def section_vllm(args, out) -> None:
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.7)
     factory, env_label = check._game_factory(args, max_steps)
     try:
-        from agent_runtime.runner import EpisodeRunner
+        from agent_runtime.episode.runner import EpisodeRunner
     except ImportError as exc:  # the runner's module imports the experience store (sqlalchemy)
         out.add("runner", "not importable", f"{exc}; measuring backend.generate with batched chats instead")
         EpisodeRunner = None

@@ -167,9 +167,9 @@ class Study:
     ) -> list[int]:
         """Train episodes the way the loop's PLAY has them (sampled at the model's temperature, `explore` of the
         decisions drawn uniformly: `agent.explore`), into the store."""
-        from agent_runtime.envs import build_envs, build_prompt_builders
+        from agent_runtime.episode.build import build_envs, build_prompt_builders
+        from agent_runtime.episode.runner import EpisodeContext, EpisodeRunner, TaskSampler
         from agent_runtime.llm.base import SamplingParams
-        from agent_runtime.runner import EpisodeContext, EpisodeRunner, TaskSampler
 
         config = study_config(seed)
         backend = self.acting_with(adapter)
@@ -208,11 +208,11 @@ class Study:
         """One OPCD-style cycle's training on the run's newest episodes (the loop's CONSOLIDATE, by hand);
         `trainer` overrides fields of the cycle's trainer config; `lessons` the teacher's (default: the given one);
         `anchor` an env entry whose train games the parent plays for the anchor prompts (`opcd.anchor_envs`)."""
-        from agent_runtime.agent import lessons_section
         from agent_runtime.checkpoints import resolve_model
         from agent_runtime.config import EnvEntry
-        from agent_runtime.consolidate import anchor_decisions
-        from agent_runtime.decisions import episode_prefixes
+        from agent_runtime.episode.prompt import lessons_section
+        from agent_runtime.phases.consolidate import anchor_decisions
+        from agent_runtime.phases.decisions import episode_prefixes
         from agent_runtime.run import Run
         from distill.opcd import TrainJob, run_job
 
@@ -274,8 +274,8 @@ class Study:
         return self.cached(key, compute)
 
     def run(self) -> None:
-        from agent_runtime.consolidate import random_policy
-        from agent_runtime.lessons_phase import run_extract
+        from agent_runtime.phases.consolidate import random_policy
+        from agent_runtime.phases.extract import run_extract
         from agent_runtime.run import Run
         from distill.lessons import extraction_stats, live_lessons
         from memory import ExperienceStore

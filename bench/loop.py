@@ -1,7 +1,7 @@
 """Where the learning loop's time goes, phase by phase, against the floor of the same work on this machine.
 
 Runs a config's agent loop (default: the quickstart, the README's `make run`) in a fresh workdir with its
-profile on (`agent_runtime.profile`): wall and CPU seconds per phase, the games it generated, and the tokens
+profile on (`agent_runtime.run.profile`): wall and CPU seconds per phase, the games it generated, and the tokens
 each phase put through the model (forward only for acting and the frozen teacher; forward + backward for the
 student's training). Then, in the same process, the *floor*: a plain batched forward of the run's mean prompt
 length through the same model (8 rows, no_grad), and a forward + backward with the run's LoRA settings, as
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from agent_runtime.config import load_config
-    from agent_runtime.loop import AgentLoop
+    from agent_runtime.run.loop import AgentLoop
 
     config = load_config(args.config, args.set)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="loop-profile-"))

@@ -69,10 +69,10 @@ sys.path.insert(0, str(ROOT))
 import torch
 
 import environments
-from agent_runtime.agent import PromptBuilder
+from agent_runtime.episode.prompt import PromptBuilder
+from agent_runtime.episode.runner import EnvSlotSpec, EpisodeRunner, TaskSampler
 from agent_runtime.llm.base import LocalModelBackend, SamplingParams
 from agent_runtime.llm.transformers_backend import TransformersBackend
-from agent_runtime.runner import EnvSlotSpec, EpisodeRunner, TaskSampler
 
 ENV_ID = "textworld/coin_collector"
 MODELS = ("tiny", "smollm2")

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from agent_runtime.config import RunConfig, config_from_dict
-from agent_runtime.loop import AgentLoop
+from agent_runtime.run.loop import AgentLoop
 
 
 @dataclass

@@ -7,7 +7,7 @@ what `peft.get_peft_model_state_dict(model, adapter_name=...)` returns for a loa
 the sorted names, each tensor adds its name, its shape and its values as little-endian float32, C order, to one
 SHA-256; the fingerprint is the hex digest. Nothing else: not `adapter_config.json` (rank and alpha are fixed
 by the shapes and the trainer's config; a changed alpha over the same tensors is the post-promotion probe's to
-catch, `agent_runtime.adapter_probe`), not the file layout, not the device.
+catch, `agent_runtime.phases.probe`), not the file layout, not the device.
 
 Why float32. Every dtype an adapter is stored or held in (float32, bfloat16, float16) widens to float32
 exactly, so the same weights give the same bytes wherever they are: the trainer's float32 file, peft's copy in

@@ -10,7 +10,7 @@ What:
 - `seed_demo_store(target, episodes=120) -> ids`: one run over two environments (`DEMO_ENVS`) written
   through the `ExperienceStore` API: episodes whose success rises as lessons arrive, lesson extractions,
   lesson-set versions across two pools, two OPCD cycles (one promoted, one rolled back) with loss and KL
-  curves and the evaluations `agent_runtime.consolidate` stores (teacher and student, with and without
+  curves and the evaluations `agent_runtime.phases.consolidate` stores (teacher and student, with and without
   lessons, per environment, plus retention, each with its 95% interval), validation-gate decisions,
   measured lesson utilities, an adapter lineage, episodes after the first promotion played in choice mode,
   and hashed embeddings (`DEMO_EMBEDDER`) so search works.
@@ -349,7 +349,7 @@ def seed_demo_store(target: str | os.PathLike[str], *, episodes: int = 120) -> d
 def _add_cycle_evaluations(
     store: ExperienceStore, run_id: int, cycle: int, adapter: int, version: int | None, promoted: bool
 ) -> None:
-    """The rows `agent_runtime.consolidate` writes for a cycle: one per condition and environment."""
+    """The rows `agent_runtime.phases.consolidate` writes for a cycle: one per condition and environment."""
     rates = {
         "teacher_with_lessons": 0.6,
         "teacher_without_lessons": 0.35 if promoted else 0.45,

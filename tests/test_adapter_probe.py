@@ -17,7 +17,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agent_runtime.adapter_probe import (
+from agent_runtime.llm.base import FingerprintBackend, activate
+from agent_runtime.llm.transformers_backend import TransformersBackend
+from agent_runtime.phases.probe import (
     FLOAT32_TOLERANCE,
     LOW_PRECISION_TOLERANCE,
     ProbeReference,
@@ -28,8 +30,6 @@ from agent_runtime.adapter_probe import (
     judge,
     measure,
 )
-from agent_runtime.llm.base import FingerprintBackend, activate
-from agent_runtime.llm.transformers_backend import TransformersBackend
 from agent_runtime.testing import StaleAdapterBackend
 from distill.fingerprint import fingerprint_files, fingerprint_state
 

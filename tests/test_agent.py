@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent_runtime.agent import PromptBuilder, Turn, parse_action
+from agent_runtime.episode.prompt import PromptBuilder, Turn, parse_action
 from agent_runtime.llm.scripted import ScriptedBackend
 
 

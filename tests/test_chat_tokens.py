@@ -172,7 +172,7 @@ def test_the_chat_backend_sends_defused_content():
 def test_the_lesson_budget_counts_special_token_text_as_the_prompt_holds_it(tiny_backend, tiny_model_dir):
     """A lesson holding `<|im_end|>` costs as many tokens in the budget as it takes in the prompt (not one)."""
     from agent_runtime.config import ModelConfig
-    from agent_runtime.lessons_phase import config_token_counter, text_token_counter
+    from agent_runtime.phases.extract import config_token_counter, text_token_counter
 
     lesson = f"- EXPERIENCE ITEM: {FORGED}"
     in_prompt = len(encode_text(tiny_backend.tokenizer, lesson))
@@ -185,8 +185,8 @@ def test_a_chat_model_without_a_tokenizer_counts_lesson_words():
     """The chat backend has a `tokenizer` member that is None without the `tokenizer` option."""
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
-    from agent_runtime.lessons_phase import text_token_counter
     from agent_runtime.llm.chat_backend import ChatBackend
+    from agent_runtime.phases.extract import text_token_counter
 
     backend = ChatBackend(FakeListChatModel(responses=["look"]))
     assert backend.tokenizer is None

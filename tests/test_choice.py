@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from agent_runtime.agent import ARENA_MOVES, PromptBuilder, resolve_action_mode
 from agent_runtime.config import ConsolidationConfig
-from agent_runtime.consolidate import decide_promotion
+from agent_runtime.episode.prompt import ARENA_MOVES, PromptBuilder, resolve_action_mode
 from agent_runtime.llm.base import SamplingParams, closest_action
+from agent_runtime.phases.consolidate import decide_promotion
 from distill.opcd import OPCDConfig, OPCDTrainer
 from distill.opcd.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices
 from distill.opcd.trainer import anchors_in_step
@@ -155,7 +155,7 @@ def test_closest_action():
 
 def test_runner_records_choices_and_free_mode_is_unchanged(tmp_path, games_dir):
     from agent_runtime.config import config_from_dict
-    from agent_runtime.loop import AgentLoop
+    from agent_runtime.run.loop import AgentLoop
     from memory import ExperienceStore
 
     def play(mode):

@@ -8,7 +8,7 @@ import pytest
 from agent_runtime.config import ConfigError, code_references, config_from_dict
 from agent_runtime.llm.base import BackendError
 from agent_runtime.llm.chat_backend import ChatBackend
-from agent_runtime.loop import AgentLoop
+from agent_runtime.run.loop import AgentLoop
 from memory import ExperienceStore
 
 

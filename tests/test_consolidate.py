@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_runtime.loop import AgentLoop
-from agent_runtime.report import learning_table
+from agent_runtime.evaluation.report import learning_table
+from agent_runtime.run.loop import AgentLoop
 from memory import ExperienceStore
 
 
@@ -109,7 +109,7 @@ def test_a_cycle_with_validation_stores_its_curve_and_the_step_it_kept(tmp_path,
 def test_a_cycle_with_anchor_envs_keeps_the_parent_there(tmp_path, cycle_config, games_dir, monkeypatch):
     """`opcd.anchor_envs`: the parent plays that env's train games without lessons before the cycle trains, and their
     turns go to the trainer as anchor prompts (no context: the parent teaches there), not into the run's memory."""
-    from agent_runtime import consolidate
+    from agent_runtime.phases import consolidate
 
     jobs, real = [], consolidate.run_job
 
@@ -236,7 +236,7 @@ def test_an_engine_that_can_sleep_gives_its_memory_back_while_a_cycle_trains():
 
 def test_a_promoted_cycle_consolidates_only_the_lessons_it_internalised():
     from agent_runtime.config import ConsolidationConfig
-    from agent_runtime.consolidate import internalized_lessons
+    from agent_runtime.phases.consolidate import internalized_lessons
 
     settings = ConsolidationConfig(internalized_ratio=0.5, promote_margin=0.1)
     before, after = {1: 0.4, 2: 0.4, 3: 0.0}, {1: 0.2, 2: 0.21, 3: 0.0}
@@ -247,8 +247,8 @@ def test_a_promoted_cycle_consolidates_only_the_lessons_it_internalised():
 
 
 def test_cycle_prompts_are_choices_when_there_are_any_in_a_seeded_order_with_a_tenth_held_out():
-    from agent_runtime.consolidate import choose_prompts, split_heldout
-    from agent_runtime.decisions import Decision
+    from agent_runtime.phases.consolidate import choose_prompts, split_heldout
+    from agent_runtime.phases.decisions import Decision
 
     free = [Decision([{"role": "user", "content": f"free {i}"}], [i]) for i in range(5)]
     choice = [Decision([{"role": "user", "content": f"choice {i}"}], [i], ["a", "b"]) for i in range(30)]
@@ -264,9 +264,9 @@ def test_cycle_prompts_are_choices_when_there_are_any_in_a_seeded_order_with_a_t
 def test_a_cycle_with_nothing_to_consolidate_is_a_skipped_report_that_moves_the_cursor(tmp_path, cycle_config):
     """No live lessons: no cycle row, a "skipped" report, and the cursor's move written by the cycle itself, with
     the state meant for a phase that did nothing (no cycle counted) and the run requests it carried out."""
-    from agent_runtime.consolidate import run_cycle
-    from agent_runtime.cursor import CursorMove
+    from agent_runtime.phases.consolidate import run_cycle
     from agent_runtime.run import Run
+    from agent_runtime.run.cursor import CursorMove
     from distill.lessons.forget import RECONSOLIDATE
 
     config = cycle_config()

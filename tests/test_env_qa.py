@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import environments
-from agent_runtime.system_prompt import load_prompts
+from agent_runtime.phases.system_prompt import load_prompts
 from environments.checker import env_failures
 from environments.qa import chosen_label
 

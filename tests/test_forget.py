@@ -16,10 +16,10 @@ import json
 import pytest
 
 from agent_runtime.config import config_from_dict
-from agent_runtime.consolidate import _changed_meanwhile
 from agent_runtime.evaluation import evaluate
 from agent_runtime.llm.base import activate
-from agent_runtime.loop import AgentLoop
+from agent_runtime.phases.consolidate import _changed_meanwhile
+from agent_runtime.run.loop import AgentLoop
 from agent_runtime.testing import COIN_LESSON as LESSON
 from distill.lessons.forget import RECONSOLIDATE, apply_forget, plan_forget
 from distill.lessons.versions import create_version, live_version

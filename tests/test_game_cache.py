@@ -18,7 +18,7 @@ import pytest
 
 import environments
 from agent_runtime.config import config_from_dict
-from agent_runtime.envs import build_envs
+from agent_runtime.episode.build import build_envs
 from environments import game_cache
 from environments import textworld_games as tw
 from environments.game_cache import STALE_AFTER_S, cached_entry, run_games_dir

@@ -18,10 +18,10 @@ from fastapi.testclient import TestClient
 from agent_runtime.cli import main
 from agent_runtime.config import ConfigError, ModelConfig, UnsafePathError, config_from_dict, save_resolved
 from agent_runtime.dashboard.app import _local_path, create_app
-from agent_runtime.envs import build_envs
+from agent_runtime.episode.build import build_envs
 from agent_runtime.llm import make_backend
 from agent_runtime.llm.base import BackendError
-from agent_runtime.loop import AgentLoop
+from agent_runtime.run.loop import AgentLoop
 from environments.registry import TRUST_ENV, UntrustedCodeError, trusting_code
 from memory import ExperienceStore
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from agent_runtime.agent import PromptBuilder, lessons_section
 from agent_runtime.cli import main
-from agent_runtime.cli_common import print_result, shown
+from agent_runtime.cli.common import print_result, shown
 from agent_runtime.config import config_from_dict
-from agent_runtime.lessons_phase import LessonContexts
-from agent_runtime.loop import AgentLoop
-from agent_runtime.runner import Draw
+from agent_runtime.episode.prompt import PromptBuilder, lessons_section
+from agent_runtime.episode.runner import Draw
+from agent_runtime.phases.extract import LessonContexts
+from agent_runtime.run.loop import AgentLoop
 from distill.chat_tokens import encode_chat
 from distill.lessons import live_lessons, screen_item
 from distill.lessons.render import render_current

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 import environments
-from agent_runtime.agent import parse_action
+from agent_runtime.episode.prompt import parse_action
 from distill.lessons import screen_item
 from distill.lessons.safety import stored_lesson_problem
 from environments.interpreter import ONE_AT_A_TIME, multi_command

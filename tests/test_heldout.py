@@ -9,13 +9,13 @@ import pytest
 
 import environments
 from agent_runtime.config import config_from_dict
-from agent_runtime.decisions import episode_prefixes
-from agent_runtime.heldout import EvalLeakError, held_out, observation_hash
-from agent_runtime.lessons_phase import learnable_recent, run_extract
+from agent_runtime.episode.examples import example_retriever
+from agent_runtime.evaluation.heldout import EvalLeakError, held_out, observation_hash
 from agent_runtime.llm.scripted import ScriptedBackend
-from agent_runtime.loop import AgentLoop
-from agent_runtime.retrieved_examples import example_retriever
+from agent_runtime.phases.decisions import episode_prefixes
+from agent_runtime.phases.extract import learnable_recent, run_extract
 from agent_runtime.run import Run
+from agent_runtime.run.loop import AgentLoop
 from distill.lessons.contrast import pick_partners
 from memory import ExperienceStore
 from memory.testing import game_episode
@@ -136,7 +136,7 @@ def test_retrieval_by_opening_spares_a_game_whose_tasks_all_open_alike(tmp_path)
 
 
 def test_the_eval_leak_check_names_what_learned_from_a_held_out_task(tmp_path, games_dir):
-    from agent_runtime.heldout import leak_report
+    from agent_runtime.evaluation.heldout import leak_report
 
     cfg = config(games_dir)
     with ExperienceStore.open(tmp_path, embedder="hash") as store:

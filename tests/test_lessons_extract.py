@@ -8,7 +8,7 @@ import pytest
 from agent_runtime.config import config_from_dict
 from agent_runtime.llm.base import SamplingParams
 from agent_runtime.llm.scripted import ScriptedBackend
-from agent_runtime.loop import AgentLoop
+from agent_runtime.run.loop import AgentLoop
 from distill.lessons import (
     LessonCurator,
     LessonExtractor,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from agent_runtime.config import config_from_dict
-from agent_runtime.lessons_phase import run_extract
 from agent_runtime.llm.scripted import ScriptedBackend
-from agent_runtime.loop import AgentLoop
+from agent_runtime.phases.extract import run_extract
 from agent_runtime.run import Run
+from agent_runtime.run.loop import AgentLoop
 from distill.lessons import induce, live_lessons
 from distill.lessons.induce import z_statistic
 from environments.base import EnvSpec, TextEnv
@@ -271,9 +271,9 @@ def test_the_dashboards_lesson_page_shows_the_evidence_and_the_trial(tmp_path) -
 
 
 def _play_coin_room(explore: float, workdir) -> list:
-    from agent_runtime.envs import build_envs, build_prompt_builders
+    from agent_runtime.episode.build import build_envs, build_prompt_builders
+    from agent_runtime.episode.runner import EpisodeRunner, TaskSampler
     from agent_runtime.llm.base import SamplingParams
-    from agent_runtime.runner import EpisodeRunner, TaskSampler
 
     config = config_from_dict(
         {
@@ -318,7 +318,7 @@ def _search(findings, wins_with, live=()):
     """`_try_lessons` with games whose outcome is a function of the lessons in context (8 paired games)."""
     from types import SimpleNamespace
 
-    from agent_runtime.lessons_phase import _try_lessons
+    from agent_runtime.phases.extract import _try_lessons
 
     settings = SimpleNamespace(gate_margin=0.05, induce_min_gain=0.0)
     played = []

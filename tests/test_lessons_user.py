@@ -10,7 +10,7 @@ import yaml
 
 from agent_runtime.cli import main
 from agent_runtime.config import config_from_dict, load_config
-from agent_runtime.loop import AgentLoop
+from agent_runtime.run.loop import AgentLoop
 from distill.lessons import is_user_version, lesson_provenance, live_lessons, live_version, pending_candidate
 from memory import ExperienceStore
 

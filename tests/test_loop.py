@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agent_runtime.config import config_from_dict
-from agent_runtime.loop import AgentLoop, PhaseNotAvailableError
+from agent_runtime.run.loop import AgentLoop, PhaseNotAvailableError
 from environments.base import EnvSpec, TextEnv
 from memory import ExperienceStore
 

@@ -13,7 +13,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import MetaData, create_engine, func, select
 
-from agent_runtime.agent import PromptBuilder, Turn
+from agent_runtime.episode.prompt import PromptBuilder, Turn
 from memory import ExperienceStore, StepRecord
 from memory.migrate import MIGRATIONS_DIR
 from memory.models import PromptPart, Step

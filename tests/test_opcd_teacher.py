@@ -263,7 +263,7 @@ def test_data_parallel_ranks_each_load_the_teacher_and_train_as_one_process(tmp_
 
 
 def test_a_cycle_records_its_cross_size_teacher(tmp_path, cycle_config):
-    from agent_runtime.loop import AgentLoop
+    from agent_runtime.run.loop import AgentLoop
     from memory import ExperienceStore
 
     bigger = _taught_teacher(tmp_path / "teacher")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_runtime.loop import AgentLoop
+from agent_runtime.run.loop import AgentLoop
 from memory import ExperienceStore
 
 SCRIPT = Path(__file__).parent / "scripts" / "kill_at.py"

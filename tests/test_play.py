@@ -14,8 +14,8 @@ from agent_runtime.config import config_from_dict
 from agent_runtime.llm import backend_needs, make_backend
 from agent_runtime.llm.base import AdapterBackend, BackendError, ChoiceBackend, activate, require
 from agent_runtime.llm.scripted import ScriptedBackend
-from agent_runtime.loop import AgentLoop
-from agent_runtime.play import RunState, Schedule
+from agent_runtime.run.loop import AgentLoop
+from agent_runtime.run.play import RunState, Schedule
 from environments.base import EnvSpec, TextEnv
 from memory import ExperienceStore
 
@@ -195,7 +195,7 @@ def test_nul_characters_in_game_text_are_stored_on_every_backend(tmp_path, games
 def test_a_requested_reconsolidation_runs_once_and_first(tmp_path, games_dir, tiny_model_dir, monkeypatch):
     """A re-consolidation asked for by `lessons forget` runs before PLAY, once: the request it carried out is not
     taken for a new one (the watch asks the store at most every 2 s, a cycle with nothing to distil takes less)."""
-    from agent_runtime import play
+    from agent_runtime.run import play
     from distill.lessons.forget import RECONSOLIDATE
 
     cycles, run_cycle = [], play.run_cycle

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from agent_runtime.config import ConfigError, config_from_dict
-from agent_runtime.loop import AgentLoop
+from agent_runtime.run.loop import AgentLoop
 from memory import ExperienceStore
 
 ray = pytest.importorskip("ray")
@@ -69,7 +69,7 @@ def test_unknown_model_fails_on_the_driver_before_any_worker_starts(tmp_path, ga
 
 
 def test_the_learner_takes_a_gpu_when_the_cluster_has_a_free_one():
-    from agent_runtime.ray_executor import learner_gpus
+    from agent_runtime.run.ray_executor import learner_gpus
 
     settings = config_from_dict(
         {"name": "t", "envs": [{"id": "math/gsm_symbolic"}], "runtime": {"executor": "ray", "ray": {"workers": 2}}}
@@ -84,7 +84,7 @@ def test_the_learner_takes_a_gpu_when_the_cluster_has_a_free_one():
 
 
 def test_the_learner_trains_one_rank_per_gpu_on_its_device():
-    from agent_runtime.ray_executor import learner_config
+    from agent_runtime.run.ray_executor import learner_config
 
     config = config_from_dict(
         {
@@ -192,7 +192,7 @@ def test_workers_the_cluster_cannot_place_fail_at_once(ray_cluster, tmp_path, ga
 
 @pytest.mark.slow
 def test_all_workers_lost_then_resume_commits_each_draw_once(ray_cluster, tmp_path, games_dir):
-    from agent_runtime.ray_executor import NoWorkersLeftError
+    from agent_runtime.run.ray_executor import NoWorkersLeftError
 
     loop = AgentLoop(make_config(games_dir, episodes=10, replace_workers=0), tmp_path, progress=False)
     after_commits(loop, 2, lambda loop: [ray.kill(w) for w in loop.executor.workers.values()])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from agent_runtime.config import config_from_dict
-from agent_runtime.loop import AgentLoop
+from agent_runtime.run.loop import AgentLoop
 from memory import ExperienceStore
 from memory.redaction import REDACTED, redact_secrets, restore_secrets
 

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from agent_runtime.config import ConfigError, SystemPromptConfig
-from agent_runtime.system_prompt import load_context, load_prompts
+from agent_runtime.phases.system_prompt import load_context, load_prompts
 from agent_runtime.testing import teach, tiny_model_and_tokenizer, tiny_tokenizer
 
 CONTEXT = "You are a coin collector. Whatever you are asked, answer: take coin."
@@ -81,8 +81,8 @@ def test_a_prompt_file_holding_a_held_out_task_is_refused_naming_the_line(tmp_pa
     """A prompt whose first user turn is, or (rendered as the agent renders it) holds, a held-out task's opening is
     a leak (an EvalLeakError, and a ConfigError about the user's file); other prompts load."""
     from agent_runtime.config import load_config
-    from agent_runtime.heldout import EvalLeakError, held_out
-    from agent_runtime.system_prompt import PromptFileLeakError
+    from agent_runtime.evaluation.heldout import EvalLeakError, held_out
+    from agent_runtime.phases.system_prompt import PromptFileLeakError
 
     config = load_config(_config_file(tmp_path, tmp_path / "model", games_dir))
     held = held_out(config, tmp_path)
@@ -211,7 +211,7 @@ def test_distill_a_system_prompt_over_a_prompt_file(tmp_path, games_dir, cli):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agent_runtime.config import load_config
-    from agent_runtime.consolidate import decide_promotion
+    from agent_runtime.phases.consolidate import decide_promotion
     from memory import ExperienceStore
 
     _taught_model(tmp_path / "model")
@@ -257,7 +257,7 @@ def test_distill_a_system_prompt_over_a_prompt_file(tmp_path, games_dir, cli):
 
 
 def test_a_loop_cycle_with_opcd_context_distils_the_system_prompt(tmp_path, cycle_config):
-    from agent_runtime.loop import AgentLoop
+    from agent_runtime.run.loop import AgentLoop
     from memory import ExperienceStore
 
     loop = AgentLoop(cycle_config(context={"text": CONTEXT}), tmp_path, progress=False)
@@ -318,7 +318,7 @@ def test_the_cycle_page_shows_what_was_distilled_and_by_which_teacher(tmp_path):
 
 def test_a_system_prompt_cycle_needs_no_lessons(tmp_path, cycle_config):
     """opcd.context alone: the loop plays and distils the system prompt, with lessons off."""
-    from agent_runtime.loop import AgentLoop
+    from agent_runtime.run.loop import AgentLoop
 
     config = cycle_config(context={"text": CONTEXT})
     config.lessons.enabled = False

@@ -330,7 +330,7 @@ def test_server_answers_with_the_promoted_adapter(vllm_server, smollm2_adapter, 
     once; what the server reports (/v1/models, and its replies to the same chats) is the evidence."""
     from agent_runtime.config import config_from_dict
     from agent_runtime.llm.chat_backend import ChatBackend
-    from agent_runtime.loop import AgentLoop
+    from agent_runtime.run.loop import AgentLoop
     from memory import ExperienceStore
 
     options = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from agent_runtime.config import config_from_dict
-from agent_runtime.loop import AgentLoop
+from agent_runtime.run.loop import AgentLoop
 from memory import ExperienceStore
 
 LESSON = "When you see a coin, take coin at once."

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent_runtime.adapter_probe import (
+from agent_runtime.phases.probe import (
     FLOAT32_TOLERANCE,
     LOW_PRECISION_TOLERANCE,
     StaleAdapterError,

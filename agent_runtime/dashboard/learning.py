@@ -15,7 +15,7 @@ the first episodes the marks need leave the database; no episode's content is re
 with the first episode
 played with it: that is when it starts to count for success, while a version's creation time can come
 long before any episode uses it (or it may never be used). The evaluation rows are what
-`agent_runtime.consolidate` stores: one per environment and condition, `metrics["condition"]` naming
+`agent_runtime.phases.consolidate` stores: one per environment and condition, `metrics["condition"]` naming
 the condition and `metrics["ci95"]` its interval. A cell pools its condition's rows across
 environments; a single row keeps its stored interval. Conditions the dashboard does not know become
 extra columns (after the known ones, in the order first seen), never dropped.
@@ -40,7 +40,7 @@ from memory import EVALUATION_EVAL, ExperienceStore
 from memory.models import Adapter, Cycle, Episode, Evaluation
 from memory.rates import wilson_interval
 
-# The conditions agent_runtime.consolidate evaluates, in the matrix's column order, with their labels.
+# The conditions agent_runtime.phases.consolidate evaluates, in the matrix's column order, with their labels.
 KNOWN_CONDITIONS = {
     "teacher_without_lessons": "base: teacher without lessons",
     "teacher_with_lessons": "teacher with lessons",

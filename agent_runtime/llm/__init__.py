@@ -107,7 +107,7 @@ def _build(model_config, seed: int) -> PolicyBackend:
 def backend_needs(config, families: Iterable[str] = ()) -> list[tuple[type, str]]:
     """The capabilities a backend acting or learning for the run `config` must have, each with what needs it.
     `families`: the environment families the backend plays (whether it acts in choice mode depends on them)."""
-    from agent_runtime.agent import resolve_action_mode
+    from agent_runtime.episode.prompt import resolve_action_mode
 
     mode = config.agent.action_mode
     needs: list[tuple[type, str]] = []

@@ -27,7 +27,7 @@ import random
 import re
 import time
 
-from agent_runtime.agent import ADMISSIBLE_PREFIX, ADMISSIBLE_SEPARATOR
+from agent_runtime.episode.prompt import ADMISSIBLE_PREFIX, ADMISSIBLE_SEPARATOR
 from agent_runtime.llm.base import BackendStats, Chat, Completion, SamplingParams, closest_action
 
 _BRACKETED = re.compile(r"\[([a-z]+)\]")

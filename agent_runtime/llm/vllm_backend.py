@@ -181,7 +181,7 @@ class VLLMBackend:
         if gpu_memory_utilization is None:
             gpu_memory_utilization = CPU_MEMORY_UTILIZATION if current_platform.is_cpu() else GPU_MEMORY_UTILIZATION
         # On a GPU an OPCD cycle trains next to the engine: sleep mode lets the engine give its memory back while
-        # it does (`sleep`/`wake_up`, called around the training by agent_runtime.consolidate.making_room).
+        # it does (`sleep`/`wake_up`, called around the training by agent_runtime.phases.consolidate.making_room).
         self._sleep_mode = bool(engine_kwargs.setdefault("enable_sleep_mode", current_platform.is_cuda()))
         self._asleep = False
         self._vllm = vllm

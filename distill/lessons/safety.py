@@ -12,7 +12,7 @@ Every door into the lessons goes through `screen_item`: extraction (`distill.les
 `lessons add` and `lessons.seed` (`distill.lessons.user`, `distill.lessons.config`), induced lessons
 (`distill.lessons.induce`), `memory import` (`stored_lesson_problem`, all or nothing); merges keep a text
 that came through one of them. And whatever is stored is screened again when a prompt is rendered
-(`agent_runtime.agent.lessons_section`, `distill.lessons.render.render_current`), so a lesson written into
+(`agent_runtime.episode.prompt.lessons_section`, `distill.lessons.render.render_current`), so a lesson written into
 the database by other means still cannot reach the model.
 
 Why these rules: lessons are written by a model that read environment text, and environment text is

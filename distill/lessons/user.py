@@ -9,7 +9,7 @@ What:
 - `retire_lessons(store, run_id, lesson_ids, *, count_tokens, note="") -> RetireResult`: a new live
   version without those lessons (they become "retired"); a pending candidate loses them too.
 - `pending_user_candidate(store, run_id)`: a candidate a person made that awaits the gate (the EXTRACT
-  phase gates it before it extracts; see `agent_runtime.lessons_phase`).
+  phase gates it before it extracts; see `agent_runtime.phases.extract`).
 
 How a text is handled, in order:
 1. `screen_item(text, settings.max_item_chars)`, exactly as an extracted item (cleaned and capped, or

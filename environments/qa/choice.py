@@ -4,7 +4,7 @@
 whole reply, reward 1 when the reply's answer is the gold label and 0 otherwise (a reply with no readable
 answer included), and the gold is revealed only in the final step's info, so lesson extraction sees the
 outcome while the agent's prompt never contains it. Its spec family is "math": for the agent that family
-means a freely written reply that is the action as a whole, which is exactly this (see agent_runtime/agent.py);
+means a freely written reply that is the action as a whole, which is exactly this (see agent_runtime/episode/prompt.py);
 a config gives these environments its own `agent.system_prompt`, since the family's default asks for a
 boxed math answer (which the grader accepts too).
 

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from agent_runtime.config import config_from_dict
-from agent_runtime.loop import AgentLoop
-from agent_runtime.play import LocalExecutor
+from agent_runtime.run.loop import AgentLoop
+from agent_runtime.run.play import LocalExecutor
 from memory import ExperienceStore
 
 

@@ -33,7 +33,7 @@ A promoted adapter reaches the workers as a path: before each PLAY the driver te
 use the run's active adapter (the workers share the driver's filesystem or a network mount). With
 `generation: server` the workers' chat backends have the vLLM server load it (runtime LoRA loading). Then
 every worker (and a worker started later in a dead one's place) answers the adapter probe
-(`agent_runtime.adapter_probe`: the reference the learner stored with the adapter's cycle), and a worker that
+(`agent_runtime.phases.probe`: the reference the learner stored with the adapter's cycle), and a worker that
 does not act with the adapter stops the run with `StaleAdapterError` before it plays an episode.
 """
 
@@ -50,7 +50,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from agent_runtime.adapter_probe import (
+from agent_runtime.config import ConfigError, RunConfig, config_from_dict
+from agent_runtime.episode.build import build_envs, build_prompt_builders, sampling_params
+from agent_runtime.episode.runner import Draw, EpisodeContext, EpisodeRunner
+from agent_runtime.llm import make_backend
+from agent_runtime.llm.base import BackendStats, LocalModelBackend, activate
+from agent_runtime.phases.consolidate import roll_back_interrupted, run_cycle
+from agent_runtime.phases.extract import run_extract
+from agent_runtime.phases.probe import (
     Measurement,
     ProbeReference,
     ProbeResult,
@@ -61,19 +68,12 @@ from agent_runtime.adapter_probe import (
     stored_reference,
     tolerance_for,
 )
-from agent_runtime.config import ConfigError, RunConfig, config_from_dict
-from agent_runtime.consolidate import roll_back_interrupted, run_cycle
-from agent_runtime.envs import build_envs, build_prompt_builders, sampling_params
-from agent_runtime.lessons_phase import run_extract
-from agent_runtime.llm import make_backend
-from agent_runtime.llm.base import BackendStats, LocalModelBackend, activate
 from agent_runtime.run import Run
-from agent_runtime.runner import Draw, EpisodeContext, EpisodeRunner
 from memory import AdapterInfo, EpisodeRecord, ExperienceStore
 
 if TYPE_CHECKING:
-    from agent_runtime.cursor import CursorMove
-    from agent_runtime.play import LocalExecutor, PlaySession
+    from agent_runtime.run.cursor import CursorMove
+    from agent_runtime.run.play import LocalExecutor, PlaySession
 
 log = logging.getLogger("agent_runtime.ray")
 

@@ -46,9 +46,9 @@ from typing import Any
 
 import torch
 
-from agent_runtime.decisions import episode_prefixes
 from agent_runtime.llm import training_device
 from agent_runtime.llm.base import ChoiceBackend, SamplingParams
+from agent_runtime.phases.decisions import episode_prefixes
 
 log = logging.getLogger("agent_runtime.probe")
 
@@ -347,7 +347,7 @@ def probe_decisions(run, cycle, backend) -> list[tuple[list[dict], list[str] | N
     """The probe's fixed prompts for `cycle`: decisions of its own training episodes (choice-mode ones when the
     cycle distilled a choice policy), the first turn of each episode first, in episode order; a system-prompt
     cycle trained on a prompt file probes with that file's first prompts."""
-    from agent_runtime.system_prompt import load_prompts
+    from agent_runtime.phases.system_prompt import load_prompts
 
     settings = run.config.opcd
     if not cycle.episode_ids and settings.context is not None and settings.context.prompts:

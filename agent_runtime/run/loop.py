@@ -6,7 +6,7 @@
 re-consolidation, even at the episode target: docs/architecture.md draws the whole machine.)
 
 The run row's `phase` is the cursor (EVALUATE and PROMOTE | ROLLBACK run inside CONSOLIDATE, whose cycle
-row is their cursor) and its `state` the counters (`agent_runtime.play.RunState`). During PLAY every
+row is their cursor) and its `state` the counters (`agent_runtime.run.play.RunState`). During PLAY every
 finished episode is written together with the run's new state (episodes done, the next draw index, the draws
 still in flight), so `kill -9` at any moment followed by `run --resume` loses at most the episodes that were
 in flight and re-plays exactly those draws: nothing is lost or duplicated. A phase that is due stops new
@@ -14,8 +14,8 @@ draws; the slots drain, the cursor moves, and the phase runs. EXTRACT and CONSOL
 and the cursor's move in one transaction (`CursorMove`): a run killed inside EXTRACT has none of it and runs
 it again over the same episodes; one killed after a phase never runs it twice.
 
-Where the phases run is the executor's business (`agent_runtime.play.LocalExecutor`, or
-`agent_runtime.ray_executor.RayExecutor`); when they are due is the `Schedule`'s; this module holds the
+Where the phases run is the executor's business (`agent_runtime.run.play.LocalExecutor`, or
+`agent_runtime.run.ray_executor.RayExecutor`); when they are due is the `Schedule`'s; this module holds the
 state machine, signals, progress and the summary.
 
 SIGINT or SIGTERM asks the loop to stop: the current turn finishes, its episodes are committed, and the
@@ -35,7 +35,6 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from agent_runtime.adapter_probe import check_backend, stored_reference, tolerance_for
 from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import (
     ConfigError,
@@ -45,29 +44,30 @@ from agent_runtime.config import (
     resume_differences,
     save_resolved,
 )
-from agent_runtime.consolidate import roll_back_interrupted
-from agent_runtime.cursor import CursorMove
-from agent_runtime.envs import build_envs
-from agent_runtime.lessons_phase import (
+from agent_runtime.episode.build import build_envs
+from agent_runtime.episode.examples import example_retriever
+from agent_runtime.episode.runner import TaskSampler
+from agent_runtime.llm import LOCAL_WEIGHTS, PolicyBackend, check_capabilities, make_backend
+from agent_runtime.llm.base import BackendStats, activate
+from agent_runtime.phases.consolidate import roll_back_interrupted
+from agent_runtime.phases.extract import (
     LessonContexts,
     add_seed_lessons,
     gate_user_lessons,
     learnable_recent,
     user_lessons_gated,
 )
-from agent_runtime.llm import LOCAL_WEIGHTS, PolicyBackend, check_capabilities, make_backend
-from agent_runtime.llm.base import BackendStats, activate
-from agent_runtime.play import Executor, LocalExecutor, PlaySession, RequestWatch, RunState, Schedule
-from agent_runtime.profile import Profile
-from agent_runtime.retrieved_examples import example_retriever
+from agent_runtime.phases.probe import check_backend, stored_reference, tolerance_for
 from agent_runtime.run import Run
-from agent_runtime.runner import TaskSampler
+from agent_runtime.run.cursor import CursorMove
+from agent_runtime.run.play import Executor, LocalExecutor, PlaySession, RequestWatch, RunState, Schedule
+from agent_runtime.run.profile import Profile
 from distill.lessons import pending_user_candidate, sync_statuses
 from distill.lessons.forget import RECONSOLIDATE
 from memory import ExperienceStore
 from memory.redaction import restore_secrets
 
-log = logging.getLogger("agent_runtime.loop")
+log = logging.getLogger("agent_runtime.run.loop")
 
 # The cursor's values. EVALUATE, PROMOTE and ROLLBACK run inside CONSOLIDATE (`run_cycle`), whose cycle row is
 # their cursor: the run's own cursor never stops on them.
@@ -235,7 +235,7 @@ class AgentLoop:
             examples = example_retriever(self.store, self.run_id, k, lambda: self.the_run.held)
             local = LocalExecutor(self.the_run, self.envs, lambda: self.backend, examples_for=examples if k else None)
             if self.config.runtime.executor == "ray":
-                from agent_runtime.ray_executor import RayExecutor
+                from agent_runtime.run.ray_executor import RayExecutor
 
                 self._executor = RayExecutor(self.config, self.workdir, driver=local, stats=self.stats)
             else:

@@ -7,7 +7,7 @@ earlier session first, then new ones while no phase is due), tracks which draws 
 each finished episode together with the state that includes it, in one transaction.
 
 An executor decides only *where* episodes are played: `LocalExecutor` here (an `EpisodeRunner` in this
-process), `agent_runtime.ray_executor.RayExecutor` on Ray actors (with its fault handling). Both take draws
+process), `agent_runtime.run.ray_executor.RayExecutor` on Ray actors (with its fault handling). Both take draws
 from `PlaySession.next_draw`, hand finished episodes to `PlaySession.commit` and give draws back with
 `PlaySession.give_back` when they cannot play them; neither touches the state.
 
@@ -23,17 +23,17 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Protocol
 
 from agent_runtime.config import RunConfig
-from agent_runtime.consolidate import CycleReport, run_cycle
-from agent_runtime.cursor import CursorMove
-from agent_runtime.envs import build_prompt_builders, sampling_params
-from agent_runtime.lessons_phase import ExtractReport, run_extract
+from agent_runtime.episode.build import build_prompt_builders, sampling_params
+from agent_runtime.episode.runner import Draw, EpisodeContext, EpisodeRunner, TaskSampler
+from agent_runtime.phases.consolidate import CycleReport, run_cycle
+from agent_runtime.phases.extract import ExtractReport, run_extract
 from agent_runtime.run import Run
-from agent_runtime.runner import Draw, EpisodeContext, EpisodeRunner, TaskSampler
+from agent_runtime.run.cursor import CursorMove
 from memory import EpisodeRecord, ExperienceStore
 
 if TYPE_CHECKING:
+    from agent_runtime.episode.runner import EnvSlotSpec
     from agent_runtime.llm.base import PolicyBackend
-    from agent_runtime.runner import EnvSlotSpec
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Every cycle evaluates, on the same held-out tasks with the same seeds, a random admissible player, the parent
 policy (the base model at the first cycle) without and with the live lessons, and the new adapter without
-lessons (see `agent_runtime.consolidate`). This module reads those evaluation rows back and prints one line
+lessons (see `agent_runtime.phases.consolidate`). This module reads those evaluation rows back and prints one line
 per condition with its success rate, Wilson 95% interval and number of tasks, plus the paired comparison with
 the parent without lessons (task by task: the difference and an exact McNemar p-value). The last two rows are
 the promotion decision's own games (train split, without lessons), not held-out. `agent-runtime run` prints it

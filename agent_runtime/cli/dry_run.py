@@ -149,7 +149,7 @@ def _start_adapter(config: RunConfig, workdir: Path, resume: bool) -> str:
 
 
 def _opcd(config: RunConfig, problems: list[str], notes: list[str]) -> dict[str, Any]:
-    from agent_runtime.system_prompt import load_context
+    from agent_runtime.phases.system_prompt import load_context
 
     o, t = config.opcd, config.opcd.trainer
     trained = (
@@ -206,7 +206,7 @@ def plan(config: RunConfig, workdir: Path, *, resume: bool = False) -> dict[str,
     """Everything `run` would load and train for `config`, with the problems that would stop it."""
     import torch
 
-    from agent_runtime.loop import check_phases
+    from agent_runtime.run.loop import check_phases
 
     problems: list[str] = []
     notes: list[str] = []

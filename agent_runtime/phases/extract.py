@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from agent_runtime.config import ModelConfig, RunConfig
-from agent_runtime.cursor import CursorMove
+from agent_runtime.episode.runner import Draw, EpisodeContext
 from agent_runtime.evaluation import evaluate
 from agent_runtime.llm.base import BackendError, PolicyBackend, SamplingParams, TokenizerBackend
 from agent_runtime.run import Run
-from agent_runtime.runner import Draw, EpisodeContext
+from agent_runtime.run.cursor import CursorMove
 from distill.chat_tokens import encode_text
 from distill.lessons import (
     LessonCurator,

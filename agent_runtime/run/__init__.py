@@ -2,7 +2,7 @@
 learner) and passed down instead of the four values every phase needs.
 
 It holds the run's config, workdir, store and id, and what is derived from them once: the held-out task set
-(`agent_runtime.heldout`). The phases take a `Run` and the backend they act with; they import nothing of the
+(`agent_runtime.evaluation.heldout`). The phases take a `Run` and the backend they act with; they import nothing of the
 loop.
 """
 
@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 
 from agent_runtime.config import RunConfig
-from agent_runtime.heldout import HeldOut, held_out
+from agent_runtime.evaluation.heldout import HeldOut, held_out
 from memory import ExperienceStore
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent_runtime.agent import Turn
-from agent_runtime.envs import build_envs, build_prompt_builders
+from agent_runtime.episode.build import build_envs, build_prompt_builders
+from agent_runtime.episode.prompt import Turn
 from agent_runtime.run import Run
 
 
@@ -22,7 +22,7 @@ class Decision:
 
 def episode_prefixes(run: Run, backend, limit: int) -> list[Decision]:
     """Every turn of the run's `limit` newest episodes, rebuilt without lessons (held-out evaluation tasks are
-    left out: `agent_runtime.heldout`)."""
+    left out: `agent_runtime.evaluation.heldout`)."""
     config, store = run.config, run.store
     specs, _ = build_envs(config, run.workdir)
     builders = {s.env_id: b for s, b in zip(specs, build_prompt_builders(config, specs, backend))}

@@ -1,6 +1,6 @@
 """One OPCD cycle as the loop runs it: CONSOLIDATE -> EVALUATE -> PROMOTE | ROLLBACK (`run_cycle`, in numbered steps).
 
-1. CONSOLIDATE: the prompts are the run's recent decisions rebuilt without lessons (`agent_runtime.decisions`), a
+1. CONSOLIDATE: the prompts are the run's recent decisions rebuilt without lessons (`agent_runtime.phases.decisions`), a
    tenth held out; the context is the live lesson set (or one system prompt, `opcd.context`). The trainer
    (`distill.opcd.run_job`) fits a LoRA adapter on top of the run's adapter so that the student without the
    context matches the teacher with it (the choice policy in choice mode); curves go into the cycle row as it
@@ -23,19 +23,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent_runtime.adapter_probe import ensure_reference
-from agent_runtime.agent import lessons_section
 from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import ConfigError, ConsolidationConfig, EnvEntry, RunConfig
-from agent_runtime.cursor import CursorMove
-from agent_runtime.decisions import Decision, episode_prefixes, turn_prefixes
-from agent_runtime.envs import build_prompt_builders
+from agent_runtime.episode.build import build_prompt_builders
+from agent_runtime.episode.prompt import lessons_section
 from agent_runtime.evaluation import EvalResult, env_pool, evaluate
 from agent_runtime.llm import making_room, training_device
 from agent_runtime.llm.base import AdapterFiles, acting
-from agent_runtime.profile import profiled
+from agent_runtime.phases.decisions import Decision, episode_prefixes, turn_prefixes
+from agent_runtime.phases.probe import ensure_reference
+from agent_runtime.phases.system_prompt import SystemPrompt, load_context, load_prompts
 from agent_runtime.run import Run
-from agent_runtime.system_prompt import SystemPrompt, load_context, load_prompts
+from agent_runtime.run.cursor import CursorMove
+from agent_runtime.run.profile import profiled
 from distill.fingerprint import fingerprint_files
 from distill.lessons import live_lessons
 from distill.lessons.versions import create_version, live_version
@@ -50,7 +50,7 @@ from distill.opcd import (
 from distill.opcd.teacher import check_teacher
 from memory import AdapterInfo, ExperienceStore, LessonInfo, LessonSetInfo
 
-log = logging.getLogger("agent_runtime.consolidate")
+log = logging.getLogger("agent_runtime.phases.consolidate")
 
 
 @dataclass
@@ -244,7 +244,7 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
     a promotion never starts a second cycle on resume. The cycle row itself (written at the start, its curves
     step by step) is the cycle's progress, shown while it trains; a cycle found still running was
     interrupted and is rolled back (`roll_back_interrupted`). After a promotion the adapter probe's reference
-    is computed here, where the cycle ran (`agent_runtime.adapter_probe.ensure_reference`)."""
+    is computed here, where the cycle ran (`agent_runtime.phases.probe.ensure_reference`)."""
 
     config, workdir, store, run_id, settings = run.config, run.workdir, run.store, run.id, run.config.opcd
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent_runtime.cli_common import UsageError, add_command, open_store, print_result, shown
+from agent_runtime.cli.common import UsageError, add_command, open_store, print_result, shown
 
 
 def _run_id(store, args) -> int:
@@ -131,7 +131,7 @@ def _add_target(args, config) -> str:
     if args.workdir is not None:
         workdir = args.workdir
     elif config is not None:
-        from agent_runtime.loop import default_workdir
+        from agent_runtime.run.loop import default_workdir
 
         workdir = default_workdir(config.name)
     else:
@@ -148,7 +148,7 @@ def _add_target(args, config) -> str:
 
 def cmd_lessons_add(args) -> int:
     from agent_runtime.config import load_config
-    from agent_runtime.lessons_phase import add_lessons, add_seed_lessons
+    from agent_runtime.phases.extract import add_lessons, add_seed_lessons
     from memory import ExperienceStore
     from memory.embeddings import make_embedder
 
@@ -182,7 +182,7 @@ def cmd_lessons_add(args) -> int:
 
 
 def cmd_lessons_retire(args) -> int:
-    from agent_runtime.lessons_phase import config_token_counter
+    from agent_runtime.phases.extract import config_token_counter
     from distill.lessons import retire_lessons
 
     with open_store(args, read_only=False) as store:
@@ -194,7 +194,7 @@ def cmd_lessons_retire(args) -> int:
 
 
 def cmd_lessons_forget(args) -> int:
-    from agent_runtime.lessons_phase import config_token_counter
+    from agent_runtime.phases.extract import config_token_counter
     from distill.lessons.forget import apply_forget, plan_forget
 
     with open_store(args, read_only=False) as store:

@@ -3,7 +3,7 @@
 With `agent.retrieved_examples: K`, an episode's first observation is used as a query into the experience
 memory's episode index (same environment, won episodes only), and the K nearest past episodes are shown in the
 system prompt as compact demonstrations: the goal and the actions that won. The task being played and held-out
-evaluation tasks are never shown (`agent_runtime.heldout`): the task being played is known by its task id and by
+evaluation tasks are never shown (`agent_runtime.evaluation.heldout`): the task being played is known by its task id and by
 its opening (the same game can stand under two ids), unless the environment shows that opening for several tasks
 (then the opening says nothing about which game it is, and excluding it would leave no example at all). Off by
 default: the lessons are the method's channel for experience, and examples cost context.
@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from agent_runtime.heldout import observation_hash
+from agent_runtime.evaluation.heldout import observation_hash
 from memory import ExperienceStore
 
 if TYPE_CHECKING:
-    from agent_runtime.heldout import HeldOut
+    from agent_runtime.evaluation.heldout import HeldOut
 
 MAX_EXAMPLE_CHARS = 400
 OVERFETCH = 4  # hits asked for per example wanted: the task being played and held-out tasks are dropped

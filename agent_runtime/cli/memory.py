@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from agent_runtime.cli_common import UsageError, add_command, open_store, print_result, progress_bars, shown
+from agent_runtime.cli.common import UsageError, add_command, open_store, print_result, progress_bars, shown
 
 
 def cmd_stats(args) -> int:

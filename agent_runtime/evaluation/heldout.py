@@ -10,7 +10,7 @@ Where it is enforced: where the pools of learning material are built. EXTRACT's 
 contrastive partners, an OPCD cycle's prompts and the retrieved examples go through `HeldOut.usable`, so a
 held-out task's episode is left out; `HeldOut.check` is the last line, an `EvalLeakError` (not a warning)
 if one is about to be used anyway. A system-prompt cycle's prompt file holds no episodes: a line whose first
-user turn holds a held-out opening is refused when it is read (`HeldOut.task_in`, `agent_runtime.system_prompt`).
+user turn holds a held-out opening is refused when it is read (`HeldOut.task_in`, `agent_runtime.phases.system_prompt`).
 Retrieval never returns the task being played either: not its task id, nor the same opening under another id,
 unless that opening does not identify a game (`HeldOut.identifies`).
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent_runtime.config import RunConfig
-from agent_runtime.envs import build_envs
+from agent_runtime.episode.build import build_envs
 from memory import EpisodeInfo, ExperienceStore
 
 

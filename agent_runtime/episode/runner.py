@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
-from agent_runtime.agent import PromptBuilder, Turn, parse_action
+from agent_runtime.episode.prompt import PromptBuilder, Turn, parse_action
 from agent_runtime.llm.base import ChoiceBackend, FingerprintBackend, PolicyBackend, SamplingParams, require
 from distill.lessons.safety import replace_lone_surrogates
 from memory import EpisodeRecord, StepRecord

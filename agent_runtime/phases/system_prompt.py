@@ -11,7 +11,7 @@ whatever the file holds later). The prompts are the run's recent per-turn prompt
 one prompt per line, `{"messages": [{"role": ..., "content": ...}, ...]}`, or `{"prompt": ...}` /
 `{"content": ...}` holding a string (one user message) or a message list (the dataset exports of LMOps'
 system-prompt tasks carry their chat under `prompt`). A line that is none of these is an error naming it. With
-the run's held-out tasks given (`agent_runtime.heldout`), a line whose first user turn is or holds a held-out
+the run's held-out tasks given (`agent_runtime.evaluation.heldout`), a line whose first user turn is or holds a held-out
 task's opening is a `PromptFileLeakError` naming the line: a cycle never trains on what evaluates it.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent_runtime.config import ConfigError, SystemPromptConfig
-from agent_runtime.heldout import EvalLeakError, HeldOut
+from agent_runtime.evaluation.heldout import EvalLeakError, HeldOut
 
 PROMPT_KEYS = ("messages", "prompt", "content")
 ROLES = ("system", "user", "assistant")

@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 
 from agent_runtime.config import EnvEntry, RunConfig
-from agent_runtime.envs import build_envs, build_prompt_builders
+from agent_runtime.episode.build import build_envs, build_prompt_builders
+from agent_runtime.episode.runner import Draw, EnvSlotSpec, EpisodeRunner
 from agent_runtime.llm.base import PolicyBackend, SamplingParams
-from agent_runtime.runner import Draw, EnvSlotSpec, EpisodeRunner
 from distill.lessons.gate import wilson_interval
 from environments.game_cache import run_games_dir
 from environments.registry import check_env_id

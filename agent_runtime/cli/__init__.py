@@ -41,13 +41,15 @@ import json
 import sys
 from pathlib import Path
 
-from agent_runtime import __version__, cli_lessons, cli_memory
-from agent_runtime.cli_common import UsageError, add_store_args, shown, store_target
+from agent_runtime import __version__
+from agent_runtime.cli import lessons as cli_lessons
+from agent_runtime.cli import memory as cli_memory
+from agent_runtime.cli.common import UsageError, add_store_args, shown, store_target
 
 
 def cmd_run(args) -> int:
     from agent_runtime.config import load_config
-    from agent_runtime.loop import AgentLoop, default_workdir
+    from agent_runtime.run.loop import AgentLoop, default_workdir
 
     overrides = list(args.set or [])
     if args.episodes is not None:
@@ -57,12 +59,12 @@ def cmd_run(args) -> int:
     config = load_config(args.config, overrides)
     workdir = args.workdir or default_workdir(config.name)
     if args.dry_run:
-        from agent_runtime.dry_run import format_plan, plan
+        from agent_runtime.cli.dry_run import format_plan, plan
 
         found = plan(config, Path(workdir), resume=args.resume)
         print(json.dumps(found, default=str) if args.json else format_plan(found, str(args.config)))
         return 2 if found["problems"] else 0
-    from agent_runtime.report import learning_table
+    from agent_runtime.evaluation.report import learning_table
 
     loop = AgentLoop(config, workdir, resume=args.resume, progress=not args.no_progress)
     try:
@@ -92,10 +94,10 @@ def cmd_run(args) -> int:
 def cmd_eval(args) -> int:
     from agent_runtime.config import load_config
     from agent_runtime.evaluation import evaluate
-    from agent_runtime.heldout import held_out, leak_report
+    from agent_runtime.evaluation.heldout import held_out, leak_report
     from agent_runtime.llm import make_backend
     from agent_runtime.llm.base import BackendError, activate
-    from agent_runtime.loop import default_workdir
+    from agent_runtime.run.loop import default_workdir
     from distill.lessons import live_lessons
     from memory import ExperienceStore
 
@@ -189,12 +191,12 @@ def _system_prompt_args(config, args):
 
 def cmd_distill(args) -> int:
     from agent_runtime.config import load_config
-    from agent_runtime.consolidate import cycle_teacher, run_cycle
-    from agent_runtime.cursor import CursorMove
     from agent_runtime.llm import LOCAL_WEIGHTS, make_backend
     from agent_runtime.llm.base import activate
-    from agent_runtime.loop import default_workdir
+    from agent_runtime.phases.consolidate import cycle_teacher, run_cycle
     from agent_runtime.run import Run
+    from agent_runtime.run.cursor import CursorMove
+    from agent_runtime.run.loop import default_workdir
     from distill.lessons.forget import RECONSOLIDATE
     from distill.opcd import VocabularyCheck
     from memory import ExperienceStore
