@@ -25,16 +25,8 @@ actions the policy all but excludes do not count: per prompt the total variation
 within `tolerance` of the adapter and nearer to it than to the parent; the probe is conclusive when the adapter
 moved the prompts by more than twice the tolerance (`shift`), and says so when it did not (a warning: the two
 policies are then indistinguishable within numerics, so playing one for the other changes nothing measurable).
-Otherwise `StaleAdapterError` stops the run, naming the backend or worker and the numbers.
-
-Tolerance (`tolerance_for`), from measured numerics: SmolLM2-135M-Instruct with an adapter our OPCD trainer
-wrote, 6 coin-game prompts of 4 actions, the largest total variation against the float32 transformers reference
-(base model and adapter alike; the adapter itself moved the prompts by 0.90). vLLM's CPU engine in float32:
-1e-5 (`tests/test_vllm.py` asserts choice log-probabilities within 2e-3); transformers in bfloat16: 0.065; vLLM
-in bfloat16: 0.10. So `FLOAT32_TOLERANCE` = 0.01 for a backend configured in float32, and
-`LOW_PRECISION_TOLERANCE` = 0.15 (1.5x the worst measured) for bfloat16, float16, `auto` and a backend whose
-precision is not known here (a server). Log-probabilities themselves are no measure for this: bfloat16 moved the
-log-probability of an action the policy all but excluded by 3.0 nats, at a probability of 1e-4.
+Otherwise `StaleAdapterError` stops the run, naming the backend or worker and the numbers. The tolerance, from
+measured numerics, is decided in `tolerance_for`.
 """
 
 from __future__ import annotations
@@ -159,7 +151,15 @@ class ProbeResult:
 
 
 def tolerance_for(model_config, backend_name: str) -> float:
-    """The probe's tolerance for a backend acting with `model_config` (see the module docstring)."""
+    """The probe's tolerance for a backend acting with `model_config`, from measured numerics: SmolLM2-135M-Instruct
+    with an adapter our OPCD trainer wrote, 6 coin-game prompts of 4 actions, the largest total variation against
+    the float32 transformers reference (base model and adapter alike; the adapter itself moved the prompts by 0.90).
+    vLLM's CPU engine in float32: 1e-5 (`tests/test_vllm.py` asserts choice log-probabilities within 2e-3);
+    transformers in bfloat16: 0.065; vLLM in bfloat16: 0.10. So `FLOAT32_TOLERANCE` = 0.01 for a backend configured
+    in float32, and `LOW_PRECISION_TOLERANCE` = 0.15 (1.5x the worst measured) for bfloat16, float16, `auto` and a
+    backend whose precision is not known here (a server). Log-probabilities themselves are no measure for this:
+    bfloat16 moved the log-probability of an action the policy all but excluded by 3.0 nats, at a probability of
+    1e-4."""
     precise = model_config.dtype == "float32" and backend_name in ("transformers", "vllm")
     return FLOAT32_TOLERANCE if precise else LOW_PRECISION_TOLERANCE
 
