@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from agent_runtime.config import ModelConfig
 from agent_runtime.llm import BackendError, SamplingParams, make_backend
@@ -140,8 +141,9 @@ def test_cuda_without_gpu_is_a_clear_error(tiny_model_dir):
 def test_transformers_options_reach_the_backend(tiny_model_dir):
     backend = make_backend(ModelConfig(name=str(tiny_model_dir), options={"prefix_cache": False}))
     assert backend.prefix_cache is False
-    with pytest.raises(BackendError, match="unknown prefix_cahe; accepted: min_shared_prefix, prefix_cache"):
-        make_backend(ModelConfig(name=str(tiny_model_dir), options={"prefix_cahe": False}))
+    # a misspelt option is refused where the config is read, before any weights load
+    with pytest.raises(ValidationError, match="prefix_cahe: unknown option; accepted: min_shared_prefix, prefix_cache"):
+        ModelConfig(name=str(tiny_model_dir), options={"prefix_cahe": False})
 
 
 def test_inverse_cdf_sampler_draws_from_the_tempered_nucleus():
