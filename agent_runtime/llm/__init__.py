@@ -50,10 +50,10 @@ def make_backend(model_config, *, seed: int = 0, run=None, families: Iterable[st
 def _scripted(model_config, options, seed: int) -> PolicyBackend:
     from agent_runtime.llm.scripted import ScriptedBackend
 
-    settings = options.model_dump()
-    settings["seed"] = seed if settings["seed"] is None else settings["seed"]
+    kwargs = options.model_dump()
+    kwargs["seed"] = seed if kwargs["seed"] is None else kwargs["seed"]
     try:
-        return ScriptedBackend(**settings)
+        return ScriptedBackend(**kwargs)
     except ValueError as exc:
         raise BackendError(f"model.options for the scripted backend: {exc}") from None
 

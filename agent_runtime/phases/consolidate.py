@@ -110,16 +110,16 @@ def _eval(config, workdir, backend, *, lessons, n, envs=None, context=None, spli
     return evaluate(config, workdir, backend, lessons=lessons, episodes_per_env=n, context=context, split=split)
 
 
-def cycle_teacher(config: RunConfig, settings: ConsolidationConfig) -> tuple[TeacherSpec | None, dict[str, Any]]:
+def cycle_teacher(config: RunConfig, opcd: ConsolidationConfig) -> tuple[TeacherSpec | None, dict[str, Any]]:
     """The cycle's separate teacher (None: the start-of-cycle policy teaches) and its record for the cycle row;
     a teacher whose tokenizer is not the student's is a ConfigError here, before anything is trained."""
-    if settings.teacher is None:
+    if opcd.teacher is None:
         return None, {
             "separate": False,
             "model": config.model.name,
             "what": "the start-of-cycle policy: the parent adapter, or the base model",
         }
-    t = settings.teacher
+    t = opcd.teacher
     spec = TeacherSpec(model_path=resolve_model(t.model), adapter=t.adapter, device=t.device)
     try:
         check = check_teacher(resolve_model(config.model.name), spec)
@@ -161,7 +161,7 @@ def _rate(results: list[EvalResult]) -> float:
 
 
 def decide_promotion(
-    rates: dict[str, float], kl_before: float, kl_after: float, settings: ConsolidationConfig
+    rates: dict[str, float], kl_before: float, kl_after: float, opcd: ConsolidationConfig
 ) -> list[str]:
     """The reasons not to promote a cycle's adapter (none: promote). Evidence is needed both ways.
 
@@ -179,27 +179,25 @@ def decide_promotion(
             f"held-out KL before training is {kl_before:.4f}: the lessons do not change the policy, "
             "there is nothing to distil"
         )
-    elif not kl_after <= (1.0 - settings.min_kl_drop) * kl_before and not (
-        gain is not None and gain > settings.promote_margin
-    ):
+    elif not kl_after <= (1.0 - opcd.min_kl_drop) * kl_before and not (gain is not None and gain > opcd.promote_margin):
         won = (
             (
                 f", and the student won {rates['validation_student']:.2f} of the validation games against the "
-                f"parent's {rates['validation_parent']:.2f} (needs over +{settings.promote_margin})"
+                f"parent's {rates['validation_parent']:.2f} (needs over +{opcd.promote_margin})"
             )
             if validated
             else ""
         )
-        reasons.append(f"held-out KL {kl_before:.4f} -> {kl_after:.4f} did not fall by {settings.min_kl_drop:.0%}{won}")
+        reasons.append(f"held-out KL {kl_before:.4f} -> {kl_after:.4f} did not fall by {opcd.min_kl_drop:.0%}{won}")
     without = (
         ("validation_student", "validation_parent")
         if validated
         else ("student_without_lessons", "teacher_without_lessons")
     )
     pairs = [
-        (*without, settings.promote_margin, "without lessons"),
-        ("student_with_lessons", "teacher_with_lessons", settings.promote_margin, "with lessons"),
-        ("student_retention", "teacher_retention", settings.retention_margin, "retention"),
+        (*without, opcd.promote_margin, "without lessons"),
+        ("student_with_lessons", "teacher_with_lessons", opcd.promote_margin, "with lessons"),
+        ("student_retention", "teacher_retention", opcd.retention_margin, "retention"),
     ]
     for student, parent, margin, what in pairs:
         if student in rates and parent in rates and rates[student] < rates[parent] - margin:
@@ -246,7 +244,7 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
     interrupted and is rolled back (`roll_back_interrupted`). After a promotion the adapter probe's reference
     is computed here, where the cycle ran (`agent_runtime.phases.probe.ensure_reference`)."""
 
-    config, workdir, store, run_id, settings = run.config, run.workdir, run.store, run.id, run.config.opcd
+    config, workdir, store, run_id, opcd = run.config, run.workdir, run.store, run.id, run.config.opcd
 
     def move_cursor(report: CycleReport) -> CycleReport:  # called inside the transaction of the outcome
         if finish is not None:
@@ -269,15 +267,15 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
     per_lesson = {x.id: _lesson_prompts(x, decisions, heldout) for x in cycle.lessons}
     path = adapters_dir / f"cycle-{cycle.cycle_id}"
     anchors = []
-    if settings.anchor_envs:
+    if opcd.anchor_envs:
         with profiled("CONSOLIDATE: anchor play"), acting(backend, cycle.parent):
             anchors = anchor_decisions(
-                config, workdir, backend, settings.anchor_envs, settings.anchor_episodes, choice_mode=choice_mode
+                config, workdir, backend, opcd.anchor_envs, opcd.anchor_episodes, choice_mode=choice_mode
             )
     # 3. CONSOLIDATE: train the student
     job = train_job(
         config,
-        settings,
+        opcd,
         cycle,
         run_id,
         train,
@@ -311,7 +309,7 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
     )
     metrics = cycle_metrics(
         config,
-        settings,
+        opcd,
         cycle,
         kl,
         lesson_kl,
@@ -320,7 +318,7 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
         choice_mode=choice_mode,
         train_seconds=result.seconds,
     )
-    if settings.anchor_envs:
+    if opcd.anchor_envs:
         metrics["anchor_prompts"] = len(anchors)
     metrics["training"] = {
         "steps": len(result.steps),
@@ -344,18 +342,18 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
 
 def start_cycle(run: Run) -> CycleSetup | None:
     """The cycle's set-up and its row, written as it starts (None: no live lessons and no system prompt)."""
-    config, store, run_id, settings = run.config, run.store, run.id, run.config.opcd
+    config, store, run_id, opcd = run.config, run.store, run.id, run.config.opcd
     live, lessons = live_lessons(store, run_id)
-    system = load_context(settings.context) if settings.context is not None else None
+    system = load_context(opcd.context) if opcd.context is not None else None
     if system is None and not lessons:
         return None
     # checked against the held-out tasks before the cycle starts (PromptFileLeakError names the line)
-    prompt_file = load_prompts(settings.context.prompts, held=run.held) if system and settings.context.prompts else None
-    teacher_spec, teacher = cycle_teacher(config, settings)
+    prompt_file = load_prompts(opcd.context.prompts, held=run.held) if system and opcd.context.prompts else None
+    teacher_spec, teacher = cycle_teacher(config, opcd)
     parent = store.active_adapter(run_id)
     kind = "system_prompt" if system else "lessons"
     cycle_config = {
-        "opcd": settings.model_dump(mode="json"),
+        "opcd": opcd.model_dump(mode="json"),
         "kind": kind,
         "teacher": teacher,
         **({"context": system.record()} if system else {}),
@@ -379,12 +377,12 @@ def lesson_pools(lessons: list[LessonInfo]) -> list[int]:
 
 def cycle_prompts(run: Run, backend, cycle: CycleSetup) -> list[Decision]:
     """The decisions the cycle trains and measures on: a prompt file's, or the run's recent ones."""
-    settings = run.config.opcd
+    opcd = run.config.opcd
     if cycle.prompt_file is not None:
         decisions = [Decision(chat, []) for chat in cycle.prompt_file]
     else:
-        decisions = episode_prefixes(run, backend, settings.recent_episodes)
-    return choose_prompts(decisions, cycle.cycle_id, settings.max_prompts)
+        decisions = episode_prefixes(run, backend, opcd.recent_episodes)
+    return choose_prompts(decisions, cycle.cycle_id, opcd.max_prompts)
 
 
 def choose_prompts(decisions: list[Decision], cycle_id: int, limit: int) -> list[Decision]:
@@ -407,7 +405,7 @@ def split_heldout(decisions: list[Decision]) -> tuple[list[Decision], list[Decis
 
 def train_job(
     config: RunConfig,
-    settings: ConsolidationConfig,
+    opcd: ConsolidationConfig,
     cycle: CycleSetup,
     run_id: int,
     train: list[Decision],
@@ -438,7 +436,7 @@ def train_job(
     parent = cycle.parent
     return TrainJob(
         model_path=resolve_model(config.model.name),
-        config=settings.trainer,
+        config=opcd.trainer,
         train_prompts=[d.chat for d in train],
         contexts=cycle.system.text if cycle.system else cycle.contexts,
         output=str(path),
@@ -472,7 +470,7 @@ def _train(store: ExperienceStore, cycle_id: int, job: TrainJob, backend, progre
 
 def cycle_metrics(
     config: RunConfig,
-    settings: ConsolidationConfig,
+    opcd: ConsolidationConfig,
     cycle: CycleSetup,
     kl: tuple[float, float],
     lesson_kl: tuple[dict, dict],
@@ -489,7 +487,7 @@ def cycle_metrics(
         "heldout_kl": {"before": before, "after": after},
         "prompts": prompts,
         "heldout_prompts": heldout,
-        "processes": settings.trainer.processes,
+        "processes": opcd.trainer.processes,
         "objective": "choice" if choice_mode else "tokens",
         "kind": cycle.kind,
         "teacher": cycle.teacher,
@@ -504,26 +502,26 @@ def evaluate_cycle(run: Run, backend, cycle: CycleSetup, path: Path) -> dict[str
     """EVALUATE: every condition on the held-out tasks with fixed seeds (the random-admissible baseline, the
     parent and the new adapter with and without the lessons, and both on the retention environments), and the
     parent and the adapter without lessons on `validation_games` train-split games (the decision's evidence)."""
-    config, workdir, settings = run.config, run.workdir, run.config.opcd
-    n = settings.eval_episodes or config.evaluation.episodes_per_env
+    config, workdir, opcd = run.config, run.workdir, run.config.opcd
+    n = opcd.eval_episodes or config.evaluation.episodes_per_env
     shown = cycle.shown()
     evals: dict[str, list[EvalResult]] = {"random": _eval(config, workdir, random_policy(config), lessons=[], n=n)}
-    retention = list(settings.retention_envs)
+    retention = list(opcd.retention_envs)
     with acting(backend, cycle.parent):
         evals["teacher_with_lessons"] = _eval(config, workdir, backend, n=n, **shown)
         evals["teacher_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
         if retention:
             evals["teacher_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
-        if settings.validation_games:
+        if opcd.validation_games:
             evals["validation_parent"] = _eval(
-                config, workdir, backend, lessons=[], n=settings.validation_games, split="train"
+                config, workdir, backend, lessons=[], n=opcd.validation_games, split="train"
             )
     with acting(backend, AdapterFiles(f"cycle-{cycle.cycle_id}", path)):
         evals["student_with_lessons"] = _eval(config, workdir, backend, n=n, **shown)
         evals["student_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
-        if settings.validation_games:
+        if opcd.validation_games:
             evals["validation_student"] = _eval(
-                config, workdir, backend, lessons=[], n=settings.validation_games, split="train"
+                config, workdir, backend, lessons=[], n=opcd.validation_games, split="train"
             )
         if retention:
             evals["student_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
@@ -542,7 +540,7 @@ def _decide(
     """EVALUATE's rows (their rates are `metrics["evaluation"]`), then PROMOTE or ROLLBACK (the caller holds the
     transaction, so what a person changed while the cycle trained is seen here: a parent rolled back or a lesson
     forgotten meanwhile is a rollback)."""
-    config, store, run_id, settings = run.config, run.store, run.id, run.config.opcd
+    config, store, run_id, opcd = run.config, run.store, run.id, run.config.opcd
     rates = metrics["evaluation"]
     cycle_id, live = cycle.cycle_id, cycle.live
     for condition, results in evals.items():
@@ -562,19 +560,19 @@ def _decide(
                 metrics={"condition": condition, "episodes": r.episodes, "ci95": [lo, hi]},
             )
     (before, after), (lesson_before, lesson_after) = kl, lesson_kl
-    reasons = decide_promotion(rates, before, after, settings) + _changed_meanwhile(store, run_id, live, cycle.parent)
+    reasons = decide_promotion(rates, before, after, opcd) + _changed_meanwhile(store, run_id, live, cycle.parent)
     if reasons:
         metrics["decision"], metrics["reasons"] = "rolled_back", reasons
         store.update_cycle(cycle_id, metrics=metrics)
         store.rollback_cycle(cycle_id, error="; ".join(reasons))
         return CycleReport(cycle_id, "rolled_back", reasons, adapter_id, metrics=metrics)
-    consolidated = internalized_lessons(lesson_before, lesson_after, rates, settings)
+    consolidated = internalized_lessons(lesson_before, lesson_after, rates, opcd)
     metrics["decision"] = "promoted"
     metrics["reasons"] = [
         (
             f"held-out KL {before:.4f} -> {after:.4f}; student without lessons "
             f"{rates['student_without_lessons']:.2f} vs parent {rates['teacher_without_lessons']:.2f} "
-            f"(margin {settings.promote_margin})"
+            f"(margin {opcd.promote_margin})"
         )
     ]
     store.update_cycle(cycle_id, metrics=metrics)
@@ -587,13 +585,13 @@ def _decide(
 
 
 def internalized_lessons(
-    kl_before: dict[int, float], kl_after: dict[int, float], rates: dict[str, float], settings: ConsolidationConfig
+    kl_before: dict[int, float], kl_after: dict[int, float], rates: dict[str, float], opcd: ConsolidationConfig
 ) -> list[int]:
     """The lessons a promoted adapter has internalised, which leave the context: the student's held-out KL to
     the teacher with the lesson fell to `internalized_ratio` of its start-of-cycle value, and the student
     without lessons does as well as the parent with them (within `promote_margin`)."""
-    as_good = rates["student_without_lessons"] >= rates["teacher_with_lessons"] - settings.promote_margin
-    return [i for i in kl_before if kl_after[i] <= settings.internalized_ratio * kl_before[i] and as_good]
+    as_good = rates["student_without_lessons"] >= rates["teacher_with_lessons"] - opcd.promote_margin
+    return [i for i in kl_before if kl_after[i] <= opcd.internalized_ratio * kl_before[i] and as_good]
 
 
 def _changed_meanwhile(store: ExperienceStore, run_id: int, live, parent) -> list[str]:

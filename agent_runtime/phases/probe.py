@@ -349,10 +349,10 @@ def probe_decisions(run, cycle, backend) -> list[tuple[list[dict], list[str] | N
     cycle trained on a prompt file probes with that file's first prompts."""
     from agent_runtime.phases.system_prompt import load_prompts
 
-    settings = run.config.opcd
-    if not cycle.episode_ids and settings.context is not None and settings.context.prompts:
-        return [(chat, None) for chat in load_prompts(settings.context.prompts)[:PROBE_PROMPTS]]
-    decisions = episode_prefixes(run, backend, max(settings.recent_episodes, 1))
+    opcd = run.config.opcd
+    if not cycle.episode_ids and opcd.context is not None and opcd.context.prompts:
+        return [(chat, None) for chat in load_prompts(opcd.context.prompts)[:PROBE_PROMPTS]]
+    decisions = episode_prefixes(run, backend, max(opcd.recent_episodes, 1))
     own = [d for d in decisions if set(d.episode_ids) & set(cycle.episode_ids)] or decisions
     if any(d.choices for d in own):
         own = [d for d in own if d.choices]

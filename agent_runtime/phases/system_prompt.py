@@ -45,12 +45,12 @@ class SystemPrompt:
         return {"sha256": self.sha256, "source": self.source, "text": self.text}
 
 
-def load_context(settings: SystemPromptConfig) -> SystemPrompt:
+def load_context(context_config: SystemPromptConfig) -> SystemPrompt:
     """The system prompt of `opcd.context`, read now; ConfigError when its file is missing or empty."""
-    if settings.text is not None:
-        text, source = settings.text, "opcd.context.text"
+    if context_config.text is not None:
+        text, source = context_config.text, "opcd.context.text"
     else:
-        path = Path(settings.file).expanduser()
+        path = Path(context_config.file).expanduser()
         if not path.is_file():
             raise ConfigError(
                 f"opcd.context.file: {path} does not exist; give a UTF-8 text file holding the system "

@@ -95,12 +95,12 @@ class RolloutWorker:
 
     def __init__(self, config_data: dict, workdir: str, worker_id: int):
         config = config_from_dict(config_data, source=f"ray worker {worker_id}")
-        settings = config.runtime.ray
+        ray_config = config.runtime.ray
         self.worker_id = worker_id
         torch.manual_seed(config.seed + worker_id)
         model = config.model
-        if settings.generation == "server":
-            model = model.model_copy(update={"backend": "chat", "options": dict(settings.server)})
+        if ray_config.generation == "server":
+            model = model.model_copy(update={"backend": "chat", "options": dict(ray_config.server)})
         self.envs, _ = build_envs(config, Path(workdir))
         self.backend = make_backend(
             model, seed=config.seed + worker_id, run=config, families=[e.family for e in self.envs]
@@ -113,7 +113,7 @@ class RolloutWorker:
             self.envs,
             build_prompt_builders(config, self.envs, self.backend),
             params,
-            slots=settings.slots or config.runtime.slots,
+            slots=ray_config.slots or config.runtime.slots,
             policy_name=config.model.name,
             context_for=lambda d: self._contexts.pop(d.index),
             explore=config.agent.explore,
@@ -232,11 +232,11 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def learner_gpus(settings, available: dict) -> float:
+def learner_gpus(ray_config, available: dict) -> float:
     """The learner's GPUs: as configured, else one when the cluster has a GPU the rollout workers leave free."""
-    if settings.learner_gpus is not None:
-        return settings.learner_gpus
-    free = available.get("GPU", 0.0) - settings.workers * settings.worker_gpus
+    if ray_config.learner_gpus is not None:
+        return ray_config.learner_gpus
+    free = available.get("GPU", 0.0) - ray_config.workers * ray_config.worker_gpus
     return 1.0 if free >= 1 else 0.0
 
 
@@ -250,16 +250,16 @@ def learner_config(config: RunConfig, gpus: float) -> dict:
     return data
 
 
-def _check_resources(available: dict, settings, learner: dict[str, float]) -> None:
+def _check_resources(available: dict, ray_config, learner: dict[str, float]) -> None:
     """Fail now, with the numbers, instead of waiting forever for workers the cluster cannot place;
     `learner` is what the learner takes ({} when no phase runs on it)."""
-    for name, per_worker in (("CPU", settings.worker_cpus), ("GPU", settings.worker_gpus)):
+    for name, per_worker in (("CPU", ray_config.worker_cpus), ("GPU", ray_config.worker_gpus)):
         extra = learner.get(name, 0.0)
-        need, have = settings.workers * per_worker + extra, available.get(name, 0.0)
+        need, have = ray_config.workers * per_worker + extra, available.get(name, 0.0)
         if need > have:
             plus = f" + the learner's {extra:g}" if extra else ""
             raise ConfigError(
-                f"runtime.ray: {settings.workers} workers x {per_worker} {name}{plus} = {need:g} "
+                f"runtime.ray: {ray_config.workers} workers x {per_worker} {name}{plus} = {need:g} "
                 f"{name}s, but the Ray cluster has {have:g}; lower runtime.ray.workers or "
                 f"worker_{name.lower()}s, or add nodes"
             )
@@ -293,33 +293,33 @@ class RayExecutor:
     in-process executor) with `runtime.ray.learner: driver`."""
 
     def __init__(self, config: RunConfig, workdir: Path, *, driver: LocalExecutor, stats: BackendStats | None = None):
-        settings = config.runtime.ray
+        ray_config = config.runtime.ray
         ray = _import_ray()
         self._ray = ray
-        self._settings = settings
+        self._ray_config = ray_config
         self.driver = driver
         self.stats = stats if stats is not None else BackendStats()  # the workers' generation, summed
         self._owns_cluster = not ray.is_initialized()
-        uses_learner = settings.learner == "worker" and (config.lessons.enabled or config.opcd.enabled)
+        uses_learner = ray_config.learner == "worker" and (config.lessons.enabled or config.opcd.enabled)
         if self._owns_cluster:
-            need = settings.workers * settings.worker_cpus + settings.learner_cpus * uses_learner
-            local = {} if settings.address else {"num_cpus": max(os.cpu_count() or 1, math.ceil(need))}
-            ray.init(address=settings.address, include_dashboard=False, log_to_driver=False, **local)
+            need = ray_config.workers * ray_config.worker_cpus + ray_config.learner_cpus * uses_learner
+            local = {} if ray_config.address else {"num_cpus": max(os.cpu_count() or 1, math.ceil(need))}
+            ray.init(address=ray_config.address, include_dashboard=False, log_to_driver=False, **local)
         available = ray.cluster_resources()
-        gpus = learner_gpus(settings, available)
-        _check_resources(available, settings, {"CPU": settings.learner_cpus, "GPU": gpus} if uses_learner else {})
+        gpus = learner_gpus(ray_config, available)
+        _check_resources(available, ray_config, {"CPU": ray_config.learner_cpus, "GPU": gpus} if uses_learner else {})
         env = {"env_vars": _worker_env()}
         self._worker_class = ray.remote(RolloutWorker).options(
-            num_cpus=settings.worker_cpus, num_gpus=settings.worker_gpus, max_restarts=0, runtime_env=env
+            num_cpus=ray_config.worker_cpus, num_gpus=ray_config.worker_gpus, max_restarts=0, runtime_env=env
         )
         self._learner_class = ray.remote(Learner).options(
-            num_cpus=settings.learner_cpus, num_gpus=gpus, max_restarts=0, runtime_env=env
+            num_cpus=ray_config.learner_cpus, num_gpus=gpus, max_restarts=0, runtime_env=env
         )
         self._data, self._workdir = config.model_dump(mode="json"), str(workdir)
         self._learner_data = learner_config(config, gpus)
         self._policy, self._env_ids = config.model.name, [e.id for e in config.envs]
         self._model_config = config.model
-        self._slots_per_worker = settings.slots or config.runtime.slots
+        self._slots_per_worker = ray_config.slots or config.runtime.slots
         self.workers: dict[int, object] = {}
         self.slots: dict[int, int] = {}
         self.assigned: dict[int, set[int]] = {}
@@ -333,7 +333,7 @@ class RayExecutor:
         self.learner = None  # started on the first EXTRACT or CONSOLIDATE
         self.learners_lost = 0
         self.poll_hooks: list[Callable[[], None]] = []  # called while the driver waits on the learner (tests)
-        for _ in range(settings.workers):
+        for _ in range(ray_config.workers):
             self._start_worker()
 
     @property
@@ -433,7 +433,7 @@ class RayExecutor:
                     session.commit(
                         lost_record(draw, self._env_ids[draw.env_index], self._policy, self._attempts[index])
                     )
-            if len(self.replaced) < self._settings.replace_workers:
+            if len(self.replaced) < self._ray_config.replace_workers:
                 fresh = self._start_worker()
                 self.replaced.append(fresh)
                 log.warning(
@@ -475,7 +475,7 @@ class RayExecutor:
 
     # EXTRACT and CONSOLIDATE on the learner (or the driver) ----------------------------------------------
     def _learner_is_driver(self) -> bool:
-        return self._settings.learner == "driver"
+        return self._ray_config.learner == "driver"
 
     def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove):
         """`run_extract` on the learner, which writes the cursor's move with the phase's results."""
