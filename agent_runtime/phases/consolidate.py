@@ -209,8 +209,10 @@ def decide_promotion(
 
 
 @dataclass
-class CycleSetup:
-    """What one cycle distils, from which policy, under which cycle row."""
+class Cycle:
+    """One cycle as it runs: what it distils, from which policy, under which cycle row (set at its start), then its
+    adapter, KL measurements and metrics as it trains and is evaluated (the row's curves go to the store step by
+    step)."""
 
     cycle_id: int
     kind: str  # "lessons", or "system_prompt" (`opcd.context`)
@@ -222,6 +224,10 @@ class CycleSetup:
     teacher_spec: TeacherSpec | None  # a separate teacher (None: the parent teaches)
     teacher: dict[str, Any]  # the teacher's record for the cycle row
     prompt_file: list[list[dict]] | None = None  # the chats of `opcd.context.prompts` (None: the run's own)
+    adapter_id: int | None = None  # the adapter it trained, once written
+    kl: tuple[float, float] | None = None  # held-out KL to the teacher, before and after training
+    lesson_kl: tuple[dict, dict] | None = None  # per lesson id, before and after
+    metrics: dict[str, Any] = field(default_factory=dict)  # the cycle row's metrics as they are filled in
 
     def shown(self) -> dict[str, Any]:
         """What the "with lessons" conditions of EVALUATE show: the first pool's lessons, or the system prompt."""
@@ -232,8 +238,8 @@ class CycleSetup:
 
 
 def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = None) -> CycleReport:
-    """One whole cycle of `run` (its `opcd:` settings), stored with its outcome and reasons (status "skipped" when there are no lessons to
-    consolidate). `backend` acts with adapters (checked where it was built: `agent_runtime.llm.check_capabilities`);
+    """One whole cycle of `run` (its `opcd:` settings), stored with its outcome and reasons (status "skipped" when
+    there are no lessons to consolidate). `backend` acts with adapters (checked where it was built: `agent_runtime.llm.check_capabilities`);
     it acts as it did before once the cycle is over, whatever the outcome (the caller switches to a promoted
     adapter).
 
@@ -293,13 +299,13 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
         with store.transaction():
             store.rollback_cycle(cycle.cycle_id, error=str(exc))
             return move_cursor(CycleReport(cycle.cycle_id, "rolled_back", [str(exc)]))
-    kl = (result.kl_before["heldout"], result.kl_after["heldout"])
-    lesson_kl = (
+    cycle.kl = (result.kl_before["heldout"], result.kl_after["heldout"])
+    cycle.lesson_kl = (
         {i: result.kl_before[f"lesson:{i}"] for i in per_lesson},
         {i: result.kl_after[f"lesson:{i}"] for i in per_lesson},
     )
     parent = cycle.parent
-    adapter_id = store.add_adapter(
+    cycle.adapter_id = store.add_adapter(
         f"cycle-{cycle.cycle_id}",
         str(path),
         run_id=run_id,
@@ -307,40 +313,38 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
         base_model=config.model.name,
         fingerprint=fingerprint_files(path),
     )
-    metrics = cycle_metrics(
+    cycle.metrics = cycle_metrics(
         config,
         opcd,
         cycle,
-        kl,
-        lesson_kl,
         prompts=len(train),
         heldout=len(heldout),
         choice_mode=choice_mode,
         train_seconds=result.seconds,
     )
     if opcd.anchor_envs:
-        metrics["anchor_prompts"] = len(anchors)
-    metrics["training"] = {
+        cycle.metrics["anchor_prompts"] = len(anchors)
+    cycle.metrics["training"] = {
         "steps": len(result.steps),
         "best_step": result.best_step,
         "stopped_early": result.stopped_early,
         "validation": result.validation,
     }
-    store.update_cycle(cycle.cycle_id, adapter_id=adapter_id, metrics=metrics)
+    store.update_cycle(cycle.cycle_id, adapter_id=cycle.adapter_id, metrics=cycle.metrics)
     # 4. EVALUATE every condition, then PROMOTE or ROLLBACK with the cursor's move
     with profiled("CONSOLIDATE: evaluate"):
         evals = evaluate_cycle(run, backend, cycle, path)
-    metrics["evaluation"] = {k: _rate(v) for k, v in evals.items()}
+    cycle.metrics["evaluation"] = {k: _rate(v) for k, v in evals.items()}
     with store.transaction():
-        report = move_cursor(_decide(run, cycle, adapter_id, evals, metrics, kl, lesson_kl))
+        report = move_cursor(_decide(run, cycle, evals))
     # 5. the probe's reference for a promoted adapter, where it was trained
     if report.status == "promoted":
         with profiled("PROMOTE: probe"), making_room(backend):
-            ensure_reference(run, store.get_adapter(adapter_id), backend)
+            ensure_reference(run, store.get_adapter(cycle.adapter_id), backend)
     return report
 
 
-def start_cycle(run: Run) -> CycleSetup | None:
+def start_cycle(run: Run) -> Cycle | None:
     """The cycle's set-up and its row, written as it starts (None: no live lessons and no system prompt)."""
     config, store, run_id, opcd = run.config, run.store, run.id, run.config.opcd
     live, lessons = live_lessons(store, run_id)
@@ -368,14 +372,14 @@ def start_cycle(run: Run) -> CycleSetup | None:
         live, lessons, contexts = None, [], [system.text]
     else:
         contexts = [lessons_section([x.text for x in lessons if x.pool == p]) for p in lesson_pools(lessons)]
-    return CycleSetup(cycle_id, kind, parent, live, lessons, system, contexts, teacher_spec, teacher, prompt_file)
+    return Cycle(cycle_id, kind, parent, live, lessons, system, contexts, teacher_spec, teacher, prompt_file)
 
 
 def lesson_pools(lessons: list[LessonInfo]) -> list[int]:
     return sorted({x.pool for x in lessons})
 
 
-def cycle_prompts(run: Run, backend, cycle: CycleSetup) -> list[Decision]:
+def cycle_prompts(run: Run, backend, cycle: Cycle) -> list[Decision]:
     """The decisions the cycle trains and measures on: a prompt file's, or the run's recent ones."""
     opcd = run.config.opcd
     if cycle.prompt_file is not None:
@@ -406,7 +410,7 @@ def split_heldout(decisions: list[Decision]) -> tuple[list[Decision], list[Decis
 def train_job(
     config: RunConfig,
     opcd: ConsolidationConfig,
-    cycle: CycleSetup,
+    cycle: Cycle,
     run_id: int,
     train: list[Decision],
     heldout: list[Decision],
@@ -471,9 +475,7 @@ def _train(store: ExperienceStore, cycle_id: int, job: TrainJob, backend, progre
 def cycle_metrics(
     config: RunConfig,
     opcd: ConsolidationConfig,
-    cycle: CycleSetup,
-    kl: tuple[float, float],
-    lesson_kl: tuple[dict, dict],
+    cycle: Cycle,
     *,
     prompts: int,
     heldout: int,
@@ -481,7 +483,7 @@ def cycle_metrics(
     train_seconds: float,
 ) -> dict[str, Any]:
     """The cycle row's metrics once it has trained (EVALUATE and the decision add theirs)."""
-    (before, after), (lesson_before, lesson_after) = kl, lesson_kl
+    (before, after), (lesson_before, lesson_after) = cycle.kl, cycle.lesson_kl
     system = cycle.system
     return {
         "heldout_kl": {"before": before, "after": after},
@@ -498,7 +500,7 @@ def cycle_metrics(
     }
 
 
-def evaluate_cycle(run: Run, backend, cycle: CycleSetup, path: Path) -> dict[str, list[EvalResult]]:
+def evaluate_cycle(run: Run, backend, cycle: Cycle, path: Path) -> dict[str, list[EvalResult]]:
     """EVALUATE: every condition on the held-out tasks with fixed seeds (the random-admissible baseline, the
     parent and the new adapter with and without the lessons, and both on the retention environments), and the
     parent and the adapter without lessons on `validation_games` train-split games (the decision's evidence)."""
@@ -528,19 +530,12 @@ def evaluate_cycle(run: Run, backend, cycle: CycleSetup, path: Path) -> dict[str
     return evals
 
 
-def _decide(
-    run: Run,
-    cycle: CycleSetup,
-    adapter_id: int,
-    evals: dict[str, list[EvalResult]],
-    metrics: dict,
-    kl: tuple[float, float],
-    lesson_kl: tuple[dict, dict],
-) -> CycleReport:
-    """EVALUATE's rows (their rates are `metrics["evaluation"]`), then PROMOTE or ROLLBACK (the caller holds the
-    transaction, so what a person changed while the cycle trained is seen here: a parent rolled back or a lesson
+def _decide(run: Run, cycle: Cycle, evals: dict[str, list[EvalResult]]) -> CycleReport:
+    """EVALUATE's rows (their rates are `cycle.metrics["evaluation"]`), then PROMOTE or ROLLBACK (the caller holds
+    the transaction, so what a person changed while the cycle trained is seen here: a parent rolled back or a lesson
     forgotten meanwhile is a rollback)."""
     config, store, run_id, opcd = run.config, run.store, run.id, run.config.opcd
+    adapter_id, metrics, kl, lesson_kl = cycle.adapter_id, cycle.metrics, cycle.kl, cycle.lesson_kl
     rates = metrics["evaluation"]
     cycle_id, live = cycle.cycle_id, cycle.live
     for condition, results in evals.items():
