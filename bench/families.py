@@ -1,14 +1,13 @@
 """The search for a second environment family (issues 24 and 25): where does a person's lesson in context raise
 SmolLM2-135M's success?
 
-A consolidation study needs a family where the base model is not near 100% and a lesson helps in context: a cycle
-can only keep a gain that the lesson gives. Coin-collector level 2 is one such family (base 5-8%, below random
-play, and the lesson 42-52%). A candidate qualifies when a lesson raises success on the same tasks (McNemar p <
-0.05) and the base wins at most 80%. This plays every candidate below on its TRAIN split (40 games or problems, the
-held-out
-games stay untouched by the search), greedy, SmolLM2-135M on CPU, the learning study's agent settings (choice mode
-where the game lists its actions, free text otherwise): the base model without lessons, a uniformly random
-admissible action where there is a set, and each lesson, paired with the base on the same tasks (McNemar).
+A consolidation study needs a family where the base model is not near 100% and a lesson helps in context: a cycle can
+only keep a gain that the lesson gives. Coin-collector level 2 is one such family (base 5-8%, below random play, and the
+lesson 42-52%). A candidate qualifies when a lesson raises success on the same tasks (McNemar p < 0.05) and the base
+wins at most 80%. This plays every candidate below on its TRAIN split (40 games or problems, the held-out games stay
+untouched by the search), greedy, SmolLM2-135M on CPU, the learning study's agent settings (choice mode where the game
+lists its actions, free text otherwise): the base model without lessons, a uniformly random admissible action where
+there is a set, and each lesson, paired with the base on the same tasks (McNemar).
 
     .venv/bin/python bench/families.py                      # every candidate (cached: a rerun prints the table)
     .venv/bin/python bench/families.py --only alfworld math # some of them (names start with these)

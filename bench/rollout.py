@@ -1,17 +1,15 @@
 """Rollout throughput of the episode runner: episodes/min and generated tokens/s for 1, 4, 8 and 16 slots.
 
-The runner steps N environment slots together and sends every live slot's prompt to one batched
-`backend.generate` per turn; this measures what that batching buys on CPU. Setting = (model, slots); each
-setting plays the same fixed draws (max(`--episodes`, slots) of them; draw k is the same task and seed
-everywhere) of TextWorld coin_collector level 1 from a small task pool whose games are generated once,
-before any timing, under `~/.cache/agent-runtime/bench-games` (`--games-dir` moves it). Models: `tiny`
-(the random tiny Llama of `agent_runtime.testing`) and `smollm2` (SmolLM2-135M-Instruct,
-`resolve_model("smollm2-135m-instruct")`), both with the transformers backend on CPU, 32 new tokens, greedy by default
-(`--temperature 0`): with
-sampling, a reply depends on the batch it was drawn in, so each slot count would play different episodes
-and the totals would move by ~10%; greedy makes the rows compare the same episodes (bf16 batch numerics
-can still end a reply a token earlier: compare the generated tokens/s column too). `EpisodeRunner` is
-driven directly; finished episodes are only counted (no SQL writes are timed).
+The runner steps N environment slots together and sends every live slot's prompt to one batched `backend.generate` per
+turn; this measures what that batching buys on CPU. Setting = (model, slots); each setting plays the same fixed draws
+(max(`--episodes`, slots) of them; draw k is the same task and seed everywhere) of TextWorld coin_collector level 1 from
+a small task pool whose games are generated once, before any timing, under `~/.cache/agent-runtime/bench-games`
+(`--games-dir` moves it). Models: `tiny` (the random tiny Llama of `agent_runtime.testing`) and `smollm2`
+(SmolLM2-135M-Instruct, `resolve_model("smollm2-135m-instruct")`), both with the transformers backend on CPU, 32 new
+tokens, greedy by default (`--temperature 0`): with sampling, a reply depends on the batch it was drawn in, so each slot
+count would play different episodes and the totals would move by ~10%; greedy makes the rows compare the same episodes
+(bf16 batch numerics can still end a reply a token earlier: compare the generated tokens/s column too). `EpisodeRunner`
+is driven directly; finished episodes are only counted (no SQL writes are timed).
 
 Besides the rates, each row says where the wall time went, measured by thin timing wrappers (nothing in
 the runtime is changed): `model.generate` (the decode loop, prefill included), the rest of

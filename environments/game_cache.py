@@ -41,7 +41,8 @@ _TEMP_PREFIXES = (".gen-", ".trash-")
 
 
 BUILT = {"games": 0, "seconds": 0.0}
-"""Games this process generated, and the wall seconds it took (what a run's profile reads: `agent_runtime.run.profile`)."""
+"""Games this process generated, and the wall seconds it took (what a run's profile reads:
+`agent_runtime.run.profile`)."""
 
 
 def run_games_dir(workdir: str | Path) -> Path:

@@ -5,11 +5,10 @@ editor), and the importer must turn every malformed value into a line-numbered `
 before the database sees it, never a driver's OverflowError, never a row the store would not have
 written itself. `memory.transfer` reads lines; this module says what a line may contain:
 
-- `decode_row(table, row, where)`: every column present and nothing else; integers 32-bit (PostgreSQL's
-  INTEGER, and what SQLite can bind), numbers finite (no NaN, no infinity), booleans booleans, strings strings within
-  their
-  length, timestamps ISO 8601, binary base64, JSON columns of their shape (`JSON_SHAPES`: an object, a list
-  of ids, a list of strings or null), embeddings whose bytes are `4 * dim` finite floats.
+- `decode_row(table, row, where)`: every column present and nothing else; integers 32-bit (PostgreSQL's INTEGER, and
+  what SQLite can bind), numbers finite (no NaN, no infinity), booleans booleans, strings strings within their length,
+  timestamps ISO 8601, binary base64, JSON columns of their shape (`JSON_SHAPES`: an object, a list of ids, a list of
+  strings or null), embeddings whose bytes are `4 * dim` finite floats.
 - `upgrade_row(revision, table, row)`: a row of an export written at an older schema revision, as that
   revision's migrations would have left it (0001 -> 0002 reads the lesson-set notes with migration 0002's
   own rules, imported from it; 0002 -> 0003 gives cycles their empty `episode_ids`; 0003 -> 0004 lessons

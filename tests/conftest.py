@@ -511,10 +511,9 @@ def _start_vllm_engine(vllm_python: str, smollm2: str, log_dir: Path, dtype: str
 @pytest.fixture
 def vllm_engine(_vllm_engine):
     """The vllm backend on SmolLM2 with `dtype: auto` (float32), its engine in a child of vLLM's interpreter
-    (`model.options.python`, as a CPU user runs it), started once for all the vLLM test files (its start is most
-    of their cost) and put back on the base model after each test. Action sets of more than 4 are decoded under
-    structured outputs
-    (the default threshold, 256, would need far larger sets)."""
+    (`model.options.python`, as a CPU user runs it), started once for all the vLLM test files (its start is most of
+    their cost) and put back on the base model after each test. Action sets of more than 4 are decoded under structured
+    outputs (the default threshold, 256, would need far larger sets)."""
     yield _vllm_engine
     _vllm_engine.use_adapter(None)
 

@@ -110,7 +110,8 @@ def test_model_options_are_checked_against_the_backend_when_the_config_is_read(t
         load_config(
             write(
                 tmp_path,
-                "envs: [{id: a}]\nruntime: {executor: ray, ray: {generation: server, server: {class: a:B, kwarg: {}}}}\n",
+                "envs: [{id: a}]\n"
+                "runtime: {executor: ray, ray: {generation: server, server: {class: a:B, kwarg: {}}}}\n",
             )
         )
     # vLLM takes its engine's own arguments beside the ones it names

@@ -1,9 +1,9 @@
 """The transformers backend's prefix KV cache (`agent_runtime.llm.prefix_cache`): same greedy tokens, prompt
-lengths and logprobs as the plain batched path (base model and with a LoRA adapter), within one call (a prefix shared
-by the rows) and across calls (each
-row's stored conversation, as an agent loop sends it turn after turn: rows joining and leaving, a history cut at
-the front, an adapter switch); seeded sampling still repeats; the cache really saves prefill; the store stays
-within its token budget; short or single-row batches and a disabled cache fall back to plain generation."""
+lengths and logprobs as the plain batched path (base model and with a LoRA adapter), within one call (a prefix shared by
+the rows) and across calls (each row's stored conversation, as an agent loop sends it turn after turn: rows joining and
+leaving, a history cut at the front, an adapter switch); seeded sampling still repeats; the cache really saves prefill;
+the store stays within its token budget; short or single-row batches and a disabled cache fall back to plain generation.
+"""
 
 from __future__ import annotations
 

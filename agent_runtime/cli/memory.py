@@ -2,12 +2,12 @@
 
     agent-runtime memory stats|export|import|reindex|search|prune|vacuum [--workdir DIR | --db URL] [--json]
 
-Reads open the store read-only; `memory import`, `memory reindex`, `memory prune --yes` and `memory vacuum`
-write. `memory import` is all or nothing, and every lesson in the file goes through the lesson safety screen
-(`distill.lessons.safety.stored_lesson_problem`): one it rejects, a value that is not finite or not Unicode
-text, fails the whole import with a message naming the line (exit 2), and nothing is written. `memory prune` keeps a
-run's last N episodes and/or last D days (and every episode a live lesson or an
-adapter's training set came from); without `--yes` it only prints what it would delete.
+Reads open the store read-only; `memory import`, `memory reindex`, `memory prune --yes` and `memory vacuum` write.
+`memory import` is all or nothing, and every lesson in the file goes through the lesson safety screen
+(`distill.lessons.safety.stored_lesson_problem`): one it rejects, a value that is not finite or not Unicode text, fails
+the whole import with a message naming the line (exit 2), and nothing is written. `memory prune` keeps a run's last N
+episodes and/or last D days (and every episode a live lesson or an adapter's training set came from); without `--yes` it
+only prints what it would delete.
 """
 
 from __future__ import annotations

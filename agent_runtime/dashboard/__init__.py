@@ -1,12 +1,11 @@
 """The dashboard: a read-only web app over the experience memory (`agent-runtime dashboard`).
 
-What it shows: runs and their phase, success over time with OPCD cycle boundaries, whether the agent
-learns (rolling success with its 95% interval, when lesson sets and adapters went live, each cycle's
-evaluation matrix), episodes step by step, lessons with their provenance and versions, OPCD cycles with
-curves, evaluations and the promotion decision, and semantic search. Stack: FastAPI + Jinja2 templates, HTMX for live
-partial
-updates and uPlot for charts, both vendored in `static/` (see VENDOR.md); nothing is fetched from
-the network. It imports `memory` and nothing else of ours.
+What it shows: runs and their phase, success over time with OPCD cycle boundaries, whether the agent learns (rolling
+success with its 95% interval, when lesson sets and adapters went live, each cycle's evaluation matrix), episodes step
+by step, lessons with their provenance and versions, OPCD cycles with curves, evaluations and the promotion decision,
+and semantic search. Stack: FastAPI + Jinja2 templates, HTMX for live partial updates and uPlot for charts, both
+vendored in `static/` (see VENDOR.md); nothing is fetched from the network. It imports `memory` and nothing else of
+ours.
 
     from agent_runtime.dashboard import create_app, serve
     serve("runs/quickstart")                      # http://127.0.0.1:8765/

@@ -9,16 +9,14 @@ What:
   one column per evaluated condition; each cell a success rate with its 95% interval and n.
 - `headline(matrix)`: the newest evaluated cycle's base vs with lessons vs consolidated.
 
-Why this way: a run can hold 100k episodes, so the curve is computed in SQL with window functions
-(SQLite and PostgreSQL both have them) and only the sampled points (at most `reads.MAX_POINTS`) and
-the first episodes the marks need leave the database; no episode's content is read. A version or adapter "goes live"
-with the first episode
-played with it: that is when it starts to count for success, while a version's creation time can come
-long before any episode uses it (or it may never be used). The evaluation rows are what
-`agent_runtime.phases.consolidate` stores: one per environment and condition, `metrics["condition"]` naming
-the condition and `metrics["ci95"]` its interval. A cell pools its condition's rows across
-environments; a single row keeps its stored interval. Conditions the dashboard does not know become
-extra columns (after the known ones, in the order first seen), never dropped.
+Why this way: a run can hold 100k episodes, so the curve is computed in SQL with window functions (SQLite and PostgreSQL
+both have them) and only the sampled points (at most `reads.MAX_POINTS`) and the first episodes the marks need leave the
+database; no episode's content is read. A version or adapter "goes live" with the first episode played with it: that is
+when it starts to count for success, while a version's creation time can come long before any episode uses it (or it may
+never be used). The evaluation rows are what `agent_runtime.phases.consolidate` stores: one per environment and
+condition, `metrics["condition"]` naming the condition and `metrics["ci95"]` its interval. A cell pools its condition's
+rows across environments; a single row keeps its stored interval. Conditions the dashboard does not know become extra
+columns (after the known ones, in the order first seen), never dropped.
 """
 
 from __future__ import annotations

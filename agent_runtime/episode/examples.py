@@ -1,12 +1,12 @@
 """Retrieved examples: past successful episodes shown to the agent as few-shot demonstrations (optional).
 
-With `agent.retrieved_examples: K`, an episode's first observation is used as a query into the experience
-memory's episode index (same environment, won episodes only), and the K nearest past episodes are shown in the
-system prompt as compact demonstrations: the goal and the actions that won. The task being played and held-out
-evaluation tasks are never shown (`agent_runtime.evaluation.heldout`): the task being played is known by its task id and by
-its opening (the same game can stand under two ids), unless the environment shows that opening for several tasks
-(then the opening says nothing about which game it is, and excluding it would leave no example at all). Off by
-default: the lessons are the method's channel for experience, and examples cost context.
+With `agent.retrieved_examples: K`, an episode's first observation is used as a query into the experience memory's
+episode index (same environment, won episodes only), and the K nearest past episodes are shown in the system prompt as
+compact demonstrations: the goal and the actions that won. The task being played and held-out evaluation tasks are never
+shown (`agent_runtime.evaluation.heldout`): the task being played is known by its task id and by its opening (the same
+game can stand under two ids), unless the environment shows that opening for several tasks (then the opening says
+nothing about which game it is, and excluding it would leave no example at all). Off by default: the lessons are the
+method's channel for experience, and examples cost context.
 """
 
 from __future__ import annotations

@@ -239,9 +239,9 @@ class Cycle:
 
 def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = None) -> CycleReport:
     """One whole cycle of `run` (its `opcd:` settings), stored with its outcome and reasons (status "skipped" when
-    there are no lessons to consolidate). `backend` acts with adapters (checked where it was built: `agent_runtime.llm.check_capabilities`);
-    it acts as it did before once the cycle is over, whatever the outcome (the caller switches to a promoted
-    adapter).
+    there are no lessons to consolidate). `backend` acts with adapters (checked where it was built:
+    `agent_runtime.llm.check_capabilities`); it acts as it did before once the cycle is over, whatever the outcome (the
+    caller switches to a promoted adapter).
 
     The cycle's outcome (its evaluations, the promotion or rollback, the lesson set without what it
     consolidated) and `finish`, the run's cursor move, are written in one transaction: a process killed after

@@ -19,15 +19,14 @@ The driver commits them, tops the worker up to its slot count and calls `advance
 slots are refilled as soon as an episode ends. Each draw travels with its `EpisodeContext` (the lessons for
 that draw), computed on the driver, so workers never read the store.
 
-Faults. A worker that dies (killed, node lost, out of memory) fails its pending `advance`; its open draws go
-back to the front of the queue and are played by the remaining workers; the run goes on. A draw is committed
-only if it is still assigned to the worker that returns it, so nothing is committed twice. A draw that was
-in flight on `MAX_ATTEMPTS` dead workers is committed as a lost episode (outcome "error") instead of being
-retried forever. A dead worker is replaced by a fresh actor up to `runtime.ray.replace_workers` times.
-A learner that dies mid-phase is replaced and the phase reruns from its start. If every worker is gone, the state is
-saved and `NoWorkersLeftError` is raised; `run
---resume` replays the open draws. The driver killed at any moment resumes like the local loop does, from
-the state committed with the last episode.
+Faults. A worker that dies (killed, node lost, out of memory) fails its pending `advance`; its open draws go back to the
+front of the queue and are played by the remaining workers; the run goes on. A draw is committed only if it is still
+assigned to the worker that returns it, so nothing is committed twice. A draw that was in flight on `MAX_ATTEMPTS` dead
+workers is committed as a lost episode (outcome "error") instead of being retried forever. A dead worker is replaced by
+a fresh actor up to `runtime.ray.replace_workers` times. A learner that dies mid-phase is replaced and the phase reruns
+from its start. If every worker is gone, the state is saved and `NoWorkersLeftError` is raised; `run --resume` replays
+the open draws. The driver killed at any moment resumes like the local loop does, from the state committed with the last
+episode.
 
 A promoted adapter reaches the workers as a path: before each PLAY the driver tells every worker to load and
 use the run's active adapter (the workers share the driver's filesystem or a network mount). With

@@ -1,12 +1,11 @@
 """Where OPCD's samples come from: one response per prompt, drawn from the student's merged weights.
 
-Sampling dominates an OPCD step (57-64% of it, measured), and unmerged LoRA costs extra matmuls at every
-decoded token (16-35% per decode step; bench/RESULTS.md, "OPCD training", has the step times). So the student samples
-from a copy of the
-model whose weights are W + BA, written in just before sampling, in bf16 by default (generation about 2x on
-CPU) or fp32 (`OPCDConfig.sampler`); the copy's parameters are emptied right after, so it never adds to the
-memory peak of the training half of the step (refilling costs one cast of the weights). `sampler: live`
-samples from the training model itself: no extra memory, slower.
+Sampling dominates an OPCD step (57-64% of it, measured), and unmerged LoRA costs extra matmuls at every decoded token
+(16-35% per decode step; bench/RESULTS.md, "OPCD training", has the step times). So the student samples from a copy of
+the model whose weights are W + BA, written in just before sampling, in bf16 by default (generation about 2x on CPU) or
+fp32 (`OPCDConfig.sampler`); the copy's parameters are emptied right after, so it never adds to the memory peak of the
+training half of the step (refilling costs one cast of the weights). `sampler: live` samples from the training model
+itself: no extra memory, slower.
 
 `sample_responses` is plain ancestral sampling at the config temperature (no top-k/top-p: the loss is defined
 on the student's own distribution), each response cut after its first EOS.

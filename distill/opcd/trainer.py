@@ -431,16 +431,15 @@ class OPCDTrainer:
     ) -> list[dict]:
         """Run `steps` (default config.steps) optimizer steps; returns the per-step metrics.
 
-        `prompt_source`: a sequence of chats (reshuffled every pass with the config seed) or an iterator of
-        chats (drawn in order; training stops early when it cannot fill a batch). `context_source`: one string for
-        every sample (system-prompt distillation, or
-        one lesson set), a sequence of strings (one drawn at random per sample: the lesson pools), or a
-        callable `chat -> context`. `on_step(metrics)` is called after each step (log it, save, stop by
-        raising); under data parallel on rank 0 only (an exception there ends rank 0, and the launcher then
-        stops the others). A NaN or diverging loss raises `DivergenceError` (on every rank at once).
-        `choices`: one action set per prompt of a sequence `prompt_source`: the choice policy is distilled.
-        `anchors` (with `anchor_choices` when `choices` is given): prompts of other tasks, mixed into the sequence,
-        whose teacher has no context: the start-of-cycle policy itself, so that there the student keeps what it did.
+        `prompt_source`: a sequence of chats (reshuffled every pass with the config seed) or an iterator of chats (drawn
+        in order; training stops early when it cannot fill a batch). `context_source`: one string for every sample
+        (system-prompt distillation, or one lesson set), a sequence of strings (one drawn at random per sample: the
+        lesson pools), or a callable `chat -> context`. `on_step(metrics)` is called after each step (log it, save, stop
+        by raising); under data parallel on rank 0 only (an exception there ends rank 0, and the launcher then stops the
+        others). A NaN or diverging loss raises `DivergenceError` (on every rank at once). `choices`: one action set per
+        prompt of a sequence `prompt_source`: the choice policy is distilled. `anchors` (with `anchor_choices` when
+        `choices` is given): prompts of other tasks, mixed into the sequence, whose teacher has no context: the
+        start-of-cycle policy itself, so that there the student keeps what it did.
 
         With `validation_fraction` (a sequence source only) a seeded share of the prompts is held back: their
         exact KL to the teacher is measured before the first step and every `eval_every` steps (`val_kl` in

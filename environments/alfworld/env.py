@@ -1,21 +1,19 @@
 """`alfworld/text`: ALFWorld's text household tasks, on the official games or on offline-generated ones.
 
-Official games: point `data_path` (or the `ALFWORLD_DATA` environment variable, as alfworld's own
-scripts do; it counts only when it holds json_2.1.1) at the downloaded data; tasks are the solvable `game.tw-pddl`
-files under
-`json_2.1.1/train` (train) and `json_2.1.1/valid_unseen` (eval; `eval_split="valid_seen"` for the
-seen-rooms split), filtered by task type exactly as alfworld's `AlfredTWEnv` filters them.
+Official games: point `data_path` (or the `ALFWORLD_DATA` environment variable, as alfworld's own scripts do; it counts
+only when it holds json_2.1.1) at the downloaded data; tasks are the solvable `game.tw-pddl` files under
+`json_2.1.1/train` (train) and `json_2.1.1/valid_unseen` (eval; `eval_split="valid_seen"` for the seen-rooms split),
+filtered by task type exactly as alfworld's `AlfredTWEnv` filters them.
 
-Generated games (no data): `environments.alfworld.generate` builds ALFWorld-style games from the wheel's
-own files; train tasks use ALFRED's training floor plans and eval tasks its held-out floor plans (so eval
-rooms are unseen). Every generated game is played by alfworld's hand-coded expert before it is offered;
-a game the expert does not win within `spec.max_steps` is discarded and the task moves to the next
-attempt seed (so every offered game is winnable within the step budget). The winning expert trajectory is cached with
-the game and served by `expert_actions()`.
-Generated games live in `<cache_dir>/alfworld/<hash>/`, written through `environments.game_cache` (shared by
-every workdir, built in a temporary folder renamed into place, a damaged entry rebuilt).
-Scores on generated games are not comparable with published ALFWorld numbers (different rooms' object
-layouts, our own object placement); `spec.kwargs["source"]` and `info["source"]` say which kind you have.
+Generated games (no data): `environments.alfworld.generate` builds ALFWorld-style games from the wheel's own files;
+train tasks use ALFRED's training floor plans and eval tasks its held-out floor plans (so eval rooms are unseen). Every
+generated game is played by alfworld's hand-coded expert before it is offered; a game the expert does not win within
+`spec.max_steps` is discarded and the task moves to the next attempt seed (so every offered game is winnable within the
+step budget). The winning expert trajectory is cached with the game and served by `expert_actions()`. Generated games
+live in `<cache_dir>/alfworld/<hash>/`, written through `environments.game_cache` (shared by every workdir, built in a
+temporary folder renamed into place, a damaged entry rebuilt). Scores on generated games are not comparable with
+published ALFWorld numbers (different rooms' object layouts, our own object placement); `spec.kwargs["source"]` and
+`info["source"]` say which kind you have.
 
 Observations, admissible actions and the win condition are alfworld's (TextWorld's PDDL backend with
 alfworld's name demangler); reward is 1 on the winning step, 0 otherwise. The PDDL engine applies only
