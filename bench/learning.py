@@ -218,24 +218,20 @@ class Study:
 
         def compute():
             config = study_config(seed, objective)
+            run = Run(config, self.workdir, store, run_id)
             settings = config.opcd.trainer.model_copy(update=trainer or {})
             anchors = (
                 []
                 if anchor is None
                 else anchor_decisions(
-                    config,
-                    self.workdir,
+                    run,
                     self.acting_with(parent),
                     [EnvEntry.model_validate(anchor)],
                     ANCHOR_EPISODES,
                     choice_mode=True,
                 )
             )
-            decisions = [
-                d
-                for d in episode_prefixes(Run(config, self.workdir, store, run_id), self.backend, TRAIN_EPISODES)
-                if d.choices
-            ]
+            decisions = [d for d in episode_prefixes(run, self.backend, TRAIN_EPISODES) if d.choices]
             out = self.workdir / "adapters" / key.replace(":", "-")
             context = lessons_section(lessons or [GIVEN])
             job = TrainJob(

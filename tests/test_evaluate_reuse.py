@@ -210,3 +210,27 @@ def test_a_small_pool_closes_the_oldest_idle_instances(tmp_path):
     assert pool.idle() == 3
     idle_a = [e for e in played() if e.tag == "a" and not e.closed]
     assert len(idle_a) == 1  # one of tag "a" closed to make room for tag "b"'s two
+
+
+def test_a_run_plays_its_evaluations_from_its_own_pool(tmp_path):
+    """`Run.evaluate`: the phases' evaluations build and lend from the run's pool (the process's unless it is given
+    one), with the same outcomes as a plain evaluation; `envs=` plays other environments from the same pool."""
+    from agent_runtime.run import Run
+    from memory import ExperienceStore
+
+    config = counting_config(slots=1)
+    with ExperienceStore.open(tmp_path) as store:
+        run_id = store.create_run(config.name, config.model_dump(mode="json"))
+        assert Run(config, tmp_path, store, run_id).pool is env_pool(), "by default the process's pool"
+        own, before = Run(config, tmp_path, store, run_id, pool=EnvPool()), env_pool().started
+        results = own.evaluate(ScriptedBackend(seed=0), lessons=[], episodes_per_env=3)
+        assert own.pool.started == 1 and env_pool().started == before, "built into the run's pool, not the process's"
+        again = own.evaluate(ScriptedBackend(seed=0), lessons=[], episodes_per_env=3)
+        assert own.pool.reused >= 1 and outcomes(again) == outcomes(results)
+        fresh = evaluate(config, tmp_path, ScriptedBackend(seed=0), lessons=[], episodes_per_env=3, reuse=False)
+        assert outcomes(fresh) == outcomes(results)
+        other = own.evaluate(
+            ScriptedBackend(seed=0), envs=[{"id": COUNTING, "kwargs": {"tag": "b"}}], episodes_per_env=1
+        )
+        assert [r.env_id for r in other] == [r.env_id for r in results] and own.pool.started == 2
+        own.pool.close()

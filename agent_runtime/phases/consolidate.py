@@ -27,7 +27,7 @@ from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import ConfigError, ConsolidationConfig, EnvEntry, RunConfig
 from agent_runtime.episode.build import build_prompt_builders
 from agent_runtime.episode.prompt import lessons_section
-from agent_runtime.evaluation import EvalResult, env_pool, evaluate
+from agent_runtime.evaluation import EvalResult
 from agent_runtime.llm import making_room, training_device
 from agent_runtime.llm.base import AdapterFiles, acting
 from agent_runtime.phases.decisions import Decision, episode_prefixes, turn_prefixes
@@ -81,21 +81,18 @@ class CycleReport:
         return f"{head}{kl_s}; {shown}{extra}" + (f" ({'; '.join(self.reasons)})" if self.reasons else "")
 
 
-def anchor_decisions(
-    config: RunConfig, workdir: Path, backend, envs: list[EnvEntry], episodes: int, *, choice_mode: bool
-) -> list[Decision]:
+def anchor_decisions(run: Run, backend, envs: list[EnvEntry], episodes: int, *, choice_mode: bool) -> list[Decision]:
     """The anchor prompts (`opcd.anchor_envs`): every turn of `episodes` train tasks of each env, played by the
     acting policy as it is (the parent) greedily without lessons, rebuilt as prompts; only the choice-mode turns
     when the cycle distils the choice policy, only the free ones otherwise. The episodes are not stored: they are
     the parent's behaviour to keep, not experience."""
-    config = config.model_copy(update={"envs": list(envs)})
-    specs, _, _ = env_pool().envs(config, workdir, "train")  # built once; `evaluate` below takes them from the pool
+    config = run.config.model_copy(update={"envs": list(envs)})
+    specs, _, _ = run.pool.envs(config, run.workdir, "train")  # built once; the evaluation below lends from the pool
     builders = {s.env_id: b for s, b in zip(specs, build_prompt_builders(config, specs, backend))}
     out: list[Decision] = []
-    evaluate(
-        config,
-        workdir,
+    run.evaluate(
         backend,
+        envs=envs,
         lessons=[],
         episodes_per_env=episodes,
         split="train",
@@ -104,10 +101,8 @@ def anchor_decisions(
     return [d for d in out if bool(d.choices) == choice_mode]
 
 
-def _eval(config, workdir, backend, *, lessons, n, envs=None, context=None, split="eval") -> list[EvalResult]:
-    if envs is not None:
-        config = config.model_copy(update={"envs": envs})
-    return evaluate(config, workdir, backend, lessons=lessons, episodes_per_env=n, context=context, split=split)
+def _eval(run: Run, backend, *, lessons, n, envs=None, context=None, split="eval") -> list[EvalResult]:
+    return run.evaluate(backend, envs=envs, lessons=lessons, episodes_per_env=n, context=context, split=split)
 
 
 def cycle_teacher(config: RunConfig, opcd: ConsolidationConfig) -> tuple[TeacherSpec | None, dict[str, Any]]:
@@ -275,9 +270,7 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
     anchors = []
     if opcd.anchor_envs:
         with profiled("CONSOLIDATE: anchor play"), acting(backend, cycle.parent):
-            anchors = anchor_decisions(
-                config, workdir, backend, opcd.anchor_envs, opcd.anchor_episodes, choice_mode=choice_mode
-            )
+            anchors = anchor_decisions(run, backend, opcd.anchor_envs, opcd.anchor_episodes, choice_mode=choice_mode)
     # 3. CONSOLIDATE: train the student
     job = train_job(
         config,
@@ -504,29 +497,25 @@ def evaluate_cycle(run: Run, backend, cycle: Cycle, path: Path) -> dict[str, lis
     """EVALUATE: every condition on the held-out tasks with fixed seeds (the random-admissible baseline, the
     parent and the new adapter with and without the lessons, and both on the retention environments), and the
     parent and the adapter without lessons on `validation_games` train-split games (the decision's evidence)."""
-    config, workdir, opcd = run.config, run.workdir, run.config.opcd
+    config, opcd = run.config, run.config.opcd
     n = opcd.eval_episodes or config.evaluation.episodes_per_env
     shown = cycle.shown()
-    evals: dict[str, list[EvalResult]] = {"random": _eval(config, workdir, random_policy(config), lessons=[], n=n)}
+    evals: dict[str, list[EvalResult]] = {"random": _eval(run, random_policy(config), lessons=[], n=n)}
     retention = list(opcd.retention_envs)
     with acting(backend, cycle.parent):
-        evals["teacher_with_lessons"] = _eval(config, workdir, backend, n=n, **shown)
-        evals["teacher_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
+        evals["teacher_with_lessons"] = _eval(run, backend, n=n, **shown)
+        evals["teacher_without_lessons"] = _eval(run, backend, lessons=[], n=n)
         if retention:
-            evals["teacher_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
+            evals["teacher_retention"] = _eval(run, backend, lessons=[], n=n, envs=retention)
         if opcd.validation_games:
-            evals["validation_parent"] = _eval(
-                config, workdir, backend, lessons=[], n=opcd.validation_games, split="train"
-            )
+            evals["validation_parent"] = _eval(run, backend, lessons=[], n=opcd.validation_games, split="train")
     with acting(backend, AdapterFiles(f"cycle-{cycle.cycle_id}", path)):
-        evals["student_with_lessons"] = _eval(config, workdir, backend, n=n, **shown)
-        evals["student_without_lessons"] = _eval(config, workdir, backend, lessons=[], n=n)
+        evals["student_with_lessons"] = _eval(run, backend, n=n, **shown)
+        evals["student_without_lessons"] = _eval(run, backend, lessons=[], n=n)
         if opcd.validation_games:
-            evals["validation_student"] = _eval(
-                config, workdir, backend, lessons=[], n=opcd.validation_games, split="train"
-            )
+            evals["validation_student"] = _eval(run, backend, lessons=[], n=opcd.validation_games, split="train")
         if retention:
-            evals["student_retention"] = _eval(config, workdir, backend, lessons=[], n=n, envs=retention)
+            evals["student_retention"] = _eval(run, backend, lessons=[], n=n, envs=retention)
     return evals
 
 

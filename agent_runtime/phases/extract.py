@@ -30,7 +30,6 @@ from tqdm.auto import tqdm
 
 from agent_runtime.config import ModelConfig, RunConfig
 from agent_runtime.episode.runner import Draw, EpisodeContext
-from agent_runtime.evaluation import evaluate
 from agent_runtime.llm.base import BackendError, PolicyBackend, SamplingParams, TokenizerBackend
 from agent_runtime.run import Run
 from agent_runtime.run.cursor import CursorMove
@@ -302,7 +301,7 @@ def _induce(
     of the live lessons (`_try_lessons`: the whole set, then each one); those that earn their place go live as
     one new version. Every induced lesson is stored with its evidence and its trial, kept
     out or not. Returns (one dict per induced lesson, the new live version or None)."""
-    config, workdir, store, run_id, settings = run.config, run.workdir, run.store, run.id, run.config.lessons
+    store, run_id, settings = run.store, run.id, run.config.lessons
     read = [store.episode(i) for i in episode_ids]
     older = (
         [
@@ -327,9 +326,7 @@ def _induce(
         return [], None
 
     def outcomes(lessons: list[str]) -> dict:
-        results = evaluate(
-            config,
-            workdir,
+        results = run.evaluate(
             backend,
             lessons=lessons,
             episodes_per_env=settings.gate_episodes,
@@ -499,16 +496,14 @@ def gate_user_lessons(run: Run, backend: PolicyBackend) -> str | None:
 
 
 def _gate(run: Run, backend: PolicyBackend, curator: LessonCurator, candidate_version: int) -> str:
-    config, workdir, store, run_id, settings = run.config, run.workdir, run.store, run.id, run.config.lessons
+    store, run_id, settings = run.store, run.id, run.config.lessons
     live, current = live_lessons(store, run_id, pool=0)
     candidate_set = next(s for s in store.lesson_sets(run_id) if s.version == candidate_version)
     by_id = {x.id: x for x in store.lessons(run_id, ids=candidate_set.lesson_ids)}
     candidate = [by_id[i].text for i in candidate_set.lesson_ids if by_id[i].pool == 0]
 
     def outcomes(lessons: list[str]) -> dict:
-        results = evaluate(
-            config,
-            workdir,
+        results = run.evaluate(
             backend,
             lessons=lessons,
             episodes_per_env=settings.gate_episodes,

@@ -8,11 +8,12 @@ loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from agent_runtime.config import RunConfig
+from agent_runtime.config import EnvEntry, RunConfig
+from agent_runtime.evaluation import EnvPool, EvalResult, env_pool, evaluate
 from agent_runtime.evaluation.heldout import HeldOut, held_out
 from memory import ExperienceStore
 
@@ -23,6 +24,7 @@ class Run:
     workdir: Path
     store: ExperienceStore
     id: int
+    pool: EnvPool = field(default_factory=env_pool)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -31,3 +33,10 @@ class Run:
     def held(self) -> HeldOut:
         """The held-out evaluation tasks, by task id and first observation (kept out of every learning input)."""
         return held_out(self.config, self.workdir)
+
+    def evaluate(self, backend, *, envs: list[EnvEntry] | None = None, **kwargs) -> list[EvalResult]:
+        """`agent_runtime.evaluation.evaluate` on this run's environments (or `envs` instead), from its pool."""
+        if envs is not None:  # entries or their dicts, validated as the config's own
+            envs = [EnvEntry.model_validate(e, from_attributes=True) for e in envs]
+        config = self.config if envs is None else self.config.model_copy(update={"envs": envs})
+        return evaluate(config, self.workdir, backend, pool=self.pool, **kwargs)
