@@ -6,6 +6,13 @@ the gradient the optimizer steps with. A rank's loss and gradient are token mean
 both are combined weighted by each rank's tokens: N ranks compute exactly the single-process result even
 when their shares sampled responses of different lengths. Plain functions over an initialised process
 group, kept apart from the trainer so that the training step reads as one algorithm.
+
+Each rank takes its contiguous share of every global batch (the union is exactly the single-process batch) and
+samples with its own seed. This is an explicit all-reduce rather than a DistributedDataParallel wrapper because
+the student is run through its decoder stack and output head separately and back-propagated chunk by chunk
+(several `backward` calls per step, with gradient checkpointing), which DDP's one-forward-one-backward reducer
+does not support. `evaluate_kl` gives the same value on every rank (the evaluation batches are dealt out to the
+ranks and the per-prompt values summed), equal to the single-process value.
 """
 
 from __future__ import annotations

@@ -28,21 +28,10 @@ Baselines share this loop through `config.objective`: `off_policy` (the teacher 
 forward KL on the teacher's top-k) and `sft` (cross-entropy on the teacher's samples). The "lessons in
 context" baseline needs no training. System-prompt distillation is OPCD with a fixed context string.
 
-Data parallel (`OPCDConfig.processes`, launched by `distill.opcd.job`; the collectives are in
-`distill.opcd.collectives`): when this process is one rank of an
-initialised `torch.distributed` group (what an accelerate launch or `PartialState` sets up), every method
-below is a collective that all ranks call in the same order with the same arguments. `batch_size` stays the
-GLOBAL number of prompts per optimizer step: each rank takes its contiguous share of every global batch (the
-union is exactly the single-process batch), samples with its own seed, and the LoRA gradients are summed
-across ranks with each rank's weighted by its share of the batch's response tokens, so the result is the
-gradient of the global token mean even when the ranks sampled different lengths. The loss the divergence
-guard sees and the gradient the clip sees are the global ones, so every rank takes the same decision. This
-is an explicit all-reduce rather than a DistributedDataParallel wrapper because the student is run through
-its decoder stack and output head separately and back-propagated chunk by chunk (several `backward` calls
-per step, with gradient checkpointing), which DDP's one-forward-one-backward reducer does not support.
-`evaluate_kl` gives the same value on every rank (the evaluation batches are dealt out to the ranks and
-the per-prompt values summed), equal to the single-process value. Only rank 0 calls `on_step` and writes
-the adapter.
+Data parallel (`OPCDConfig.processes`, launched by `distill.opcd.job`): inside an initialised `torch.distributed`
+group every method below is a collective that all ranks call in the same order; `batch_size` stays the global
+number of prompts per step, each rank takes its share, and the loss and gradient are combined by tokens
+(`distill.opcd.collectives`, which says why and how). Only rank 0 calls `on_step` and writes the adapter.
 """
 
 from __future__ import annotations
