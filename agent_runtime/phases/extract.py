@@ -326,13 +326,7 @@ def _induce(
         return [], None
 
     def outcomes(lessons: list[str]) -> dict:
-        results = run.evaluate(
-            backend,
-            lessons=lessons,
-            episodes_per_env=settings.gate_episodes,
-            split=settings.gate_split,
-        )
-        return {(r.env_id, e["task_id"], e["seed"]): e["won"] for r in results for e in r.episodes}
+        return gate_outcomes(run, backend, lessons)
 
     texts = [x.text for x in current]
     with tqdm(
@@ -471,6 +465,14 @@ def _try_lessons(
     return [decided[f.text] for f in findings], start, reference, joint
 
 
+def gate_outcomes(run: Run, backend: PolicyBackend, lessons: list[str]) -> dict:
+    """Who won each of the gate's games (`lessons.gate_episodes` of `lessons.gate_split`, fixed seeds) with `lessons`
+    in context: {(env id, task id, seed): won}, what `decide_gate` pairs."""
+    settings = run.config.lessons
+    results = run.evaluate(backend, lessons=lessons, episodes_per_env=settings.gate_episodes, split=settings.gate_split)
+    return {(r.env_id, e["task_id"], e["seed"]): e["won"] for r in results for e in r.episodes}
+
+
 def learnable_recent(run: Run, n: int) -> list[int]:
     """The ids of the run's `n` newest episodes that may be learned from (held-out evaluation tasks left out)."""
     held, out, offset = run.held, [], 0
@@ -503,13 +505,7 @@ def _gate(run: Run, backend: PolicyBackend, curator: LessonCurator, candidate_ve
     candidate = [by_id[i].text for i in candidate_set.lesson_ids if by_id[i].pool == 0]
 
     def outcomes(lessons: list[str]) -> dict:
-        results = run.evaluate(
-            backend,
-            lessons=lessons,
-            episodes_per_env=settings.gate_episodes,
-            split=settings.gate_split,
-        )
-        return {(r.env_id, e["task_id"], e["seed"]): e["won"] for r in results for e in r.episodes}
+        return gate_outcomes(run, backend, lessons)
 
     decision = decide_gate(outcomes([x.text for x in current]), outcomes(candidate), margin=settings.gate_margin)
     store_gate_decision(
