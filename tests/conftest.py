@@ -53,13 +53,6 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
-def pytest_collection_modifyitems(config, items):
-    """The files that hold slow tests first (a stable sort, the same on every worker): with `--dist loadfile` the
-    workers then end on short files instead of one of them starting the soak last."""
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)
-
-
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Model and game caches go to a per-session temporary root, never to the user's ~/.cache.
