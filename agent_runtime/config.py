@@ -19,9 +19,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from agent_runtime.llm.options import backend_options
 from distill.config_base import StrictConfig
 from distill.lessons.config import LessonsConfig
-from distill.opcd.config import MIN_SHARED_PREFIX, OPCDConfig
+from distill.opcd.config import OPCDConfig
 from memory.redaction import REDACTED, is_secret_key, redact_secrets
 
 
@@ -29,61 +30,9 @@ class ConfigError(ValueError):
     """A configuration file or override is wrong; the message says where and what is accepted."""
 
 
-class TransformersOptions(StrictConfig):
-    """`model.options` of the transformers backend."""
-
-    prefix_cache: bool = Field(True, description="keep each slot's KV cache across turns (a turn prefills what is new)")
-    min_shared_prefix: int = Field(
-        MIN_SHARED_PREFIX, ge=1, description="a prefix shared by the rows of one call runs once when at least this long"
-    )
-    prefix_cache_tokens: int = Field(40960, ge=0, description="tokens the slot caches keep (0: nothing across calls)")
-
-
-class ScriptedOptions(StrictConfig):
-    """`model.options` of the scripted backend (tests and demos)."""
-
-    mode: Literal["random-admissible", "fixed", "sequence"] = "random-admissible"
-    fixed_answer: str = "The answer is 42."
-    replies: list[str] | None = Field(None, description="mode sequence: the replies, in order")
-    seed: int | None = Field(None, description="default: the run's seed")
-    context_window: int = Field(8192, gt=0)
-    lesson_reply: str = Field("- EXPERIENCE ITEM: Take the coin as soon as you see it.", description="as an extractor")
-    follow_lessons: bool = Field(False, description="act as the lessons in the prompt say")
-
-
-class ChatOptions(StrictConfig):
-    """`model.options` of the chat backend: any LangChain chat model (see agent_runtime/llm/chat_backend.py)."""
-
-    class_: str | None = Field(None, alias="class", description="package.module:ClassName of the chat model")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="the chat model's own arguments")
-    tokenizer: str | None = Field(None, description="a tokenizer to count tokens with (alias, id or path)")
-    max_concurrency: int = Field(8, gt=0)
-    lora_api: str | None = Field(None, description="where to load adapters at run time (default: kwargs.base_url)")
-    model_field: str = Field("model", description="the kwarg naming the served model")
-
-
-class VLLMOptions(BaseModel):
-    """`model.options` of the vllm backend; keys not named here go to `vllm.LLM` as engine arguments."""
-
-    model_config = {"extra": "allow"}
-    python: str | None = Field(None, description="the interpreter of vLLM's own environment (the engine runs there)")
-    max_lora_rank: int = Field(64, ge=1)
-    max_loras: int = Field(4, ge=1)
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    choice_trie_above: int = Field(256, ge=1, description="larger action sets are decoded, not scored")
-
-
-BACKEND_OPTIONS: dict[str, type[BaseModel]] = {
-    "transformers": TransformersOptions,
-    "scripted": ScriptedOptions,
-    "chat": ChatOptions,
-    "vllm": VLLMOptions,
-}
-
-
 class ModelConfig(StrictConfig):
-    """The acting policy. `options` is checked against the backend's own model (`BACKEND_OPTIONS`) when the
-    config is read, and `typed_options()` gives it typed."""
+    """The acting policy. `options` is checked against the backend's own model (`agent_runtime.llm.options`) when
+    the config is read, and `typed_options()` gives it typed."""
 
     name: str = Field("smollm2-135m-instruct", description="alias, Hugging Face id, or local path")
     backend: Literal["transformers", "vllm", "chat", "scripted"] = "transformers"
@@ -96,7 +45,7 @@ class ModelConfig(StrictConfig):
     adapter: str | None = Field(None, description="a LoRA adapter directory to load at start")
     options: dict[str, Any] = Field(
         default_factory=dict,
-        description="backend-specific options: see TransformersOptions, ScriptedOptions, ChatOptions, VLLMOptions",
+        description="backend-specific options: see agent_runtime/llm/options.py",
     )
 
     @field_validator("options")
@@ -107,24 +56,8 @@ class ModelConfig(StrictConfig):
         return options
 
     def typed_options(self) -> BaseModel:
-        """`options` as the backend's option model (`BACKEND_OPTIONS`)."""
+        """`options` as the backend's option model (`agent_runtime.llm.options.BACKEND_OPTIONS`)."""
         return backend_options(self.backend, self.options)
-
-
-def backend_options(backend: str, options: dict[str, Any]) -> BaseModel:
-    """`options` validated by `backend`'s option model; a ValueError names the key and what the backend accepts."""
-    kind = BACKEND_OPTIONS[backend]
-    try:
-        return kind.model_validate(options)
-    except ValidationError as exc:
-        accepted = ", ".join(sorted((f.alias or name) for name, f in kind.model_fields.items()))
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in e['loc'])}: "
-            + ("unknown option" if e["type"] == "extra_forbidden" else e["msg"])
-            for e in exc.errors()
-        )
-        extra = " (and vLLM's engine arguments)" if backend == "vllm" else ""
-        raise ValueError(f"the {backend} backend: {problems}; accepted: {accepted}{extra}") from None
 
 
 class EnvEntry(StrictConfig):

@@ -4,6 +4,7 @@ ROLLBACK, with the adapter on disk, curves and evaluations in memory, and a resu
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 from pathlib import Path
 
 import pytest
@@ -300,7 +301,9 @@ class _Adapters:
 
 
 def test_acting_switches_for_the_block_and_restores_what_was_in_use_even_on_error():
-    from agent_runtime.llm.base import AdapterFiles, acting, activate
+    from agent_runtime.llm.base import acting, activate
+
+    AdapterFiles = namedtuple("AdapterFiles", "name path")  # what the store's AdapterInfo offers
 
     backend = _Adapters()
     activate(backend, AdapterFiles("parent", "/a/parent"))

@@ -27,6 +27,7 @@ from agent_runtime.llm.base import (
     SleepingBackend,
     require,
 )
+from agent_runtime.llm.options import backend_options, given
 
 BACKENDS = ("transformers", "scripted", "vllm", "chat")
 # The backends that load `model.name`'s weights on this machine: the weights an OPCD cycle trains an adapter on.
@@ -50,10 +51,8 @@ def make_backend(model_config, *, seed: int = 0, run=None, families: Iterable[st
 def _scripted(model_config, options, seed: int) -> PolicyBackend:
     from agent_runtime.llm.scripted import ScriptedBackend
 
-    kwargs = options.model_dump()
-    kwargs["seed"] = seed if kwargs["seed"] is None else kwargs["seed"]
     try:
-        return ScriptedBackend(**kwargs)
+        return ScriptedBackend(**{"seed": seed, **given(options)})
     except ValueError as exc:
         raise BackendError(f"model.options for the scripted backend: {exc}") from None
 
@@ -67,7 +66,7 @@ def _transformers(model_config, options, seed: int) -> PolicyBackend:
         context_window=model_config.context_window,
         device=model_config.device,
         dtype=model_config.dtype,
-        **options.model_dump(),
+        **given(options),
     )
     if model_config.adapter:
         backend.load_adapter("configured", model_config.adapter)
@@ -87,13 +86,11 @@ def _vllm(model_config, options, seed: int) -> PolicyBackend:
 
 
 # The backends by the name a config gives (`model.backend`): each built from the model's config, its options as
-# the backend's own option model (`agent_runtime.config.BACKEND_OPTIONS`) and the run's seed.
+# the backend's own option model (`agent_runtime.llm.options`) and the run's seed.
 BUILDERS = {"transformers": _transformers, "scripted": _scripted, "chat": _chat, "vllm": _vllm}
 
 
 def _build(model_config, seed: int) -> PolicyBackend:
-    from agent_runtime.config import backend_options
-
     builder = BUILDERS.get(model_config.backend)
     if builder is None:
         raise BackendError(f"unknown backend {model_config.backend!r}; accepted: {', '.join(BACKENDS)}")

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 Message = dict[str, str]
@@ -169,14 +168,6 @@ def activate(backend: PolicyBackend, adapter) -> None:
     if adapter.name not in backend.adapters:
         backend.load_adapter(adapter.name, str(adapter.path))
     backend.use_adapter(adapter.name)
-
-
-@dataclass(frozen=True)
-class AdapterFiles:
-    """An adapter by name and folder, for `activate`/`acting` (the store's AdapterInfo has the same two fields)."""
-
-    name: str
-    path: str | Path
 
 
 @contextmanager

@@ -145,7 +145,7 @@ class ChatBackend:
     def from_options(cls, options, *, context_window: int | None = None) -> ChatBackend:
         """The backend `options` describe: a `ChatOptions`, or a dict checked against it (a BackendError names an
         unknown key and what is accepted)."""
-        from agent_runtime.config import ChatOptions, backend_options
+        from agent_runtime.llm.options import ChatOptions, backend_options, given
 
         if not isinstance(options, ChatOptions):
             try:
@@ -162,16 +162,10 @@ class ChatBackend:
             from agent_runtime.checkpoints import resolve_model
 
             tokenizer = AutoTokenizer.from_pretrained(resolve_model(options.tokenizer))
-        return cls(
-            model,
-            context_window=context_window or 32768,
-            max_concurrency=options.max_concurrency,
-            tokenizer=tokenizer,
-            spec=options.class_,
-            kwargs=options.kwargs,
-            lora_api=options.lora_api,
-            model_field=options.model_field,
-        )
+        rest = {k: v for k, v in given(options).items() if k not in ("class_", "kwargs", "tokenizer")}
+        if context_window:
+            rest["context_window"] = context_window
+        return cls(model, tokenizer=tokenizer, spec=options.class_, kwargs=options.kwargs, **rest)
 
     # LoRA adapters on the server ---------------------------------------------------------------------
     def load_adapter(self, name: str, path: str) -> None:

@@ -85,8 +85,9 @@ def make_vllm_backend(model_config, options=None, *, seed: int = 0):
     the config): in this process, or, with `options.python`, in a child process of that interpreter (vLLM
     installed in another environment). Options it does not name go to the engine."""
     from agent_runtime.checkpoints import resolve_model
+    from agent_runtime.llm.options import given
 
-    options = (options or model_config.typed_options()).model_dump(exclude_none=True)
+    options = given(options or model_config.typed_options())
     python = options.pop("python", None)
     if python:
         from agent_runtime.llm.vllm_process import VLLMProcessBackend

@@ -8,8 +8,8 @@
 2. EVALUATE (`evaluate_cycle`): on the held-out tasks with fixed seeds, random play, the parent and the student
    with and without the lessons, retention on environments the cycle did not train on, and the decision's
    validation games.
-3. PROMOTE or ROLLBACK: the rule is `decide_promotion`, and only there; lessons the student internalised leave
-   the context (`internalized_lessons`). The outcome and the run's cursor move are one transaction.
+3. PROMOTE or ROLLBACK: the rules are in `agent_runtime.phases.promotion`, and only there; lessons the student
+   internalised leave the context. The outcome and the run's cursor move are one transaction.
 
 A separate teacher (`opcd.teacher`) replaces the parent as the model with the context; EVALUATE's "teacher" rows
 stay the parent (the acting policy the student must not fall below), and the cycle row says which is which.
@@ -29,9 +29,10 @@ from agent_runtime.episode.build import build_prompt_builders
 from agent_runtime.episode.prompt import lessons_section
 from agent_runtime.evaluation import EvalResult
 from agent_runtime.llm import making_room, training_device
-from agent_runtime.llm.base import AdapterFiles, acting
+from agent_runtime.llm.base import acting
 from agent_runtime.phases.decisions import Decision, episode_prefixes, turn_prefixes
 from agent_runtime.phases.probe import ensure_reference
+from agent_runtime.phases.promotion import _changed_meanwhile, decide_promotion, internalized_lessons
 from agent_runtime.phases.system_prompt import SystemPrompt, load_context, load_prompts
 from agent_runtime.run import Run
 from agent_runtime.run.cursor import CursorMove
@@ -153,54 +154,6 @@ def _conditions(config: RunConfig, parent, teacher: dict, system: SystemPrompt |
 def _rate(results: list[EvalResult]) -> float:
     n = sum(r.n for r in results)
     return sum(r.successes for r in results) / n if n else 0.0
-
-
-def decide_promotion(
-    rates: dict[str, float], kl_before: float, kl_after: float, opcd: ConsolidationConfig
-) -> list[str]:
-    """The reasons not to promote a cycle's adapter (none: promote). Evidence is needed both ways.
-
-    1. Learning: the held-out KL of the student without lessons to the teacher with them fell by `min_kl_drop` of
-       its start-of-cycle value, or (with validation games) the student without lessons won more of the
-       validation games than the parent by over `promote_margin`. A KL on a handful of prompts is noisy, and a
-       student that sharpens the teacher's preference past it plays better while its KL rises.
-    2. No regression: no evaluated condition fell below its reference by more than its margin; without lessons
-       that is judged on the validation games when they were played, so the held-out games stay the report's."""
-    reasons = []
-    validated = "validation_student" in rates and "validation_parent" in rates
-    gain = rates["validation_student"] - rates["validation_parent"] if validated else None
-    if not kl_before > 0:
-        reasons.append(
-            f"held-out KL before training is {kl_before:.4f}: the lessons do not change the policy, "
-            "there is nothing to distil"
-        )
-    elif not kl_after <= (1.0 - opcd.min_kl_drop) * kl_before and not (gain is not None and gain > opcd.promote_margin):
-        won = (
-            (
-                f", and the student won {rates['validation_student']:.2f} of the validation games against the "
-                f"parent's {rates['validation_parent']:.2f} (needs over +{opcd.promote_margin})"
-            )
-            if validated
-            else ""
-        )
-        reasons.append(f"held-out KL {kl_before:.4f} -> {kl_after:.4f} did not fall by {opcd.min_kl_drop:.0%}{won}")
-    without = (
-        ("validation_student", "validation_parent")
-        if validated
-        else ("student_without_lessons", "teacher_without_lessons")
-    )
-    pairs = [
-        (*without, opcd.promote_margin, "without lessons"),
-        ("student_with_lessons", "teacher_with_lessons", opcd.promote_margin, "with lessons"),
-        ("student_retention", "teacher_retention", opcd.retention_margin, "retention"),
-    ]
-    for student, parent, margin, what in pairs:
-        if student in rates and parent in rates and rates[student] < rates[parent] - margin:
-            reasons.append(
-                f"{what}: student {rates[student]:.2f} fell below the parent's {rates[parent]:.2f} "
-                f"by more than {margin}"
-            )
-    return reasons
 
 
 @dataclass
@@ -326,7 +279,7 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
     store.update_cycle(cycle.cycle_id, adapter_id=cycle.adapter_id, metrics=cycle.metrics)
     # 4. EVALUATE every condition, then PROMOTE or ROLLBACK with the cursor's move
     with profiled("CONSOLIDATE: evaluate"):
-        evals = evaluate_cycle(run, backend, cycle, path)
+        evals = evaluate_cycle(run, backend, cycle)
     cycle.metrics["evaluation"] = {k: _rate(v) for k, v in evals.items()}
     with store.transaction():
         report = move_cursor(_decide(run, cycle, evals))
@@ -493,7 +446,7 @@ def cycle_metrics(
     }
 
 
-def evaluate_cycle(run: Run, backend, cycle: Cycle, path: Path) -> dict[str, list[EvalResult]]:
+def evaluate_cycle(run: Run, backend, cycle: Cycle) -> dict[str, list[EvalResult]]:
     """EVALUATE: every condition on the held-out tasks with fixed seeds (the random-admissible baseline, the
     parent and the new adapter with and without the lessons, and both on the retention environments), and the
     parent and the adapter without lessons on `validation_games` train-split games (the decision's evidence)."""
@@ -509,7 +462,7 @@ def evaluate_cycle(run: Run, backend, cycle: Cycle, path: Path) -> dict[str, lis
             evals["teacher_retention"] = _eval(run, backend, lessons=[], n=n, envs=retention)
         if opcd.validation_games:
             evals["validation_parent"] = _eval(run, backend, lessons=[], n=opcd.validation_games, split="train")
-    with acting(backend, AdapterFiles(f"cycle-{cycle.cycle_id}", path)):
+    with acting(backend, run.store.get_adapter(cycle.adapter_id)):  # the adapter row the cycle wrote
         evals["student_with_lessons"] = _eval(run, backend, n=n, **shown)
         evals["student_without_lessons"] = _eval(run, backend, lessons=[], n=n)
         if opcd.validation_games:
@@ -566,33 +519,6 @@ def _decide(run: Run, cycle: Cycle, evals: dict[str, list[EvalResult]]) -> Cycle
         remaining = [i for i in (now.lesson_ids if now else []) if i not in set(consolidated)]
         create_version(store, run_id, remaining, note=f"cycle {cycle_id} consolidated {len(consolidated)} lessons")
     return CycleReport(cycle_id, "promoted", [], adapter_id, consolidated, metrics)
-
-
-def internalized_lessons(
-    kl_before: dict[int, float], kl_after: dict[int, float], rates: dict[str, float], opcd: ConsolidationConfig
-) -> list[int]:
-    """The lessons a promoted adapter has internalised, which leave the context: the student's held-out KL to
-    the teacher with the lesson fell to `internalized_ratio` of its start-of-cycle value, and the student
-    without lessons does as well as the parent with them (within `promote_margin`)."""
-    as_good = rates["student_without_lessons"] >= rates["teacher_with_lessons"] - opcd.promote_margin
-    return [i for i in kl_before if kl_after[i] <= opcd.internalized_ratio * kl_before[i] and as_good]
-
-
-def _changed_meanwhile(store: ExperienceStore, run_id: int, live, parent) -> list[str]:
-    """Reasons not to promote that arose while the cycle trained: its parent is no longer the run's adapter
-    (`lessons forget` rolled it back), or a lesson it was taught with has been forgotten."""
-    reasons = []
-    active = store.active_adapter(run_id)
-    if (active.id if active else None) != (parent.id if parent else None):
-        reasons.append(
-            f"the run's adapter changed during the cycle (parent {parent.name if parent else 'base'}, "
-            f"now {active.name if active else 'base'}): a lesson was forgotten"
-        )
-    taught = store.lessons(run_id, ids=live.lesson_ids) if live is not None and live.lesson_ids else []
-    forgotten = [x.id for x in taught if x.forgotten_at is not None]
-    if forgotten:
-        reasons.append(f"lessons {forgotten} it was taught with were forgotten during the cycle")
-    return reasons
 
 
 def random_policy(config: RunConfig):

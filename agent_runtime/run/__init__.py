@@ -2,8 +2,10 @@
 learner) and passed down instead of the four values every phase needs.
 
 It holds the run's config, workdir, store and id, and what is derived from them once: the held-out task set
-(`agent_runtime.evaluation.heldout`). The phases take a `Run` and the backend they act with; they import nothing of the
-loop.
+(`agent_runtime.evaluation.heldout`) and the pool its environments are built into and lent from (`EnvPool`: specs,
+task lists and started game instances kept between a cycle's 5-9 evaluations and the gate's; by default the
+process's pool). The phases take a `Run` and the backend they act with and play their evaluations through
+`Run.evaluate`; they import nothing of the loop.
 """
 
 from __future__ import annotations

@@ -1,0 +1,82 @@
+"""PROMOTE or ROLLBACK: the rules a cycle's adapter must pass, said once (pure functions over the cycle's rates and
+KL measurements, and what changed in the store while it trained). `agent_runtime.phases.consolidate` applies them."""
+
+from __future__ import annotations
+
+from agent_runtime.config import ConsolidationConfig
+from memory import ExperienceStore
+
+
+def decide_promotion(
+    rates: dict[str, float], kl_before: float, kl_after: float, opcd: ConsolidationConfig
+) -> list[str]:
+    """The reasons not to promote a cycle's adapter (none: promote). Evidence is needed both ways.
+
+    1. Learning: the held-out KL of the student without lessons to the teacher with them fell by `min_kl_drop` of
+       its start-of-cycle value, or (with validation games) the student without lessons won more of the
+       validation games than the parent by over `promote_margin`. A KL on a handful of prompts is noisy, and a
+       student that sharpens the teacher's preference past it plays better while its KL rises.
+    2. No regression: no evaluated condition fell below its reference by more than its margin; without lessons
+       that is judged on the validation games when they were played, so the held-out games stay the report's."""
+    reasons = []
+    validated = "validation_student" in rates and "validation_parent" in rates
+    gain = rates["validation_student"] - rates["validation_parent"] if validated else None
+    if not kl_before > 0:
+        reasons.append(
+            f"held-out KL before training is {kl_before:.4f}: the lessons do not change the policy, "
+            "there is nothing to distil"
+        )
+    elif not kl_after <= (1.0 - opcd.min_kl_drop) * kl_before and not (gain is not None and gain > opcd.promote_margin):
+        won = (
+            (
+                f", and the student won {rates['validation_student']:.2f} of the validation games against the "
+                f"parent's {rates['validation_parent']:.2f} (needs over +{opcd.promote_margin})"
+            )
+            if validated
+            else ""
+        )
+        reasons.append(f"held-out KL {kl_before:.4f} -> {kl_after:.4f} did not fall by {opcd.min_kl_drop:.0%}{won}")
+    without = (
+        ("validation_student", "validation_parent")
+        if validated
+        else ("student_without_lessons", "teacher_without_lessons")
+    )
+    pairs = [
+        (*without, opcd.promote_margin, "without lessons"),
+        ("student_with_lessons", "teacher_with_lessons", opcd.promote_margin, "with lessons"),
+        ("student_retention", "teacher_retention", opcd.retention_margin, "retention"),
+    ]
+    for student, parent, margin, what in pairs:
+        if student in rates and parent in rates and rates[student] < rates[parent] - margin:
+            reasons.append(
+                f"{what}: student {rates[student]:.2f} fell below the parent's {rates[parent]:.2f} "
+                f"by more than {margin}"
+            )
+    return reasons
+
+
+def internalized_lessons(
+    kl_before: dict[int, float], kl_after: dict[int, float], rates: dict[str, float], opcd: ConsolidationConfig
+) -> list[int]:
+    """The lessons a promoted adapter has internalised, which leave the context: the student's held-out KL to
+    the teacher with the lesson fell to `internalized_ratio` of its start-of-cycle value, and the student
+    without lessons does as well as the parent with them (within `promote_margin`)."""
+    as_good = rates["student_without_lessons"] >= rates["teacher_with_lessons"] - opcd.promote_margin
+    return [i for i in kl_before if kl_after[i] <= opcd.internalized_ratio * kl_before[i] and as_good]
+
+
+def _changed_meanwhile(store: ExperienceStore, run_id: int, live, parent) -> list[str]:
+    """Reasons not to promote that arose while the cycle trained: its parent is no longer the run's adapter
+    (`lessons forget` rolled it back), or a lesson it was taught with has been forgotten."""
+    reasons = []
+    active = store.active_adapter(run_id)
+    if (active.id if active else None) != (parent.id if parent else None):
+        reasons.append(
+            f"the run's adapter changed during the cycle (parent {parent.name if parent else 'base'}, "
+            f"now {active.name if active else 'base'}): a lesson was forgotten"
+        )
+    taught = store.lessons(run_id, ids=live.lesson_ids) if live is not None and live.lesson_ids else []
+    forgotten = [x.id for x in taught if x.forgotten_at is not None]
+    if forgotten:
+        reasons.append(f"lessons {forgotten} it was taught with were forgotten during the cycle")
+    return reasons
