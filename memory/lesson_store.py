@@ -30,6 +30,31 @@ from memory.models import LESSON_STATUSES, Extraction, Lesson, LessonSource, utc
 from memory.records import ExtractionInfo, LessonInfo, to_info
 from memory.store_mixin import StoreMixin, check_value
 
+MAX_SCOPE_ENTRIES = 64
+MAX_SCOPE_CHARS = 200
+
+
+def _default_scope(env_id: str | None) -> list[str]:
+    """A lesson from an environment's episodes is scoped to it; one from nowhere in particular, to all."""
+    return [env_id] if env_id else ["*"]
+
+
+def check_scope(scope: Sequence[str]) -> list[str]:
+    """A lesson scope as stored: a non-empty list of at most 64 non-empty strings of at most 200 characters
+    (`distill.lessons.scope` says what they mean; this is the store's own guard, also for imports)."""
+    if isinstance(scope, str) or not isinstance(scope, Sequence):
+        raise InvalidRecordError(f"a lesson's scope is a list of environment ids, got {type(scope).__name__}")
+    entries = list(scope)
+    if not entries or len(entries) > MAX_SCOPE_ENTRIES:
+        raise InvalidRecordError(f"a lesson's scope lists 1 to {MAX_SCOPE_ENTRIES} entries, got {len(entries)}")
+    for entry in entries:
+        if not isinstance(entry, str) or not entry or len(entry) > MAX_SCOPE_CHARS or "\x00" in entry:
+            raise InvalidRecordError(
+                f"a lesson's scope entries are environment ids, family:NAME or '*' (1-{MAX_SCOPE_CHARS} "
+                f"characters), got {repr(entry)[:80]}"
+            )
+    return entries
+
 
 class LessonsMixin(StoreMixin):
     """Lessons and extractions (see module docstring)."""
@@ -46,8 +71,9 @@ class LessonsMixin(StoreMixin):
         extraction_id: int | None = None,
         token_count: int = 0,
         metadata: dict[str, Any] | None = None,
+        scope: Sequence[str] = ("*",),
     ) -> int:
-        """Store one lesson; returns its id."""
+        """Store one lesson; returns its id. `scope`: the environments whose prompts it may enter."""
         check_value(status, LESSON_STATUSES, "lesson status")
         with self._write() as session:
             row = Lesson(
@@ -60,6 +86,7 @@ class LessonsMixin(StoreMixin):
                 extraction_id=extraction_id,
                 token_count=token_count,
                 meta=metadata or {},
+                scope=check_scope(scope),
             )
             session.add(row)
             session.flush()
@@ -103,8 +130,9 @@ class LessonsMixin(StoreMixin):
     ) -> tuple[int, list[int]]:
         """Store one extraction call and the lessons it produced, in one transaction.
 
-        Each lesson is a text or a dict with `text` and any of `pool`, `env_id`, `status`,
-        `token_count`, `source_episode_ids`, `metadata` (defaults: the call's own values, "proposed").
+        Each lesson is a text or a dict with `text` and any of `pool`, `env_id`, `scope`, `status`,
+        `token_count`, `source_episode_ids`, `metadata` (defaults: the call's own values, "proposed", scope
+        the call's `env_id` or every environment without one).
         Returns (extraction id, lesson ids in order).
         """
         with self._write() as session:
@@ -131,6 +159,7 @@ class LessonsMixin(StoreMixin):
                         "status": status,
                         "pool": spec.get("pool", pool),
                         "env_id": spec.get("env_id", env_id),
+                        "scope": check_scope(spec.get("scope", _default_scope(spec.get("env_id", env_id)))),
                         "source_episode_ids": list(spec.get("source_episode_ids", episode_ids)),
                         "extraction_id": extraction.id,
                         "token_count": spec.get("token_count", 0),
@@ -209,6 +238,15 @@ class LessonsMixin(StoreMixin):
             for lesson in session.scalars(select(Lesson).where(Lesson.id.in_(ids))):
                 lesson.status, lesson.forgotten_at, lesson.updated_at = "retired", now, now
                 lesson.meta = {**(lesson.meta or {}), "forgotten": reason or "forgotten"}
+
+    def set_lesson_scope(self, lesson_ids: Iterable[int], scope: Sequence[str], trials: dict[str, Any]) -> None:
+        """Narrow lessons' scope to where their trial let them in; `trials` (per environment, its decision) goes
+        into their metadata as `scope_trials`, beside the scope they were proposed with."""
+        checked = check_scope(scope)
+        with self._write() as session:
+            for lesson in session.scalars(select(Lesson).where(Lesson.id.in_(list(lesson_ids)))):
+                lesson.meta = {**lesson.meta, "proposed_scope": lesson.scope, "scope_trials": trials}
+                lesson.scope, lesson.updated_at = checked, utcnow()
 
     def set_lesson_status(self, lesson_ids: Iterable[int], status: str, *, cycle_id: int | None = None) -> None:
         """Move lessons to `status` (and record the consolidating cycle, if given)."""

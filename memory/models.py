@@ -48,6 +48,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+from sqlalchemy import text as sql_text  # `text` is also a column name inside the models
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -317,7 +318,9 @@ class Lesson(Base):
     text: Mapped[str] = mapped_column(NulFreeText)
     status: Mapped[str] = mapped_column(NulFreeString(20), default="proposed")
     pool: Mapped[int] = mapped_column(Integer, default=0)
-    env_id: Mapped[str | None] = mapped_column(NulFreeString(200))
+    env_id: Mapped[str | None] = mapped_column(NulFreeString(200))  # where its evidence came from
+    # the environments whose prompts it may enter (`distill.lessons.scope`): ids, "family:NAME", or "*"
+    scope: Mapped[list[Any]] = mapped_column(default=lambda: ["*"], server_default=sql_text("'[\"*\"]'"))
     source_episode_ids: Mapped[list[Any]] = mapped_column(default=list)
     extraction_id: Mapped[int | None] = mapped_column(ForeignKey("extractions.id"))
     consolidated_cycle_id: Mapped[int | None] = mapped_column(ForeignKey("opcd_cycles.id"))

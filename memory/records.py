@@ -137,6 +137,7 @@ class LessonInfo:
     updated_at: dt.datetime
     metadata: dict[str, Any]
     forgotten_at: dt.datetime | None = None
+    scope: list[str] = dataclasses.field(default_factory=lambda: ["*"])  # see `distill.lessons.scope`
 
 
 @dataclass

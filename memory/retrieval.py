@@ -4,8 +4,9 @@ What (methods on `ExperienceStore`):
 - `search_episodes(query, k=5, *, run_id=, env_id=, outcome=, won=) -> list[SearchHit]`: past
   episodes whose summary (env, goal or task id, first observation) is most similar to `query`
   (the agent's optional few-shot examples); `hit.item` is an `EpisodeInfo` without steps.
-- `search_lessons(query, k=5, *, run_id=, status=, pool=, env_id=) -> list[SearchHit]`: the most
-  similar lessons (lesson curation's de-duplication); `hit.item` is a `LessonInfo`.
+- `search_lessons(query, k=5, *, run_id=, status=, pool=, env_id=, ids=) -> list[SearchHit]`: the most
+  similar lessons (an episode's lessons when more are in scope than its budget holds); `hit.item` is a
+  `LessonInfo`.
 - `embed_pending(kind=None) -> int`: compute and store the vectors that are missing (searches do
   this first on a writable store; the loop may call it after each phase to keep searches quick).
 - `reindex(*, progress=None) -> dict`: embed what is missing, then rebuild every index from the
@@ -31,7 +32,7 @@ Why this design:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -319,8 +320,10 @@ class RetrievalMixin:
         status: str | Sequence[str] | None = None,
         pool: int | None = None,
         env_id: str | None = None,
+        ids: Iterable[int] | None = None,
     ) -> list[SearchHit]:
-        """The k stored lessons most similar to `query`, best first."""
+        """The k stored lessons most similar to `query`, best first (among `ids` when given: the lessons an
+        episode may see, `agent_runtime.phases.extract.LessonContexts`)."""
         conditions = []
         if run_id is not None:
             conditions.append(Lesson.run_id == run_id)
@@ -330,4 +333,6 @@ class RetrievalMixin:
             conditions.append(Lesson.pool == pool)
         if env_id is not None:
             conditions.append(Lesson.env_id == env_id)
+        if ids is not None:
+            conditions.append(Lesson.id.in_(list(ids)))
         return self._search("lesson", query, k, conditions)

@@ -132,7 +132,7 @@ def test_an_item_that_restates_a_lesson_merges_into_it_even_below_the_threshold(
     cur.begin()
     cur.apply(propose(store, run_id, eps[0], "Look and inventory never help. When you see a coin, take coin."))
     assert [c.op for c in cur.apply(propose(store, run_id, eps[1], "Look never helps."))] == ["merge"]
-    assert cur.duplicate_of("Take coin.", 0) is not None
+    assert cur.duplicate_of("Take coin.", 0, ["toy/corridor"]) is not None
     assert [c.op for c in cur.apply(propose(store, run_id, eps[2], "Never take coin."))] == ["add"]
     assert [x.text for x in cur.working(0)] == [
         "Look and inventory never help. When you see a coin, take coin.",

@@ -20,9 +20,11 @@ ROOM = ["go east", "go west", "inventory", "look"]
 COIN = ["examine coin", "go back", "inventory", "look", "take coin"]
 
 
-def _store_episode(store, run_id, plays: list[tuple[str, list[str], str]], won: bool, task: str = "t"):
+def _store_episode(
+    store, run_id, plays: list[tuple[str, list[str], str]], won: bool, task: str = "t", env_id: str = "toy/coins"
+):
     """An episode whose steps chose `action` among `admissible` after `observation`."""
-    record = make_episode(len(plays), env_id="toy/coins", task_id=task, outcome="won" if won else "lost")
+    record = make_episode(len(plays), env_id=env_id, task_id=task, outcome="won" if won else "lost")
     for step, (action, admissible, observation) in zip(record.steps, plays):
         step.action, step.admissible_actions, step.observation = action, list(admissible), observation
     return store.add_episode(run_id, record)
@@ -148,6 +150,9 @@ class CoinRoom(TextEnv):
         return ("Taken." if won else "Nothing happens.", float(won), True, False, {"won": won})
 
 
+ENV = "tests.test_lessons_induce:CoinRoom"  # an induced lesson is tried in the environment its evidence came from
+
+
 def _config(**lessons):
     return config_from_dict(
         {
@@ -212,7 +217,7 @@ def test_a_planted_misleading_lesson_is_kept_out(tmp_path) -> None:
         for i in range(4):
             ids.append(
                 _store_episode(
-                    store, run_id, [("look", ["inventory", "look", "take coin"], "A room.")], True, task=f"train-{i}"
+                    store, run_id, [("look", ["inventory", "look", "take coin"], "A room.")], True, f"train-{i}", ENV
                 )
             )  # relabelled: looking never wins this game
             ids.append(
@@ -221,7 +226,8 @@ def test_a_planted_misleading_lesson_is_kept_out(tmp_path) -> None:
                     run_id,
                     [("take coin", ["inventory", "look", "take coin"], "A room.")],
                     False,
-                    task=f"train-{i}",
+                    f"train-{i}",
+                    ENV,
                 )
             )
         for e in ids:
@@ -324,8 +330,9 @@ def _search(findings, wins_with, live=()):
     played = []
 
     def outcomes(lessons):
-        played.append(list(lessons))
-        return {i: wins_with(set(lessons), i) for i in range(8)}
+        texts = [x if isinstance(x, str) else x.text for x in lessons]  # induced lessons come scoped to their env
+        played.append(texts)
+        return {i: wins_with(set(texts), i) for i in range(8)}
 
     bar = SimpleNamespace(update=lambda *a: None)
     trials, _, final, joint = _try_lessons(findings, list(live), outcomes, settings, bar)

@@ -1,7 +1,8 @@
 """The `lessons` commands: the agent's lessons, their provenance and versions, and a person's own lessons.
 
     agent-runtime lessons list|show|diff|rollback [--workdir DIR | --db URL] [--run ID] [--json]
-    agent-runtime lessons add TEXT [TEXT ...] [--workdir DIR | --db URL] [--run ID] [--config CONFIG.yaml] [--json]
+    agent-runtime lessons add TEXT [TEXT ...] [--workdir DIR | --db URL] [--run ID] [--config CONFIG.yaml]
+                              [--env ID ...] [--json]
     agent-runtime lessons retire ID [ID ...] [--workdir DIR | --db URL] [--run ID] [--json]
     agent-runtime lessons forget ID [--workdir DIR | --db URL] [--yes] [--json]
 
@@ -149,6 +150,7 @@ def _add_target(args, config) -> str:
 def cmd_lessons_add(args) -> int:
     from agent_runtime.config import load_config
     from agent_runtime.phases.extract import add_lessons, add_seed_lessons
+    from distill.lessons.scope import GLOBAL, ScopeError, normalize_scope
     from memory import ExperienceStore
     from memory.embeddings import make_embedder
 
@@ -173,8 +175,12 @@ def cmd_lessons_add(args) -> int:
         run_config = _run_config(run)
         spec = run_config.lessons.embedder or run_config.memory.embedder
         embedder = make_embedder(spec) if spec else None
+        try:
+            scope = normalize_scope(args.env, known=[e.id for e in run_config.envs]) if args.env else GLOBAL
+        except ScopeError as exc:
+            raise UsageError(f"--env: {exc}") from None
         seeded = add_seed_lessons(run_config, store, run.id) if created else None
-        result = add_lessons(run_config, store, run.id, args.text, embedder=embedder, note="lessons add")
+        result = add_lessons(run_config, store, run.id, args.text, embedder=embedder, note="lessons add", scope=scope)
     payload = {**result.to_dict(), "created_run": created, "seed": seeded.to_dict() if seeded is not None else None}
     head = [f"created run {run.id} ({run.name}) from {args.config}" if created else f"run {run.id} ({run.name})"]
     print_result(args, payload, head + result.lines())
@@ -258,7 +264,12 @@ an extraction by "user" without episodes) and make ONE new lesson-set version:
 - with the gate on, a candidate: the gate needs the policy and the environments, so the loop plays it
   as soon as it runs again (agent-runtime run CONFIG --resume), before it plays an episode.
 With --config and no run of that name in the store, the run is created from the config (with its
-lessons.seed), so that `agent-runtime run CONFIG --resume --workdir W` continues it."""
+lessons.seed), so that `agent-runtime run CONFIG --resume --workdir W` continues it.
+
+Scope: --env ID (repeatable) says which of the run's environments the lessons are for; an id the run does not
+have is an error naming the run's environments. Without --env a lesson is proposed for every environment: the
+gate tries it in each, and it goes live only in those where it raised success (never where it lowered it); with
+--env the gate's own rule applies in the named ones. With the gate off a lesson is live at once in its scope."""
 
 RETIRE_HELP = """Take lessons out of the live set: a new live version without them (and a pending candidate
 is written again without them); their status becomes retired. A lesson added to several pools has one id
@@ -299,6 +310,13 @@ def register(sub) -> None:
     add.add_argument("text", nargs="+", help="one lesson per argument: one general rule in one sentence")
     add.add_argument("--run", type=int, help="the run (default: the run of --config's name, else the newest)")
     add.add_argument("--config", type=Path, help="a run config: its run is used, or created if the store has none")
+    add.add_argument(
+        "--env",
+        action="append",
+        metavar="ID",
+        help="an environment of the run the lessons are for (repeatable; family:NAME for a family); without it they "
+        "are proposed for every environment and, with the gate on, go live where their trial raised success",
+    )
     retire = add_command(
         lsub, "retire", cmd_lessons_retire, "take lessons out of the live set (a new version)", description=RETIRE_HELP
     )

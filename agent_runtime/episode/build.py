@@ -10,6 +10,7 @@ unless the entry sets `cache_dir`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import environments
@@ -17,6 +18,7 @@ from agent_runtime.config import RunConfig
 from agent_runtime.episode.prompt import PromptBuilder, resolve_action_mode
 from agent_runtime.episode.runner import EnvSlotSpec
 from agent_runtime.llm.base import PolicyBackend, SamplingParams
+from distill.lessons.scope import ScopedLesson, for_env
 from environments.game_cache import run_games_dir
 from environments.registry import check_env_id
 
@@ -48,9 +50,11 @@ def build_prompt_builders(
     config: RunConfig,
     specs: list[EnvSlotSpec],
     backend: PolicyBackend,
-    lessons: list[str] | None = None,
+    lessons: Sequence[str | ScopedLesson] | None = None,
     context: str | None = None,
 ) -> list[PromptBuilder]:
+    """One prompt builder per environment; each shows the `lessons` in scope for its environment (a plain
+    string is a lesson for every environment: `distill.lessons.scope.for_env`)."""
     agent = config.agent
     return [
         PromptBuilder(
@@ -62,7 +66,7 @@ def build_prompt_builders(
             history_shows_admissible=agent.history_shows_admissible,
             max_history_turns=agent.max_history_turns,
             reserve_tokens=config.model.max_new_tokens,
-            lessons=list(lessons or []),
+            lessons=for_env(lessons or [], spec.env_id, spec.family),
             action_mode=resolve_action_mode(agent.action_mode, spec.family),
             context=context,
         )

@@ -132,6 +132,7 @@ class EpisodeRunner:
         examples_for: Callable[[str, str, str], list[str]] | None = None,
         explore: float = 0.0,
         lender: EnvLender | None = None,
+        choose_lessons: Callable[[EpisodeContext, str, str, str], EpisodeContext] | None = None,
     ):
         assert len(envs) == len(builders), "one prompt builder per environment"
         assert 0.0 <= explore <= 1.0, f"explore is a share of decisions, got {explore}"
@@ -146,6 +147,8 @@ class EpisodeRunner:
         self.adapter_id = adapter_id
         self.context_for = context_for or (lambda draw: NO_CONTEXT)
         self.examples_for = examples_for
+        # (context, env id, goal, first observation) -> the lessons the episode shows, once its game is reset
+        self.choose_lessons = choose_lessons
         self.explore = explore  # share of choice decisions drawn uniformly from the set (PLAY's exploration)
         self.lender = lender
         self._instances: list[dict[int, object]] = [{} for _ in range(slots)]
@@ -205,9 +208,10 @@ class EpisodeRunner:
             self._drop_env(slot, draw.env_index)
             ep = _Episode(draw, None, "", {}, started, context, fingerprint=fingerprint)
             return self._record(ep, "error", False, f"reset failed: {type(exc).__name__}: {exc}")
-        examples = (
-            self.examples_for(self.envs[draw.env_index].env_id, draw.task_id, observation) if self.examples_for else []
-        )
+        env_id = self.envs[draw.env_index].env_id
+        if self.choose_lessons is not None and context.lessons:
+            context = self.choose_lessons(context, env_id, str((info or {}).get("goal") or ""), observation)
+        examples = self.examples_for(env_id, draw.task_id, observation) if self.examples_for else []
         self._live[slot] = _Episode(
             draw, env, observation, dict(info or {}), started, context, examples, fingerprint=fingerprint
         )

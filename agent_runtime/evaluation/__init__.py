@@ -10,10 +10,13 @@ Reuse between calls: one OPCD cycle evaluates 5-9 times and the lesson gate and 
 environments. An `EnvPool` (by default one per process, closed at exit or by `close_env_pool`) keeps what a call
 built for the next one: the environment specs and task lists (keyed by the env entries, the split, the workdir
 and its game cache) and the started environment instances (a TextWorld game's interpreter process: a fresh one
-costs 0.12-0.25 s to start, a reused one ~0.02 s to load another game), keyed by the entry that builds them, workdir
-and game cache. The runner borrows instances from it and gives back, after the run, those that are between
+costs 0.12-0.25 s to start, a reused one ~0.02 s to load another game), keyed by the entry that builds them, the
+split, workdir and game cache. The runner borrows instances from it and gives back, after the run, those that are between
 episodes; every episode `reset`s its instance onto its task and seed, so the outcome is the one a fresh
-instance gives. An instance whose reset or step failed is closed, never given back, and after a run that raised
+instance gives when the environment keeps the contract (`check_env` plays a reused instance against a fresh one).
+An instance is never lent across splits: one that a cycle's validation games or anchor play used on the train
+split would carry whatever a faulty reset left behind (a key picked up in a train game) into the held-out
+evaluation, which must score the same on any pool as on a fresh one. An instance whose reset or step failed is closed, never given back, and after a run that raised
 nothing is given back. `reuse=False` builds everything anew, as before.
 """
 
@@ -25,7 +28,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +39,7 @@ from agent_runtime.episode.build import build_envs, build_prompt_builders
 from agent_runtime.episode.runner import Draw, EnvSlotSpec, EpisodeRunner
 from agent_runtime.llm.base import PolicyBackend, SamplingParams
 from distill.lessons.gate import wilson_interval
+from distill.lessons.scope import ScopedLesson
 from environments.game_cache import run_games_dir
 from environments.registry import check_env_id
 from memory import EpisodeRecord
@@ -74,12 +78,17 @@ class EvalResult:
         )
 
 
-def _entry_key(entry: EnvEntry, workdir: Path, *, whole: bool) -> str:
+def _entry_key(entry: EnvEntry, workdir: Path, split: str, *, whole: bool) -> str:
     """What decides an entry's spec (`whole`: the whole entry) or what its factory builds (its id and keyword
-    arguments), with the workdir and its game cache."""
+    arguments), with the split the instances play, the workdir and its game cache."""
     what = entry.model_dump(mode="json") if whole else {"id": entry.id, "kwargs": entry.kwargs}
     return json.dumps(
-        {"entry": what, "workdir": str(Path(workdir).resolve()), "games": str(run_games_dir(workdir).resolve())},
+        {
+            "entry": what,
+            "split": split,
+            "workdir": str(Path(workdir).resolve()),
+            "games": str(run_games_dir(workdir).resolve()),
+        },
         sort_keys=True,
         default=repr,
     )
@@ -110,11 +119,12 @@ class EnvPool:
     def envs(
         self, config: RunConfig, workdir: Path, split: str
     ) -> tuple[list[EnvSlotSpec], list[list[str]], list[str]]:
-        """`build_envs(config, workdir, split)`, built once per key; and each spec's instance key."""
+        """`build_envs(config, workdir, split)`, built once per key; and each spec's instance key (the split's own:
+        instances are never lent across splits)."""
         for entry in config.envs:  # the code-trust check runs on every call, as build_envs does
             check_env_id(entry.id)
-        keys = [_entry_key(entry, workdir, whole=False) for entry in config.envs]
-        spec_key = (tuple(_entry_key(entry, workdir, whole=True) for entry in config.envs), split)
+        keys = [_entry_key(entry, workdir, split, whole=False) for entry in config.envs]
+        spec_key = tuple(_entry_key(entry, workdir, split, whole=True) for entry in config.envs)
         with self._lock:
             self._same_process()
             built = self._specs.get(spec_key)
@@ -205,7 +215,7 @@ def evaluate(
     workdir: Path,
     backend: PolicyBackend,
     *,
-    lessons: list[str] | None = None,
+    lessons: Sequence[str | ScopedLesson] | None = None,
     episodes_per_env: int | None = None,
     slots: int | None = None,
     split: str = "eval",
@@ -215,7 +225,8 @@ def evaluate(
     on_record: Callable[[EpisodeRecord], None] | None = None,
 ) -> list[EvalResult]:
     """Play the first N tasks of `split` (the held-out eval split by default) of every environment of the
-    config; return one result per environment. `context`: a system prompt appended to every system message
+    config; return one result per environment. `lessons`: each environment's prompt shows those in its scope (a
+    plain string: every environment). `context`: a system prompt appended to every system message
     (a system-prompt distillation cycle's "with context" conditions). `pool`: where specs and started
     instances are kept between calls (default: this process's, `env_pool()`); `reuse=False`: none kept.
     `on_record`: called with each finished episode's whole record (its steps), for a caller that needs the turns."""

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from agent_runtime.config import ModelConfig, RunConfig
 from agent_runtime.episode.runner import Draw, EpisodeContext
 from agent_runtime.llm.base import BackendError, PolicyBackend, SamplingParams, TokenizerBackend
+from agent_runtime.phases.trials import GameTrials, gate_candidate, scoped
 from agent_runtime.run import Run
 from agent_runtime.run.cursor import CursorMove
 from distill.chat_tokens import encode_text
@@ -51,7 +52,9 @@ from distill.lessons import (
     store_gate_decision,
     store_utilities,
 )
+from distill.lessons.curate import render_lessons
 from distill.lessons.safety import prompt_lessons
+from distill.lessons.scope import GLOBAL, ScopedLesson, in_scope
 from memory import ExperienceStore
 
 log = logging.getLogger("agent_runtime.lessons")
@@ -100,6 +103,7 @@ def add_lessons(
     backend: PolicyBackend | None = None,
     embedder=None,
     note: str = "",
+    scope: Sequence[str] = GLOBAL,
 ) -> UserAddResult:
     """Add lessons a person wrote to every pool of the run (`distill.lessons.add_user_lessons`): a candidate
     for the gate the loop runs before it next plays when `user_lessons_gated(config)`, else live. The budget
@@ -114,6 +118,7 @@ def add_lessons(
         embedder=embedder,
         candidate=user_lessons_gated(config),
         note=note,
+        scope=scope,
     )
 
 
@@ -141,13 +146,44 @@ def extractor_backend(config: RunConfig, policy: PolicyBackend) -> PolicyBackend
 
 
 class LessonContexts:
-    """The live lessons, one pool drawn per episode (seeded by the draw, so a resumed run draws the same)."""
+    """The live lessons an episode shows: one pool drawn per episode (seeded by the draw, so a resumed run draws the
+    same), of it the lessons in scope for the draw's environment (`distill.lessons.scope`), and of those, when
+    they hold more than `lessons.budget_tokens` (or `lessons.context_lessons`), the most relevant to the
+    episode's goal and first observation (`choose`: the store's lesson index, after the environment's reset)."""
 
     REFRESH_SECONDS = 2.0  # how stale the lessons of a new draw may be after a person changed the live set
 
-    def __init__(self, store: ExperienceStore, run_id: int, pools: int, seed: int):
+    def __init__(
+        self,
+        store: ExperienceStore,
+        run_id: int,
+        pools: int,
+        seed: int,
+        *,
+        envs: Sequence[tuple[str, str]] = (),
+        budget_tokens: int | None = None,
+        max_lessons: int = 0,
+        count_tokens: Callable[[str], int] | None = None,
+    ):
         self.store, self.run_id, self.pools, self.seed = store, run_id, pools, seed
+        self.envs = list(envs)  # (env id, family) per env index of the draws; none: every lesson everywhere
+        self.budget_tokens, self.max_lessons = budget_tokens, max_lessons
+        self.count_tokens = count_tokens or (lambda text: len(text.split()))
         self.reload()
+
+    @classmethod
+    def for_run(cls, run: Run, envs: Sequence[tuple[str, str]] = ()) -> LessonContexts:
+        settings = run.config.lessons
+        return cls(
+            run.store,
+            run.id,
+            settings.pools,
+            settings.pool_seed,
+            envs=envs,
+            budget_tokens=settings.budget_tokens,
+            max_lessons=settings.context_lessons,
+            count_tokens=config_token_counter(run.config.model),
+        )
 
     def reload(self) -> None:
         version, lessons = live_lessons(self.store, self.run_id)
@@ -169,10 +205,37 @@ class LessonContexts:
             self.reload()
 
     def for_draw(self, draw: Draw) -> EpisodeContext:
+        """The drawn pool's lessons in scope for the draw's environment (all of them: `choose` fits the budget)."""
         self.refresh()
         pool = random.Random(f"pool:{self.seed}:{draw.index}").randrange(self.pools) if self.pools > 1 else 0
         lessons = self.by_pool.get(pool, [])
+        if self.envs:
+            env_id, family = self.envs[draw.env_index]
+            lessons = [x for x in lessons if in_scope(x.scope, env_id, family)]
         return EpisodeContext(tuple(x.text for x in lessons), tuple(x.id for x in lessons), self.version)
+
+    def fits(self, texts: Sequence[str]) -> bool:
+        if self.max_lessons and len(texts) > self.max_lessons:
+            return False
+        return self.budget_tokens is None or self.count_tokens(render_lessons(texts)) <= self.budget_tokens
+
+    def choose(self, context: EpisodeContext, env_id: str, goal: str, observation: str) -> EpisodeContext:
+        """`context` when its lessons fit the budget; else the most relevant of them that fit, by cosine similarity
+        of each lesson to the episode's environment, goal and first observation (the store's lesson index), shown
+        in their live order so that the prompt's lesson block stays a stable prefix."""
+        if self.fits(context.lessons):
+            return context
+        query = "\n".join(x for x in (env_id, goal, observation) if x)
+        hits = self.store.search_lessons(query, k=len(context.lesson_ids), ids=context.lesson_ids)
+        ranked = [h.item.id for h in hits] + [i for i in context.lesson_ids if i not in {h.item.id for h in hits}]
+        text = dict(zip(context.lesson_ids, context.lessons))
+        chosen: list[int] = []
+        for lesson_id in ranked:
+            trial = [i for i in context.lesson_ids if i in {*chosen, lesson_id}]
+            if self.fits([text[i] for i in trial]):
+                chosen.append(lesson_id)
+        kept = [i for i in context.lesson_ids if i in set(chosen)]
+        return EpisodeContext(tuple(text[i] for i in kept), tuple(kept), context.version)
 
     def texts(self, pool: int = 0) -> list[str]:
         return [x.text for x in self.by_pool.get(pool, [])]
@@ -264,7 +327,7 @@ def _extract(run: Run, backend: PolicyBackend, episode_ids: list[int]) -> Extrac
     pending = pending_user_candidate(store, run_id)
     user_gate = None
     if gated and pending is not None:  # a person's lessons, added while the gate was on, are gated first
-        user_gate = _gate(run, backend, curator, pending.version)
+        user_gate = gate_candidate(run, backend, curator, pending.version).reason
     held = run.held
     held.check([store.episode(i) for i in episode_ids], "EXTRACT")
     report = ExtractReport(len(episode_ids), 0, 0, 0, None, None, 0, user_gate)
@@ -287,7 +350,7 @@ def _extract(run: Run, backend: PolicyBackend, episode_ids: list[int]) -> Extrac
         report.contrastive = result.contrastive_extractions
         report.version = version.version if version else None
         if gated and version is not None:
-            report.gate = _gate(run, backend, curator, version.version)
+            report.gate = gate_candidate(run, backend, curator, version.version).reason
     if settings.method in ("evidence", "both"):
         report.induced, version = _induce(run, backend, curator, episode_ids, held.usable)
         report.version = version if version is not None else report.version
@@ -325,10 +388,8 @@ def _induce(
     if not findings:
         return [], None
 
-    def outcomes(lessons: list[str]) -> dict:
-        return gate_outcomes(run, backend, lessons)
-
-    texts = [x.text for x in current]
+    outcomes = GameTrials(run, backend)
+    texts = scoped(current)
     with tqdm(
         total=len(findings) + 2, desc="EXTRACT: trying induced lessons", unit="set", file=sys.stderr, disable=None
     ) as bar:
@@ -404,8 +465,13 @@ def _induce(
     return trials, result.version.version
 
 
+def _scoped(finding) -> ScopedLesson:
+    """An induced lesson as it is tried: in the prompts of the environment whose evidence produced it."""
+    return ScopedLesson(finding.text, (finding.env_id,))
+
+
 def _try_lessons(
-    findings: list, texts: list[str], outcomes, settings, bar
+    findings: list, texts: list[ScopedLesson], outcomes, settings, bar
 ) -> tuple[list[dict], dict, dict, dict | None]:
     """Which induced lessons earn their place, on the gate's games (paired, same tasks and seeds).
 
@@ -432,7 +498,7 @@ def _try_lessons(
 
     start = outcomes(texts)
     bar.update()
-    together = outcomes([*texts, *(f.text for f in findings)]) if len(findings) > 1 else None
+    together = outcomes([*texts, *map(_scoped, findings)]) if len(findings) > 1 else None
     bar.update()
     joint = (
         None
@@ -446,7 +512,7 @@ def _try_lessons(
         kept, best = list(findings), together
         for finding in reversed(findings):  # the weakest evidence first
             rest = [f for f in kept if f is not finding]
-            without = outcomes([*texts, *(f.text for f in rest)]) if rest else start
+            without = outcomes([*texts, *map(_scoped, rest)]) if rest else start
             needed = raises(without, best)
             decided[finding.text] = verdict(finding, without, best, needed)
             if not needed:
@@ -455,22 +521,14 @@ def _try_lessons(
         return [decided[f.text] for f in findings], start, best, joint
     reference, accepted = start, []
     for finding in findings:
-        trial = outcomes([*texts, *accepted, finding.text])
+        trial = outcomes([*texts, *accepted, _scoped(finding)])
         raised = raises(reference, trial)
         decided[finding.text] = verdict(finding, reference, trial, raised)
         if raised:
-            accepted.append(finding.text)
+            accepted.append(_scoped(finding))
             reference = trial
         bar.update()
     return [decided[f.text] for f in findings], start, reference, joint
-
-
-def gate_outcomes(run: Run, backend: PolicyBackend, lessons: list[str]) -> dict:
-    """Who won each of the gate's games (`lessons.gate_episodes` of `lessons.gate_split`, fixed seeds) with `lessons`
-    in context: {(env id, task id, seed): won}, what `decide_gate` pairs."""
-    settings = run.config.lessons
-    results = run.evaluate(backend, lessons=lessons, episodes_per_env=settings.gate_episodes, split=settings.gate_split)
-    return {(r.env_id, e["task_id"], e["seed"]): e["won"] for r in results for e in r.episodes}
 
 
 def learnable_recent(run: Run, n: int) -> list[int]:
@@ -494,30 +552,4 @@ def gate_user_lessons(run: Run, backend: PolicyBackend) -> str | None:
     curator = LessonCurator.from_settings(
         store, run_id, config.lessons, count_tokens=text_token_counter(backend), utilities=load_utilities(store, run_id)
     )
-    return _gate(run, backend, curator, pending_user_candidate(store, run_id).version)
-
-
-def _gate(run: Run, backend: PolicyBackend, curator: LessonCurator, candidate_version: int) -> str:
-    store, run_id, settings = run.store, run.id, run.config.lessons
-    live, current = live_lessons(store, run_id, pool=0)
-    candidate_set = next(s for s in store.lesson_sets(run_id) if s.version == candidate_version)
-    by_id = {x.id: x for x in store.lessons(run_id, ids=candidate_set.lesson_ids)}
-    candidate = [by_id[i].text for i in candidate_set.lesson_ids if by_id[i].pool == 0]
-
-    def outcomes(lessons: list[str]) -> dict:
-        return gate_outcomes(run, backend, lessons)
-
-    decision = decide_gate(outcomes([x.text for x in current]), outcomes(candidate), margin=settings.gate_margin)
-    store_gate_decision(
-        store,
-        decision,
-        run_id=run_id,
-        env_id="*",
-        current_version=live.version if live else None,
-        candidate_version=candidate_version,
-    )
-    if decision.promote:
-        curator.promote(candidate_version, note=decision.reason)
-    else:
-        curator.reject(candidate_version, note=decision.reason)
-    return decision.reason
+    return gate_candidate(run, backend, curator, pending_user_candidate(store, run_id).version).reason

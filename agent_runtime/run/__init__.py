@@ -36,6 +36,12 @@ class Run:
         """The held-out evaluation tasks, by task id and first observation (kept out of every learning input)."""
         return held_out(self.config, self.workdir)
 
+    @cached_property
+    def families(self) -> dict[str, str]:
+        """Each environment's prompt family by id (what a `family:NAME` lesson scope names)."""
+        specs, _, _ = self.pool.envs(self.config, self.workdir, "train")
+        return {spec.env_id: spec.family for spec in specs}
+
     def evaluate(self, backend, *, envs: list[EnvEntry] | None = None, **kwargs) -> list[EvalResult]:
         """`agent_runtime.evaluation.evaluate` on this run's environments (or `envs` instead), from its pool."""
         if envs is not None:  # entries or their dicts, validated as the config's own

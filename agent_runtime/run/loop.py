@@ -201,7 +201,7 @@ class AgentLoop:
             self.state, self.phase = RunState(), "PLAY"
             add_seed_lessons(config, self.store, self.run_id, self._backend)
         self.the_run = Run(self.config, self.workdir, self.store, self.run_id)  # what the phases are given
-        self.lessons = LessonContexts(self.store, self.run_id, config.lessons.pools, config.lessons.pool_seed)
+        self.lessons = LessonContexts.for_run(self.the_run, [(e.env_id, e.family) for e in self.envs])
         self.adapter = self.store.active_adapter(self.run_id)
         if self.adapter is not None and self._backend is not None:
             activate(self._backend, self.adapter)
@@ -384,6 +384,7 @@ class AgentLoop:
             self.store,
             self.run_id,
             context_for=self.lessons.for_draw,
+            choose_lessons=self.lessons.choose,
             should_stop=lambda: self.stop_requested,
             on_commit=on_commit,
         )

@@ -175,6 +175,7 @@ class PlaySession:
         context_for: Callable[[Draw], EpisodeContext],
         should_stop: Callable[[], bool],
         on_commit: Callable[[RunState], None] | None = None,
+        choose_lessons: Callable[[EpisodeContext, str, str, str], EpisodeContext] | None = None,
     ):
         self.state = state
         self.schedule = schedule
@@ -182,6 +183,7 @@ class PlaySession:
         self.store = store
         self.run_id = run_id
         self.context_for = context_for
+        self.choose_lessons = choose_lessons  # fits an episode's lessons to the budget once its game is reset
         self.should_stop = should_stop
         self._on_commit = on_commit or (lambda state: None)
         self._reopen = list(state.open_draws)  # draws to play first, in order
@@ -271,6 +273,7 @@ class LocalExecutor:
             slots=self.config.runtime.slots,
             policy_name=self.config.model.name,
             context_for=session.context_for,
+            choose_lessons=session.choose_lessons,
             adapter_id=adapter.id if adapter else None,
             examples_for=self.examples_for,
             explore=self.config.agent.explore,

@@ -389,6 +389,14 @@ class RayExecutor:
             raise stale
         return results
 
+    def _fitted(self, session: PlaySession, draw: Draw) -> EpisodeContext:
+        """The draw's lessons fitted to the budget here, before the game is reset on a worker: their relevance is
+        judged on the environment and task alone (a local run also reads the first observation)."""
+        context = session.context_for(draw)
+        if session.choose_lessons is None or not context.lessons:
+            return context
+        return session.choose_lessons(context, self._env_ids[draw.env_index], draw.task_id, "")
+
     def play(self, session: PlaySession, adapter: AdapterInfo | None) -> None:
         """One PLAY phase on the workers: the session's draws, each finished episode committed through it."""
         ray = self._ray
@@ -399,7 +407,7 @@ class RayExecutor:
         def dispatch(worker: int) -> None:
             batch = []
             while len(self.assigned[worker]) < self.slots[worker] and (draw := session.next_draw()) is not None:
-                batch.append((draw, session.context_for(draw)))
+                batch.append((draw, self._fitted(session, draw)))
                 self.assigned[worker].add(draw.index)
             if self.assigned[worker]:
                 pending[self.workers[worker].advance.remote(batch)] = worker

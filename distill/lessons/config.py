@@ -72,7 +72,16 @@ class LessonsConfig(StrictConfig):
         1, ge=1, description="episodes per pool extracted against the same lessons (1: strictly sequential)"
     )
     budget_tokens: int = Field(
-        256, ge=0, description="tokens of the rendered lesson block per pool (paper: 8192 games, 16384 math)"
+        256,
+        ge=0,
+        description="tokens of the rendered lesson block per pool and scope (paper: 8192 games, 16384 math); an "
+        "episode whose environment has more lessons in scope gets the most relevant that fit",
+    )
+    context_lessons: int = Field(
+        0,
+        ge=0,
+        description="at most this many lessons in an episode's prompt, the most relevant to its goal and first "
+        "observation (0: as many as fit budget_tokens)",
     )
     pools: int = Field(1, ge=1, description="independent lesson pools (paper: 10); one is drawn per prompt")
     pool_seed: int = Field(

@@ -27,10 +27,12 @@ How each proposal is decided (the documented rule):
      row that keeps the existing text and position and the union of both provenances (source
      episodes; `merged_from` and `extraction_ids` in its metadata);
    - otherwise the item is ADDED at the end.
-4. After each proposal the pool is cut to `budget_tokens`, counted with `count_tokens` on
-   `render_lessons(pool)` -- exactly, so the budget is never exceeded -- by dropping the lesson with
-   the lowest utility first (measured utility from `distill.lessons.gate`, 0 when unknown; a merged
-   lesson inherits the best of its predecessors'), then the oldest (lowest position).
+   Only lessons of the same scope (`distill.lessons.scope`) are compared: a lesson of another environment is
+   never merged into, replaced by or mistaken for a duplicate of this one.
+4. After each proposal each scope's lessons in the pool are cut to `budget_tokens`, counted with
+   `count_tokens` on their `render_lessons` -- exactly, so a scope's budget is never exceeded -- by dropping
+   the lesson with the lowest utility first (measured utility from `distill.lessons.gate`, 0 when unknown; a
+   merged lesson inherits the best of its predecessors'), then the oldest (lowest position).
 
 Why: lessons enter every prompt, so the set must stay small and non-redundant; contradictions are
 resolved in favour of newer evidence (the gate catches a newer item that is wrong); merging keeps the
@@ -49,6 +51,7 @@ import numpy as np
 
 from distill.lessons import versions
 from distill.lessons.extract import ITEM_PREFIX, Proposal
+from distill.lessons.scope import GLOBAL
 
 if TYPE_CHECKING:
     from memory import ExperienceStore, LessonInfo, LessonSetInfo
@@ -69,6 +72,10 @@ def render_lessons(texts: Iterable[str]) -> str:
     if not texts:
         return ""
     return HEADER + "\n" + "\n".join(f"{ITEM_PREFIX} {t}" for t in texts)
+
+
+def same_scope(a: LessonInfo, b: LessonInfo) -> bool:
+    return tuple(a.scope) == tuple(b.scope)
 
 
 def has_negation(text: str) -> bool:
@@ -301,10 +308,12 @@ class LessonCurator:
             pool.pop(at)
             pool.append(new)
             return [Change("update", p, new.id, proposal.target, reason="UPDATE instruction")]
-        if not pool:
+        peers = [i for i, x in enumerate(pool) if same_scope(x, new)]  # lessons of other scopes never merge
+        if not peers:
             pool.append(new)
-            return [Change("add", p, new.id, None, reason="empty pool")]
-        best, similarity, identical = self._nearest(new.text, pool)
+            return [Change("add", p, new.id, None, reason="empty pool" if not pool else "new scope")]
+        nearest, similarity, identical = self._nearest(new.text, [pool[i] for i in peers])
+        best = peers[nearest]
         opposite = has_negation(pool[best].text) != has_negation(new.text)
         if not identical and opposite and similarity >= self.conflict_threshold:
             old = pool.pop(best)
@@ -330,11 +339,11 @@ class LessonCurator:
         best = identical[0] if identical else int(np.argmax(sims))
         return best, float(sims[best]), bool(identical)
 
-    def duplicate_of(self, text: str, pool: int) -> tuple[LessonInfo, float] | None:
-        """The working lesson that `text` would be merged into by `apply` (identical, or at least
-        `merge_threshold` similar without opposite polarity), with the similarity; None if it is new."""
+    def duplicate_of(self, text: str, pool: int, scope: Sequence[str] = GLOBAL) -> tuple[LessonInfo, float] | None:
+        """The working lesson of the same `scope` that `text` would be merged into by `apply` (identical, or at
+        least `merge_threshold` similar without opposite polarity), with the similarity; None if it is new."""
         assert self._work is not None, "call begin() before duplicate_of()"
-        members = self._work.get(pool, [])
+        members = [x for x in self._work.get(pool, []) if tuple(x.scope) == tuple(scope)]
         if not members:
             return None
         best, similarity, identical = self._nearest(text, members)
@@ -380,6 +389,7 @@ class LessonCurator:
             extraction_id=proposal.extraction_id,
             token_count=like.token_count if text == like.text else self.count_tokens(text),
             metadata=metadata,
+            scope=like.scope,
         )
         self._created.append(lesson_id)
         return self.store.get_lesson(lesson_id)
@@ -389,13 +399,24 @@ class LessonCurator:
         assert self._work is not None, "call begin() before tokens()"
         return self.count_tokens(render_lessons(x.text for x in self._work.get(pool, [])))
 
+    def _over_budget(self, pool: list[LessonInfo]) -> tuple[str, ...] | None:
+        """A scope whose lessons in `pool` render to more than the budget, or None."""
+        for scope in dict.fromkeys(tuple(x.scope) for x in pool):
+            texts = [x.text for x in pool if tuple(x.scope) == scope]
+            if self.count_tokens(render_lessons(texts)) > self.budget_tokens:
+                return scope
+        return None
+
     def enforce_budget(self, pool_index: int) -> list[Change]:
-        """Cut a working pool to the budget (lowest utility, then oldest, first); returns the drops."""
+        """Cut a working pool so that each scope's lessons fit the budget (lowest utility, then oldest, first);
+        returns the drops. Each scope has a budget of its own: a new environment's lessons never push out an
+        earlier one's (an episode whose scopes together hold more gets the most relevant, `LessonContexts`)."""
         assert self._work is not None, "call begin() before enforce_budget()"
         pool = self._work[pool_index]
         dropped = []
-        while pool and self.tokens(pool_index) > self.budget_tokens:
-            victim = min(range(len(pool)), key=lambda i: (self.utility(pool[i]), i))
+        while (scope := self._over_budget(pool)) is not None:
+            members = [i for i, x in enumerate(pool) if tuple(x.scope) == scope]
+            victim = min(members, key=lambda i: (self.utility(pool[i]), i))
             lesson = pool.pop(victim)
             dropped.append(
                 Change(

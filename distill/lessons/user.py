@@ -45,6 +45,7 @@ from distill.lessons.curate import Change, LessonCurator, render_lessons
 from distill.lessons.errors import UnknownLessonError
 from distill.lessons.extract import Proposal, parse_operation
 from distill.lessons.safety import redact_secrets, replace_lone_surrogates, screen_item
+from distill.lessons.scope import GLOBAL
 from memory import LESSON_SOURCE_USER
 
 if TYPE_CHECKING:
@@ -180,8 +181,10 @@ def add_user_lessons(
     embedder: Embedder | None = None,
     candidate: bool = False,
     note: str = "",
+    scope: Sequence[str] = GLOBAL,
 ) -> UserAddResult:
-    """Screen, record, curate into every pool and version the texts a person wrote (see module doc)."""
+    """Screen, record, curate into every pool and version the texts a person wrote (see module doc). `scope`: the
+    environments they are proposed for (`distill.lessons.scope`; a gated run tries them in each)."""
     curator = LessonCurator.from_settings(store, run_id, settings, count_tokens=count_tokens, embedder=embedder)
     pending = pending_user_candidate(store, run_id)
     curator.begin(pending.version if pending is not None else None)
@@ -191,14 +194,15 @@ def add_user_lessons(
         if item.status != "added":
             continue
         for pool in range(curator.pools):
-            found = curator.duplicate_of(item.text, pool)
+            found = curator.duplicate_of(item.text, pool, scope)
             if found is None:
                 specs.append(
                     {
                         "text": item.text,
                         "pool": pool,
+                        "scope": list(scope),
                         "token_count": count_tokens(item.text),
-                        "metadata": {"source": LESSON_SOURCE_USER},
+                        "metadata": {"source": LESSON_SOURCE_USER, "proposed_scope": list(scope)},
                     }
                 )
             else:

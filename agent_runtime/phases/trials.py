@@ -1,0 +1,147 @@
+"""Lesson trials per environment: the gate's games played with a set of lessons, and the gate's decision in each
+environment a candidate lesson set would change.
+
+A lesson is evidence about the environment it came from (`distill.lessons.scope`), so a candidate is judged where
+it would act: in each environment whose prompt it changes, on that environment's gate games (`lessons.gate_episodes`
+of `lessons.gate_split`, fixed seeds), paired against the live set. What it decides, per new lesson:
+- proposed for named environments (an induced or extracted lesson: its own; a person's with `lessons add --env`):
+  live in each where the gate's rule lets it (success not lower by more than `lessons.gate_margin`);
+- proposed for every environment (a person's lesson without `--env`), in a run of several: live only where its
+  trial raised success, never where it lowered it or changed nothing. In a run of one environment the gate's own
+  rule decides, as before scopes.
+A lesson is narrowed to the environments that let it in (its scope rewritten, with each environment's decision in
+its metadata, `scope_trials`); one that none let in leaves the candidate. Each environment's decision is stored as a
+gate row of its own (`store_gate_decision`, `env_id` set).
+
+`GameTrials` plays each environment once per distinct set of its in-scope lessons: evaluation is greedy with fixed
+seeds, so a set already played is not played again (the trials of induced lessons ask for the same sets often), and
+a lesson scoped to one environment costs no games in the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agent_runtime.llm.base import PolicyBackend
+from agent_runtime.run import Run
+from distill.lessons import LessonCurator, decide_gate, live_lessons, store_gate_decision
+from distill.lessons.gate import GateDecision
+from distill.lessons.scope import ScopedLesson, for_env, in_scope, is_global
+from distill.lessons.versions import create_version
+from memory import LessonInfo
+
+Lessons = list[str | ScopedLesson]
+
+
+def scoped(lessons: list[LessonInfo]) -> list[ScopedLesson]:
+    return [ScopedLesson(x.text, tuple(x.scope)) for x in lessons]
+
+
+class GameTrials:
+    """Who won each of the gate's games with a set of lessons in context: {(env id, task id, seed): won}, what
+    `decide_gate` pairs; every environment played at most once per distinct set of its in-scope lessons."""
+
+    def __init__(self, run: Run, backend: PolicyBackend):
+        self.run, self.backend = run, backend
+        self.settings = run.config.lessons
+        self._played: dict[tuple[str, tuple[str, ...]], dict] = {}
+
+    def _key(self, env_id: str, lessons: Lessons) -> tuple[str, tuple[str, ...]]:
+        return env_id, tuple(for_env(lessons, env_id, self.run.families.get(env_id)))
+
+    def __call__(self, lessons: Lessons, envs: list[str] | None = None) -> dict:
+        entries = [e for e in self.run.config.envs if envs is None or e.id in envs]
+        missing = [e for e in entries if self._key(e.id, lessons) not in self._played]
+        if missing:
+            results = self.run.evaluate(
+                self.backend,
+                envs=missing,
+                lessons=lessons,
+                episodes_per_env=self.settings.gate_episodes,
+                split=self.settings.gate_split,
+            )
+            for result in results:
+                self._played[self._key(result.env_id, lessons)] = {
+                    (result.env_id, e["task_id"], e["seed"]): e["won"] for e in result.episodes
+                }
+        out: dict = {}
+        for entry in entries:
+            out.update(self._played[self._key(entry.id, lessons)])
+        return out
+
+
+@dataclass
+class GateOutcome:
+    reason: str
+    decisions: dict[str, GateDecision] = field(default_factory=dict)  # per environment the candidate changes
+    narrowed: dict[int, list[str]] = field(default_factory=dict)  # lesson id -> the environments it went live in
+    dropped: list[int] = field(default_factory=list)  # lessons no environment let in
+
+
+def gate_candidate(run: Run, backend: PolicyBackend, curator: LessonCurator, candidate_version: int) -> GateOutcome:
+    """Play the gate for candidate `candidate_version` against the live set in every environment it changes, then
+    promote it (narrowed to where its lessons earned their place) or reject it; see the module docstring."""
+    store, run_id, settings = run.store, run.id, run.config.lessons
+    live, current = live_lessons(store, run_id, pool=0)
+    candidate_set = next(s for s in store.lesson_sets(run_id) if s.version == candidate_version)
+    members = store.lessons(run_id, ids=candidate_set.lesson_ids)
+    candidate = [x for x in members if x.pool == 0]
+    families = run.families
+    envs = [e.id for e in run.config.envs]
+    trials = GameTrials(run, backend)
+    before, after = scoped(current), scoped(candidate)
+    changed = [e for e in envs if for_env(before, e, families.get(e)) != for_env(after, e, families.get(e))]
+    outcome = GateOutcome("")
+    if not changed:  # the candidate shows no environment anything new (e.g. it only drops lessons)
+        curator.promote(candidate_version, note="changes no environment's lessons")
+        outcome.reason = "promoted: the candidate changes no environment's lessons"
+        return outcome
+    start, trial = trials(before, changed), trials(after, changed)
+    for env_id in changed:
+        decision = decide_gate(
+            {k: v for k, v in start.items() if k[0] == env_id},
+            {k: v for k, v in trial.items() if k[0] == env_id},
+            margin=settings.gate_margin,
+        )
+        outcome.decisions[env_id] = decision
+        store_gate_decision(
+            store,
+            decision,
+            run_id=run_id,
+            env_id=env_id,
+            current_version=live.version if live else None,
+            candidate_version=candidate_version,
+        )
+    known = {x.id for x in current}
+    new = [x for x in members if x.id not in known]
+    for lesson in new:
+        proposed = [e for e in envs if in_scope(lesson.scope, e, families.get(e))]
+        everywhere = is_global(lesson.scope) and len(envs) > 1
+        kept = [e for e in proposed if e not in outcome.decisions or _lets_in(outcome.decisions[e], everywhere)]
+        if not kept:
+            outcome.dropped.append(lesson.id)
+        elif kept != proposed or (is_global(lesson.scope) and len(envs) > 1):
+            outcome.narrowed[lesson.id] = kept
+    shown = "; ".join(f"{e}: {d.reason}" for e, d in outcome.decisions.items())
+    if len(outcome.dropped) == len(new):
+        curator.reject(candidate_version, note=shown)
+        outcome.reason = f"blocked in every environment it would enter: {shown}"
+        return outcome
+    trials_meta = {e: d.to_dict() | {"keys": len(d.keys)} for e, d in outcome.decisions.items()}
+    for lesson_id, kept in outcome.narrowed.items():
+        store.set_lesson_scope([lesson_id], kept, trials_meta)
+    if outcome.dropped:  # a live version of what the trials let in (the candidate is then no longer pending)
+        kept_ids = [i for i in candidate_set.lesson_ids if i not in set(outcome.dropped)]
+        create_version(store, run_id, kept_ids, note=f"promoted candidate v{candidate_version} in part: {shown}")
+    else:
+        curator.promote(candidate_version, note=shown)
+    narrowed = f"; {len(outcome.narrowed)} narrowed to the environments that let them in" if outcome.narrowed else ""
+    dropped = f"; {len(outcome.dropped)} let in nowhere" if outcome.dropped else ""
+    outcome.reason = f"promoted{narrowed}{dropped}: {shown}"
+    return outcome
+
+
+def _lets_in(decision: GateDecision, everywhere: bool) -> bool:
+    """An environment lets a lesson in when the gate promotes there and, for a lesson proposed everywhere, its trial
+    raised success."""
+    return decision.promote and (decision.delta > 0 or not everywhere)
