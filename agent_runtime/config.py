@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from agent_runtime.bounded_yaml import YAMLLimitError, load_yaml
 from agent_runtime.llm.options import backend_options
 from distill.config_base import StrictConfig
 from distill.lessons.config import LessonsConfig
@@ -373,7 +374,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set runtime.slots=4")
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = load_yaml(raw) if raw != "" else ""
+        except YAMLLimitError as exc:
+            raise ConfigError(f"--set {key}: {exc}") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML: {exc}") from None
         try:
@@ -389,7 +392,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
+    except YAMLLimitError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
