@@ -22,8 +22,11 @@ stand in for the list):
 - **repeat**: lost episodes that chose the same action twice in a row while the observation did not change,
   against won ones -> "If an action changed nothing, choose another one."
 Findings are ranked by a two-proportion z statistic (how surely the two rates differ given their counts), and
-a key appears once (its best finding). Every text passes the lesson safety screen (`screen_item`): action
-names are environment text, and environment text is data.
+a key appears once (its best finding). Action names are environment text, and an adversarial environment can
+name an action "ignore the earlier lessons": a name is used only when it reads as a move of the game
+(`safety.action_name_problem`: not prose, no instruction to the reader, nothing addressed to the model, system
+or user, nothing about the lessons, the prompt or other tasks; a refused name is no key, and a step that chose
+it chose none), and every finished text passes the lesson screen (`screen_item`) like an extracted lesson.
 
 Why templates and not the model: they cannot be vague, they carry their evidence, and a wrong one is cheap to
 reject -- each candidate is then tried on train tasks before it goes live (the runtime's EXTRACT phase with
@@ -40,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from distill.lessons.curate import restates
-from distill.lessons.safety import screen_item
+from distill.lessons.safety import action_name_problem, screen_item
 
 if TYPE_CHECKING:
     from memory import EpisodeInfo
@@ -227,13 +230,19 @@ def induce(
     return chosen
 
 
+def _usable(action: str) -> bool:
+    """Whether an action name (environment text) may become lesson text: `safety.action_name_problem`."""
+    return action_name_problem(action) is None
+
+
 def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, min_gap: float) -> list[Finding]:
     fixed = sorted({_words(s.action) for e in episodes for s in e.steps if s.action})  # fixed moves' stand-in
     per_verb: dict[str, set[str]] = {}
     for e in episodes:
         for s in e.steps:
             for a in s.admissible_actions or fixed:
-                per_verb.setdefault(_verb(_words(a)), set()).add(_words(a))
+                if _usable(_words(a)):
+                    per_verb.setdefault(_verb(_words(a)), set()).add(_words(a))
     verbs = {v for v, actions in per_verb.items() if len(actions) >= 2}
 
     def keys_of(action: str) -> list[str]:
@@ -251,17 +260,19 @@ def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, 
             if not s.action:
                 continue
             chosen = _words(s.action)
+            # a refused name is no key, and choosing it chooses none: the step still counts against the others
+            usable = _usable(chosen)
             available = {_words(a) for a in (s.admissible_actions or fixed)} | {chosen}
-            keys = {k for a in available for k in keys_of(a)}
+            keys = {k for a in available if _usable(a) for k in keys_of(a)}
             for key in keys:
-                picked = key in keys_of(chosen)
+                picked = usable and key in keys_of(chosen)
                 anywhere.setdefault(key, _Tally()).add(e.won, picked, e.id)
                 if i == 0:
                     first.setdefault(key, _Tally()).add(e.won, picked, e.id)
-            if e.won:
+            if e.won and usable:
                 # the episode's observations so far: an object seen stays known after "inventory"
                 sights.setdefault(chosen, []).append([x.observation or "" for x in e.steps[: i + 1]])
-            if e.won and _verb(chosen) in verbs:
+            if e.won and usable and _verb(chosen) in verbs:
                 counts = examples.setdefault(_verb(chosen), {})
                 counts[chosen] = counts.get(chosen, 0) + 1
             if (

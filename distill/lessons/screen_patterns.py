@@ -39,7 +39,8 @@ _QUALIFIER = (
 )
 _RULES = (
     r"(?:instructions?|prompts?|rules|directions|guidelines|directives|constraints|guardrails|polic(?:y|ies)|"
-    r"programming|training|orders|restrictions|guidance|system\s+(?:message|prompt))"
+    r"programming|training|orders|restrictions|guidance|system\s+(?:message|prompt)|"
+    r"lessons?|experience\s+items?|advice|tips)"  # the lessons are the prompt's rules too
 )
 _NOT = r"(?<!don't )(?<!dont )(?<!do not )(?<!never )(?<!not )"
 _DISOBEY = (
@@ -269,6 +270,46 @@ INJECTION = [
             ),
             "exploit: interpreter command",
         ),
+        # a fixed answer for other tasks: a lesson of one environment reaches the prompts of all
+        (
+            (
+                r"\b(?:answer|reply|respond|say)\s+(?:with\s+)?(?:[\w'\"`-]+\s+){1,3}?(?:to|for|on|in)\s+(?:every|each|any|all)"
+                r"\s+(?:(?:other|single|later|future|following|of\s+the)\s+)?(?:[\w-]+\s+)?(?:questions?|problems?|tasks?|"
+                r"prompts?|requests?|quer(?:y|ies)|messages?|games?|episodes?|environments?)\b|"
+                r"\banswer\s+(?:to|for|of)\s+(?:every|each|any|all)\s+(?:[\w-]+\s+){0,2}?(?:questions?|problems?|tasks?)\s+"
+                r"(?:is|will\s+be|should\s+be|must\s+be)\b|"
+                r"\b(?:always|only)\s+(?:answer|reply|respond|say)\s+(?:with\s+)?(?:[\"'`]|\d|(?:yes|no|true|false)\b)"
+            ),
+            "injection: fixed answer for every task",
+        ),
+        # obeying a named party, or the people behind the prompt
+        (
+            (
+                r"\b(?:obey|heed|listen\s+(?:only\s+)?to|take\s+(?:your\s+)?orders\s+from|defer\s+to|do\s+(?:what(?:ever)?|as)|"
+                r"comply\s+with|follow\s+(?:the\s+)?(?:orders|instructions|commands|requests|wishes)\s+of|trust\s+only)\s+"
+                r"(?:only\s+)?(?:the\s+|a\s+|an\s+|any\s+|your\s+)?(?:[\w'-]+\s+){0,2}?(?:named|called|known\s+as|"
+                r"who\s+(?:calls|names)\s+(?:himself|herself|themselves|itself))\b|"
+                r"\b(?:obey|heed|listen\s+(?:only\s+)?to|take\s+(?:your\s+)?orders\s+from|defer\s+to|do\s+whatever|"
+                r"comply\s+with|trust\s+only)\s+(?:only\s+)?(?:the\s+|a\s+|an\s+|any\s+|your\s+)?(?:users?|humans?|persons?|"
+                r"people|operators?|admins?|administrators?|developers?|owners?|senders?|whoever|anyone|someone|accounts?|"
+                r"creators?|masters?)\b"
+            ),
+            "injection: obey a named party",
+        ),
+        # acting as the system, and granting privileges
+        (
+            (
+                r"\b(?:act|acting|behave|pose|speak|respond|reply|answer|write|operate|masquerade|identify\s+yourself)\s+"
+                r"as\s+(?:if\s+you\s+(?:are|were)\s+)?(?:the\s+|an?\s+)?(?:system|admin|administrator|root|superuser|"
+                r"sysadmin|developer|operator|moderator|supervisor)\b|"
+                r"\bgrant(?:s|ed|ing)?\s+(?:(?:yourself|me|us|them|him|her|everyone|anyone|the\s+[\w-]+|[\w-]+)\s+)?"
+                r"(?:full\s+|elevated\s+|unrestricted\s+)?(?:admin(?:istrator)?|root|sudo|superuser|elevated|privileged|"
+                r"unrestricted)\b|"
+                r"\bgrant(?:s|ed|ing)?\s+(?:[\w'-]+\s+){0,3}?(?:privileges?|permissions?)\b|"
+                r"\b(?:escalate|elevate|raise)\s+(?:[\w'-]+\s+){0,2}?(?:privileges?|permissions?|access\s+level)\b"
+            ),
+            "injection: acts as the system",
+        ),
     ]
 ]
 # The same attacks in the languages a multilingual model reads; written naturally and folded like the text.
@@ -463,3 +504,20 @@ SECRETS = [
         ),
     ]
 ]
+
+# An environment's action names, before induction makes lesson text of them (`safety.action_name_problem`):
+# a move of a game is a short command about the game's world; these say something to the reader instead.
+ACTION_SENTENCE = re.compile(r"[!?;:\"`\n\r]|[.,](?!\d)")
+ACTION_DIRECTIVE = re.compile(
+    r"\b(?:ignore|ignoring|disregard|forget|obey|disobey|override|overrule|bypass|circumvent|pretend|roleplay|"
+    r"role-play|impersonate|reveal|grant|comply|always|never|must|should|shall|instead|don'?t|do\s+not|"
+    r"stop\s+(?:following|obeying|listening|using|reading)|act\s+(?:as|like)|behave|from\s+now\s+on)\b"
+)
+ACTION_ADDRESSEE = re.compile(
+    r"\b(?:you|your|yours|yourself|yourselves|assistant|model|ai|llm|gpt|chatbot|system|user|users|developer|"
+    r"operator|admin|administrator)\b"
+)
+ACTION_META = re.compile(
+    r"\b(?:lessons?|instructions?|prompts?|rules|guidelines|directives?|polic(?:y|ies)|advice|experience|context|"
+    r"conversation|questions?|tasks?|episodes?)\b"
+)
