@@ -17,6 +17,12 @@ distribution publishes it as an entry point. Anything else needs the explicit op
 CLI's `--trust-code`; a stored config cannot set it). `make` itself is the Python API: its caller names the
 code, so it imports what it is given.
 
+A name is not a place: `python -m` puts the working directory first on the path, and `python script.py` the
+script's folder, so a `langchain_evil.py` lying there is found under an allowed name before any installed
+package. A package allowed by its name is therefore imported only when it is found directly in a site-packages
+folder, where installed distributions put their modules, and this project's own only from the folder beside
+this package.
+
 Construction keyword arguments are checked against the entry point's signature before the call, so a
 typo gives "textworld/coin_collector does not accept 'levle'; accepted: ..." rather than a TypeError
 from deep inside a constructor.
@@ -28,7 +34,9 @@ import importlib
 import importlib.util
 import inspect
 import os
+import site
 import sys
+import sysconfig
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -85,14 +93,30 @@ def trusting_code(on: bool = True) -> Iterator[None]:
             os.environ[TRUST_ENV] = previous
 
 
-def _own_package(top: str) -> bool:
-    if top in OWN_PACKAGES:
-        return True
-    if top not in CHECKOUT_PACKAGES or not (_ROOT / "pyproject.toml").is_file():
+def _folders(spec) -> set[Path]:
+    """The folders a found top-level module lies in (a package's parent folder); none for a built-in one."""
+    if spec.submodule_search_locations is not None and not spec.has_location:  # a namespace package
+        return {Path(loc).resolve().parent for loc in spec.submodule_search_locations}
+    if not spec.has_location:  # built into the interpreter or frozen: part of Python
+        return set()
+    found = Path(spec.origin).resolve()
+    return {found.parent.parent if spec.submodule_search_locations is not None else found.parent}
+
+
+def _site_folders() -> set[Path]:
+    """Where installed distributions put their modules: this interpreter's site-packages folders."""
+    folders = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")} | set(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        folders.add(site.getusersitepackages())
+    return {Path(folder).resolve() for folder in folders}
+
+
+def _own_package(top: str, spec) -> bool:
+    """`top` is one of this project's packages, found in the folder beside this one (a checkout's `tests` and
+    `bench` only in a source checkout)."""
+    if top not in OWN_PACKAGES and (top not in CHECKOUT_PACKAGES or not (_ROOT / "pyproject.toml").is_file()):
         return False
-    spec = importlib.util.find_spec(top)  # a top-level name: finding it runs nothing
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    return any(Path(loc).resolve() == _ROOT / top for loc in locations)
+    return _folders(spec) == {_ROOT}
 
 
 def _published(spec: str, groups: Sequence[str]) -> bool:
@@ -105,22 +129,34 @@ def check_code(
 ) -> None:
     """Refuse (UntrustedCodeError) to import the module of `spec` ('package.module:Name', which `what` names
     in the message) when importing it could run code the user did not mean to load. Allowed without the opt-in:
-    a module already imported (importing it again runs nothing), this project's own packages, a top-level package
-    in `packages` or starting with one of `prefixes`, and a `spec` published as an entry point of one of
-    `groups` by an installed distribution. Unknown modules are let through: the import reports them."""
+    a module already imported (importing it again runs nothing), this project's own packages (from the folder beside
+    this one), a top-level package in `packages` or starting with one of `prefixes` found in a site-packages
+    folder (anywhere else, say the working directory, it is refused: the name alone proves nothing), and a `spec`
+    published as an entry point of one of `groups` by an installed distribution. Unknown modules are let through:
+    the import reports them."""
     module_name = spec.partition(":")[0]
     top = module_name.split(".")[0]
     if not module_name or code_trusted() or sys.modules.get(module_name) is not None:
         return
     try:
-        exists = importlib.util.find_spec(top) is not None
+        found = importlib.util.find_spec(top)  # a top-level name: finding it runs nothing
     except (ImportError, ValueError):
-        exists = False
-    if not exists or _own_package(top) or top in packages or top.startswith(tuple(prefixes)):
-        return
-    if _published(spec, groups):
+        found = None
+    if found is None or _own_package(top, found):
         return
     allowed = ", ".join([*OWN_PACKAGES, *packages, *(f"{p}*" for p in prefixes)])
+    if top in packages or top.startswith(tuple(prefixes)):
+        outside = _folders(found) - _site_folders()
+        if not outside:
+            return
+        raise UntrustedCodeError(
+            f"{what} {spec!r}: refusing to import module {module_name!r}: its name is allowed ({allowed}) only "
+            f"from an installed distribution, and {top!r} was found at {found.origin or min(outside)}, in "
+            "no installed distribution's folder (site-packages): a file of that name in the working directory or "
+            f"a script's folder is not the package. Install the package, run from another directory, or {TRUST_HINT}"
+        )
+    if _published(spec, groups):
+        return
     published = (
         f", or one an installed distribution publishes as an entry point ({', '.join(groups)})" if groups else ""
     )
