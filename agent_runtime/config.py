@@ -20,7 +20,8 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from agent_runtime.bounded_yaml import YAMLLimitError, load_yaml
-from agent_runtime.llm.options import backend_options
+from agent_runtime.curriculum import CurriculumConfig
+from agent_runtime.llm.options import VLLM_SIZES, backend_options
 from distill.config_base import StrictConfig
 from distill.lessons.config import LessonsConfig
 from distill.opcd.config import OPCDConfig
@@ -306,6 +307,7 @@ class RunConfig(StrictConfig):
     opcd: ConsolidationConfig = Field(default_factory=ConsolidationConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    curriculum: CurriculumConfig | None = Field(None, description="environments arriving over time, in phases")
 
     @field_validator("envs")
     @classmethod
@@ -315,6 +317,26 @@ class RunConfig(StrictConfig):
         if dupes:
             raise ValueError(f"environment listed twice: {', '.join(dupes)}")
         return envs
+
+    @model_validator(mode="after")
+    def _curriculum_of_known_envs(self) -> RunConfig:
+        if self.curriculum is None:
+            return self
+        ids = [e.id for e in self.envs]
+        unknown = self.curriculum.unknown(ids)
+        if unknown:
+            raise ValueError(
+                f"curriculum.phases name environments the run does not list in envs: {', '.join(unknown)}; "
+                f"envs: {', '.join(ids)}"
+            )
+        total = self.curriculum.episodes
+        if self.runtime.episodes is not None and self.runtime.episodes != total:
+            raise ValueError(
+                f"runtime.episodes is {self.runtime.episodes} but the curriculum's phases add up to {total}: "
+                "leave runtime.episodes out (the phases decide it) or make them agree"
+            )
+        self.runtime.episodes = total
+        return self
 
 
 def _accepted_keys(model: type[BaseModel], loc: tuple) -> list[str]:
@@ -481,15 +503,25 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _engine_options(config: RunConfig) -> set[str]:
+    """The `model.options` keys of a vllm config that start its engine (by dotted key): every engine argument (vLLM
+    imports some by name, others name files), the interpreter and its log; not the backend's own sizes."""
+    if config.model.backend != "vllm":
+        return set()
+    return {f"model.options.{key}" for key in config.model.options if key not in VLLM_SIZES}
+
+
 def resume_differences(stored: RunConfig, given: RunConfig, source: str) -> list[str]:
     """On --resume, every field where the stored run's config and the given one differ, one line each; a
     ConfigError (listing them all) when one of them decides what runs, what is read or where anything is
-    written (`RESUME_GUARDED`, and the code references: `check_stored_code`)."""
+    written (`RESUME_GUARDED`, a vllm engine's options: `_engine_options`, and the code references:
+    `check_stored_code`)."""
     check_stored_code(stored, given, source)
     theirs, ours = _flat(stored.model_dump(mode="json")), _flat(given.model_dump(mode="json"))
     missing = object()
     differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k, missing) != ours.get(k, missing))
-    guarded = [k for k in differ if _GUARDED.match(k)]
+    engine = _engine_options(stored) | _engine_options(given)
+    guarded = [k for k in differ if _GUARDED.match(k) or ".".join(k.split(".")[:3]) in engine]
 
     def shown(key: str, value: Any) -> Any:  # the lines reach a terminal and a log: no secret in them
         secret = is_secret_key(key.rsplit(".", 1)[-1]) and value not in (None, "")

@@ -12,7 +12,8 @@ written itself. `memory.transfer` reads lines; this module says what a line may 
 - `upgrade_row(revision, table, row)`: a row of an export written at an older schema revision, as that
   revision's migrations would have left it (0001 -> 0002 reads the lesson-set notes with migration 0002's
   own rules, imported from it; 0002 -> 0003 gives cycles their empty `episode_ids`; 0003 -> 0004 lessons
-  their null `forgotten_at`; 0004 -> 0005 episodes and adapters their null fingerprints).
+  their null `forgotten_at`; 0004 -> 0005 episodes and adapters their null fingerprints; 0005 -> 0006 lessons the
+  scope `["*"]`, every environment, where they were shown before scopes).
 - `References`: the ids a row names in JSON lists and foreign keys, checked once every row is in (same
   transaction): the row named must exist (a lesson's or cycle's source episodes may have been pruned,
   if their ids are below the store's newest episode) and belong to the same run, or to none.
@@ -33,7 +34,8 @@ import numpy as np
 from sqlalchemy import JSON, Boolean, Column, Float, Integer, LargeBinary, String, Table, TypeDecorator, func, select
 from sqlalchemy.orm import Session
 
-from memory.errors import ImportFormatError
+from memory.errors import ImportFormatError, InvalidRecordError
+from memory.lesson_store import check_scope
 from memory.migrate import MIGRATIONS_DIR
 from memory.models import UTCDateTime
 
@@ -42,6 +44,7 @@ MAX_EMBEDDING_DIM = 65_536
 LOOKUP_CHUNK = 900
 
 OBJECT, IDS, STRINGS_OR_NULL = "a JSON object", "a list of integer ids", "a list of strings, or null"
+SCOPE = "a list of 1-64 environment ids, family:NAME or '*' (each 1-200 characters)"
 JSON_SHAPES = {
     ("runs", "config"): OBJECT,
     ("runs", "state"): OBJECT,
@@ -54,6 +57,7 @@ JSON_SHAPES = {
     ("opcd_cycles", "episode_ids"): IDS,
     ("lessons", "source_episode_ids"): IDS,
     ("lessons", "metadata"): OBJECT,
+    ("lessons", "scope"): SCOPE,
     ("episodes", "lessons_in_context"): IDS,
     ("episodes", "metadata"): OBJECT,
     ("steps", "admissible_actions"): STRINGS_OR_NULL,
@@ -84,6 +88,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _scope_ok(value: Any) -> bool:
+    try:
+        check_scope(value)
+    except InvalidRecordError:
+        return False
+    return True
+
+
 def _check_json(table: str, column: str, value: Any, where: str) -> None:
     shape = JSON_SHAPES.get((table, column))
     ok = (
@@ -94,6 +106,7 @@ def _check_json(table: str, column: str, value: Any, where: str) -> None:
             shape == STRINGS_OR_NULL
             and (value is None or (isinstance(value, list) and all(isinstance(v, str) for v in value)))
         )
+        or (shape == SCOPE and _scope_ok(value))
     )
     if not ok:
         raise ImportFormatError(f"{where}: {table}.{column} must be {shape}, got {_show(value)}")
@@ -220,8 +233,20 @@ def _to_0005(table: str, row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-UPGRADES = (("0001", _to_0002), ("0002", _to_0003), ("0003", _to_0004), ("0004", _to_0005))  # (from, the next step)
-READABLE_REVISIONS = tuple(r for r, _ in UPGRADES) + ("0005",)
+def _to_0006(table: str, row: dict[str, Any]) -> dict[str, Any]:
+    if table == "lessons" and "scope" not in row:  # shown everywhere before scopes: so after them
+        return {**row, "scope": ["*"]}
+    return row
+
+
+UPGRADES = (  # (from, the next step)
+    ("0001", _to_0002),
+    ("0002", _to_0003),
+    ("0003", _to_0004),
+    ("0004", _to_0005),
+    ("0005", _to_0006),
+)
+READABLE_REVISIONS = tuple(r for r, _ in UPGRADES) + ("0006",)
 
 
 def upgrade_row(revision: str, table: str, row: dict[str, Any]) -> dict[str, Any]:

@@ -1,11 +1,11 @@
 """The `agent-runtime` command line (also `python -m agent_runtime`).
 
     agent-runtime run CONFIG [--workdir DIR] [--episodes N] [--hours H] [--resume] [--dry-run] [--set a.b=c ...]
-                             [--json] [--no-progress] [--trust-code]
+                             [--json] [--no-progress] [--trust-code] [--trust-endpoint URL ...]
     agent-runtime distill CONFIG [--workdir DIR] [--context-file FILE] [--prompts FILE.jsonl] [--set ...] [--json]
-                                 [--trust-code]
+                                 [--trust-code] [--trust-endpoint URL ...]
     agent-runtime eval CONFIG [--workdir DIR] [--adapter ID] [--no-lessons] [--pool K] [--episodes N] [--set ...]
-                              [--json] [--trust-code]
+                              [--json] [--trust-code] [--trust-endpoint URL ...]
     agent-runtime memory stats|reindex|vacuum
     agent-runtime memory export|import PATH
     agent-runtime memory search QUERY [--kind lessons|episodes] [-k K] [--run ID] [--env ENV]
@@ -31,7 +31,9 @@ nothing is half-written.
 `run`, `eval` and `distill` import the code a config names (`module:Name` environment ids, a chat model class)
 only from LangChain packages, this project's own, modules already imported or classes installed distributions
 publish as entry points (`environments.registry.check_code`); `--trust-code` allows any module for that command.
-It is a flag, never a config field: a stored config cannot set it.
+It is a flag, never a config field: a stored config cannot set it. The same flag lets a config start the interpreter
+`model.options.python` names and give vLLM any engine argument (`agent_runtime.llm.options`), and `--trust-endpoint
+URL` confirms a host a chat model's config may send the user's API key to.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from pathlib import Path
 from agent_runtime import __version__
 from agent_runtime.cli import lessons as cli_lessons
 from agent_runtime.cli import memory as cli_memory
+from agent_runtime.cli import report as cli_report
 from agent_runtime.cli.common import UsageError, add_store_args, shown, store_target
 
 
@@ -64,12 +67,14 @@ def cmd_run(args) -> int:
         found = plan(config, Path(workdir), resume=args.resume)
         print(json.dumps(found, default=str) if args.json else format_plan(found, str(args.config)))
         return 2 if found["problems"] else 0
+    from agent_runtime.cli.report import continual_matrix
     from agent_runtime.evaluation.report import learning_table
 
     loop = AgentLoop(config, workdir, resume=args.resume, progress=not args.no_progress)
     try:
         summary = loop.run()
         table = learning_table(loop.store, loop.run_id)
+        matrix = continual_matrix(loop.store, loop.store.get_run(loop.run_id))
     finally:
         loop.close()
     if args.json:
@@ -80,6 +85,7 @@ def cmd_run(args) -> int:
                     "success_rate": summary.success_rate,
                     "workdir": str(workdir),
                     "learning_table": table,
+                    "continual": matrix.as_dict() if matrix is not None else None,
                 }
             )
         )
@@ -87,6 +93,8 @@ def cmd_run(args) -> int:
         print(summary.line())
         if table:
             print(table)
+        if matrix is not None:
+            print(matrix.table())
         print(f"memory: {workdir / 'memory.db'}  (inspect: agent-runtime memory stats --workdir {workdir})")
     return 0
 
@@ -327,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--json", action="store_true", help="print the summary (or the dry run) as JSON")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _add_trust_code(run)
+    _add_trust_flags(run)
     run.set_defaults(func=cmd_run)
 
     ev = sub.add_parser("eval", help="evaluate the policy on each environment's held-out split")
@@ -344,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--episodes", type=int, help="eval tasks per environment (default: evaluation.episodes_per_env)")
     ev.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     ev.add_argument("--json", action="store_true")
-    _add_trust_code(ev)
+    _add_trust_flags(ev)
     ev.set_defaults(func=cmd_eval)
 
     distill = sub.add_parser(
@@ -367,11 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     distill.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     distill.add_argument("--json", action="store_true")
-    _add_trust_code(distill)
+    _add_trust_flags(distill)
     distill.set_defaults(func=cmd_distill)
 
     cli_memory.register(sub)
     cli_lessons.register(sub)
+    cli_report.register(sub)
 
     envs = sub.add_parser("envs", help="list and check environments").add_subparsers(dest="envs_cmd", required=True)
     ls = envs.add_parser("list", help="registered environments (built-in and plugins)")
@@ -406,13 +415,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_trust_code(parser: argparse.ArgumentParser) -> None:
+def _add_trust_flags(parser: argparse.ArgumentParser) -> None:
+    from agent_runtime.llm.options import endpoint_url
+
     parser.add_argument(
         "--trust-code",
         action="store_true",
         help="import any module the config names (module:Name environment ids, a chat model class): "
         "importing a module runs its code; without this flag only LangChain packages, this "
-        "project's own, and entry points of installed distributions are imported",
+        "project's own, and entry points of installed distributions are imported; also start the "
+        "interpreter model.options.python names and pass any vLLM engine argument",
+    )
+    parser.add_argument(
+        "--trust-endpoint",
+        action="append",
+        type=endpoint_url,
+        metavar="URL",
+        help="a chat model may send the API key it takes from this machine's environment to this host "
+        "(repeatable; also AGENT_RUNTIME_TRUSTED_ENDPOINTS, comma separated)",
     )
 
 
@@ -426,10 +446,14 @@ def main(argv: list[str] | None = None) -> int:
     from memory.errors import MemoryStoreError
 
     user_errors = (UsageError, ConfigError, BackendError, UnknownModelError, EnvError, MemoryStoreError, LessonsError)
+    from agent_runtime.llm.options import trusting_endpoints
     from environments.registry import trusting_code
 
     try:
-        with trusting_code(getattr(args, "trust_code", False)):
+        with (
+            trusting_code(getattr(args, "trust_code", False)),
+            trusting_endpoints(getattr(args, "trust_endpoint", None) or ()),
+        ):
             return args.func(args)
     except user_errors as exc:
         print(f"agent-runtime: error: {shown(exc, multiline=True)}", file=sys.stderr)

@@ -31,6 +31,7 @@ def _run_id(store, args) -> int:
 
 def cmd_lessons_list(args) -> int:
     from distill.lessons import live_lessons
+    from distill.lessons.scope import describe_scope
 
     with open_store(args) as store:
         run_id = _run_id(store, args)
@@ -44,6 +45,7 @@ def cmd_lessons_list(args) -> int:
             "pool": x.pool,
             "status": x.status,
             "text": x.text,
+            "scope": list(x.scope),
             "sources": x.source_episode_ids,
             "source": x.metadata.get("source", "extracted"),
             "times_in_context": x.times_in_context,
@@ -61,7 +63,7 @@ def cmd_lessons_list(args) -> int:
         [head]
         + [
             f"#{r['id']:<5} pool {r['pool']} [{r['status']}]{' (user)' if r['source'] == 'user' else ''} "
-            f"{shown(r['text'])}"
+            f"({shown(describe_scope(r['scope']))}) {shown(r['text'])}"
             for r in rows
         ],
     )
@@ -70,10 +72,20 @@ def cmd_lessons_list(args) -> int:
 
 def cmd_lessons_show(args) -> int:
     from distill.lessons import lesson_provenance
+    from distill.lessons.scope import describe_scope
 
     with open_store(args) as store:
         info = lesson_provenance(store, args.lesson_id)
     lines = [f"lesson #{info['id']} [{info['status']}] pool {info['pool']}: {shown(info['text'])}"]
+    lines.append(f"  scope: {shown(describe_scope(info['scope']))}")
+    proposed, trials = info["metadata"].get("proposed_scope"), info["metadata"].get("scope_trials")
+    if trials:  # the gate narrowed it to the environments whose trial let it in
+        lines.append(f"  proposed for {shown(describe_scope(proposed))}; trial per environment:")
+        lines += [
+            f"    {shown(env)}: {'let in' if env in info['scope'] else 'kept out'}, success "
+            f"{d['current_rate']:.2f} -> {d['candidate_rate']:.2f} on {d['n']} paired games"
+            for env, d in trials.items()
+        ]
     if info.get("extraction"):
         lines.append(f"  extraction #{info['extraction']['id']} ({info['extraction']['extractor']})")
     evidence, trial = info["metadata"].get("evidence"), info["metadata"].get("trial")

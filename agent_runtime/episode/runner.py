@@ -12,6 +12,11 @@ flight), which makes `--resume` exact without pickling random-number generators.
 Failures inside an episode are data: an environment that raises in reset or step ends that episode with
 outcome "error" and the message, and the run goes on with a fresh environment instance in that slot.
 
+An environment's text is kept within the caps of `environments.base` as it arrives (`_kept`): an observation or goal
+over `MAX_OBSERVATION_CHARS` is cut with a marker before the prompt, the examples, the lessons' choice or the store
+see it, an admissible action over `MAX_ACTION_CHARS` is not offered, and the step's info says what was cut
+(`observation_chars`: the length the game sent; `goal_chars`; `admissible_dropped`: how many actions were left out).
+
 Instances can be lent (`EnvLender`, as evaluation's pool of started games does): a slot borrows one instead of
 building it, and `close` hands the ones between episodes back; every episode starts with a `reset` onto its task
 and seed either way, and a broken instance (a failed reset or step) is closed, never handed back.
@@ -33,6 +38,7 @@ from typing import Protocol
 from agent_runtime.episode.prompt import PromptBuilder, Turn, parse_action
 from agent_runtime.llm.base import ChoiceBackend, FingerprintBackend, PolicyBackend, SamplingParams, require
 from distill.lessons.safety import replace_lone_surrogates
+from environments.base import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, cap_text
 from memory import EpisodeRecord, StepRecord
 
 INVALID_ACTION_FEEDBACK = "That reply did not contain a valid action. Reply with one command."
@@ -49,7 +55,13 @@ class Draw:
 class TaskSampler:
     """Draw k = (environment by mixing weight, task uniformly from its train split, episode seed)."""
 
-    def __init__(self, weights: Sequence[float], task_lists: Sequence[Sequence[str]], seed: int):
+    def __init__(
+        self,
+        weights: Sequence[float],
+        task_lists: Sequence[Sequence[str]],
+        seed: int,
+        weights_for: Callable[[int], Sequence[float]] | None = None,
+    ):
         assert len(weights) == len(task_lists) and weights, "one weight per environment"
         empty = [i for i, tasks in enumerate(task_lists) if not tasks]
         if empty:
@@ -57,10 +69,12 @@ class TaskSampler:
         self.weights = list(weights)
         self.task_lists = [list(t) for t in task_lists]
         self.seed = seed
+        self.weights_for = weights_for  # draw index -> weights (a curriculum's phase), else `weights` for every draw
 
     def draw(self, index: int) -> Draw:
         rng = random.Random(f"{self.seed}:{index}")
-        env_index = rng.choices(range(len(self.weights)), weights=self.weights)[0]
+        weights = self.weights if self.weights_for is None else self.weights_for(index)
+        env_index = rng.choices(range(len(self.weights)), weights=weights)[0]
         tasks = self.task_lists[env_index]
         return Draw(index, env_index, tasks[rng.randrange(len(tasks))], rng.randrange(2**31))
 
@@ -111,10 +125,30 @@ class _Episode:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     fingerprint: str | None = None  # of the adapter weights the backend had loaded when the episode started
+    cut: dict[str, int] = field(default_factory=dict)  # what `_kept` cut of `observation` and `info`
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _kept(observation: str, info: dict | None) -> tuple[str, dict, dict[str, int]]:
+    """An observation and its info as the runtime keeps them (the caps of `environments.base`), with what was cut:
+    the observation's and the goal's lengths when they were cut, how many admissible actions were too long to offer.
+    Cut first, then made valid Unicode (before the tokenizer and the store)."""
+    info, cut = dict(info or {}), {}
+    if len(observation) > MAX_OBSERVATION_CHARS:
+        cut["observation_chars"] = len(observation)
+    observation = replace_lone_surrogates(cap_text(observation, MAX_OBSERVATION_CHARS))
+    goal = info.get("goal")
+    if isinstance(goal, str) and len(goal) > MAX_OBSERVATION_CHARS:
+        cut["goal_chars"], info["goal"] = len(goal), cap_text(goal, MAX_OBSERVATION_CHARS)
+    actions = info.get("admissible_actions")
+    if isinstance(actions, list):
+        offered = [a for a in actions if not isinstance(a, str) or len(a) <= MAX_ACTION_CHARS]
+        if len(offered) < len(actions):
+            cut["admissible_dropped"], info["admissible_actions"] = len(actions) - len(offered), offered
+    return observation, info, cut
 
 
 class EpisodeRunner:
@@ -173,6 +207,11 @@ class EpisodeRunner:
 
     def _record(self, ep: _Episode, outcome: str, won: bool, error: str | None = None) -> EpisodeRecord:
         spec = self.envs[ep.draw.env_index]
+        metadata = {"draw": ep.draw.index, "final_observation": ep.observation}
+        if "observation_chars" in ep.cut:
+            metadata["final_observation_chars"] = ep.cut["observation_chars"]
+        if "goal_chars" in ep.cut:
+            metadata["goal_chars"] = ep.cut["goal_chars"]
         return EpisodeRecord(
             env_id=spec.env_id,
             task_id=ep.draw.task_id,
@@ -187,10 +226,10 @@ class EpisodeRunner:
             completion_tokens=ep.completion_tokens,
             started_at=ep.started_at,
             ended_at=_now(),
-            error=error,
+            error=cap_text(error, MAX_OBSERVATION_CHARS) if error is not None else None,
             goal=ep.info.get("goal"),
             lessons_in_context=list(ep.context.lesson_ids),
-            metadata={"draw": ep.draw.index, "final_observation": ep.observation},
+            metadata=metadata,
             steps=ep.steps,
             adapter_fingerprint=ep.fingerprint,
         )
@@ -202,8 +241,7 @@ class EpisodeRunner:
         fingerprint = self.backend.adapter_fingerprint() if isinstance(self.backend, FingerprintBackend) else None
         try:
             env = self._env(slot, draw.env_index)
-            observation, info = env.reset(seed=draw.seed, task_id=draw.task_id)
-            observation = replace_lone_surrogates(observation)  # valid Unicode before the tokenizer and the store
+            observation, info, cut = _kept(*env.reset(seed=draw.seed, task_id=draw.task_id))
         except Exception as exc:  # noqa: BLE001 -- any environment's reset failure is an errored episode
             self._drop_env(slot, draw.env_index)
             ep = _Episode(draw, None, "", {}, started, context, fingerprint=fingerprint)
@@ -213,7 +251,7 @@ class EpisodeRunner:
             context = self.choose_lessons(context, env_id, str((info or {}).get("goal") or ""), observation)
         examples = self.examples_for(env_id, draw.task_id, observation) if self.examples_for else []
         self._live[slot] = _Episode(
-            draw, env, observation, dict(info or {}), started, context, examples, fingerprint=fingerprint
+            draw, env, observation, info, started, context, examples, fingerprint=fingerprint, cut=cut
         )
         return None
 
@@ -279,14 +317,15 @@ class EpisodeRunner:
                     False,
                     dict(ep.info),
                 )
+                cut = {k: v for k, v in ep.cut.items() if k != "observation_chars"}  # the same info, already kept
             else:
                 try:
                     observation, reward, terminated, truncated, info = ep.env.step(action)
-                    observation = replace_lone_surrogates(observation)
+                    observation, info, cut = _kept(observation, info)
                 except Exception as exc:  # noqa: BLE001 -- any environment's step failure ends its episode
                     error = f"step failed: {type(exc).__name__}: {exc}"
-                    observation, reward, terminated, truncated, info = "", 0.0, False, False, {}
-            step_info = {k: v for k, v in (info or {}).items() if k in ("won", "score")}
+                    observation, reward, terminated, truncated, info, cut = "", 0.0, False, False, {}, {}
+            step_info = {k: v for k, v in (info or {}).items() if k in ("won", "score")} | ep.cut
             step_info["action_mode"] = "choice" if options else "free"
             if explored:
                 step_info["explored"] = True
@@ -310,7 +349,7 @@ class EpisodeRunner:
             )
             ep.total_return += float(reward)
             ep.history.append(Turn(ep.observation, completion.text, list(admissible) if admissible else None))
-            ep.observation, ep.info = observation, dict(info or {})
+            ep.observation, ep.info, ep.cut = observation, dict(info or {}), cut
             if error is not None:
                 self._live[slot] = None
                 self._drop_env(slot, ep.draw.env_index)

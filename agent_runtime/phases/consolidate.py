@@ -39,6 +39,7 @@ from agent_runtime.run.cursor import CursorMove
 from agent_runtime.run.profile import profiled
 from distill.fingerprint import fingerprint_files
 from distill.lessons import live_lessons
+from distill.lessons.scope import ScopedLesson, in_scope
 from distill.lessons.versions import create_version, live_version
 from distill.opcd import (
     DivergenceError,
@@ -97,7 +98,7 @@ def anchor_decisions(run: Run, backend, envs: list[EnvEntry], episodes: int, *, 
         lessons=[],
         episodes_per_env=episodes,
         split="train",
-        on_record=lambda record: out.extend(turn_prefixes(builders[record.env_id], record.steps)),
+        on_record=lambda record: out.extend(turn_prefixes(builders[record.env_id], record.steps, env_id=record.env_id)),
     )
     return [d for d in out if bool(d.choices) == choice_mode]
 
@@ -176,13 +177,35 @@ class Cycle:
     kl: tuple[float, float] | None = None  # held-out KL to the teacher, before and after training
     lesson_kl: tuple[dict, dict] | None = None  # per lesson id, before and after
     metrics: dict[str, Any] = field(default_factory=dict)  # the cycle row's metrics as they are filled in
+    families: dict[str, str] = field(default_factory=dict)  # each environment's prompt family (lesson scopes)
 
     def shown(self) -> dict[str, Any]:
-        """What the "with lessons" conditions of EVALUATE show: the first pool's lessons, or the system prompt."""
+        """What the "with lessons" conditions of EVALUATE show: the first pool's lessons (each environment those in
+        its scope), or the system prompt."""
         if self.system:
             return {"lessons": [], "context": self.system.text}
         first = lesson_pools(self.lessons)[0]
-        return {"lessons": [x.text for x in self.lessons if x.pool == first]}
+        return {"lessons": [ScopedLesson(x.text, tuple(x.scope)) for x in self.lessons if x.pool == first]}
+
+    def contexts_for(self, decision: Decision) -> list[str]:
+        """The teacher's context blocks for one prompt: per pool, the lessons in scope for its environment (all of
+        them for a prompt of no environment); the system prompt for a system-prompt cycle."""
+        if self.system or decision.env_id is None:
+            return self.contexts
+        family = self.families.get(decision.env_id)
+        out = []
+        for pool in lesson_pools(self.lessons):
+            texts = [x.text for x in self.lessons if x.pool == pool and in_scope(x.scope, decision.env_id, family)]
+            out.append(lessons_section(texts) if texts else "")
+        return out
+
+    def taught(self, decisions: list[Decision]) -> tuple[list[Decision], list[Decision]]:
+        """(the decisions some lesson is in scope for, those of environments no lesson is): the first are taught
+        with their environment's lessons, the second replayed (the student held to its parent there)."""
+        if self.system:
+            return decisions, []
+        replay = [d for d in decisions if not any(self.contexts_for(d))]
+        return [d for d in decisions if any(self.contexts_for(d))], replay
 
 
 def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = None) -> CycleReport:
@@ -211,7 +234,11 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
         with store.transaction():
             return move_cursor(CycleReport(None, "skipped", ["no live lessons"]))
     # 2. the prompts: the run's recent decisions, a tenth held out
-    decisions = cycle_prompts(run, backend, cycle)
+    decisions, replay = cycle.taught(cycle_prompts(run, backend, cycle))
+    if not decisions:
+        decisions, replay = replay, []  # no prompt of an environment in scope: taught as before scopes
+    if cycle.teacher_spec is not None:
+        replay = []  # a separate teacher would teach there, not hold the parent's policy
     choice_mode = any(d.choices for d in decisions)
     store.update_cycle(cycle.cycle_id, episode_ids=sorted({e for d in decisions for e in d.episode_ids}))
     heldout, train = split_heldout(decisions)
@@ -220,10 +247,11 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
         remove_partial_writes(adapters_dir)  # what a killed cycle left half-written
     per_lesson = {x.id: _lesson_prompts(x, decisions, heldout) for x in cycle.lessons}
     path = adapters_dir / f"cycle-{cycle.cycle_id}"
-    anchors = []
+    anchors = [d for d in replay if bool(d.choices) == choice_mode]  # the run's own past decisions, replayed
+    replayed = len(anchors)
     if opcd.anchor_envs:
         with profiled("CONSOLIDATE: anchor play"), acting(backend, cycle.parent):
-            anchors = anchor_decisions(run, backend, opcd.anchor_envs, opcd.anchor_episodes, choice_mode=choice_mode)
+            anchors += anchor_decisions(run, backend, opcd.anchor_envs, opcd.anchor_episodes, choice_mode=choice_mode)
     # 3. CONSOLIDATE: train the student
     job = train_job(
         config,
@@ -268,8 +296,9 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
         choice_mode=choice_mode,
         train_seconds=result.seconds,
     )
-    if opcd.anchor_envs:
+    if opcd.anchor_envs or replayed:
         cycle.metrics["anchor_prompts"] = len(anchors)
+        cycle.metrics["replay_prompts"] = replayed
     cycle.metrics["training"] = {
         "steps": len(result.steps),
         "best_step": result.best_step,
@@ -318,7 +347,9 @@ def start_cycle(run: Run) -> Cycle | None:
         live, lessons, contexts = None, [], [system.text]
     else:
         contexts = [lessons_section([x.text for x in lessons if x.pool == p]) for p in lesson_pools(lessons)]
-    return Cycle(cycle_id, kind, parent, live, lessons, system, contexts, teacher_spec, teacher, prompt_file)
+    cycle = Cycle(cycle_id, kind, parent, live, lessons, system, contexts, teacher_spec, teacher, prompt_file)
+    cycle.families = run.families
+    return cycle
 
 
 def lesson_pools(lessons: list[LessonInfo]) -> list[int]:
@@ -370,8 +401,12 @@ def train_job(
     """The trainer's job: the student (the parent's adapter on the run's model) learns on `train` (the choice
     policy over each decision's action set in `choice_mode`), and keeps the parent's policy on `anchors`; the KL
     to the teacher is measured on the held-out decisions and on each lesson's own ones."""
+    scoped = any(cycle.contexts_for(d) != cycle.contexts for d in [*train, *heldout])
     kl_sets = {
-        "heldout": ([d.chat for d in heldout], cycle.contexts[0]),
+        "heldout": (
+            [d.chat for d in heldout],
+            [cycle.contexts_for(d)[0] for d in heldout] if scoped else cycle.contexts[0],
+        ),
         **{
             f"lesson:{i}": ([d.chat for d in ds], lessons_section([_text(cycle.lessons, i)]))
             for i, ds in per_lesson.items()
@@ -389,6 +424,7 @@ def train_job(
         config=opcd.trainer,
         train_prompts=[d.chat for d in train],
         contexts=cycle.system.text if cycle.system else cycle.contexts,
+        prompt_contexts=[cycle.contexts_for(d) for d in train] if scoped else None,
         output=str(path),
         parent_adapter=parent.path if parent else None,
         teacher=cycle.teacher_spec,

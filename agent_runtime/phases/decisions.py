@@ -18,6 +18,7 @@ class Decision:
     chat: list[dict]
     episode_ids: list[int]
     choices: list[str] | None = None  # the action set of a choice-mode step
+    env_id: str | None = None  # the environment it was played in (None: a prompt file's)
 
 
 def episode_prefixes(run: Run, backend, limit: int) -> list[Decision]:
@@ -35,16 +36,17 @@ def episode_prefixes(run: Run, backend, limit: int) -> list[Decision]:
         episode = store.episode(info.id)
         if not held.usable(episode):
             continue
-        out.extend(turn_prefixes(builder, episode.steps, info.id))
+        out.extend(turn_prefixes(builder, episode.steps, info.id, env_id=info.env_id))
     return out
 
 
-def turn_prefixes(builder, steps, episode_id: int | None = None) -> list[Decision]:
+def turn_prefixes(builder, steps, episode_id: int | None = None, *, env_id: str | None = None) -> list[Decision]:
     """Each turn of one episode's `steps` as the prompt it was decided from, rebuilt without lessons."""
     out, history = [], []
     for step in steps:
         chat = builder.build(history, step.observation, step.admissible_actions, lessons=[])
         choices = step.admissible_actions if (step.info or {}).get("action_mode") == "choice" else None
-        out.append(Decision(chat, [] if episode_id is None else [episode_id], list(choices) if choices else None))
+        ids = [] if episode_id is None else [episode_id]
+        out.append(Decision(chat, ids, list(choices) if choices else None, env_id))
         history.append(Turn(step.observation, step.response, step.admissible_actions))
     return out

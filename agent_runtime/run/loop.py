@@ -47,6 +47,7 @@ from agent_runtime.config import (
 from agent_runtime.episode.build import build_envs
 from agent_runtime.episode.examples import example_retriever
 from agent_runtime.episode.runner import TaskSampler
+from agent_runtime.evaluation.continual import assess, load_matrix
 from agent_runtime.llm import LOCAL_WEIGHTS, PolicyBackend, check_capabilities, make_backend
 from agent_runtime.llm.base import BackendStats, activate
 from agent_runtime.phases.consolidate import roll_back_interrupted
@@ -176,7 +177,9 @@ class AgentLoop:
         self.profile = Profile(lambda: getattr(self, "stats", None))
         with self.profile.phase("START"):
             self.envs, tasks = build_envs(config, self.workdir)
-        self.sampler = TaskSampler([e.weight for e in config.envs], tasks, config.seed)
+        weights, ids, curriculum = [e.weight for e in config.envs], [e.id for e in config.envs], config.curriculum
+        by_phase = (lambda index: curriculum.weights(ids, weights, index)) if curriculum is not None else None
+        self.sampler = TaskSampler(weights, tasks, config.seed, weights_for=by_phase)
         # Under Ray with the learner on a worker the driver never generates: it does not load the model at all
         # (a driver on a CPU node next to the database); its executor counts the workers' tokens.
         self._backend = backend
@@ -312,6 +315,10 @@ class AgentLoop:
                     if before is not None:
                         self._move(before)
                         continue
+                    if self.schedule.assess_due(self.state):
+                        with self.profile.phase("ASSESS"):
+                            self._assess()
+                        continue
                     if self.schedule.over(self.state):
                         break
                     self._gate_user_lessons()
@@ -322,7 +329,7 @@ class AgentLoop:
                     after = self.schedule.after_play(self.state)
                     if after is not None:
                         self._move(after)
-                    elif self.schedule.over(self.state):
+                    elif self.schedule.over(self.state) and not self.schedule.assess_due(self.state):
                         break
                 elif self.phase == "EXTRACT":
                     with self.profile.phase("EXTRACT"):
@@ -487,6 +494,24 @@ class AgentLoop:
         self._probed = adapter.id
         if result.verdict == "adapter":  # the other verdicts are warnings, which the console shows already
             tqdm.write(result.line())
+
+    # -- a curriculum's assessment ----------------------------------------------------------------------
+    def _assess(self) -> None:
+        """Every environment on the curriculum's held-out games as the agent acts now, stored with the state that
+        counts it in one transaction (a run killed inside plays it again; one killed after never twice)."""
+        index = self.state.assessed
+        after = replace(self.state, assessed=index + 1)
+        with self.store.transaction():
+            assess(self.the_run, self.backend, index, self.adapter)
+            self.store.update_run(self.run_id, state=after.stored())
+        self.state = after
+        matrix = load_matrix(self.store, self.run_id, self.config.curriculum, [e.id for e in self.config.envs])
+        row = ", ".join(f"{e.rsplit('/', 1)[-1]} {matrix.rate(index, e):.0%}" for e in matrix.envs)
+        line = (
+            f"ASSESS {matrix.phases[index] if index == 0 else f'after phase {index} ({matrix.phases[index]})'}: {row}"
+        )
+        tqdm.write(line)
+        log.info(line, extra={"fields": {"phase": "ASSESS", "after_phase": index, "R": matrix.as_dict()["R"]}})
 
     # -- reporting ------------------------------------------------------------------------------------
     def _summary(

@@ -49,6 +49,7 @@ class RunState:
     last_extract_at: int = 0  # episodes committed when the last EXTRACT ran
     cycles: int = 0
     last_consolidate_at: int = 0
+    assessed: int = 0  # a curriculum's assessments done: the start's, then one per finished phase
 
     @classmethod
     def from_stored(cls, data: dict | None) -> RunState:
@@ -107,10 +108,22 @@ class Schedule:
         hours = config.runtime.hours
         return cls(config, time.monotonic() + hours * 3600 if hours else None, requested)
 
+    def _phase_ended(self, episodes: int, last_at: int) -> bool:
+        """A curriculum phase ended after `last_at` episodes (its EXTRACT and CONSOLIDATE are due then)."""
+        curriculum = self.config.curriculum
+        return curriculum is not None and curriculum.boundary(episodes) > last_at
+
     def extract_due(self, state: RunState, episodes: int | None = None) -> bool:
         settings = self.config.lessons
         episodes = state.episodes if episodes is None else episodes
-        return settings.enabled and episodes >= state.last_extract_at + settings.extract_every
+        due = episodes >= state.last_extract_at + settings.extract_every
+        return settings.enabled and (due or self._phase_ended(episodes, state.last_extract_at))
+
+    def assess_due(self, state: RunState, episodes: int | None = None) -> bool:
+        """A curriculum's assessment is due: the start's, or that of a phase whose episodes are all played."""
+        curriculum = self.config.curriculum
+        episodes = state.episodes if episodes is None else episodes
+        return curriculum is not None and state.assessed < 1 + curriculum.finished(episodes)
 
     def consolidation_requested(self) -> bool:
         """A re-consolidation was asked for: CONSOLIDATE is due now, whatever the episode count or target."""
@@ -119,7 +132,8 @@ class Schedule:
     def consolidate_due(self, state: RunState, episodes: int | None = None) -> bool:
         settings = self.config.opcd
         episodes = state.episodes if episodes is None else episodes
-        due = settings.enabled and episodes >= state.last_consolidate_at + settings.consolidate_every
+        due = episodes >= state.last_consolidate_at + settings.consolidate_every
+        due = settings.enabled and (due or self._phase_ended(episodes, state.last_consolidate_at))
         return due or self.consolidation_requested()
 
     def past_deadline(self) -> bool:
@@ -141,6 +155,7 @@ class Schedule:
         return not (
             self.extract_due(state, committed_or_running)
             or self.consolidate_due(state, committed_or_running)
+            or self.assess_due(state, committed_or_running)
             or self.past_deadline()
         )
 

@@ -51,6 +51,8 @@ def normalize_scope(entries: Iterable[str] | None, known: Sequence[str] | None =
     With `known` (the run's environment ids), an environment id outside it is refused."""
     out: list[str] = []
     for entry in [] if entries is None else list(entries):
+        if entry == EVERYWHERE:
+            return GLOBAL
         if not isinstance(entry, str) or not entry or len(entry) > MAX_ENTRY_CHARS or not _ENTRY.match(entry):
             shown = repr(entry)[:80]
             raise ScopeError(
@@ -58,8 +60,6 @@ def normalize_scope(entries: Iterable[str] | None, known: Sequence[str] | None =
                 f"family:NAME (text, arena, math) or '*', at most {MAX_ENTRY_CHARS} characters of letters, digits "
                 "and _ . : / @ + -"
             )
-        if entry == EVERYWHERE:
-            return GLOBAL
         if entry.startswith(FAMILY) and not entry[len(FAMILY) :]:
             raise ScopeError("lesson scope entry 'family:': name the family, e.g. family:text")
         if known is not None and not entry.startswith(FAMILY) and entry not in known:

@@ -279,6 +279,7 @@ def lesson_provenance(store: ExperienceStore, lesson_id: int) -> dict[str, Any]:
         "status": lesson.status,
         "pool": lesson.pool,
         "env_id": lesson.env_id,
+        "scope": list(lesson.scope),
         "created_at": lesson.created_at.isoformat(),
         "token_count": lesson.token_count,
         "times_in_context": lesson.times_in_context,

@@ -50,7 +50,7 @@ from pydantic import Field, model_validator
 from distill.config_base import StrictConfig
 from distill.opcd.config import OPCDConfig
 from distill.opcd.teacher import TeacherSpec, check_teacher, load_teacher
-from distill.opcd.trainer import Chat, DivergenceError, OPCDTrainer
+from distill.opcd.trainer import Chat, DivergenceError, OPCDTrainer, PromptContexts
 
 PARENT_PID_ENV = "OPCD_JOB_PARENT_PID"
 _STOP_GRACE_SECONDS = 10.0
@@ -71,6 +71,9 @@ class TrainJob(StrictConfig):
     train_prompts: list[Chat]
     contexts: list[str] | str
     """One context for every sample, or the lesson pools (one drawn per sample), as `OPCDTrainer.train`."""
+    prompt_contexts: list[list[str]] | None = None
+    """Instead of `contexts`: per training prompt, its own pools' contexts (the lessons in scope for the environment
+    it came from; `PromptContexts`)."""
     output: str
     """Where the adapter is written (atomically)."""
     parent_adapter: str | None = None
@@ -93,6 +96,14 @@ class TrainJob(StrictConfig):
     device: Literal["cpu", "cuda"] = "cpu"
     overwrite: bool = False
     """Replace an adapter already at `output` (a rerun of an interrupted cycle)."""
+
+    @model_validator(mode="after")
+    def _one_context_list_per_prompt(self) -> TrainJob:
+        if self.prompt_contexts is not None and len(self.prompt_contexts) != len(self.train_prompts):
+            raise ValueError(
+                f"prompt_contexts holds {len(self.prompt_contexts)} lists for {len(self.train_prompts)} train prompts"
+            )
+        return self
 
     @model_validator(mode="after")
     def _anchors_need_own_teacher(self) -> TrainJob:
@@ -160,9 +171,12 @@ def execute(
         }
 
     kl_before = kls()
+    contexts = job.contexts
+    if job.prompt_contexts is not None:
+        contexts = PromptContexts(job.train_prompts, job.prompt_contexts)
     steps = trainer.train(
         job.train_prompts,
-        job.contexts,
+        contexts,
         on_step=on_step,
         choices=job.train_choices,
         anchors=job.anchor_prompts,

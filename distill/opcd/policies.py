@@ -22,13 +22,31 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from distill.chat_tokens import Chat
 from distill.opcd.config import OPCDConfig
 from distill.opcd.sampler import MergedSampler
+
+
+class PromptContexts:
+    """Each prompt's own lesson pools (one drawn per sample, as with shared pools): the lessons in scope for the
+    environment the prompt came from (`distill.lessons.scope`). Prompts are told apart by identity: give the
+    same chat objects to `train`."""
+
+    def __init__(self, prompts: Sequence[Chat], pools: Sequence[Sequence[str]]):
+        if len(prompts) != len(pools):
+            raise ValueError(f"{len(prompts)} prompts but {len(pools)} context lists; give one per prompt")
+        if any(not p for p in pools):
+            raise ValueError("every prompt needs at least one context (an empty string: none)")
+        self._pools = {id(chat): list(p) for chat, p in zip(prompts, pools)}
+
+    def pools(self, chat: Chat) -> list[str]:
+        found = self._pools.get(id(chat))
+        assert found is not None, "a prompt without its contexts: give `train` the chats PromptContexts was built on"
+        return found
 
 
 def with_context(chat: Chat, context: str) -> Chat:

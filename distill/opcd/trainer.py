@@ -52,14 +52,15 @@ from distill.opcd.choice import action_token_ids, choice_divergence, choice_logp
 from distill.opcd.collectives import average_gradients, global_loss, world
 from distill.opcd.config import OPCDConfig
 from distill.opcd.losses import ChunkedLoss, chunked_topk_divergence
-from distill.opcd.policies import Policies, with_context
+from distill.opcd.policies import Policies, PromptContexts, with_context
 from distill.opcd.prefix_kv import plain_kv_layers, shared_prefix_length
 from distill.opcd.sampler import sample_responses
 from distill.opcd.scoring import pad_responses, response_hidden
 
-__all__ = ["DivergenceError", "OPCDTrainer", "with_context"]
+__all__ = ["DivergenceError", "OPCDTrainer", "PromptContexts", "with_context"]
 
-ContextSource = str | Sequence[str] | Callable[[Chat], str]
+
+ContextSource = str | Sequence[str] | PromptContexts | Callable[[Chat], str]
 
 
 def split_validation(items: list, fraction: float, seed: int) -> tuple[list, list]:
@@ -423,7 +424,8 @@ class OPCDTrainer:
         `prompt_source`: a sequence of chats (reshuffled every pass with the config seed) or an iterator of chats (drawn
         in order; training stops early when it cannot fill a batch). `context_source`: one string for every sample
         (system-prompt distillation, or one lesson set), a sequence of strings (one drawn at random per sample: the
-        lesson pools), or a callable `chat -> context`. `on_step(metrics)` is called after each step (log it, save, stop
+        lesson pools), `PromptContexts` (each prompt's own pools: its environment's lessons), or a callable
+        `chat -> context`. `on_step(metrics)` is called after each step (log it, save, stop
         by raising); under data parallel on rank 0 only (an exception there ends rank 0, and the launcher then stops the
         others). A NaN or diverging loss raises `DivergenceError` (on every rank at once). `choices`: one action set per
         prompt of a sequence `prompt_source`: the choice policy is distilled. `anchors` (with `anchor_choices` when
@@ -544,6 +546,8 @@ class OPCDTrainer:
     def _context_picker(source: ContextSource, rng: random.Random) -> Callable[[Chat], str]:
         if isinstance(source, str):
             return lambda chat: source
+        if isinstance(source, PromptContexts):
+            return lambda chat: rng.choice(source.pools(chat))
         if callable(source):
             return source
         pools = list(source)

@@ -1,0 +1,57 @@
+"""The `report` command: a run's continual-learning matrix and its learning table, from the store alone.
+
+    agent-runtime report [--workdir DIR | --db URL] [--run ID] [--json]
+
+The matrix (`agent_runtime.evaluation.continual`) exists for a run with a `curriculum:` section: R[i][j], held-out
+success on every environment after each phase, with ACC, BWT and FWT and their intervals. The learning table is the
+newest OPCD cycle's (`agent_runtime.evaluation.report`). Nothing is played and no model is loaded.
+"""
+
+from __future__ import annotations
+
+from agent_runtime.cli.common import UsageError, add_command, open_store, print_result
+
+
+def continual_matrix(store, run) -> object | None:
+    """The run's matrix, or None for a run without a curriculum."""
+    from agent_runtime.config import config_from_dict
+    from agent_runtime.evaluation.continual import load_matrix
+
+    config = config_from_dict(run.config, source=f"the stored config of run {run.id}")
+    if config.curriculum is None:
+        return None
+    return load_matrix(store, run.id, config.curriculum, [e.id for e in config.envs])
+
+
+def cmd_report(args) -> int:
+    from agent_runtime.evaluation.report import learning_table
+
+    with open_store(args) as store:
+        runs = store.runs()
+        if not runs:
+            raise UsageError(f"no runs in {store.url}")
+        run = store.get_run(args.run) if args.run is not None else runs[-1]
+        matrix = continual_matrix(store, run)
+        table = learning_table(store, run.id)
+    lines = [f"run {run.id} ({run.name})"]
+    if matrix is not None:
+        lines.append(matrix.table())
+    if table:
+        lines.append(table)
+    if matrix is None and not table:
+        lines.append("no curriculum assessments and no OPCD cycle yet: nothing to report")
+    payload = {
+        "run_id": run.id,
+        "name": run.name,
+        "continual": matrix.as_dict() if matrix is not None else None,
+        "learning_table": table,
+    }
+    print_result(args, payload, lines)
+    return 0
+
+
+def register(sub) -> None:
+    report = add_command(
+        sub, "report", cmd_report, "a run's continual-learning matrix (R, ACC, BWT, FWT) and learning table"
+    )
+    report.add_argument("--run", type=int, help="the run (default: the newest)")
