@@ -7,8 +7,9 @@ settings, the seed, the split, TextWorld's version and `_GENERATOR_VERSION`; a s
 task (in any process, from any workdir sharing the cache) only loads the file. Games are generated through
 TextWorld's Python API (`textworld.challenges` and `textworld.generator`) by `environments.game_cache`:
 into a temporary folder renamed into place, under a per-game lock, so concurrent workers never read
-half-written games and a damaged entry is rebuilt. A flat ``<hash>.z8`` + ``<hash>.json`` pair written
-by earlier versions (an old workdir's ``games/``) is still read.
+half-written games, and an entry is played only if its manifest says it is this task's game (a damaged,
+planted or older version's entry is rebuilt). A flat ``<hash>.z8`` + ``<hash>.json`` pair written by earlier
+versions (an old workdir's ``games/``) is still read when both are plain files of this user's, no symlink.
 
 Splits: train task "train-i" is game seed i, eval task "eval-i" is game seed 1_000_000 + i, so the
 splits never share a game. (The cooking and simple challenges also have held-out ingredients; eval
@@ -38,7 +39,7 @@ from typing import Any
 
 from environments.base import EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task, resolve_cache_dir
-from environments.game_cache import cache_key, cached_entry, is_complete
+from environments.game_cache import cache_key, cached_entry, trusted_files
 from environments.interpreter import (
     ONE_AT_A_TIME,
     UNKNOWN_VERB,
@@ -61,7 +62,7 @@ __all__ = [
 
 EVAL_SEED_OFFSET = 1_000_000
 _GENERATOR_VERSION = "1"  # bump when generation changes so old cache entries are not reused
-_GAME_FILES = ("game.z8", "game.json")  # a cache entry is complete when both are there, non-empty
+_GAME_FILES = ("game.z8", "game.json")  # what every cache entry holds (beside what else TextWorld writes)
 
 
 _NOISE = ("Would you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?",)
@@ -130,18 +131,19 @@ class TextWorldEnv(EpisodicEnv):
     # -- generation and cache -----------------------------------------------------------------
     def game_key(self, task_id: str) -> str:
         """Hash of everything that determines the game of `task_id` (its cache entry's name)."""
+        return cache_key(self._game_inputs(task_id))
+
+    def _game_inputs(self, task_id: str) -> dict[str, Any]:
         import textworld
 
-        return cache_key(
-            {
-                "challenge": self.challenge,
-                "settings": self.settings,
-                "seed": game_seed(task_id),
-                "split": self._split_of(task_id),
-                "textworld": textworld.__version__,
-                "gen": _GENERATOR_VERSION,
-            }
-        )
+        return {
+            "challenge": self.challenge,
+            "settings": self.settings,
+            "seed": game_seed(task_id),
+            "split": self._split_of(task_id),
+            "textworld": textworld.__version__,
+            "gen": _GENERATOR_VERSION,
+        }
 
     @staticmethod
     def _split_of(task_id: str) -> str:
@@ -149,12 +151,12 @@ class TextWorldEnv(EpisodicEnv):
 
     def game_file(self, task_id: str) -> Path:
         """The compiled game of `task_id`, generated and cached on first use."""
-        key = self.game_key(task_id)
-        if not is_complete(self.cache_dir / key, _GAME_FILES) and is_complete(
-            self.cache_dir, (f"{key}.z8", f"{key}.json")
-        ):
+        inputs = self._game_inputs(task_id)
+        key = cache_key(inputs)
+        if trusted_files(self.cache_dir, (f"{key}.z8", f"{key}.json")):
             return self.cache_dir / f"{key}.z8"  # the flat layout of earlier versions (an old workdir's games/)
-        return cached_entry(self.cache_dir, key, _GAME_FILES, lambda tmp: self._generate(task_id, tmp)) / "game.z8"
+        entry = cached_entry(self.cache_dir, key, _GAME_FILES, lambda tmp: self._generate(task_id, tmp), inputs=inputs)
+        return entry / "game.z8"
 
     def _generate(self, task_id: str, folder: Path) -> None:
         """Compile the game of `task_id` into `folder` (game.z8 and game.json)."""

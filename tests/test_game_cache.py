@@ -21,7 +21,7 @@ from agent_runtime.config import config_from_dict
 from agent_runtime.episode.build import build_envs
 from environments import game_cache
 from environments import textworld_games as tw
-from environments.game_cache import STALE_AFTER_S, cached_entry, run_games_dir
+from environments.game_cache import STALE_AFTER_S, GameCacheError, cached_entry, run_games_dir
 
 
 @pytest.fixture
@@ -158,15 +158,15 @@ def test_a_failed_build_leaves_nothing_in_place(tmp_path):
     def half(folder):
         (folder / "a").write_text("x")  # `b` never written
 
-    with pytest.raises(RuntimeError, match="wrote no"):
-        cached_entry(tmp_path, "k", ("a", "b"), half)
+    with pytest.raises(GameCacheError, match="wrote no"):
+        cached_entry(tmp_path, "k", ("a", "b"), half, inputs={})
     assert sorted(p.name for p in tmp_path.iterdir()) == [".locks"]
 
     def boom(folder):
         raise ValueError("generator failed")
 
     with pytest.raises(ValueError, match="generator failed"):
-        cached_entry(tmp_path, "k", ("a",), boom)
+        cached_entry(tmp_path, "k", ("a",), boom, inputs={})
     assert not (tmp_path / "k").exists()
 
 
@@ -205,7 +205,7 @@ def _slow_build(log: str, folder: Path) -> None:
 
 def _build_in_child(root: str, log: str, start: float) -> tuple[str, str, str]:
     time.sleep(max(0.0, start - time.time()))  # both children ask at the same moment
-    folder = cached_entry(Path(root), "key", ("game.z8", "game.json"), lambda tmp: _slow_build(log, tmp))
+    folder = cached_entry(Path(root), "key", ("game.z8", "game.json"), lambda tmp: _slow_build(log, tmp), inputs={})
     return str(folder), (folder / "game.z8").read_text(), (folder / "game.json").read_text()
 
 
@@ -220,14 +220,14 @@ def test_two_processes_asking_for_one_game_both_read_it_complete(tmp_path):
 
 
 def test_without_a_lock_the_rename_still_settles_the_race(tmp_path, monkeypatch):
-    monkeypatch.setattr(game_cache, "_locked", lambda root, key: contextlib.nullcontext())
+    monkeypatch.setattr(game_cache, "_locked", lambda *args: contextlib.nullcontext())
     log, results = tmp_path / "builds.log", []
     barrier = threading.Barrier(2)
 
     def ask():
         barrier.wait()
         folder = cached_entry(
-            tmp_path / "cache", "key", ("game.z8", "game.json"), lambda tmp: _slow_build(str(log), tmp)
+            tmp_path / "cache", "key", ("game.z8", "game.json"), lambda tmp: _slow_build(str(log), tmp), inputs={}
         )
         results.append((folder, (folder / "game.z8").read_text(), (folder / "game.json").read_text()))
 

@@ -11,9 +11,9 @@ generated game is played by alfworld's hand-coded expert before it is offered; a
 `spec.max_steps` is discarded and the task moves to the next attempt seed (so every offered game is winnable within the
 step budget). The winning expert trajectory is cached with the game and served by `expert_actions()`. Generated games
 live in `<cache_dir>/alfworld/<hash>/`, written through `environments.game_cache` (shared by every workdir, built in a
-temporary folder renamed into place, a damaged entry rebuilt). Scores on generated games are not comparable with
-published ALFWorld numbers (different rooms' object layouts, our own object placement); `spec.kwargs["source"]` and
-`info["source"]` say which kind you have.
+temporary folder renamed into place, an entry that does not match its manifest rebuilt). Scores on generated games are
+not comparable with published ALFWorld numbers (different rooms' object layouts, our own object placement);
+`spec.kwargs["source"]` and `info["source"]` say which kind you have.
 
 Observations, admissible actions and the win condition are alfworld's (TextWorld's PDDL backend with
 alfworld's name demangler); reward is 1 on the winning step, 0 otherwise. The PDDL engine applies only
@@ -156,18 +156,18 @@ class AlfworldEnv(EpisodicEnv):
         import alfworld
 
         split, index, task_type = self._task_key(task_id)
-        payload = json.dumps(
-            {
-                "split": split,
-                "index": index,
-                "type": task_type,
-                "gen": _GENERATOR_VERSION,
-                "alfworld": getattr(alfworld, "__version__", "?"),
-                "expert": self.spec.max_steps,
-            }
+        inputs = {
+            "split": split,
+            "index": index,
+            "type": task_type,
+            "gen": _GENERATOR_VERSION,
+            "alfworld": getattr(alfworld, "__version__", "?"),
+            "expert": self.spec.max_steps,
+        }
+        key = hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:24]
+        return cached_entry(
+            self.cache_dir, key, _GAME_FILES, lambda tmp: self._generate(split, index, task_type, tmp), inputs=inputs
         )
-        key = hashlib.sha256(payload.encode()).hexdigest()[:24]  # as before, so existing entries stay valid
-        return cached_entry(self.cache_dir, key, _GAME_FILES, lambda tmp: self._generate(split, index, task_type, tmp))
 
     def _generate(self, split: str, index: int, task_type: str, folder: Path) -> None:
         """Write into `folder` the first game of the task that the expert wins, and the expert's actions."""
