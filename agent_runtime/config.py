@@ -230,6 +230,13 @@ class ConsolidationConfig(StrictConfig):
         "trained on)",
     )
     anchor_episodes: int = Field(16, gt=0, description="train tasks per anchor env played for the anchor prompts")
+    replay_episodes: int = Field(
+        8,
+        ge=0,
+        description="for each environment the run has played that the recent episodes leave out, its newest episodes "
+        "from the memory join the cycle: taught with that environment's lessons, or, where none is in scope, "
+        "replayed (the student held to its parent on the run's own past decisions); 0: none",
+    )
     promote_margin: float = Field(0.05, ge=0, le=1, description="allowed drop of the student without lessons")
     retention_margin: float = Field(0.05, ge=0, le=1, description="allowed drop on the retention set")
     internalized_ratio: float = Field(0.5, gt=0, le=1, description="per-lesson KL after/before for consolidation")

@@ -258,3 +258,22 @@ def test_the_matrix_statistics() -> None:
     assert matrix.drops() == {"a": pytest.approx(-0.25)}
     table = matrix.table()
     assert "ACC 87.5%" in table and "BWT -25.0 points" in table and "FWT +25.0 points" in table
+
+
+def test_a_cycle_that_costs_any_played_environment_on_its_validation_games_is_rolled_back() -> None:
+    """The no-regression check looks at every environment the run has played, on train-split validation games,
+    with and without the lessons; an environment the run has not played yet does not count."""
+    from agent_runtime.config import ConsolidationConfig
+    from agent_runtime.phases.promotion import decide_promotion
+
+    opcd = ConsolidationConfig(validation_games=12)
+    rates = {"validation_student": 0.6, "validation_parent": 0.5}
+    by_env = {
+        "validation_student": {LEFT: 0.9, RIGHT: 0.5},
+        "validation_parent": {LEFT: 0.5, RIGHT: 0.5},
+        "validation_student_with_lessons": {LEFT: 1.0, RIGHT: 0.25},
+        "validation_parent_with_lessons": {LEFT: 1.0, RIGHT: 0.75},
+    }
+    [reason] = decide_promotion(rates, 0.2, 0.05, opcd, by_env=by_env, played=[LEFT, RIGHT])
+    assert f"with lessons on {RIGHT}'s validation games" in reason
+    assert decide_promotion(rates, 0.2, 0.05, opcd, by_env=by_env, played=[LEFT]) == []

@@ -18,7 +18,6 @@ stay the parent (the acting policy the student must not fall below), and the cyc
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from agent_runtime.episode.prompt import lessons_section
 from agent_runtime.evaluation import EvalResult
 from agent_runtime.llm import making_room, training_device
 from agent_runtime.llm.base import acting
-from agent_runtime.phases.decisions import Decision, episode_prefixes, turn_prefixes
+from agent_runtime.phases.decisions import Decision, choose_prompts, episode_prefixes, rehearsal, turn_prefixes
 from agent_runtime.phases.probe import ensure_reference
 from agent_runtime.phases.promotion import _changed_meanwhile, decide_promotion, internalized_lessons
 from agent_runtime.phases.system_prompt import SystemPrompt, load_context, load_prompts
@@ -234,7 +233,10 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
         with store.transaction():
             return move_cursor(CycleReport(None, "skipped", ["no live lessons"]))
     # 2. the prompts: the run's recent decisions, a tenth held out
-    decisions, replay = cycle.taught(cycle_prompts(run, backend, cycle))
+    decisions, replay = cycle.taught(
+        cycle_prompts(run, backend, cycle)
+        + rehearsal(run, backend, cycle.cycle_id, skip=bool(cycle.system or cycle.prompt_file))
+    )
     if not decisions:
         decisions, replay = replay, []  # no prompt of an environment in scope: taught as before scopes
     if cycle.teacher_spec is not None:
@@ -366,17 +368,6 @@ def cycle_prompts(run: Run, backend, cycle: Cycle) -> list[Decision]:
     return choose_prompts(decisions, cycle.cycle_id, opcd.max_prompts)
 
 
-def choose_prompts(decisions: list[Decision], cycle_id: int, limit: int) -> list[Decision]:
-    """At most `limit` decisions in the cycle's own seeded order. The agent acts by choosing wherever it can:
-    then the choice policy is what is distilled, on the choice-mode steps (free-mode steps of the same run,
-    e.g. math beside games, wait for a free-mode cycle)."""
-    if any(d.choices for d in decisions):
-        decisions = [d for d in decisions if d.choices]
-    decisions = list(decisions)
-    random.Random(f"cycle:{cycle_id}").shuffle(decisions)
-    return decisions[:limit]
-
-
 def split_heldout(decisions: list[Decision]) -> tuple[list[Decision], list[Decision]]:
     """A tenth of the decisions (at least one) held out to measure the KL on; the rest to train on (all of
     them when nothing else is left)."""
@@ -497,15 +488,27 @@ def evaluate_cycle(run: Run, backend, cycle: Cycle) -> dict[str, list[EvalResult
         if retention:
             evals["teacher_retention"] = _eval(run, backend, lessons=[], n=n, envs=retention)
         if opcd.validation_games:
-            evals["validation_parent"] = _eval(run, backend, lessons=[], n=opcd.validation_games, split="train")
+            _validate(run, backend, "parent", evals, shown, retention)
     with acting(backend, run.store.get_adapter(cycle.adapter_id)):  # the adapter row the cycle wrote
         evals["student_with_lessons"] = _eval(run, backend, n=n, **shown)
         evals["student_without_lessons"] = _eval(run, backend, lessons=[], n=n)
         if opcd.validation_games:
-            evals["validation_student"] = _eval(run, backend, lessons=[], n=opcd.validation_games, split="train")
+            _validate(run, backend, "student", evals, shown, retention)
         if retention:
             evals["student_retention"] = _eval(run, backend, lessons=[], n=n, envs=retention)
     return evals
+
+
+def _validate(run: Run, backend, who: str, evals: dict, shown: dict, retention: list) -> None:
+    """The decision's evidence for `who` (parent or student): `opcd.validation_games` train-split games of every
+    environment, without and with the lessons, and of the retention environments: the held-out games stay the
+    report's."""
+    n = run.config.opcd.validation_games
+    evals[f"validation_{who}"] = _eval(run, backend, lessons=[], n=n, split="train")
+    if shown.get("lessons") or shown.get("context"):
+        evals[f"validation_{who}_with_lessons"] = _eval(run, backend, n=n, split="train", **shown)
+    if retention:
+        evals[f"validation_{who}_retention"] = _eval(run, backend, lessons=[], n=n, envs=retention, split="train")
 
 
 def _decide(run: Run, cycle: Cycle, evals: dict[str, list[EvalResult]]) -> CycleReport:
@@ -533,7 +536,10 @@ def _decide(run: Run, cycle: Cycle, evals: dict[str, list[EvalResult]]) -> Cycle
                 metrics={"condition": condition, "episodes": r.episodes, "ci95": [lo, hi]},
             )
     (before, after), (lesson_before, lesson_after) = kl, lesson_kl
-    reasons = decide_promotion(rates, before, after, opcd) + _changed_meanwhile(store, run_id, live, cycle.parent)
+    by_env = {k: {r.env_id: r.success_rate for r in v} for k, v in evals.items()}
+    metrics["evaluation_by_env"] = by_env
+    reasons = decide_promotion(rates, before, after, opcd, by_env=by_env, played=run.played_envs())
+    reasons += _changed_meanwhile(store, run_id, live, cycle.parent)
     if reasons:
         metrics["decision"], metrics["reasons"] = "rolled_back", reasons
         store.update_cycle(cycle_id, metrics=metrics)

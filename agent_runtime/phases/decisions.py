@@ -4,6 +4,7 @@ in choice mode."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from agent_runtime.episode.build import build_envs, build_prompt_builders
@@ -21,15 +22,15 @@ class Decision:
     env_id: str | None = None  # the environment it was played in (None: a prompt file's)
 
 
-def episode_prefixes(run: Run, backend, limit: int) -> list[Decision]:
-    """Every turn of the run's `limit` newest episodes, rebuilt without lessons (held-out evaluation tasks are
-    left out: `agent_runtime.evaluation.heldout`)."""
+def episode_prefixes(run: Run, backend, limit: int, env_id: str | None = None) -> list[Decision]:
+    """Every turn of the run's `limit` newest episodes (of `env_id`, if given), rebuilt without lessons (held-out
+    evaluation tasks are left out: `agent_runtime.evaluation.heldout`)."""
     config, store = run.config, run.store
     specs, _ = build_envs(config, run.workdir)
     builders = {s.env_id: b for s, b in zip(specs, build_prompt_builders(config, specs, backend))}
     held = run.held
     out = []
-    for info in store.episodes(run.id, limit=limit):
+    for info in store.episodes(run.id, env_id=env_id, limit=limit):
         builder = builders.get(info.env_id)
         if builder is None or info.outcome == "error":
             continue
@@ -49,4 +50,30 @@ def turn_prefixes(builder, steps, episode_id: int | None = None, *, env_id: str 
         ids = [] if episode_id is None else [episode_id]
         out.append(Decision(chat, ids, list(choices) if choices else None, env_id))
         history.append(Turn(step.observation, step.response, step.admissible_actions))
+    return out
+
+
+def choose_prompts(decisions: list[Decision], cycle_id: int, limit: int) -> list[Decision]:
+    """At most `limit` decisions in the cycle's own seeded order. The agent acts by choosing wherever it can:
+    then the choice policy is what is distilled, on the choice-mode steps (free-mode steps of the same run,
+    e.g. math beside games, wait for a free-mode cycle)."""
+    if any(d.choices for d in decisions):
+        decisions = [d for d in decisions if d.choices]
+    decisions = list(decisions)
+    random.Random(f"cycle:{cycle_id}").shuffle(decisions)
+    return decisions[:limit]
+
+
+def rehearsal(run: Run, backend, cycle_id: int, *, skip: bool = False) -> list[Decision]:
+    """The newest `opcd.replay_episodes` episodes of each environment the run has played that the recent episodes
+    leave out (a curriculum's earlier phases), rebuilt as prompts: the cycle rehearses every environment it knows
+    (`skip`: a cycle that distils a system prompt or a prompt file)."""
+    per_env = run.config.opcd.replay_episodes
+    if skip or not per_env:
+        return []
+    recent = {e.env_id for e in run.store.episodes(run.id, limit=run.config.opcd.recent_episodes)}
+    out = []
+    for env in run.played_envs():
+        if env not in recent:
+            out += choose_prompts(episode_prefixes(run, backend, per_env, env), cycle_id, run.config.opcd.max_prompts)
     return out

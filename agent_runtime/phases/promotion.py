@@ -8,7 +8,13 @@ from memory import ExperienceStore
 
 
 def decide_promotion(
-    rates: dict[str, float], kl_before: float, kl_after: float, opcd: ConsolidationConfig
+    rates: dict[str, float],
+    kl_before: float,
+    kl_after: float,
+    opcd: ConsolidationConfig,
+    *,
+    by_env: dict[str, dict[str, float]] | None = None,
+    played: list[str] | None = None,
 ) -> list[str]:
     """The reasons not to promote a cycle's adapter (none: promote). Evidence is needed both ways.
 
@@ -16,8 +22,10 @@ def decide_promotion(
        its start-of-cycle value, or (with validation games) the student without lessons won more of the
        validation games than the parent by over `promote_margin`. A KL on a handful of prompts is noisy, and a
        student that sharpens the teacher's preference past it plays better while its KL rises.
-    2. No regression: no evaluated condition fell below its reference by more than its margin; without lessons
-       that is judged on the validation games when they were played, so the held-out games stay the report's."""
+    2. No regression: no evaluated condition fell below its reference by more than its margin. With validation
+       games (`by_env`, each condition's rate per environment) it is judged there, in every environment the run
+       has played (`played`) and every retention environment, without and with the lessons: the held-out games
+       stay the report's. Without them, on the held-out conditions pooled, as before."""
     reasons = []
     validated = "validation_student" in rates and "validation_parent" in rates
     gain = rates["validation_student"] - rates["validation_parent"] if validated else None
@@ -36,6 +44,8 @@ def decide_promotion(
             else ""
         )
         reasons.append(f"held-out KL {kl_before:.4f} -> {kl_after:.4f} did not fall by {opcd.min_kl_drop:.0%}{won}")
+    if validated and by_env is not None:
+        return reasons + _regressions_by_env(by_env, played, opcd)
     without = (
         ("validation_student", "validation_parent")
         if validated
@@ -52,6 +62,36 @@ def decide_promotion(
                 f"{what}: student {rates[student]:.2f} fell below the parent's {rates[parent]:.2f} "
                 f"by more than {margin}"
             )
+    return reasons
+
+
+def _regressions_by_env(
+    by_env: dict[str, dict[str, float]], played: list[str] | None, opcd: ConsolidationConfig
+) -> list[str]:
+    """Each played environment (each retention one) where the student fell below its parent on the validation games
+    by more than the margin, without or with the lessons."""
+    reasons = []
+    checks = [
+        ("validation_student", "validation_parent", opcd.promote_margin, "without lessons", True),
+        (
+            "validation_student_with_lessons",
+            "validation_parent_with_lessons",
+            opcd.promote_margin,
+            "with lessons",
+            True,
+        ),
+        ("validation_student_retention", "validation_parent_retention", opcd.retention_margin, "retention", False),
+    ]
+    for student, parent, margin, what, only_played in checks:
+        mine, theirs = by_env.get(student, {}), by_env.get(parent, {})
+        for env in sorted(set(mine) & set(theirs)):
+            if only_played and played is not None and env not in played:
+                continue
+            if mine[env] < theirs[env] - margin:
+                reasons.append(
+                    f"{what} on {env}'s validation games: student {mine[env]:.2f} fell below the parent's "
+                    f"{theirs[env]:.2f} by more than {margin}"
+                )
     return reasons
 
 

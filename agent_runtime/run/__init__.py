@@ -42,6 +42,10 @@ class Run:
         specs, _, _ = self.pool.envs(self.config, self.workdir, "train")
         return {spec.env_id: spec.family for spec in specs}
 
+    def played_envs(self) -> list[str]:
+        """The environments of the run it has played an episode of (a cycle's no-regression check covers each)."""
+        return [e.id for e in self.config.envs if self.store.episodes(self.id, env_id=e.id, limit=1)]
+
     def evaluate(self, backend, *, envs: list[EnvEntry] | None = None, **kwargs) -> list[EvalResult]:
         """`agent_runtime.evaluation.evaluate` on this run's environments (or `envs` instead), from its pool."""
         if envs is not None:  # entries or their dicts, validated as the config's own
