@@ -12,6 +12,11 @@ into differences. `info` has reserved keys every consumer may rely on:
 
 `check_env` (environments/checker.py) enforces this contract; plugin authors run it through
 ``agent-runtime envs check``.
+
+What the runtime keeps of an environment's text is capped, so that one game answering with megabytes cannot fill
+the model's context, the experience store or the dashboard: an observation (and the goal) longer than
+`MAX_OBSERVATION_CHARS` is cut there with a visible marker (`cap_text`) before the prompt or the store sees it, and
+an admissible action longer than `MAX_ACTION_CHARS` is not offered (cut, it would no longer be the game's action).
 """
 
 from __future__ import annotations
@@ -23,6 +28,18 @@ from typing import Any, NamedTuple, Self
 
 RESERVED_INFO_KEYS = ("admissible_actions", "won", "score", "goal")
 SPLITS = ("train", "eval")
+# Far above what a working game says (a TextWorld cooking room is ~1,000 characters, a command ~40), so that only a
+# runaway environment is cut.
+MAX_OBSERVATION_CHARS = 16_384
+MAX_ACTION_CHARS = 1_024
+
+
+def cap_text(text: str, limit: int) -> str:
+    """`text` as the runtime keeps it: unchanged up to `limit` characters, else its first `limit` characters and a
+    marker that says how long it was ("… [truncated: 8,388,608 characters, kept 16,384]")."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [truncated: {len(text):,} characters, kept {limit:,}]"
 
 
 class StepResult(NamedTuple):

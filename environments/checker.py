@@ -3,8 +3,10 @@
 Like Gymnasium's env_checker, it plays the environment through its public contract and collects
 every violation it finds (instead of stopping at the first), so an author sees the whole list:
 reset before step, types of everything returned, reproducibility (same seed and task give the same
-observations, and the same actions replay the same way), admissible actions as strings, finite
-rewards, terminated/truncated semantics (never both; truncation exactly at spec.max_steps; no step
+observations, and the same actions replay the same way), no state kept across `reset` (after other
+episodes, the instance replays its first episode exactly: the runtime keeps instances between episodes and
+evaluation lends them between calls), admissible actions as strings no longer than `MAX_ACTION_CHARS`,
+finite rewards, terminated/truncated semantics (never both; truncation exactly at spec.max_steps; no step
 after the end), invalid actions answered by the game rather than by an exception, and an idempotent
 close. `cli_check` adds an episode of random admissible actions and is what `agent-runtime envs
 check ENV_ID` runs.
@@ -17,10 +19,12 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from environments.base import SPLITS, EnvSpec, ResetNeededError, StepResult, TextEnv
+from environments.base import MAX_ACTION_CHARS, SPLITS, EnvSpec, ResetNeededError, StepResult, TextEnv
 
 FAMILIES = ("text", "arena", "math")
 MAX_CHECKED_STEPS = 500
+REUSE_STEPS = 10  # steps of the episode a fresh instance plays and the reused instance replays
+STATE_FIELDS = ("action", "observation", "reward", "terminated", "truncated", "info")
 INVALID_ACTION = "xyzzy plugh frobnicate"
 
 
@@ -43,6 +47,12 @@ def _check_info(where: str, info: Any, fail: Callable[[str], None]) -> None:
     actions = info.get("admissible_actions")
     if actions is not None and (not isinstance(actions, list) or not all(isinstance(a, str) for a in actions)):
         fail(f"{where}: info['admissible_actions'] must be a list of str, got {actions!r:.120}")
+    elif actions and max(len(a) for a in actions) > MAX_ACTION_CHARS:
+        longest = max(actions, key=len)
+        fail(
+            f"{where}: info['admissible_actions'] holds an action of {len(longest):,} characters ({longest!r:.60}); "
+            f"the runtime never offers one longer than MAX_ACTION_CHARS={MAX_ACTION_CHARS:,}"
+        )
     if "won" in info and not isinstance(info["won"], bool):
         fail(f"{where}: info['won'] must be a bool, got {type(info['won']).__name__}")
     if "goal" in info and not isinstance(info["goal"], str):
@@ -87,6 +97,50 @@ def _play(env: TextEnv, task_id: str, rng: random.Random, steps: int) -> list[tu
         if done:
             break
     return trace
+
+
+def _trace(env: TextEnv, task_id: str, seed: int, actions: list[str] | None, rng: random.Random) -> list[tuple]:
+    """Reset onto (task_id, seed) and play `actions` (or up to REUSE_STEPS random admissible ones when None) until
+    they run out or the episode ends. Each state is (action, observation, reward, terminated, truncated, info), the
+    reset's first (action "reset", no reward or flags)."""
+    observation, info = env.reset(seed=seed, task_id=task_id)
+    states: list[tuple] = [("reset", observation, None, None, None, info)]
+    for n in range(len(actions) if actions is not None else REUSE_STEPS):
+        action = actions[n] if actions is not None else _pick_action(info, rng, env)
+        result = env.step(action)
+        states.append((action, *result))
+        info = result.info
+        if result.terminated or result.truncated:
+            break
+    return states
+
+
+def _same(was: Any, now: Any) -> bool:
+    both_nan = isinstance(was, float) and isinstance(now, float) and math.isnan(was) and math.isnan(now)
+    return both_nan or was == now
+
+
+def _check_reuse(
+    env: TextEnv, task_id: str, seed: int, fresh: list[tuple], played: str, fail: Callable[[str], None]
+) -> None:
+    """After playing `played`, the instance replays `fresh` (its first episode, on `task_id`) with the same actions;
+    every state must equal the fresh one's (an episode that ends sooner differs in its flags). The first state that
+    differs is reported, with the field and both values."""
+    again = _trace(env, task_id, seed, [state[0] for state in fresh[1:]], random.Random(seed))
+    what = (
+        f"a reused instance plays differently from a fresh one: after playing {played!r}, reset(task_id={task_id!r}, "
+        f"seed={seed}) and the fresh instance's actions"
+    )
+    rule = "reset must return the environment to a state that depends only on (task_id, seed)"
+    for n, (was, now) in enumerate(zip(fresh, again)):
+        differ = next((i for i in range(1, len(STATE_FIELDS)) if not _same(was[i], now[i])), None)
+        if differ is not None:
+            where = "reset" if n == 0 else f"step {n} ({was[0]!r})"
+            fail(
+                f"{what} differ at {where}: {STATE_FIELDS[differ]} {now[differ]!r:.120} where the fresh instance "
+                f"gave {was[differ]!r:.120}; {rule}"
+            )
+            return
 
 
 def check_env(env: TextEnv, *, seed: int = 0) -> None:
@@ -151,6 +205,9 @@ def _run_checks(env: TextEnv, seed: int, fail: Callable[[str], None]) -> None:
     if not isinstance(observation, str):
         fail(f"reset(): observation must be a str, got {type(observation).__name__}")
     _check_info("reset()", info, fail)
+    # the first episode this (fresh) instance plays, on an eval task: replayed after the train task's episodes
+    fresh_task = tasks["eval"][0]
+    fresh = _trace(env, fresh_task, seed, None, random.Random(seed))
     again, info_again = env.reset(task_id=task)
     if again != observation:
         fail(f"reset(task_id={task!r}) twice gave different observations")
@@ -175,6 +232,7 @@ def _run_checks(env: TextEnv, seed: int, fail: Callable[[str], None]) -> None:
         fail(f"replaying the same actions on {task!r} gave different observations or rewards")
 
     _check_episode(env, task, random.Random(seed), fail)
+    _check_reuse(env, fresh_task, seed, fresh, task, fail)
     env.close()
     env.close()
 

@@ -167,11 +167,11 @@ def test_specs_and_instances_are_keyed_by_what_decides_them(tmp_path, monkeypatc
     evaluate(counting_config(), tmp_path, ScriptedBackend(), pool=pool, lessons=["Go first."], episodes_per_env=2)
     assert builds == ["eval"]
     evaluate(counting_config(), tmp_path, ScriptedBackend(), pool=pool, split="train")
-    assert builds == ["eval", "train"] and len(played()) == 4  # the split shares the instances (+ train-3's)
+    assert builds == ["eval", "train"] and len(played()) == 6  # new instances: never lent across splits
     evaluate(counting_config(tag="b"), tmp_path, ScriptedBackend(), pool=pool)
     assert builds == ["eval", "train", "eval"]
     tagged = [e for e in played() if e.tag == "b"]
-    assert len(tagged) == 3 and len(played()) == 7  # new instances: never one of tag "a"
+    assert len(tagged) == 3 and len(played()) == 9  # new instances: never one of tag "a"
     evaluate(counting_config(), tmp_path / "other", ScriptedBackend(), pool=pool)
     assert builds == ["eval", "train", "eval", "eval"]
     with_max_steps = counting_config()

@@ -1,6 +1,7 @@
 """The dashboard's reads that `ExperienceStore` does not offer, as read-only SQL over `memory.models`.
 
-What: paged and filtered episode lists (task, adapter, lesson-set version), per-run counts, the
+What: paged and filtered episode lists (task, adapter, lesson-set version), an episode's steps a page at a time
+(an episode of huge observations stays a small page), per-run counts, the
 success-rate series behind the overview charts, a lesson's provenance in both directions (the lessons
 an episode produced, the lesson-set versions that held a lesson), lesson-set diffs, adapter lineage,
 OPCD curves normalised for plotting, a step's choice distribution, and which embedder made the stored
@@ -34,8 +35,9 @@ from memory import (
     ExperienceStore,
     LessonInfo,
     LessonSetInfo,
+    NotFoundError,
 )
-from memory.models import Adapter, Cycle, Embedding, Episode, Lesson, LessonSet, LessonSetMember
+from memory.models import Adapter, Cycle, Embedding, Episode, Lesson, LessonSet, LessonSetMember, Step
 from memory.records import AdapterInfo, CycleInfo, EvaluationInfo, StepInfo, to_info
 
 MAX_POINTS = 400
@@ -86,6 +88,48 @@ def episode_page(
             where.apply(select(Episode)).order_by(Episode.id.desc()).limit(per_page).offset((page - 1) * per_page)
         )
         return [to_info(EpisodeInfo, r) for r in rows], total
+
+
+def episode_head(store: ExperienceStore, episode_id: int) -> EpisodeInfo:
+    """One episode without its steps (`episode_steps` reads them a page at a time)."""
+    with read_session(store) as session:
+        row = session.get(Episode, episode_id)
+        if row is None:
+            raise NotFoundError(f"no episode with id {episode_id} in {store.url}")
+        return to_info(EpisodeInfo, row)
+
+
+def episode_steps(store: ExperienceStore, episode_id: int, *, offset: int, limit: int) -> tuple[list[StepInfo], int]:
+    """`limit` steps of an episode from the `offset`-th, in order, and how many it has. Their `prompt` is left empty:
+    the page loads a prompt when it is opened (`step_prompt`)."""
+    where = Step.episode_id == episode_id
+    with read_session(store) as session:
+        total = int(session.scalar(select(func.count(Step.id)).where(where)) or 0)
+        rows = session.scalars(select(Step).where(where).order_by(Step.index).limit(limit).offset(offset))
+        steps = [to_info(StepInfo, row) for row in rows]
+    for step in steps:
+        step.prompt = ""
+    return steps, total
+
+
+def step_text(store: ExperienceStore, episode_id: int, index: int, name: str) -> str | None:
+    """One stored text of a step, whole (`name`: a column of `steps`, checked by the caller)."""
+    with read_session(store) as session:
+        text = session.execute(
+            select(getattr(Step, name)).where(Step.episode_id == episode_id, Step.index == index)
+        ).one_or_none()
+    if text is None:
+        raise NotFoundError(f"episode {episode_id} has no step {index} in {store.url}")
+    return text[0]
+
+
+def step_rewards(store: ExperienceStore, episode_id: int) -> list[tuple[int, float]]:
+    """(step index, reward) of every step of an episode, in order: the reward chart reads nothing else."""
+    with read_session(store) as session:
+        rows = session.execute(
+            select(Step.index, Step.reward).where(Step.episode_id == episode_id).order_by(Step.index)
+        )
+        return [(int(index), reward) for index, reward in rows]
 
 
 def step_prompt(store: ExperienceStore, episode_id: int, index: int) -> str:
@@ -428,20 +472,20 @@ def _carry_forward(chart: Chart, rows: list[Row[Any]], name: Any, stride: int, n
                 values.append(None)
 
 
-def episode_chart(episode: EpisodeInfo) -> Chart:
-    """Per-step reward and cumulative return of one episode."""
+def episode_chart(steps: list[tuple[int, float]]) -> Chart:
+    """Per-step reward and cumulative return of one episode, from its (step index, reward) pairs."""
     chart = Chart("reward per step", "step", "reward")
     total = 0.0
     rewards: list[float | None] = []
     returns: list[float | None] = []
-    for step in episode.steps:
-        reward = finite(step.reward) or 0.0
+    for index, value in steps:
+        reward = finite(value) or 0.0
         total += reward
-        chart.x.append(step.index)
+        chart.x.append(index)
         rewards.append(reward)
         returns.append(total)
     chart.series = {"reward": rewards, "return so far": returns}
-    if not episode.steps:
+    if not steps:
         chart.note = "no steps"
     return chart
 

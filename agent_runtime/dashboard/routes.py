@@ -1,7 +1,10 @@
 """The dashboard's pages and JSON chart endpoints (all GET; every page has a shareable URL).
 
 Pages: `/` overview, `/learning` (is the agent learning: rolling success, cycle evaluations),
-`/episodes` (filterable, paged) and `/episodes/{id}` (with the adapter-fingerprint check), `/lessons`,
+`/episodes` (filterable, paged) and `/episodes/{id}` (with the adapter-fingerprint check; its steps
+`STEPS_PER_PAGE` at a time, `?page=`, and each text shown up to `SHOWN_CHARS` characters with a link to the whole
+stored text: `/episodes/{id}/steps/{index}/observation` (`response`, `action`), `/episodes/{id}/goal` (`error`); an
+environment that answered with megabytes made a 33 MB page before), `/lessons`,
 `/lessons/versions` and `/lessons/{id}` (the lesson's whole life: `lifecycle.py`), `/cycles` and
 `/cycles/{id}` (with the adapter probe's verdicts), `/search`.
 Fragments for HTMX: a page asked with the `HX-Request` header returns only its changing part
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import html
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Request
@@ -40,6 +44,12 @@ MAX_PER_PAGE = 500
 SEARCH_K = 10
 WINDOW = 20
 MAX_WINDOW = 10_000
+STEPS_PER_PAGE = 20
+SHOWN_CHARS = 4_000  # of a text block on the episode page (the whole text is on its own page)
+SHOWN_ACTIONS = 100  # admissible actions listed per step, each up to SHOWN_ACTION_CHARS
+SHOWN_ACTION_CHARS = 200
+STEP_TEXTS = ("observation", "response", "action")
+EPISODE_TEXTS = ("goal", "error")
 # Path parameters in range, or a 400 naming them (app.py's handler), before any query runs.
 RowId = Annotated[int, Path(ge=1, le=MAX_INT)]
 StepIndex = Annotated[int, Path(ge=0, le=MAX_INT)]
@@ -220,19 +230,39 @@ def episodes(request: Request) -> HTMLResponse:
 @get("/episodes/{episode_id}", response_class=HTMLResponse)
 def episode(request: Request, episode_id: RowId) -> HTMLResponse:
     store = _store(request)
-    info = store.episode(episode_id)
+    info = reads.episode_head(store, episode_id)
+    page = _int(request, "page", 1, minimum=1) or 1
+    steps, total = reads.episode_steps(store, episode_id, offset=(page - 1) * STEPS_PER_PAGE, limit=STEPS_PER_PAGE)
+    pages = max(1, -(-total // STEPS_PER_PAGE))
+    if page > pages:
+        raise HTTPException(
+            404,
+            f"episode {episode_id} has {total} steps on {pages} page(s) of {STEPS_PER_PAGE}; page {page} is past them",
+        )
     in_context = store.lessons(ids=info.lessons_in_context) if info.lessons_in_context else []
     return _page(
         request,
         "episode.html",
         episode=info,
+        steps=steps,
+        page=page,
+        pages=pages,
+        total_steps=total,
+        shown_chars=SHOWN_CHARS,
+        shown_actions=SHOWN_ACTIONS,
+        shown_action_chars=SHOWN_ACTION_CHARS,
         check=lifecycle.adapter_check(store, info),
         in_context=in_context,
         missing_lessons=sorted(set(info.lessons_in_context) - {lesson.id for lesson in in_context}),
         produced=reads.lessons_from_episode(store, info),
-        choices={s.index: reads.choice_distribution(s) for s in info.steps},
+        choices={s.index: reads.choice_distribution(s) for s in steps},
         run_id=info.run_id,
     )
+
+
+def _step_page(index: int) -> int:
+    """The page of the episode page that shows step `index`."""
+    return index // STEPS_PER_PAGE + 1
 
 
 @get("/episodes/{episode_id}/steps/{index}/prompt", response_class=HTMLResponse)
@@ -241,12 +271,54 @@ def step_prompt(request: Request, episode_id: RowId, index: StepIndex) -> HTMLRe
     prompt = reads.step_prompt(_store(request), episode_id, index)
     if _wants_fragment(request):
         return HTMLResponse(html.escape(prompt))
-    return _page(request, "prompt.html", episode_id=episode_id, index=index, prompt=prompt)
+    return _page(request, "prompt.html", episode_id=episode_id, index=index, prompt=prompt, page=_step_page(index))
+
+
+def _step_text_page(name: str) -> Callable[..., HTMLResponse]:
+    def page(request: Request, episode_id: RowId, index: StepIndex) -> HTMLResponse:
+        text = reads.step_text(_store(request), episode_id, index, name)
+        return _page(
+            request,
+            "text.html",
+            title=f"{name.capitalize()} of step {index}",
+            back=f"/episodes/{episode_id}?page={_step_page(index)}#step-{index}",
+            episode_id=episode_id,
+            text=text if text is not None else "(none parsed)",
+        )
+
+    page.__name__ = page.__qualname__ = f"step_{name}"
+    page.__doc__ = f"One step's {name}, whole (the episode page shows the first SHOWN_CHARS characters)."
+    return page
+
+
+def _episode_text_page(name: str) -> Callable[..., HTMLResponse]:
+    def page(request: Request, episode_id: RowId) -> HTMLResponse:
+        text = getattr(reads.episode_head(_store(request), episode_id), name)
+        return _page(
+            request,
+            "text.html",
+            title=f"{name.capitalize()} of episode {episode_id}",
+            back=f"/episodes/{episode_id}",
+            episode_id=episode_id,
+            text=text if text is not None else "(none)",
+        )
+
+    page.__name__ = page.__qualname__ = f"episode_{name}"
+    page.__doc__ = f"An episode's {name}, whole (the episode page shows the first SHOWN_CHARS characters)."
+    return page
+
+
+for _name in STEP_TEXTS:
+    get(f"/episodes/{{episode_id}}/steps/{{index}}/{_name}", response_class=HTMLResponse)(_step_text_page(_name))
+for _name in EPISODE_TEXTS:
+    get(f"/episodes/{{episode_id}}/{_name}", response_class=HTMLResponse)(_episode_text_page(_name))
 
 
 @get("/api/episodes/{episode_id}/rewards.json")
 def rewards_json(request: Request, episode_id: RowId) -> JSONResponse:
-    return JSONResponse({"charts": [reads.episode_chart(_store(request).episode(episode_id)).as_json()]})
+    store = _store(request)
+    reads.episode_head(store, episode_id)  # 404 for an episode that does not exist
+    return JSONResponse({"charts": [reads.episode_chart(reads.step_rewards(store, episode_id)).as_json()]})
 
 
 # -- lessons -----------------------------------------------------------------------------------
