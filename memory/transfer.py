@@ -20,7 +20,9 @@ JSON has no such numbers and a float column holds none), a string holding a lone
 UTF-16 pair: no database or tokenizer takes one), an unknown table or column, a value of the wrong type,
 size or shape (a 32-bit integer, a JSON object, a list of ids), an embedding whose bytes do not match its
 dimension, a reference to a row that does not exist or belongs to another run, a missing trailer or wrong
-counts. A lesson whose text the caller's `lesson_screen` finds a problem with (`agent-runtime memory
+counts. A lesson whose metadata is not what the runtime writes there (`memory.lesson_metadata`: the known keys
+only, ids as ids, counts as counts, rates in [0, 1], texts bounded) is an `ImportFormatError` naming the lesson,
+the field, what was given and what is accepted. A lesson whose text the caller's `lesson_screen` finds a problem with (`agent-runtime memory
 import` passes `distill.lessons.safety.stored_lesson_problem`: a lesson reaches a store only through the
 lesson screen, and an edited export is no exception) is an `ImportFormatError` too.
 A row whose id already exists is an `ImportConflictError`. Either way the transaction is rolled back
@@ -59,6 +61,7 @@ from sqlalchemy.orm import Session
 
 from memory import migrate
 from memory.errors import ImportConflictError, ImportFormatError
+from memory.lesson_metadata import lesson_metadata_problem
 from memory.models import Base, CyclePoint, UTCDateTime
 from memory.prompts import RECIPE_COLUMNS, PromptEncoder, part_id, stored_prompts
 from memory.redaction import redact_secrets
@@ -347,6 +350,11 @@ class TransferMixin:
                     )
                 table = tables[table_name]
                 row = decode_row(table, upgrade_row(revision, table_name, item["row"]), where, _columns(table))
+                if table_name == "lessons" and (problem := lesson_metadata_problem(row["metadata"])):
+                    raise ImportFormatError(
+                        f"{where}: lesson {row['id']}: {problem}; nothing was imported (a lesson's metadata holds "
+                        "what the runtime writes there, memory.lesson_metadata)"
+                    )
                 if table_name == "lessons" and lesson_screen is not None:
                     problem = lesson_screen(row["text"])
                     if problem:
