@@ -240,6 +240,14 @@ def test_a_curriculum_run_fills_the_matrix_and_resumes_mid_phase(tmp_path: Path,
     assert main(["report", "--workdir", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "Continual-learning matrix" in text and "ACC" in text and "BWT" in text and "FWT" in text
+    from fastapi.testclient import TestClient
+
+    from agent_runtime.dashboard import create_app
+
+    with TestClient(create_app(tmp_path), base_url="http://127.0.0.1") as client:
+        page = client.get("/learning").text
+    assert "Continual learning: every environment after each phase" in page
+    assert page.count("<polyline") == 2 and "100%" in page  # a curve per environment; the left room won after phase 1
 
 
 def test_the_matrix_statistics() -> None:

@@ -267,6 +267,14 @@ def plan(config: RunConfig, workdir: Path, *, resume: bool = False) -> dict[str,
             "tried_split": lessons.gate_split,
         },
         "opcd": _opcd(config, problems, notes),
+        "curriculum": None
+        if config.curriculum is None
+        else {
+            "phases": [
+                {"name": ph.label(), "envs": ph.envs, "episodes": ph.episodes} for ph in config.curriculum.phases
+            ],
+            "eval_episodes": config.curriculum.eval_episodes,
+        },
         "problems": problems,
         "notes": notes,
     }
@@ -343,6 +351,16 @@ def format_plan(p: dict[str, Any], source: str) -> str:
         f"{t['processes']} process(es), sampler {t['sampler']}; at most {o['max_prompts']} prompts"
         + (f" from the last {o['recent_episodes']} episodes" if o["kind"] == "lessons" else "")
     )
+    if p.get("curriculum"):
+        cur = p["curriculum"]
+        lines.append(
+            f"curriculum  {len(cur['phases'])} phases, each ending with EXTRACT, CONSOLIDATE and an assessment of every "
+            f"environment on {cur['eval_episodes']} held-out games (also before the first): the continual matrix"
+        )
+        lines += [
+            f"            phase {i}: {ph['name']}: {ph['episodes']} episodes of {', '.join(ph['envs'])}"
+            for i, ph in enumerate(cur["phases"], start=1)
+        ]
     lines += [f"note        {n}" for n in p["notes"]]
     lines += [f"PROBLEM     {x}" for x in p["problems"]]
     lines.append(

@@ -31,6 +31,9 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from agent_runtime.dashboard import learning as learning_reads
 from agent_runtime.dashboard import lifecycle, reads
+from agent_runtime.dashboard.continual import HEIGHT as CURVE_HEIGHT
+from agent_runtime.dashboard.continual import WIDTH as CURVE_WIDTH
+from agent_runtime.dashboard.continual import continual_view
 from agent_runtime.dashboard.reads import MAX_INT
 from memory import LESSON_SET_LIVE, MADE_BY_USER, ExperienceStore, MemoryStoreError, RunInfo
 from memory.embeddings import make_embedder
@@ -177,6 +180,8 @@ def learning(request: Request) -> HTMLResponse:
         matrix=matrix,
         headline=learning_reads.headline(matrix) if matrix else None,
         marks=learning_reads.live_marks(store, run_id) if run_id is not None else [],
+        continual=continual_view(store, run_id) if run_id is not None else None,
+        size=(CURVE_WIDTH, CURVE_HEIGHT),
     )
 
 

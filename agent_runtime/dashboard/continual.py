@@ -1,0 +1,82 @@
+"""The continual-learning view: a curriculum run's matrix R[i][j] (held-out success on environment j after phase i)
+and each environment's curve over the phases, read from the assessment rows the loop stores (evaluation rows whose
+`metrics.continual.after_phase` names the row; `agent_runtime.evaluation.continual` writes them).
+
+The curves are drawn here as an inline SVG (one polyline per environment, x = the phase, y = success): a handful of
+points, no script needed, and nothing stored is interpolated into markup except through the template's escaping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memory import ExperienceStore
+from memory.rates import wilson_interval
+
+WIDTH, HEIGHT, PAD = 520, 200, 30
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+
+
+@dataclass
+class Cell:
+    rate: float
+    low: float
+    high: float
+    n: int
+
+
+@dataclass
+class ContinualView:
+    labels: list[str]  # row i's label: "start", then each phase's
+    envs: list[str]
+    cells: dict[tuple[int, str], Cell] = field(default_factory=dict)
+
+    def cell(self, row: int, env: str) -> Cell | None:
+        return self.cells.get((row, env))
+
+    def curves(self) -> list[dict]:
+        """Per environment: its colour, name and the SVG points of its success after each row it has."""
+        rows = max(len(self.labels) - 1, 1)
+        out = []
+        for k, env in enumerate(self.envs):
+            points = [
+                (PAD + (WIDTH - 2 * PAD) * i / rows, HEIGHT - PAD - (HEIGHT - 2 * PAD) * c.rate)
+                for i in range(len(self.labels))
+                if (c := self.cell(i, env)) is not None
+            ]
+            out.append(
+                {
+                    "env": env,
+                    "colour": COLOURS[k % len(COLOURS)],
+                    "points": " ".join(f"{x:.1f},{y:.1f}" for x, y in points),
+                    "dots": points,
+                }
+            )
+        return out
+
+    def ticks(self) -> list[tuple[float, str]]:
+        rows = max(len(self.labels) - 1, 1)
+        return [(PAD + (WIDTH - 2 * PAD) * i / rows, label) for i, label in enumerate(self.labels)]
+
+
+def continual_view(store: ExperienceStore, run_id: int) -> ContinualView | None:
+    """The run's assessments as a matrix, or None when it has none (a run without a curriculum)."""
+    rows = [e for e in store.evaluations(run_id, kind="eval") if isinstance((e.metrics or {}).get("continual"), dict)]
+    if not rows:
+        return None
+    labels: dict[int, str] = {}
+    envs: list[str] = []
+    view = ContinualView([], [])
+    for row in rows:
+        mark = row.metrics["continual"]
+        index = int(mark.get("after_phase", 0))
+        labels[index] = str(mark.get("label") or index)
+        if row.env_id not in envs:
+            envs.append(row.env_id)
+        wins = sum(1 for e in row.metrics.get("episodes", []) if e.get("won"))
+        n = row.num_episodes or len(row.metrics.get("episodes", []))
+        low, high = wilson_interval(wins, n)
+        view.cells[(index, row.env_id)] = Cell(wins / n if n else 0.0, low, high, n)
+    view.labels = [labels.get(i, str(i)) for i in range(max(labels) + 1)]
+    view.envs = envs
+    return view

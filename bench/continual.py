@@ -1,0 +1,322 @@
+"""Continual learning (issue 37): one long-lived agent, many environments, SmolLM2-135M on CPU, held-out games with
+fixed seeds, paired comparisons. Every study runs the real loop (`AgentLoop`) on a config derived from
+configs/continual.yaml and reads its numbers back from the run's store; a finished run is not run again, a killed
+one resumes.
+
+  curriculum   configs/continual.yaml as it is (coin-collector, treasure-hunter, one-action quests, coin-collector
+               again): the matrix R with ACC, BWT, FWT per seed, and over seeds (target b: BWT >= -3 points, no
+               family loses more than 5 points after later phases, final ACC >= the base model's ACC + 15)
+  mixed        coin-collector level 2 and treasure-hunter level 1 in one phase (64 episodes, about 32 each), learning
+               from its own play, against `single`: coin-collector alone (32 episodes), same seeds (target a:
+               coin-collector's learned success >= 90% of the single run's; treasure-hunter within 3 points of its base
+               with lessons in context and after every promoted cycle, paired, pooled over the seeds, with its interval)
+  retrieval    four lessons for every environment (a person's, no scope) and room for one (`lessons.context_lessons:
+               1`), greedy PLAY over the three families, against the same draws with all four in context (target c:
+               the chosen lesson is the environment's own in >= 95% of episodes; success no lower)
+  scope        a person's coin-collector lesson proposed for every environment of a coin-collector + treasure-hunter
+               run: where do its per-environment trials let it in? (target d, with the real model)
+
+    .venv/bin/python bench/continual.py curriculum --seeds 0,1,2,3,4
+    .venv/bin/python bench/continual.py mixed --seeds 0,1,2
+    .venv/bin/python bench/continual.py retrieval
+    .venv/bin/python bench/continual.py scope
+    .venv/bin/python bench/continual.py report            # every table from the stored runs
+
+Runs live under `--workdir` (default bench-runs/continual), one folder per study and seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agent_runtime.config import config_from_dict
+from agent_runtime.evaluation.continual import load_matrix
+from agent_runtime.run.loop import AgentLoop
+from distill.lessons import live_lessons
+from distill.lessons.gate import mcnemar_p, paired_interval
+from memory import ExperienceStore
+
+COIN, TREASURE, QUESTS = "textworld/coin_collector", "textworld/treasure_hunter", "textworld/custom"
+COIN_LESSON = "Go through the exit. Look and inventory never help. When you see a coin, take coin."
+RETRIEVAL_LESSONS = [
+    COIN_LESSON,
+    "The object you must find is already in the room. Take it.",
+    "Do what your task asks in one action. Examine, look and inventory never help.",
+    "In a kitchen, read the cookbook before you cook.",
+]
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
+
+def base_config(seed: int) -> dict:
+    data = yaml.safe_load((ROOT / "configs" / "continual.yaml").read_text())
+    data["seed"] = seed
+    return data
+
+
+def _env(data: dict, env_id: str) -> dict:
+    return next(e for e in data["envs"] if e["id"] == env_id)
+
+
+def study_config(study: str, seed: int) -> dict:
+    data = base_config(seed)
+    if study == "curriculum":
+        return data
+    if study in ("mixed", "single"):
+        envs = [COIN, TREASURE] if study == "mixed" else [COIN]
+        data["envs"] = [_env(data, e) for e in envs]
+        data["curriculum"]["phases"] = [{"name": study, "envs": envs, "episodes": 64 if study == "mixed" else 32}]
+        return data
+    if study in ("retrieval", "all-lessons"):
+        data["curriculum"] = None
+        data["runtime"]["episodes"] = 48
+        data["model"]["temperature"] = 0.0  # greedy, so that the two arms play the same draws the same way
+        data["agent"]["explore"] = 0.0
+        data["lessons"] = {
+            "enabled": False,
+            "seed": RETRIEVAL_LESSONS,
+            "gate_episodes": 0,
+            "context_lessons": 1 if study == "retrieval" else 0,
+            "budget_tokens": 1024,
+        }
+        data["opcd"]["enabled"] = False
+        return data
+    if study == "scope":
+        data["envs"] = [_env(data, COIN), _env(data, TREASURE)]
+        data["curriculum"] = None
+        data["runtime"]["episodes"] = 8
+        data["lessons"].update({"seed": [COIN_LESSON], "extract_every": 1000})
+        data["opcd"]["enabled"] = False
+        return data
+    raise SystemExit(f"unknown study {study!r}")
+
+
+def run(study: str, seed: int, root: Path) -> Path:
+    workdir = root / f"{study}-s{seed}"
+    config = config_from_dict({**study_config(study, seed), "name": f"{study}-s{seed}"})
+    resume = (workdir / "memory.db").exists()
+    if resume:
+        with ExperienceStore.open(workdir, read_only=True) as store:
+            runs = store.runs()
+            if runs and runs[-1].status == "finished":
+                return workdir
+    started = time.perf_counter()
+    loop = AgentLoop(config, workdir, resume=resume, progress=False)
+    try:
+        loop.run()
+    finally:
+        loop.close()
+    elapsed = time.perf_counter() - started
+    (workdir / "bench-seconds.json").write_text(json.dumps({"seconds": elapsed, "resumed": resume}))
+    print(f"{study} seed {seed}: {elapsed / 60:.1f} min", flush=True)
+    return workdir
+
+
+def _matrix(workdir: Path, study: str, seed: int):
+    """(the run's continual matrix, its run id)."""
+    config = config_from_dict({**study_config(study, seed), "name": f"{study}-s{seed}"})
+    with ExperienceStore.open(workdir, read_only=True) as store:
+        run_id = store.runs()[-1].id
+        return load_matrix(store, run_id, config.curriculum, [e.id for e in config.envs]), run_id
+
+
+def _mean_t(values: list[float]) -> str:
+    if not values:
+        return "-"
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return f"{mean * 100:+.1f}"
+    half = T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return f"{mean * 100:+.1f} [{(mean - half) * 100:+.1f}, {(mean + half) * 100:+.1f}]"
+
+
+def _minutes(workdir: Path) -> str:
+    path = workdir / "bench-seconds.json"
+    return f"{json.loads(path.read_text())['seconds'] / 60:.1f}" if path.exists() else "?"
+
+
+def report_curriculum(root: Path, seeds: list[int]) -> None:
+    rows, accs, bases, bwts, fwts, drops = [], [], [], [], [], []
+    for seed in seeds:
+        workdir = root / f"curriculum-s{seed}"
+        if not (workdir / "memory.db").exists():
+            continue
+        matrix, _ = _matrix(workdir, "curriculum", seed)
+        if not matrix.complete():
+            rows.append(f"seed {seed}: incomplete ({matrix.rows} of {len(matrix.phases)} rows)")
+            continue
+        print(f"seed {seed} ({_minutes(workdir)} min):\n{matrix.table()}\n")
+        acc, base = matrix.acc()[0], sum(matrix.rate(0, e) for e in matrix.envs) / len(matrix.envs)
+        accs.append(acc)
+        bases.append(base)
+        bwts.append(matrix.bwt()[0])
+        fwts.append(matrix.fwt()[0])
+        drops.append(min(matrix.drops().values(), default=0.0))
+    if accs:
+        print(f"over {len(accs)} seed(s), mean [t 95% CI], points:")
+        print(
+            f"  final ACC {_mean_t(accs)}; base ACC {_mean_t(bases)}; ACC - base {_mean_t([a - b for a, b in zip(accs, bases)])}"
+        )
+        print(
+            f"  BWT {_mean_t(bwts)}; FWT {_mean_t(fwts)}; worst drop of a learned family per seed: "
+            + ", ".join(f"{d * 100:+.0f}" for d in drops)
+        )
+    for line in rows:
+        print(line)
+
+
+def report_mixed(root: Path, seeds: list[int]) -> None:
+    print("seed | single: coin after | mixed: coin after (ratio) | treasure base -> with lessons (after) | cycle | min")
+    coin_single, coin_mixed, treasure_diffs, cycle_diffs = [], [], [], []
+    for seed in seeds:
+        single, mixed = root / f"single-s{seed}", root / f"mixed-s{seed}"
+        if not ((single / "memory.db").exists() and (mixed / "memory.db").exists()):
+            continue
+        ms, _ = _matrix(single, "single", seed)
+        mm, run_id = _matrix(mixed, "mixed", seed)
+        if not (ms.complete() and mm.complete()):
+            continue
+        s, m = ms.rate(1, COIN), mm.rate(1, COIN)
+        coin_single.append(s)
+        coin_mixed.append(m)
+        before, after = mm.cells[(0, TREASURE)], mm.cells[(1, TREASURE)]
+        treasure_diffs += [int(b) - int(a) for a, b in zip(before, after)]
+        with ExperienceStore.open(mixed, read_only=True) as store:
+            cycles = store.cycles(run_id)
+            shown = []
+            for cycle in cycles:
+                rows = {
+                    e.metrics.get("condition"): e
+                    for e in store.evaluations(run_id, cycle_id=cycle.id)
+                    if e.env_id == TREASURE
+                }
+                after_cycle = rows.get("student_with_lessons")
+                if cycle.status == "promoted" and after_cycle is not None:
+                    games = {(x["task_id"], x["seed"]): x["won"] for x in after_cycle.metrics["episodes"]}
+                    base = {
+                        (x["task_id"], x["seed"]): x["won"] for x in rows["teacher_without_lessons"].metrics["episodes"]
+                    }
+                    cycle_diffs += [int(games[k]) - int(base[k]) for k in games if k in base]
+                shown.append(f"{cycle.status}")
+        ratio = m / s if s else float("nan")
+        print(
+            f"{seed} | {s:.0%} | {m:.0%} ({ratio:.2f}) | {mm.rate(0, TREASURE):.0%} -> {mm.rate(1, TREASURE):.0%} | "
+            f"{', '.join(shown) or 'none'} | {_minutes(single)} + {_minutes(mixed)}"
+        )
+    if coin_single:
+        pooled = sum(coin_mixed) / max(sum(coin_single), 1e-9)
+        print(f"coin-collector, mixed / single over {len(coin_single)} seeds: {pooled:.2f} (target >= 0.90)")
+    if treasure_diffs:
+        lo, hi = paired_interval(treasure_diffs)
+        mean = sum(treasure_diffs) / len(treasure_diffs)
+        print(
+            f"treasure-hunter after the phase (lessons in context, adapter) minus base, paired, pooled over "
+            f"{len(treasure_diffs)} games: {mean * 100:+.1f} points [95% CI {lo * 100:+.1f}, {hi * 100:+.1f}] "
+            "(target within 3 points)"
+        )
+    if cycle_diffs:
+        lo, hi = paired_interval(cycle_diffs)
+        mean = sum(cycle_diffs) / len(cycle_diffs)
+        print(
+            f"treasure-hunter after each promoted cycle (its adapter with lessons) minus the base model, paired over "
+            f"{len(cycle_diffs)} games: {mean * 100:+.1f} points [95% CI {lo * 100:+.1f}, {hi * 100:+.1f}]"
+        )
+
+
+def report_retrieval(root: Path, seed: int = 0) -> None:
+    retrieval, whole = root / f"retrieval-s{seed}", root / f"all-lessons-s{seed}"
+    if not ((retrieval / "memory.db").exists() and (whole / "memory.db").exists()):
+        return
+    own_text = {COIN: RETRIEVAL_LESSONS[0], TREASURE: RETRIEVAL_LESSONS[1], QUESTS: RETRIEVAL_LESSONS[2]}
+    outcomes = {}
+    for name, workdir in (("retrieval", retrieval), ("whole set", whole)):
+        with ExperienceStore.open(workdir, read_only=True) as store:
+            run_id = store.runs()[-1].id
+            texts = {x.id: x.text for x in live_lessons(store, run_id)[1]}
+            episodes = [store.episode(e.id) for e in store.episodes(run_id, limit=1000, newest_first=False)]
+            outcomes[name] = {e.metadata["draw"]: e.won for e in episodes}
+            if name == "retrieval":
+                own = [
+                    len(e.lessons_in_context) == 1 and texts[e.lessons_in_context[0]] == own_text[e.env_id]
+                    for e in episodes
+                ]
+                by_env = {
+                    env: f"{sum(o for o, e in zip(own, episodes) if e.env_id == env)}/{sum(e.env_id == env for e in episodes)}"
+                    for env in own_text
+                }
+                print(
+                    f"retrieval, one lesson of four in context: the environment's own in {sum(own)}/{len(own)} episodes "
+                    f"({sum(own) / len(own):.1%}; per environment {by_env}; target >= 95%)"
+                )
+    keys = sorted(set(outcomes["retrieval"]) & set(outcomes["whole set"]))
+    a = [outcomes["whole set"][k] for k in keys]
+    b = [outcomes["retrieval"][k] for k in keys]
+    print(
+        f"success on the same {len(keys)} draws (greedy): whole set {sum(a) / len(a):.1%}, retrieval "
+        f"{sum(b) / len(b):.1%} ({sum(b) - sum(a):+d} episodes, McNemar p={mcnemar_p(a, b):.2g}; target: no lower)"
+    )
+
+
+def report_scope(root: Path, seed: int = 0) -> None:
+    workdir = root / f"scope-s{seed}"
+    if not (workdir / "memory.db").exists():
+        return
+    with ExperienceStore.open(workdir, read_only=True) as store:
+        run_id = store.runs()[-1].id
+        lessons = [x for x in store.lessons(run_id) if x.metadata.get("source") == "user"]
+        for lesson in lessons[:1]:
+            trials = lesson.metadata.get("scope_trials", {})
+            print(f"a person's coin-collector lesson proposed for every environment: live in {lesson.scope}")
+            for env, d in trials.items():
+                print(
+                    f"  {env}: {d['current_successes']}/{d['n']} -> {d['candidate_successes']}/{d['n']} train games "
+                    f"({'let in' if env in lesson.scope else 'kept out'})"
+                )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study", choices=("curriculum", "mixed", "retrieval", "scope", "report"))
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    parser.add_argument("--workdir", type=Path, default=ROOT / "bench-runs" / "continual")
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    root = args.workdir
+    root.mkdir(parents=True, exist_ok=True)
+    if args.study == "curriculum":
+        for seed in seeds:
+            run("curriculum", seed, root)
+        report_curriculum(root, seeds)
+    elif args.study == "mixed":
+        for seed in seeds:
+            run("single", seed, root)
+            run("mixed", seed, root)
+        report_mixed(root, seeds)
+    elif args.study == "retrieval":
+        run("retrieval", seeds[0], root)
+        run("all-lessons", seeds[0], root)
+        report_retrieval(root, seeds[0])
+    elif args.study == "scope":
+        run("scope", seeds[0], root)
+        report_scope(root, seeds[0])
+    else:
+        every = sorted({int(p.name.rsplit("-s", 1)[1]) for p in root.glob("*-s*") if p.is_dir()})
+        report_curriculum(root, every)
+        report_mixed(root, every)
+        report_retrieval(root)
+        report_scope(root)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
