@@ -422,6 +422,7 @@ def vllm_python() -> str:
             "vLLM's CPU environment is not built: `bash .ci/vllm-env.sh` builds it (a few minutes, once), "
             f"or set {VLLM_PYTHON_ENV} to a Python with vLLM"
         )
+    os.environ[VLLM_PYTHON_ENV] = found  # as a user names it, so that a config may name it (model.options.python)
     return found
 
 

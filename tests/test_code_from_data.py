@@ -9,6 +9,7 @@ from agent_runtime.config import ConfigError, code_references, config_from_dict
 from agent_runtime.llm.base import BackendError
 from agent_runtime.llm.chat_backend import ChatBackend
 from agent_runtime.run.loop import AgentLoop
+from environments.registry import trusting_code
 from memory import ExperienceStore
 
 
@@ -74,9 +75,11 @@ def test_resume_refuses_a_stored_interpreter_the_given_config_does_not_name(tmp_
     planted = smoke(
         games_dir, model={"name": str(tiny_model_dir), "backend": "vllm", "options": {"python": str(program)}}
     )
-    with ExperienceStore.open(tmp_path) as store:
+    with trusting_code(), ExperienceStore.open(tmp_path) as store:  # an export made by someone who trusted it
         store.create_run("t", config_from_dict(planted).model_dump(mode="json"))
-    with pytest.raises(ConfigError, match=r"model.options.python: stored '.*python', given None"):
+    with pytest.raises(ConfigError, match=r"model.options: the vllm backend: python: '.*python' is a program"):
+        AgentLoop(config_from_dict(smoke(games_dir)), tmp_path, resume=True, progress=False)
+    with trusting_code(), pytest.raises(ConfigError, match=r"model.options.python: stored '.*python', given None"):
         AgentLoop(config_from_dict(smoke(games_dir)), tmp_path, resume=True, progress=False)
     assert not marker.exists(), "the program ran"
 
@@ -102,5 +105,6 @@ def test_every_code_naming_field_is_found():
     }
     chat = config({"backend": "chat", "options": {"class": "a:B"}})
     assert code_references(chat) == {"model.options.class": "a:B", **rest}
-    vllm = config({"backend": "vllm", "options": {"python": "/x/bin/python"}})
+    with trusting_code():  # a config may name an interpreter only with the user's consent
+        vllm = config({"backend": "vllm", "options": {"python": "/x/bin/python"}})
     assert code_references(vllm) == {"model.options.python": "/x/bin/python", **rest}

@@ -93,7 +93,7 @@ def test_anchor_envs_are_never_the_retention_check_nor_beside_a_separate_teacher
         load_config(write(tmp_path, f"envs: [{{id: a}}]\nopcd: {{anchor_envs: [{th}], teacher: {{model: b}}}}\n"))
 
 
-def test_model_options_are_checked_against_the_backend_when_the_config_is_read(tmp_path):
+def test_model_options_are_checked_against_the_backend_when_the_config_is_read(tmp_path, monkeypatch):
     """`model.options` is typed per backend: an unknown or ill-typed option is an error at load that names the key
     and what that backend accepts, not a failure when the backend is built."""
     path = write(tmp_path, "envs: [{id: a}]\nmodel: {options: {prefix_cach: false}}\n")
@@ -114,7 +114,8 @@ def test_model_options_are_checked_against_the_backend_when_the_config_is_read(t
                 "runtime: {executor: ray, ray: {generation: server, server: {class: a:B, kwarg: {}}}}\n",
             )
         )
-    # vLLM takes its engine's own arguments beside the ones it names
+    # vLLM takes its engine's own arguments beside the ones it names (the interpreter: the user's own vLLM's)
+    monkeypatch.setenv("AGENT_RUNTIME_VLLM_PYTHON", "/x/python")
     config = load_config(
         write(tmp_path, "envs: [{id: a}]\nmodel: {backend: vllm, options: {python: /x/python, max_num_seqs: 8}}\n")
     )

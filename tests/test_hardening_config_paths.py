@@ -169,12 +169,13 @@ GUARDED = {
 
 @pytest.mark.parametrize("field", sorted(GUARDED))
 def test_resume_refuses_a_stored_config_that_redirects_the_run(tmp_path, field):
-    with ExperienceStore.open(tmp_path) as store:
-        store.create_run("t", config_from_dict(cfg(**GUARDED[field])).model_dump(mode="json"))
-    with pytest.raises(
-        ConfigError, match=rf"differ in fields that decide what runs(.|\n)*  {re.escape(field)}[.\d]*: stored "
-    ):
-        AgentLoop(config_from_dict(cfg()), tmp_path, resume=True, progress=False)
+    with trusting_code():  # vLLM's engine arguments here are given only under --trust-code; refused even then
+        with ExperienceStore.open(tmp_path) as store:
+            store.create_run("t", config_from_dict(cfg(**GUARDED[field])).model_dump(mode="json"))
+        with pytest.raises(
+            ConfigError, match=rf"differ in fields that decide what runs(.|\n)*  {re.escape(field)}[.\d]*: stored "
+        ):
+            AgentLoop(config_from_dict(cfg()), tmp_path, resume=True, progress=False)
 
 
 def test_resume_lists_harmless_differences_and_goes_on(tmp_path, capsys):

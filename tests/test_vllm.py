@@ -35,6 +35,7 @@ from agent_runtime.llm import SamplingParams, make_backend
 from agent_runtime.llm.base import BackendError
 from agent_runtime.llm.vllm_backend import CPU_KV_CACHE_BYTES
 from distill.chat_tokens import encode_chat
+from environments.registry import trusting_code
 
 ROOT = Path(__file__).resolve().parents[1]
 ALIAS = "smollm2-135m-instruct"
@@ -289,7 +290,8 @@ def test_a_failed_environment_build_fails_the_vllm_tests_with_its_reason():
     assert reason in proc.stdout and "could not be built" in proc.stdout, proc.stdout
 
 
-def test_missing_interpreter_is_a_clear_error(tmp_path):
+def test_missing_interpreter_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENT_RUNTIME_VLLM_PYTHON", str(tmp_path / "python"))  # the user's own choice, but missing
     with pytest.raises(BackendError, match="no interpreter at.*vllm-env.sh"):
         make_backend(ModelConfig(name=str(tmp_path), backend="vllm", options={"python": str(tmp_path / "python")}))
 
@@ -391,7 +393,8 @@ def test_an_engine_that_cannot_start_is_a_clear_error(vllm_python, smollm2, tmp_
 
     running = engine_children()
     log = tmp_path / "vllm.log"
-    with pytest.raises(BackendError, match="vLLM cannot start.*no_such_option"):
+    # an engine argument outside the allow-list reaches the engine only under --trust-code
+    with trusting_code(), pytest.raises(BackendError, match="vLLM cannot start.*no_such_option"):
         make_backend(
             ModelConfig(
                 name=smollm2, backend="vllm", options={"python": vllm_python, "log_file": str(log), "no_such_option": 1}

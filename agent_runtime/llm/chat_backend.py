@@ -22,6 +22,15 @@ same one. The adapter's fingerprint (`distill.fingerprint`) is computed from the
 backend asks the server to load them (the runtime and the server share that filesystem, as they must for
 the path to mean anything); a path this process cannot read gives no fingerprint (None), not an error.
 
+Where requests go is the config's choice, but not where the user's API key goes: a chat model built with an
+endpoint argument (`base_url`, `openai_api_base`, `azure_endpoint`, a proxy, ...) and no credential in its kwargs
+would send the key its client takes from this machine's environment (OPENAI_API_KEY, ...) to that host, so
+`load_chat_model` builds it only for a host the user confirmed (`--trust-endpoint URL`, or listed in
+`AGENT_RUNTIME_TRUSTED_ENDPOINTS`: `agent_runtime.llm.options.unconfirmed_endpoints`). Kwargs with a key of their
+own, and classes with no credential field, send none of the user's. A request the server fails (an HTTP error, a
+refused connection) is a `BackendError` naming the server and what it answered: a run stops there, its finished
+episodes stored, and `--resume` continues it.
+
 Config form:
 
     model:
@@ -52,9 +61,11 @@ from agent_runtime.llm.base import (
     apply_stop,
     closest_action,
 )
+from agent_runtime.llm.options import TRUSTED_ENDPOINTS_ENV, unconfirmed_endpoints
 from distill.chat_tokens import defuse_special_text, encode_text
 from distill.fingerprint import fingerprint_files
 from environments.registry import UntrustedCodeError, check_code
+from memory.redaction import is_secret_key, redact_text
 
 # Where a chat model class may come from without --trust-code (see `load_chat_model`).
 CHAT_PACKAGES = ("langchain",)
@@ -111,7 +122,25 @@ def load_chat_model(spec: str, kwargs: dict[str, Any]):
             f"chat backend: {spec} is not a langchain-core BaseChatModel class; options.class "
             "must name one, e.g. langchain_openai:ChatOpenAI"
         )
+    unconfirmed = unconfirmed_endpoints(kwargs) if _takes_a_key(cls) else []
+    if unconfirmed:
+        name, url = unconfirmed[0]
+        url = redact_text(url)
+        raise BackendError(
+            f"chat backend: options.kwargs.{name} sends {spec}'s requests to {url}, and with no API key in the "
+            "kwargs the client would send the one it takes from this machine's environment: a config alone may "
+            f"not choose where your key goes. Confirm that host with --trust-endpoint {url} (run, eval, "
+            f"distill) or by listing it in {TRUSTED_ENDPOINTS_ENV} (base URLs, comma separated), or give the "
+            "server's own key in the kwargs (api_key)"
+        )
     return cls(**kwargs)
+
+
+def _takes_a_key(cls) -> bool:
+    """Whether the chat model class has a credential among its fields (LangChain's clients fill it from the
+    environment when the kwargs give none); a class without one has no key to send."""
+    fields = getattr(cls, "model_fields", {})
+    return any(is_secret_key(name) or is_secret_key(field.alias or "") for name, field in fields.items())
 
 
 class ChatBackend:
@@ -257,7 +286,15 @@ class ChatBackend:
         kwargs: dict[str, Any] = {"stop": list(params.stop)} if params.stop else {}
         if params.logprobs:  # the adapter probe's request: in OpenAI's names, which a vLLM server answers
             kwargs.update(logprobs=True, temperature=params.temperature, max_tokens=params.max_new_tokens)
-        replies = self.chat_model.batch(batch, config={"max_concurrency": self.max_concurrency}, **kwargs)
+        try:
+            replies = self.chat_model.batch(batch, config={"max_concurrency": self.max_concurrency}, **kwargs)
+        except Exception as exc:  # noqa: BLE001 -- each provider's client raises its own types for a failed request
+            where = redact_text(str(self._kwargs.get("base_url") or "its server"))
+            raise BackendError(
+                f"chat backend: the chat model ({self._spec or type(self.chat_model).__name__}) at {where} failed: "
+                f"{type(exc).__name__}: {exc}. A run stops here with every finished episode stored; `agent-runtime "
+                "run --resume` continues it once the server answers"
+            ) from None
         elapsed = time.perf_counter() - start
         out = []
         for chat, reply in zip(prompts, replies):

