@@ -125,7 +125,8 @@ def _object(fields: dict[str, Check], optional: tuple[str, ...] = ()) -> Check:
             return f"{where} has the unknown key {unknown[0]!r}; accepted keys: {accepted}, got {_show(value)}"
         missing = [k for k in fields if k not in value and k not in optional]
         if missing:
-            return f"{where} is missing {', '.join(missing)}; accepted is an object with the keys {accepted}, got {_show(value)}"
+            shown = f"got {_show(value)}"
+            return f"{where} is missing {', '.join(missing)}; accepted is an object with the keys {accepted}, {shown}"
         return next((p for k, x in value.items() if (p := fields[k](x, f"{where}.{k}"))), None)
 
     return check

@@ -13,22 +13,22 @@ its whole prompt (not its recipe, `memory.prompts`), a cycle its whole curves (n
 the tables derived from others (`DERIVED_TABLES`) are rebuilt by the import, not exported. Steps come in
 episode order (by step index), the other tables' rows by id.
 
-Import is all or nothing: every row goes in inside ONE transaction. Every malformed input is an
-`ImportFormatError` naming the line and what is accepted (`memory.transfer_rows`): bad JSON, a file that
-is not UTF-8, a line longer than `max_line_chars`, a number that is not finite (NaN, Infinity, 1e999:
-JSON has no such numbers and a float column holds none), a string holding a lone surrogate (half of a
-UTF-16 pair: no database or tokenizer takes one), an unknown table or column, a value of the wrong type,
-size or shape (a 32-bit integer, a JSON object, a list of ids), an embedding whose bytes do not match its
-dimension, a reference to a row that does not exist or belongs to another run, a missing trailer or wrong
-counts. A lesson whose metadata is not what the runtime writes there (`memory.lesson_metadata`: the known keys
-only, ids as ids, counts as counts, rates in [0, 1], texts bounded) is an `ImportFormatError` naming the lesson,
-the field, what was given and what is accepted. A lesson whose text the caller's `lesson_screen` finds a problem with (`agent-runtime memory
-import` passes `distill.lessons.safety.stored_lesson_problem`: a lesson reaches a store only through the
-lesson screen, and an edited export is no exception) is an `ImportFormatError` too.
-A row whose id already exists is an `ImportConflictError`. Either way the transaction is rolled back
-and the store is as it was. Exports written at an older schema revision (from 0001) are read too: their
-rows are brought up to date as the migrations since would have changed them. Importing into an empty
-store reproduces the source exactly (`export -> import -> export` gives the same lines after the header).
+Import is all or nothing: every row goes in inside ONE transaction. Every malformed input is an `ImportFormatError`
+naming the line and what is accepted (`memory.transfer_rows`): bad JSON, a file that is not UTF-8, a line longer
+than `max_line_chars`, a number that is not finite (NaN, Infinity, 1e999: JSON has no such numbers and a float
+column holds none), a string holding a lone surrogate (half of a UTF-16 pair: no database or tokenizer takes one),
+an unknown table or column, a value of the wrong type, size or shape (a 32-bit integer, a JSON object, a list of
+ids), an embedding whose bytes do not match its dimension, a reference to a row that does not exist or belongs to
+another run, a missing trailer or wrong counts. A lesson whose metadata is not what the runtime writes there
+(`memory.lesson_metadata`: the known keys only, ids as ids, counts as counts, rates in [0, 1], texts bounded) is an
+`ImportFormatError` naming the lesson, the field, what was given and what is accepted. A lesson whose text the
+caller's `lesson_screen` finds a problem with (`agent-runtime memory import` passes
+`distill.lessons.safety.stored_lesson_problem`: a lesson reaches a store only through the lesson screen, and an
+edited export is no exception) is an `ImportFormatError` too. A row whose id already exists is an
+`ImportConflictError`. Either way the transaction is rolled back and the store is as it was. Exports written at an
+older schema revision (from 0001) are read too: their rows are brought up to date as the migrations since would have
+changed them. Importing into an empty store reproduces the source exactly (`export -> import -> export` gives the
+same lines after the header).
 
 Why a screened lesson fails the whole import rather than being skipped: the rest of the file names it
 (lesson-set versions the gate measured with it, episodes' `lessons_in_context`, embeddings, merges), so

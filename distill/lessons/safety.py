@@ -10,12 +10,13 @@ not one this screen would have stored; `replace_lone_surrogates(text)` makes env
 `action_name_problem(action)` says why an environment's action name may not become lesson text by induction.
 The patterns themselves are `distill.lessons.screen_patterns`.
 
-Every door into the lessons goes through `screen_item`: extraction (`distill.lessons.extract`), a person's
-`lessons add` and `lessons.seed` (`distill.lessons.user`, `distill.lessons.config`), induced lessons
+Every door into the lessons goes through `screen_item`: extraction (`distill.lessons.extract`), a person's `lessons
+add` and `lessons.seed` (`distill.lessons.user`, `distill.lessons.config`), induced lessons
 (`distill.lessons.induce`, whose action names pass `action_name_problem` first), `memory import`
-(`stored_lesson_problem`, all or nothing); merges keep a text that came through one of them. And whatever is stored is screened again when a prompt is rendered
-(`agent_runtime.episode.prompt.lessons_section`, `distill.lessons.render.render_current`), so a lesson written into
-the database by other means still cannot reach the model.
+(`stored_lesson_problem`, all or nothing); merges keep a text that came through one of them. And whatever is stored
+is screened again when a prompt is rendered (`agent_runtime.episode.prompt.lessons_section`,
+`distill.lessons.render.render_current`), so a lesson written into the database by other means still cannot reach
+the model.
 
 Why these rules: lessons are written by a model that read environment text, and environment text is
 untrusted (a poisoned game can print anything). The threats and their defences:
@@ -67,13 +68,12 @@ Reasons are short stable strings ("injection: ...", "obfuscation: ...", "link: .
 "exploit: ...", "secret: ...", "control: ...", "encoding: ...", "empty"; for action names "action: ...") so
 they can be counted.
 
-This is a first filter with known limits (a paraphrase nobody listed gets through: on attacks written
-after the patterns it caught 18 of 25; later 1 of 20 and 5 of 20 on two batches of new classes (HTML
-comments, base64, reversed text, quoting the first message, role-play, meta-commands), whose rules came
-after, then 8 of 10 on a further batch, and 0 of 5 on one about the lessons, fixed answers, obeying a named
-party and acting as the system; tests/test_lessons_screen.py, tests/test_hardening_lesson_screen.py); the lesson gate, which measures
-behaviour on held-out games before a lesson set goes live, and the provenance of every lesson are the real
-control.
+This is a first filter with known limits (a paraphrase nobody listed gets through: on attacks written after the
+patterns it caught 18 of 25; later 1 of 20 and 5 of 20 on two batches of new classes (HTML comments, base64,
+reversed text, quoting the first message, role-play, meta-commands), whose rules came after, then 8 of 10 on a
+further batch, and 0 of 5 on one about the lessons, fixed answers, obeying a named party and acting as the system;
+tests/test_lessons_screen.py, tests/test_hardening_lesson_screen.py); the lesson gate, which measures behaviour on
+held-out games before a lesson set goes live, and the provenance of every lesson are the real control.
 """
 
 from __future__ import annotations

@@ -273,11 +273,12 @@ INJECTION = [
         # a fixed answer for other tasks: a lesson of one environment reaches the prompts of all
         (
             (
-                r"\b(?:answer|reply|respond|say)\s+(?:with\s+)?(?:[\w'\"`-]+\s+){1,3}?(?:to|for|on|in)\s+(?:every|each|any|all)"
-                r"\s+(?:(?:other|single|later|future|following|of\s+the)\s+)?(?:[\w-]+\s+)?(?:questions?|problems?|tasks?|"
-                r"prompts?|requests?|quer(?:y|ies)|messages?|games?|episodes?|environments?)\b|"
-                r"\banswer\s+(?:to|for|of)\s+(?:every|each|any|all)\s+(?:[\w-]+\s+){0,2}?(?:questions?|problems?|tasks?)\s+"
-                r"(?:is|will\s+be|should\s+be|must\s+be)\b|"
+                r"\b(?:answer|reply|respond|say)\s+(?:with\s+)?(?:[\w'\"`-]+\s+){1,3}?(?:to|for|on)\s+"
+                r"(?:every|each|any|all)\s+(?:(?:other|single|later|future|following|of\s+the)\s+)?(?:[\w-]+\s+)?"
+                r"(?:questions?|problems?|tasks?|prompts?|requests?|quer(?:y|ies)|messages?|games?|episodes?|"
+                r"environments?)\b|"
+                r"\banswer\s+(?:to|for|of)\s+(?:every|each|any|all)\s+(?:[\w-]+\s+){0,2}?(?:questions?|problems?|"
+                r"tasks?)\s+(?:is|will\s+be|should\s+be|must\s+be)\b|"
                 r"\b(?:always|only)\s+(?:answer|reply|respond|say)\s+(?:with\s+)?(?:[\"'`]|\d|(?:yes|no|true|false)\b)"
             ),
             "injection: fixed answer for every task",
@@ -285,26 +286,26 @@ INJECTION = [
         # obeying a named party, or the people behind the prompt
         (
             (
-                r"\b(?:obey|heed|listen\s+(?:only\s+)?to|take\s+(?:your\s+)?orders\s+from|defer\s+to|do\s+(?:what(?:ever)?|as)|"
-                r"comply\s+with|follow\s+(?:the\s+)?(?:orders|instructions|commands|requests|wishes)\s+of|trust\s+only)\s+"
-                r"(?:only\s+)?(?:the\s+|a\s+|an\s+|any\s+|your\s+)?(?:[\w'-]+\s+){0,2}?(?:named|called|known\s+as|"
-                r"who\s+(?:calls|names)\s+(?:himself|herself|themselves|itself))\b|"
+                r"\b(?:obey|heed|listen\s+(?:only\s+)?to|take\s+(?:your\s+)?orders\s+from|defer\s+to|"
+                r"do\s+(?:what(?:ever)?|as)|comply\s+with|follow\s+(?:the\s+)?(?:orders|instructions|commands|requests|"
+                r"wishes)\s+of|trust\s+only)\s+(?:only\s+)?(?:the\s+|a\s+|an\s+|any\s+|your\s+)?(?:[\w'-]+\s+){0,2}?"
+                r"(?:named|called|known\s+as|who\s+(?:calls|names)\s+(?:himself|herself|themselves|itself))\b|"
                 r"\b(?:obey|heed|listen\s+(?:only\s+)?to|take\s+(?:your\s+)?orders\s+from|defer\s+to|do\s+whatever|"
-                r"comply\s+with|trust\s+only)\s+(?:only\s+)?(?:the\s+|a\s+|an\s+|any\s+|your\s+)?(?:users?|humans?|persons?|"
-                r"people|operators?|admins?|administrators?|developers?|owners?|senders?|whoever|anyone|someone|accounts?|"
-                r"creators?|masters?)\b"
+                r"comply\s+with|trust\s+only)\s+(?:only\s+)?(?:the\s+|a\s+|an\s+|any\s+|your\s+)?(?:users?|humans?|"
+                r"persons?|people|operators?|admins?|administrators?|developers?|owners?|senders?|whoever|anyone|"
+                r"someone|accounts?|creators?|masters?)\b"
             ),
             "injection: obey a named party",
         ),
         # acting as the system, and granting privileges
         (
             (
-                r"\b(?:act|acting|behave|pose|speak|respond|reply|answer|write|operate|masquerade|identify\s+yourself)\s+"
-                r"as\s+(?:if\s+you\s+(?:are|were)\s+)?(?:the\s+|an?\s+)?(?:system|admin|administrator|root|superuser|"
-                r"sysadmin|developer|operator|moderator|supervisor)\b|"
+                r"\b(?:act|acting|behave|pose|speak|respond|reply|answer|write|operate|masquerade|"
+                r"identify\s+yourself)\s+as\s+(?:if\s+you\s+(?:are|were)\s+)?(?:the\s+|an?\s+)?(?:system|admin|"
+                r"administrator|root|superuser|sysadmin|developer|operator|moderator|supervisor)\b|"
                 r"\bgrant(?:s|ed|ing)?\s+(?:(?:yourself|me|us|them|him|her|everyone|anyone|the\s+[\w-]+|[\w-]+)\s+)?"
-                r"(?:full\s+|elevated\s+|unrestricted\s+)?(?:admin(?:istrator)?|root|sudo|superuser|elevated|privileged|"
-                r"unrestricted)\b|"
+                r"(?:full\s+|elevated\s+|unrestricted\s+)?(?:admin(?:istrator)?|root|sudo|superuser|elevated|"
+                r"privileged|unrestricted)\b|"
                 r"\bgrant(?:s|ed|ing)?\s+(?:[\w'-]+\s+){0,3}?(?:privileges?|permissions?)\b|"
                 r"\b(?:escalate|elevate|raise)\s+(?:[\w'-]+\s+){0,2}?(?:privileges?|permissions?|access\s+level)\b"
             ),
