@@ -115,7 +115,7 @@ def test_every_kind_of_lesson_goes_round_the_trip(exported: list[str], tmp_path:
     assert again.getvalue().splitlines()[1:] == exported[1:]
 
 
-def test_the_evidence_kinds_are_inductions_kinds() -> None:
+def test_the_evidence_kinds_are_the_ones_induction_writes() -> None:
     assert EVIDENCE_KINDS == KINDS
 
 
