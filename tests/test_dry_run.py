@@ -132,8 +132,8 @@ def test_the_starting_adapter_comes_from_the_workdirs_store(tmp_path, capsys, no
         store.add_adapter("cycle-3", "/adapters/cycle-3", run_id=run, status="active")
     assert main(["run", "--dry-run", str(path), "--workdir", str(workdir), "--resume"]) == 0
     assert "starts from adapter cycle-3 (/adapters/cycle-3), continuing run 1" in capsys.readouterr().out
-    assert main(["run", "--dry-run", str(path), "--workdir", str(workdir)]) == 0
-    assert "the workdir's run 1 acts with adapter cycle-3" in capsys.readouterr().out
+    assert main(["run", "--dry-run", str(path), "--workdir", str(workdir)]) == 0  # it has not played: continued
+    assert "starts from adapter cycle-3 (/adapters/cycle-3), continuing run 1" in capsys.readouterr().out
 
 
 def test_dry_run_through_the_cli_prints_json_and_writes_nothing(tmp_path, cli):

@@ -29,17 +29,22 @@ stdout. User errors (a bad config, an unknown environment or model) print one cl
 nothing is half-written.
 
 `run`, `eval` and `distill` import the code a config names (`module:Name` environment ids, a chat model class)
-only from LangChain packages, this project's own, modules already imported or classes installed distributions
-publish as entry points (`environments.registry.check_code`); `--trust-code` allows any module for that command.
-It is a flag, never a config field: a stored config cannot set it. The same flag lets a config start the interpreter
-`model.options.python` names and give vLLM any engine argument (`agent_runtime.llm.options`), and `--trust-endpoint
-URL` confirms a host a chat model's config may send the user's API key to.
+only from installed LangChain packages, this project's own, modules already imported or classes installed
+distributions publish as entry points (`environments.registry.check_code`); `--trust-code` allows any module for
+that command. It is a flag, never a config field: a stored config cannot set it. The same flag lets a config start
+the interpreter `model.options.python` names and give vLLM any engine argument (`agent_runtime.llm.options`), and
+`--trust-endpoint URL` confirms a host a chat model's config may send the user's API key to.
+
+A store holds one run per name: `run` without `--resume` continues a run of the config's name that has not played
+yet (`lessons add --config` creates one) and refuses one that has, naming the command that continues it
+(`agent_runtime.run.names`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -53,6 +58,7 @@ from agent_runtime.cli.common import UsageError, add_store_args, shown, store_ta
 def cmd_run(args) -> int:
     from agent_runtime.config import load_config
     from agent_runtime.run.loop import AgentLoop, default_workdir
+    from agent_runtime.run.names import RunExistsError
 
     overrides = list(args.set or [])
     if args.episodes is not None:
@@ -70,7 +76,10 @@ def cmd_run(args) -> int:
     from agent_runtime.cli.report import continual_matrix
     from agent_runtime.evaluation.report import learning_table
 
-    loop = AgentLoop(config, workdir, resume=args.resume, progress=not args.no_progress)
+    try:
+        loop = AgentLoop(config, workdir, resume=args.resume, progress=not args.no_progress)
+    except RunExistsError as exc:
+        raise exc.with_command(_resume_command(args, workdir)) from None
     try:
         summary = loop.run()
         table = learning_table(loop.store, loop.run_id)
@@ -97,6 +106,16 @@ def cmd_run(args) -> int:
             print(matrix.table())
         print(f"memory: {workdir / 'memory.db'}  (inspect: agent-runtime memory stats --workdir {workdir})")
     return 0
+
+
+def _resume_command(args, workdir) -> str:
+    """The `run` command line given, continuing its run: what changes what runs, and --resume."""
+    command = ["agent-runtime", "run", str(args.config), "--workdir", str(workdir)]
+    command += ["--episodes", str(args.episodes)] if args.episodes is not None else []
+    command += ["--hours", str(args.hours)] if args.hours is not None else []
+    command += [arg for item in args.set or [] for arg in ("--set", item)]
+    command += ["--trust-code"] if args.trust_code else []
+    return shlex.join([*command, "--resume"])
 
 
 def cmd_eval(args) -> int:

@@ -125,8 +125,9 @@ def _envs(config: RunConfig, problems: list[str], notes: list[str]) -> list[dict
     return out
 
 
-def _start_adapter(config: RunConfig, workdir: Path, resume: bool) -> str:
-    """The adapter the run would act with first: the config's (a new run), or the stored run's (--resume)."""
+def _start_adapter(config: RunConfig, workdir: Path, resume: bool, problems: list[str]) -> str:
+    """The adapter the run would act with first: the config's (a new run), or the stored run's (--resume, or a run
+    of that name that has not played); a run of that name that has played, without --resume, is a problem."""
     fresh = f"adapter {config.model.adapter}" if config.model.adapter else "the base model (no adapter)"
     db = workdir / "memory.db"
     if config.memory.url:
@@ -135,17 +136,24 @@ def _start_adapter(config: RunConfig, workdir: Path, resume: bool) -> str:
         )
     if not db.is_file():
         return fresh + ("; --resume: there is no store in the workdir yet" if resume else "")
+    from agent_runtime.run.names import episodes_played
     from memory import ExperienceStore
 
     with ExperienceStore.open(db, read_only=True) as store:
         run = store.find_run(config.name)
         active = store.active_adapter(run.id) if run else None
+        played = episodes_played(store, run) if run else 0
     if run is None:
         return fresh
     stored = f"adapter {active.name} ({active.path})" if active else "the base model (no adapter promoted yet)"
-    if resume:
+    if resume or not played:  # a run that has not played is continued without --resume too (`run.names`)
         return f"{stored}, continuing run {run.id}"
-    return f"{fresh} (a new run; the workdir's run {run.id} acts with {stored}: --resume continues it)"
+    episodes = f"{played} episode{'s' if played != 1 else ''}"
+    problems.append(
+        f"the workdir's run {run.id} ({run.name!r}) has played {episodes} and a second run of that name is never "
+        f"started: --resume continues it (acting with {stored})"
+    )
+    return fresh
 
 
 def _opcd(config: RunConfig, problems: list[str], notes: list[str]) -> dict[str, Any]:
@@ -252,7 +260,7 @@ def plan(config: RunConfig, workdir: Path, *, resume: bool = False) -> dict[str,
             "max_new_tokens": model.max_new_tokens,
             "temperature": model.temperature,
         },
-        "start_adapter": _start_adapter(config, workdir, resume),
+        "start_adapter": _start_adapter(config, workdir, resume, problems),
         "teacher": teacher,
         "envs": _envs(config, problems, notes),
         "lessons": {

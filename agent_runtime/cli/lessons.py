@@ -8,8 +8,9 @@
 
 `list`, `show` and `diff` open the store read-only; `rollback`, `add`, `retire` and `forget` write. The run a command
 acts on is `--run ID`, else the newest run in the store (`lessons add --config`: the run of that config's
-name, created from the config if the store has none, so that `agent-runtime run CONFIG --resume` continues
-it). `lessons add` exits 1 when a text was rejected (the others still go in).
+name, created from the config if the store has none, so that `agent-runtime run CONFIG` on that workdir continues
+it: a run that has not played is continued, never doubled, `agent_runtime.run.names`). `lessons add` exits 1 when a
+text was rejected (the others still go in).
 """
 
 from __future__ import annotations
@@ -194,7 +195,12 @@ def cmd_lessons_add(args) -> int:
         seeded = add_seed_lessons(run_config, store, run.id) if created else None
         result = add_lessons(run_config, store, run.id, args.text, embedder=embedder, note="lessons add", scope=scope)
     payload = {**result.to_dict(), "created_run": created, "seed": seeded.to_dict() if seeded is not None else None}
-    head = [f"created run {run.id} ({run.name}) from {args.config}" if created else f"run {run.id} ({run.name})"]
+    head = [
+        f"created run {run.id} ({run.name}) from {args.config}: `agent-runtime run {args.config}` on this workdir "
+        "plays it, with these lessons"
+        if created
+        else f"run {run.id} ({run.name})"
+    ]
     print_result(args, payload, head + result.lines())
     return 1 if result.rejected else 0
 

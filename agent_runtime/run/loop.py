@@ -19,7 +19,8 @@ Where the phases run is the executor's business (`agent_runtime.run.play.LocalEx
 state machine, signals, progress and the summary.
 
 SIGINT or SIGTERM asks the loop to stop: the current turn finishes, its episodes are committed, and the
-process exits 0. The run can then be resumed.
+process exits 0. The run can then be resumed. A loop started without `resume` where the store holds a run of the
+config's name continues it when it has not played and is refused otherwise (`agent_runtime.run.names`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from agent_runtime.phases.extract import (
 from agent_runtime.phases.probe import check_backend, stored_reference, tolerance_for
 from agent_runtime.run import Run
 from agent_runtime.run.cursor import CursorMove
+from agent_runtime.run.names import continues_existing
 from agent_runtime.run.play import Executor, LocalExecutor, PlaySession, RequestWatch, RunState, Schedule
 from agent_runtime.run.profile import Profile
 from distill.lessons import pending_user_candidate, sync_statuses
@@ -170,6 +172,7 @@ class AgentLoop:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         resumed_id = None
+        resume = resume or continues_existing(config, self.workdir)  # one run per name in a store (`run.names`)
         if resume:
             config, resumed_id = self._stored_config(config)
         check_phases(config)
