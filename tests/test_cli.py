@@ -10,7 +10,7 @@ import pytest
 from agent_runtime import __version__
 from agent_runtime.cli import build_parser
 
-COMMANDS = ("run", "eval", "distill", "memory", "lessons", "envs", "setup", "dashboard")
+COMMANDS = ("run", "eval", "distill", "memory", "lessons", "envs", "setup", "dashboard", "report")
 
 
 def test_every_command_has_a_subprocess_smoke_test():
@@ -139,13 +139,21 @@ def test_lessons_and_memory_commands(tmp_path, games_dir, cli):
         "model.options.lesson_reply='- EXPERIENCE ITEM: Read the goal before you move.'",
     )
     listed = json.loads(cli("lessons", "list", "--workdir", workdir, "--json").stdout)
-    assert listed["version"] == 2 and [x["text"] for x in listed["lessons"]] == ["Read the goal before you move."]
+    # the same item from each environment's episodes: a lesson per environment, each scoped to its own
+    assert listed["version"] == 2 and {x["text"] for x in listed["lessons"]} == {"Read the goal before you move."}
+    assert sorted(x["scope"] for x in listed["lessons"]) == [["math/gsm_symbolic"], ["textworld/coin_collector"]]
+    sources = 0
+    for lesson in listed["lessons"]:
+        shown = json.loads(cli("lessons", "show", lesson["id"], "--workdir", workdir, "--json").stdout)
+        assert shown["status"] == "active" and {e["env_id"] for e in shown["source_episodes"]} == set(lesson["scope"])
+        sources += len(shown["source_episodes"])
+    assert sources == 16
     lesson_id = listed["lessons"][0]["id"]
-    shown = json.loads(cli("lessons", "show", lesson_id, "--workdir", workdir, "--json").stdout)
-    assert len(shown["source_episodes"]) == 16 and shown["status"] == "active"
     assert "from episode" in cli("lessons", "show", lesson_id, "--workdir", workdir).stdout
     diff = json.loads(cli("lessons", "diff", 1, 2, "--workdir", workdir, "--json").stdout)
-    assert diff["added"][0]["id"] == lesson_id and diff["removed"][0]["text"] == "Read the goal before you move."
+    assert (
+        lesson_id in [x["id"] for x in diff["added"]] and diff["removed"][0]["text"] == "Read the goal before you move."
+    )
     back = json.loads(cli("lessons", "rollback", 1, "--workdir", workdir, "--json").stdout)
     assert back["new_version"] == 3
     assert json.loads(cli("lessons", "list", "--workdir", workdir, "--json").stdout)["version"] == 3

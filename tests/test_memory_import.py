@@ -120,6 +120,9 @@ MALFORMED = [
         "of run 1, from a row of run 2",
     ),
     ("lessons", {"run_id": "run_b"}, lambda ids: _set(source_episode_ids=[10**6]), "names episodes id 1000000"),
+    ("lessons", {}, lambda ids: _set(scope="textworld/coin_collector"), "lessons.scope must be a list of 1-64"),
+    ("lessons", {}, lambda ids: _set(scope=[]), "lessons.scope must be a list of 1-64"),
+    ("lessons", {}, lambda ids: _set(scope=["x" * 201]), "lessons.scope must be a list of 1-64"),
     (
         "lesson_set_members",
         {"lesson_set_id": 2},
@@ -282,8 +285,11 @@ def test_an_export_at_revision_0001_imports_as_its_database_would_have_migrated(
 
 def test_exports_of_unknown_revisions_are_refused(tmp_path: Path) -> None:
     lines = OLD_EXPORT.read_text().splitlines()
-    for revision, message in (("9999", "imports revisions 0001, 0002, 0003, 0004, 0005"), (None, "revision None")):
+    for revision, message in (
+        ("9999", "imports revisions 0001, 0002, 0003, 0004, 0005, 0006"),
+        (None, "revision None"),
+    ):
         header = json.loads(lines[0]) | {"schema_revision": revision}
         with ExperienceStore.open(tmp_path / str(revision)) as store, pytest.raises(ImportFormatError, match=message):
             store.import_jsonl(io.StringIO("\n".join([json.dumps(header), *lines[1:]]) + "\n"))
-    assert migrate.head_revision() == "0005"
+    assert migrate.head_revision() == "0006"

@@ -27,8 +27,9 @@ How each proposal is decided (the documented rule):
      row that keeps the existing text and position and the union of both provenances (source
      episodes; `merged_from` and `extraction_ids` in its metadata);
    - otherwise the item is ADDED at the end.
-   Only lessons of the same scope (`distill.lessons.scope`) are compared: a lesson of another environment is
-   never merged into, replaced by or mistaken for a duplicate of this one.
+   Only lessons whose scope covers the addition's (`distill.lessons.scope`: the same, a wider one, or every
+   environment) are compared: a lesson of another environment is never merged into or mistaken for a duplicate of
+   this one, and a conflict replaces only a lesson of the same scope.
 4. After each proposal each scope's lessons in the pool are cut to `budget_tokens`, counted with
    `count_tokens` on their `render_lessons` -- exactly, so a scope's budget is never exceeded -- by dropping
    the lesson with the lowest utility first (measured utility from `distill.lessons.gate`, 0 when unknown; a
@@ -51,7 +52,7 @@ import numpy as np
 
 from distill.lessons import versions
 from distill.lessons.extract import ITEM_PREFIX, Proposal
-from distill.lessons.scope import GLOBAL
+from distill.lessons.scope import GLOBAL, is_global
 
 if TYPE_CHECKING:
     from memory import ExperienceStore, LessonInfo, LessonSetInfo
@@ -76,6 +77,12 @@ def render_lessons(texts: Iterable[str]) -> str:
 
 def same_scope(a: LessonInfo, b: LessonInfo) -> bool:
     return tuple(a.scope) == tuple(b.scope)
+
+
+def covers(wide: Sequence[str], narrow: Sequence[str]) -> bool:
+    """Whether a lesson of scope `wide` is in every prompt one of scope `narrow` would enter (so that saying the
+    same thing twice there is a duplicate)."""
+    return is_global(wide) or set(narrow) <= set(wide)
 
 
 def has_negation(text: str) -> bool:
@@ -308,14 +315,16 @@ class LessonCurator:
             pool.pop(at)
             pool.append(new)
             return [Change("update", p, new.id, proposal.target, reason="UPDATE instruction")]
-        peers = [i for i, x in enumerate(pool) if same_scope(x, new)]  # lessons of other scopes never merge
+        peers = [i for i, x in enumerate(pool) if covers(x.scope, new.scope)]  # only where this one would act
         if not peers:
+            reason = "empty pool" if not pool else "no lesson of its scope"
             pool.append(new)
-            return [Change("add", p, new.id, None, reason="empty pool" if not pool else "new scope")]
+            return [Change("add", p, new.id, None, reason=reason)]
         nearest, similarity, identical = self._nearest(new.text, [pool[i] for i in peers])
         best = peers[nearest]
         opposite = has_negation(pool[best].text) != has_negation(new.text)
-        if not identical and opposite and similarity >= self.conflict_threshold:
+        # a conflict replaces the older lesson, so only one of the same scope (a wider one serves other places too)
+        if not identical and opposite and similarity >= self.conflict_threshold and same_scope(pool[best], new):
             old = pool.pop(best)
             # A new row that names what it replaces, so diffs and provenance show the correction.
             replacement = self._write(
@@ -340,10 +349,10 @@ class LessonCurator:
         return best, float(sims[best]), bool(identical)
 
     def duplicate_of(self, text: str, pool: int, scope: Sequence[str] = GLOBAL) -> tuple[LessonInfo, float] | None:
-        """The working lesson of the same `scope` that `text` would be merged into by `apply` (identical, or at
-        least `merge_threshold` similar without opposite polarity), with the similarity; None if it is new."""
+        """The working lesson whose scope covers `scope` that `text` would be merged into by `apply` (identical, or
+        at least `merge_threshold` similar without opposite polarity), with the similarity; None if it is new."""
         assert self._work is not None, "call begin() before duplicate_of()"
-        members = [x for x in self._work.get(pool, []) if tuple(x.scope) == tuple(scope)]
+        members = [x for x in self._work.get(pool, []) if covers(x.scope, scope)]
         if not members:
             return None
         best, similarity, identical = self._nearest(text, members)
