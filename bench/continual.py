@@ -21,6 +21,7 @@ one resumes.
     .venv/bin/python bench/continual.py retrieval
     .venv/bin/python bench/continual.py scope
     .venv/bin/python bench/continual.py report            # every table from the stored runs
+    .venv/bin/python bench/continual.py plot              # bench/continual.png (the README's picture)
 
 Runs live under `--workdir` (default bench-runs/continual), one folder per study and seed.
 """
@@ -279,14 +280,56 @@ def report_scope(root: Path, seed: int = 0) -> None:
             print(f"a person's coin-collector lesson proposed for every environment: live in {lesson.scope}")
             for env, d in trials.items():
                 print(
-                    f"  {env}: {d['current_successes']}/{d['n']} -> {d['candidate_successes']}/{d['n']} train games "
+                    f"  {env}: {int(d['current_successes'])}/{d['n']} -> {int(d['candidate_successes'])}/{d['n']} train games "
                     f"({'let in' if env in lesson.scope else 'kept out'})"
                 )
 
 
+def plot(root: Path, out: Path) -> None:
+    """The README's picture: each family's held-out success after each phase of configs/continual.yaml (one line per
+    family, a thin line per seed and a thick one for their mean), beside the base model's start."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = sorted(p for p in root.glob("curriculum-s*") if (p / "memory.db").exists())
+    matrices = []
+    for workdir in runs:
+        matrix, _ = _matrix(workdir, "curriculum", int(workdir.name.rsplit("-s", 1)[1]))
+        if matrix.complete():
+            matrices.append(matrix)
+    if not matrices:
+        raise SystemExit(f"no finished curriculum run under {root}: run `bench/continual.py curriculum` first")
+    first = matrices[0]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    colours = {COIN: "#1f77b4", TREASURE: "#d62728", QUESTS: "#2ca02c"}
+    xs = list(range(first.rows))
+    for env in first.envs:
+        for matrix in matrices:
+            ax.plot(xs, [100 * matrix.rate(i, env) for i in xs], color=colours.get(env), alpha=0.25, lw=1)
+        mean = [100 * statistics.fmean(m.rate(i, env) for m in matrices) for i in xs]
+        ax.plot(xs, mean, color=colours.get(env), lw=2.5, marker="o", label=env.split("/")[-1].replace("_", "-"))
+    ax.set_xticks(xs, ["start\n(base)"] + [f"after {i}\n{label}" for i, label in enumerate(first.phases[1:], 1)])
+    ax.set_ylabel("held-out success (%)")
+    ax.set_ylim(-2, 102)
+    acc = statistics.fmean(m.acc()[0] for m in matrices) * 100
+    bwt = statistics.fmean(m.bwt()[0] for m in matrices) * 100
+    ax.set_title(
+        f"One agent, three TextWorld families in sequence (SmolLM2-135M, CPU, {len(matrices)} seed(s), 20 games each)\n"
+        f"final ACC {acc:.1f}%, BWT {bwt:+.1f} points; each family's lessons stay in its own prompts",
+        fontsize=9,
+    )
+    ax.legend(loc="center right", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("study", choices=("curriculum", "mixed", "retrieval", "scope", "report"))
+    parser.add_argument("study", choices=("curriculum", "mixed", "retrieval", "scope", "report", "plot"))
     parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     parser.add_argument("--workdir", type=Path, default=ROOT / "bench-runs" / "continual")
     args = parser.parse_args(argv)
@@ -309,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.study == "scope":
         run("scope", seeds[0], root)
         report_scope(root, seeds[0])
+    elif args.study == "plot":
+        plot(root, ROOT / "bench" / "continual.png")
     else:
         every = sorted({int(p.name.rsplit("-s", 1)[1]) for p in root.glob("*-s*") if p.is_dir()})
         report_curriculum(root, every)

@@ -1,9 +1,12 @@
-"""Test doubles that ship with the package: a tiny deterministic game and a deliberately faulty one.
+"""Test doubles that ship with the package: a tiny deterministic game, a deliberately faulty one, and one-move rooms.
 
 `GuessEnv` is the smallest complete environment (the docs' example has the same shape): guess a
 number in [1, 5] with "higher"/"lower" hints. `FaultyEnv` raises in reset or step on purpose, so the
 runtime's tests can check that a plugin's exception is recorded as an errored episode and the run
 goes on. Both are reachable without registration: ``make("environments.testing:GuessEnv")``.
+`OneMoveEnv` is a room where one of a few actions wins and the others lose, in one move: tests subclass it (which
+action wins, what the room says) to give the lesson gate, induction and lesson scopes a game whose right answer
+they know.
 """
 
 from __future__ import annotations
@@ -67,3 +70,33 @@ class FaultyEnv(GuessEnv):
         if self.fail_on == "step":
             raise RuntimeError("FaultyEnv: failing in step on purpose")
         return super()._step(action)
+
+
+class OneMoveEnv(EpisodicEnv):
+    """One move: `winner` wins, any other of `actions` loses. Subclasses set the class attributes."""
+
+    spec = EnvSpec(id="testing/one-move", max_steps=1, family="text")
+    actions: tuple[str, ...] = ("look", "wait")
+    winner = "wait"
+    observation = "A room."
+    goal: str | None = None
+    tasks_per_split = 8
+
+    def __init__(self, cache_dir: str | None = None) -> None:
+        super().__init__(self.spec, max_steps=1)
+
+    def _tasks(self, split: str) -> Sequence[str]:
+        return IndexedTasks(split, self.tasks_per_split)
+
+    def _info(self, won: bool) -> dict[str, Any]:
+        info: dict[str, Any] = {"admissible_actions": list(self.actions), "won": won}
+        if self.goal is not None:
+            info["goal"] = self.goal
+        return info
+
+    def _reset(self, task_id: str) -> tuple[str, dict[str, Any]]:
+        return self.observation, self._info(False)
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        won = action.strip() == self.winner
+        return ("Done." if won else "Nothing happens."), float(won), True, self._info(won)

@@ -3,40 +3,24 @@ one lesson ("Always reply: left") helps the first and hurts the second."""
 
 from __future__ import annotations
 
-from environments.base import EnvSpec, TextEnv
-
-DOORS = ["left", "right", "wait"]
-
-
-class _Doors(TextEnv):
-    winner = ""
-
-    def __init__(self, cache_dir=None):
-        self._task = ""
-
-    def tasks(self, split):
-        return [f"{split}-{i}" for i in range(12)]
-
-    def reset(self, *, seed=None, task_id=None):
-        self._task = task_id or ""
-        return f"Two doors, {self.spec.description}. Task {self._task}.", {
-            "admissible_actions": list(DOORS),
-            "goal": f"Leave the {self.spec.description} by the right door.",
-        }
-
-    def step(self, action):
-        won = action.strip() == self.winner
-        return ("You are out." if won else "Nothing happens."), float(won), True, False, {"won": won}
+from environments.base import EnvSpec
+from environments.testing import OneMoveEnv
 
 
-class LeftRoom(_Doors):
-    spec = EnvSpec(id="tests/left-room", max_steps=1, family="text", description="a red hall")
+class LeftRoom(OneMoveEnv):
+    spec = EnvSpec(id="tests/left-room", max_steps=1, family="text")
+    actions = ("left", "right", "wait")
     winner = "left"
+    observation = "Two doors, a red hall."
+    goal = "Leave the red hall by the right door."
+    tasks_per_split = 12
 
 
-class RightRoom(_Doors):
-    spec = EnvSpec(id="tests/right-room", max_steps=1, family="text", description="a blue cellar")
+class RightRoom(LeftRoom):
+    spec = EnvSpec(id="tests/right-room", max_steps=1, family="text")
     winner = "right"
+    observation = "Two doors, a blue cellar."
+    goal = "Leave the blue cellar by the right door."
 
 
 LEFT, RIGHT = "tests.continual_envs:LeftRoom", "tests.continual_envs:RightRoom"

@@ -12,7 +12,8 @@ from agent_runtime.run import Run
 from agent_runtime.run.loop import AgentLoop
 from distill.lessons import induce, live_lessons
 from distill.lessons.induce import z_statistic
-from environments.base import EnvSpec, TextEnv
+from environments.base import EnvSpec
+from environments.testing import OneMoveEnv
 from memory import ExperienceStore
 from memory.testing import make_episode
 
@@ -131,23 +132,13 @@ def test_z_statistic() -> None:
     assert z_statistic(1, 2, 1, 2) == 0.0 and z_statistic(0, 0, 1, 2) == 0.0
 
 
-class CoinRoom(TextEnv):
+class CoinRoom(OneMoveEnv):
     """One move: taking the coin wins; looking or checking the inventory loses."""
 
     spec = EnvSpec(id="tests/coin-room", max_steps=1, family="text")
-
-    def __init__(self, cache_dir=None):
-        pass
-
-    def tasks(self, split):
-        return [f"{split}-{i}" for i in range(8)]
-
-    def reset(self, *, seed=None, task_id=None):
-        return "A room. There is a coin on the floor.", {"admissible_actions": ["inventory", "look", "take coin"]}
-
-    def step(self, action):
-        won = action == "take coin"
-        return ("Taken." if won else "Nothing happens.", float(won), True, False, {"won": won})
+    actions = ("inventory", "look", "take coin")
+    winner = "take coin"
+    observation = "A room. There is a coin on the floor."
 
 
 ENV = "tests.test_lessons_induce:CoinRoom"  # an induced lesson is tried in the environment its evidence came from
