@@ -38,7 +38,7 @@ from agent_runtime.run.cursor import CursorMove
 from agent_runtime.run.profile import profiled
 from distill.fingerprint import fingerprint_files
 from distill.lessons import live_lessons
-from distill.lessons.scope import ScopedLesson, in_scope
+from distill.lessons.scope import ScopedLesson, for_env, in_scope
 from distill.lessons.versions import create_version, live_version
 from distill.opcd import (
     DivergenceError,
@@ -483,20 +483,30 @@ def evaluate_cycle(run: Run, backend, cycle: Cycle) -> dict[str, list[EvalResult
     evals: dict[str, list[EvalResult]] = {"random": _eval(run, random_policy(config), lessons=[], n=n)}
     retention = list(opcd.retention_envs)
     with acting(backend, cycle.parent):
-        evals["teacher_with_lessons"] = _eval(run, backend, n=n, **shown)
         evals["teacher_without_lessons"] = _eval(run, backend, lessons=[], n=n)
+        evals["teacher_with_lessons"] = _with_lessons(run, backend, n, shown, evals["teacher_without_lessons"])
         if retention:
             evals["teacher_retention"] = _eval(run, backend, lessons=[], n=n, envs=retention)
         if opcd.validation_games:
             _validate(run, backend, "parent", evals, shown, retention)
     with acting(backend, run.store.get_adapter(cycle.adapter_id)):  # the adapter row the cycle wrote
-        evals["student_with_lessons"] = _eval(run, backend, n=n, **shown)
         evals["student_without_lessons"] = _eval(run, backend, lessons=[], n=n)
+        evals["student_with_lessons"] = _with_lessons(run, backend, n, shown, evals["student_without_lessons"])
         if opcd.validation_games:
             _validate(run, backend, "student", evals, shown, retention)
         if retention:
             evals["student_retention"] = _eval(run, backend, lessons=[], n=n, envs=retention)
     return evals
+
+
+def _with_lessons(run: Run, backend, n: int, shown: dict, without: list[EvalResult], split="eval") -> list[EvalResult]:
+    """A "with lessons" condition: played in the environments some lesson is in scope for; in the others the prompt
+    is the one without lessons and greedy play is deterministic, so their games are `without`'s (not played twice)."""
+    if shown.get("context"):
+        return _eval(run, backend, n=n, split=split, **shown)
+    taught = [e for e in run.config.envs if for_env(shown["lessons"], e.id, run.families.get(e.id))]
+    played = {r.env_id: r for r in _eval(run, backend, n=n, split=split, envs=taught, **shown)} if taught else {}
+    return [played.get(r.env_id, r) for r in without]
 
 
 def _validate(run: Run, backend, who: str, evals: dict, shown: dict, retention: list) -> None:
@@ -506,7 +516,8 @@ def _validate(run: Run, backend, who: str, evals: dict, shown: dict, retention: 
     n = run.config.opcd.validation_games
     evals[f"validation_{who}"] = _eval(run, backend, lessons=[], n=n, split="train")
     if shown.get("lessons") or shown.get("context"):
-        evals[f"validation_{who}_with_lessons"] = _eval(run, backend, n=n, split="train", **shown)
+        without = evals[f"validation_{who}"]
+        evals[f"validation_{who}_with_lessons"] = _with_lessons(run, backend, n, shown, without, split="train")
     if retention:
         evals[f"validation_{who}_retention"] = _eval(run, backend, lessons=[], n=n, envs=retention, split="train")
 
