@@ -163,7 +163,10 @@ class Matrix:
             scale = 100
             shown = f"{point * scale:.1f}" if unit == "%" else f"{point * scale:+.1f}"
             lo, hi = interval
-            parts.append(f"{name} {shown}{unit} [95% CI {lo * scale:+.1f} to {hi * scale:+.1f}]")
+            bounds = (
+                f"{lo * scale:.1f} to {hi * scale:.1f}" if unit == "%" else f"{lo * scale:+.1f} to {hi * scale:+.1f}"
+            )
+            parts.append(f"{name} {shown}{unit} [95% CI {bounds}]")
         lines.append("  ".join(parts))
         drops = self.drops()
         if drops:
