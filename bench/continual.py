@@ -297,27 +297,30 @@ def plot(root: Path, out: Path) -> None:
     matrices = []
     for workdir in runs:
         matrix, _ = _matrix(workdir, "curriculum", int(workdir.name.rsplit("-s", 1)[1]))
-        if matrix.complete():
+        if matrix.rows >= 2:  # a run still going is drawn as far as it got
             matrices.append(matrix)
     if not matrices:
         raise SystemExit(f"no finished curriculum run under {root}: run `bench/continual.py curriculum` first")
     first = matrices[0]
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     colours = {COIN: "#1f77b4", TREASURE: "#d62728", QUESTS: "#2ca02c"}
-    xs = list(range(first.rows))
+    xs = list(range(min(m.rows for m in matrices)))
     for env in first.envs:
         for matrix in matrices:
             ax.plot(xs, [100 * matrix.rate(i, env) for i in xs], color=colours.get(env), alpha=0.25, lw=1)
         mean = [100 * statistics.fmean(m.rate(i, env) for m in matrices) for i in xs]
         ax.plot(xs, mean, color=colours.get(env), lw=2.5, marker="o", label=env.split("/")[-1].replace("_", "-"))
-    ax.set_xticks(xs, ["start\n(base)"] + [f"after {i}\n{label}" for i, label in enumerate(first.phases[1:], 1)])
+    ax.set_xticks(
+        xs, ["start\n(base)"] + [f"after {i}\n{label}" for i, label in enumerate(first.phases[1 : len(xs)], 1)]
+    )
     ax.set_ylabel("held-out success (%)")
     ax.set_ylim(-2, 102)
     acc = statistics.fmean(m.acc()[0] for m in matrices) * 100
     bwt = statistics.fmean(m.bwt()[0] for m in matrices) * 100
+    done = f"{len(xs) - 1} of {len(first.phases) - 1} phases" if len(xs) < len(first.phases) else "all phases"
     ax.set_title(
-        f"One agent, three TextWorld families in sequence (SmolLM2-135M, CPU, {len(matrices)} seed(s), 20 games each)\n"
-        f"final ACC {acc:.1f}%, BWT {bwt:+.1f} points; each family's lessons stay in its own prompts",
+        f"One agent, three TextWorld families in sequence (SmolLM2-135M, CPU, {len(matrices)} seed(s), 20 held-out "
+        f"games each)\nafter {done}: ACC {acc:.1f}%, BWT {bwt:+.1f} points; each family's lessons only in its prompts",
         fontsize=9,
     )
     ax.legend(loc="center right", fontsize=8)
