@@ -218,20 +218,15 @@ def report_mixed(root: Path, seeds: list[int]) -> None:
         pooled = sum(coin_mixed) / max(sum(coin_single), 1e-9)
         print(f"coin-collector, mixed / single over {len(coin_single)} seeds: {pooled:.2f} (target >= 0.90)")
     if treasure_diffs:
-        lo, hi = paired_interval(treasure_diffs)
-        mean = sum(treasure_diffs) / len(treasure_diffs)
-        print(
-            f"treasure-hunter after the phase (lessons in context, adapter) minus base, paired, pooled over "
-            f"{len(treasure_diffs)} games: {mean * 100:+.1f} points [95% CI {lo * 100:+.1f}, {hi * 100:+.1f}] "
-            "(target within 3 points)"
-        )
+        _paired_line("treasure-hunter after the phase (lessons in context, adapter) minus base", treasure_diffs)
     if cycle_diffs:
-        lo, hi = paired_interval(cycle_diffs)
-        mean = sum(cycle_diffs) / len(cycle_diffs)
-        print(
-            f"treasure-hunter after each promoted cycle (its adapter with lessons) minus the base model, paired over "
-            f"{len(cycle_diffs)} games: {mean * 100:+.1f} points [95% CI {lo * 100:+.1f}, {hi * 100:+.1f}]"
-        )
+        _paired_line("treasure-hunter after each promoted cycle (its adapter with lessons) minus the base", cycle_diffs)
+
+
+def _paired_line(what: str, diffs: list[int]) -> None:
+    lo, hi = paired_interval(diffs)
+    mean = sum(diffs) / len(diffs)
+    print(f"{what}, paired over {len(diffs)} games: {mean * 100:+.1f} points [95% CI {lo * 100:+.1f}, {hi * 100:+.1f}]")
 
 
 def report_retrieval(root: Path, seed: int = 0) -> None:

@@ -46,9 +46,8 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
-    text,
 )
-from sqlalchemy import text as sql_text  # `text` is also a column name inside the models
+from sqlalchemy import text as sql_text  # imported under another name: `text` is a column of the models
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -225,8 +224,8 @@ class Step(Base):
         Index(
             "ix_steps_prompt_part_id",
             "prompt_part_id",
-            sqlite_where=text("prompt_part_id IS NOT NULL"),
-            postgresql_where=text("prompt_part_id IS NOT NULL"),
+            sqlite_where=sql_text("prompt_part_id IS NOT NULL"),
+            postgresql_where=sql_text("prompt_part_id IS NOT NULL"),
         ),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
