@@ -296,6 +296,37 @@ def test_missing_interpreter_is_a_clear_error(tmp_path, monkeypatch):
         make_backend(ModelConfig(name=str(tmp_path), backend="vllm", options={"python": str(tmp_path / "python")}))
 
 
+_CHILD_IMPORT = """
+import sys
+blocked = set(sys.argv[1].split(","))
+
+class NotInTheChildsEnvironment:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r} (not in the vLLM child's environment)")
+        return None
+
+sys.meta_path.insert(0, NotInTheChildsEnvironment())
+import agent_runtime.llm.vllm_process
+"""
+
+
+def test_the_engine_process_imports_only_what_its_environment_has():
+    """The child runs `python -m agent_runtime.llm.vllm_process` in vLLM's own environment with only
+    vllm_process.PACKAGES on its path: none of our other packages, and none of the main environment's own
+    dependencies (sqlalchemy, faiss). Importing it must not reach for them (a config check once imported
+    `memory`, and every vLLM engine failed to start). Runs without the vLLM environment."""
+    from agent_runtime.llm.vllm_process import PACKAGES
+
+    ours = {path.parent.name for path in ROOT.glob("*/__init__.py")} - set(PACKAGES)
+    assert {"memory", "environments"} <= ours
+    blocked = ",".join(sorted(ours | {"sqlalchemy", "faiss", "textworld", "langchain_core"}))
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD_IMPORT, blocked], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 # -- a real server ------------------------------------------------------------------------------------------
 def _get(url: str):
     with urllib.request.urlopen(url, timeout=10) as response:

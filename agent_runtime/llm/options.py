@@ -29,8 +29,10 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from distill.config_base import StrictConfig
-from environments.registry import TRUST_HINT, code_trusted
-from memory.redaction import is_secret_key
+
+# `environments` and `memory` are imported where they are used, not here: the vLLM child process imports this
+# module (through agent_runtime.llm) with only agent_runtime and distill on its path (vllm_process.PACKAGES), and
+# its environment has neither their packages nor sqlalchemy.
 
 # the interpreter of vLLM's own environment, as the user names it (`.ci/run` exports it; docs/scaling.md)
 VLLM_PYTHON_ENV = "AGENT_RUNTIME_VLLM_PYTHON"
@@ -158,6 +160,8 @@ class VLLMOptions(VLLMEngineArguments):
     @field_validator("python")
     @classmethod
     def _the_users_own_interpreter(cls, python: str | None) -> str | None:
+        from environments.registry import code_trusted
+
         chosen = os.environ.get(VLLM_PYTHON_ENV)
         if python and not code_trusted() and not (chosen and interpreter_path(chosen) == interpreter_path(python)):
             raise ValueError(
@@ -169,6 +173,8 @@ class VLLMOptions(VLLMEngineArguments):
 
     @model_validator(mode="after")
     def _engine_arguments_name_no_code(self) -> VLLMOptions:
+        from environments.registry import TRUST_HINT, code_trusted
+
         extra = sorted(self.model_extra or {})
         clashes = [name for name in extra if name in RUNTIME_SET]
         if clashes:
@@ -235,6 +241,8 @@ def unconfirmed_endpoints(kwargs: dict[str, Any]) -> list[tuple[str, str]]:
     """The arguments among a chat model's `kwargs` that send its requests to a host the user has not confirmed
     (name, value), when the kwargs carry no credential of their own: the client would then send the one it takes
     from this machine's environment. None when they carry one (that one goes where the config says)."""
+    from memory.redaction import is_secret_key
+
     if any(is_secret_key(key) and value not in (None, "") for key, value in kwargs.items()):
         return []
     trusted = trusted_origins()
