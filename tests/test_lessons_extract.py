@@ -243,8 +243,13 @@ def test_contrastive_phase_pairs_won_with_lost_and_records_both_episodes(store) 
     assert "contrast" not in calls[(alone,)].metadata
     proposed = {x.extraction_id: x for x in store.lessons(run_id) if "merged_from" not in x.metadata}
     assert proposed[calls[(unfinished_b, won_a)].id].source_episode_ids == [unfinished_b, won_a]
-    [live] = curator.live_lessons()
-    assert live.text == item and set(live.source_episode_ids) == {lost_a, won_a, unfinished_b, alone}
+    # the same item from two environments: one live lesson per environment, each scoped to where its evidence came
+    # from (an addition merges only into a lesson whose scope covers its own)
+    live = {tuple(x.scope): x for x in curator.live_lessons()}
+    env = store.episode(lost_a).env_id
+    assert set(live) == {(env,), ("toy/other",)} and all(x.text == item for x in live.values())
+    assert set(live[(env,)].source_episode_ids) == {lost_a, won_a, unfinished_b}
+    assert live[("toy/other",)].source_episode_ids == [alone]
 
 
 def test_a_partner_is_looked_for_in_older_episodes_of_the_run(store) -> None:
