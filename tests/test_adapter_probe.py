@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agent_runtime.llm.base import FingerprintBackend, activate
+from agent_runtime.llm.base import FingerprintBackend, SamplingParams, activate
 from agent_runtime.llm.transformers_backend import TransformersBackend
 from agent_runtime.phases.probe import (
     FLOAT32_TOLERANCE,
@@ -249,3 +249,42 @@ def test_distances_are_total_variation_in_probability():
     sure, unsure = [[0.0, -50.0]], [[math.log(0.5), math.log(0.5)]]
     assert choice_distance(sure, unsure) == pytest.approx(0.5)
     assert choice_distance([[0.0, -50.0]], [[0.0, -20.0]]) < 1e-8, "the numerics of excluded actions do not count"
+
+
+def test_choice_prompts_are_generated_for_only_where_kept(tiny_model_dir, adapters, monkeypatch):
+    """Of many choice-mode candidates, the reference generates greedy replies only for the PROBE_PROMPTS it keeps
+    (the action set needs no generated candidates); a free-mode prompt's candidates are still generated, and
+    every kept prompt's greedy replies are each policy's own greedy reply."""
+    from agent_runtime.phases.probe import CANDIDATE_PROMPTS, PROBE_PROMPTS
+
+    rooms = [f"Room {i}" for i in range(CANDIDATE_PROMPTS - 1)]
+    choice = [
+        (
+            [{"role": "system", "content": GAME}, {"role": "user", "content": f"-= {room} =-\nA coin lies here."}],
+            ACTIONS,
+        )
+        for room in rooms
+    ]
+    free = ([{"role": "system", "content": GAME}, {"role": "user", "content": "-= Attic =-\nWhat now?"}], None)
+    generated: list[int] = []
+    real = TransformersBackend.generate
+
+    def counting(self, prompts, params):
+        generated.append(len(prompts))
+        return real(self, prompts, params)
+
+    monkeypatch.setattr(TransformersBackend, "generate", counting)
+    new = adapter_info(adapters["new"], id_=2, name="cycle-2", fingerprint=fingerprint_files(adapters["new"]))
+    parent = adapter_info(adapters["parent"], id_=1, name="cycle-1")
+    reference = build_reference(str(tiny_model_dir), new, parent, [*choice, free])
+    monkeypatch.setattr(TransformersBackend, "generate", real)
+
+    assert len(reference.prompts) == PROBE_PROMPTS
+    # the free prompt: greedy under both policies and two samples; then at most the kept choice prompts, twice
+    assert generated[:3] == [1, 1, 2] and sum(generated[3:]) <= 2 * PROBE_PROMPTS, generated
+    assert sum(generated) < 2 * CANDIDATE_PROMPTS, "not every candidate was generated for"
+    check = acting(tiny_model_dir, adapters["parent"], adapters["new"])
+    for policy, index in (("a1", 0), ("a0", 1)):
+        check.use_adapter(policy)
+        again = check.generate(reference.prompts, SamplingParams(max_new_tokens=8, temperature=0.0))
+        assert [r[index].text for r in reference.greedy] == [c.text for c in again]

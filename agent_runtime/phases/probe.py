@@ -51,6 +51,7 @@ FLOAT32_TOLERANCE = 0.01
 LOW_PRECISION_TOLERANCE = 0.15
 _GREEDY = SamplingParams(max_new_tokens=GREEDY_TOKENS, temperature=0.0, logprobs=True)
 _FILLERS = ("I do not know.", "Let me think.")
+_SAMPLE = SamplingParams(max_new_tokens=GREEDY_TOKENS, temperature=1.0, seed=0)  # a free prompt's two samples
 _CHOOSE = SamplingParams(max_new_tokens=GREEDY_TOKENS, temperature=0.0, seed=0)
 
 
@@ -299,24 +300,36 @@ def build_reference(
             ref.load_adapter("parent", parent.path)
         ref.load_adapter("adapter", adapter.path)
         chats = [chat for chat, _ in decisions]
-        greedy = {}
-        for name in (parent_name, "adapter"):
-            ref.use_adapter(name)
-            greedy[name] = ref.generate(chats, _GREEDY)
-        samples = ref.generate(chats * 2, SamplingParams(max_new_tokens=GREEDY_TOKENS, temperature=1.0, seed=0))
-        choices = []
-        for i, (_, options) in enumerate(decisions):
-            replies = [greedy["adapter"][i], greedy[parent_name][i], samples[i], samples[len(chats) + i]]
+
+        def greedy_of(indices: list[int]) -> dict:
+            out = {parent_name: {}, "adapter": {}}
+            for name in (parent_name, "adapter") if indices else ():
+                ref.use_adapter(name)
+                out[name] = dict(zip(indices, ref.generate([chats[i] for i in indices], _GREEDY)))
+            return out
+
+        # a free-mode prompt's candidate replies come from generation; a choice-mode one keeps its action set, so
+        # its greedy replies are generated only if it is kept (of 16 choice prompts, 4: most of the probe's work)
+        free = [i for i, (_, options) in enumerate(decisions) if not options]
+        greedy = greedy_of(free)
+        if free:
+            ref.use_adapter("adapter")
+            samples = ref.generate([chats[i] for i in free] * 2, _SAMPLE)
+        choices = [list(options) if options else None for _, options in decisions]
+        for k, i in enumerate(free):
+            replies = [greedy["adapter"][i], greedy[parent_name][i], samples[k], samples[len(free) + k]]
             candidates = list(dict.fromkeys(c.text for c in replies if c.text.strip()))
             if len(candidates) < 2:  # both policies said the same: the set still measures how surely
                 candidates = list(dict.fromkeys([*candidates, *_FILLERS]))[:2]
-            choices.append(list(options) if options else candidates)
+            choices[i] = candidates
         scored = {}
         for name in ("adapter", parent_name):
             ref.use_adapter(name)
             scored[name] = [c.choice_logprobs for c in ref.choose(chats, choices, _CHOOSE)]
         moved = sorted(range(len(chats)), key=lambda i: -_total_variation(scored["adapter"][i], scored[parent_name][i]))
         kept = sorted(moved[:PROBE_PROMPTS])
+        for name, more in greedy_of([i for i in kept if i not in greedy["adapter"]]).items():
+            greedy[name].update(more)
         replies = [
             [GreedyReply(c.text, _reply_tokens(c), [], []) for c in (greedy["adapter"][i], greedy[parent_name][i])]
             for i in kept
