@@ -152,21 +152,16 @@ class Matrix:
                 cells.append(("-" if r is None else f"{r:.0%}{mark}").rjust(width))
             lines.append(label.ljust(left) + "".join(cells))
         parts = []
-        for name, (point, interval), unit in (
-            ("ACC", self.acc(), "%"),
-            ("BWT", self.bwt(), " points"),
-            ("FWT", self.fwt(), " points"),
+        for name, (point, interval), unit, spec in (
+            ("ACC", self.acc(), "%", ".1f"),  # an accuracy: no sign
+            ("BWT", self.bwt(), " points", "+.1f"),  # differences: signed
+            ("FWT", self.fwt(), " points", "+.1f"),
         ):
             if point is None:
                 parts.append(f"{name} -")
                 continue
-            scale = 100
-            shown = f"{point * scale:.1f}" if unit == "%" else f"{point * scale:+.1f}"
             lo, hi = interval
-            bounds = (
-                f"{lo * scale:.1f} to {hi * scale:.1f}" if unit == "%" else f"{lo * scale:+.1f} to {hi * scale:+.1f}"
-            )
-            parts.append(f"{name} {shown}{unit} [95% CI {bounds}]")
+            parts.append(f"{name} {point * 100:{spec}}{unit} [95% CI {lo * 100:{spec}} to {hi * 100:{spec}}]")
         lines.append("  ".join(parts))
         drops = self.drops()
         if drops:

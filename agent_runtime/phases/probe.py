@@ -311,7 +311,7 @@ def build_reference(
         # a free-mode prompt's candidate replies come from generation; a choice-mode one keeps its action set, so
         # its greedy replies are generated only if it is kept (of 16 choice prompts, 4: most of the probe's work)
         free = [i for i, (_, options) in enumerate(decisions) if not options]
-        greedy = greedy_of(free)
+        greedy, samples = greedy_of(free), []
         if free:
             ref.use_adapter("adapter")
             samples = ref.generate([chats[i] for i in free] * 2, _SAMPLE)
