@@ -325,7 +325,7 @@ class EpisodeRunner:
                 except Exception as exc:  # noqa: BLE001 -- any environment's step failure ends its episode
                     error = f"step failed: {type(exc).__name__}: {exc}"
                     observation, reward, terminated, truncated, info, cut = "", 0.0, False, False, {}, {}
-            step_info = {k: v for k, v in (info or {}).items() if k in ("won", "score")} | ep.cut
+            step_info = {k: v for k, v in (info or {}).items() if k in ("won", "score", "max_score")} | ep.cut
             step_info["action_mode"] = "choice" if options else "free"
             if explored:
                 step_info["explored"] = True

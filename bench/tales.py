@@ -1,0 +1,126 @@
+"""The TALES protocol (issue 39): the suite's TextWorld Express and ScienceWorld games, one held-out game each, 100
+steps, TALES' metric (highest score over the maximum, averaged per framework), beside the leaderboard's rows.
+
+Plays configs/tales.yaml's model and agent settings on every game of agent_runtime/evaluation/tales.py through the
+runtime's `evaluate` (the first game of each framework's test fold). Each game's result is written to
+`<workdir>/results.json` as it finishes: a rerun prints the table, a killed run resumes at the next game.
+
+    .venv/bin/python bench/tales.py                                     # both frameworks, free text (TALES')
+    .venv/bin/python bench/tales.py --frameworks twx --modes free,choice
+    .venv/bin/python bench/tales.py --frameworks twx --limit 2 --steps 5 --set model.backend=scripted   # smoke
+
+Differences from TALES' own harness are printed under the table (agent_runtime/evaluation/tales.py says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agent_runtime.config import load_config
+from agent_runtime.evaluation import close_env_pool, evaluate
+from agent_runtime.evaluation.tales import FRAMEWORKS, LEADERBOARD, framework_means, normalized_score, suite
+from agent_runtime.llm import make_backend
+
+DIFFERENCES = (
+    "Protocol differences from TALES' harness: an episode ends when the game ends (TALES restarts it and plays on "
+    "within the 100 steps, keeping the best score: a won game scores the same, a lost one keeps what it had); this "
+    "runtime's prompt (its system prompt, the last agent.max_history_turns turns), not TALES' zero-shot agent's; "
+    "'choice' (picking among the admissible actions) is ours and not comparable with the leaderboard."
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(ROOT / "configs" / "tales.yaml"))
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help=f"of {', '.join(FRAMEWORKS)}")
+    parser.add_argument("--modes", default="free", help="free (TALES' protocol) and/or choice (ours)")
+    parser.add_argument("--steps", type=int, default=100, help="steps per game (TALES: 100)")
+    parser.add_argument("--limit", type=int, default=None, help="the first N games of each framework")
+    parser.add_argument("--workdir", default=str(ROOT / "bench-runs" / "tales"))
+    parser.add_argument("--set", action="append", default=[], help="config overrides, as `agent-runtime run --set`")
+    args = parser.parse_args(argv)
+    frameworks = tuple(f for f in args.frameworks.split(",") if f)
+    modes = [m for m in args.modes.split(",") if m]
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    results_path = workdir / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    base = load_config(args.config, args.set)
+    policy = f"{base.model.name} ({base.model.backend})"
+    backend = None
+    try:
+        for mode in modes:
+            games = suite(frameworks, mode=mode, steps=args.steps)
+            if args.limit is not None:
+                games = [g for f in frameworks for g in [g for g in games if g.framework == f][: args.limit]]
+            for number, game in enumerate(games, 1):
+                key = f"{policy}|{mode}|{args.steps}|{game.name}"
+                if key in results:
+                    continue
+                data = base.model_dump(mode="json")
+                data["envs"] = [game.entry]
+                data["agent"]["action_mode"] = mode
+                data["agent"]["show_admissible_actions"] = mode == "choice"
+                config = type(base).model_validate(data)
+                if backend is None:
+                    backend = make_backend(config.model, seed=config.seed)
+                begun = time.perf_counter()
+                played: list[list[dict]] = []
+                evaluate(
+                    config,
+                    workdir / "run",
+                    backend,
+                    episodes_per_env=1,
+                    on_record=lambda record, into=played: into.append([step.info for step in record.steps]),
+                )
+                score = normalized_score(played[0]) if played else 0.0
+                results[key] = {
+                    "score": score,
+                    "steps": len(played[0]) if played else 0,
+                    "won": bool(played and any(i.get("won") for i in played[0])),
+                    "seconds": round(time.perf_counter() - begun, 1),
+                }
+                results_path.write_text(json.dumps(results, indent=1, sort_keys=True))
+                print(
+                    f"[{mode} {number}/{len(games)}] {game.name}: {score:.1%} in {results[key]['steps']} steps "
+                    f"({results[key]['seconds']:.0f} s)",
+                    flush=True,
+                )
+                close_env_pool()  # one JVM per game: stop it before the next game's
+    finally:
+        if backend is not None:
+            backend.close()
+    print_table(results, policy, modes, frameworks, args.steps, args.limit)
+    return 0
+
+
+def print_table(results: dict, policy: str, modes: list[str], frameworks: tuple[str, ...], steps: int, limit) -> None:
+    names = {"twx": "TextWorld Express", "scienceworld": "ScienceWorld"}
+    print(f"\nTALES' metric (mean of highest score / maximum per game, %), {steps} steps per game")
+    print("| policy | protocol | " + " | ".join(names[f] for f in frameworks) + " |")
+    print("|---|---|" + "---|" * len(frameworks))
+    for mode in modes:
+        games = suite(frameworks, mode=mode, steps=steps)
+        if limit is not None:
+            games = [g for f in frameworks for g in [g for g in games if g.framework == f][:limit]]
+        scores = {g.name: results[k]["score"] for g in games if (k := f"{policy}|{mode}|{steps}|{g.name}") in results}
+        means = framework_means(scores, games)
+        total = {f: sum(1 for g in games if g.framework == f) for f in frameworks}
+        cells = [f"{means[f][0]:.1%} ({means[f][1]}/{total[f]} games)" if f in means else "not run" for f in frameworks]
+        label = "free text (TALES')" if mode == "free" else "choice among admissible (ours)"
+        print(f"| {policy} | {label} | " + " | ".join(cells) + " |")
+    for name, (twx, science) in LEADERBOARD.items():
+        cells = [f"{twx:.1f}%" if f == "twx" else f"{science:.1f}%" for f in frameworks]
+        print(f"| {name} (TALES leaderboard) | TALES' harness | " + " | ".join(cells) + " |")
+    print(f"\n{DIFFERENCES}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
