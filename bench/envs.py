@@ -8,6 +8,9 @@ Per environment (small default parameters, a fresh game cache in a temporary fol
 2. reset: median and p95 latency of `reset(task_id=...)` on already generated tasks (warm cache);
 3. step: median and p95 latency of `step()` with random admissible actions (episodes restarted when
    they end).
+For the games on the JVM (twx/*, scienceworld/*) the first game includes starting the JVM, shown separately as "JVM
+start"; the resets after it are those of an instance the environment pool lends again (the same JVM). A row whose
+label has words after the id ("scienceworld/boil (no action list)") plays that id with its settings.
 
 Usage: `python bench/envs.py [--games 3] [--resets 20] [--steps 200] [--only textworld/cooking,...]`.
 """
@@ -39,6 +42,13 @@ SETTINGS = {
     "math/gsm_symbolic": {},
     "math/champ": {},
     "math/gsm8k": {},
+    # on the JVM (environments/java.py): the first reset starts it; resets and steps reuse it
+    "twx/coin": {},
+    "twx/cookingworld": {},
+    "twx/twc": {},
+    "twx/simonsays": {},
+    "scienceworld/find-living-thing": {},
+    "scienceworld/boil (no action list)": {"admissible_actions": False},
 }
 
 
@@ -50,7 +60,8 @@ def _ms(seconds: list[float], q: float) -> str:
     return f"{value * 1000:.1f}"
 
 
-def bench(env_id: str, kwargs: dict, games: int, resets: int, steps: int) -> dict[str, str]:
+def bench(label: str, kwargs: dict, games: int, resets: int, steps: int) -> dict[str, str]:
+    env_id = label.split(" ")[0]
     env = environments.make(env_id, **kwargs)
     tasks = list(env.tasks("train")[:games])
     cold = []
@@ -68,7 +79,7 @@ def bench(env_id: str, kwargs: dict, games: int, resets: int, steps: int) -> dic
     step_times = []
     _, info = env.reset(task_id=tasks[0])
     while len(step_times) < steps:
-        actions = info.get("admissible_actions") or ["look"]
+        actions = info.get("admissible_actions") or ["look", "look around", "inventory", "go to kitchen"]
         action = rng.choice(actions)
         start = time.perf_counter()
         result = env.step(action)
@@ -76,11 +87,14 @@ def bench(env_id: str, kwargs: dict, games: int, resets: int, steps: int) -> dic
         info = result.info
         if result.terminated or result.truncated:
             _, info = env.reset(task_id=rng.choice(tasks))
+    server = getattr(env, "server", None)
+    jvm = f"{server.start_seconds:.2f}" if server is not None and server.starts else "-"
     env.close()
     later = cold[1:] or cold
     return {
-        "env": env_id,
+        "env": label,
         "first game (s)": f"{cold[0]:.2f}",
+        "JVM start (s)": jvm,
         "generation median (s)": f"{statistics.median(later):.2f}",
         "reset p50 (ms)": _ms(warm, 0.5),
         "reset p95 (ms)": _ms(warm, 0.95),
@@ -109,7 +123,7 @@ def main() -> None:
                 kwargs["cache_dir"] = tmp
             if env_id == "math/gsm8k":
                 kwargs["path"] = str(problems)
-            rows.append(bench(env_id, kwargs, args.games, args.resets, args.steps))
+            rows.append(bench(env_id, kwargs, args.games, args.resets, args.steps))  # env_id: a row's label
             print(f"done {env_id}", file=sys.stderr, flush=True)
     header = list(rows[0])
     print("| " + " | ".join(header) + " |")

@@ -37,6 +37,11 @@ def _env(env_id: str, max_steps: int, **kwargs) -> dict:
     return {"id": env_id, "kwargs": {**kwargs, "n_train": GAMES, "n_eval": GAMES}, "max_steps": max_steps}
 
 
+def _own_folds(env_id: str, max_steps: int, **kwargs) -> dict:
+    """An environment whose tasks are its framework's own folds (TWX, ScienceWorld): the first 40 train tasks."""
+    return {"id": env_id, "kwargs": kwargs, "max_steps": max_steps}
+
+
 # (name, env, max_new_tokens for a free-text family (None: choice mode, the study's 12), lessons to try)
 CANDIDATES: list[tuple[str, dict, int | None, list[str]]] = [
     (
@@ -111,6 +116,60 @@ CANDIDATES: list[tuple[str, dict, int | None, list[str]]] = [
         _env("alfworld/text", 8, task_types=["pick_and_place_simple"]),
         None,
         ["Go to where the object is, take it, go to the target, then move it there."],
+    ),
+    # issue 39: TextWorld Express with TALES' parameters, and ScienceWorld's easiest tasks; lessons written before
+    # measuring
+    ("TWX coin, 4 steps", _own_folds("twx/coin", 4), None, ["Take the coin. Look and inventory never help."]),
+    (
+        "TWX TextWorld Commonsense, 4 steps",
+        _own_folds("twx/twc", 4),
+        None,
+        [
+            "Take the item that is out of place, then put it where it belongs.",
+            "Never examine, look or check your inventory: take the misplaced item and put it away.",
+        ],
+    ),
+    (
+        "TWX arithmetic, 6 steps",
+        _own_folds("twx/arithmetic", 6),
+        None,
+        ["Take the math problem and read it. Then take the item whose quantity is the answer and put it in the box."],
+    ),
+    (
+        "TWX sorting, 12 steps",
+        _own_folds("twx/sorting", 12),
+        None,
+        ["Take the item with the smallest quantity and put it in the box; repeat with the next smallest."],
+    ),
+    (
+        "TWX Simon Says 10, 12 steps",
+        _own_folds("twx/simonsays", 12),
+        None,
+        ["Do exactly what Simon says: choose the action Simon names, word for word."],
+    ),
+    (
+        "TWX pecking order, 10 steps",
+        _own_folds("twx/peckingorder", 10),
+        None,
+        ["Read the instructions book, do the one thing it says, then read it again."],
+    ),
+    (
+        "TWX map reader, 12 steps",
+        _own_folds("twx/mapreader", 12),
+        None,
+        ["Read the map first. Then go to the room with the coin, take it, come back and put it in the box."],
+    ),
+    (
+        "TWX cooking world, 12 steps",
+        _own_folds("twx/cookingworld", 12),
+        None,
+        ["Take the cookbook and read it, then take each ingredient it names, prepare meal, then eat meal."],
+    ),
+    (
+        "ScienceWorld find a plant, free text, 12 steps",
+        _own_folds("scienceworld/find-plant", 12, admissible_actions=False),
+        16,
+        ["Open the door to outside and go outside, where plants grow. Focus on a plant, then move it to the box."],
     ),
     (
         "GSM-Symbolic, free text, 256 tokens",
