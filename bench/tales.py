@@ -2,8 +2,9 @@
 steps, TALES' metric (highest score over the maximum, averaged per framework), beside the leaderboard's rows.
 
 Plays configs/tales.yaml's model and agent settings on every game of agent_runtime/evaluation/tales.py through the
-runtime's `evaluate` (the first game of each framework's test fold). Each game's result is written to
-`<workdir>/results.json` as it finishes: a rerun prints the table, a killed run resumes at the next game.
+runtime's `evaluate` (the first game of each framework's test fold), up to `--batch` games side by side (games with
+different environment ids; the model's calls are batched, greedy). Each round's results are written to
+`<workdir>/results.json` as it finishes: a rerun prints the table, a killed run resumes at the next round.
 
     .venv/bin/python bench/tales.py                                     # both frameworks, free text (TALES')
     .venv/bin/python bench/tales.py --frameworks twx --modes free,choice
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="free", help="free (TALES' protocol) and/or choice (ours)")
     parser.add_argument("--steps", type=int, default=100, help="steps per game (TALES: 100)")
     parser.add_argument("--limit", type=int, default=None, help="the first N games of each framework")
+    parser.add_argument("--batch", type=int, default=8, help="games played side by side (distinct environment ids)")
     parser.add_argument("--workdir", default=str(ROOT / "bench-runs" / "tales"))
     parser.add_argument("--set", action="append", default=[], help="config overrides, as `agent-runtime run --set`")
     args = parser.parse_args(argv)
@@ -60,40 +62,55 @@ def main(argv: list[str] | None = None) -> int:
             games = suite(frameworks, mode=mode, steps=args.steps)
             if args.limit is not None:
                 games = [g for f in frameworks for g in [g for g in games if g.framework == f][: args.limit]]
-            for number, game in enumerate(games, 1):
-                key = f"{policy}|{mode}|{args.steps}|{game.name}"
-                if key in results:
-                    continue
+            pending = [g for g in games if f"{policy}|{mode}|{args.steps}|{g.name}" not in results]
+            done = len(games) - len(pending)
+            while pending:
+                # a round plays up to --batch games side by side (one batched model call per turn), each a different
+                # environment id: a config names an id once
+                batch, ids = [], set()
+                for game in list(pending):
+                    if game.entry["id"] not in ids and len(batch) < args.batch:
+                        batch.append(game)
+                        ids.add(game.entry["id"])
+                        pending.remove(game)
                 data = base.model_dump(mode="json")
-                data["envs"] = [game.entry]
+                data["envs"] = [game.entry for game in batch]
                 data["agent"]["action_mode"] = mode
                 data["agent"]["show_admissible_actions"] = mode == "choice"
+                data["runtime"]["slots"] = len(batch)
                 config = type(base).model_validate(data)
                 if backend is None:
                     backend = make_backend(config.model, seed=config.seed)
                 begun = time.perf_counter()
-                played: list[list[dict]] = []
+                played: dict[str, list[dict]] = {}
                 evaluate(
                     config,
                     workdir / "run",
                     backend,
                     episodes_per_env=1,
-                    on_record=lambda record, into=played: into.append([step.info for step in record.steps]),
+                    on_record=lambda record, into=played: into.__setitem__(
+                        record.env_id, [step.info for step in record.steps]
+                    ),
                 )
-                score = normalized_score(played[0]) if played else 0.0
-                results[key] = {
-                    "score": score,
-                    "steps": len(played[0]) if played else 0,
-                    "won": bool(played and any(i.get("won") for i in played[0])),
-                    "seconds": round(time.perf_counter() - begun, 1),
-                }
+                seconds = round(time.perf_counter() - begun, 1)
+                for game in batch:
+                    steps = played.get(game.entry["id"], [])
+                    key = f"{policy}|{mode}|{args.steps}|{game.name}"
+                    results[key] = {
+                        "score": normalized_score(steps),
+                        "steps": len(steps),
+                        "won": any(i.get("won") for i in steps),
+                        "round_seconds": seconds,
+                        "round_games": len(batch),
+                    }
+                    done += 1
+                    print(
+                        f"[{mode} {done}/{len(games)}] {game.name}: {results[key]['score']:.1%} in {len(steps)} steps "
+                        f"(its round of {len(batch)}: {seconds:.0f} s)",
+                        flush=True,
+                    )
                 results_path.write_text(json.dumps(results, indent=1, sort_keys=True))
-                print(
-                    f"[{mode} {number}/{len(games)}] {game.name}: {score:.1%} in {results[key]['steps']} steps "
-                    f"({results[key]['seconds']:.0f} s)",
-                    flush=True,
-                )
-                close_env_pool()  # one JVM per game: stop it before the next game's
+                close_env_pool()  # the round's JVMs: stop them before the next round's
     finally:
         if backend is not None:
             backend.close()
