@@ -164,10 +164,20 @@ class JavaGameServer:
             ),
             java_process=self._proc,
         )
-        self._server = self._gateway.jvm
-        for part in self.entry.split("."):
-            self._server = getattr(self._server, part)
-        self._server = self._server()
+        from py4j.java_gateway import JavaClass
+        from py4j.protocol import Py4JError
+
+        try:
+            entry = self._gateway.jvm
+            for part in self.entry.split("."):
+                entry = getattr(entry, part)
+            if not isinstance(entry, JavaClass):  # Py4J answers an unknown name with a package
+                raise Py4JError(f"the jar has no class {self.entry}")
+            self._server = entry()
+        except Py4JError as error:  # the game's interface did not come up within the call timeout, or failed
+            tail = self._stderr_tail()
+            self._kill()
+            raise JavaServerError(f"{self.name}: the game's interface did not start ({error}){tail}") from None
         self.starts += 1
         self.start_seconds = time.perf_counter() - begun
 
@@ -235,9 +245,8 @@ class JavaGameServer:
                 proc.kill()
             with contextlib.suppress(Exception):
                 proc.wait(timeout=10)
-            for stream in (proc.stdin, proc.stdout):
-                with contextlib.suppress(Exception):
-                    stream.close()
+            with contextlib.suppress(Exception):
+                proc.stdin.close()  # stdout is the drain thread's, which closes it at its end
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -252,7 +261,10 @@ class JavaGameServer:
 
 
 def _drain(stream) -> None:
-    """Read the JVM's stdout to its end, so that a chatty game never blocks on a full pipe."""
+    """Read the JVM's stdout to its end, so that a chatty game never blocks on a full pipe, then close it. It reads the
+    file descriptor itself: a buffered reader's lock, held by this daemon thread, cannot be taken at shutdown."""
     with contextlib.suppress(Exception):
-        while stream.read(65536):
+        while os.read(stream.fileno(), 65536):
             pass
+    with contextlib.suppress(Exception):
+        stream.close()

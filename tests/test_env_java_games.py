@@ -366,3 +366,12 @@ def test_tales_bench_plays_resumes_and_prints_the_table(tmp_path):
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0 and "[choice" not in again.stdout  # nothing replayed
     assert "(1/1 games) | " in again.stdout and "choice among admissible (ours)" in again.stdout
+
+
+def test_a_game_interface_that_does_not_start_is_an_env_error_and_no_jvm_is_left():
+    jar, data = twx._package_files()
+    server = java.JavaGameServer(jar, "textworldexpress.runtime.NoSuchInterface", name="twx/broken", data_files=data)
+    with pytest.raises(java.JavaServerError, match="twx/broken: the game's interface did not start"):
+        server.call("getGameNames")
+    assert server._proc is None and server._dir is None
+    server.close()
