@@ -316,13 +316,16 @@ def test_tales_suite_lists_the_games_with_tales_parameters():
     science = [g for g in games if g.framework == "scienceworld"]
     assert len(twx_games) == 16 and len(science) == 30
     by_name = {g.name: g.entry for g in games}
-    assert by_name["TWXSimonSaysWithMemory50Verbose"]["kwargs"]["params"] == {
+    assert len({entry["id"] for entry in by_name.values()}) == 46  # every game its own id: one config holds them all
+    variant = environments.make(by_name["TWXSimonSaysWithMemory50Verbose"]["id"])
+    assert variant.spec.id == "twx/simonsays" and variant.spec.kwargs["params"] == {
         "gameLength": 50,
         "numDistractors": 4,
         "memorization": 1,
         "verbose": 1,
     }
-    assert by_name["TWXCoinCollector"] == {"id": "twx/coin", "max_steps": 100, "kwargs": {}}
+    variant.close()
+    assert by_name["TWXCoinCollector"] == {"id": "tales/TWXCoinCollector", "max_steps": 100, "kwargs": {}}
     assert by_name["ScienceWorldBoil"]["kwargs"] == {"admissible_actions": False}
     assert suite(("scienceworld",), mode="choice")[0].entry["kwargs"] == {}
     with pytest.raises(ValueError, match="accepted: twx, scienceworld"):

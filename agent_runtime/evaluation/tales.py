@@ -68,8 +68,26 @@ class TalesGame:
     entry: dict[str, Any] = field(hash=False)  # {"id": ..., "max_steps": ..., "kwargs": {...}}
 
 
+def register_twx_variants() -> None:
+    """Register each of TALES' TextWorld Express games as `tales/<name>` (its game with its parameters as defaults),
+    so that the nine Simon Says variants, one TWX game, can stand side by side in one config (a config names an
+    environment id once). Idempotent; `environments.list_envs` shows them with the source "builtin" of this process."""
+    from environments import registry
+
+    registry.list_envs()  # the built-ins first
+    for name, (game, extra) in TWX_GAMES.items():
+        if f"tales/{name}" not in registry._registry:
+            registry.register(
+                f"tales/{name}",
+                f"environments.twx:{game}",
+                description=f"TALES' {name}: twx/{game} with {extra or 'its TALES parameters'}",
+                **({"params": extra} if extra else {}),
+            )
+
+
 def suite(frameworks: tuple[str, ...] = FRAMEWORKS, *, mode: str = "free", steps: int = STEPS) -> list[TalesGame]:
-    """The suite's games of `frameworks`, in TALES' order, as config entries for `mode` ("free" or "choice")."""
+    """The suite's games of `frameworks`, in TALES' order, as config entries for `mode` ("free" or "choice"). A TWX
+    entry names `tales/<name>` (`register_twx_variants` registers them)."""
     unknown = [f for f in frameworks if f not in FRAMEWORKS]
     if unknown:
         raise ValueError(f"unknown TALES framework(s) {unknown}; accepted: {', '.join(FRAMEWORKS)}")
@@ -77,9 +95,9 @@ def suite(frameworks: tuple[str, ...] = FRAMEWORKS, *, mode: str = "free", steps
         raise ValueError(f"mode must be 'free' (TALES' protocol) or 'choice' (ours), got {mode!r}")
     games = []
     if "twx" in frameworks:
-        for name, (game, extra) in TWX_GAMES.items():
-            entry = {"id": f"twx/{game}", "max_steps": steps, "kwargs": {"params": extra} if extra else {}}
-            games.append(TalesGame(name, "twx", entry))
+        register_twx_variants()
+        for name in TWX_GAMES:
+            games.append(TalesGame(name, "twx", {"id": f"tales/{name}", "max_steps": steps, "kwargs": {}}))
     if "scienceworld" in frameworks:
         for task in SCIENCEWORLD_TASKS:
             # the free protocol shows no action list: listing thousands of actions a step would cost 60-160 ms
