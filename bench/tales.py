@@ -33,6 +33,8 @@ DIFFERENCES = (
     "Protocol differences from TALES' harness: an episode ends when the game ends (TALES restarts it and plays on "
     "within the 100 steps, keeping the best score: a won game scores the same, a lost one keeps what it had); this "
     "runtime's prompt (its system prompt, the last agent.max_history_turns turns), not TALES' zero-shot agent's; "
+    "a reply the runtime cannot read as one command (prose, several sentences) is answered 'not a valid action' "
+    "instead of being sent to the game, which would answer that it does not understand (either way no score); "
     "'choice' (picking among the admissible actions) is ours and not comparable with the leaderboard."
 )
 

@@ -12,6 +12,9 @@ Where this differs from TALES' own harness, and is stated beside every number:
   an episode ends when the game ends. A won game scores the same; a lost one keeps the score it had reached.
 - The prompt is this runtime's (its system prompt per family, the last `agent.max_history_turns` turns), not
   TALES' zero-shot agent's.
+- A reply the runtime cannot read as one command (the first line, prose or several sentences) is answered "not a
+  valid action" and not sent to the game; TALES sends every reply, and the game answers that it does not
+  understand. Either way it scores nothing.
 - `choice` mode (the model picks among the admissible actions) is this runtime's and labelled so; only `free` is
   comparable with the leaderboard.
 """
