@@ -13,6 +13,8 @@ start"; the resets after it are those of an instance the environment pool lends 
 label has words after the id ("scienceworld/boil (no action list)") plays that id with its settings.
 
 Usage: `python bench/envs.py [--games 3] [--resets 20] [--steps 200] [--only textworld/cooking,...]`.
+`python bench/envs.py --check scienceworld/` instead runs `check_env` on every registered environment whose id starts
+with the prefix (each on a fresh instance, closed after) and prints a table of failures and times.
 """
 
 from __future__ import annotations
@@ -103,13 +105,34 @@ def bench(label: str, kwargs: dict, games: int, resets: int, steps: int) -> dict
     }
 
 
+def check(prefix: str) -> None:
+    from environments.checker import env_failures
+
+    ids = sorted(r.id for r in environments.list_envs() if r.id.startswith(prefix))
+    print("| env | check_env | seconds |")
+    print("|---|---|---|")
+    for env_id in ids:
+        started = time.perf_counter()
+        env = environments.make(env_id)
+        try:
+            failures = env_failures(env)
+        finally:
+            env.close()
+        verdict = "passes" if not failures else "; ".join(failures)
+        print(f"| {env_id} | {verdict} | {time.perf_counter() - started:.1f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", default=None, help="run check_env on every environment whose id starts with this")
     parser.add_argument("--games", type=int, default=3)
     parser.add_argument("--resets", type=int, default=20)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--only", default="", help="comma-separated env ids (default: all in SETTINGS)")
     args = parser.parse_args()
+    if args.check is not None:
+        check(args.check)
+        return
     ids = [i for i in args.only.split(",") if i] or list(SETTINGS)
     with tempfile.TemporaryDirectory() as tmp:
         problems = Path(tmp) / "gsm8k.jsonl"
