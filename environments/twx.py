@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from environments.base import EnvError, EnvSpec
-from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task
-from environments.java import JavaGameServer
+from environments.java import JavaGameEnv, JavaGameServer
 
 ENTRY = "textworldexpress.runtime.PythonInterface"
 # TALES' parameters per game (tale-suite, tales/textworld_express/twx_data.py); TWX's own defaults otherwise
@@ -64,12 +62,8 @@ DESCRIPTIONS = {
     "simonsays": "TextWorld Express Simon Says: do exactly what Simon says",
     "peckingorder": "TextWorld Express Pecking Order: follow the instructions book, one step at a time",
 }
-FOLDS = {"train": "train", "dev": "dev", "test": "test"}
 MAX_STEPS = 100  # TALES' step limit per game
 _PARAM_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
-
-_seeds: dict[tuple[str, str], dict[str, list[int]]] = {}  # (game, params) -> fold -> seeds, once per process
-_seeds_lock = threading.Lock()
 
 
 def _package_files() -> tuple[Path, list[Path]]:
@@ -102,8 +96,9 @@ def _check_params(game: str, params: Mapping[str, Any] | None) -> dict[str, int]
     return merged
 
 
-class TwxEnv(EpisodicEnv):
-    """One TWX game with fixed parameters, on a JVM of its own (see the module docstring)."""
+class TwxEnv(JavaGameEnv):
+    """One TWX game with fixed parameters, on a JVM of its own (see the module docstring). `cache_dir` is accepted
+    for uniformity with the other built-ins: TWX generates its games in memory and writes nothing."""
 
     def __init__(
         self,
@@ -113,12 +108,11 @@ class TwxEnv(EpisodicEnv):
         eval_split: str = "test",
         max_steps: int | None = None,
         heap: str = "512m",
+        cache_dir: str | None = None,
     ) -> None:
         if game not in GAMES:
             raise EnvError(f"unknown TextWorld Express game {game!r}; known: {', '.join(GAMES)}")
-        if eval_split not in ("test", "dev"):
-            raise EnvError(f"twx/{game}: eval_split must be 'test' or 'dev', got {eval_split!r}")
-        self.game, self.params, self.eval_split = game, _check_params(game, params), eval_split
+        self.game, self.params = game, _check_params(game, params)
         spec = EnvSpec(
             id=f"twx/{game}",
             version="1",
@@ -127,7 +121,7 @@ class TwxEnv(EpisodicEnv):
             description=DESCRIPTIONS[game],
             kwargs={"params": dict(self.params), "eval_split": eval_split},
         )
-        super().__init__(spec, max_steps=max_steps)
+        super().__init__(spec, eval_split=eval_split, max_steps=max_steps)
         jar, data = _package_files()
         self.server = JavaGameServer(jar, ENTRY, name=spec.id, data_files=data, heap=heap)
         self._loaded_in = 0  # the server start (server.starts) the game was loaded into
@@ -145,26 +139,13 @@ class TwxEnv(EpisodicEnv):
             raise EnvError(f"{self.spec.id}: TextWorld Express refused the parameters {self.params}: {message}")
         self._loaded_in = self.server.starts
 
-    def _fold_seeds(self) -> dict[str, list[int]]:
-        key = (self.game, param_string(self.params))
-        with _seeds_lock:
-            known = _seeds.get(key)
-        if known is None:
-            self._load()
-            known = {
-                "train": [int(s) for s in self.server.call("getSeedsTrain")],
-                "dev": [int(s) for s in self.server.call("getSeedsDev")],
-                "test": [int(s) for s in self.server.call("getSeedsTest")],
-            }
-            with _seeds_lock:
-                _seeds[key] = known
-        return known
+    def _fold_key(self) -> str:
+        return f"{self.game}:{param_string(self.params)}"
 
-    def _fold(self, split: str) -> str:
-        return "train" if split == "train" else self.eval_split
-
-    def _tasks(self, split: str) -> Sequence[str]:
-        return IndexedTasks(split, len(self._fold_seeds()[self._fold(split)]))
+    def _read_folds(self) -> dict[str, list[int]]:
+        self._load()
+        calls = {"train": "getSeedsTrain", "dev": "getSeedsDev", "test": "getSeedsTest"}
+        return {fold: [int(s) for s in self.server.call(call)] for fold, call in calls.items()}
 
     def _info(self, state: dict[str, Any], goal: str) -> dict[str, Any]:
         return {
@@ -176,10 +157,7 @@ class TwxEnv(EpisodicEnv):
         }
 
     def _reset(self, task_id: str) -> tuple[str, dict[str, Any]]:
-        split = "train" if parse_indexed_task(task_id, "train") is not None else "eval"
-        index = parse_indexed_task(task_id, split)
-        fold = self._fold(split)
-        seed = self._fold_seeds()[fold][index]
+        fold, seed = self.fold_entry(task_id)
         self._load()
         state = json.loads(self.server.call("generateNewGameJSON", seed, fold, True))
         self._goal = str(self.server.call("getTaskDescription"))
@@ -201,33 +179,5 @@ class TwxEnv(EpisodicEnv):
         return list(self._gold)
 
     def close(self) -> None:
-        self.server.close()
-        self._active = False
+        super().close()
         self._loaded_in = 0
-
-
-def _factory(game: str):
-    def make(
-        *,
-        params: Mapping[str, int] | None = None,
-        eval_split: str = "test",
-        max_steps: int | None = None,
-        heap: str = "512m",
-        cache_dir: str | None = None,
-    ) -> TwxEnv:
-        """A TextWorld Express game; `cache_dir` is accepted for uniformity with the other built-ins (TWX generates
-        games in memory and writes nothing)."""
-        return TwxEnv(game, params=params, eval_split=eval_split, max_steps=max_steps, heap=heap)
-
-    make.__name__ = make.__qualname__ = game
-    return make
-
-
-cookingworld = _factory("cookingworld")
-twc = _factory("twc")
-coin = _factory("coin")
-arithmetic = _factory("arithmetic")
-mapreader = _factory("mapreader")
-sorting = _factory("sorting")
-simonsays = _factory("simonsays")
-peckingorder = _factory("peckingorder")

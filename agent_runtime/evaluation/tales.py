@@ -77,13 +77,14 @@ def register_twx_variants() -> None:
     environment id once). Idempotent; `environments.list_envs` shows them with the source "builtin" of this process."""
     from environments import registry
 
-    registry.list_envs()  # the built-ins first
+    known = {record.id for record in registry.list_envs()}
     for name, (game, extra) in TWX_GAMES.items():
-        if f"tales/{name}" not in registry._registry:
+        if f"tales/{name}" not in known:
             registry.register(
                 f"tales/{name}",
-                f"environments.twx:{game}",
+                "environments.twx:TwxEnv",
                 description=f"TALES' {name}: twx/{game} with {extra or 'its TALES parameters'}",
+                game=game,
                 **({"params": extra} if extra else {}),
             )
 
