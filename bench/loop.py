@@ -9,6 +9,15 @@ tokens per second; a phase's floor is its forward tokens at the first rate plus 
 second. The ratio wall / floor says how far a phase is from what the hardware does with the same tokens
 (game generation, which is not model work, is shown apart and left out of the ratio).
 
+Memory (the second table): each phase's peak resident set (the kernel's high-water mark, reset at every phase
+boundary) and what held it. A sampler thread reads the resident set every `--sample-s` seconds; whenever a phase
+reaches a new high it takes an inventory of the live objects: the distinct sets of model weights (counted by
+their embedding matrices, so a LoRA-wrapped model and its base are one), gradients, optimizer state, the acting
+backend's prefix KV cache, every other live tensor, and the rest (the interpreter, libraries, allocator). The
+floor beside it is what the phase cannot do without: the process with its imports (measured before the run), the
+model's weights once, and for CONSOLIDATE the trainer's optimizer state and largest batch's activations (measured
+in the same process after the run: one forward + backward of the largest training batch the cycle ran).
+
     .venv/bin/python bench/loop.py                                   # the quickstart, ~10 min on 2 cores
     .venv/bin/python bench/loop.py --set runtime.episodes=16 --set opcd.consolidate_every=16
     .venv/bin/python bench/loop.py --config configs/smoke.yaml
@@ -19,10 +28,13 @@ Prints the table (markdown) and writes it, with the raw numbers, to `<workdir>/p
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -61,6 +73,9 @@ def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats
             times.append(time.perf_counter() - started)
         return ids.numel() / min(times)
 
+    from agent_runtime.run.profile import memory_mb, reset_peak
+
+    weights_mb = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 2**20
     with torch.no_grad():
         forward = best(lambda: model(input_ids=ids))
     student = get_peft_model(
@@ -72,12 +87,136 @@ def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats
         ),
     )
     student.train()
+    optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
 
     def step() -> None:
         student(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
-        student.zero_grad(set_to_none=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
-    return {"forward": forward, "train": best(step), "rows": rows, "length": ids.shape[1]}
+    gc.collect()
+    before = memory_mb().get("VmRSS", 0.0)
+    reset_peak()
+    train = best(step)
+    train_mb = memory_mb().get("VmHWM", 0.0) - before
+    return {
+        "forward": forward,
+        "train": train,
+        "rows": rows,
+        "length": ids.shape[1],
+        "weights_mb": weights_mb,
+        "train_mb": train_mb,
+    }
+
+
+def holdings() -> dict[str, float]:
+    """What the live objects hold now, in MB: model weights (and how many distinct sets), gradients, optimizer
+    state, prefix KV caches, other tensors. Tensors are counted once per storage."""
+    import torch
+
+    from agent_runtime.llm.prefix_cache import PrefixCache
+
+    seen: set[int] = set()
+
+    def mb(tensors) -> float:
+        total = 0
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+            if key and key not in seen:
+                seen.add(key)
+                total += storage.nbytes()
+        return total / 2**20
+
+    with warnings.catch_warnings():  # isinstance on deprecated module attributes (torch.distributed.reduce_op) warns
+        warnings.simplefilter("ignore")
+        objects = gc.get_objects()
+        modules = [o for o in objects if isinstance(o, torch.nn.Module)]
+        optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
+        caches = [o for o in objects if isinstance(o, PrefixCache)]
+        tensors = [o for o in objects if isinstance(o, torch.Tensor)]
+    del objects
+    embeddings = set()
+    for module in modules:
+        get = getattr(module, "get_input_embeddings", None)
+        try:
+            weight = get().weight if callable(get) else None
+        except (AttributeError, NotImplementedError):  # a module without embeddings is not a model copy
+            weight = None
+        if isinstance(weight, torch.Tensor):
+            embeddings.add(weight.untyped_storage().data_ptr())
+    out: dict[str, float] = {"model copies": float(len(embeddings))}
+    out["optimizer"] = mb(t for o in optimizers for state in o.state.values() for t in state.values())
+    params = [p for m in modules for p in m.parameters(recurse=False)]
+    out["gradients"] = mb(p.grad for p in params if p.grad is not None)
+    out["weights"] = mb([*params, *(b for m in modules for b in m.buffers(recurse=False))])
+    out["prefix cache"] = mb(t for o in caches for entry in o.entries.values() for t in (*entry.keys, *entry.values))
+    out["other tensors"] = mb(tensors)
+    return out
+
+
+class MemorySampler(threading.Thread):
+    """Reads the resident set every `every` s; at each new high of the open phase, records `holdings()` there."""
+
+    def __init__(self, profile, every: float = 1.0, margin_mb: float = 64.0):
+        super().__init__(daemon=True)
+        self.profile, self.every, self.margin = profile, every, margin_mb
+        self.at_peak: dict[str, dict] = {}  # phase -> {"rss_mb": ..., **holdings}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        from agent_runtime.run.profile import memory_mb
+
+        while not self.done.wait(self.every):
+            open_rows = [n for n, r in self.profile.phases.items() if any(r is o for o in self.profile._open)]
+            if not open_rows:
+                continue
+            rss = memory_mb().get("VmRSS", 0.0)
+            for name in open_rows:
+                best = self.at_peak.get(name, {}).get("rss_mb", 0.0)
+                if rss > best + self.margin or name not in self.at_peak:
+                    self.at_peak[name] = {"rss_mb": rss, **holdings()}
+
+
+def memory_table(profile: dict[str, dict], at_peak: dict[str, dict], floors: dict[str, float]) -> str:
+    lines = [
+        (
+            f"floor: the process with its imports {floors['base']:.0f} MB + the weights once {floors['weights']:.0f} "
+            f"MB; training adds {floors['train']:.0f} MB (optimizer state + the largest batch's activations)"
+        ),
+        "",
+        (
+            "| phase | peak MB | end MB | floor MB | peak / floor | at the sampled high: RSS MB | model copies "
+            "| weights | grads + optimizer | prefix cache | other tensors | rest |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in [*ROWS, *(n for n in profile if n not in ROWS)]:
+        row = profile.get(name)
+        if row is None or not row.get("peak_rss_mb"):
+            continue
+        floor = floors["base"] + (floors["weights"] if name != "START" else 0)
+        if name.startswith("CONSOLIDATE"):
+            floor += floors["train"]
+        held = at_peak.get(name)
+        if held:
+            tensors = held["weights"] + held["gradients"] + held["optimizer"] + held["prefix cache"]
+            tensors += held["other tensors"]
+            rest = held["rss_mb"] - tensors
+            cells = (
+                f"{held['rss_mb']:.0f} | {held['model copies']:.0f} | {held['weights']:.0f} | "
+                f"{held['gradients'] + held['optimizer']:.0f} | {held['prefix cache']:.0f} | "
+                f"{held['other tensors']:.0f} | {rest:.0f}"
+            )
+        else:
+            cells = "- | - | - | - | - | - | -"
+        lines.append(
+            f"| {name} | {row['peak_rss_mb']:.0f} | {row['end_rss_mb']:.0f} | {floor:.0f} | "
+            f"{row['peak_rss_mb'] / floor:.1f}x | {cells} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def table(profile: dict[str, dict], rates: dict[str, float], seconds: float) -> str:
@@ -119,18 +258,28 @@ def main(argv: list[str] | None = None) -> int:
         help="the model the floor is measured on (default: the run's, or SmolLM2 for a scripted run)",
     )
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--sample-s", type=float, default=1.0, help="how often the memory sampler reads (seconds)")
     args = parser.parse_args(argv)
+
+    import torch  # noqa: F401 - the floor's "process with its imports" includes the libraries every run loads
+    import transformers  # noqa: F401
 
     from agent_runtime.config import load_config
     from agent_runtime.run.loop import AgentLoop
+    from agent_runtime.run.profile import memory_mb
 
     config = load_config(args.config, args.set)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="loop-profile-"))
+    gc.collect()
+    base_mb = memory_mb().get("VmRSS", 0.0)
     started = time.perf_counter()
     loop = AgentLoop(config, workdir, progress=not args.no_progress)
+    sampler = MemorySampler(loop.profile, every=args.sample_s)
+    sampler.start()
     try:
         loop.run()
     finally:
+        sampler.done.set()
         loop.close()
     seconds = time.perf_counter() - started
     profile = loop.profile.as_dict()
@@ -142,7 +291,13 @@ def main(argv: list[str] | None = None) -> int:
         config.model.name if config.model.backend in LOCAL_WEIGHTS else "smollm2-135m-instruct"
     )
     rates = floor_rates(floor_model, length, config.opcd.trainer.model_dump())
-    text = table(profile, rates, seconds)
+    local = config.model.backend in LOCAL_WEIGHTS  # a scripted or remote model holds no weights here
+    floors = {
+        "base": base_mb,
+        "weights": rates["weights_mb"] if local else 0.0,
+        "train": rates["train_mb"] if local and config.opcd.enabled else 0.0,
+    }
+    text = table(profile, rates, seconds) + "\n" + memory_table(profile, sampler.at_peak, floors)
     print(text)
     (workdir / "profile.json").write_text(
         json.dumps(
@@ -152,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": seconds,
                 "rates": rates,
                 "profile": profile,
+                "memory_floors": floors,
+                "at_peak": sampler.at_peak,
                 "table": text,
             },
             indent=1,

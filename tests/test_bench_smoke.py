@@ -93,7 +93,8 @@ def test_loop_profile_bench_sets_each_phase_against_its_floor(
     tmp_path, games_dir, tiny_model_dir, cycle_config, capsys
 ):
     """`bench/loop.py` on a whole cycle of the tiny model: every phase that ran has its row, a floor from the
-    same model's measured rates, and the JSON beside the table."""
+    same model's measured rates, and the JSON beside the table; then the memory table: each phase's peak against
+    its floor, and what the live objects held at the sampled high."""
     import importlib.util
 
     import yaml
@@ -104,12 +105,27 @@ def test_loop_profile_bench_sets_each_phase_against_its_floor(
     config = tmp_path / "cycle.yaml"
     config.write_text(yaml.safe_dump(cycle_config().model_dump(mode="json")))
     workdir = tmp_path / "w"
-    assert bench.main(["--config", str(config), "--workdir", str(workdir), "--no-progress"]) == 0
+    argv = ["--config", str(config), "--workdir", str(workdir), "--no-progress", "--sample-s", "0.02"]
+    assert bench.main(argv) == 0
     saved = json.loads((workdir / "profile.json").read_text())
     assert saved["rates"]["forward"] > 0 and saved["rates"]["train"] > 0
-    table = capsys.readouterr().out
-    rows = {line.split(" | ")[0][2:]: line for line in table.splitlines() if line.startswith("| ")}
+    out = capsys.readouterr().out
+    time_table, memory_table = out.split("floor: the process with its imports")
+    rows = {line.split(" | ")[0][2:]: line for line in time_table.splitlines() if line.startswith("| ")}
     assert "EXTRACT" in rows  # its fake extractor puts nothing through the model: no floor
     for phase in ("PLAY", "CONSOLIDATE", "CONSOLIDATE: train", "CONSOLIDATE: evaluate"):
         assert rows[phase].rstrip(" |").endswith("x"), rows[phase]  # model work: a floor and a ratio
     assert saved["profile"]["CONSOLIDATE: train"]["train_tokens"] > 0
+    memory = {
+        line.split(" | ")[0][2:]: line.split(" | ") for line in memory_table.splitlines() if line.startswith("| ")
+    }
+    profile = saved["profile"]
+    for phase in ("PLAY", "CONSOLIDATE", "CONSOLIDATE: train"):
+        assert float(memory[phase][1]) == pytest.approx(profile[phase]["peak_rss_mb"], abs=1)
+        assert profile[phase]["peak_rss_mb"] >= profile[phase]["end_rss_mb"] > 0
+    assert profile["CONSOLIDATE"]["peak_rss_mb"] >= profile["CONSOLIDATE: train"]["peak_rss_mb"]
+    floors = saved["memory_floors"]
+    assert floors["base"] > 0 and floors["weights"] > 0 and floors["train"] > 0
+    # the sampler took an inventory at PLAY's high: the tiny model's weights, counted once
+    held = saved["at_peak"]["PLAY"]
+    assert held["model copies"] >= 1 and held["weights"] > 0 and held["rss_mb"] > 0

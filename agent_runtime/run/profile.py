@@ -12,11 +12,18 @@ decisions) for the acting parts, and from the trainer's per-step metrics for tra
 tokens the student ran forward and backward, and the tokens the frozen teacher ran forward. `bench/loop.py`
 turns them into each phase's *floor*, the time a plain batched forward (and forward+backward) of the same
 tokens takes on the same machine.
+
+Memory: every row keeps the process's peak resident set during the phase (`peak_rss_mb`) and what was resident
+when it ended (`end_rss_mb`). The peak is the kernel's high-water mark (VmHWM), which the profile resets at every
+phase boundary (`/proc/self/clear_refs`), folding the mark into every open row first, so a phase's peak is its
+own and an enclosing phase's is the largest of its parts'. Where the mark cannot be reset (not Linux), rows
+report the process's peak so far, `peak_is_phase` False.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -36,6 +43,8 @@ class PhaseTime:
     teacher_tokens: int = 0  # forward only, through the frozen teacher
     games: int = 0  # games generated (not found in the game cache) during the phase
     games_s: float = 0.0  # the wall seconds that took
+    peak_rss_mb: float = 0.0  # the largest resident set during the phase (any of its times)
+    end_rss_mb: float = 0.0  # resident when it last ended
 
     @property
     def forward_tokens(self) -> int:
@@ -48,6 +57,8 @@ class Profile:
     def __init__(self, stats: Callable[[], object | None] = lambda: None):
         self._stats = stats
         self.phases: dict[str, PhaseTime] = {}
+        self._open: list[PhaseTime] = []
+        self.peak_is_phase = reset_peak()
 
     def _counters(self) -> tuple[int, int, int, int, float]:
         from environments.game_cache import BUILT
@@ -59,12 +70,18 @@ class Profile:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[PhaseTime]:
         row = self.phases.setdefault(name, PhaseTime())
+        self._fold_peak()
         wall, cpu, counters = time.perf_counter(), time.process_time(), self._counters()
         _ACTIVE.append(self)
+        self._open.append(row)
         try:
             yield row
         finally:
             _ACTIVE.remove(self)
+            self._fold_peak()
+            # by identity: rows are dataclasses, and two rows with the same numbers compare equal
+            del self._open[next(i for i, r in enumerate(self._open) if r is row)]
+            row.end_rss_mb = memory_mb().get("VmRSS", 0.0)
             after = self._counters()
             row.wall_s += time.perf_counter() - wall
             row.cpu_s += time.process_time() - cpu
@@ -74,6 +91,14 @@ class Profile:
             row.decisions += after[2] - counters[2]
             row.games += after[3] - counters[3]
             row.games_s += after[4] - counters[4]
+
+    def _fold_peak(self) -> None:
+        """Fold the high-water mark since the last boundary into every open row, and start a new one."""
+        peak = memory_mb().get("VmHWM", 0.0)
+        for row in self._open:
+            row.peak_rss_mb = max(row.peak_rss_mb, peak)
+        if self.peak_is_phase:
+            reset_peak()
 
     def add_training(self, name: str, metrics: dict) -> None:
         """Count one optimizer step's tokens (the trainer's `train_tokens` / `teacher_tokens` metrics)."""
@@ -93,3 +118,33 @@ def profiled(name: str) -> Iterator[None]:
         return
     with _ACTIVE[-1].phase(name):
         yield
+
+
+def memory_mb() -> dict[str, float]:
+    """This process's VmRSS (resident now) and VmHWM (peak resident since the last reset), in MB; {} off Linux."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            lines = status.read().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def reset_peak() -> bool:
+    """Reset this process's VmHWM to its resident set now (Linux: `clear_refs` 5); False where that is not possible."""
+    try:
+        fd = os.open("/proc/self/clear_refs", os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        os.write(fd, b"5")
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

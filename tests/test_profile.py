@@ -1,0 +1,42 @@
+"""The run profile's memory rows (`agent_runtime.run.profile`): each phase's own peak, nested phases folded into
+the enclosing one, and rows that compare equal kept apart."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from agent_runtime.run.profile import Profile, memory_mb
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the peak comes from /proc/self")
+
+
+def test_each_phase_keeps_its_own_peak_and_an_enclosing_phase_the_largest():
+    profile = Profile()
+    assert profile.peak_is_phase, "the high-water mark can be reset on Linux"
+    with profile.phase("outer"):
+        big = np.ones(40_000_000)  # 305 MB, touched
+        del big
+        with profile.phase("inner"):
+            small = np.ones(5_000_000)  # 38 MB
+            del small
+    with profile.phase("after"):
+        pass
+    rows = profile.phases
+    now = memory_mb()["VmRSS"]
+    assert rows["outer"].peak_rss_mb >= rows["inner"].peak_rss_mb + 200, "the outer phase saw the 305 MB array"
+    assert rows["inner"].peak_rss_mb < now + 100, "the inner phase's peak is its own, not the outer's"
+    assert rows["after"].peak_rss_mb < now + 50 and rows["after"].end_rss_mb > 0
+
+
+def test_rows_with_equal_numbers_are_closed_by_identity():
+    """Two open rows that compare equal (both fresh) must each close their own entry."""
+    profile = Profile()
+    with profile.phase("a"), profile.phase("b"):
+        pass
+    with profile.phase("a"):
+        pass
+    assert profile.phases["a"].times == 2 and profile.phases["b"].times == 1
+    assert not profile._open
