@@ -222,6 +222,32 @@ def test_the_store_stays_within_its_token_budget(tiny_model_dir):
     assert none.prefix_stats.reused_tokens == 0 and none.prefix_stats.shared_tokens > 0
 
 
+def test_the_store_stays_within_its_memory_budget(tiny_model_dir):
+    """`prefix_cache_mb` bounds the stored KV in bytes: two sequences' worth keeps at most that, still reuses, and
+    plays exactly as without the cache; 0 stores nothing."""
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, logprobs=True)
+    off = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32", prefix_cache=False)
+    plain = play(off, SCHEDULE, params)
+    longest = max(c.prompt_tokens for turn in plain for c in turn) + params.max_new_tokens
+    config = off.model.config
+    per_token = (
+        2
+        * config.num_hidden_layers
+        * config.num_key_value_heads
+        * (config.hidden_size // config.num_attention_heads)
+        * 4
+    )
+    budget = 2 * longest * per_token
+    small = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32", prefix_cache_mb=budget / 2**20)
+    assert_same(play(small, SCHEDULE, params), plain)
+    stored = sum(t.numel() * t.element_size() for e in small.prefix_kv.entries.values() for t in (*e.keys, *e.values))
+    assert small.prefix_stats.evicted > 0 and small.prefix_kv.bytes == stored <= budget
+    assert small.prefix_stats.reused_tokens > 0
+    none = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32", prefix_cache_mb=0)
+    assert_same(play(none, SCHEDULE, params), plain)
+    assert not none.prefix_kv.entries and none.prefix_stats.reused_tokens == 0
+
+
 def test_the_preallocated_cache_layer_grows_past_its_planned_room():
     from distill.opcd.prefix_kv import preallocated_layer_class
 

@@ -153,8 +153,12 @@ def training_device(config, backend) -> str:
 
 @contextmanager
 def making_room(backend):
-    """Free the acting engine's accelerator memory while a cycle trains next to it (vLLM's sleep mode on a
-    GPU: weights offloaded, KV cache dropped), and bring it back after; nothing for other backends."""
+    """Free the acting engine's memory while a cycle trains next to it, and bring it back after: vLLM's sleep
+    mode on a GPU (weights offloaded, KV cache dropped); the transformers backend's stored prefix KV (the
+    evaluation after training plays other prompts, and an adapter switch would clear it anyway)."""
+    prefix_kv = getattr(backend, "prefix_kv", None)
+    if prefix_kv is not None:
+        prefix_kv.clear()
     sleeper = backend if isinstance(backend, SleepingBackend) else None
     if sleeper is None or not sleeper.sleep():
         yield

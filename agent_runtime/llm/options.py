@@ -48,8 +48,11 @@ class TransformersOptions(StrictConfig):
     min_shared_prefix: int | None = Field(
         None, ge=1, description="a prefix the rows of a call share runs once when at least this long"
     )
+    prefix_cache_mb: float | None = Field(
+        None, ge=0, description="memory the stored KV may take, in MB (default 512; 0: nothing across calls)"
+    )
     prefix_cache_tokens: int | None = Field(
-        None, ge=0, description="tokens the slot caches keep (0: nothing across calls)"
+        None, ge=0, description="an additional bound in tokens (default none; 0: nothing across calls)"
     )
 
 

@@ -9,8 +9,9 @@ start) share their common prefix instead: it is run once for all of them (the ru
 teacher's too: `distill.opcd.prefix_kv`). The batch is laid out as [left padding][cached part][padding][new
 part] and the rows' cached KV is left-padded to the same width; position ids come from the attention mask, so
 every row sees the same positions as without the cache and greedy decoding gives the same tokens. Any prompt is
-correct, a prompt whose history lost its oldest turns just matches less. The store is an LRU bounded in tokens,
-holding sequences of one set of weights: the backend clears it when the active adapter changes.
+correct, a prompt whose history lost its oldest turns just matches less. The store is an LRU,
+holding sequences of one set of weights: the backend clears it when the active adapter changes (and while a
+cycle trains: `agent_runtime.llm.making_room`). The store is bounded in bytes, and optionally in tokens.
 """
 
 from __future__ import annotations
@@ -49,19 +50,29 @@ class PrefixCache:
     """Stored sequences of the active weights, least recently used first, and the planning of each call.
 
     A row reuses a stored sequence, or a prefix shared with other rows of the call, only when that covers at
-    least `min_shared_prefix` of its prompt tokens; `max_tokens` bounds the store (0 keeps nothing across
+    least `min_shared_prefix` of its prompt tokens; `max_bytes` and `max_tokens` bound the store (0 keeps nothing across
     calls). `enabled` is False for models whose cache cannot be spliced (see `plain_kv_layers`)."""
 
     def __init__(
-        self, model, *, enabled: bool = True, min_shared_prefix: int = MIN_SHARED_PREFIX, max_tokens: int = 40960
+        self,
+        model,
+        *,
+        enabled: bool = True,
+        min_shared_prefix: int = MIN_SHARED_PREFIX,
+        max_tokens: int | None = None,
+        max_bytes: int = 512 * 2**20,
     ):
+        """`max_bytes` bounds the stored KV's memory, `max_tokens` (None: no bound) its tokens; the least recently
+        used sequences go first, and 0 in either keeps nothing across calls."""
         self.layers = plain_kv_layers(model)
         self._enabled = enabled and self.layers > 0
         self.min_shared_prefix = min_shared_prefix
         self.max_tokens = max_tokens
+        self.max_bytes = max_bytes
         self.stats = PrefixCacheStats()
         self.entries: OrderedDict[int, CachedSequence] = OrderedDict()
         self.tokens = 0  # summed over the stored sequences
+        self.bytes = 0
         self._keys = itertools.count()
 
     @property
@@ -72,9 +83,22 @@ class PrefixCache:
     def enabled(self, value: bool) -> None:
         self._enabled = value and self.layers > 0
 
+    @property
+    def keeps(self) -> bool:
+        """Whether anything is stored across calls (both bounds above 0)."""
+        return self.max_bytes > 0 and (self.max_tokens is None or self.max_tokens > 0)
+
     def clear(self) -> None:
         self.entries.clear()
-        self.tokens = 0
+        self.tokens = self.bytes = 0
+
+    def _over(self) -> bool:
+        return self.bytes > self.max_bytes or (self.max_tokens is not None and self.tokens > self.max_tokens)
+
+    def _drop(self, key: int) -> None:
+        entry = self.entries.pop(key)
+        self.tokens -= len(entry.ids)
+        self.bytes -= _nbytes(entry)
 
     def shared_prefix(self, rows: list) -> int:
         """Tokens all rows share, leaving each row at least one token of its own; 0 when not worth caching."""
@@ -135,7 +159,7 @@ class PrefixCache:
 
     def keep(self, cache, row: int, positions: torch.Tensor, ids: np.ndarray, prompt_len: int) -> None:
         """Store row `row` of a call's cache: the KV at `positions` (its real tokens, in order) for `ids`."""
-        if self.max_tokens <= 0:
+        if not self.keeps:
             return
         keys = [layer.keys[row].index_select(1, positions) for layer in cache.layers]
         values = [layer.values[row].index_select(1, positions) for layer in cache.layers]
@@ -148,7 +172,7 @@ class PrefixCache:
         that went through the model (all but the last sampled one, up to EOS)."""
         cache = getattr(out, "cache", None)
         width, steps = mask.shape[1], len(generated[0])
-        if self.max_tokens <= 0 or cache is None or cache.get_seq_length() != width + steps - 1:
+        if not self.keeps or cache is None or cache.get_seq_length() != width + steps - 1:
             return
         for i, row in enumerate(rows):
             fed = min(cuts[i] + 1, steps - 1) if cuts[i] is not None else steps - 1
@@ -159,14 +183,20 @@ class PrefixCache:
 
     def insert(self, entry: CachedSequence) -> None:
         """Add a sequence; one whose prompt it continues is superseded (that slot moved on), and the least
-        recently used go while the store is over its token budget."""
-        if len(entry.ids) > self.max_tokens:
+        recently used go while the store is over its bounds."""
+        size = _nbytes(entry)
+        if size > self.max_bytes or (self.max_tokens is not None and len(entry.ids) > self.max_tokens):
             return
         for key, old in list(self.entries.items()):
             if common_prefix(old.ids, entry.ids) >= old.prompt_len:
-                self.tokens -= len(self.entries.pop(key).ids)
+                self._drop(key)
         self.entries[next(self._keys)] = entry
         self.tokens += len(entry.ids)
-        while self.tokens > self.max_tokens:
-            self.tokens -= len(self.entries.popitem(last=False)[1].ids)
+        self.bytes += size
+        while self._over():
+            self._drop(next(iter(self.entries)))
             self.stats.evicted += 1
+
+
+def _nbytes(entry: CachedSequence) -> int:
+    return sum(t.numel() * t.element_size() for t in (*entry.keys, *entry.values))

@@ -107,18 +107,20 @@ class TransformersBackend:
         dtype: str = "auto",
         prefix_cache: bool = True,
         min_shared_prefix: int = MIN_SHARED_PREFIX,
-        prefix_cache_tokens: int = 40960,
+        prefix_cache_mb: float = 512.0,
+        prefix_cache_tokens: int | None = None,
         choice_trie_above: int = 256,
     ):
         """Wrap an already loaded model and tokenizer (tests build tiny ones in code).
 
         `prefix_cache` turns the prefix KV cache on; a row reuses a stored sequence, or a prefix shared with
         other rows of the call, only when that covers at least `min_shared_prefix` of its prompt tokens.
-        `prefix_cache_tokens` bounds the stored sequences (least recently used go first; 0 keeps nothing
-        across calls). A stored token costs 2 x layers x kv_heads x head_dim x bytes per value: SmolLM2-135M
-        (30 layers, 3 KV heads of 64) 45 KB in float32, 22.5 KB in bf16, so the default 40960 tokens (16 slots
-        x 2.5k tokens) is at most 1.8 GB (fp32) of host or GPU memory. Models whose cache is not one plain
-        (key, value) pair per layer (sliding windows, recurrent state) run without the cache.
+        `prefix_cache_mb` bounds the memory of the stored sequences (least recently used go first; 0 keeps nothing
+        across calls), and `prefix_cache_tokens`, when given, their tokens too. A stored token costs 2 x layers x
+        kv_heads x head_dim x bytes per value: SmolLM2-135M (30 layers, 3 KV heads of 64) 45 KB in float32, 22.5
+        KB in bf16, so the default 512 MB holds ~11k tokens in float32 (8 slots of 1.4k-token prompts) and twice
+        that in bf16. Models whose cache is not one plain (key, value) pair per layer (sliding windows,
+        recurrent state) run without the cache.
 
         `choice_trie_above`: in choice mode, action sets larger than this are decoded under a token-trie
         constraint instead of having every action scored (the packed scoring grows with the set's tokens).
@@ -139,7 +141,11 @@ class TransformersBackend:
         self.stats = BackendStats()
         # stored sequences of the active adapter; cleared when the weights change
         self.prefix_kv = PrefixCache(
-            self.model, enabled=prefix_cache, min_shared_prefix=min_shared_prefix, max_tokens=prefix_cache_tokens
+            self.model,
+            enabled=prefix_cache,
+            min_shared_prefix=min_shared_prefix,
+            max_tokens=prefix_cache_tokens,
+            max_bytes=int(prefix_cache_mb * 2**20),
         )
         self.choice_trie_above = choice_trie_above
 

@@ -441,8 +441,8 @@ def _train(store: ExperienceStore, cycle_id: int, job: TrainJob, backend, progre
         if progress is not None:
             progress(m)
 
-    with making_room(backend):
-        return run_job(job, on_step=on_step)
+    with making_room(backend):  # the acting model's weights are the student's base: one copy in memory
+        return run_job(job, on_step=on_step, shared_weights=getattr(backend, "model", None))
 
 
 def cycle_metrics(

@@ -283,17 +283,37 @@ def _reply_tokens(completion) -> list[int]:
 
 
 def build_reference(
-    model_path: str, adapter, parent, decisions: list[tuple[list[dict], list[str] | None]], *, device: str = "cpu"
+    model_path: str,
+    adapter,
+    parent,
+    decisions: list[tuple[list[dict], list[str] | None]],
+    *,
+    device: str = "cpu",
+    shared_weights=None,
 ) -> ProbeReference:
     """The probe's expectations for `adapter` (its `id`, `name`, `path` and `fingerprint`) over its `parent` (or the
     base model: None), from a fresh float32 transformers forward on `device`. Of `decisions` ((chat, action set or
     None) of the cycle's episodes; the first `CANDIDATE_PROMPTS`), the probe keeps the `PROBE_PROMPTS` on which
-    the adapter moved the choice distribution most: there a stale backend is farthest from it."""
+    the adapter moved the choice distribution most: there a stale backend is farthest from it. `shared_weights`:
+    a float32 model of `model_path` already loaded on `device` (the acting backend's): the reference's own modules
+    and adapters then sit on a view of its base weights instead of a second copy (`distill.opcd.weights`)."""
     from agent_runtime.llm.transformers_backend import TransformersBackend
+    from distill.opcd.job import load_tokenizer_padded
+    from distill.opcd.weights import base_view
 
     decisions = decisions[:CANDIDATE_PROMPTS]
     assert decisions, "the probe needs at least one prompt"
-    ref = TransformersBackend.from_pretrained(model_path, dtype="float32", device=device, prefix_cache=False)
+    weight = next(shared_weights.parameters()) if shared_weights is not None else None
+    if weight is not None and weight.dtype == torch.float32 and weight.device.type == torch.device(device).type:
+        ref = TransformersBackend(
+            base_view(shared_weights),
+            load_tokenizer_padded(model_path),
+            dtype="float32",
+            device=device,
+            prefix_cache=False,
+        )
+    else:
+        ref = TransformersBackend.from_pretrained(model_path, dtype="float32", device=device, prefix_cache=False)
     parent_name = "parent" if parent is not None else None
     try:
         if parent is not None:
@@ -407,7 +427,12 @@ def ensure_reference(run, adapter, backend) -> ProbeReference | None:
         return None
     parent = store.get_adapter(adapter.parent_id) if adapter.parent_id is not None else None
     reference = build_reference(
-        resolve_model(config.model.name), adapter, parent, decisions, device=training_device(config, backend)
+        resolve_model(config.model.name),
+        adapter,
+        parent,
+        decisions,
+        device=training_device(config, backend),
+        shared_weights=getattr(backend, "model", None),
     )
     metrics = dict(store.get_cycle(cycle.id).metrics or {})
     metrics["probe"] = {"reference": reference.as_json(), "results": {}}

@@ -67,6 +67,7 @@ from agent_runtime.run.play import Executor, LocalExecutor, PlaySession, Request
 from agent_runtime.run.profile import Profile
 from distill.lessons import pending_user_candidate, sync_statuses
 from distill.lessons.forget import RECONSOLIDATE
+from distill.opcd.weights import release_memory
 from memory import ExperienceStore
 from memory.redaction import restore_secrets
 
@@ -298,6 +299,7 @@ class AgentLoop:
     # -- the state machine ---------------------------------------------------------------------------
     def _move(self, phase: str) -> None:
         assert phase in PHASES, phase
+        release_memory()  # what the phase left (a trainer, its batches) goes back to the system before the next
         self.phase = phase
         self.store.update_run(self.run_id, phase=phase, state=self.state.stored())
 

@@ -51,6 +51,7 @@ from distill.config_base import StrictConfig
 from distill.opcd.config import OPCDConfig
 from distill.opcd.teacher import TeacherSpec, check_teacher, load_teacher
 from distill.opcd.trainer import Chat, DivergenceError, OPCDTrainer, PromptContexts
+from distill.opcd.weights import base_view, release_memory
 
 PARENT_PID_ENV = "OPCD_JOB_PARENT_PID"
 _STOP_GRACE_SECONDS = 10.0
@@ -130,9 +131,9 @@ class JobResult:
     stopped_early: bool = False
 
 
-def load_model(model_path: str):
-    """(causal LM, tokenizer) from a local checkpoint, offline; the tokenizer pads with EOS if it has no pad."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer_padded(model_path: str):
+    """The checkpoint's tokenizer, offline, padding with EOS if it has no pad token."""
+    from transformers import AutoTokenizer
 
     if Path(model_path).is_absolute() and not Path(model_path).is_dir():
         raise FileNotFoundError(
@@ -142,18 +143,46 @@ def load_model(model_path: str):
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(model_path: str):
+    """(causal LM, tokenizer) from a local checkpoint, offline; the tokenizer pads with EOS if it has no pad."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer_padded(model_path)
     return AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True), tokenizer
 
 
+def _can_share(model: torch.nn.Module, job: TrainJob, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `job` may train on a view of `model`'s weights: a LoRA run (a full fine-tune writes them), in the
+    same dtype, on the same device."""
+    weight = next(model.parameters())
+    same_device = weight.device.type == device.type and (device.index is None or weight.device == device)
+    return not job.config.full_finetune and weight.dtype == dtype and same_device
+
+
 def execute(
-    job: TrainJob, on_step: Callable[[dict], None] | None = None, device: str | torch.device | None = None
+    job: TrainJob,
+    on_step: Callable[[dict], None] | None = None,
+    device: str | torch.device | None = None,
+    *,
+    shared_weights: torch.nn.Module | None = None,
 ) -> JobResult:
-    """Run `job` in this process: as the whole job, or as one rank when a process group is initialised."""
+    """Run `job` in this process: as the whole job, or as one rank when a process group is initialised.
+
+    `shared_weights`: a model already loaded in this process from `job.model_path` (the acting policy's, adapters
+    and all); a LoRA run then trains on a view of its base weights instead of loading a second copy, when the
+    dtype and device are the job's (`distill.opcd.weights.base_view`)."""
     started = time.perf_counter()
     if job.teacher is not None:  # before any weights are read: a teacher that cannot teach fails at once
         check_teacher(job.model_path, job.teacher)
-    model, tokenizer = load_model(job.model_path)
-    model.to(device or job.device, dtype=getattr(torch, job.config.weights_dtype))
+    dtype, target = getattr(torch, job.config.weights_dtype), torch.device(device or job.device)
+    if shared_weights is not None and _can_share(shared_weights, job, dtype, target):
+        model, tokenizer = base_view(shared_weights), load_tokenizer_padded(job.model_path)
+    else:
+        model, tokenizer = load_model(job.model_path)
+        model.to(target, dtype=dtype)
     teacher = None
     if job.teacher is not None:
         teacher = load_teacher(
@@ -193,18 +222,26 @@ def execute(
 
 
 def run_job(
-    job: TrainJob, on_step: Callable[[dict], None] | None = None, *, workdir: str | Path | None = None
+    job: TrainJob,
+    on_step: Callable[[dict], None] | None = None,
+    *,
+    workdir: str | Path | None = None,
+    shared_weights: torch.nn.Module | None = None,
 ) -> JobResult:
     """Run `job` (in this process, or as `job.config.processes` data-parallel ranks) and return its result.
 
     `on_step(metrics)` is called in this process after every optimizer step, as the steps happen; raising
     from it stops the job. A diverged run raises `DivergenceError`, any other failure `JobError`.
     `workdir` keeps the launched job's files (job.json, steps.jsonl, output.log) instead of a temporary
-    folder that is removed afterwards.
+    folder that is removed afterwards. `shared_weights`: see `execute` (in this process only; ranks load their
+    own).
     """
     processes = job.config.processes
     if processes == 1:
-        return execute(job, on_step)
+        try:
+            return execute(job, on_step, shared_weights=shared_weights)
+        finally:
+            release_memory()  # the trainer, its model and its batches sit in reference cycles
     if job.device == "cuda" and torch.cuda.device_count() < processes:
         raise ValueError(f"processes={processes} needs one GPU per process; {torch.cuda.device_count()} visible")
     folder = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="opcd-job-"))
