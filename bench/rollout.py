@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import io
 import json
 import os
@@ -88,6 +89,9 @@ class Timers:
     prompt_tokens: int = 0
     padded_tokens: int = 0
     batch_sizes: list[int] = field(default_factory=list)
+    # tokens through the model per decision (prompt tokens prefilled + action tokens scored), one list per
+    # episode in the order episodes started: exact with one slot, where every call is one episode's decision
+    episode_tokens: list[list[int]] = field(default_factory=list)
 
 
 class _TimedEnv:
@@ -98,6 +102,7 @@ class _TimedEnv:
         self.spec = env.spec
 
     def reset(self, **kwargs):
+        self._timers.episode_tokens.append([])
         start = time.perf_counter()
         try:
             return self._env.reset(**kwargs)
@@ -187,12 +192,16 @@ class _TimedBackend:
             self._timers.batch_sizes.append(len(prompts))
 
     def choose(self, prompts, choices, params):
+        stats = getattr(self._backend, "prefix_stats", None)
+        before = stats.prefilled_tokens + stats.scored_tokens if stats is not None else 0
         start = time.perf_counter()
         try:
             return self._backend.choose(prompts, choices, params)
         finally:
             self._timers.backend_generate += time.perf_counter() - start
             self._timers.batch_sizes.append(len(prompts))
+            if stats is not None and self._timers.episode_tokens:
+                self._timers.episode_tokens[-1].append(stats.prefilled_tokens + stats.scored_tokens - before)
 
     def close(self) -> None:
         self._backend.close()
@@ -270,7 +279,7 @@ def cpu_seconds(backend) -> float:
 
 
 def env_kwargs(args) -> dict:
-    return {"level": 1, "n_train": args.tasks, "cache_dir": str(args.games_dir)}
+    return {"level": args.level, "n_train": args.tasks, "cache_dir": str(args.games_dir)}
 
 
 def pregenerate(args) -> float:
@@ -307,6 +316,7 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
     episodes = []
     backend.clear_prefix_cache()  # every setting starts cold
     prompt_before, prefilled_before = backend.prefix_stats.prompt_tokens, backend.prefix_stats.prefilled_tokens
+    scored_before = backend.prefix_stats.scored_tokens
     torch.manual_seed(args.seed)
     start, cpu_start = time.perf_counter(), cpu_seconds(backend)
     try:
@@ -324,6 +334,9 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
     total_prompt = timers.prompt_tokens + timers.padded_tokens
     prompted = backend.prefix_stats.prompt_tokens - prompt_before
     prefilled = backend.prefix_stats.prefilled_tokens - prefilled_before
+    scored = backend.prefix_stats.scored_tokens - scored_before
+    long = [t for t in timers.episode_tokens if len(t) >= 3] if slots == 1 else []
+    played = sorted((e.task_id, tuple(s.action for s in e.steps)) for e in episodes)
     return {
         "model": model,
         "backend": backend.name,
@@ -347,6 +360,12 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
         "pad_share": timers.padded_tokens / total_prompt if total_prompt else 0.0,
         "mean_prompt_tokens": (timers.prompt_tokens or prompted) / max(1, steps),  # vLLM: the engine's count
         "prefilled_share": prefilled / prompted if prompted else 0.0,
+        # prompt tokens prefilled + (choice mode) action tokens scored, per decision; and over the decisions of
+        # episodes of 3 or more turns (one slot only: there each call is one episode's decision)
+        "computed_per_decision": (prefilled + scored) / max(1, steps),
+        "computed_per_decision_3plus": sum(map(sum, long)) / sum(map(len, long)) if long else None,
+        "episodes_3plus": len(long),
+        "outcomes_sha": hashlib.sha256(repr(played).encode()).hexdigest()[:12],
     }
 
 
@@ -380,14 +399,17 @@ def table(rows: list[dict]) -> str:
         (
             "| model | slots | episodes | steps | wall s | CPU s | episodes/min | gen tokens/s | speedup vs 1 slot "
             "| speedup, CPU time | mean batch | model.generate (prefill) | backend overhead | prompt build | env "
-            "| other | prompt tokens | pad | prefilled |"
+            "| other | prompt tokens | pad | prefilled | computed / decision | same, episodes of 3+ turns | outcomes |"
         ),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         one = base.get((r["model"], r.get("backend")))
         engine = r.get("backend") == "vllm"  # no model.generate of ours to time: the engine's time is "backend"
         split = "-" if engine else f"{r['share_model_generate']:.0%} ({r['share_prefill']:.0%})"
+        long = "-"
+        if r.get("computed_per_decision_3plus") is not None:
+            long = f"{r['computed_per_decision_3plus']:.0f} ({r['episodes_3plus']} episodes)"
         speedup = f"{r['episodes_per_min'] / one['episodes_per_min']:.2f}x" if one else "-"
         cpu_speedup = f"{r['episodes_per_cpu_min'] / one['episodes_per_cpu_min']:.2f}x" if one else "-"
         lines.append(
@@ -397,7 +419,8 @@ def table(rows: list[dict]) -> str:
             f"| {r['mean_batch']:.1f} "
             f"| {split} | {r['share_backend_overhead']:.0%} "
             f"| {r['share_prompt_build']:.0%} | {r['share_env']:.0%} | {r['share_other']:.0%} "
-            f"| {r['mean_prompt_tokens']:.0f} | {r['pad_share']:.0%} | {r['prefilled_share']:.0%} |"
+            f"| {r['mean_prompt_tokens']:.0f} | {r['pad_share']:.0%} | {r['prefilled_share']:.0%} "
+            f"| {r['computed_per_decision']:.0f} | {long} | {r['outcomes_sha']} |"
         )
     return "\n".join(lines)
 
@@ -424,6 +447,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="episodes per setting, at least one per slot (draw k is the same everywhere)",
     )
     parser.add_argument("--max-steps", type=int, default=4, help="step budget of an episode")
+    parser.add_argument(
+        "--level", type=int, default=1, help="coin_collector level (1: the coin in the room; 2: one room away)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument(
         "--temperature",
@@ -511,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     slot_counts = [int(s) for s in args.slots.split(",")]
     pregen = pregenerate(args)
     header = (
-        f"# rollout throughput: {ENV_ID} level 1, {args.tasks} tasks, max({args.episodes}, slots) "
+        f"# rollout throughput: {ENV_ID} level {args.level}, {args.tasks} tasks, max({args.episodes}, slots) "
         f"episodes/setting, "
         f"max {args.max_steps} steps, {args.max_new_tokens} new tokens, T={args.temperature}, CPU, "
         f"{args.backend} backend, "

@@ -314,12 +314,31 @@ def _trainer_with(tiny, **overrides):
 
 def test_micro_batches_give_the_gradient_of_the_whole_batch(tiny):
     """A step over every prompt, taken 2 prompts per forward, moves the weights exactly as one forward over all."""
-    whole, parts = _trainer_with(tiny, micro_batch_size=len(CHATS)), _trainer_with(tiny, micro_batch_size=2)
+    whole = _trainer_with(tiny, micro_batch_size=len(CHATS), micro_batch_tokens=1 << 20)
+    parts = _trainer_with(tiny, micro_batch_size=2, micro_batch_tokens=1 << 20)
     for trainer in (whole, parts):
         trainer.step(list(CHATS), [LESSON] * len(CHATS), list(SETS))
     for a, b in zip(whole._params, parts._params):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert whole.history[0]["loss"] == pytest.approx(parts.history[0]["loss"], rel=1e-5)
+
+
+def test_micro_batches_are_capped_in_tokens_with_the_same_gradient(tiny):
+    """`micro_batch_tokens` bounds each forward's tokens (prompt + actions; a longer prompt runs alone), and the
+    step still moves the weights as one forward over the whole batch."""
+    whole = _trainer_with(tiny, micro_batch_size=len(CHATS), micro_batch_tokens=1 << 20)
+    sizes = [len(whole.render(c)) for c in CHATS]
+    cap = max(sizes) + 8
+    capped = _trainer_with(tiny, micro_batch_size=len(CHATS), micro_batch_tokens=cap)
+    groups = capped._micro_batches(list(CHATS), list(SETS))
+    assert len(groups) > 1 and sorted(i for g in groups for i in g) == list(range(len(CHATS)))
+    action_tokens = [sum(len(tiny[1].encode(a, add_special_tokens=False)) + 1 for a in s) for s in SETS]
+    for group in groups:
+        assert len(group) == 1 or sum(sizes[i] + action_tokens[i] for i in group) <= cap
+    for trainer in (whole, capped):
+        trainer.step(list(CHATS), [LESSON] * len(CHATS), list(SETS))
+    for a, b in zip(whole._params, capped._params):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_a_batch_larger_than_the_prompts_is_every_prompt_once(tiny):

@@ -101,3 +101,23 @@ def test_release_memory_frees_what_only_the_collector_can():
         assert alive() is None
     finally:
         gc.enable()
+
+
+def test_bound_heap_returns_large_freed_tensors_to_the_system(monkeypatch):
+    """After `bound_heap`, a freed 64 MB tensor leaves the resident set at once; AGENT_RUNTIME_MALLOC=default opts out."""
+    import sys
+
+    from agent_runtime.run.profile import memory_mb
+    from distill.opcd.weights import bound_heap
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc's mallopt")
+    monkeypatch.setenv("AGENT_RUNTIME_MALLOC", "default")
+    assert bound_heap() is False
+    monkeypatch.delenv("AGENT_RUNTIME_MALLOC")
+    assert bound_heap() is True
+    before = memory_mb()["VmRSS"]
+    held = [torch.ones(2_000_000) for _ in range(8)]  # 8 x 8 MB, each above the 1 MB threshold
+    assert memory_mb()["VmRSS"] > before + 50
+    del held
+    assert memory_mb()["VmRSS"] < before + 20

@@ -126,7 +126,10 @@ def cmd_eval(args) -> int:
     from agent_runtime.llm.base import BackendError, activate
     from agent_runtime.run.loop import default_workdir
     from distill.lessons import live_lessons
+    from distill.opcd.weights import bound_heap
     from memory import ExperienceStore
+
+    bound_heap()
 
     overrides = list(args.set or [])
     if args.episodes is not None:

@@ -43,7 +43,8 @@ class PrefixCacheStats:
     reused_tokens: int = 0  # prompt tokens whose KV came from a stored sequence of an earlier call
     shared_tokens: int = 0  # prompt tokens covered by a prefix run once for several rows of the call
     prefilled_tokens: int = 0
-    evicted: int = 0  # stored sequences dropped to stay within the token budget
+    scored_tokens: int = 0  # choice mode: action tokens run behind the prompts (every action of every set)
+    evicted: int = 0  # stored sequences dropped to stay within the store's bounds
 
 
 class PrefixCache:

@@ -410,6 +410,7 @@ class TransformersBackend:
             if self.prefix_cache:
                 cache = self.prefix_kv.batch_cache(sources, cached, past_width + packed.input_ids.shape[1])
             scores = choice_logprobs(decoder, head, packed, past=cache)
+            self.prefix_kv.stats.scored_tokens += sum(len(a) for row in actions for a in row)
 
         def store(picks: list[int]) -> None:
             if cache is None:

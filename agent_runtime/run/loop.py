@@ -67,7 +67,7 @@ from agent_runtime.run.play import Executor, LocalExecutor, PlaySession, Request
 from agent_runtime.run.profile import Profile
 from distill.lessons import pending_user_candidate, sync_statuses
 from distill.lessons.forget import RECONSOLIDATE
-from distill.opcd.weights import release_memory
+from distill.opcd.weights import bound_heap, release_memory
 from memory import ExperienceStore
 from memory.redaction import restore_secrets
 
@@ -172,6 +172,7 @@ class AgentLoop:
     ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        bound_heap()  # a long-lived process: freed tensors go back to the system (distill.opcd.weights)
         resumed_id = None
         resume = resume or continues_existing(config, self.workdir)  # one run per name in a store (`run.names`)
         if resume:

@@ -64,6 +64,13 @@ class OPCDConfig(StrictConfig):
         description="choice objective: prompts per forward pass inside one step (the gradient is accumulated "
         "over them), so a step may see every prompt of a cycle without holding their activations at once",
     )
+    micro_batch_tokens: int = Field(
+        512,
+        ge=1,
+        description="choice objective: also at most this many tokens (prompts and their actions) per forward pass, "
+        "so that the activations kept for the backward pass stay bounded (~0.8 MB a token for SmolLM2-135M in "
+        "float32 without gradient checkpointing); a longer prompt runs alone",
+    )
     steps: int = Field(100, ge=0, description="optimizer steps of a run")
     lr_schedule: Literal["constant", "cosine"] = Field(
         "constant", description="constant (the paper), or cosine decay to a tenth of lr over `steps`"

@@ -333,15 +333,26 @@ class OPCDTrainer:
                 self._teacher_choices[keys[i]] = scores.to(self.model.device)
         return [self._teacher_choices[key] for key in keys]
 
-    def _micro_batches(self, prompts: list[Chat]) -> list[list[int]]:
-        """Indices of `prompts` in groups of `micro_batch_size`, by length: a group is padded to its longest
-        prompt, and a cycle's prompts range from one turn to several (sorted by characters, a proxy for tokens that
-        needs no second tokenisation)."""
-        if len(prompts) <= self.config.micro_batch_size:
+    def _micro_batches(self, prompts: list[Chat], choices: list[list[str]]) -> list[list[int]]:
+        """Indices of `prompts` in groups of at most `micro_batch_size` prompts and `micro_batch_tokens` tokens
+        (a prompt and its actions; one longer prompt is a group of its own), by length: a group is padded to its
+        longest prompt, and a cycle's prompts range from one turn to several."""
+        cfg = self.config
+        sizes = [
+            len(self.render(p)) + sum(len(self.tokenizer.encode(a, add_special_tokens=False)) + 1 for a in options)
+            for p, options in zip(prompts, choices)
+        ]
+        if len(prompts) <= cfg.micro_batch_size and sum(sizes) <= cfg.micro_batch_tokens:
             return [list(range(len(prompts)))]
-        order = sorted(range(len(prompts)), key=lambda i: sum(len(m["content"]) for m in prompts[i]))
-        size = self.config.micro_batch_size
-        return [order[i : i + size] for i in range(0, len(order), size)]
+        groups: list[list[int]] = []
+        tokens = 0
+        for i in sorted(range(len(prompts)), key=lambda i: sizes[i]):
+            if not groups or len(groups[-1]) >= cfg.micro_batch_size or tokens + sizes[i] > cfg.micro_batch_tokens:
+                groups.append([])
+                tokens = 0
+            groups[-1].append(i)
+            tokens += sizes[i]
+        return groups
 
     def _choice_loss(
         self, prompts: list[Chat], contexts: list[str], choices: list[list[str]], divergence: str
@@ -351,7 +362,7 @@ class OPCDTrainer:
         cfg = self.config
         generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.steps_done + (self.rank << 40))
         total, loss_sum, kl_sum = len(prompts), 0.0, 0.0
-        for part in self._micro_batches(prompts):
+        for part in self._micro_batches(prompts, choices):
             student, teacher = self._choice_scores(
                 [prompts[i] for i in part], [contexts[i] for i in part], [choices[i] for i in part]
             )
@@ -569,7 +580,7 @@ class OPCDTrainer:
             raise ValueError(f"{len(prompts)} prompts but {len(contexts)} contexts; give one context per prompt")
         values = torch.zeros(len(prompts), dtype=torch.float64, device=self.model.device)
         if choices is not None:  # by length, as a step's micro-batches
-            for index, part in enumerate(self._micro_batches(prompts)):
+            for index, part in enumerate(self._micro_batches(prompts, choices)):
                 if index % self.world_size != self.rank:
                     continue
                 student, teacher = self._choice_scores(
