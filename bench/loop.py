@@ -15,8 +15,9 @@ reaches a new high it takes an inventory of the live objects: the distinct sets 
 their embedding matrices, so a LoRA-wrapped model and its base are one), gradients, optimizer state, the acting
 backend's prefix KV cache, every other live tensor, and the rest (the interpreter, libraries, allocator). The
 floor beside it is what the phase cannot do without: the process with its imports (measured before the run), the
-model's weights once, and for CONSOLIDATE the trainer's optimizer state and largest batch's activations (measured
-in the same process after the run: one forward + backward of the largest training batch the cycle ran).
+model's weights once, and for CONSOLIDATE the LoRA optimizer's state and gradients and one micro-batch's kept
+activations (measured in the same process after the run: a forward + backward of `opcd.trainer.micro_batch_tokens`
+tokens with the run's gradient checkpointing setting, the largest forward the trainer runs).
 
     .venv/bin/python bench/loop.py                                   # the quickstart, ~10 min on 2 cores
     .venv/bin/python bench/loop.py --set runtime.episodes=16 --set opcd.consolidate_every=16
@@ -74,6 +75,7 @@ def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats
         return ids.numel() / min(times)
 
     from agent_runtime.run.profile import memory_mb, reset_peak
+    from distill.opcd.weights import release_memory
 
     weights_mb = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 2**20
     with torch.no_grad():
@@ -94,11 +96,27 @@ def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    gc.collect()
+    train = best(step)
+    # the memory floor of training: one micro-batch of the trainer's token cap, as the choice objective runs it
+    # (the head on the scored positions only, a tenth here), its activations kept for the backward pass, with the
+    # trainer's gradient checkpointing setting; the optimizer's state is part of it after the first step
+    cap = torch.randint(0, model.config.vocab_size, (1, lora.get("micro_batch_tokens", 512)))
+    if lora.get("gradient_checkpointing", True):
+        student.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    decoder, head = student.get_base_model().model, student.get_base_model().lm_head
+
+    def capped_step() -> None:
+        hidden = decoder(input_ids=cap).last_hidden_state[:, ::10]
+        head(hidden).float().logsumexp(-1).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    capped_step()  # the optimizer's state exists from here on, as in a cycle
+    release_memory()
     before = memory_mb().get("VmRSS", 0.0)
     reset_peak()
-    train = best(step)
-    train_mb = memory_mb().get("VmHWM", 0.0) - before
+    capped_step()
+    train_mb = memory_mb().get("VmHWM", 0.0) - before + optimizer_mb(optimizer)
     return {
         "forward": forward,
         "train": train,
@@ -107,6 +125,14 @@ def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats
         "weights_mb": weights_mb,
         "train_mb": train_mb,
     }
+
+
+def optimizer_mb(optimizer) -> float:
+    import torch
+
+    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return sum(t.numel() * t.element_size() for t in [*state, *params]) / 2**20  # + the gradients, as large
 
 
 def holdings() -> dict[str, float]:
@@ -184,7 +210,8 @@ def memory_table(profile: dict[str, dict], at_peak: dict[str, dict], floors: dic
     lines = [
         (
             f"floor: the process with its imports {floors['base']:.0f} MB + the weights once {floors['weights']:.0f} "
-            f"MB; training adds {floors['train']:.0f} MB (optimizer state + the largest batch's activations)"
+            f"MB; training adds {floors['train']:.0f} MB (the LoRA optimizer's state and gradients + one "
+            "micro-batch's kept activations)"
         ),
         "",
         (

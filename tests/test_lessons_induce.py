@@ -346,3 +346,41 @@ def test_without_a_joint_gain_each_lesson_is_tried_on_its_own() -> None:
     trials, final, _ = _search([good, harmful], lambda ls, i: (i < 4 or good.text in ls) and harmful.text not in ls)
     assert trials[good.text]["accepted"] and not trials[harmful.text]["accepted"]
     assert trials[harmful.text]["trial"]["delta"] == -1.0 and sum(final.values()) == 8
+
+
+def test_each_environments_lessons_are_searched_on_its_own_games() -> None:
+    """Two environments' findings: A's two lessons work only together on A's games, B's lesson costs B every game.
+    Pooled, the joint set gains nothing (A +8, B -8) and alone each A lesson moves nothing, so none would go live;
+    searched per environment, A's pair goes live on A's games and B's lesson is kept out."""
+    from types import SimpleNamespace
+
+    from agent_runtime.phases.extract import _try_per_env
+    from distill.lessons.induce import Finding
+
+    a1, a2 = (Finding(t, "prefer", t, "toy/a", 3, 3, 0, 3, 2.0) for t in ("Alpha rule here.", "Beta rule here."))
+    b = Finding("Gamma rule here.", "prefer", "Gamma rule here.", "toy/b", 3, 3, 0, 3, 1.5)
+    played = []
+
+    def outcomes(lessons, envs=None):
+        in_context = {(x.text, x.scope[0]) for x in lessons}
+        played.append(envs)
+        out = {}
+        for env in envs or ["toy/a", "toy/b"]:
+            for i in range(8):
+                if env == "toy/a":
+                    won = {(a1.text, "toy/a"), (a2.text, "toy/a")} <= in_context
+                else:
+                    won = (b.text, "toy/b") not in in_context
+                out[(env, f"train-{i}", i)] = won
+        return out
+
+    settings = SimpleNamespace(gate_margin=0.05, induce_min_gain=0.0)
+    bar = SimpleNamespace(update=lambda *a: None)
+    trials, start, final, joints = _try_per_env([a1, b, a2], [], outcomes, settings, bar)
+    assert [t["text"] for t in trials] == [a1.text, b.text, a2.text]
+    accepted = {t["text"]: t["accepted"] for t in trials}
+    assert accepted == {a1.text: True, a2.text: True, b.text: False}
+    assert all(envs in (["toy/a"], ["toy/b"]) for envs in played), "every trial plays one environment's games"
+    assert trials[0]["trial"]["n"] == 8 and trials[1]["trial"]["delta"] == -1.0
+    assert sum(start.values()) == 8 and sum(final.values()) == 16  # B as it was, A won on every game
+    assert set(joints) == {"toy/a", "toy/b"} and joints["toy/a"]["delta"] == 1.0 and joints["toy/b"] is None
