@@ -391,7 +391,11 @@ def _induce(
     outcomes = GameTrials(run, backend)
     texts = scoped(current)
     with tqdm(
-        total=len(findings) + 2 * len({f.env_id for f in findings}), desc="EXTRACT: trying induced lessons", unit="set", file=sys.stderr, disable=None
+        total=len(findings) + 2 * len({f.env_id for f in findings}),
+        desc="EXTRACT: trying induced lessons",
+        unit="set",
+        file=sys.stderr,
+        disable=None,
     ) as bar:
         trials, start, final, joint = _try_per_env(findings, texts, outcomes, settings, bar)
     accepted = [t["text"] for t in trials if t["accepted"]]
