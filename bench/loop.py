@@ -196,7 +196,7 @@ class MemorySampler(threading.Thread):
         from agent_runtime.run.profile import memory_mb
 
         while not self.done.wait(self.every):
-            open_rows = [n for n, r in self.profile.phases.items() if any(r is o for o in self.profile._open)]
+            open_rows = self.profile.open_phases()
             if not open_rows:
                 continue
             rss = memory_mb().get("VmRSS", 0.0)
@@ -204,6 +204,11 @@ class MemorySampler(threading.Thread):
                 best = self.at_peak.get(name, {}).get("rss_mb", 0.0)
                 if rss > best + self.margin or name not in self.at_peak:
                     self.at_peak[name] = {"rss_mb": rss, **holdings()}
+
+
+def ordered(profile: dict[str, dict]) -> list[tuple[str, dict]]:
+    """The profile's rows, the loop's phases first in their order, then any other part."""
+    return [(n, profile[n]) for n in [*ROWS, *(n for n in profile if n not in ROWS)] if n in profile]
 
 
 def memory_table(profile: dict[str, dict], at_peak: dict[str, dict], floors: dict[str, float]) -> str:
@@ -220,9 +225,8 @@ def memory_table(profile: dict[str, dict], at_peak: dict[str, dict], floors: dic
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name in [*ROWS, *(n for n in profile if n not in ROWS)]:
-        row = profile.get(name)
-        if row is None or not row.get("peak_rss_mb"):
+    for name, row in ordered(profile):
+        if not row.get("peak_rss_mb"):
             continue
         floor = floors["base"] + (floors["weights"] if name != "START" else 0)
         if name.startswith("CONSOLIDATE"):
@@ -259,10 +263,7 @@ def table(profile: dict[str, dict], rates: dict[str, float], seconds: float) -> 
         ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name in [*ROWS, *(n for n in profile if n not in ROWS)]:
-        row = profile.get(name)
-        if row is None:
-            continue
+    for name, row in ordered(profile):
         floor = row["forward_tokens"] / rates["forward"] + row["train_tokens"] / rates["train"]
         model_wall = row["wall_s"] - row["games_s"]
         ratio = f"{model_wall / floor:.1f}x" if floor > 0.01 else "-"

@@ -39,4 +39,4 @@ def test_rows_with_equal_numbers_are_closed_by_identity():
     with profile.phase("a"):
         pass
     assert profile.phases["a"].times == 2 and profile.phases["b"].times == 1
-    assert not profile._open
+    assert not profile.open_phases()

@@ -299,12 +299,11 @@ def build_reference(
     and adapters then sit on a view of its base weights instead of a second copy (`distill.opcd.weights`)."""
     from agent_runtime.llm.transformers_backend import TransformersBackend
     from distill.opcd.job import load_tokenizer_padded
-    from distill.opcd.weights import base_view
+    from distill.opcd.weights import base_view, can_share
 
     decisions = decisions[:CANDIDATE_PROMPTS]
     assert decisions, "the probe needs at least one prompt"
-    weight = next(shared_weights.parameters()) if shared_weights is not None else None
-    if weight is not None and weight.dtype == torch.float32 and weight.device.type == torch.device(device).type:
+    if shared_weights is not None and can_share(shared_weights, torch.float32, torch.device(device)):
         ref = TransformersBackend(
             base_view(shared_weights),
             load_tokenizer_padded(model_path),

@@ -92,6 +92,11 @@ class Profile:
             row.games += after[3] - counters[3]
             row.games_s += after[4] - counters[4]
 
+    def open_phases(self) -> list[str]:
+        """The names of the phases running now, outermost first."""
+        names = {id(row): name for name, row in self.phases.items()}
+        return [names[id(row)] for row in self._open]
+
     def _fold_peak(self) -> None:
         """Fold the high-water mark since the last boundary into every open row, and start a new one."""
         peak = memory_mb().get("VmHWM", 0.0)

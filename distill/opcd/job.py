@@ -51,7 +51,7 @@ from distill.config_base import StrictConfig
 from distill.opcd.config import OPCDConfig
 from distill.opcd.teacher import TeacherSpec, check_teacher, load_teacher
 from distill.opcd.trainer import Chat, DivergenceError, OPCDTrainer, PromptContexts
-from distill.opcd.weights import base_view, release_memory
+from distill.opcd.weights import base_view, can_share, release_memory
 
 PARENT_PID_ENV = "OPCD_JOB_PARENT_PID"
 _STOP_GRACE_SECONDS = 10.0
@@ -154,14 +154,6 @@ def load_model(model_path: str):
     return AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True), tokenizer
 
 
-def _can_share(model: torch.nn.Module, job: TrainJob, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether `job` may train on a view of `model`'s weights: a LoRA run (a full fine-tune writes them), in the
-    same dtype, on the same device."""
-    weight = next(model.parameters())
-    same_device = weight.device.type == device.type and (device.index is None or weight.device == device)
-    return not job.config.full_finetune and weight.dtype == dtype and same_device
-
-
 def execute(
     job: TrainJob,
     on_step: Callable[[dict], None] | None = None,
@@ -178,7 +170,7 @@ def execute(
     if job.teacher is not None:  # before any weights are read: a teacher that cannot teach fails at once
         check_teacher(job.model_path, job.teacher)
     dtype, target = getattr(torch, job.config.weights_dtype), torch.device(device or job.device)
-    if shared_weights is not None and _can_share(shared_weights, job, dtype, target):
+    if shared_weights is not None and not job.config.full_finetune and can_share(shared_weights, dtype, target):
         model, tokenizer = base_view(shared_weights), load_tokenizer_padded(job.model_path)
     else:
         model, tokenizer = load_model(job.model_path)

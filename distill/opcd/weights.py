@@ -29,6 +29,13 @@ import sys
 import torch
 
 
+def can_share(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a view of `model`'s weights serves as a `dtype` model on `device` (no cast, no move)."""
+    weight = next(model.parameters())
+    same_device = weight.device.type == device.type and (device.index is None or weight.device == device)
+    return weight.dtype == dtype and same_device
+
+
 def base_view(model) -> torch.nn.Module:
     """A plain causal LM (`type(model)` or peft's base model's type) whose parameters alias `model`'s base
     weights, frozen; raises ValueError when `model` has a base weight the view does not (another architecture)."""
