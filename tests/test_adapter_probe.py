@@ -288,3 +288,25 @@ def test_choice_prompts_are_generated_for_only_where_kept(tiny_model_dir, adapte
         check.use_adapter(policy)
         again = check.generate(reference.prompts, SamplingParams(max_new_tokens=8, temperature=0.0))
         assert [r[index].text for r in reference.greedy] == [c.text for c in again]
+
+
+def test_the_reference_tells_a_profile_the_work_its_own_model_did(tiny_model_dir, adapters):
+    """The reference runs a model the acting backend's counters never see; a profile row is told its tokens, so the
+    probe's row is set against the floor of the work it really did (bench/loop.py)."""
+    from agent_runtime.run.profile import PhaseTime
+
+    row = PhaseTime()
+    new = adapter_info(adapters["new"], id_=2, name="cycle-2")
+    parent = adapter_info(adapters["parent"], id_=1, name="cycle-1")
+    reference = build_reference(str(tiny_model_dir), new, parent, DECISIONS, count=row.count)
+    # every candidate scored under both policies, then the kept prompts' greedy replies generated and scored
+    assert row.decisions >= 2 * len(DECISIONS) + 2 * len(reference.prompts)
+    from transformers import AutoTokenizer
+
+    from distill.chat_tokens import encode_chat
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = [len(encode_chat(tokenizer, chat).ids) for chat, _ in DECISIONS]
+    assert row.prompt_tokens >= 2 * sum(prompts)  # each prompt scored under the adapter and under its parent
+    replies = sum(len(r.token_ids) for pair in reference.greedy for r in pair)
+    assert replies > 0 and row.generated_tokens >= replies

@@ -129,3 +129,56 @@ def test_loop_profile_bench_sets_each_phase_against_its_floor(
     # the sampler took an inventory at PLAY's high: the tiny model's weights, counted once
     held = saved["at_peak"]["PLAY"]
     assert held["model copies"] >= 1 and held["weights"] > 0 and held["rss_mb"] > 0
+
+
+def test_memory_soak_samples_the_loop_and_reports_its_slope(tmp_path, games_dir, capsys):
+    """bench/memory_soak.py: the own-experience loop on the scripted policy runs under the sampler, every sample
+    is on disk as it is taken, the loop is stopped at the deadline, and the report fits the slope."""
+    from bench import memory_soak
+
+    workdir = tmp_path / "soak"
+    overrides = [
+        f"envs.0.kwargs.cache_dir={games_dir}",
+        "envs.0.kwargs.n_train=4",
+        "envs.0.kwargs.n_eval=2",
+        "lessons.gate_episodes=4",
+        "lessons.extract_every=8",
+    ]
+    args = ["--hours", "0.012", "--sample-s", "3", "--warmup-min", "0", "--workdir", str(workdir)]
+    args += [x for o in overrides for x in ("--set", o)]
+    assert memory_soak.main([*args, "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]) == 0
+    rows = memory_soak.read_samples(workdir / "samples.csv")
+    assert len(rows) >= 5
+    assert all(r["rss_kb"] > 10_000 and r["tree_kb"] >= r["rss_kb"] for r in rows)
+    episodes = [r["episodes"] for r in rows]
+    assert episodes == sorted(episodes) and episodes[-1] >= 8  # a batch of 8 slots played and committed
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["samples"] == len(rows) and result["rss"]["mean_mib"] > 10
+    assert (tmp_path / "r.png").stat().st_size > 1000
+    assert "slope %/h" in capsys.readouterr().out
+    # a second call with --report reads the same samples without running anything
+    assert memory_soak.main(["--report", "--workdir", str(workdir), "--warmup-min", "0"]) == 0
+    assert len(memory_soak.read_samples(workdir / "samples.csv")) == len(rows)
+
+
+def test_memory_soak_slope_is_relative_to_the_mean():
+    from bench.memory_soak import report, slope
+
+    assert slope([(0, 1.0), (1, 3.0), (2, 5.0)]) == pytest.approx(2.0)
+    assert slope([(0, 1.0)]) == 0.0
+    # 1000 MiB growing 10 MiB an hour, sampled every 10 minutes for 3 hours, the first half hour left out
+    rows = [
+        {
+            "seconds": 600.0 * i,
+            "rss_kb": 1024 * (1000 + 10 * i / 6),
+            "tree_kb": 2048 * 1000.0,
+            "processes": 3,
+            "episodes": 10.0 * i,
+        }
+        for i in range(19)
+    ]
+    r = report(rows, warmup_min=30)
+    assert r["rss"]["slope_mib_per_hour"] == pytest.approx(10.0, abs=0.01)
+    assert r["rss"]["slope_pct_per_hour"] == pytest.approx(100 * 10 / r["rss"]["mean_mib"], rel=1e-3)
+    assert r["tree"]["slope_pct_per_hour"] == 0.0
+    assert [h["episodes"] for h in r["hourly"]] == [60, 120, 180]

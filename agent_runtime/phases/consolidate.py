@@ -316,8 +316,8 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
         report = move_cursor(_decide(run, cycle, evals))
     # 5. the probe's reference for a promoted adapter, where it was trained
     if report.status == "promoted":
-        with profiled("PROMOTE: probe"), making_room(backend):
-            ensure_reference(run, store.get_adapter(cycle.adapter_id), backend)
+        with profiled("PROMOTE: probe") as row, making_room(backend):
+            ensure_reference(run, store.get_adapter(cycle.adapter_id), backend, count=row.count if row else None)
     return report
 
 

@@ -260,21 +260,22 @@ def _greedy_distances(reference: ProbeReference, measured: Measurement, result: 
 
 # -- the reference -----------------------------------------------------------------------------------------------
 @torch.no_grad()
-def _forced_logprobs(ref, chat: list[dict], token_ids: list[int]) -> list[float]:
-    """log p(token | prompt, earlier tokens) of `token_ids` after `chat` under the reference's active policy."""
+def _forced_logprobs(ref, chat: list[dict], token_ids: list[int]) -> tuple[list[float], int]:
+    """(log p(token | prompt, earlier tokens) of `token_ids` after `chat` under the reference's active policy, the
+    tokens that went through the model)."""
     import contextlib
 
     from distill.chat_tokens import encode_chat
 
     if not token_ids:
-        return []
+        return [], 0
     prompt = encode_chat(ref.tokenizer, chat).ids
     ids = torch.tensor([prompt + token_ids], device=ref.device)
     base = ref.active_adapter is None and ref.adapters
     with ref.model.disable_adapter() if base else contextlib.nullcontext():
         logits = ref.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     picked = logits.log_softmax(-1).gather(-1, torch.tensor(token_ids, device=ref.device)[:, None])[:, 0]
-    return picked.tolist()
+    return picked.tolist(), ids.shape[1]
 
 
 def _reply_tokens(completion) -> list[int]:
@@ -290,13 +291,16 @@ def build_reference(
     *,
     device: str = "cpu",
     shared_weights=None,
+    count=None,
 ) -> ProbeReference:
     """The probe's expectations for `adapter` (its `id`, `name`, `path` and `fingerprint`) over its `parent` (or the
     base model: None), from a fresh float32 transformers forward on `device`. Of `decisions` ((chat, action set or
     None) of the cycle's episodes; the first `CANDIDATE_PROMPTS`), the probe keeps the `PROBE_PROMPTS` on which
     the adapter moved the choice distribution most: there a stale backend is farthest from it. `shared_weights`:
     a float32 model of `model_path` already loaded on `device` (the acting backend's): the reference's own modules
-    and adapters then sit on a view of its base weights instead of a second copy (`distill.opcd.weights`)."""
+    and adapters then sit on a view of its base weights instead of a second copy (`distill.opcd.weights`).
+    `count(prompt_tokens, generated_tokens, decisions)`, when given, is told the work the reference model did (a
+    profile's row: this model is not the acting backend whose counters the profile reads)."""
     from agent_runtime.llm.transformers_backend import TransformersBackend
     from distill.opcd.job import load_tokenizer_padded
     from distill.opcd.weights import base_view, can_share
@@ -353,11 +357,17 @@ def build_reference(
             [GreedyReply(c.text, _reply_tokens(c), [], []) for c in (greedy["adapter"][i], greedy[parent_name][i])]
             for i in kept
         ]
+        forced = 0
         for name, field_name in (("adapter", "adapter"), (parent_name, "parent")):
             ref.use_adapter(name)
             for i, pair in zip(kept, replies):
                 for reply in pair:
-                    setattr(reply, field_name, _forced_logprobs(ref, chats[i], reply.token_ids))
+                    logprobs, fed = _forced_logprobs(ref, chats[i], reply.token_ids)
+                    setattr(reply, field_name, logprobs)
+                    forced += fed
+        if count is not None:
+            stats = ref.stats
+            count(stats.prompt_tokens + forced, stats.completion_tokens, sum(stats.batch_sizes))
     finally:
         ref.close()
     return ProbeReference(
@@ -409,10 +419,10 @@ def stored_reference(store, adapter) -> ProbeReference | None:
     return ProbeReference.from_json(data) if data else None
 
 
-def ensure_reference(run, adapter, backend) -> ProbeReference | None:
+def ensure_reference(run, adapter, backend, *, count=None) -> ProbeReference | None:
     """`adapter`'s probe reference: the stored one, else computed here (call it where the cycle ran, `run` its
     `agent_runtime.run.Run`) and stored with its cycle; None when no cycle trained it or there is nothing to probe
-    with."""
+    with. `count(prompt_tokens, generated_tokens, decisions)` is told the reference model's work, when it ran."""
     from agent_runtime.checkpoints import resolve_model
 
     config, store = run.config, run.store
@@ -432,6 +442,7 @@ def ensure_reference(run, adapter, backend) -> ProbeReference | None:
         decisions,
         device=training_device(config, backend),
         shared_weights=getattr(backend, "model", None),
+        count=count,
     )
     metrics = dict(store.get_cycle(cycle.id).metrics or {})
     metrics["probe"] = {"reference": reference.as_json(), "results": {}}

@@ -50,6 +50,12 @@ class PhaseTime:
     def forward_tokens(self) -> int:
         return self.prompt_tokens + self.generated_tokens + self.teacher_tokens
 
+    def count(self, prompt_tokens: int, generated_tokens: int = 0, decisions: int = 0) -> None:
+        """Add forward work that ran outside the acting backend (the probe's own reference model)."""
+        self.prompt_tokens += prompt_tokens
+        self.generated_tokens += generated_tokens
+        self.decisions += decisions
+
 
 class Profile:
     """Per-phase totals of one process's run. `stats()` gives the acting backend's counters (None: none yet)."""
@@ -116,13 +122,14 @@ class Profile:
 
 
 @contextlib.contextmanager
-def profiled(name: str) -> Iterator[None]:
-    """Measure a part of a phase under `name` in the active profile (nothing when none is active)."""
+def profiled(name: str) -> Iterator[PhaseTime | None]:
+    """Measure a part of a phase under `name` in the active profile (nothing when none is active); yields its row
+    (None without a profile), so that work the acting backend does not count can be added (`PhaseTime.count`)."""
     if not _ACTIVE:
-        yield
+        yield None
         return
-    with _ACTIVE[-1].phase(name):
-        yield
+    with _ACTIVE[-1].phase(name) as row:
+        yield row
 
 
 def memory_mb() -> dict[str, float]:

@@ -1,0 +1,267 @@
+"""Resident memory over hours of the own-experience loop (issue 40 item 5): does anything grow?
+
+    nice -n 10 .venv/bin/python bench/memory_soak.py --hours 6 --workdir bench-runs/memory-soak
+    .venv/bin/python bench/memory_soak.py --report --workdir bench-runs/memory-soak    # redraw from what it sampled
+
+What runs: `agent-runtime run configs/own-experience.yaml` as one subprocess, on and on (`--episodes` without end),
+with the model swapped for one that costs no compute, so that hours hold many thousands of episodes:
+- `--model scripted` (default): the package's scripted policy (a random admissible action), PLAY and EXTRACT as the
+  config has them (evidence induction, each candidate tried on 24 train games), every episode, step and lesson into
+  the store and its FAISS index; no OPCD cycle (a scripted policy has no weights to distil into);
+- `--model tiny`: the tiny random model built in code (bench/soak.py's), so that every 16 episodes a real OPCD cycle
+  trains a LoRA adapter, evaluates and promotes or rolls back, and the next PLAY acts with the promoted adapter.
+
+Every `--sample-s` seconds (60) it reads the loop's resident set (VmRSS) and the sum over the loop and the
+processes it started (game processes, the fork server), with the episodes committed so far, and appends the
+sample to `<workdir>/samples.csv` at once: a soak that is killed keeps what it measured, and `--report` reads it.
+
+The measure: the least-squares slope of the loop's resident set over the samples after `--warmup-min` minutes,
+as a percentage of their mean per hour (the target: within 1% an hour), the same for the process tree, and the
+resident set at the end of each hour. `--plot` draws both series (bench/memory_soak.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script, bench/ is first on the path, and bench/memory.py is not `memory`
+from bench.soak import INIT_STD, TAG, Settings, prepare, proc_kb, tagged_pids
+
+FIELDS = ("seconds", "rss_kb", "tree_kb", "processes", "episodes")
+
+
+def soak_config(model: str, model_dir: Path, seed: int, overrides: list[str] = ()) -> dict:
+    """configs/own-experience.yaml with the model swapped (the rest as a user runs it, or as `overrides` say)."""
+    from agent_runtime.config import apply_overrides
+
+    data = yaml.safe_load((ROOT / "configs" / "own-experience.yaml").read_text())
+    data["name"] = f"memory-soak-{model}"
+    data["seed"] = seed
+    data["runtime"]["summary_every"] = 1000
+    if model == "scripted":
+        data["model"] = {"name": "scripted", "backend": "scripted"}
+        data["opcd"]["enabled"] = False
+    else:
+        data["model"] = {"name": str(model_dir), "dtype": "float32", "max_new_tokens": 4, "temperature": 0.7}
+        data["memory"] = {"embedder": "hash"}
+    return apply_overrides(data, list(overrides))
+
+
+def committed(db: Path, name: str) -> int:
+    """Episodes the run has committed (a read-only look at its cursor; 0 before the run exists)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
+            row = con.execute("SELECT state FROM runs WHERE name = ? ORDER BY id DESC LIMIT 1", (name,)).fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(json.loads(row[0]).get("episodes", 0)) if row and row[0] else 0
+
+
+def soak(workdir: Path, model: str, hours: float, sample_s: float, seed: int, overrides: list[str] = ()) -> int:
+    """Run the loop for `hours`, sampling into samples.csv; returns the loop's exit status."""
+    cache = Path(os.environ.get("AGENT_RUNTIME_CACHE", Path.home() / ".cache" / "agent-runtime")) / "soak"
+    settings = Settings(workdir=workdir, model_dir=cache / f"tiny-std{INIT_STD}", games_dir=cache / "games")
+    if model == "tiny":
+        prepare(settings)
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = soak_config(model, settings.model_dir, seed, overrides)
+    from agent_runtime.config import config_from_dict
+
+    config_from_dict(config)  # a bad --set is refused here, before anything starts
+    config_path = workdir / "soak.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    resume = (workdir / "memory.db").exists()
+    tag = uuid.uuid4().hex
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        TAG: tag,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    cmd = [sys.executable, "-m", "agent_runtime", "run", str(config_path), "--workdir", str(workdir)]
+    cmd += ["--no-progress", "--episodes", str(10**9), *(["--resume"] if resume else [])]
+    samples = workdir / "samples.csv"
+    offset = 0.0
+    if samples.exists():  # a resumed soak goes on from where its clock stopped
+        rows = read_samples(samples)
+        offset = rows[-1]["seconds"] if rows else 0.0
+    else:
+        samples.write_text(",".join(FIELDS) + "\n")
+    with (workdir / "loop.log").open("a") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    t0, deadline = time.monotonic(), time.monotonic() + hours * 3600
+    print(f"soak: pid {proc.pid}, {hours} h, sampling every {sample_s:.0f} s into {samples}", flush=True)
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(max(0.0, min(sample_s, deadline - time.monotonic())))  # the first sample after one interval
+            if proc.poll() is not None:
+                break
+            rss = proc_kb(proc.pid, "VmRSS")
+            pids = sorted({proc.pid, *tagged_pids(tag)})  # a process just started may not show its tag yet
+            tree = sum(proc_kb(p, "VmRSS") or 0 for p in pids)
+            episodes = committed(workdir / "memory.db", config["name"])
+            t = offset + time.monotonic() - t0
+            if rss is not None:
+                with samples.open("a") as out:
+                    out.write(f"{t:.0f},{rss},{tree},{len(pids)},{episodes}\n")
+                print(
+                    f"{t / 60:6.1f} min  {episodes:7d} episodes  loop {rss / 1024:6.0f} MiB  tree "
+                    f"{tree / 1024:6.0f} MiB ({len(pids)} processes)",
+                    flush=True,
+                )
+    finally:
+        if proc.poll() is None:  # SIGTERM stops the loop at its next phase boundary; then it is killed
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return proc.returncode
+
+
+def read_samples(path: Path) -> list[dict]:
+    with path.open() as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (x, y) points (0 for fewer than two distinct x)."""
+    n = len(points)
+    if n < 2:
+        return 0.0
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+
+
+def report(rows: list[dict], warmup_min: float) -> dict:
+    """The slope after warm-up (% of the mean per hour) for the loop and its tree, and the resident set per hour."""
+    kept = [r for r in rows if r["seconds"] >= warmup_min * 60]
+    out: dict = {"samples": len(rows), "hours": round(rows[-1]["seconds"] / 3600, 2) if rows else 0.0}
+    out["episodes"] = int(rows[-1]["episodes"]) if rows else 0
+    for key in ("rss_kb", "tree_kb"):
+        name = key.removesuffix("_kb")
+        if len(kept) < 2:
+            out[name] = None
+            continue
+        mean = sum(r[key] for r in kept) / len(kept)
+        per_hour = slope([(r["seconds"] / 3600, r[key]) for r in kept])
+        out[name] = {
+            "mean_mib": round(mean / 1024, 1),
+            "max_mib": round(max(r[key] for r in rows) / 1024, 1),
+            "slope_mib_per_hour": round(per_hour / 1024, 2),
+            "slope_pct_per_hour": round(100 * per_hour / mean, 3),
+        }
+    hourly = []
+    for hour in range(1, int(out["hours"]) + 2):
+        at = [r for r in rows if r["seconds"] <= hour * 3600]
+        if at and (not hourly or at[-1]["seconds"] != hourly[-1]["seconds"]):
+            last = at[-1]
+            hourly.append(
+                {
+                    "seconds": last["seconds"],
+                    "episodes": int(last["episodes"]),
+                    "rss_mib": round(last["rss_kb"] / 1024),
+                    "tree_mib": round(last["tree_kb"] / 1024),
+                }
+            )
+    out["hourly"] = hourly
+    return out
+
+
+def table(result: dict, model: str, warmup_min: float) -> str:
+    lines = [
+        f"{model} model, {result['hours']} h, {result['episodes']} episodes, {result['samples']} samples",
+        "",
+        f"| series | mean MiB after {warmup_min:.0f} min | max MiB | slope MiB/h | slope %/h (target within 1%) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, label in (("rss", "the loop"), ("tree", "the loop + its processes")):
+        r = result[name]
+        if r is None:
+            lines.append(f"| {label} | - | - | - | - (too few samples after warm-up) |")
+        else:
+            lines.append(
+                f"| {label} | {r['mean_mib']} | {r['max_mib']} | {r['slope_mib_per_hour']:+.2f} | "
+                f"{r['slope_pct_per_hour']:+.3f} |"
+            )
+    lines += ["", "| at | episodes | loop MiB | tree MiB |", "|---:|---:|---:|---:|"]
+    lines += [
+        f"| {h['seconds'] / 3600:.2f} h | {h['episodes']} | {h['rss_mib']} | {h['tree_mib']} |"
+        for h in result["hourly"]
+    ]
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str, warmup_min: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hours = [r["seconds"] / 3600 for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    ax.plot(hours, [r["rss_kb"] / 1024 for r in rows], label="the loop (VmRSS)")
+    ax.plot(hours, [r["tree_kb"] / 1024 for r in rows], label="the loop + game processes")
+    ax.axvline(warmup_min / 60, color="grey", linestyle=":", label="end of warm-up")
+    ax.set_xlabel("hours")
+    ax.set_ylabel("resident MiB")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--hours", type=float, default=6.0)
+    p.add_argument("--model", choices=("scripted", "tiny"), default="scripted")
+    p.add_argument("--workdir", type=Path, default=ROOT / "bench-runs" / "memory-soak")
+    p.add_argument("--sample-s", type=float, default=60.0)
+    p.add_argument("--warmup-min", type=float, default=30.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    p.add_argument("--report", action="store_true", help="only read samples.csv and print the table")
+    p.add_argument("--plot", type=Path, help="draw the series into this PNG")
+    p.add_argument("--json", type=Path, help="write the numbers here")
+    args = p.parse_args(argv)
+    if args.hours <= 0 or args.sample_s <= 0 or args.warmup_min < 0:
+        p.error("--hours and --sample-s must be positive, --warmup-min not negative")
+    status = 0
+    if not args.report:
+        status = soak(args.workdir, args.model, args.hours, args.sample_s, args.seed, args.set)
+        if status not in (0, -signal.SIGTERM):
+            print(f"the loop exited {status} (see {args.workdir / 'loop.log'})", file=sys.stderr)
+    samples = args.workdir / "samples.csv"
+    if not samples.exists():
+        p.error(f"no samples at {samples}: run the soak first (without --report)")
+    rows = read_samples(samples)
+    result = report(rows, args.warmup_min)
+    print(table(result, args.model, args.warmup_min))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    if args.plot:
+        plot(rows, args.plot, f"own-experience loop, {args.model} model: resident memory", args.warmup_min)
+    return 0 if status in (0, -signal.SIGTERM) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
