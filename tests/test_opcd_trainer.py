@@ -237,6 +237,24 @@ def test_sampling_copy_tracks_the_merged_student(taught, sampler):
     assert error < 0.2 * moved, (float(error), float(moved))  # bf16 rounding is small next to what training moved
 
 
+def test_auto_sampler_samples_in_bf16_only_where_the_device_computes_it_natively(taught, monkeypatch):
+    """`sampler: auto` (the default): bf16 where the device has native bf16 kernels, fp32 elsewhere (an AVX2 CPU
+    emulates bf16, several times slower); the named choices are kept as named."""
+    from distill.opcd import sampler as sampler_module
+
+    model, tok = taught
+    assert OPCDConfig().sampler == "auto"
+    for native, dtype in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(sampler_module, "fast_bf16", lambda device, native=native: native)
+        trainer = OPCDTrainer(copy.deepcopy(model), tok, _config(sampler="auto"))
+        assert trainer.policies.sampler.dtype == dtype
+    for named, dtype in (("merged-bf16", torch.bfloat16), ("merged-fp32", torch.float32)):
+        assert sampler_module.sampler_dtype(named, "cpu") == dtype
+    # the check itself answers for this machine without failing, and a GPU-less CUDA query is not made on CPU
+    assert isinstance(sampler_module.fast_bf16("cpu"), bool)
+    assert sampler_module.fast_bf16("meta") is False
+
+
 def test_nan_loss_raises_divergence_error_before_any_update(taught):
     model, tok = taught
     poisoned = copy.deepcopy(model)

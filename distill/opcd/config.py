@@ -25,7 +25,7 @@ MIN_SHARED_PREFIX = 32
 
 Objective = Literal["opcd", "off_policy", "sft"]
 Tail = Literal["bucket", "renormalize", "drop"]
-Sampler = Literal["merged-bf16", "merged-fp32", "live"]
+Sampler = Literal["auto", "merged-bf16", "merged-fp32", "live"]
 
 
 class OPCDConfig(StrictConfig):
@@ -122,10 +122,12 @@ class OPCDConfig(StrictConfig):
         "to about 6 x batch x chunk x vocabulary floats",
     )
     sampler: Sampler = Field(
-        "merged-bf16",
-        description="what the student samples from: a bf16 copy with the adapter merged "
-        "(fastest on CPUs with bf16 support and on GPUs), an fp32 merged copy, or the live training model "
-        "(no extra memory, slower: unmerged LoRA)",
+        "auto",
+        description="what the student samples from: a copy with the adapter merged, in bf16 (`merged-bf16`: "
+        "fastest on GPUs and CPUs that compute bf16 natively) or fp32 (`merged-fp32`: fastest on CPUs that do "
+        "not, such as AVX2 ones, where bf16 runs several times slower); `auto` picks by the device "
+        "(`distill.opcd.sampler.fast_bf16`); or the live training model (`live`: no extra memory, slower: "
+        "unmerged LoRA)",
     )
     share_context_cache: bool = Field(
         True,

@@ -28,7 +28,7 @@ import torch
 
 from distill.chat_tokens import Chat
 from distill.opcd.config import OPCDConfig
-from distill.opcd.sampler import MergedSampler
+from distill.opcd.sampler import MergedSampler, sampler_dtype
 
 
 class PromptContexts:
@@ -88,7 +88,7 @@ class Policies:
         self.teacher_model = teacher_model
         self.sampler = None  # copied before an adapter is attached: it holds the plain modules
         if config.sampler != "live":
-            self.sampler = MergedSampler(model, torch.bfloat16 if config.sampler == "merged-bf16" else torch.float32)
+            self.sampler = MergedSampler(model, sampler_dtype(config.sampler, model.device))
         if config.full_finetune:
             self.model = model
             if teacher_model is None:

@@ -2,8 +2,9 @@
 
 Sampling dominates an OPCD step (57-64% of it, measured), and unmerged LoRA costs extra matmuls at every decoded token
 (16-35% per decode step; bench/RESULTS.md, "OPCD training", has the step times). So the student samples from a copy of
-the model whose weights are W + BA, written in just before sampling, in bf16 by default (generation about 2x on CPU) or
-fp32 (`OPCDConfig.sampler`); the copy's parameters are emptied right after, so it never adds to the memory peak of the
+the model whose weights are W + BA, written in just before sampling, in bf16 where the device computes bf16 natively (a GPU, an
+AVX-512 CPU: generation about 2x) and fp32 where it does not (an AVX2 CPU, where bf16 is emulated and slower), as
+`OPCDConfig.sampler: auto` picks (`fast_bf16`), or as the config names it; the copy's parameters are emptied right after, so it never adds to the memory peak of the
 training half of the step (refilling costs one cast of the weights). `sampler: live` samples from the training model
 itself: no extra memory, slower.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -58,6 +60,36 @@ class MergedSampler:
         finally:
             for param in self.model.parameters():
                 param.data = torch.empty(0, dtype=self.dtype, device=param.device)
+
+
+def fast_bf16(device: torch.device | str) -> bool:
+    """Whether `device` computes bf16 matmuls natively, so that a bf16 sampler beats an fp32 one: a CUDA device
+    that supports bf16, or a CPU with the AVX-512 (or AMX) kernels oneDNN uses for bf16. On an AVX2-only CPU
+    bf16 is emulated: SmolLM2-135M prefilled 6x and decoded 1.5x slower in bf16 than in fp32 (bench/sampler.py,
+    bench/RESULTS.md)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    if check is not None:
+        try:
+            return bool(check())
+        except RuntimeError:
+            pass
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def sampler_dtype(choice: str, device: torch.device | str) -> torch.dtype:
+    """The merged sampler's dtype for an `OPCDConfig.sampler` value other than `live`."""
+    if choice == "auto":
+        return torch.bfloat16 if fast_bf16(device) else torch.float32
+    return torch.bfloat16 if choice == "merged-bf16" else torch.float32
 
 
 @torch.no_grad()

@@ -1,0 +1,153 @@
+"""Where free-text OPCD's sampling time per token goes (issue 40 item 2): `generate` against a lean decode loop
+and against the model's own forward, on the sampler OPCD uses (the student's merged weights in bfloat16).
+
+    .venv/bin/python bench/sampler.py                       # SmolLM2-135M, batch 4, 64 new tokens, 1 and 2 threads
+    .venv/bin/python bench/sampler.py --prompt-tokens 600 --dtype float32
+
+Rows, each the best of `--repeat` runs, in ms per decoded token (the prompt's prefill is timed apart):
+- `generate`: what `distill.opcd.sampler.sample_responses` calls (ancestral sampling, top_k=0, the dynamic cache);
+- `lean loop`: the same sampling written as a plain loop (one forward with the dynamic cache, a softmax and a
+  multinomial per step; no logits processors, stopping criteria or per-step bookkeeping);
+- `lean loop, static cache`: the loop over a preallocated static cache;
+- `forward floor`: one decode forward of the batch at the cache's middle length, nothing else (the model's time);
+- `weight read`: the time to stream the model's weights once from memory (a sum over every parameter), the floor
+  of a decode step that is bound by memory rather than compute.
+If `generate` is near the forward floor, per-token overhead is not where the time goes, and a leaner loop cannot
+make sampling much faster; the model's forward at this batch (the weights read once per token) can.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def best(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int) -> dict[str, float]:
+    import torch
+    from transformers import StaticCache
+
+    device = model.device
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, vocab - 100, (batch, prompt_tokens), generator=generator)
+    mask = torch.ones_like(ids)
+    out: dict[str, float] = {}
+
+    @torch.no_grad()
+    def prefill():
+        model(input_ids=ids, attention_mask=mask, use_cache=True)
+
+    prefill()  # warm-up: the first call of a shape builds its kernels
+    out["prefill"] = best(prefill, repeat)
+
+    @torch.no_grad()
+    def generate():
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=0.7,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=0,
+        )
+
+    out["generate"] = (best(generate, repeat) - out["prefill"]) / new_tokens
+
+    @torch.no_grad()
+    def lean(static: bool):
+        cache = StaticCache(config=model.config, max_cache_len=prompt_tokens + new_tokens) if static else None
+        position = torch.arange(prompt_tokens)
+        result = model(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=position)
+        cache = result.past_key_values
+        logits = result.logits[:, -1]
+        for step in range(new_tokens):
+            probs = (logits.float() / 0.7).softmax(-1)
+            token = torch.multinomial(probs, 1, generator=generator)
+            position = torch.tensor([prompt_tokens + step])
+            result = model(input_ids=token, past_key_values=cache, use_cache=True, cache_position=position)
+            logits = result.logits[:, -1]
+
+    out["lean"] = (best(lambda: lean(False), repeat) - out["prefill"]) / new_tokens
+    try:
+        out["lean_static"] = (best(lambda: lean(True), repeat) - out["prefill"]) / new_tokens
+    except (TypeError, ValueError, RuntimeError) as exc:  # a model or version whose static cache does not take this
+        print(f"static cache: {type(exc).__name__}: {exc}", file=sys.stderr)
+        out["lean_static"] = float("nan")
+
+    with torch.no_grad():  # the forward floor: one decode step at the cache's middle length
+        middle = prompt_tokens + new_tokens // 2
+        cached = model(input_ids=torch.randint(100, vocab - 100, (batch, middle)), use_cache=True).past_key_values
+        token = torch.randint(100, vocab - 100, (batch, 1))
+        steps = []
+        for _ in range(max(8, repeat * 4)):
+            if cached.get_seq_length() > middle:
+                cached.crop(middle - cached.get_seq_length())
+            started = time.perf_counter()
+            model(input_ids=token, past_key_values=cached, use_cache=True)
+            steps.append(time.perf_counter() - started)
+        out["forward"] = statistics.median(steps)
+        params = list(model.parameters())
+        out["weights_mb"] = sum(p.numel() * p.element_size() for p in params) / 2**20
+        out["read"] = best(lambda: [p.sum() for p in params], max(3, repeat))
+    del device
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agent_runtime.checkpoints import resolve_model
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--prompt-tokens", type=int, default=300)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--repeat", type=int, default=2)
+    args = p.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(args.model), dtype=dtype).eval()
+    rows = []
+    for threads in [int(t) for t in args.threads.split(",")]:
+        torch.set_num_threads(threads)
+        r = measure(model, args.batch, args.prompt_tokens, args.new_tokens, args.repeat)
+        rows.append((threads, r))
+        print(f"{threads} thread(s): {r}", file=sys.stderr, flush=True)
+    print(
+        f"\n{args.model}, {args.dtype}, batch {args.batch}, {args.prompt_tokens}-token prompts, "
+        f"{args.new_tokens} new tokens; weights {rows[0][1]['weights_mb']:.0f} MB\n"
+    )
+    print(
+        "| threads | prefill s | generate ms/token | lean loop | lean loop, static cache | forward floor | weight read |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for threads, r in rows:
+        print(
+            f"| {threads} | {r['prefill']:.2f} | {1000 * r['generate']:.1f} | {1000 * r['lean']:.1f} | "
+            f"{1000 * r['lean_static']:.1f} | {1000 * r['forward']:.1f} | {1000 * r['read']:.1f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
