@@ -124,6 +124,7 @@ def run_opcd(model_name: str, variant: str, args) -> dict:
         "plain": {"sampler": "live", "share_context_cache": False},
         "merged-fp32": {"sampler": "merged-fp32", "share_context_cache": False},
         "default": {},
+        "bf16-sampler": {"sampler": "merged-bf16"},  # the default before `sampler: auto`
         "nogc": {"gradient_checkpointing": False},
     }[variant]
     config = OPCDConfig(

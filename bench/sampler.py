@@ -6,6 +6,7 @@ and against the model's own forward, on the sampler OPCD uses (the student's mer
 
 Rows, each the best of `--repeat` runs, in ms per decoded token (the prompt's prefill is timed apart):
 - `generate`: what `distill.opcd.sampler.sample_responses` calls (ancestral sampling, top_k=0, the dynamic cache);
+- `generate, static cache`: the same with `cache_implementation="static"` (a preallocated cache, no compile);
 - `lean loop`: the same sampling written as a plain loop (one forward with the dynamic cache, a softmax and a
   multinomial per step; no logits processors, stopping criteria or per-step bookkeeping);
 - `lean loop, static cache`: the loop over a preallocated static cache;
@@ -55,8 +56,9 @@ def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int)
     out["prefill"] = best(prefill, repeat)
 
     @torch.no_grad()
-    def generate():
+    def generate(cache: str | None = None):
         model.generate(
+            cache_implementation=cache,
             input_ids=ids,
             attention_mask=mask,
             do_sample=True,
@@ -69,6 +71,7 @@ def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int)
         )
 
     out["generate"] = (best(generate, repeat) - out["prefill"]) / new_tokens
+    out["generate_static"] = (best(lambda: generate("static"), repeat) - out["prefill"]) / new_tokens
 
     @torch.no_grad()
     def lean(static: bool):
@@ -143,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for threads, r in rows:
         print(
-            f"| {threads} | {r['prefill']:.2f} | {1000 * r['generate']:.1f} | {1000 * r['lean']:.1f} | "
+            f"| {threads} | {r['prefill']:.2f} | {1000 * r['generate']:.1f} | {1000 * r['generate_static']:.1f} | "
+            f"{1000 * r['lean']:.1f} | "
             f"{1000 * r['lean_static']:.1f} | {1000 * r['forward']:.1f} | {1000 * r['read']:.1f} |"
         )
     return 0
