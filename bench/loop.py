@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -158,7 +159,8 @@ def holdings() -> dict[str, float]:
 
     with warnings.catch_warnings():  # isinstance on deprecated module attributes (torch.distributed.reduce_op) warns
         warnings.simplefilter("ignore")
-        objects = gc.get_objects()
+        # a weak proxy whose object is gone raises on isinstance: leave proxies out (they hold nothing)
+        objects = [o for o in gc.get_objects() if not isinstance(o, weakref.ProxyTypes)]
         modules = [o for o in objects if isinstance(o, torch.nn.Module)]
         optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
         caches = [o for o in objects if isinstance(o, PrefixCache)]
