@@ -182,3 +182,26 @@ def test_memory_soak_slope_is_relative_to_the_mean():
     assert r["rss"]["slope_pct_per_hour"] == pytest.approx(100 * 10 / r["rss"]["mean_mib"], rel=1e-3)
     assert r["tree"]["slope_pct_per_hour"] == 0.0
     assert [h["episodes"] for h in r["hourly"]] == [60, 120, 180]
+
+
+def test_loop_bench_inventory_survives_a_dead_weak_proxy():
+    """The memory sampler's inventory walks every live object; a weak proxy whose object is gone raised on
+    isinstance and stopped the sampler thread mid-run (an own-experience run lost its inventory that way)."""
+    import importlib.util
+    import weakref
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("loop_bench", Path(__file__).parents[1] / "bench" / "loop.py")
+    loop_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loop_bench)
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    dead = weakref.proxy(holder)
+    del holder
+    kept = torch.zeros(1_000_000)  # 3.8 MB, held here while the inventory runs
+    out = loop_bench.holdings()
+    assert dead is not None and out["other tensors"] >= kept.numel() * 4 / 2**20
