@@ -101,7 +101,7 @@ def test_chat_backend_with_fake_chat_model():
     out = backend.generate(chats(2), SamplingParams(stop=("STOP",)))
     assert [c.text for c in out] == ["take coin", "go north "]
     assert all(c.prompt_tokens > 0 and c.completion_tokens > 0 and c.logprobs is None for c in out)
-    assert backend.stats.calls == 1 and backend.stats.batch_sizes == [2]
+    assert backend.stats.calls == 1 and backend.stats.completions == 2
 
 
 def test_chat_backend_from_config():

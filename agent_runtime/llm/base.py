@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 Message = dict[str, str]
@@ -207,14 +207,14 @@ class BackendStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
-    batch_sizes: list[int] = field(default_factory=list)
+    completions: int = 0  # returned over all calls (a running total: a list per call grew for the whole run)
 
     def record(self, completions: list[Completion], seconds: float) -> None:
         self.calls += 1
         self.prompt_tokens += sum(c.prompt_tokens for c in completions)
         self.completion_tokens += sum(c.completion_tokens for c in completions)
         self.seconds += seconds
-        self.batch_sizes.append(len(completions))
+        self.completions += len(completions)
 
 
 def apply_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:

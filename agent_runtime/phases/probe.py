@@ -367,7 +367,7 @@ def build_reference(
                     forced += fed
         if count is not None:
             stats = ref.stats
-            count(stats.prompt_tokens + forced, stats.completion_tokens, sum(stats.batch_sizes))
+            count(stats.prompt_tokens + forced, stats.completion_tokens, stats.completions)
     finally:
         ref.close()
     return ProbeReference(

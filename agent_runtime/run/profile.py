@@ -70,7 +70,7 @@ class Profile:
         from environments.game_cache import BUILT
 
         stats = self._stats()
-        acting = (0, 0, 0) if stats is None else (stats.prompt_tokens, stats.completion_tokens, sum(stats.batch_sizes))
+        acting = (0, 0, 0) if stats is None else (stats.prompt_tokens, stats.completion_tokens, stats.completions)
         return (*acting, BUILT["games"], BUILT["seconds"])
 
     @contextlib.contextmanager
