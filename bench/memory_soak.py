@@ -59,16 +59,19 @@ def soak_config(model: str, model_dir: Path, seed: int, overrides: list[str] = (
     return apply_overrides(data, list(overrides))
 
 
-def committed(db: Path, name: str) -> int:
-    """Episodes the run has committed (a read-only look at its cursor; 0 before the run exists)."""
-    import sqlite3
+def committed(workdir: Path, name: str) -> int:
+    """Episodes the run has committed (a read-only look at its cursor; 0 before the run or its store exists)."""
+    from memory import DatabaseOutdatedError, ExperienceStore, StoreUnavailableError
 
     try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
-            row = con.execute("SELECT state FROM runs WHERE name = ? ORDER BY id DESC LIMIT 1", (name,)).fetchone()
-    except sqlite3.Error:
+        store = ExperienceStore.open(workdir, read_only=True)
+    except (StoreUnavailableError, DatabaseOutdatedError):
         return 0
-    return int(json.loads(row[0]).get("episodes", 0)) if row and row[0] else 0
+    try:
+        run = store.find_run(name)
+        return int(run.state.get("episodes", 0)) if run is not None else 0
+    finally:
+        store.close()
 
 
 def soak(workdir: Path, model: str, hours: float, sample_s: float, seed: int, overrides: list[str] = ()) -> int:
@@ -113,7 +116,7 @@ def soak(workdir: Path, model: str, hours: float, sample_s: float, seed: int, ov
             rss = proc_kb(proc.pid, "VmRSS")
             pids = sorted({proc.pid, *tagged_pids(tag)})  # a process just started may not show its tag yet
             tree = sum(proc_kb(p, "VmRSS") or 0 for p in pids)
-            episodes = committed(workdir / "memory.db", config["name"])
+            episodes = committed(workdir, config["name"])
             t = offset + time.monotonic() - t0
             if rss is not None:
                 with samples.open("a") as out:

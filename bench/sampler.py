@@ -1,5 +1,5 @@
 """Where free-text OPCD's sampling time per token goes (issue 40 item 2): `generate` against a lean decode loop
-and against the model's own forward, on the sampler OPCD uses (the student's merged weights in bfloat16).
+and against the model's own forward, in the dtype OPCD's sampler uses (`--dtype auto`: as `opcd.sampler: auto`).
 
     .venv/bin/python bench/sampler.py                       # SmolLM2-135M, batch 4, 64 new tokens, 1 and 2 threads
     .venv/bin/python bench/sampler.py --prompt-tokens 600 --dtype float32
@@ -41,7 +41,6 @@ def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int)
     import torch
     from transformers import StaticCache
 
-    device = model.device
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(100, vocab - 100, (batch, prompt_tokens), generator=generator)
@@ -70,9 +69,6 @@ def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int)
             pad_token_id=0,
         )
 
-    out["generate"] = (best(generate, repeat) - out["prefill"]) / new_tokens
-    out["generate_static"] = (best(lambda: generate("static"), repeat) - out["prefill"]) / new_tokens
-
     @torch.no_grad()
     def lean(static: bool):
         cache = StaticCache(config=model.config, max_cache_len=prompt_tokens + new_tokens) if static else None
@@ -87,12 +83,18 @@ def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int)
             result = model(input_ids=token, past_key_values=cache, use_cache=True, cache_position=position)
             logits = result.logits[:, -1]
 
-    out["lean"] = (best(lambda: lean(False), repeat) - out["prefill"]) / new_tokens
-    try:
-        out["lean_static"] = (best(lambda: lean(True), repeat) - out["prefill"]) / new_tokens
-    except (TypeError, ValueError, RuntimeError) as exc:  # a model or version whose static cache does not take this
-        print(f"static cache: {type(exc).__name__}: {exc}", file=sys.stderr)
-        out["lean_static"] = float("nan")
+    def per_token(name: str, run) -> None:
+        """ms a decoded token of `run` (the prefill taken off); NaN where a static cache does not take the call."""
+        try:
+            out[name] = (best(run, repeat) - out["prefill"]) / new_tokens
+        except (TypeError, ValueError, RuntimeError) as exc:
+            print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            out[name] = float("nan")
+
+    per_token("generate", generate)
+    per_token("generate_static", lambda: generate("static"))
+    per_token("lean", lambda: lean(False))
+    per_token("lean_static", lambda: lean(True))
 
     with torch.no_grad():  # the forward floor: one decode step at the cache's middle length
         middle = prompt_tokens + new_tokens // 2
@@ -109,7 +111,6 @@ def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int)
         params = list(model.parameters())
         out["weights_mb"] = sum(p.numel() * p.element_size() for p in params) / 2**20
         out["read"] = best(lambda: [p.sum() for p in params], max(3, repeat))
-    del device
     return out
 
 
@@ -121,14 +122,16 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"), help="auto: as OPCD's sampler")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--prompt-tokens", type=int, default=300)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeat", type=int, default=2)
     args = p.parse_args(argv)
-    dtype = getattr(torch, args.dtype)
+    from distill.opcd.sampler import sampler_dtype
+
+    dtype = sampler_dtype("auto", "cpu") if args.dtype == "auto" else getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(resolve_model(args.model), dtype=dtype).eval()
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
@@ -137,19 +140,21 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((threads, r))
         print(f"{threads} thread(s): {r}", file=sys.stderr, flush=True)
     print(
-        f"\n{args.model}, {args.dtype}, batch {args.batch}, {args.prompt_tokens}-token prompts, "
+        f"\n{args.model}, {str(dtype).removeprefix('torch.')}, batch {args.batch}, {args.prompt_tokens}-token prompts, "
         f"{args.new_tokens} new tokens; weights {rows[0][1]['weights_mb']:.0f} MB\n"
     )
-    print(
-        "| threads | prefill s | generate ms/token | lean loop | lean loop, static cache | forward floor | weight read |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    columns = [  # (header, key): ms per token except the prefill
+        ("generate ms/token", "generate"),
+        ("generate, static cache", "generate_static"),
+        ("lean loop", "lean"),
+        ("lean loop, static cache", "lean_static"),
+        ("forward floor", "forward"),
+        ("weight read", "read"),
+    ]
+    print("| threads | prefill s | " + " | ".join(h for h, _ in columns) + " |")
+    print("|---:" * (len(columns) + 2) + "|")
     for threads, r in rows:
-        print(
-            f"| {threads} | {r['prefill']:.2f} | {1000 * r['generate']:.1f} | {1000 * r['generate_static']:.1f} | "
-            f"{1000 * r['lean']:.1f} | "
-            f"{1000 * r['lean_static']:.1f} | {1000 * r['forward']:.1f} | {1000 * r['read']:.1f} |"
-        )
+        print(f"| {threads} | {r['prefill']:.2f} | " + " | ".join(f"{1000 * r[k]:.1f}" for _, k in columns) + " |")
     return 0
 
 

@@ -1,12 +1,12 @@
 """Where OPCD's samples come from: one response per prompt, drawn from the student's merged weights.
 
-Sampling dominates an OPCD step (57-64% of it, measured), and unmerged LoRA costs extra matmuls at every decoded token
-(16-35% per decode step; bench/RESULTS.md, "OPCD training", has the step times). So the student samples from a copy of
-the model whose weights are W + BA, written in just before sampling, in bf16 where the device computes bf16 natively (a GPU, an
-AVX-512 CPU: generation about 2x) and fp32 where it does not (an AVX2 CPU, where bf16 is emulated and slower), as
-`OPCDConfig.sampler: auto` picks (`fast_bf16`), or as the config names it; the copy's parameters are emptied right after, so it never adds to the memory peak of the
-training half of the step (refilling costs one cast of the weights). `sampler: live` samples from the training model
-itself: no extra memory, slower.
+Sampling dominates an OPCD step (57-64% of it, measured), and unmerged LoRA costs extra matmuls at every decoded
+token (16-35% per decode step; bench/RESULTS.md, "OPCD training", has the step times). So the student samples from a
+copy of the model whose weights are W + BA, written in just before sampling: in bf16 where the device computes bf16
+natively (a GPU, an AVX-512 CPU: generation about 2x), in fp32 where it does not (an AVX2 CPU emulates bf16, slower),
+as `OPCDConfig.sampler: auto` picks (`fast_bf16`), or in the dtype the config names. The copy's parameters are
+emptied right after, so it never adds to the memory peak of the training half of the step (refilling costs one cast
+of the weights). `sampler: live` samples from the training model itself: no extra memory, slower.
 
 `sample_responses` is plain ancestral sampling at the config temperature (no top-k/top-p: the loss is defined
 on the student's own distribution), each response cut after its first EOS.
@@ -65,7 +65,7 @@ class MergedSampler:
 def fast_bf16(device: torch.device | str) -> bool:
     """Whether `device` computes bf16 matmuls natively, so that a bf16 sampler beats an fp32 one: a CUDA device
     that supports bf16, or a CPU with the AVX-512 (or AMX) kernels oneDNN uses for bf16. On an AVX2-only CPU
-    bf16 is emulated: SmolLM2-135M prefilled 6x and decoded 1.5x slower in bf16 than in fp32 (bench/sampler.py,
+    bf16 is emulated: SmolLM2-135M prefilled 4.3x and decoded 1.26x slower in bf16 than in fp32 (bench/sampler.py,
     bench/RESULTS.md)."""
     device = torch.device(device)
     if device.type == "cuda":
