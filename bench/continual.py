@@ -353,7 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.study == "plot":
         plot(root, ROOT / "bench" / "continual.png")
     else:
-        every = sorted({int(p.name.rsplit("-s", 1)[1]) for p in root.glob("*-s*") if p.is_dir()})
+        # a study's run is "<study>-s<seed>"; other folders beside them (a kept variant) are not runs
+        suffixes = (p.name.rsplit("-s", 1)[1] for p in root.glob("*-s*") if p.is_dir())
+        every = sorted({int(s) for s in suffixes if s.isdigit()})
         report_curriculum(root, every)
         report_mixed(root, every)
         report_retrieval(root)

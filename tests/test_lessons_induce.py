@@ -74,6 +74,24 @@ def test_findings_name_what_separates_won_from_lost_play_with_their_counts(store
     assert induce(episodes, max_candidates=2) == ranked[:2]
 
 
+def test_the_candidate_cap_is_per_environment_so_strong_evidence_in_one_never_crowds_out_another(store) -> None:
+    run_id = _coin_run(store)  # toy/coins: four findings, several of them with strong evidence
+    # toy/keys: one weak finding (two won episodes took the key, one lost episode looked)
+    for _ in range(2):
+        _store_episode(store, run_id, [("take key", ["look", "take key"], "A key.")], True, env_id="toy/keys")
+    _store_episode(store, run_id, [("look", ["look", "take key"], "A key.")], False, env_id="toy/keys")
+    episodes = [store.episode(e.id) for e in store.episodes(run_id)]
+    ranked = induce(episodes, max_candidates=10)
+    coins = [f for f in ranked if f.env_id == "toy/coins"]
+    keys = [f for f in ranked if f.env_id == "toy/keys"]
+    assert len(coins) >= 3 and keys
+    assert max(f.z for f in keys) < coins[1].z  # pooled, a cap of 2 would give both places to toy/coins
+    capped = induce(episodes, max_candidates=2)
+    assert [f for f in capped if f.env_id == "toy/coins"] == coins[:2]
+    assert [f for f in capped if f.env_id == "toy/keys"] == keys[:2]
+    assert [f.z for f in capped] == sorted((f.z for f in capped), reverse=True)  # still best first
+
+
 def test_a_verb_names_its_example_only_when_the_won_episodes_agree_on_it(store) -> None:
     run_id = store.create_run("one-way", {})
     for _ in range(3):

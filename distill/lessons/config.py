@@ -39,7 +39,7 @@ class LessonsConfig(StrictConfig):
         "separates won from lost episodes and each is tried before it goes live ('evidence'), or both",
     )
     induce_candidates: int = Field(
-        4, ge=1, le=20, description="'evidence': induced lessons tried per EXTRACT, best evidence first"
+        4, ge=1, le=20, description="'evidence': induced lessons tried per EXTRACT and environment, best evidence first"
     )
     induce_min_support: int = Field(
         2, ge=1, description="'evidence': times an action must have been chosen on the side a finding is about"

@@ -202,7 +202,9 @@ def induce(
     that only restates a `known` lesson or a better finding (`curate.restates`) is left out.
 
     Environments are taken separately (a rule of one game is not a rule of another); an environment needs at
-    least one won and one lost episode, else it says nothing. `episodes` must carry their steps."""
+    least one won and one lost episode, else it says nothing, and `max_candidates` is per environment: an
+    environment with stronger evidence never takes another's candidates (each lesson is scoped to, and tried
+    on, its own environment). `episodes` must carry their steps."""
     assert min_support >= 1 and 0 < min_gap <= 1 and max_candidates >= 1
     by_env: dict[str, list[EpisodeInfo]] = {}
     for episode in episodes:
@@ -213,8 +215,10 @@ def induce(
         if any(e.won for e in group) and not all(e.won for e in group):
             findings += _induce_env(env_id, group, min_support, min_gap)
     findings.sort(key=lambda f: (-f.z, f.kind, f.key))
-    chosen, seen_keys, seen_texts = [], set(), []
+    chosen, seen_keys, seen_texts, per_env = [], set(), [], {}
     for finding in findings:
+        if per_env.get(finding.env_id, 0) == max_candidates:
+            continue
         verdict = screen_item(finding.text, max_chars)
         if (
             verdict.text is None
@@ -224,9 +228,8 @@ def induce(
             continue
         seen_keys.add((finding.env_id, finding.key))
         seen_texts.append(verdict.text)
+        per_env[finding.env_id] = per_env.get(finding.env_id, 0) + 1
         chosen.append(Finding(**{**asdict(finding), "text": verdict.text}))
-        if len(chosen) == max_candidates:
-            break
     return chosen
 
 
