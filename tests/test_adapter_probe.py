@@ -293,7 +293,7 @@ def test_choice_prompts_are_generated_for_only_where_kept(tiny_model_dir, adapte
 def test_the_reference_tells_a_profile_the_work_its_own_model_did(tiny_model_dir, adapters):
     """The reference runs a model the acting backend's counters never see; a profile row is told its tokens, so the
     probe's row is set against the floor of the work it really did (bench/loop.py)."""
-    from agent_runtime.run.profile import PhaseTime
+    from agent_runtime.state.profile import PhaseTime
 
     row = PhaseTime()
     new = adapter_info(adapters["new"], id_=2, name="cycle-2")

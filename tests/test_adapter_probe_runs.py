@@ -18,8 +18,8 @@ import torch
 from agent_runtime.config import config_from_dict
 from agent_runtime.llm.transformers_backend import TransformersBackend
 from agent_runtime.phases.probe import StaleAdapterError, ensure_reference
-from agent_runtime.run import Run
 from agent_runtime.run.loop import AgentLoop
+from agent_runtime.state import Run
 from agent_runtime.testing import StaleAdapterBackend
 from distill.fingerprint import fingerprint_files
 from memory import ExperienceStore

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from agent_runtime.config import ConsolidationConfig
-from agent_runtime.episode.prompt import ARENA_MOVES, PromptBuilder, resolve_action_mode
+from agent_runtime.episode.prompt import ARENA_MOVES, PromptBuilder
 from agent_runtime.llm.base import SamplingParams, closest_action
+from agent_runtime.llm.modes import resolve_action_mode
 from agent_runtime.phases.consolidate import decide_promotion
 from distill.opcd import OPCDConfig, OPCDTrainer
 from distill.opcd.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices

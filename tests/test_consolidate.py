@@ -269,8 +269,8 @@ def test_a_cycle_with_nothing_to_consolidate_is_a_skipped_report_that_moves_the_
     """No live lessons: no cycle row, a "skipped" report, and the cursor's move written by the cycle itself, with
     the state meant for a phase that did nothing (no cycle counted) and the run requests it carried out."""
     from agent_runtime.phases.consolidate import run_cycle
-    from agent_runtime.run import Run
-    from agent_runtime.run.cursor import CursorMove
+    from agent_runtime.state import Run
+    from agent_runtime.state.cursor import CursorMove
     from distill.lessons.forget import RECONSOLIDATE
 
     config = cycle_config()

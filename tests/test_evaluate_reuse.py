@@ -215,7 +215,7 @@ def test_a_small_pool_closes_the_oldest_idle_instances(tmp_path):
 def test_a_run_plays_its_evaluations_from_its_own_pool(tmp_path):
     """`Run.evaluate`: the phases' evaluations build and lend from the run's pool (the process's unless it is given
     one), with the same outcomes as a plain evaluation; `envs=` plays other environments from the same pool."""
-    from agent_runtime.run import Run
+    from agent_runtime.state import Run
     from memory import ExperienceStore
 
     config = counting_config(slots=1)

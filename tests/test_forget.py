@@ -18,7 +18,7 @@ import pytest
 from agent_runtime.config import config_from_dict
 from agent_runtime.evaluation import evaluate
 from agent_runtime.llm.base import activate
-from agent_runtime.phases.consolidate import _changed_meanwhile
+from agent_runtime.phases.promotion import changed_meanwhile
 from agent_runtime.run.loop import AgentLoop
 from agent_runtime.testing import COIN_LESSON as LESSON
 from distill.lessons.forget import RECONSOLIDATE, apply_forget, plan_forget
@@ -185,9 +185,9 @@ def test_a_cycle_whose_parent_was_rolled_back_meanwhile_is_not_promoted(store):
     ids = history(store)
     parent = store.active_adapter(ids["run"])
     live = live_version(store, ids["run"])
-    assert _changed_meanwhile(store, ids["run"], live, parent) == []
+    assert changed_meanwhile(store, ids["run"], live, parent) == []
     apply_forget(store, plan_forget(store, ids["d"]), count_tokens=words)
-    reasons = _changed_meanwhile(store, ids["run"], live, parent)
+    reasons = changed_meanwhile(store, ids["run"], live, parent)
     assert any("the run's adapter changed during the cycle" in r for r in reasons)
     assert any(f"lessons [{ids['d']}] it was taught with were forgotten" in r for r in reasons)
 

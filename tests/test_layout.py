@@ -1,37 +1,174 @@
-"""agent_runtime in rooms: the modules that lived directly in agent_runtime/ keep importing under their old names,
-as the same module objects as at their new places (one copy of each module's state)."""
+"""The floors of the code: every import points down, and nothing imports in a circle.
+
+Packages: bench -> agent_runtime -> distill -> memory; environments stands on its own. Inside agent_runtime each
+room has a floor (`FLOORS`) and imports only rooms on lower floors. Every import counts, a lazy one inside a
+function too (it is the same dependency, only later), and a `from package import module` counts as an import of
+that module, not of the package."""
 
 from __future__ import annotations
 
+import ast
 import importlib
-import subprocess
-import sys
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
-import agent_runtime
+ROOT = Path(__file__).resolve().parents[1]
+
+# agent_runtime's rooms (a subpackage, or a module directly in the package), lowest floor first
+FLOORS = {
+    "bounded_yaml": 0,
+    "checkpoints": 0,
+    "curriculum": 0,
+    "llm": 1,
+    "config": 2,
+    "offline_packages": 3,
+    "episode": 3,
+    "evaluation": 4,
+    "testing": 4,
+    "state": 5,
+    "phases": 6,
+    "run": 7,
+    "dashboard": 7,
+    "cli": 8,
+    "__main__": 9,
+}
+# which package may import which (environments: none of ours)
+PACKAGES = {
+    "agent_runtime": {"distill", "memory", "environments"},
+    "distill": {"memory"},
+    "memory": set(),
+    "environments": set(),
+}
 
 
-@pytest.mark.parametrize("old", sorted(agent_runtime.MOVED))
-def test_an_old_module_name_is_the_module_at_its_new_place(old):
-    new = importlib.import_module(f"agent_runtime.{agent_runtime.MOVED[old]}")
-    assert importlib.import_module(f"agent_runtime.{old}") is new
-    assert new.__spec__.name == new.__name__ == f"agent_runtime.{agent_runtime.MOVED[old]}"
+def import_graph(root: Path, packages) -> dict[str, set[str]]:
+    """module -> the modules of `packages` (under `root`) it imports, anywhere in its body."""
+    files = {}
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in files.items():
+        here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+                modules = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in files]
+                targets = modules + ([base] if len(modules) < len(node.names) else [])
+            else:
+                continue
+            graph[module] |= {t for t in targets if t in files and t != module}
+    return graph
 
 
-def test_old_imports_in_a_fresh_process():
-    """`from agent_runtime.loop import AgentLoop` and friends, before anything imported the new places."""
-    code = (
-        "from agent_runtime.loop import AgentLoop\n"
-        "from agent_runtime.consolidate import run_cycle, decide_promotion\n"
-        "from agent_runtime import play\n"
-        "import agent_runtime.run.loop as loop\n"
-        "assert AgentLoop is loop.AgentLoop and play.__name__ == 'agent_runtime.run.play'\n"
-        "assert run_cycle.__module__ == 'agent_runtime.phases.consolidate'\n"
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def arrows_up(graph) -> list[str]:
+    """agent_runtime's imports that do not point to a lower floor, as 'module -> module (room -> room)'."""
+    bad = []
+    for module, targets in graph.items():
+        if not module.startswith("agent_runtime."):
+            continue
+        for target in targets:
+            a, b = room(module), room(target)
+            if target.startswith("agent_runtime.") and a != b and FLOORS[a] <= FLOORS[b]:
+                bad.append(f"{module} -> {target} ({a} -> {b})")
+    return sorted(bad)
+
+
+def circles(graph) -> list[list[str]]:
+    """The import circles: strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph(ROOT, PACKAGES)
+
+
+def test_every_room_of_agent_runtime_has_a_floor():
+    here = ROOT / "agent_runtime"
+    rooms = {p.stem for p in here.glob("*.py")} | {p.parent.name for p in here.glob("*/__init__.py")}
+    assert rooms - {"__init__"} == set(FLOORS), f"rooms without a floor: {sorted(rooms - {'__init__'} - set(FLOORS))}"
+
+
+def test_no_import_in_agent_runtime_points_up_or_sideways(graph):
+    assert arrows_up(graph) == []
+
+
+def test_the_packages_import_only_downwards(graph):
+    wrong = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in targets
+        if t.split(".")[0] != m.split(".")[0] and t.split(".")[0] not in PACKAGES[m.split(".")[0]]
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    assert wrong == []
 
 
-def test_a_name_that_never_was_a_module_is_still_an_import_error():
+def test_nothing_in_agent_runtime_imports_in_a_circle(graph):
+    assert [c for c in circles(graph) if c[0].startswith("agent_runtime")] == []
+
+
+def test_the_checks_see_an_arrow_up_and_a_circle(tmp_path):
+    """The analysis itself, on a made-up package: a phase importing the loop, two modules importing each other."""
+    pkg = tmp_path / "agent_runtime"
+    for folder in ("phases", "run", "llm"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "phases" / "cycle.py").write_text("def f():\n    from agent_runtime.run.loop import AgentLoop\n")
+    (pkg / "run" / "loop.py").write_text("from agent_runtime.phases import cycle\nAgentLoop = 1\n")
+    (pkg / "llm" / "a.py").write_text("from agent_runtime.llm import b\n")
+    (pkg / "llm" / "b.py").write_text("from . import a\n")
+    made = import_graph(tmp_path, ["agent_runtime"])
+    assert arrows_up(made) == ["agent_runtime.phases.cycle -> agent_runtime.run.loop (phases -> run)"]
+    assert sorted(circles(made)) == [
+        ["agent_runtime.llm.a", "agent_runtime.llm.b"],
+        ["agent_runtime.phases.cycle", "agent_runtime.run.loop"],
+    ]
+
+
+def test_the_old_module_names_are_gone():
+    """The rooms' modules import from one place only (no import hook answering to the names before the rooms)."""
     with pytest.raises(ModuleNotFoundError):
-        importlib.import_module("agent_runtime.no_such_module")
+        importlib.import_module("agent_runtime.loop")
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("agent_runtime.consolidate")

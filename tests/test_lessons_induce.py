@@ -8,8 +8,8 @@ import pytest
 from agent_runtime.config import config_from_dict
 from agent_runtime.llm.scripted import ScriptedBackend
 from agent_runtime.phases.extract import run_extract
-from agent_runtime.run import Run
 from agent_runtime.run.loop import AgentLoop
+from agent_runtime.state import Run
 from distill.lessons import induce, live_lessons
 from distill.lessons.induce import z_statistic
 from environments.base import EnvSpec

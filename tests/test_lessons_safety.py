@@ -8,8 +8,8 @@ from distill.lessons import (
     LessonCurator,
     LessonExtractor,
     extract_phase,
+    mask_credentials,
     record_extraction,
-    redact_secrets,
     screen_item,
     screen_items,
 )
@@ -94,8 +94,8 @@ def test_long_items_are_cut_at_a_word_boundary() -> None:
 
 
 def test_redact_secrets_leaves_ordinary_text_alone() -> None:
-    assert redact_secrets("Go north, then take the key.") == "Go north, then take the key."
-    assert redact_secrets("key sk-abcdefghijklmnopqrstu1234 here") == "key [REDACTED] here"
+    assert mask_credentials("Go north, then take the key.") == "Go north, then take the key."
+    assert mask_credentials("key sk-abcdefghijklmnopqrstu1234 here") == "key [REDACTED] here"
 
 
 POISON = (

@@ -107,7 +107,7 @@ def test_bound_heap_returns_large_freed_tensors_to_the_system(monkeypatch):
     """After `bound_heap`, a freed 64 MB tensor leaves the resident set at once; AGENT_RUNTIME_MALLOC=default opts out."""
     import sys
 
-    from agent_runtime.run.profile import memory_mb
+    from agent_runtime.state.profile import memory_mb
     from distill.opcd.weights import bound_heap
 
     if not sys.platform.startswith("linux"):

@@ -1,4 +1,4 @@
-"""The run profile's memory rows (`agent_runtime.run.profile`): each phase's own peak, nested phases folded into
+"""The run profile's memory rows (`agent_runtime.state.profile`): each phase's own peak, nested phases folded into
 the enclosing one, and rows that compare equal kept apart."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from agent_runtime.run.profile import Profile, memory_mb
+from agent_runtime.state.profile import Profile, memory_mb
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the peak comes from /proc/self")
 

@@ -224,9 +224,9 @@ def cmd_distill(args) -> int:
     from agent_runtime.llm import LOCAL_WEIGHTS, make_backend
     from agent_runtime.llm.base import activate
     from agent_runtime.phases.consolidate import cycle_teacher, run_cycle
-    from agent_runtime.run import Run
-    from agent_runtime.run.cursor import CursorMove
     from agent_runtime.run.loop import default_workdir
+    from agent_runtime.state import Run
+    from agent_runtime.state.cursor import CursorMove
     from distill.lessons.forget import RECONSOLIDATE
     from distill.opcd import VocabularyCheck
     from memory import ExperienceStore
@@ -237,7 +237,7 @@ def cmd_distill(args) -> int:
             f"distill trains the policy's weights: it needs backend: {' or '.join(LOCAL_WEIGHTS)}, not "
             f"{config.model.backend}"
         )
-    _, teacher = cycle_teacher(config, config.opcd)  # a teacher that cannot teach fails here, with what differs
+    _, teacher = cycle_teacher(config)  # a teacher that cannot teach fails here, with what differs
     if teacher["separate"] and not args.json:
         print(f"teacher {teacher['model']}: {VocabularyCheck(**teacher['vocabulary']).line()}")
     workdir = args.workdir or default_workdir(config.name)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import environments
 from agent_runtime.config import RunConfig
-from agent_runtime.episode.prompt import PromptBuilder, resolve_action_mode
+from agent_runtime.episode.prompt import PromptBuilder
 from agent_runtime.episode.runner import EnvSlotSpec
 from agent_runtime.llm.base import PolicyBackend, SamplingParams
+from agent_runtime.llm.modes import resolve_action_mode
 from distill.lessons.scope import ScopedLesson, for_env
 from environments.game_cache import run_games_dir
 from environments.registry import check_env_id

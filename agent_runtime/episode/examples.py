@@ -12,13 +12,19 @@ method's channel for experience, and examples cost context.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from agent_runtime.evaluation.heldout import observation_hash
-from memory import ExperienceStore
+from agent_runtime.episode.openings import observation_hash
+from memory import EpisodeInfo, ExperienceStore
 
-if TYPE_CHECKING:
-    from agent_runtime.evaluation.heldout import HeldOut
+
+class Guard(Protocol):
+    """What the retriever asks of the held-out set (`evaluation.heldout.HeldOut` is one)."""
+
+    def identifies(self, env_id: str, opening_hash: str) -> bool: ...
+
+    def usable(self, episode: EpisodeInfo) -> bool: ...
+
 
 MAX_EXAMPLE_CHARS = 400
 OVERFETCH = 4  # hits asked for per example wanted: the task being played and held-out tasks are dropped
@@ -31,11 +37,11 @@ def render_example(episode) -> str:
     return text[:MAX_EXAMPLE_CHARS]
 
 
-def example_retriever(store: ExperienceStore, run_id: int, k: int, held: Callable[[], HeldOut] | None = None):
+def example_retriever(store: ExperienceStore, run_id: int, k: int, held: Callable[[], Guard] | None = None):
     """A callable (env_id, task_id, first observation) -> example texts, for the episode runner. It never
     returns the task being played (by task id, or by opening where the opening identifies a game), nor a held-out
     evaluation task (`held`, built on first use)."""
-    guard: list[HeldOut] = []
+    guard: list[Guard] = []
 
     def retrieve(env_id: str, task_id: str, observation: str) -> list[str]:
         if held is not None and not guard:

@@ -36,12 +36,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent_runtime.llm.base import Chat
+from agent_runtime.llm.modes import ADMISSIBLE_PREFIX, ADMISSIBLE_SEPARATOR
 from environments.interpreter import multi_command
 
-ADMISSIBLE_PREFIX = "Admissible actions:"  # how the action list is shown; the scripted backend reads it back
-ADMISSIBLE_SEPARATOR = " | "
 ARENA_MOVES = ("[up]", "[down]", "[left]", "[right]")
-ACTION_MODES = ("auto", "choice", "free")
 
 SYSTEM_PROMPTS = {
     "text": (
@@ -62,15 +60,6 @@ CHOICE_SYSTEM_PROMPTS = {  # in choice mode the reply is the move itself: no rea
 _CHATTER = re.compile(r"^\s*(?:>+|[-*]\s|\d+[.)]\s|(?:action|command|next action|answer)\s*:)\s*", re.IGNORECASE)
 _ARENA_MOVE = re.compile(r"\[\s*(up|down|left|right|w|a|s|d)\s*\]", re.IGNORECASE)
 _WASD = {"w": "up", "a": "left", "s": "down", "d": "right"}
-
-
-def resolve_action_mode(mode: str, family: str) -> str:
-    """`choice` or `free` for an environment family: `auto` chooses among actions wherever a game has them."""
-    if mode not in ACTION_MODES:
-        raise ValueError(f"unknown action_mode {mode!r}; accepted: {', '.join(ACTION_MODES)}")
-    if mode == "auto":
-        return "free" if family == "math" else "choice"
-    return mode
 
 
 def lessons_section(lessons: list[str]) -> str:

@@ -22,27 +22,18 @@ lesson's provenance or the acting adapter's training episodes touch one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent_runtime.config import RunConfig
 from agent_runtime.episode.build import build_envs
+from agent_runtime.episode.openings import normal_text, observation_hash
 from memory import EpisodeInfo, ExperienceStore
 
 
 class EvalLeakError(RuntimeError):
     """A held-out evaluation task was about to become learning material; nothing was used."""
-
-
-def normal_text(text: str) -> str:
-    """`text` with its whitespace runs made single spaces (what an opening is compared by)."""
-    return " ".join(text.split())
-
-
-def observation_hash(text: str) -> str:
-    return hashlib.sha256(normal_text(text).encode()).hexdigest()
 
 
 @dataclass(frozen=True)

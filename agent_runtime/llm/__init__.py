@@ -27,6 +27,7 @@ from agent_runtime.llm.base import (
     SleepingBackend,
     require,
 )
+from agent_runtime.llm.modes import resolve_action_mode
 from agent_runtime.llm.options import backend_options, given
 
 BACKENDS = ("transformers", "scripted", "vllm", "chat")
@@ -80,9 +81,25 @@ def _chat(model_config, options, seed: int) -> PolicyBackend:
 
 
 def _vllm(model_config, options, seed: int) -> PolicyBackend:
-    from agent_runtime.llm.vllm_backend import make_vllm_backend
+    """vLLM in this process, or, with `options.python`, in a child process of that interpreter (vLLM installed
+    in another environment: `llm.vllm_process`). Options the backend does not name itself go to the engine."""
+    from agent_runtime.checkpoints import resolve_model
 
-    return make_vllm_backend(model_config, options, seed=seed)
+    options = given(options)
+    python = options.pop("python", None)
+    kwargs = {"context_window": model_config.context_window, "dtype": model_config.dtype, "seed": seed, **options}
+    if python:
+        from agent_runtime.llm.vllm_process import VLLMProcessBackend
+
+        backend = VLLMProcessBackend(resolve_model(model_config.name), python=python, **kwargs)
+    else:
+        from agent_runtime.llm.vllm_backend import VLLMBackend, import_vllm
+
+        import_vllm()  # fail on a missing vLLM before converting or loading any weights
+        backend = VLLMBackend(resolve_model(model_config.name), **kwargs)
+    if model_config.adapter:
+        backend.load_adapter("configured", model_config.adapter)
+    return backend
 
 
 # The backends by the name a config gives (`model.backend`): each built from the model's config, its options as
@@ -104,8 +121,6 @@ def _build(model_config, seed: int) -> PolicyBackend:
 def backend_needs(config, families: Iterable[str] = ()) -> list[tuple[type, str]]:
     """The capabilities a backend acting or learning for the run `config` must have, each with what needs it.
     `families`: the environment families the backend plays (whether it acts in choice mode depends on them)."""
-    from agent_runtime.episode.prompt import resolve_action_mode
-
     mode = config.agent.action_mode
     needs: list[tuple[type, str]] = []
     if any(resolve_action_mode(mode, family) == "choice" for family in families):

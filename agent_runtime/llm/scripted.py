@@ -27,8 +27,8 @@ import random
 import re
 import time
 
-from agent_runtime.episode.prompt import ADMISSIBLE_PREFIX, ADMISSIBLE_SEPARATOR
 from agent_runtime.llm.base import BackendStats, Chat, Completion, SamplingParams, closest_action
+from agent_runtime.llm.modes import ADMISSIBLE_PREFIX, ADMISSIBLE_SEPARATOR
 
 _BRACKETED = re.compile(r"\[([a-z]+)\]")
 _ALWAYS_REPLY = re.compile(r"Always reply: (.+)$", re.MULTILINE)

@@ -81,41 +81,6 @@ def release_cached_memory() -> None:
     torch.cuda.empty_cache()  # a no-op unless CUDA was initialised here
 
 
-def make_vllm_backend(model_config, options=None, *, seed: int = 0):
-    """The backend a `ModelConfig` with `backend: vllm` asks for (`options`: its `VLLMOptions`, which allowed the
-    interpreter and every engine argument in it; default: read from the config): in this process, or, with
-    `options.python`, in a child process of that interpreter (vLLM installed in another environment). Options
-    the backend does not name itself go to the engine."""
-    from agent_runtime.checkpoints import resolve_model
-    from agent_runtime.llm.options import given
-
-    options = given(options or model_config.typed_options())
-    python = options.pop("python", None)
-    if python:
-        from agent_runtime.llm.vllm_process import VLLMProcessBackend
-
-        backend = VLLMProcessBackend(
-            resolve_model(model_config.name),
-            python=python,
-            context_window=model_config.context_window,
-            dtype=model_config.dtype,
-            seed=seed,
-            **options,
-        )
-    else:
-        import_vllm()  # fail on a missing vLLM before converting or loading any weights
-        backend = VLLMBackend(
-            resolve_model(model_config.name),
-            context_window=model_config.context_window,
-            dtype=model_config.dtype,
-            seed=seed,
-            **options,
-        )
-    if model_config.adapter:
-        backend.load_adapter("configured", model_config.adapter)
-    return backend
-
-
 @dataclass
 class EnginePrefixStats:
     """What vLLM's prefix cache saved, summed over calls, from the engine's own count of cached prompt tokens

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_runtime.checkpoints import resolve_model
-from agent_runtime.config import ConfigError, ConsolidationConfig, EnvEntry, RunConfig
+from agent_runtime.config import ConfigError, EnvEntry, RunConfig
 from agent_runtime.episode.build import build_prompt_builders
 from agent_runtime.episode.prompt import lessons_section
 from agent_runtime.evaluation import EvalResult
@@ -31,11 +31,11 @@ from agent_runtime.llm import making_room, training_device
 from agent_runtime.llm.base import acting
 from agent_runtime.phases.decisions import Decision, choose_prompts, episode_prefixes, rehearsal, turn_prefixes
 from agent_runtime.phases.probe import ensure_reference
-from agent_runtime.phases.promotion import _changed_meanwhile, decide_promotion, internalized_lessons
+from agent_runtime.phases.promotion import changed_meanwhile, decide_promotion, internalized_lessons
 from agent_runtime.phases.system_prompt import SystemPrompt, load_context, load_prompts
-from agent_runtime.run import Run
-from agent_runtime.run.cursor import CursorMove
-from agent_runtime.run.profile import profiled
+from agent_runtime.state import Run
+from agent_runtime.state.cursor import CursorMove
+from agent_runtime.state.profile import profiled
 from distill.fingerprint import fingerprint_files
 from distill.lessons import live_lessons
 from distill.lessons.scope import ScopedLesson, for_env, in_scope
@@ -106,16 +106,16 @@ def _eval(run: Run, backend, *, lessons, n, envs=None, context=None, split="eval
     return run.evaluate(backend, envs=envs, lessons=lessons, episodes_per_env=n, context=context, split=split)
 
 
-def cycle_teacher(config: RunConfig, opcd: ConsolidationConfig) -> tuple[TeacherSpec | None, dict[str, Any]]:
+def cycle_teacher(config: RunConfig) -> tuple[TeacherSpec | None, dict[str, Any]]:
     """The cycle's separate teacher (None: the start-of-cycle policy teaches) and its record for the cycle row;
     a teacher whose tokenizer is not the student's is a ConfigError here, before anything is trained."""
-    if opcd.teacher is None:
+    if config.opcd.teacher is None:
         return None, {
             "separate": False,
             "model": config.model.name,
             "what": "the start-of-cycle policy: the parent adapter, or the base model",
         }
-    t = opcd.teacher
+    t = config.opcd.teacher
     spec = TeacherSpec(model_path=resolve_model(t.model), adapter=t.adapter, device=t.device)
     try:
         check = check_teacher(resolve_model(config.model.name), spec)
@@ -257,7 +257,6 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
     # 3. CONSOLIDATE: train the student
     job = train_job(
         config,
-        opcd,
         cycle,
         run_id,
         train,
@@ -291,7 +290,6 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
     )
     cycle.metrics = cycle_metrics(
         config,
-        opcd,
         cycle,
         prompts=len(train),
         heldout=len(heldout),
@@ -330,7 +328,7 @@ def start_cycle(run: Run) -> Cycle | None:
         return None
     # checked against the held-out tasks before the cycle starts (PromptFileLeakError names the line)
     prompt_file = load_prompts(opcd.context.prompts, held=run.held) if system and opcd.context.prompts else None
-    teacher_spec, teacher = cycle_teacher(config, opcd)
+    teacher_spec, teacher = cycle_teacher(config)
     parent = store.active_adapter(run_id)
     kind = "system_prompt" if system else "lessons"
     cycle_config = {
@@ -377,7 +375,6 @@ def split_heldout(decisions: list[Decision]) -> tuple[list[Decision], list[Decis
 
 def train_job(
     config: RunConfig,
-    opcd: ConsolidationConfig,
     cycle: Cycle,
     run_id: int,
     train: list[Decision],
@@ -412,7 +409,7 @@ def train_job(
     parent = cycle.parent
     return TrainJob(
         model_path=resolve_model(config.model.name),
-        config=opcd.trainer,
+        config=config.opcd.trainer,
         train_prompts=[d.chat for d in train],
         contexts=cycle.system.text if cycle.system else cycle.contexts,
         prompt_contexts=[cycle.contexts_for(d) for d in train] if scoped else None,
@@ -447,7 +444,6 @@ def _train(store: ExperienceStore, cycle_id: int, job: TrainJob, backend, progre
 
 def cycle_metrics(
     config: RunConfig,
-    opcd: ConsolidationConfig,
     cycle: Cycle,
     *,
     prompts: int,
@@ -462,7 +458,7 @@ def cycle_metrics(
         "heldout_kl": {"before": before, "after": after},
         "prompts": prompts,
         "heldout_prompts": heldout,
-        "processes": opcd.trainer.processes,
+        "processes": config.opcd.trainer.processes,
         "objective": "choice" if choice_mode else "tokens",
         "kind": cycle.kind,
         "teacher": cycle.teacher,
@@ -550,7 +546,7 @@ def _decide(run: Run, cycle: Cycle, evals: dict[str, list[EvalResult]]) -> Cycle
     by_env = {k: {r.env_id: r.success_rate for r in v} for k, v in evals.items()}
     metrics["evaluation_by_env"] = by_env
     reasons = decide_promotion(rates, before, after, opcd, by_env=by_env, played=run.played_envs())
-    reasons += _changed_meanwhile(store, run_id, live, cycle.parent)
+    reasons += changed_meanwhile(store, run_id, live, cycle.parent)
     if reasons:
         metrics["decision"], metrics["reasons"] = "rolled_back", reasons
         store.update_cycle(cycle_id, metrics=metrics)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from agent_runtime.episode.build import build_envs, build_prompt_builders
 from agent_runtime.episode.prompt import Turn
-from agent_runtime.run import Run
+from agent_runtime.state import Run
 
 
 @dataclass(frozen=True)

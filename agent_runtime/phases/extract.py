@@ -32,8 +32,8 @@ from agent_runtime.config import ModelConfig, RunConfig
 from agent_runtime.episode.runner import Draw, EpisodeContext
 from agent_runtime.llm.base import BackendError, PolicyBackend, SamplingParams, TokenizerBackend
 from agent_runtime.phases.trials import GameTrials, gate_candidate, scoped
-from agent_runtime.run import Run
-from agent_runtime.run.cursor import CursorMove
+from agent_runtime.state import Run
+from agent_runtime.state.cursor import CursorMove
 from distill.chat_tokens import encode_text
 from distill.lessons import (
     LessonCurator,

@@ -105,7 +105,7 @@ def internalized_lessons(
     return [i for i in kl_before if kl_after[i] <= opcd.internalized_ratio * kl_before[i] and as_good]
 
 
-def _changed_meanwhile(store: ExperienceStore, run_id: int, live, parent) -> list[str]:
+def changed_meanwhile(store: ExperienceStore, run_id: int, live, parent) -> list[str]:
     """Reasons not to promote that arose while the cycle trained: its parent is no longer the run's adapter
     (`lessons forget` rolled it back), or a lesson it was taught with has been forgotten."""
     reasons = []

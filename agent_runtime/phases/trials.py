@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agent_runtime.llm.base import PolicyBackend
-from agent_runtime.run import Run
+from agent_runtime.state import Run
 from distill.lessons import LessonCurator, decide_gate, live_lessons, store_gate_decision
 from distill.lessons.gate import GateDecision
 from distill.lessons.scope import ScopedLesson, for_env, in_scope, is_global

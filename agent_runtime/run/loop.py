@@ -60,11 +60,11 @@ from agent_runtime.phases.extract import (
     user_lessons_gated,
 )
 from agent_runtime.phases.probe import check_backend, stored_reference, tolerance_for
-from agent_runtime.run import Run
-from agent_runtime.run.cursor import CursorMove
 from agent_runtime.run.names import continues_existing
 from agent_runtime.run.play import Executor, LocalExecutor, PlaySession, RequestWatch, RunState, Schedule
-from agent_runtime.run.profile import Profile
+from agent_runtime.state import Run
+from agent_runtime.state.cursor import CursorMove
+from agent_runtime.state.profile import Profile
 from distill.lessons import pending_user_candidate, sync_statuses
 from distill.lessons.forget import RECONSOLIDATE
 from distill.opcd.weights import bound_heap, release_memory
@@ -160,6 +160,24 @@ def _json_log(workdir: Path) -> logging.Handler:
     return handler
 
 
+def _resumed_run(store: ExperienceStore, run_id: int, name: str):
+    """The run `AgentLoop._stored_config` chose, in the store the loop opened: the same run, or a clear error."""
+    run = next((r for r in store.runs() if r.id == run_id), None)
+    if run is None or run.name != name:
+        found = f"run {run_id} there is named {run.name!r}" if run is not None else f"it has no run {run_id}"
+        raise ConfigError(
+            f"--resume: the run to continue is run {run_id} ({name!r}), but the store "
+            f"this run opens ({store.url}) is another one: {found}. Give the config the "
+            "stored run's memory.url, or start a new run without --resume"
+        )
+    return run
+
+
+def _on_learner(config: RunConfig) -> bool:
+    """EXTRACT and CONSOLIDATE run on the Ray learner rather than in this process."""
+    return config.runtime.executor == "ray" and config.runtime.ray.learner == "worker"
+
+
 class AgentLoop:
     def __init__(
         self,
@@ -170,18 +188,17 @@ class AgentLoop:
         backend: PolicyBackend | None = None,
         progress: bool = True,
     ):
-        self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
         bound_heap()  # a long-lived process: freed tensors go back to the system (distill.opcd.weights)
         resumed_id = None
-        resume = resume or continues_existing(config, self.workdir)  # one run per name in a store (`run.names`)
+        resume = resume or continues_existing(config, workdir)  # one run per name in a store (`run.names`)
         if resume:
-            config, resumed_id = self._stored_config(config)
+            config, resumed_id = self._stored_config(config, workdir)
         check_phases(config)
-        self.config = config
         self.profile = Profile(lambda: getattr(self, "stats", None))
         with self.profile.phase("START"):
-            self.envs, tasks = build_envs(config, self.workdir)
+            self.envs, tasks = build_envs(config, workdir)
         weights, ids, curriculum = [e.weight for e in config.envs], [e.id for e in config.envs], config.curriculum
         by_phase = (lambda index: curriculum.weights(ids, weights, index)) if curriculum is not None else None
         self.sampler = TaskSampler(weights, tasks, config.seed, weights_for=by_phase)
@@ -190,25 +207,26 @@ class AgentLoop:
         self._backend = backend
         if backend is not None:
             check_capabilities(backend, config, [e.family for e in self.envs])  # held to what a built one would be
-        elif not self._on_learner():
+        elif not _on_learner(config):
             with self.profile.phase("START: model"):
-                self._backend = self._make_backend()
+                self._backend = self._make_backend(config)
         elif config.model.backend in LOCAL_WEIGHTS:
             resolve_model(config.model.name)  # an unknown model fails here, not on every worker
         # Generation counters of the acting policy: the driver's backend, or the Ray workers' summed up.
         self.stats = BackendStats() if config.runtime.executor == "ray" else self._backend.stats
         torch.manual_seed(config.seed)
-        self.store = ExperienceStore.open(config.memory.url or self.workdir, embedder=config.memory.embedder)
-        save_resolved(config, self.workdir)
+        store = ExperienceStore.open(config.memory.url or workdir, embedder=config.memory.embedder)
+        save_resolved(config, workdir)
         if resume:
-            run = self._resumed_run(resumed_id)
-            self.run_id, self.state, self.phase = run.id, RunState.from_stored(run.state), run.phase or "PLAY"
-            sync_statuses(self.store, self.run_id)
+            run = _resumed_run(store, resumed_id, config.name)
+            run_id, self.state, self.phase = run.id, RunState.from_stored(run.state), run.phase or "PLAY"
+            sync_statuses(store, run_id)
         else:
-            self.run_id = self.store.create_run(config.name, config.model_dump(mode="json"))
+            run_id = store.create_run(config.name, config.model_dump(mode="json"))
             self.state, self.phase = RunState(), "PLAY"
-            add_seed_lessons(config, self.store, self.run_id, self._backend)
-        self.the_run = Run(self.config, self.workdir, self.store, self.run_id)  # what the phases are given
+            add_seed_lessons(config, store, run_id, self._backend)
+        # the run as the phases are given it: the loop's config, workdir, store and run id are read from it
+        self.the_run = Run(config, workdir, store, run_id)
         self.lessons = LessonContexts.for_run(self.the_run, [(e.env_id, e.family) for e in self.envs])
         self.adapter = self.store.active_adapter(self.run_id)
         if self.adapter is not None and self._backend is not None:
@@ -221,19 +239,33 @@ class AgentLoop:
         self._probed: int | None = None  # the adapter the loop's own backend last passed the probe with
 
     @property
+    def config(self) -> RunConfig:
+        return self.the_run.config
+
+    @property
+    def workdir(self) -> Path:
+        return self.the_run.workdir
+
+    @property
+    def store(self) -> ExperienceStore:
+        return self.the_run.store
+
+    @property
+    def run_id(self) -> int:
+        return self.the_run.id
+
+    @property
     def backend(self) -> PolicyBackend:
         """The driver's own policy (loaded on first use when the driver does not generate)."""
         if self._backend is None:
-            self._backend = self._make_backend()
+            self._backend = self._make_backend(self.config)
             if self.adapter is not None:
                 activate(self._backend, self.adapter)
         return self._backend
 
-    def _make_backend(self) -> PolicyBackend:
+    def _make_backend(self, config: RunConfig) -> PolicyBackend:
         """The driver's policy, checked against what the run needs of it before anything plays."""
-        return make_backend(
-            self.config.model, seed=self.config.seed, run=self.config, families=[e.family for e in self.envs]
-        )
+        return make_backend(config.model, seed=config.seed, run=config, families=[e.family for e in self.envs])
 
     @property
     def executor(self) -> Executor:
@@ -245,17 +277,18 @@ class AgentLoop:
             if self.config.runtime.executor == "ray":
                 from agent_runtime.run.ray_executor import RayExecutor
 
-                self._executor = RayExecutor(self.config, self.workdir, driver=local, stats=self.stats)
+                self._executor = RayExecutor(self.the_run, driver=local, stats=self.stats)
             else:
                 self._executor = local
         return self._executor
 
-    def _stored_config(self, config: RunConfig) -> tuple[RunConfig, int]:
+    @staticmethod
+    def _stored_config(config: RunConfig, workdir: Path) -> tuple[RunConfig, int]:
         """On --resume the run's own config wins; only the stop conditions may change. The given config is the
         authority on what may be resumed: a field where the two differ is listed, and one that decides what runs,
         what is read or where the run writes refuses the resume (`resume_differences`). Returns the config and
         the id of the run to continue."""
-        with ExperienceStore.open(config.memory.url or self.workdir) as store:
+        with ExperienceStore.open(config.memory.url or workdir) as store:
             existing = store.find_run(config.name)
             url = store.url
             if existing is None:
@@ -281,18 +314,6 @@ class AgentLoop:
         stored.runtime.episodes = config.runtime.episodes
         stored.runtime.hours = config.runtime.hours
         return stored, existing.id
-
-    def _resumed_run(self, run_id: int):
-        """The run `_stored_config` chose, in the store this loop opened: the same run, or a clear error."""
-        run = next((r for r in self.store.runs() if r.id == run_id), None)
-        if run is None or run.name != self.config.name:
-            found = f"run {run_id} there is named {run.name!r}" if run is not None else f"it has no run {run_id}"
-            raise ConfigError(
-                f"--resume: the run to continue is run {run_id} ({self.config.name!r}), but the store "
-                f"this run opens ({self.store.url}) is another one: {found}. Give the config the "
-                "stored run's memory.url, or start a new run without --resume"
-            )
-        return run
 
     def request_stop(self, *_args) -> None:
         self.stop_requested = True
@@ -408,18 +429,13 @@ class AgentLoop:
             self.state = session.state
             session.save()
 
-    def _on_learner(self) -> bool:
-        """EXTRACT and CONSOLIDATE run on the Ray learner rather than in this process."""
-        runtime = self.config.runtime
-        return runtime.executor == "ray" and runtime.ray.learner == "worker"
-
     # -- EXTRACT --------------------------------------------------------------------------------------
     def _extract(self) -> None:
         """EXTRACT, which writes its results and the cursor's move in one transaction (`CursorMove`)."""
         recent = learnable_recent(self.the_run, self.config.lessons.episodes_per_extraction)
         after = replace(self.state, extractions=self.state.extractions + 1, last_extract_at=self.state.episodes)
         finish = CursorMove(self.schedule.after_extract(after), after.stored())
-        report = self.executor.extract(self.run_id, recent, finish)
+        report = self.executor.extract(recent, finish)
         self.state, self.phase = after, finish.phase
         self.lessons.reload()
         tqdm.write(report.line())
@@ -462,9 +478,7 @@ class AgentLoop:
             self.adapter = self.store.active_adapter(self.run_id)
             self.lessons.reload()
         try:
-            report = self.executor.consolidate(
-                self.run_id, finish, progress=progress, on_poll=poll if self.progress else None
-            )
+            report = self.executor.consolidate(finish, progress=progress, on_poll=poll if self.progress else None)
         finally:
             bar.close()
         self.requests.carried_out(asked)

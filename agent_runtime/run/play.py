@@ -27,8 +27,8 @@ from agent_runtime.episode.build import build_prompt_builders, sampling_params
 from agent_runtime.episode.runner import Draw, EpisodeContext, EpisodeRunner, TaskSampler
 from agent_runtime.phases.consolidate import CycleReport, run_cycle
 from agent_runtime.phases.extract import ExtractReport, run_extract
-from agent_runtime.run import Run
-from agent_runtime.run.cursor import CursorMove
+from agent_runtime.state import Run
+from agent_runtime.state.cursor import CursorMove
 from memory import EpisodeRecord, ExperienceStore
 
 if TYPE_CHECKING:
@@ -254,11 +254,10 @@ class Executor(Protocol):
 
     def play(self, session: PlaySession, adapter) -> None: ...
 
-    def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove) -> ExtractReport: ...
+    def extract(self, episode_ids: list[int], finish: CursorMove) -> ExtractReport: ...
 
     def consolidate(
         self,
-        run_id: int,
         finish: CursorMove,
         progress: Callable[[dict], None] | None = None,
         on_poll: Callable[[], None] | None = None,
@@ -274,7 +273,6 @@ class LocalExecutor:
 
     def __init__(self, run: Run, envs: list[EnvSlotSpec], backend: Callable[[], PolicyBackend], examples_for=None):
         self.run, self.envs = run, envs
-        self.config, self.workdir, self.store = run.config, run.workdir, run.store
         self._backend = backend
         self.examples_for = examples_for
 
@@ -283,30 +281,26 @@ class LocalExecutor:
         runner = EpisodeRunner(
             backend,
             self.envs,
-            build_prompt_builders(self.config, self.envs, backend),
-            sampling_params(self.config.model),
-            slots=self.config.runtime.slots,
-            policy_name=self.config.model.name,
+            build_prompt_builders(self.run.config, self.envs, backend),
+            sampling_params(self.run.config.model),
+            slots=self.run.config.runtime.slots,
+            policy_name=self.run.config.model.name,
             context_for=session.context_for,
             choose_lessons=session.choose_lessons,
             adapter_id=adapter.id if adapter else None,
             examples_for=self.examples_for,
-            explore=self.config.agent.explore,
+            explore=self.run.config.agent.explore,
         )
         try:
             runner.run(session.next_draw, session.commit, session.should_stop)
         finally:
             runner.close()
 
-    def _run(self, run_id: int) -> Run:
-        assert run_id == self.run.id, f"this executor plays run {self.run.id}, not {run_id}"
-        return self.run
+    def extract(self, episode_ids: list[int], finish: CursorMove) -> ExtractReport:
+        return run_extract(self.run, self._backend(), episode_ids, finish=finish)
 
-    def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove) -> ExtractReport:
-        return run_extract(self._run(run_id), self._backend(), episode_ids, finish=finish)
-
-    def consolidate(self, run_id: int, finish: CursorMove, progress=None, on_poll=None) -> CycleReport:
-        return run_cycle(self._run(run_id), self._backend(), progress=progress, finish=finish)
+    def consolidate(self, finish: CursorMove, progress=None, on_poll=None) -> CycleReport:
+        return run_cycle(self.run, self._backend(), progress=progress, finish=finish)
 
     def close(self) -> None:
         """Nothing of its own to release: the backend belongs to the loop."""

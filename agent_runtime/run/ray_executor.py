@@ -67,12 +67,12 @@ from agent_runtime.phases.probe import (
     stored_reference,
     tolerance_for,
 )
-from agent_runtime.run import Run
+from agent_runtime.state import Run
 from memory import AdapterInfo, EpisodeRecord, ExperienceStore
 
 if TYPE_CHECKING:
-    from agent_runtime.run.cursor import CursorMove
     from agent_runtime.run.play import LocalExecutor, PlaySession
+    from agent_runtime.state.cursor import CursorMove
 
 log = logging.getLogger("agent_runtime.ray")
 
@@ -167,13 +167,14 @@ class Learner:
     it never runs it twice. With more than one GPU the OPCD trainer runs data-parallel over them.
     """
 
-    def __init__(self, config_data: dict, workdir: str):
-        """`config_data` is the run's config as the learner runs it (see `learner_config`)."""
+    def __init__(self, config_data: dict, workdir: str, run_id: int):
+        """`config_data` is the run's config as the learner runs it (see `learner_config`); `run_id` the run in
+        the store it opens (the driver's)."""
         config = config_from_dict(config_data, source="ray learner")
-        self.config, self.workdir = config, Path(workdir)
         torch.manual_seed(config.seed)
         self.backend = make_backend(config.model, seed=config.seed, run=config)
-        self.store = ExperienceStore.open(config.memory.url or self.workdir, embedder=config.memory.embedder)
+        store = ExperienceStore.open(config.memory.url or Path(workdir), embedder=config.memory.embedder)
+        self.run = Run(config, Path(workdir), store, run_id)
 
     def where(self) -> dict:
         """Where this learner runs: process, host and device (recorded with the phases it ran)."""
@@ -187,30 +188,27 @@ class Learner:
             "host": socket.gethostname(),
             "device": str(device) if device else None,
             "ray_gpu_ids": [str(i) for i in ray.get_gpu_ids()],
-            "processes": self.config.opcd.trainer.processes,
+            "processes": self.run.config.opcd.trainer.processes,
         }
 
-    def _run(self, run_id: int) -> Run:
-        return Run(self.config, self.workdir, self.store, run_id)
+    def _act_with_run_adapter(self) -> None:
+        activate(self.backend, self.run.store.active_adapter(self.run.id))
 
-    def _act_with_run_adapter(self, run_id: int) -> None:
-        activate(self.backend, self.store.active_adapter(run_id))
+    def extract(self, episode_ids: list[int], finish: CursorMove):
+        self._act_with_run_adapter()
+        return run_extract(self.run, self.backend, episode_ids, finish=finish)
 
-    def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove):
-        self._act_with_run_adapter(run_id)
-        return run_extract(self._run(run_id), self.backend, episode_ids, finish=finish)
-
-    def consolidate(self, run_id: int, finish: CursorMove):
-        self._act_with_run_adapter(run_id)
-        report = run_cycle(self._run(run_id), self.backend, finish=finish)
+    def consolidate(self, finish: CursorMove):
+        self._act_with_run_adapter()
+        report = run_cycle(self.run, self.backend, finish=finish)
         if report.cycle_id is not None:
             report.metrics["learner"] = self.where()
-            self.store.update_cycle(report.cycle_id, metrics=report.metrics)
+            self.run.store.update_cycle(report.cycle_id, metrics=report.metrics)
         return report
 
     def close(self) -> None:
         self.backend.close()
-        self.store.close()
+        self.run.store.close()
 
 
 def _import_ray():
@@ -291,7 +289,9 @@ class RayExecutor:
     it, and survives worker and learner deaths. EXTRACT and CONSOLIDATE run on the learner, or on `driver` (the
     in-process executor) with `runtime.ray.learner: driver`."""
 
-    def __init__(self, config: RunConfig, workdir: Path, *, driver: LocalExecutor, stats: BackendStats | None = None):
+    def __init__(self, run: Run, *, driver: LocalExecutor, stats: BackendStats | None = None):
+        config, workdir = run.config, run.workdir
+        self.run_id = run.id
         ray_config = config.runtime.ray
         ray = _import_ray()
         self._ray = ray
@@ -368,7 +368,7 @@ class RayExecutor:
         """The adapter probe on the given workers, all at once; the verdicts go with the adapter's cycle, and a
         worker that does not act with `adapter` raises `StaleAdapterError` (naming it). An adapter no cycle of
         this version trained (no stored reference) is not probed."""
-        store = self.driver.store
+        store = self.driver.run.store
         reference = stored_reference(store, adapter)
         if reference is None:
             log.warning("adapter probe: no reference stored for adapter %s; its workers are not probed", adapter.name)
@@ -484,25 +484,24 @@ class RayExecutor:
     def _learner_is_driver(self) -> bool:
         return self._ray_config.learner == "driver"
 
-    def extract(self, run_id: int, episode_ids: list[int], finish: CursorMove):
+    def extract(self, episode_ids: list[int], finish: CursorMove):
         """`run_extract` on the learner, which writes the cursor's move with the phase's results."""
         if self._learner_is_driver():
-            return self.driver.extract(run_id, episode_ids, finish)
-        return self._on_learner(run_id, "extract", episode_ids, finish)
+            return self.driver.extract(episode_ids, finish)
+        return self._on_learner("extract", episode_ids, finish)
 
     def consolidate(
         self,
-        run_id: int,
         finish: CursorMove,
         progress: Callable[[dict], None] | None = None,
         on_poll: Callable[[], None] | None = None,
     ):
         """One OPCD cycle on the learner; `on_poll` runs while the driver waits (it shows the cycle's progress)."""
         if self._learner_is_driver():
-            return self.driver.consolidate(run_id, finish, progress=progress)
-        return self._on_learner(run_id, "consolidate", finish, on_poll=on_poll)
+            return self.driver.consolidate(finish, progress=progress)
+        return self._on_learner("consolidate", finish, on_poll=on_poll)
 
-    def _on_learner(self, run_id: int, method: str, *args, on_poll: Callable[[], None] | None = None):
+    def _on_learner(self, method: str, *args, on_poll: Callable[[], None] | None = None):
         """Run a phase on the learner. A learner that dies is replaced and the phase runs again from its start
         (a half-done cycle is rolled back first, as on resume); after LEARNER_ATTEMPTS deaths the run stops
         with its cursor on the phase, for `run --resume`."""
@@ -511,8 +510,8 @@ class RayExecutor:
         while True:
             attempt += 1
             if self.learner is None:
-                self.learner = self._learner_class.remote(self._learner_data, self._workdir)
-            ref = getattr(self.learner, method).remote(run_id, *args)
+                self.learner = self._learner_class.remote(self._learner_data, self._workdir, self.run_id)
+            ref = getattr(self.learner, method).remote(*args)
             try:
                 while not ray.wait([ref], timeout=0.5)[0]:
                     for hook in [*self.poll_hooks, *([on_poll] if on_poll else [])]:
@@ -521,7 +520,7 @@ class RayExecutor:
             except ray.exceptions.RayActorError as exc:
                 self.learner = None
                 self.learners_lost += 1
-                roll_back_interrupted(self.driver.store, run_id, "the learner died during the cycle")
+                roll_back_interrupted(self.driver.run.store, self.run_id, "the learner died during the cycle")
                 log.warning(
                     "the learner died during %s (attempt %d of %d): %s",
                     method.upper(),

@@ -45,7 +45,7 @@ from distill.lessons.gate import (
 )
 from distill.lessons.induce import Finding, induce
 from distill.lessons.phase import PhaseResult, extract_phase
-from distill.lessons.safety import Rejection, redact_secrets, screen_item, screen_items, strip_control
+from distill.lessons.safety import Rejection, mask_credentials, screen_item, screen_items, strip_control
 from distill.lessons.stats import ExtractionStats, extraction_stats
 from distill.lessons.user import (
     RetireResult,
@@ -106,6 +106,7 @@ __all__ = [
     "live_lessons",
     "live_version",
     "load_utilities",
+    "mask_credentials",
     "measure_utilities",
     "parse_free_text",
     "parse_items",
@@ -115,7 +116,6 @@ __all__ = [
     "pick_partners",
     "promote_candidate",
     "record_extraction",
-    "redact_secrets",
     "reject_candidate",
     "render_lessons",
     "restates",

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from distill.lessons.render import ITEM_PREFIX, render_current, render_trajectory
-from distill.lessons.safety import Rejection, redact_secrets, screen_items
+from distill.lessons.safety import Rejection, mask_credentials, screen_items
 
 if TYPE_CHECKING:
     from memory import EpisodeInfo, ExperienceStore, LessonInfo
@@ -366,7 +366,7 @@ class LessonExtractor:
         found = parse_items(raw) if self.style == "structured" else parse_free_text(raw)
         accepted, rejected = screen_items(found, self.max_item_chars)
         for extra in accepted[self.max_items :]:
-            rejected.append(Rejection(redact_secrets(extra)[:200], f"over max_items={self.max_items}"))
+            rejected.append(Rejection(mask_credentials(extra)[:200], f"over max_items={self.max_items}"))
         return accepted[: self.max_items], rejected
 
     def extract(
@@ -482,8 +482,8 @@ def record_extraction(
         lessons,
         run_id=run_id,
         episode_ids=outcome.episode_ids,
-        prompt=redact_secrets(outcome.prompt),
-        response=redact_secrets(outcome.raw),
+        prompt=mask_credentials(outcome.prompt),
+        response=mask_credentials(outcome.raw),
         env_id=outcome.env_id,
         pool=outcome.pool,
         metadata=metadata,

@@ -3,7 +3,7 @@
 What: `screen_item(text, max_chars) -> Screened` cleans one extracted item or rejects it with a reason;
 `screen_items(items, max_chars) -> (accepted, rejections)` does a batch; `strip_control(text)` removes
 chat-template control tokens (used on trajectories before they enter an extraction prompt);
-`redact_secrets(text)` masks anything that looks like a credential (used on what we store).
+`mask_credentials(text)` masks anything that looks like a credential (used on what we store).
 `prompt_lessons(texts)` screens stored lessons again on their way into a prompt (one that fails is left
 out, with a logged warning); `stored_lesson_problem(text)` says why a lesson from outside (an import) is
 not one this screen would have stored; `replace_lone_surrogates(text)` makes environment text valid Unicode;
@@ -176,8 +176,10 @@ def find_secret(text: str) -> str | None:
     return None
 
 
-def redact_secrets(text: str) -> str:
-    """`text` with every secret-looking span replaced by "[REDACTED]"."""
+def mask_credentials(text: str) -> str:
+    """`text` with every secret-looking span (a key's pattern, a long high-entropy token) replaced by
+    "[REDACTED]": for free text that is stored (a rejected item's preview, an extraction's prompt and reply).
+    A config's secrets are redacted by their keys and URL passwords instead (`memory.redaction.redact_secrets`)."""
     for pattern, _ in SECRETS:
         text = pattern.sub("[REDACTED]", text)
 
@@ -362,7 +364,7 @@ def screen_items(items: Iterable[str], max_chars: int = 300) -> tuple[list[str],
         if verdict.text is not None:
             accepted.append(verdict.text)
         else:
-            preview = redact_secrets(_SPACES.sub(" ", replace_lone_surrogates(item)).strip())[:200]
+            preview = mask_credentials(_SPACES.sub(" ", replace_lone_surrogates(item)).strip())[:200]
             rejected.append(Rejection(preview, verdict.reason or "rejected"))
     return accepted, rejected
 
@@ -449,7 +451,7 @@ def _prompt_form(text: str) -> str | None:
     """The one line `text` is rendered as in a prompt, or None (with a warning, once) when it fails the screen."""
     reason = _security_reason(text)
     if reason:
-        preview = redact_secrets(_SPACES.sub(" ", replace_lone_surrogates(text)).strip())[:120]
+        preview = mask_credentials(_SPACES.sub(" ", replace_lone_surrogates(text)).strip())[:120]
         log.warning("a stored lesson fails the lesson screen (%s) and is left out of the prompt: %r", reason, preview)
         return None
     return _SPACES.sub(" ", strip_control(confusables.visible(text))).strip() or None

@@ -44,7 +44,7 @@ from distill.lessons import versions
 from distill.lessons.curate import Change, LessonCurator, render_lessons
 from distill.lessons.errors import UnknownLessonError
 from distill.lessons.extract import Proposal, parse_operation
-from distill.lessons.safety import redact_secrets, replace_lone_surrogates, screen_item
+from distill.lessons.safety import mask_credentials, replace_lone_surrogates, screen_item
 from distill.lessons.scope import GLOBAL
 from memory import LESSON_SOURCE_USER
 
@@ -138,7 +138,7 @@ def _screen(texts: Sequence[str], settings: Any, count_tokens: Callable[[str], i
     out: list[UserItem] = []
     seen: dict[str, int] = {}
     for i, text in enumerate(texts):
-        preview = redact_secrets(re.sub(r"\s+", " ", replace_lone_surrogates(text)).strip())[:200]  # storable text
+        preview = mask_credentials(re.sub(r"\s+", " ", replace_lone_surrogates(text)).strip())[:200]  # storable text
         verdict = screen_item(text, settings.max_item_chars)
         if verdict.text is None:
             out.append(UserItem(preview, "rejected", verdict.reason or "rejected by the safety screen"))
