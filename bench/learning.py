@@ -213,7 +213,7 @@ class Study:
         from agent_runtime.episode.prompt import lessons_section
         from agent_runtime.phases.consolidate import anchor_decisions
         from agent_runtime.phases.decisions import episode_prefixes
-        from agent_runtime.run import Run
+        from agent_runtime.state import Run
         from distill.opcd import TrainJob, run_job
 
         def compute():
@@ -272,7 +272,7 @@ class Study:
     def run(self) -> None:
         from agent_runtime.phases.consolidate import random_policy
         from agent_runtime.phases.extract import run_extract
-        from agent_runtime.run import Run
+        from agent_runtime.state import Run
         from distill.lessons import extraction_stats, live_lessons
         from memory import ExperienceStore
 

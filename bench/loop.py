@@ -1,7 +1,7 @@
 """Where the learning loop's time goes, phase by phase, against the floor of the same work on this machine.
 
 Runs a config's agent loop (default: the quickstart, the README's `make run`) in a fresh workdir with its
-profile on (`agent_runtime.run.profile`): wall and CPU seconds per phase, the games it generated, and the tokens
+profile on (`agent_runtime.state.profile`): wall and CPU seconds per phase, the games it generated, and the tokens
 each phase put through the model (forward only for acting and the frozen teacher; forward + backward for the
 student's training). Then, in the same process, the *floor*: a plain batched forward of the run's mean prompt
 length through the same model (8 rows, no_grad), and a forward + backward with the run's LoRA settings, as
@@ -75,7 +75,7 @@ def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats
             times.append(time.perf_counter() - started)
         return ids.numel() / min(times)
 
-    from agent_runtime.run.profile import memory_mb, reset_peak
+    from agent_runtime.state.profile import memory_mb, reset_peak
     from distill.opcd.weights import release_memory
 
     weights_mb = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 2**20
@@ -195,7 +195,7 @@ class MemorySampler(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
-        from agent_runtime.run.profile import memory_mb
+        from agent_runtime.state.profile import memory_mb
 
         while not self.done.wait(self.every):
             open_rows = self.profile.open_phases()
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from agent_runtime.config import load_config
     from agent_runtime.run.loop import AgentLoop
-    from agent_runtime.run.profile import memory_mb
+    from agent_runtime.state.profile import memory_mb
 
     config = load_config(args.config, args.set)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="loop-profile-"))

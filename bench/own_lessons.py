@@ -51,7 +51,7 @@ def own_config(seed: int):
 def induce_round(study: Study, store, run_id: int, seed: int, key: str, episode_ids: list[int]) -> dict:
     """EXTRACT (evidence) on `episode_ids`: the induced lessons, their trials, the accepted ones."""
     from agent_runtime.phases.extract import run_extract
-    from agent_runtime.run import Run
+    from agent_runtime.state import Run
     from distill.lessons import live_lessons
 
     def compute():
