@@ -95,7 +95,7 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a pl
 
 BUILT = {"games": 0, "seconds": 0.0}
 """Games this process generated, and the wall seconds it took (what a run's profile reads:
-`agent_runtime.run.profile`)."""
+`agent_runtime.state.profile`)."""
 
 
 class GameCacheError(EnvError):
