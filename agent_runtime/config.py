@@ -215,7 +215,12 @@ class ConsolidationConfig(StrictConfig):
 
     enabled: bool = False
     consolidate_every: int = Field(32, gt=0, description="episodes between two cycles")
-    recent_episodes: int = Field(32, gt=0, description="episodes whose per-turn prefixes are the prompts")
+    recent_episodes: int = Field(
+        32,
+        gt=0,
+        description="episodes whose per-turn prefixes are the prompts: the newest of each environment the run is "
+        "playing now (those among its newest `recent_episodes` episodes)",
+    )
     max_prompts: int = Field(256, gt=0, description="at most this many prompts per cycle")
     trainer: CycleTrainerConfig = Field(default_factory=CycleTrainerConfig)
     eval_episodes: int | None = Field(None, gt=0, description="held-out tasks per env (default: evaluation's)")

@@ -172,6 +172,27 @@ def test_a_cycle_teaches_each_prompt_its_environments_lessons_and_replays_the_ot
     assert [(x.text, x.scope) for x in shown] == [("Take the left door.", (LEFT,))]
 
 
+def test_a_cycle_takes_the_recent_episodes_of_each_environment_the_run_is_playing(tmp_path: Path) -> None:
+    """Two environments played side by side: each gives the cycle its own newest `recent_episodes`, as it would
+    alone (not a share of one window); an environment not among the newest episodes is only rehearsed."""
+    from agent_runtime.llm.scripted import ScriptedBackend
+    from agent_runtime.phases.decisions import active_envs, episode_prefixes, recent_decisions
+    from agent_runtime.state import Run
+
+    config = config_from_dict(_config(runtime={"episodes": 12}, opcd={"recent_episodes": 4}))
+    _run(config.model_dump(mode="json"), tmp_path)
+    with ExperienceStore.open(tmp_path, embedder=HashEmbedder(16)) as store:
+        run = Run(config, tmp_path, store, store.runs()[-1].id)
+        backend = ScriptedBackend()
+        assert sorted(active_envs(run)) == sorted([LEFT, RIGHT])
+        newest = {env: [e.id for e in store.episodes(run.id, env_id=env, limit=4)] for env in (LEFT, RIGHT)}
+        assert all(len(ids) == 4 for ids in newest.values())
+        taken = recent_decisions(run, backend)
+        assert sorted(i for d in taken for i in d.episode_ids) == sorted(newest[LEFT] + newest[RIGHT])
+        assert len(taken) == 8 > len(episode_prefixes(run, backend, 4))  # one window of 4 would give half
+        assert {d.env_id for d in taken} == {LEFT, RIGHT}
+
+
 # -- a curriculum ------------------------------------------------------------------------------------------------
 
 

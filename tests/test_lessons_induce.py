@@ -333,7 +333,7 @@ def _search(findings, wins_with, live=()):
     """`_try_lessons` with games whose outcome is a function of the lessons in context (8 paired games)."""
     from types import SimpleNamespace
 
-    from agent_runtime.phases.extract import _try_lessons
+    from distill.lessons.selection import _try_lessons
 
     settings = SimpleNamespace(gate_margin=0.05, induce_min_gain=0.0)
     played = []
@@ -372,7 +372,7 @@ def test_each_environments_lessons_are_searched_on_its_own_games() -> None:
     searched per environment, A's pair goes live on A's games and B's lesson is kept out."""
     from types import SimpleNamespace
 
-    from agent_runtime.phases.extract import _try_per_env
+    from distill.lessons.selection import _try_per_env
     from distill.lessons.induce import Finding
 
     a1, a2 = (Finding(t, "prefer", t, "toy/a", 3, 3, 0, 3, 2.0) for t in ("Alpha rule here.", "Beta rule here."))

@@ -29,7 +29,7 @@ from agent_runtime.episode.prompt import lessons_section
 from agent_runtime.evaluation import EvalResult
 from agent_runtime.llm import making_room, training_device
 from agent_runtime.llm.base import acting
-from agent_runtime.phases.decisions import Decision, choose_prompts, episode_prefixes, rehearsal, turn_prefixes
+from agent_runtime.phases.decisions import Decision, choose_prompts, recent_decisions, rehearsal, turn_prefixes
 from agent_runtime.phases.probe import ensure_reference
 from agent_runtime.phases.promotion import changed_meanwhile, decide_promotion, internalized_lessons
 from agent_runtime.phases.system_prompt import SystemPrompt, load_context, load_prompts
@@ -362,7 +362,7 @@ def cycle_prompts(run: Run, backend, cycle: Cycle) -> list[Decision]:
     if cycle.prompt_file is not None:
         decisions = [Decision(chat, []) for chat in cycle.prompt_file]
     else:
-        decisions = episode_prefixes(run, backend, opcd.recent_episodes)
+        decisions = recent_decisions(run, backend)
     return choose_prompts(decisions, cycle.cycle_id, opcd.max_prompts)
 
 

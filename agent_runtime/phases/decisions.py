@@ -53,6 +53,23 @@ def turn_prefixes(builder, steps, episode_id: int | None = None, *, env_id: str 
     return out
 
 
+def active_envs(run: Run) -> list[str]:
+    """The environments the run is playing now: those among its `opcd.recent_episodes` newest episodes."""
+    newest = run.store.episodes(run.id, limit=run.config.opcd.recent_episodes)
+    return list(dict.fromkeys(e.env_id for e in newest))
+
+
+def recent_decisions(run: Run, backend) -> list[Decision]:
+    """The turns a cycle learns from: the `opcd.recent_episodes` newest episodes of each environment the run is
+    playing now (`active_envs`), so an environment played beside others gets the share of the cycle it would get
+    alone. Measured (bench/continual.py mixed, seed 0): with the newest 16 episodes of a coin-collector and
+    treasure-hunter mix, the cycle had 25 prompts (the single run's: 43) and 2 held-out ones, and was rolled back."""
+    envs = active_envs(run)
+    if len(envs) <= 1:
+        return episode_prefixes(run, backend, run.config.opcd.recent_episodes)
+    return [d for env in envs for d in episode_prefixes(run, backend, run.config.opcd.recent_episodes, env)]
+
+
 def choose_prompts(decisions: list[Decision], cycle_id: int, limit: int) -> list[Decision]:
     """At most `limit` decisions in the cycle's own seeded order. The agent acts by choosing wherever it can:
     then the choice policy is what is distilled, on the choice-mode steps (free-mode steps of the same run,
@@ -71,7 +88,7 @@ def rehearsal(run: Run, backend, cycle_id: int, *, skip: bool = False) -> list[D
     per_env = run.config.opcd.replay_episodes
     if skip or not per_env:
         return []
-    recent = {e.env_id for e in run.store.episodes(run.id, limit=run.config.opcd.recent_episodes)}
+    recent = set(active_envs(run))
     out = []
     for env in run.played_envs():
         if env not in recent:

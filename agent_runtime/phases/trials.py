@@ -26,15 +26,10 @@ from agent_runtime.llm.base import PolicyBackend
 from agent_runtime.state import Run
 from distill.lessons import LessonCurator, decide_gate, live_lessons, store_gate_decision
 from distill.lessons.gate import GateDecision
-from distill.lessons.scope import ScopedLesson, for_env, in_scope, is_global
+from distill.lessons.scope import ScopedLesson, for_env, in_scope, is_global, scoped_lessons
 from distill.lessons.versions import create_version
-from memory import LessonInfo
 
 Lessons = list[str | ScopedLesson]
-
-
-def scoped(lessons: list[LessonInfo]) -> list[ScopedLesson]:
-    return [ScopedLesson(x.text, tuple(x.scope)) for x in lessons]
 
 
 class GameTrials:
@@ -89,7 +84,7 @@ def gate_candidate(run: Run, backend: PolicyBackend, curator: LessonCurator, can
     families = run.families
     envs = [e.id for e in run.config.envs]
     trials = GameTrials(run, backend)
-    before, after = scoped(current), scoped(candidate)
+    before, after = scoped_lessons(current), scoped_lessons(candidate)
     changed = [e for e in envs if for_env(before, e, families.get(e)) != for_env(after, e, families.get(e))]
     outcome = GateOutcome("")
     if not changed:  # the candidate shows no environment anything new (e.g. it only drops lessons)

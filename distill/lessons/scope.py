@@ -46,6 +46,11 @@ class ScopedLesson(NamedTuple):
     scope: tuple[str, ...] = GLOBAL
 
 
+def scoped_lessons(lessons: Iterable) -> list[ScopedLesson]:
+    """Stored lessons (anything with `text` and `scope`) as they are put in prompts: text and scope."""
+    return [ScopedLesson(x.text, tuple(x.scope)) for x in lessons]
+
+
 def normalize_scope(entries: Iterable[str] | None, known: Sequence[str] | None = None) -> tuple[str, ...]:
     """`entries` checked and de-duplicated, in order; `*` alone when it is among them; no entries is `*`.
     With `known` (the run's environment ids), an environment id outside it is refused."""
