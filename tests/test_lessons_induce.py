@@ -372,8 +372,8 @@ def test_each_environments_lessons_are_searched_on_its_own_games() -> None:
     searched per environment, A's pair goes live on A's games and B's lesson is kept out."""
     from types import SimpleNamespace
 
-    from distill.lessons.selection import _try_per_env
     from distill.lessons.induce import Finding
+    from distill.lessons.selection import _try_per_env
 
     a1, a2 = (Finding(t, "prefer", t, "toy/a", 3, 3, 0, 3, 2.0) for t in ("Alpha rule here.", "Beta rule here."))
     b = Finding("Gamma rule here.", "prefer", "Gamma rule here.", "toy/b", 3, 3, 0, 3, 1.5)
