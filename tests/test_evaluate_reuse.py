@@ -10,9 +10,8 @@ from typing import ClassVar
 
 import pytest
 
-from agent_runtime import evaluation
 from agent_runtime.config import config_from_dict
-from agent_runtime.evaluation import EnvPool, close_env_pool, env_pool, evaluate
+from agent_runtime.evaluation import EnvPool, close_env_pool, env_pool, evaluate, evaluator
 from agent_runtime.llm.scripted import ScriptedBackend
 from environments.base import EnvSpec, TextEnv
 
@@ -160,8 +159,8 @@ def test_nothing_is_given_back_after_a_run_that_raised(tmp_path):
 
 def test_specs_and_instances_are_keyed_by_what_decides_them(tmp_path, monkeypatch):
     builds = []
-    real = evaluation.build_envs
-    monkeypatch.setattr(evaluation, "build_envs", lambda *a, **k: builds.append(k["split"]) or real(*a, **k))
+    real = evaluator.build_envs
+    monkeypatch.setattr(evaluator, "build_envs", lambda *a, **k: builds.append(k["split"]) or real(*a, **k))
     pool = EnvPool()
     evaluate(counting_config(), tmp_path, ScriptedBackend(), pool=pool)
     evaluate(counting_config(), tmp_path, ScriptedBackend(), pool=pool, lessons=["Go first."], episodes_per_env=2)

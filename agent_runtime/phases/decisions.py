@@ -62,8 +62,7 @@ def active_envs(run: Run) -> list[str]:
 def recent_decisions(run: Run, backend) -> list[Decision]:
     """The turns a cycle learns from: the `opcd.recent_episodes` newest episodes of each environment the run is
     playing now (`active_envs`), so an environment played beside others gets the share of the cycle it would get
-    alone. Measured (bench/continual.py mixed, seed 0): with the newest 16 episodes of a coin-collector and
-    treasure-hunter mix, the cycle had 25 prompts (the single run's: 43) and 2 held-out ones, and was rolled back."""
+    alone (why: bench/RESULTS.md, "Continual learning", (a))."""
     envs = active_envs(run)
     if len(envs) <= 1:
         return episode_prefixes(run, backend, run.config.opcd.recent_episodes)

@@ -140,10 +140,7 @@ def _scoped(finding) -> ScopedLesson:
 def _try_per_env(findings: list, texts: list[ScopedLesson], outcomes, settings, bar):
     """`_try_lessons` once per environment the findings came from, on that environment's games only: an induced
     lesson is in the prompts of its own environment alone, so each environment's lessons are searched together
-    (they may work only together) and judged where they act. Measured (bench/continual.py mixed, seed 0): tried on
-    the pooled games of coin-collector and treasure-hunter, the coin lessons' joint set was blocked by two
-    treasure-hunter lessons that cost treasure-hunter 12 points, and alone each coin lesson moved nothing; no
-    lesson went live and coin-collector stayed at 5% where the single-environment run reached 75%.
+    (they may work only together) and judged where they act (why: bench/RESULTS.md, "Continual learning", (a)).
     Returns the same four as `_try_lessons`, merged (the joint trials by environment when there are several)."""
     groups: dict[str, list] = {}
     for finding in findings:

@@ -1,4 +1,4 @@
-"""Run configuration: pydantic models validated from YAML, overridable from the command line.
+"""Run configuration, the schema: pydantic models validated from YAML, overridable from the command line.
 
 One `RunConfig` describes a whole run: the policy model, the environments and their mixing weights, the
 agent's prompt, the runtime (slots, stop conditions) and the schedule of the later phases. Unknown keys are
@@ -10,22 +10,15 @@ workdir with every run, so a run can always be reproduced from its own directory
 
 from __future__ import annotations
 
-import errno
-import os
-import re
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
-from agent_runtime.bounded_yaml import YAMLLimitError, load_yaml
 from agent_runtime.curriculum import CurriculumConfig
-from agent_runtime.llm.options import VLLM_SIZES, backend_options
+from agent_runtime.llm.options import backend_options
 from distill.config_base import StrictConfig
 from distill.lessons.config import LessonsConfig
 from distill.opcd.config import OPCDConfig
-from memory.redaction import REDACTED, is_secret_key, redact_secrets
 
 
 class ConfigError(ValueError):
@@ -164,10 +157,9 @@ class CycleTrainerConfig(OPCDConfig):
     These defaults are the only ones this section has, so a partial override (`--set opcd.trainer.steps=50`)
     changes that field and nothing else. They differ from `OPCDConfig`'s paper defaults where a cycle inside
     a running loop needs it: a short budget, one game turn per sample (32 new tokens), and a learning rate for
-    a rank-8 LoRA (1e-4; the paper's 1e-6..5e-6 moves a LoRA of this size too little in a cycle's budget).
-    8 steps of 4 prompts is what bench/cycle_sweep.py measured best on held-out games (bench/RESULTS.md); 20
-    steps kept 15% of the gain on a level-2 setting, and steps over every prompt or a validation-chosen step
-    kept less (the validation split stays available: `validation_fraction`)."""
+    a rank-8 LoRA (the paper's 1e-6..5e-6 moves a LoRA of this size too little in a cycle's budget). How the
+    steps and batch were chosen, and what other budgets kept of the gain: bench/RESULTS.md, "One consolidation
+    cycle, 10 seeds" (`bench/cycle_sweep.py`); the validation split stays available (`validation_fraction`)."""
 
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
     max_new_tokens: int = Field(32, ge=1, description="longest sampled response: one turn of a game")
@@ -349,237 +341,3 @@ class RunConfig(StrictConfig):
             )
         self.runtime.episodes = total
         return self
-
-
-def _accepted_keys(model: type[BaseModel], loc: tuple) -> list[str]:
-    """The field names accepted at a dotted location, for error messages."""
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part)
-        if field is None:
-            return []
-        ann = field.annotation
-        inner = getattr(ann, "__args__", None)
-        candidates = [ann, *(inner or ())]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if model is None:
-            return []
-    return sorted(model.model_fields)
-
-
-def _format_errors(err: ValidationError, source: str) -> str:
-    lines = []
-    for e in err.errors():
-        loc = tuple(e["loc"])
-        key = ".".join(str(p) for p in loc) or "(top level)"
-        if e["type"] == "extra_forbidden":
-            accepted = _accepted_keys(RunConfig, loc)
-            lines.append(f"{source}: {key}: unknown key; accepted: {', '.join(accepted)}")
-        else:
-            got = e.get("input")
-            got_s = "" if isinstance(got, dict) else f" (got {got!r})"
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"{source}: {key}: {msg}{got_s}")
-    return "\n".join(lines)
-
-
-def _set_dotted(data: dict, dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node: Any = data
-    for part in parts[:-1]:
-        if isinstance(node, list):
-            node = node[int(part)]
-        else:
-            node = node.setdefault(part, {})
-            if not isinstance(node, (dict, list)):
-                raise ConfigError(f"--set {dotted}: {part} is not a section")
-    last = parts[-1]
-    if isinstance(node, list):
-        node[int(last)] = value
-    else:
-        node[last] = value
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply `a.b=c` overrides in place; values are YAML scalars (or YAML flow lists/maps)."""
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set runtime.slots=4")
-        key, raw = item.split("=", 1)
-        try:
-            value = load_yaml(raw) if raw != "" else ""
-        except YAMLLimitError as exc:
-            raise ConfigError(f"--set {key}: {exc}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML: {exc}") from None
-        try:
-            _set_dotted(data, key.strip(), value)
-        except (IndexError, ValueError) as exc:
-            raise ConfigError(f"--set {key}: no such list element ({exc})") from None
-    return data
-
-
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Read a YAML config, apply `--set` overrides, validate. Raises ConfigError with every problem listed."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        data = load_yaml(path.read_text()) or {}
-    except YAMLLimitError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    data.setdefault("name", path.stem)
-    apply_overrides(data, overrides or [])
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(_format_errors(err, str(path))) from None
-
-
-def config_from_dict(data: dict, source: str = "<config>") -> RunConfig:
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(_format_errors(err, source)) from None
-
-
-def code_references(config: RunConfig) -> dict[str, str]:
-    """The fields of `config` that name Python code to import and call ('package.module:Name'), by dotted key.
-
-    A stored config (a run's own, or one that came in with `memory import`) is data; `run --resume` refuses
-    it when these differ from the config the user gave (`check_stored_code`), so resuming never runs code
-    that only the database names. An interpreter to start (`model.options.python`, the vllm backend's engine in
-    another environment) is code too: the stored one would be executed."""
-    refs = {}
-    if config.model.backend == "chat" and "class" in config.model.options:
-        refs["model.options.class"] = str(config.model.options["class"])
-    if config.model.options.get("python"):
-        refs["model.options.python"] = str(config.model.options["python"])
-    if config.lessons.extractor != "policy":
-        refs["lessons.extractor"] = config.lessons.extractor
-    if "class" in config.runtime.ray.server:
-        refs["runtime.ray.server.class"] = str(config.runtime.ray.server["class"])
-    for section, entries in (("envs", config.envs), ("opcd.retention_envs", config.opcd.retention_envs)):
-        for i, entry in enumerate(entries):
-            if ":" in entry.id:
-                refs[f"{section}.{i}.id"] = entry.id
-    return refs
-
-
-def check_stored_code(stored: RunConfig, given: RunConfig, source: str) -> None:
-    """Refuse a stored config that names code the given config does not (ConfigError listing each field)."""
-    theirs, ours = code_references(stored), code_references(given)
-    differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
-    if differ:
-        lines = [f"  {k}: stored {theirs.get(k)!r}, given {ours.get(k)!r}" for k in differ]
-        raise ConfigError(
-            f"--resume: {source} names code that the given config does not; refusing to import "
-            "and run it. Give a config that names the same classes, or start a new run:\n" + "\n".join(lines)
-        )
-
-
-# Fields that decide what runs, what is read or where anything is written: on --resume the stored run's value
-# must be the given config's (`resume_differences`), besides the code references (`check_stored_code`). A
-# pattern matches a dotted key and everything under it.
-RESUME_GUARDED = (
-    r"memory\.url",
-    r"memory\.embedder",
-    r"model\.name",
-    r"model\.adapter",
-    r"model\.options\.(.+\.)?(trust_remote_code|worker_extension_cls|logits_processors)",
-    r"opcd\.context\.(file|prompts)",
-    r"opcd\.teacher\.(model|adapter)",
-    r"(envs|opcd\.retention_envs)\.\d+\.kwargs\.cache_dir",
-)
-_GUARDED = re.compile(rf"^({'|'.join(RESUME_GUARDED)})(\..*)?$")
-# what a resumed run takes from the config given now; every other field is the stored run's
-RESUME_TAKES = ("runtime.episodes", "runtime.hours")
-
-
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    """A config dump as {dotted key: leaf value}; an empty section or list is a leaf of its own."""
-    if isinstance(data, dict) and data:
-        items = data.items()
-    elif isinstance(data, list) and data:
-        items = ((str(i), v) for i, v in enumerate(data))
-    else:
-        return {prefix: data}
-    out: dict[str, Any] = {}
-    for key, value in items:
-        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
-def _engine_options(config: RunConfig) -> set[str]:
-    """The `model.options` keys of a vllm config that start its engine (by dotted key): every engine argument (vLLM
-    imports some by name, others name files), the interpreter and its log; not the backend's own sizes."""
-    if config.model.backend != "vllm":
-        return set()
-    return {f"model.options.{key}" for key in config.model.options if key not in VLLM_SIZES}
-
-
-def resume_differences(stored: RunConfig, given: RunConfig, source: str) -> list[str]:
-    """On --resume, every field where the stored run's config and the given one differ, one line each; a
-    ConfigError (listing them all) when one of them decides what runs, what is read or where anything is
-    written (`RESUME_GUARDED`, a vllm engine's options: `_engine_options`, and the code references:
-    `check_stored_code`)."""
-    check_stored_code(stored, given, source)
-    theirs, ours = _flat(stored.model_dump(mode="json")), _flat(given.model_dump(mode="json"))
-    missing = object()
-    differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k, missing) != ours.get(k, missing))
-    engine = _engine_options(stored) | _engine_options(given)
-    guarded = [k for k in differ if _GUARDED.match(k) or ".".join(k.split(".")[:3]) in engine]
-
-    def shown(key: str, value: Any) -> Any:  # the lines reach a terminal and a log: no secret in them
-        secret = is_secret_key(key.rsplit(".", 1)[-1]) and value not in (None, "")
-        return REDACTED if secret else redact_secrets(value)
-
-    def line(key: str) -> str:
-        return f"  {key}: stored {shown(key, theirs.get(key))!r}, given {shown(key, ours.get(key))!r}"
-
-    if guarded:
-        raise ConfigError(
-            f"--resume: the given config and {source} differ in fields that decide what runs, what is read or "
-            "where the run writes; refusing to resume with either. Give a config with the stored values, or start "
-            "a new run (another name, or without --resume):\n" + "\n".join(line(k) for k in guarded)
-        )
-    return [line(k) + ("" if k.startswith(RESUME_TAKES) else " (the stored value is kept)") for k in differ]
-
-
-class UnsafePathError(ConfigError):
-    """A file the runtime owns in the workdir is a symbolic link: it is never followed."""
-
-
-def open_owned(path: Path, mode: str = "w", encoding: str = "utf-8"):
-    """Open a file the runtime owns (`w`: replaced, `a`: appended to) without following a symbolic link: a link
-    planted at `path` would have the write land on its target."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC) | getattr(os, "O_NOFOLLOW", 0)
-    if path.is_symlink():
-        raise UnsafePathError(
-            f"{path} is a symbolic link (to {os.readlink(path)}); the runtime never writes "
-            "through one: remove the link (or use another workdir) and start again"
-        )
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafePathError(
-                f"{path} is a symbolic link; the runtime never writes through one: remove it "
-                "(or use another workdir) and start again"
-            ) from None
-        raise
-    return os.fdopen(fd, mode, encoding=encoding)
-
-
-def save_resolved(config: RunConfig, workdir: Path) -> Path:
-    """Write the resolved config next to the run's data (secrets redacted), never through a symbolic link."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    out = workdir / "config.resolved.yaml"
-    with open_owned(out) as fh:
-        fh.write(yaml.safe_dump(redact_secrets(config.model_dump(mode="json")), sort_keys=False))
-    return out
