@@ -13,10 +13,10 @@ from agent_runtime.config import ConsolidationConfig
 from agent_runtime.episode.prompt import ARENA_MOVES, PromptBuilder
 from agent_runtime.llm.base import SamplingParams, closest_action
 from agent_runtime.llm.modes import resolve_action_mode
-from agent_runtime.phases.consolidate import decide_promotion
+from agent_runtime.phases.promotion import decide_promotion
 from distill.opcd import OPCDConfig, OPCDTrainer
+from distill.opcd.batches import anchors_in_step, lr_factor
 from distill.opcd.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices
-from distill.opcd.trainer import anchors_in_step
 
 SYSTEM = {"role": "system", "content": "You are playing a text adventure game. Reply with exactly one command."}
 CHATS = [
@@ -394,7 +394,7 @@ def test_validation_keeps_the_best_step_and_stops_without_progress(tiny):
     assert [m["val_kl"] is not None for m in history] == [True] * 6
     best = trainer.best
     assert best["val_kl"] == min(v["val_kl"] for v in trainer.validation) < trainer.validation[0]["val_kl"]
-    from distill.opcd.trainer import split_validation
+    from distill.opcd.batches import split_validation
 
     items = list(zip(CHATS, SETS))
     _, held = split_validation(items, 0.34, trainer.config.seed)
@@ -404,7 +404,7 @@ def test_validation_keeps_the_best_step_and_stops_without_progress(tiny):
 
 def test_cosine_schedule_with_warm_up(tiny):
     trainer = _trainer_with(tiny, steps=10, warmup_steps=2, lr_schedule="cosine")
-    factors = [trainer._lr_factor(s) for s in range(11)]
+    factors = [lr_factor(trainer.config, s) for s in range(11)]
     assert factors[0] == pytest.approx(0.1) and factors[2] == pytest.approx(1.0)
     assert factors[10] == pytest.approx(0.1) and all(a >= b for a, b in itertools.pairwise(factors[2:]))
 

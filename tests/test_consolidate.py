@@ -240,7 +240,7 @@ def test_an_engine_that_can_sleep_gives_its_memory_back_while_a_cycle_trains():
 
 def test_a_promoted_cycle_consolidates_only_the_lessons_it_internalised():
     from agent_runtime.config import ConsolidationConfig
-    from agent_runtime.phases.consolidate import internalized_lessons
+    from agent_runtime.phases.promotion import internalized_lessons
 
     settings = ConsolidationConfig(internalized_ratio=0.5, promote_margin=0.1)
     before, after = {1: 0.4, 2: 0.4, 3: 0.0}, {1: 0.2, 2: 0.21, 3: 0.0}

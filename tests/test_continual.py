@@ -306,7 +306,7 @@ def test_a_cycle_that_costs_any_played_environment_on_its_validation_games_is_ro
     assert decide_promotion(rates, 0.2, 0.05, opcd, by_env=by_env, played=[LEFT]) == []
 
 
-def test_a_with_lessons_condition_plays_only_the_environments_a_lesson_is_in_scope_for(monkeypatch) -> None:
+def test_a_with_lessons_condition_plays_only_the_environments_a_lesson_is_in_scope_for() -> None:
     """Elsewhere the prompt is the one without lessons and greedy play repeats itself: those games are reused."""
     from types import SimpleNamespace
 
@@ -316,12 +316,13 @@ def test_a_with_lessons_condition_plays_only_the_environments_a_lesson_is_in_sco
 
     played = []
 
-    def fake_eval(run, backend, *, lessons, n, envs=None, context=None, split="eval"):
+    def fake_evaluate(backend, *, lessons, episodes_per_env, envs=None, context=None, split="eval"):
         played.append([e.id for e in envs])
         return [EvalResult(e.id, [{"won": True, "seed": 1}]) for e in envs]
 
-    monkeypatch.setattr(consolidate, "_eval", fake_eval)
-    run = SimpleNamespace(config=config_from_dict(_config()), families={LEFT: "text", RIGHT: "text"})
+    run = SimpleNamespace(
+        config=config_from_dict(_config()), families={LEFT: "text", RIGHT: "text"}, evaluate=fake_evaluate
+    )
     without = [EvalResult(LEFT, [{"won": False, "seed": 1}]), EvalResult(RIGHT, [{"won": False, "seed": 1}])]
     shown = {"lessons": [ScopedLesson("Go left.", (LEFT,))]}
     got = consolidate._with_lessons(run, None, 4, shown, without)

@@ -211,7 +211,7 @@ def test_distill_a_system_prompt_over_a_prompt_file(tmp_path, games_dir, cli):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agent_runtime.config import load_config
-    from agent_runtime.phases.consolidate import decide_promotion
+    from agent_runtime.phases.promotion import decide_promotion
     from memory import ExperienceStore
 
     _taught_model(tmp_path / "model")

@@ -31,7 +31,7 @@ from agent_runtime.llm import making_room, training_device
 from agent_runtime.llm.base import acting
 from agent_runtime.phases.decisions import Decision, choose_prompts, recent_decisions, rehearsal, turn_prefixes
 from agent_runtime.phases.probe import ensure_reference
-from agent_runtime.phases.promotion import changed_meanwhile, decide_promotion, internalized_lessons
+from agent_runtime.phases.promotion import CycleDecision, changed_meanwhile, decide_cycle
 from agent_runtime.phases.system_prompt import SystemPrompt, load_context, load_prompts
 from agent_runtime.state import Run
 from agent_runtime.state.cursor import CursorMove
@@ -100,10 +100,6 @@ def anchor_decisions(run: Run, backend, envs: list[EnvEntry], episodes: int, *, 
         on_record=lambda record: out.extend(turn_prefixes(builders[record.env_id], record.steps, env_id=record.env_id)),
     )
     return [d for d in out if bool(d.choices) == choice_mode]
-
-
-def _eval(run: Run, backend, *, lessons, n, envs=None, context=None, split="eval") -> list[EvalResult]:
-    return run.evaluate(backend, envs=envs, lessons=lessons, episodes_per_env=n, context=context, split=split)
 
 
 def cycle_teacher(config: RunConfig) -> tuple[TeacherSpec | None, dict[str, Any]]:
@@ -476,22 +472,22 @@ def evaluate_cycle(run: Run, backend, cycle: Cycle) -> dict[str, list[EvalResult
     config, opcd = run.config, run.config.opcd
     n = opcd.eval_episodes or config.evaluation.episodes_per_env
     shown = cycle.shown()
-    evals: dict[str, list[EvalResult]] = {"random": _eval(run, random_policy(config), lessons=[], n=n)}
+    evals: dict[str, list[EvalResult]] = {"random": run.evaluate(random_policy(config), lessons=[], episodes_per_env=n)}
     retention = list(opcd.retention_envs)
     with acting(backend, cycle.parent):
-        evals["teacher_without_lessons"] = _eval(run, backend, lessons=[], n=n)
+        evals["teacher_without_lessons"] = run.evaluate(backend, lessons=[], episodes_per_env=n)
         evals["teacher_with_lessons"] = _with_lessons(run, backend, n, shown, evals["teacher_without_lessons"])
         if retention:
-            evals["teacher_retention"] = _eval(run, backend, lessons=[], n=n, envs=retention)
+            evals["teacher_retention"] = run.evaluate(backend, lessons=[], episodes_per_env=n, envs=retention)
         if opcd.validation_games:
             _validate(run, backend, "parent", evals, shown, retention)
     with acting(backend, run.store.get_adapter(cycle.adapter_id)):  # the adapter row the cycle wrote
-        evals["student_without_lessons"] = _eval(run, backend, lessons=[], n=n)
+        evals["student_without_lessons"] = run.evaluate(backend, lessons=[], episodes_per_env=n)
         evals["student_with_lessons"] = _with_lessons(run, backend, n, shown, evals["student_without_lessons"])
         if opcd.validation_games:
             _validate(run, backend, "student", evals, shown, retention)
         if retention:
-            evals["student_retention"] = _eval(run, backend, lessons=[], n=n, envs=retention)
+            evals["student_retention"] = run.evaluate(backend, lessons=[], episodes_per_env=n, envs=retention)
     return evals
 
 
@@ -499,9 +495,13 @@ def _with_lessons(run: Run, backend, n: int, shown: dict, without: list[EvalResu
     """A "with lessons" condition: played in the environments some lesson is in scope for; in the others the prompt
     is the one without lessons and greedy play is deterministic, so their games are `without`'s (not played twice)."""
     if shown.get("context"):
-        return _eval(run, backend, n=n, split=split, **shown)
+        return run.evaluate(backend, episodes_per_env=n, split=split, **shown)
     taught = [e for e in run.config.envs if for_env(shown["lessons"], e.id, run.families.get(e.id))]
-    played = {r.env_id: r for r in _eval(run, backend, n=n, split=split, envs=taught, **shown)} if taught else {}
+    played = (
+        {r.env_id: r for r in run.evaluate(backend, episodes_per_env=n, split=split, envs=taught, **shown)}
+        if taught
+        else {}
+    )
     return [played.get(r.env_id, r) for r in without]
 
 
@@ -510,64 +510,72 @@ def _validate(run: Run, backend, who: str, evals: dict, shown: dict, retention: 
     environment, without and with the lessons, and of the retention environments: the held-out games stay the
     report's."""
     n = run.config.opcd.validation_games
-    evals[f"validation_{who}"] = _eval(run, backend, lessons=[], n=n, split="train")
+    evals[f"validation_{who}"] = run.evaluate(backend, lessons=[], episodes_per_env=n, split="train")
     if shown.get("lessons") or shown.get("context"):
         without = evals[f"validation_{who}"]
         evals[f"validation_{who}_with_lessons"] = _with_lessons(run, backend, n, shown, without, split="train")
     if retention:
-        evals[f"validation_{who}_retention"] = _eval(run, backend, lessons=[], n=n, envs=retention, split="train")
+        evals[f"validation_{who}_retention"] = run.evaluate(
+            backend, lessons=[], episodes_per_env=n, envs=retention, split="train"
+        )
 
 
 def _decide(run: Run, cycle: Cycle, evals: dict[str, list[EvalResult]]) -> CycleReport:
     """EVALUATE's rows (their rates are `cycle.metrics["evaluation"]`), then PROMOTE or ROLLBACK (the caller holds
     the transaction, so what a person changed while the cycle trained is seen here: a parent rolled back or a lesson
-    forgotten meanwhile is a rollback)."""
-    config, store, run_id, opcd = run.config, run.store, run.id, run.config.opcd
-    adapter_id, metrics, kl, lesson_kl = cycle.adapter_id, cycle.metrics, cycle.kl, cycle.lesson_kl
-    rates = metrics["evaluation"]
-    cycle_id, live = cycle.cycle_id, cycle.live
+    forgotten meanwhile is a rollback): recording, the decision (`promotion.decide_cycle`), applying it."""
+    _record_evaluations(run, cycle, evals)
+    by_env = {k: {r.env_id: r.success_rate for r in v} for k, v in evals.items()}
+    cycle.metrics["evaluation_by_env"] = by_env
+    decision = decide_cycle(
+        cycle.metrics["evaluation"],
+        cycle.kl,
+        cycle.lesson_kl,
+        run.config.opcd,
+        by_env=by_env,
+        played=run.played_envs(),
+        changed=changed_meanwhile(run.store, run.id, cycle.live, cycle.parent),
+    )
+    return _apply(run, cycle, decision)
+
+
+def _record_evaluations(run: Run, cycle: Cycle, evals: dict[str, list[EvalResult]]) -> None:
+    """One evaluation row per condition and environment, with its episodes (validation games on the train split)."""
+    live = cycle.live
     for condition, results in evals.items():
         for r in results:
             lo, hi = r.interval
-            store.add_evaluation(
+            run.store.add_evaluation(
                 r.env_id,
-                run_id=run_id,
-                adapter_id=adapter_id,
-                cycle_id=cycle_id,
+                run_id=run.id,
+                adapter_id=cycle.adapter_id,
+                cycle_id=cycle.cycle_id,
                 lesson_set_version=live.version if live else None,
                 split="train" if condition.startswith("validation_") else "eval",
-                policy=config.model.name,
+                policy=run.config.model.name,
                 num_episodes=r.n,
                 success_rate=r.success_rate,
                 mean_return=r.mean_return,
                 metrics={"condition": condition, "episodes": r.episodes, "ci95": [lo, hi]},
             )
-    (before, after), (lesson_before, lesson_after) = kl, lesson_kl
-    by_env = {k: {r.env_id: r.success_rate for r in v} for k, v in evals.items()}
-    metrics["evaluation_by_env"] = by_env
-    reasons = decide_promotion(rates, before, after, opcd, by_env=by_env, played=run.played_envs())
-    reasons += changed_meanwhile(store, run_id, live, cycle.parent)
-    if reasons:
-        metrics["decision"], metrics["reasons"] = "rolled_back", reasons
-        store.update_cycle(cycle_id, metrics=metrics)
-        store.rollback_cycle(cycle_id, error="; ".join(reasons))
-        return CycleReport(cycle_id, "rolled_back", reasons, adapter_id, metrics=metrics)
-    consolidated = internalized_lessons(lesson_before, lesson_after, rates, opcd)
-    metrics["decision"] = "promoted"
-    metrics["reasons"] = [
-        (
-            f"held-out KL {before:.4f} -> {after:.4f}; student without lessons "
-            f"{rates['student_without_lessons']:.2f} vs parent {rates['teacher_without_lessons']:.2f} "
-            f"(margin {opcd.promote_margin})"
-        )
-    ]
+
+
+def _apply(run: Run, cycle: Cycle, decision: CycleDecision) -> CycleReport:
+    """Write the decision: the cycle rolled back, or promoted with its internalised lessons out of the live set."""
+    store, cycle_id, metrics = run.store, cycle.cycle_id, cycle.metrics
+    metrics["decision"] = "promoted" if decision.promoted else "rolled_back"
+    metrics["reasons"] = decision.reasons
     store.update_cycle(cycle_id, metrics=metrics)
+    if not decision.promoted:
+        store.rollback_cycle(cycle_id, error="; ".join(decision.reasons))
+        return CycleReport(cycle_id, "rolled_back", decision.reasons, cycle.adapter_id, metrics=metrics)
+    consolidated = decision.consolidated
     store.promote_cycle(cycle_id, consolidated)
     if consolidated:  # from the live set as it is now (a person may have added or retired lessons meanwhile)
-        now = live_version(store, run_id)
+        now = live_version(store, run.id)
         remaining = [i for i in (now.lesson_ids if now else []) if i not in set(consolidated)]
-        create_version(store, run_id, remaining, note=f"cycle {cycle_id} consolidated {len(consolidated)} lessons")
-    return CycleReport(cycle_id, "promoted", [], adapter_id, consolidated, metrics)
+        create_version(store, run.id, remaining, note=f"cycle {cycle_id} consolidated {len(consolidated)} lessons")
+    return CycleReport(cycle_id, "promoted", [], cycle.adapter_id, consolidated, metrics)
 
 
 def random_policy(config: RunConfig):

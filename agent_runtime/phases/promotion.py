@@ -3,8 +3,43 @@ KL measurements, and what changed in the store while it trained). `agent_runtime
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from agent_runtime.config import ConsolidationConfig
 from memory import ExperienceStore
+
+
+@dataclass(frozen=True)
+class CycleDecision:
+    """PROMOTE (with the lessons the adapter internalised) or ROLLBACK, and why."""
+
+    promoted: bool
+    reasons: list[str]
+    consolidated: list[int] = field(default_factory=list)
+
+
+def decide_cycle(
+    rates: dict[str, float],
+    kl: tuple[float, float],
+    lesson_kl: tuple[dict, dict],
+    opcd: ConsolidationConfig,
+    *,
+    by_env: dict[str, dict[str, float]],
+    played: list[str],
+    changed: list[str],
+) -> CycleDecision:
+    """The whole decision on a cycle that trained: `decide_promotion`'s rules and what `changed` in the store
+    while it trained (`changed_meanwhile`) roll it back; a promoted one lists the lessons it internalised."""
+    (before, after), (lesson_before, lesson_after) = kl, lesson_kl
+    reasons = decide_promotion(rates, before, after, opcd, by_env=by_env, played=played) + changed
+    if reasons:
+        return CycleDecision(False, reasons)
+    why = (
+        f"held-out KL {before:.4f} -> {after:.4f}; student without lessons "
+        f"{rates['student_without_lessons']:.2f} vs parent {rates['teacher_without_lessons']:.2f} "
+        f"(margin {opcd.promote_margin})"
+    )
+    return CycleDecision(True, [why], internalized_lessons(lesson_before, lesson_after, rates, opcd))
 
 
 def decide_promotion(

@@ -8,6 +8,7 @@ token-mean over the batch; one AdamW step at a constant learning rate with the g
 
 This module is the loop: steps, the train loop over prompt and context sources, the divergence guard,
 evaluation and saving. Its parts live beside it, one job each:
+- `distill.opcd.batches`: what each step is given (prompts, each one's context, anchors, the learning rate);
 - `distill.opcd.policies`: the student and the teacher from one base model (LoRA attached, the teacher as the
   adapter disabled, a parent adapter switched in, or a frozen copy), and `with_context`, the teacher's prompt;
 - `distill.opcd.sampler`: the student samples from a copy of its weights with the adapter merged in, bf16 by
@@ -41,13 +42,22 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import torch
 
 from distill.chat_tokens import Chat, encode_chat
 from distill.opcd.adapters import atomic_directory, write_metadata
+from distill.opcd.batches import (
+    ContextSource,
+    anchors_in_step,
+    context_picker,
+    lr_factor,
+    prompt_stream,
+    split_validation,
+    with_anchors,
+)
 from distill.opcd.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices
 from distill.opcd.collectives import average_gradients, global_loss, world
 from distill.opcd.config import OPCDConfig
@@ -58,24 +68,6 @@ from distill.opcd.sampler import sample_responses
 from distill.opcd.scoring import pad_responses, response_hidden
 
 __all__ = ["DivergenceError", "OPCDTrainer", "PromptContexts", "with_context"]
-
-
-ContextSource = str | Sequence[str] | PromptContexts | Callable[[Chat], str]
-
-
-def split_validation(items: list, fraction: float, seed: int) -> tuple[list, list]:
-    """(train, validation): a seeded `fraction` of `items` (at least one, never all) held back."""
-    order = list(range(len(items)))
-    random.Random(f"validation:{seed}").shuffle(order)
-    held = min(len(items) - 1, max(1, round(fraction * len(items))))
-    kept = sorted(order[held:])
-    return [items[i] for i in kept], [items[i] for i in sorted(order[:held])]
-
-
-def anchors_in_step(index: int, batch_size: int, share: float) -> int:
-    """How many of step `index`'s `batch_size` prompts are anchors: the running total is round(share x prompts so
-    far), so every step holds floor or ceil of share x batch_size and the share over the run is exact."""
-    return round(share * batch_size * (index + 1)) - round(share * batch_size * index)
 
 
 class DivergenceError(RuntimeError):
@@ -116,7 +108,7 @@ class OPCDTrainer:
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         assert self._params, "nothing to train"
         self.optimizer = torch.optim.AdamW(self._params, lr=config.lr, weight_decay=config.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(self.config, step))
         self._teacher_choices: dict[tuple, torch.Tensor] = {}  # the frozen teacher's choice scores, per prompt
         self.validation: list[dict] = []  # {"step", "val_kl"} per validation measurement
         self.best: dict | None = None  # the best of them; its adapter is the one kept
@@ -131,17 +123,6 @@ class OPCDTrainer:
     @property
     def _student_lm(self):
         return self.policies.student_lm
-
-    def _lr_factor(self, step: int) -> float:
-        """The learning rate at `step` as a share of `lr`: linear warm-up from a tenth, then constant or a cosine
-        decay to a tenth at `steps`."""
-        cfg = self.config
-        if step < cfg.warmup_steps:
-            return 0.1 + 0.9 * step / cfg.warmup_steps
-        if cfg.lr_schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-        return 0.1 + 0.45 * (1.0 + math.cos(math.pi * progress))
 
     # -- prompts and sampling ----------------------------------------------------------------------------
     def render(self, chat: Chat) -> list[int]:
@@ -454,10 +435,10 @@ class OPCDTrainer:
             if not isinstance(prompt_source, Sequence) or len(choices) != len(prompt_source):
                 raise ValueError("choices needs a sequence of prompts and one action set per prompt")
             prompt_source = list(zip(prompt_source, choices))
-        pick = self._context_picker(context_source, rng)
+        pick = context_picker(context_source, rng)
         extra: list = []  # anchors drawn as their own share of every batch (`anchor_share`)
         if anchors:
-            prompt_source, pick, extra = self._with_anchors(prompt_source, pick, anchors, choices, anchor_choices)
+            prompt_source, pick, extra = with_anchors(prompt_source, pick, anchors, choices, anchor_choices)
             if cfg.anchor_share is None:
                 prompt_source, extra = [*prompt_source, *extra], []
         validation = None
@@ -475,8 +456,8 @@ class OPCDTrainer:
             if isinstance(prompt_source, Sequence)
             else cfg.batch_size
         )
-        prompts = self._prompt_stream(prompt_source, rng)
-        anchored = self._prompt_stream(extra, random.Random(f"anchors:{cfg.seed}")) if extra else None
+        prompts = prompt_stream(prompt_source, rng)
+        anchored = prompt_stream(extra, random.Random(f"anchors:{cfg.seed}")) if extra else None
         if validation is not None:
             self._validate(validation)
         out = []
@@ -517,54 +498,6 @@ class OPCDTrainer:
     def _since_best(self) -> int:
         """Validation measurements since the best one."""
         return sum(1 for v in self.validation if v["step"] > self.best["step"])
-
-    @staticmethod
-    def _with_anchors(
-        source,
-        pick: Callable[[Chat], str],
-        anchors: Sequence[Chat],
-        choices: Sequence[list[str]] | None,
-        anchor_choices: Sequence[list[str]] | None,
-    ):
-        """(the prompt sequence, a context picker that gives the anchors none, the anchors as prompt items)."""
-        if not isinstance(source, Sequence):
-            raise TypeError("anchors need a sequence of prompts, not an iterator")
-        if (choices is None) != (anchor_choices is None):
-            raise ValueError("give anchor_choices exactly when choices are given (one action set per anchor)")
-        if anchor_choices is not None and len(anchor_choices) != len(anchors):
-            raise ValueError(f"{len(anchors)} anchors but {len(anchor_choices)} action sets")
-        anchors = [list(chat) for chat in anchors]  # own objects: the picker tells them apart by identity
-        anchored = {id(chat) for chat in anchors}
-        extra = list(zip(anchors, anchor_choices)) if anchor_choices is not None else anchors
-        return source, lambda chat: "" if id(chat) in anchored else pick(chat), extra
-
-    @staticmethod
-    def _prompt_stream(source, rng: random.Random) -> Iterator[Chat]:
-        if isinstance(source, Sequence):
-            if not source:
-                raise ValueError("no prompts to train on")
-
-            def cycle() -> Iterator[Chat]:
-                while True:
-                    order = list(range(len(source)))
-                    rng.shuffle(order)
-                    yield from (source[i] for i in order)
-
-            return cycle()
-        return iter(source)
-
-    @staticmethod
-    def _context_picker(source: ContextSource, rng: random.Random) -> Callable[[Chat], str]:
-        if isinstance(source, str):
-            return lambda chat: source
-        if isinstance(source, PromptContexts):
-            return lambda chat: rng.choice(source.pools(chat))
-        if callable(source):
-            return source
-        pools = list(source)
-        if not pools:
-            raise ValueError("context_source is an empty sequence; give at least one lesson pool")
-        return lambda chat: rng.choice(pools)
 
     # -- evaluation and saving ---------------------------------------------------------------------------
     @torch.no_grad()

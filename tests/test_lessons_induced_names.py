@@ -157,7 +157,7 @@ def test_a_hostile_environment_puts_no_lesson_about_the_lessons_live(tmp_path) -
     config = config_from_dict(
         {
             "name": "hostile",
-            "envs": [{"id": "tests.test_hardening_lesson_screen:NamedToHarm"}],
+            "envs": [{"id": "tests.test_lessons_induced_names:NamedToHarm"}],
             "model": {"name": "scripted", "backend": "scripted", "options": {"follow_lessons": True}},
             "runtime": {"slots": 4, "episodes": 16},
             "lessons": {

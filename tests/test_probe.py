@@ -5,7 +5,7 @@ The adapters are random LoRAs on a tiny model whose embeddings are scaled up (th
 too small for any adapter to move its choice distributions far); a stale
 backend is the real transformers backend behind a wrapper whose `use_adapter` and `load_adapter` do not reach the
 model (the failure reported for asynchronous LoRA updates: the worker keeps the old weights), or one that loaded
-another adapter's files. The loop and Ray tests are in tests/test_adapter_probe_runs.py.
+another adapter's files. The loop and Ray tests are in tests/test_probe_runs.py.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ class CoinHall(TextEnv):
 def _config(name: str = "hard", episodes: int = 2) -> dict:
     return {
         "name": name,
-        "envs": [{"id": "tests.test_hardening_lesson_text:CoinHall"}],
+        "envs": [{"id": "tests.test_lessons_text:CoinHall"}],
         "model": {"name": "scripted", "backend": "scripted"},
         "runtime": {"slots": 2, "episodes": episodes},
         "lessons": {"enabled": False, "embedder": "hash"},
