@@ -63,10 +63,8 @@ def recent_decisions(run: Run, backend) -> list[Decision]:
     """The turns a cycle learns from: the `opcd.recent_episodes` newest episodes of each environment the run is
     playing now (`active_envs`), so an environment played beside others gets the share of the cycle it would get
     alone (why: bench/RESULTS.md, "Continual learning", (a))."""
-    envs = active_envs(run)
-    if len(envs) <= 1:
-        return episode_prefixes(run, backend, run.config.opcd.recent_episodes)
-    return [d for env in envs for d in episode_prefixes(run, backend, run.config.opcd.recent_episodes, env)]
+    n = run.config.opcd.recent_episodes
+    return [d for env in active_envs(run) for d in episode_prefixes(run, backend, n, env)]
 
 
 def choose_prompts(decisions: list[Decision], cycle_id: int, limit: int) -> list[Decision]:
