@@ -152,7 +152,7 @@ def heldout_kl(study: Study, keys: list[str]) -> dict[str, float]:
         decisions = heldout_decisions(study)
         cached.write_text(json.dumps([{"chat": d.chat, "choices": d.choices} for d in decisions]))
     model_path = resolve_model("smollm2-135m-instruct")
-    teacher = load_teacher(TeacherSpec(model_path=model_path), "cpu")
+    teacher = load_teacher(TeacherSpec(model=model_path), "cpu")
     settings = study_config().opcd.trainer
     context = lessons_section([GIVEN])
     scores: dict = {}  # the teacher's choice scores, the same for every student: computed once

@@ -85,7 +85,7 @@ def test_a_teacher_with_another_tokenizer_is_refused_before_any_weights_load(tmp
         train_prompts=TRAIN,
         contexts=LESSON,
         output=str(tmp_path / "adapter"),
-        teacher=TeacherSpec(model_path=str(other)),
+        teacher=TeacherSpec(model=str(other)),
     )
     with pytest.raises(TeacherTokenizerError, match="does not share the student's tokenizer: vocabulary: 512"):
         run_job(job)
@@ -142,7 +142,7 @@ def test_a_larger_teacher_sharing_the_tokenizer_teaches_the_smaller_student(tmp_
         train_prompts=TRAIN,
         contexts=LESSON,
         output=str(tmp_path / "adapter"),
-        teacher=TeacherSpec(model_path=str(teacher)),
+        teacher=TeacherSpec(model=str(teacher)),
         kl_sets={"heldout": (HELD_OUT, LESSON)},
     )
     result = run_job(job)
@@ -185,7 +185,7 @@ def test_a_teacher_with_the_parent_adapter_merged_teaches_as_the_parent_switch(t
     torch.manual_seed(0)
     config = _config(k=512)  # the exact KL, which is positive (a top-k sum without renormalisation need not be)
     switch = OPCDTrainer(copy.deepcopy(base), tok, config, parent_adapter=parent)
-    teacher = load_teacher(TeacherSpec(model_path=str(tiny_model_dir), adapter=str(parent)), "cpu")
+    teacher = load_teacher(TeacherSpec(model=str(tiny_model_dir), adapter=str(parent)), "cpu")
     torch.manual_seed(0)
     separate = OPCDTrainer(copy.deepcopy(base), tok, config, parent_adapter=parent, teacher_model=teacher)
     (a, kl_a), (b, kl_b) = _losses(switch), _losses(separate)
@@ -231,7 +231,7 @@ def test_smollm2_separate_copy_matches_the_adapter_switch(monkeypatch, capsys):
     switch = OPCDTrainer(copy.deepcopy(model), tok, config)
     a, kl_a = _losses(switch, steps=3)
     del switch
-    teacher = load_teacher(TeacherSpec(model_path=path), "cpu")
+    teacher = load_teacher(TeacherSpec(model=path), "cpu")
     torch.manual_seed(0)
     separate = OPCDTrainer(model, tok, config, teacher_model=teacher)
     b, kl_b = _losses(separate, steps=3)
@@ -253,7 +253,7 @@ def test_data_parallel_ranks_each_load_the_teacher_and_train_as_one_process(tmp_
             train_prompts=TRAIN,
             contexts=LESSON,
             output=str(tmp_path / output),
-            teacher=TeacherSpec(model_path=str(bigger)),
+            teacher=TeacherSpec(model=str(bigger)),
         )
 
     one, two = run_job(job("one", 1)), run_job(job("two", 2))

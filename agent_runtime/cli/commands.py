@@ -220,6 +220,7 @@ def _system_prompt_args(config, args):
 
 
 def cmd_distill(args) -> int:
+    from agent_runtime.checkpoints import resolve_model
     from agent_runtime.config import load_config
     from agent_runtime.llm import LOCAL_WEIGHTS, make_backend
     from agent_runtime.llm.base import activate
@@ -237,7 +238,8 @@ def cmd_distill(args) -> int:
             f"distill trains the policy's weights: it needs backend: {' or '.join(LOCAL_WEIGHTS)}, not "
             f"{config.model.backend}"
         )
-    _, teacher = cycle_teacher(config)  # a teacher that cannot teach fails here, with what differs
+    # a teacher that cannot teach fails here, with what differs, before the store is opened
+    _, teacher = cycle_teacher(config, resolve_model(config.model.name))
     if teacher["separate"] and not args.json:
         print(f"teacher {teacher['model']}: {VocabularyCheck(**teacher['vocabulary']).line()}")
     workdir = args.workdir or default_workdir(config.name)

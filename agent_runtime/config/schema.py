@@ -19,6 +19,7 @@ from agent_runtime.llm.options import backend_options
 from distill.config_base import StrictConfig
 from distill.lessons.config import LessonsConfig
 from distill.opcd.config import OPCDConfig
+from distill.opcd.teacher import TeacherSpec
 
 
 class ConfigError(ValueError):
@@ -167,19 +168,6 @@ class CycleTrainerConfig(OPCDConfig):
     lora_r: int = Field(8, ge=1)
 
 
-class TeacherConfig(StrictConfig):
-    """A separate teacher for the OPCD cycles (`opcd.teacher`): cross-size distillation (the paper's Qwen3-8B with
-    the lessons teaching Qwen3-1.7B without them; LMOps' `--ref_model_path`). Without it the teacher is the
-    student's own start-of-cycle policy (the parent adapter, or the base model). Its tokenizer must be the
-    student's (same vocabulary and special tokens, `distill.opcd.teacher`): a cycle refuses any other."""
-
-    model: str = Field(..., description="alias, Hugging Face id (already in the local cache), or local path")
-    adapter: str | None = Field(None, description="a LoRA adapter directory applied to the teacher (merged at load)")
-    device: str | None = Field(
-        None, pattern=r"^(cpu|cuda(:\d+)?)$", description="cpu, cuda or cuda:N; default: the student's device"
-    )
-
-
 class SystemPromptConfig(StrictConfig):
     """System-prompt distillation (`opcd.context`, the paper's medical and safety set-ups): every cycle distils
     this one fixed text, appended to the system message of the teacher's prompts, into an adapter, instead of
@@ -252,7 +240,7 @@ class ConsolidationConfig(StrictConfig):
         "evidence of learning too, and the no-regression check without lessons is made on them, never on the "
         "held-out games of the report (0: both on the KL and the held-out games, as before)",
     )
-    teacher: TeacherConfig | None = Field(
+    teacher: TeacherSpec | None = Field(
         None, description="a separate teacher model (cross-size distillation); default: the start-of-cycle policy"
     )
     context: SystemPromptConfig | None = Field(

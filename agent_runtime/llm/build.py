@@ -24,7 +24,7 @@ from agent_runtime.llm.base import (
     require,
 )
 from agent_runtime.llm.modes import resolve_action_mode
-from agent_runtime.llm.options import backend_options, given
+from agent_runtime.llm.options import given
 
 BACKENDS = ("transformers", "scripted", "vllm", "chat")
 # The backends that load `model.name`'s weights on this machine: the weights an OPCD cycle trains an adapter on.
@@ -107,8 +107,8 @@ def _build(model_config, seed: int) -> PolicyBackend:
     builder = BUILDERS.get(model_config.backend)
     if builder is None:
         raise BackendError(f"unknown backend {model_config.backend!r}; accepted: {', '.join(BACKENDS)}")
-    try:  # checked when the config was read; a config copied with new options is checked here
-        options = backend_options(model_config.backend, model_config.options)
+    try:  # checked when the config was read; a config copied with new options (unvalidated) is checked here
+        options = model_config.typed_options()
     except ValueError as exc:
         raise BackendError(f"model.options: {exc}") from None
     return builder(model_config, options, seed)

@@ -102,9 +102,10 @@ def anchor_decisions(run: Run, backend, envs: list[EnvEntry], episodes: int, *, 
     return [d for d in out if bool(d.choices) == choice_mode]
 
 
-def cycle_teacher(config: RunConfig) -> tuple[TeacherSpec | None, dict[str, Any]]:
+def cycle_teacher(config: RunConfig, model_path: str) -> tuple[TeacherSpec | None, dict[str, Any]]:
     """The cycle's separate teacher (None: the start-of-cycle policy teaches) and its record for the cycle row;
-    a teacher whose tokenizer is not the student's is a ConfigError here, before anything is trained."""
+    a teacher whose tokenizer is not the student's (`model_path`, the run's resolved model) is a ConfigError
+    here, before anything is trained."""
     if config.opcd.teacher is None:
         return None, {
             "separate": False,
@@ -112,9 +113,9 @@ def cycle_teacher(config: RunConfig) -> tuple[TeacherSpec | None, dict[str, Any]
             "what": "the start-of-cycle policy: the parent adapter, or the base model",
         }
     t = config.opcd.teacher
-    spec = TeacherSpec(model_path=resolve_model(t.model), adapter=t.adapter, device=t.device)
+    spec = t.model_copy(update={"model": resolve_model(t.model)})  # the job loads the resolved checkpoint
     try:
-        check = check_teacher(resolve_model(config.model.name), spec)
+        check = check_teacher(model_path, spec)
     except TeacherTokenizerError as exc:
         raise ConfigError(f"opcd.teacher.model: {exc}") from None
     except OSError as exc:
@@ -122,7 +123,7 @@ def cycle_teacher(config: RunConfig) -> tuple[TeacherSpec | None, dict[str, Any]
     return spec, {
         "separate": True,
         "model": t.model,
-        "path": spec.model_path,
+        "path": spec.model,
         "adapter": t.adapter,
         "device": t.device,
         "vocabulary": check.as_dict(),
@@ -173,6 +174,7 @@ class Cycle:
     lesson_kl: tuple[dict, dict] | None = None  # per lesson id, before and after
     metrics: dict[str, Any] = field(default_factory=dict)  # the cycle row's metrics as they are filled in
     families: dict[str, str] = field(default_factory=dict)  # each environment's prompt family (lesson scopes)
+    model_path: str = ""  # the run's model, resolved once (`Run.model_path`): the student's base
 
     def shown(self) -> dict[str, Any]:
         """What the "with lessons" conditions of EVALUATE show: the first pool's lessons (each environment those in
@@ -324,7 +326,7 @@ def start_cycle(run: Run) -> Cycle | None:
         return None
     # checked against the held-out tasks before the cycle starts (PromptFileLeakError names the line)
     prompt_file = load_prompts(opcd.context.prompts, held=run.held) if system and opcd.context.prompts else None
-    teacher_spec, teacher = cycle_teacher(config)
+    teacher_spec, teacher = cycle_teacher(config, run.model_path)
     parent = store.active_adapter(run_id)
     kind = "system_prompt" if system else "lessons"
     cycle_config = {
@@ -344,7 +346,7 @@ def start_cycle(run: Run) -> Cycle | None:
     else:
         contexts = [lessons_section([x.text for x in lessons if x.pool == p]) for p in lesson_pools(lessons)]
     cycle = Cycle(cycle_id, kind, parent, live, lessons, system, contexts, teacher_spec, teacher, prompt_file)
-    cycle.families = run.families
+    cycle.families, cycle.model_path = run.families, run.model_path
     return cycle
 
 
@@ -404,7 +406,7 @@ def train_job(
         }
     parent = cycle.parent
     return TrainJob(
-        model_path=resolve_model(config.model.name),
+        model_path=cycle.model_path,
         config=config.opcd.trainer,
         train_prompts=[d.chat for d in train],
         contexts=cycle.system.text if cycle.system else cycle.contexts,

@@ -423,8 +423,6 @@ def ensure_reference(run, adapter, backend, *, count=None) -> ProbeReference | N
     """`adapter`'s probe reference: the stored one, else computed here (call it where the cycle ran, `run` its
     `agent_runtime.run.Run`) and stored with its cycle; None when no cycle trained it or there is nothing to probe
     with. `count(prompt_tokens, generated_tokens, decisions)` is told the reference model's work, when it ran."""
-    from agent_runtime.checkpoints import resolve_model
-
     config, store = run.config, run.store
     found = stored_reference(store, adapter)
     cycle = _cycle_of(store, adapter)
@@ -436,7 +434,7 @@ def ensure_reference(run, adapter, backend, *, count=None) -> ProbeReference | N
         return None
     parent = store.get_adapter(adapter.parent_id) if adapter.parent_id is not None else None
     reference = build_reference(
-        resolve_model(config.model.name),
+        run.model_path,
         adapter,
         parent,
         decisions,

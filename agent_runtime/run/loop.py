@@ -68,7 +68,7 @@ from agent_runtime.state.profile import Profile
 from distill.lessons import pending_user_candidate, sync_statuses
 from distill.lessons.forget import RECONSOLIDATE
 from distill.opcd.weights import bound_heap, release_memory
-from memory import ExperienceStore
+from memory import AdapterInfo, ExperienceStore
 from memory.redaction import restore_secrets
 
 log = logging.getLogger("agent_runtime.run.loop")
@@ -228,15 +228,22 @@ class AgentLoop:
         # the run as the phases are given it: the loop's config, workdir, store and run id are read from it
         self.the_run = Run(config, workdir, store, run_id)
         self.lessons = LessonContexts.for_run(self.the_run, [(e.env_id, e.family) for e in self.envs])
-        self.adapter = self.store.active_adapter(self.run_id)
-        if self.adapter is not None and self._backend is not None:
-            activate(self._backend, self.adapter)
+        self.adapter: AdapterInfo | None = None
+        self._act_with_run_adapter()
         self.progress = progress
         self.requests = RequestWatch(self.store, self.run_id, RECONSOLIDATE)  # `lessons forget` asks for a cycle
         self.schedule = Schedule(config, requested=self.requests)
         self.stop_requested = False
         self._executor: Executor | None = None  # built on first use (a resumed run may start in any phase)
         self._probed: int | None = None  # the adapter the loop's own backend last passed the probe with
+
+    def _act_with_run_adapter(self) -> None:
+        """Read the run's active adapter from the store, which owns it (a cycle's promotion or rollback, `lessons
+        forget`), and act with it: the loop's copy (what PLAY records and the summary shows) and the backend's
+        weights, where the driver has a backend; the executors' workers are told by the executor."""
+        self.adapter = self.store.active_adapter(self.run_id)
+        if self._backend is not None:
+            activate(self._backend, self.adapter)
 
     @property
     def config(self) -> RunConfig:
@@ -259,8 +266,7 @@ class AgentLoop:
         """The driver's own policy (loaded on first use when the driver does not generate)."""
         if self._backend is None:
             self._backend = self._make_backend(self.config)
-            if self.adapter is not None:
-                activate(self._backend, self.adapter)
+            self._act_with_run_adapter()
         return self._backend
 
     def _make_backend(self, config: RunConfig) -> PolicyBackend:
@@ -475,7 +481,7 @@ class AgentLoop:
         asked = self.requests.pending(fresh=True)
         finish = CursorMove("PLAY", after.stored(), asked, state_if_skipped=skipped.stored())
         if asked:  # a re-consolidation after `lessons forget`: the adapter and the lessons it starts from
-            self.adapter = self.store.active_adapter(self.run_id)
+            self._act_with_run_adapter()
             self.lessons.reload()
         try:
             report = self.executor.consolidate(finish, progress=progress, on_poll=poll if self.progress else None)
@@ -483,9 +489,7 @@ class AgentLoop:
             bar.close()
         self.requests.carried_out(asked)
         self.state, self.phase = (skipped if report.status == "skipped" else after), finish.phase
-        self.adapter = self.store.active_adapter(self.run_id)
-        if self._backend is not None:
-            activate(self._backend, self.adapter)
+        self._act_with_run_adapter()
         self.lessons.reload()
         tqdm.write(report.line())
         log.info(report.line(), extra={"fields": {"phase": "CONSOLIDATE", "cycle": asdict(report)}})

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import EnvEntry, RunConfig
 from agent_runtime.evaluation import EnvPool, EvalResult, env_pool, evaluate
 from agent_runtime.evaluation.heldout import HeldOut, held_out
@@ -35,6 +36,12 @@ class Run:
     def held(self) -> HeldOut:
         """The held-out evaluation tasks, by task id and first observation (kept out of every learning input)."""
         return held_out(self.config, self.workdir)
+
+    @cached_property
+    def model_path(self) -> str:
+        """What the run's model name resolves to (`resolve_model`), once per run: a cycle's trainer, its teacher
+        check and the adapter probe all load this."""
+        return resolve_model(self.config.model.name)
 
     @cached_property
     def families(self) -> dict[str, str]:

@@ -39,16 +39,26 @@ class TeacherTokenizerError(ValueError):
 
 
 class TeacherSpec(StrictConfig):
-    """The separate teacher of a training job, as data (part of `distill.opcd.job.TrainJob`)."""
+    """A separate teacher for OPCD: cross-size distillation (the paper's Qwen3-8B with the lessons teaching
+    Qwen3-1.7B without them; LMOps' `--ref_model_path`). Without one the teacher is the student's own start-of-cycle
+    policy (the parent adapter, or the base model). Its tokenizer must be the student's (same vocabulary and special
+    tokens, `check_teacher`): a cycle refuses any other.
 
-    model_config = StrictConfig.model_config | {"protected_namespaces": ()}
+    One type from the config to the trainer: a run's config names the model as a person wrote it (`opcd.teacher`:
+    an alias, a Hugging Face id or a path), and the cycle hands the trainer's job (`distill.opcd.job.TrainJob`) a
+    copy whose `model` is resolved to what `from_pretrained` loads."""
 
-    model_path: str
-    """A local checkpoint directory (or a Hugging Face id already in the cache: nothing is downloaded)."""
-    adapter: str | None = None
-    """A LoRA adapter directory on the teacher model, merged into it once at load."""
-    device: str | None = Field(None, pattern=r"^(cpu|cuda(:\d+)?)$")
-    """Where the teacher runs; None: the student's device (under data parallel: each rank's own)."""
+    model: str = Field(
+        ...,
+        description="alias, Hugging Face id (already in the local cache: nothing is downloaded), or local path; "
+        "in a training job, the resolved checkpoint",
+    )
+    adapter: str | None = Field(None, description="a LoRA adapter directory applied to the teacher (merged at load)")
+    device: str | None = Field(
+        None,
+        pattern=r"^(cpu|cuda(:\d+)?)$",
+        description="cpu, cuda or cuda:N; default: the student's device (under data parallel, each rank's own)",
+    )
 
 
 @dataclass
@@ -147,14 +157,14 @@ def require_same_tokenizer(student, teacher, teacher_name: str) -> VocabularyChe
 
 def check_teacher(student_path: str, spec: TeacherSpec) -> VocabularyCheck:
     """Load both tokenizers (no weights) and require that they are the same (`require_same_tokenizer`)."""
-    return require_same_tokenizer(load_tokenizer(student_path), load_tokenizer(spec.model_path), spec.model_path)
+    return require_same_tokenizer(load_tokenizer(student_path), load_tokenizer(spec.model), spec.model)
 
 
 def load_teacher(spec: TeacherSpec, device):
     """The teacher as a frozen plain causal LM on `device`, its adapter (if any) merged in."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(spec.model_path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(spec.model, local_files_only=True)
     if spec.adapter:
         from distill.opcd.adapters import load_adapter
 
