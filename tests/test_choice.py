@@ -454,7 +454,10 @@ def test_anchors_hold_the_student_to_its_start_where_training_would_move_it(coin
 
     def trained(with_anchors: bool):
         model, tokenizer = load_model(str(coin_lesson_model))
-        config = OPCDConfig(lr=1e-2, lora_r=4, batch_size=64, steps=12, temperature=1.0, seed=0)
+        # lr 3e-3: at 1e-2 the anchored run was unstable on an AVX-512 machine (the lesson half unlearned, drift 2.2
+        # of the unanchored 4.2); at 3e-3 there both runs learn the lesson (KL 4.96 -> 0.001) and the anchors keep
+        # the drift at 0.006 against the unanchored 4.21: margins of orders of magnitude, not of float noise
+        config = OPCDConfig(lr=3e-3, lora_r=4, batch_size=64, steps=12, temperature=1.0, seed=0)
         torch.manual_seed(0)
         trainer = OPCDTrainer(model, tokenizer, config)
         lesson = f"Lessons from your past experience:\n- {COIN_LESSON}"
