@@ -5,7 +5,7 @@ Why: math-verify's own timeout is a SIGALRM, which works only on the main thread
 such as `\\boxed{9^{9^{9}}}` runs inside one C call that no signal interrupts; rollout workers grade from
 threads. Each adversarial case runs in a fresh interpreter under a hard wall-clock cap (`--cap`, killed
 beyond it), so a grade that holds the GIL for minutes costs the bench only the cap. Ordinary answers are
-the cases of tests/test_env_grading.py (kept in tests/data/grading_cases.json; each must grade as the test
+the cases of tests/environments/test_env_grading.py (kept in tests/data/grading_cases.json; each must grade as the test
 says), graded in one process after a warm-up grade, on the main thread and on a worker thread.
 
 Usage: `python bench/grading.py [--cap 30] [--repeat 3] [--root OTHER_CHECKOUT]` (`--root` measures the
@@ -21,7 +21,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = ROOT / "tests" / "data" / "grading_cases.json"  # the answer/gold pairs of tests/test_env_grading.py
+CASES = (
+    ROOT / "tests" / "data" / "grading_cases.json"
+)  # the answer/gold pairs of tests/environments/test_env_grading.py
 
 ADVERSARIAL = [
     ("\\boxed{9^{9^{9}}}", "18"),
@@ -115,7 +117,7 @@ def main() -> None:
         thread_t = _adversarial(args.root, answer, gold, "thread", args.cap)
         print(f"| `{answer}` | `{gold}` | {main_t} | {thread_t} |", flush=True)
     print()
-    print("| ordinary answers (tests/test_env_grading.py) | median ms | mean ms | max ms |")
+    print("| ordinary answers (tests/environments/test_env_grading.py) | median ms | mean ms | max ms |")
     print("|---|---:|---:|---:|")
     for mode, label in (("main", "main thread"), ("thread", "worker thread")):
         script = _ORDINARY.format(root=args.root, here=str(ROOT), cases=str(CASES))

@@ -39,7 +39,7 @@ wall time (in brackets) is what caps the speedup of more slots.
     .venv/bin/python bench/rollout.py --models smollm2 --slots 1,8 --lessons 20 --no-prefix-cache
     .venv/bin/python bench/rollout.py --profile smollm2:8    # cProfile of one setting, top functions
     .venv/bin/python bench/rollout.py --models smollm2 --backend vllm --dtype bfloat16 --slots 1,8
-    .venv/bin/python bench/rollout.py --quick                # seconds; what tests/test_bench_smoke.py runs
+    .venv/bin/python bench/rollout.py --quick                # seconds; what tests/bench/test_bench_smoke.py runs
 
 The machine's load average is printed with the table: on a shared 2-core box, wall-clock numbers taken
 while other processes compete for the cores are not comparable with quiet ones. The "CPU time" speedup

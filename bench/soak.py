@@ -4,7 +4,7 @@
 
 Why: the loop promises that `kill -9` at any moment followed by `run --resume` loses at most the episodes in
 flight and never does a phase twice (docs/architecture.md, "The run's state machine"). The unit tests kill at
-chosen points (tests/test_resume.py, tests/test_phase_boundaries.py); only many kills at moments nobody chose
+chosen points (tests/agent_runtime/run/test_resume.py, tests/agent_runtime/run/test_phase_boundaries.py); only many kills at moments nobody chose
 find the windows between those points, and only thousands of episodes in one store show whether memory, time
 per episode and storage stay flat as the store grows.
 
@@ -84,7 +84,7 @@ class SoakLessonWriter(BaseChatModel):
 
 @dataclass(frozen=True)
 class Settings:
-    """One soak's knobs (the command line's, also used by tests/test_soak.py)."""
+    """One soak's knobs (the command line's, also used by tests/bench/test_soak.py)."""
 
     workdir: Path
     model_dir: Path

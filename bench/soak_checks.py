@@ -1,4 +1,4 @@
-"""The soak's invariants, read from a store after a kill or at the end (bench/soak.py; tests/test_soak.py).
+"""The soak's invariants, read from a store after a kill or at the end (bench/soak.py; tests/bench/test_soak.py).
 
 - `draw_violations`: every draw index below `next_draw` committed exactly once or still open, and the run's
   counters equal to the rows (nothing lost, nothing duplicated, nothing counted that is not stored);

@@ -29,7 +29,7 @@ difference of rates and its interval in [-1, 1], other numbers finite; texts are
 A key the runtime does not write is refused, at the top and inside `evidence` and `trial`: the runtime is the only
 writer of a lesson's metadata, so an unknown key means an edited file or a writer this version does not know, and
 refusing is what keeps a store's metadata readable by the code that reads it. A key the runtime starts writing is
-added here with its type (tests/test_memory_import_metadata.py exports a store holding every kind of lesson the
+added here with its type (tests/memory/test_memory_import_metadata.py exports a store holding every kind of lesson the
 runtime writes and checks that its keys are exactly these). An object's keys are all required, as its writer
 writes them all (`lessons show` reads `evidence["summary"]` unguarded), except those marked optional.
 """

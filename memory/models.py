@@ -23,7 +23,7 @@ Why this shape:
   (which lessons came from an episode, for the episode page and `memory prune`), `CyclePoint` (an OPCD
   cycle's curves, one row per training step, appended instead of rewriting the whole curve).
 - The schema is created and evolved only by the Alembic migrations in `memory/migrations/`;
-  `tests/test_memory_schema.py` checks that these classes and the migrations agree.
+  `tests/memory/test_memory_schema.py` checks that these classes and the migrations agree.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ old episodes). Callers see one object; `memory.store_mixin` says what the parts 
 Why this way:
 - Writes are batched by construction: `add_episode` writes an episode, all its steps and (if given)
   the run's new loop state in ONE transaction, so a crash loses at most the episode in flight and
-  never leaves half of one (see `tests/test_memory_crash.py`).
+  never leaves half of one (see `tests/memory/test_memory_crash.py`).
 - A step's prompt is stored as a recipe (`memory.prompts`: the text only that step has, the earlier step
   it extends, a shared system part); `episode()` and `step_prompt()` rebuild the exact text.
 - Reads return plain dataclasses (`memory.records`), never live ORM objects.

@@ -426,7 +426,8 @@ def vllm_python() -> str:
     return found
 
 
-# -- what the vLLM test files share (tests/test_vllm*.py): one engine, one server, one adapter -----------------
+# -- what the vLLM test files share (tests/agent_runtime/llm/test_vllm*.py and phases/test_vllm_cycle.py): one engine,
+# one server, one adapter
 
 SMOLLM2 = "smollm2-135m-instruct"
 COIN_ACTIONS = ["go north", "take coin", "look", "inventory"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import ROOT
 
 # agent_runtime's rooms (a subpackage, or a module directly in the package), lowest floor first
 FLOORS = {

@@ -155,7 +155,7 @@ def tolerance_for(model_config, backend_name: str) -> float:
     """The probe's tolerance for a backend acting with `model_config`, from measured numerics: SmolLM2-135M-Instruct
     with an adapter our OPCD trainer wrote, 6 coin-game prompts of 4 actions, the largest total variation against
     the float32 transformers reference (base model and adapter alike; the adapter itself moved the prompts by 0.90).
-    vLLM's CPU engine in float32: 1e-5 (`tests/test_vllm.py` asserts choice log-probabilities within 2e-3);
+    vLLM's CPU engine in float32: 1e-5 (`tests/agent_runtime/llm/test_vllm.py` asserts choice log-probabilities within 2e-3);
     transformers in bfloat16: 0.065; vLLM in bfloat16: 0.10. So `FLOAT32_TOLERANCE` = 0.01 for a backend configured
     in float32, and `LOW_PRECISION_TOLERANCE` = 0.15 (1.5x the worst measured) for bfloat16, float16, `auto` and a
     backend whose precision is not known here (a server). Log-probabilities themselves are no measure for this:

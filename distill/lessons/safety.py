@@ -72,7 +72,7 @@ This is a first filter with known limits (a paraphrase nobody listed gets throug
 patterns it caught 18 of 25; later 1 of 20 and 5 of 20 on two batches of new classes (HTML comments, base64,
 reversed text, quoting the first message, role-play, meta-commands), whose rules came after, then 8 of 10 on a
 further batch, and 0 of 5 on one about the lessons, fixed answers, obeying a named party and acting as the system;
-tests/test_lessons_screen.py, tests/test_lessons_induced_names.py); the lesson gate, which measures behaviour on
+tests/distill/lessons/test_lessons_screen.py, tests/distill/lessons/test_lessons_induced_names.py); the lesson gate, which measures behaviour on
 held-out games before a lesson set goes live, and the provenance of every lesson are the real control.
 """
 

@@ -18,7 +18,7 @@ What happens to the mass outside S_t (`tail`) decides whether "student = teacher
   much mass the tail holds;
 - "drop": the paper's sum over S_t alone. It is not a divergence: it goes below zero when the student moves
   mass from S_t into the tail, so gradient descent keeps pushing mass there (a toy student equal to its
-  teacher drifted to a full KL of 0.1 in 500 steps; tests/test_opcd_losses.py).
+  teacher drifted to a full KL of 0.1 in 500 steps; tests/distill/opcd/test_opcd_losses.py).
 
 The off-policy baseline uses the forward KL on the *teacher's* top-k:
 `sum_{v in T_t} p_t(v) * (log p_t(v) - log p_s(v))`, with the same three ways to treat the tail.

@@ -281,7 +281,7 @@ class OPCDTrainer:
         """(`choice_logprobs` of the rows, the tokens that went through the model). With `share`, the prefix all
         rows have in common (the system prompt, and the lessons in the teacher's view) runs once as a batch-1
         sequence and its KV serves every row; gradients flow through it as through the rows' own tokens, so the
-        scores and their gradients are those of the rows run whole (tests/test_choice.py)."""
+        scores and their gradients are those of the rows run whole (tests/agent_runtime/llm/test_choice.py)."""
         decoder, head = lm_parts(causal_lm)
         common = shared_prefix_length(ids, self.config.min_shared_prefix) if share else 0
         fed = sum(len(p) - common + sum(len(a) - 1 for a in row) for p, row in zip(ids, actions)) + common

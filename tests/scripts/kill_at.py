@@ -1,4 +1,4 @@
-"""Run the loop of a config and SIGKILL this process at one named point (for tests/test_phase_boundaries.py).
+"""Run the loop of a config and SIGKILL this process at one named point (for tests/agent_runtime/run/test_phase_boundaries.py).
 
     python tests/scripts/kill_at.py CONFIG.json WORKDIR POINT
 

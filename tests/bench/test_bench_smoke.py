@@ -1,0 +1,206 @@
+"""Smoke test of the rollout benchmark: `bench/rollout.py --quick` runs end to end and its numbers add up.
+
+The benchmark is a script, not a library, so nothing else would notice when a runtime change breaks it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests import ROOT
+
+
+@pytest.mark.slow
+def test_rollout_bench_quick_prints_a_consistent_table(tmp_path, games_dir):
+    out = tmp_path / "rows.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "rollout.py"),
+            "--quick",
+            "--threads",
+            "1",
+            "--games-dir",
+            str(games_dir),
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| tiny | 1 | 4 |" in proc.stdout and "| tiny | 4 | 4 |" in proc.stdout
+    rows = {row["slots"]: row for row in json.loads(out.read_text())}
+    assert set(rows) == {1, 4}
+    for slots, row in rows.items():
+        assert row["episodes"] == 4
+        assert 4 <= row["steps"] <= 8  # 4 episodes of at most 2 steps
+        assert row["gen_tokens_per_s"] > 0 and row["wall_s"] > 0
+        assert row["mean_batch"] <= slots
+        shares = [
+            row[k]
+            for k in (
+                "share_model_generate",
+                "share_backend_overhead",
+                "share_prompt_build",
+                "share_env",
+                "share_other",
+            )
+        ]
+        assert abs(sum(shares) - 1.0) < 1e-6 and min(shares[:4]) >= 0
+        assert 0 < row["share_prefill"] <= row["share_model_generate"]
+    assert rows[1]["mean_batch"] == 1.0
+    assert rows[4]["mean_batch"] > 1.0  # the four slots really were batched into one generate call
+
+
+def _gpu_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_gpu_check_sections_run_in_cpu_dry_run(tmp_path, capsys):
+    gpu_check = _gpu_check()
+    results = tmp_path / "rows.jsonl"
+    dry = ["--results", str(results), "--cpu-dry-run"]
+    assert gpu_check.main(["hf-generate", "--batches", "2", *dry]) == 0
+    assert gpu_check.main(["rollout", "--slots", "2", "--synthetic", *dry]) == 0
+    assert gpu_check.main(["opcd", *dry]) == 0
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["section"] for r in rows] == ["hf-generate", "rollout", "opcd"]
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    assert "synthetic text env" in rows[1]["notes"] and "2 episodes x 2 steps (4 steps)" in rows[1]["notes"]
+    assert rows[2]["setting"] == "OPCD, default config" and 0 <= rows[2]["mfu"] < 1
+    capsys.readouterr()
+    assert gpu_check.main(["report", "--results", str(results)]) == 0
+    table = capsys.readouterr().out
+    assert table.count("\n") == len(rows) + 2 and "| opcd | OPCD, default config |" in table
+
+
+def test_loop_profile_bench_sets_each_phase_against_its_floor(
+    tmp_path, games_dir, tiny_model_dir, cycle_config, capsys
+):
+    """`bench/loop.py` on a whole cycle of the tiny model: every phase that ran has its row, a floor from the
+    same model's measured rates, and the JSON beside the table; then the memory table: each phase's peak against
+    its floor, and what the live objects held at the sampled high."""
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("loop_bench", ROOT / "bench" / "loop.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    config = tmp_path / "cycle.yaml"
+    config.write_text(yaml.safe_dump(cycle_config().model_dump(mode="json")))
+    workdir = tmp_path / "w"
+    argv = ["--config", str(config), "--workdir", str(workdir), "--no-progress", "--sample-s", "0.02"]
+    assert bench.main(argv) == 0
+    saved = json.loads((workdir / "profile.json").read_text())
+    assert saved["rates"]["forward"] > 0 and saved["rates"]["train"] > 0
+    out = capsys.readouterr().out
+    time_table, memory_table = out.split("floor: the process with its imports")
+    rows = {line.split(" | ")[0][2:]: line for line in time_table.splitlines() if line.startswith("| ")}
+    assert "EXTRACT" in rows  # its fake extractor puts nothing through the model: no floor
+    for phase in ("PLAY", "CONSOLIDATE", "CONSOLIDATE: train", "CONSOLIDATE: evaluate"):
+        assert rows[phase].rstrip(" |").endswith("x"), rows[phase]  # model work: a floor and a ratio
+    assert saved["profile"]["CONSOLIDATE: train"]["train_tokens"] > 0
+    memory = {
+        line.split(" | ")[0][2:]: line.split(" | ") for line in memory_table.splitlines() if line.startswith("| ")
+    }
+    profile = saved["profile"]
+    for phase in ("PLAY", "CONSOLIDATE", "CONSOLIDATE: train"):
+        assert float(memory[phase][1]) == pytest.approx(profile[phase]["peak_rss_mb"], abs=1)
+        assert profile[phase]["peak_rss_mb"] >= profile[phase]["end_rss_mb"] > 0
+    assert profile["CONSOLIDATE"]["peak_rss_mb"] >= profile["CONSOLIDATE: train"]["peak_rss_mb"]
+    floors = saved["memory_floors"]
+    assert floors["base"] > 0 and floors["weights"] > 0 and floors["train"] > 0
+    # the sampler took an inventory at PLAY's high: the tiny model's weights, counted once
+    held = saved["at_peak"]["PLAY"]
+    assert held["model copies"] >= 1 and held["weights"] > 0 and held["rss_mb"] > 0
+
+
+def test_memory_soak_samples_the_loop_and_reports_its_slope(tmp_path, games_dir, capsys):
+    """bench/memory_soak.py: the own-experience loop on the scripted policy runs under the sampler, every sample
+    is on disk as it is taken, the loop is stopped at the deadline, and the report fits the slope."""
+    from bench import memory_soak
+
+    workdir = tmp_path / "soak"
+    overrides = [
+        f"envs.0.kwargs.cache_dir={games_dir}",
+        "envs.0.kwargs.n_train=4",
+        "envs.0.kwargs.n_eval=2",
+        "lessons.gate_episodes=4",
+        "lessons.extract_every=8",
+    ]
+    args = ["--hours", "0.012", "--sample-s", "3", "--warmup-min", "0", "--workdir", str(workdir)]
+    args += [x for o in overrides for x in ("--set", o)]
+    assert memory_soak.main([*args, "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]) == 0
+    rows = memory_soak.read_samples(workdir / "samples.csv")
+    assert len(rows) >= 5
+    assert all(r["rss_kb"] > 10_000 and r["tree_kb"] >= r["rss_kb"] for r in rows)
+    episodes = [r["episodes"] for r in rows]
+    assert episodes == sorted(episodes) and episodes[-1] >= 8  # a batch of 8 slots played and committed
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["samples"] == len(rows) and result["rss"]["mean_mib"] > 10
+    assert (tmp_path / "r.png").stat().st_size > 1000
+    assert "slope %/h" in capsys.readouterr().out
+    # a second call with --report reads the same samples without running anything
+    assert memory_soak.main(["--report", "--workdir", str(workdir), "--warmup-min", "0"]) == 0
+    assert len(memory_soak.read_samples(workdir / "samples.csv")) == len(rows)
+
+
+def test_memory_soak_slope_is_relative_to_the_mean():
+    from bench.memory_soak import report, slope
+
+    assert slope([(0, 1.0), (1, 3.0), (2, 5.0)]) == pytest.approx(2.0)
+    assert slope([(0, 1.0)]) == 0.0
+    # 1000 MiB growing 10 MiB an hour, sampled every 10 minutes for 3 hours, the first half hour left out
+    rows = [
+        {
+            "seconds": 600.0 * i,
+            "rss_kb": 1024 * (1000 + 10 * i / 6),
+            "tree_kb": 2048 * 1000.0,
+            "processes": 3,
+            "episodes": 10.0 * i,
+        }
+        for i in range(19)
+    ]
+    r = report(rows, warmup_min=30)
+    assert r["rss"]["slope_mib_per_hour"] == pytest.approx(10.0, abs=0.01)
+    assert r["rss"]["slope_pct_per_hour"] == pytest.approx(100 * 10 / r["rss"]["mean_mib"], rel=1e-3)
+    assert r["tree"]["slope_pct_per_hour"] == 0.0
+    assert [h["episodes"] for h in r["hourly"]] == [60, 120, 180]
+
+
+def test_loop_bench_inventory_survives_a_dead_weak_proxy():
+    """The memory sampler's inventory walks every live object; a weak proxy whose object is gone raised on
+    isinstance and stopped the sampler thread mid-run (an own-experience run lost its inventory that way)."""
+    import importlib.util
+    import weakref
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("loop_bench", ROOT / "bench" / "loop.py")
+    loop_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loop_bench)
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    dead = weakref.proxy(holder)
+    del holder
+    kept = torch.zeros(1_000_000)  # 3.8 MB, held here while the inventory runs
+    out = loop_bench.holdings()
+    assert dead is not None and out["other tensors"] >= kept.numel() * 4 / 2**20
