@@ -29,6 +29,7 @@ from agent_runtime.episode.prompt import lessons_section
 from agent_runtime.evaluation import EvalResult
 from agent_runtime.llm import making_room, training_device
 from agent_runtime.llm.base import acting
+from agent_runtime.phases.cycle import Cycle, lesson_pools
 from agent_runtime.phases.decisions import Decision, choose_prompts, recent_decisions, rehearsal, turn_prefixes
 from agent_runtime.phases.probe import ensure_reference
 from agent_runtime.phases.promotion import CycleDecision, changed_meanwhile, decide_cycle
@@ -38,7 +39,7 @@ from agent_runtime.state.cursor import CursorMove
 from agent_runtime.state.profile import profiled
 from distill.fingerprint import fingerprint_files
 from distill.lessons import live_lessons
-from distill.lessons.scope import ScopedLesson, for_env, in_scope
+from distill.lessons.scope import for_env
 from distill.lessons.versions import create_version, live_version
 from distill.opcd import (
     DivergenceError,
@@ -49,7 +50,7 @@ from distill.opcd import (
     run_job,
 )
 from distill.opcd.teacher import check_teacher
-from memory import AdapterInfo, ExperienceStore, LessonInfo, LessonSetInfo
+from memory import ExperienceStore
 
 log = logging.getLogger("agent_runtime.phases.consolidate")
 
@@ -153,58 +154,6 @@ def _rate(results: list[EvalResult]) -> float:
     return sum(r.successes for r in results) / n if n else 0.0
 
 
-@dataclass
-class Cycle:
-    """One cycle as it runs: what it distils, from which policy, under which cycle row (set at its start), then its
-    adapter, KL measurements and metrics as it trains and is evaluated (the row's curves go to the store step by
-    step)."""
-
-    cycle_id: int
-    kind: str  # "lessons", or "system_prompt" (`opcd.context`)
-    parent: AdapterInfo | None  # the run's adapter at the start: the student's parent and the acting policy
-    live: LessonSetInfo | None  # the live lesson set it is taught (None: a system prompt)
-    lessons: list[LessonInfo]  # that set's lessons (none for a system prompt)
-    system: SystemPrompt | None
-    contexts: list[str]  # the context blocks: one per lesson pool, or the system prompt
-    teacher_spec: TeacherSpec | None  # a separate teacher (None: the parent teaches)
-    teacher: dict[str, Any]  # the teacher's record for the cycle row
-    prompt_file: list[list[dict]] | None = None  # the chats of `opcd.context.prompts` (None: the run's own)
-    adapter_id: int | None = None  # the adapter it trained, once written
-    kl: tuple[float, float] | None = None  # held-out KL to the teacher, before and after training
-    lesson_kl: tuple[dict, dict] | None = None  # per lesson id, before and after
-    metrics: dict[str, Any] = field(default_factory=dict)  # the cycle row's metrics as they are filled in
-    families: dict[str, str] = field(default_factory=dict)  # each environment's prompt family (lesson scopes)
-    model_path: str = ""  # the run's model, resolved once (`Run.model_path`): the student's base
-
-    def shown(self) -> dict[str, Any]:
-        """What the "with lessons" conditions of EVALUATE show: the first pool's lessons (each environment those in
-        its scope), or the system prompt."""
-        if self.system:
-            return {"lessons": [], "context": self.system.text}
-        first = lesson_pools(self.lessons)[0]
-        return {"lessons": [ScopedLesson(x.text, tuple(x.scope)) for x in self.lessons if x.pool == first]}
-
-    def contexts_for(self, decision: Decision) -> list[str]:
-        """The teacher's context blocks for one prompt: per pool, the lessons in scope for its environment (all of
-        them for a prompt of no environment); the system prompt for a system-prompt cycle."""
-        if self.system or decision.env_id is None:
-            return self.contexts
-        family = self.families.get(decision.env_id)
-        out = []
-        for pool in lesson_pools(self.lessons):
-            texts = [x.text for x in self.lessons if x.pool == pool and in_scope(x.scope, decision.env_id, family)]
-            out.append(lessons_section(texts) if texts else "")
-        return out
-
-    def taught(self, decisions: list[Decision]) -> tuple[list[Decision], list[Decision]]:
-        """(the decisions some lesson is in scope for, those of environments no lesson is): the first are taught
-        with their environment's lessons, the second replayed (the student held to its parent there)."""
-        if self.system:
-            return decisions, []
-        replay = [d for d in decisions if not any(self.contexts_for(d))]
-        return [d for d in decisions if any(self.contexts_for(d))], replay
-
-
 def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = None) -> CycleReport:
     """One whole cycle of `run` (its `opcd:` settings), stored with its outcome and reasons (status "skipped" when
     there are no lessons to consolidate). `backend` acts with adapters (checked where it was built:
@@ -218,7 +167,7 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
     interrupted and is rolled back (`roll_back_interrupted`). After a promotion the adapter probe's reference
     is computed here, where the cycle ran (`agent_runtime.phases.probe.ensure_reference`)."""
 
-    config, workdir, store, run_id, opcd = run.config, run.workdir, run.store, run.id, run.config.opcd
+    config, store, run_id = run.config, run.store, run.id
 
     def move_cursor(report: CycleReport) -> CycleReport:  # called inside the transaction of the outcome
         if finish is not None:
@@ -230,40 +179,21 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
     if cycle is None:
         with store.transaction():
             return move_cursor(CycleReport(None, "skipped", ["no live lessons"]))
-    # 2. the prompts: the run's recent decisions, a tenth held out
-    decisions, replay = cycle.taught(
-        cycle_prompts(run, backend, cycle)
-        + rehearsal(run, backend, cycle.cycle_id, skip=bool(cycle.system or cycle.prompt_file))
-    )
-    if not decisions:
-        decisions, replay = replay, []  # no prompt of an environment in scope: taught as before scopes
-    if cycle.teacher_spec is not None:
-        replay = []  # a separate teacher would teach there, not hold the parent's policy
-    choice_mode = any(d.choices for d in decisions)
-    store.update_cycle(cycle.cycle_id, episode_ids=sorted({e for d in decisions for e in d.episode_ids}))
-    heldout, train = split_heldout(decisions)
-    adapters_dir = workdir / "adapters"
-    if adapters_dir.exists():
-        remove_partial_writes(adapters_dir)  # what a killed cycle left half-written
-    per_lesson = {x.id: _lesson_prompts(x, decisions, heldout) for x in cycle.lessons}
-    path = adapters_dir / f"cycle-{cycle.cycle_id}"
-    anchors = [d for d in replay if bool(d.choices) == choice_mode]  # the run's own past decisions, replayed
-    replayed = len(anchors)
-    if opcd.anchor_envs:
-        with profiled("CONSOLIDATE: anchor play"), acting(backend, cycle.parent):
-            anchors += anchor_decisions(run, backend, opcd.anchor_envs, opcd.anchor_episodes, choice_mode=choice_mode)
+    # 2. the prompts: the run's recent decisions, a tenth held out, and the replayed ones
+    prompts = gather_prompts(run, backend, cycle)
+    path = run.workdir / "adapters" / f"cycle-{cycle.cycle_id}"
     # 3. CONSOLIDATE: train the student
     job = train_job(
         config,
         cycle,
         run_id,
-        train,
-        heldout,
-        per_lesson,
+        prompts.train,
+        prompts.heldout,
+        prompts.per_lesson,
         path,
-        choice_mode=choice_mode,
+        choice_mode=prompts.choice_mode,
         device=training_device(config, backend),
-        anchors=anchors,
+        anchors=prompts.anchors,
     )
     try:
         with profiled("CONSOLIDATE: train"):
@@ -272,38 +202,7 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
         with store.transaction():
             store.rollback_cycle(cycle.cycle_id, error=str(exc))
             return move_cursor(CycleReport(cycle.cycle_id, "rolled_back", [str(exc)]))
-    cycle.kl = (result.kl_before["heldout"], result.kl_after["heldout"])
-    cycle.lesson_kl = (
-        {i: result.kl_before[f"lesson:{i}"] for i in per_lesson},
-        {i: result.kl_after[f"lesson:{i}"] for i in per_lesson},
-    )
-    parent = cycle.parent
-    cycle.adapter_id = store.add_adapter(
-        f"cycle-{cycle.cycle_id}",
-        str(path),
-        run_id=run_id,
-        parent_id=parent.id if parent else None,
-        base_model=config.model.name,
-        fingerprint=fingerprint_files(path),
-    )
-    cycle.metrics = cycle_metrics(
-        config,
-        cycle,
-        prompts=len(train),
-        heldout=len(heldout),
-        choice_mode=choice_mode,
-        train_seconds=result.seconds,
-    )
-    if opcd.anchor_envs or replayed:
-        cycle.metrics["anchor_prompts"] = len(anchors)
-        cycle.metrics["replay_prompts"] = replayed
-    cycle.metrics["training"] = {
-        "steps": len(result.steps),
-        "best_step": result.best_step,
-        "stopped_early": result.stopped_early,
-        "validation": result.validation,
-    }
-    store.update_cycle(cycle.cycle_id, adapter_id=cycle.adapter_id, metrics=cycle.metrics)
+    _record_training(run, cycle, prompts, result, path)
     # 4. EVALUATE every condition, then PROMOTE or ROLLBACK with the cursor's move
     with profiled("CONSOLIDATE: evaluate"):
         evals = evaluate_cycle(run, backend, cycle)
@@ -315,6 +214,84 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
         with profiled("PROMOTE: probe") as row, making_room(backend):
             ensure_reference(run, store.get_adapter(cycle.adapter_id), backend, count=row.count if row else None)
     return report
+
+
+@dataclass
+class CyclePrompts:
+    """What a cycle trains on and measures with: its taught prompts split into train and held-out ones, each
+    lesson's own prompts for its KL, and the anchors (the run's replayed past decisions, and `opcd.anchor_envs`'
+    played ones), where the student is held to its parent."""
+
+    train: list[Decision]
+    heldout: list[Decision]
+    per_lesson: dict[int, list[Decision]]
+    anchors: list[Decision]
+    replayed: int  # how many of the anchors are the run's own replayed decisions
+    choice_mode: bool
+
+
+def gather_prompts(run: Run, backend, cycle: Cycle) -> CyclePrompts:
+    """The cycle's prompts (`CyclePrompts`): the run's recent decisions in scope of a lesson, a tenth held out; the
+    run's past decisions of environments no lesson is in scope for, replayed; stored with the cycle row."""
+    store, opcd = run.store, run.config.opcd
+    decisions, replay = cycle.taught(
+        cycle_prompts(run, backend, cycle)
+        + rehearsal(run, backend, cycle.cycle_id, skip=bool(cycle.system or cycle.prompt_file))
+    )
+    if not decisions:
+        decisions, replay = replay, []  # no prompt of an environment in scope: taught as before scopes
+    if cycle.teacher_spec is not None:
+        replay = []  # a separate teacher would teach there, not hold the parent's policy
+    choice_mode = any(d.choices for d in decisions)
+    store.update_cycle(cycle.cycle_id, episode_ids=sorted({e for d in decisions for e in d.episode_ids}))
+    heldout, train = split_heldout(decisions)
+    adapters_dir = run.workdir / "adapters"
+    if adapters_dir.exists():
+        remove_partial_writes(adapters_dir)  # what a killed cycle left half-written
+    per_lesson = {x.id: _lesson_prompts(x, decisions, heldout) for x in cycle.lessons}
+    anchors = [d for d in replay if bool(d.choices) == choice_mode]  # the run's own past decisions, replayed
+    replayed = len(anchors)
+    if opcd.anchor_envs:
+        with profiled("CONSOLIDATE: anchor play"), acting(backend, cycle.parent):
+            anchors += anchor_decisions(run, backend, opcd.anchor_envs, opcd.anchor_episodes, choice_mode=choice_mode)
+    return CyclePrompts(train, heldout, per_lesson, anchors, replayed, choice_mode)
+
+
+def _record_training(run: Run, cycle: Cycle, prompts: CyclePrompts, result, path: Path) -> None:
+    """The trained adapter and the cycle's KL and training metrics, on `cycle` and in the store."""
+    config, store = run.config, run.store
+    cycle.kl = (result.kl_before["heldout"], result.kl_after["heldout"])
+    cycle.lesson_kl = (
+        {i: result.kl_before[f"lesson:{i}"] for i in prompts.per_lesson},
+        {i: result.kl_after[f"lesson:{i}"] for i in prompts.per_lesson},
+    )
+    parent = cycle.parent
+    cycle.adapter_id = store.add_adapter(
+        f"cycle-{cycle.cycle_id}",
+        str(path),
+        run_id=run.id,
+        parent_id=parent.id if parent else None,
+        base_model=config.model.name,
+        fingerprint=fingerprint_files(path),
+    )
+    cycle.metrics = cycle_metrics(
+        config,
+        cycle,
+        prompts=len(prompts.train),
+        heldout=len(prompts.heldout),
+        choice_mode=prompts.choice_mode,
+        train_seconds=result.seconds,
+    )
+    if config.opcd.anchor_envs or prompts.replayed:
+        cycle.metrics["anchor_prompts"] = len(prompts.anchors)
+        cycle.metrics["replay_prompts"] = prompts.replayed
+    cycle.metrics["training"] = {
+        "steps": len(result.steps),
+        "best_step": result.best_step,
+        "stopped_early": result.stopped_early,
+        "validation": result.validation,
+    }
+    store.update_cycle(cycle.cycle_id, adapter_id=cycle.adapter_id, metrics=cycle.metrics)
 
 
 def start_cycle(run: Run) -> Cycle | None:
@@ -348,10 +325,6 @@ def start_cycle(run: Run) -> Cycle | None:
     cycle = Cycle(cycle_id, kind, parent, live, lessons, system, contexts, teacher_spec, teacher, prompt_file)
     cycle.families, cycle.model_path = run.families, run.model_path
     return cycle
-
-
-def lesson_pools(lessons: list[LessonInfo]) -> list[int]:
-    return sorted({x.pool for x in lessons})
 
 
 def cycle_prompts(run: Run, backend, cycle: Cycle) -> list[Decision]:

@@ -13,7 +13,7 @@ from agent_runtime.cli import main
 from agent_runtime.config import ConfigError, config_from_dict
 from agent_runtime.episode.runner import Draw
 from agent_runtime.evaluation.continual import Matrix, load_matrix
-from agent_runtime.phases.consolidate import Cycle
+from agent_runtime.phases.cycle import Cycle
 from agent_runtime.phases.decisions import Decision
 from agent_runtime.phases.extract import LessonContexts
 from agent_runtime.run.loop import AgentLoop
