@@ -224,6 +224,13 @@ class ConsolidationConfig(StrictConfig):
     )
     promote_margin: float = Field(0.05, ge=0, le=1, description="allowed drop of the student without lessons")
     retention_margin: float = Field(0.05, ge=0, le=1, description="allowed drop on the retention set")
+    regression_games: int = Field(
+        2,
+        ge=1,
+        description="a drop on an environment's validation games is a regression only when it is over the margin "
+        "and at least this many games net (the parent's wins minus the student's, on the same games and seeds): "
+        "one game of 8 is 12.5 points, over any margin, and no evidence of forgetting; 1: any drop over the margin",
+    )
     internalized_ratio: float = Field(0.5, gt=0, le=1, description="per-lesson KL after/before for consolidation")
     min_kl_drop: float = Field(
         0.1,

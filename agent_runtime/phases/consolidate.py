@@ -502,6 +502,7 @@ def _decide(run: Run, cycle: Cycle, evals: dict[str, list[EvalResult]]) -> Cycle
     _record_evaluations(run, cycle, evals)
     by_env = {k: {r.env_id: r.success_rate for r in v} for k, v in evals.items()}
     cycle.metrics["evaluation_by_env"] = by_env
+    games = {k: {r.env_id: r.n for r in v} for k, v in evals.items()}
     decision = decide_cycle(
         cycle.metrics["evaluation"],
         cycle.kl,
@@ -510,6 +511,7 @@ def _decide(run: Run, cycle: Cycle, evals: dict[str, list[EvalResult]]) -> Cycle
         by_env=by_env,
         played=run.played_envs(),
         changed=changed_meanwhile(run.store, run.id, cycle.live, cycle.parent),
+        games=games,
     )
     return _apply(run, cycle, decision)
 

@@ -27,11 +27,14 @@ def decide_cycle(
     by_env: dict[str, dict[str, float]],
     played: list[str],
     changed: list[str],
+    games: dict[str, dict[str, int]] | None = None,
 ) -> CycleDecision:
     """The whole decision on a cycle that trained: `decide_promotion`'s rules and what `changed` in the store
-    while it trained (`changed_meanwhile`) roll it back; a promoted one lists the lessons it internalised."""
+    while it trained (`changed_meanwhile`) roll it back; a promoted one lists the lessons it internalised, and
+    the drops on validation games it let through as too few games to be a regression (`opcd.regression_games`).
+    `games`: each condition's number of games per environment (what turns a drop in rate into games)."""
     (before, after), (lesson_before, lesson_after) = kl, lesson_kl
-    reasons = decide_promotion(rates, before, after, opcd, by_env=by_env, played=played) + changed
+    reasons = decide_promotion(rates, before, after, opcd, by_env=by_env, played=played, games=games) + changed
     if reasons:
         return CycleDecision(False, reasons)
     why = (
@@ -39,7 +42,8 @@ def decide_cycle(
         f"{rates['student_without_lessons']:.2f} vs parent {rates['teacher_without_lessons']:.2f} "
         f"(margin {opcd.promote_margin})"
     )
-    return CycleDecision(True, [why], internalized_lessons(lesson_before, lesson_after, rates, opcd))
+    tolerated = _drops_by_env(by_env, played, opcd, games)[1]
+    return CycleDecision(True, [why, *tolerated], internalized_lessons(lesson_before, lesson_after, rates, opcd))
 
 
 def decide_promotion(
@@ -50,6 +54,7 @@ def decide_promotion(
     *,
     by_env: dict[str, dict[str, float]] | None = None,
     played: list[str] | None = None,
+    games: dict[str, dict[str, int]] | None = None,
 ) -> list[str]:
     """The reasons not to promote a cycle's adapter (none: promote). Evidence is needed both ways.
 
@@ -60,7 +65,9 @@ def decide_promotion(
     2. No regression: no evaluated condition fell below its reference by more than its margin. With validation
        games (`by_env`, each condition's rate per environment) it is judged there, in every environment the run
        has played (`played`) and every retention environment, without and with the lessons: the held-out games
-       stay the report's. Without them, on the held-out conditions pooled, as before."""
+       stay the report's. There a drop must also be `opcd.regression_games` games or more (`games` gives each
+       condition's games per environment; without it, any drop over the margin). Without validation games, on
+       the held-out conditions pooled, as before."""
     reasons = []
     validated = "validation_student" in rates and "validation_parent" in rates
     gain = rates["validation_student"] - rates["validation_parent"] if validated else None
@@ -80,7 +87,7 @@ def decide_promotion(
         )
         reasons.append(f"held-out KL {kl_before:.4f} -> {kl_after:.4f} did not fall by {opcd.min_kl_drop:.0%}{won}")
     if validated and by_env is not None:
-        return reasons + _regressions_by_env(by_env, played, opcd)
+        return reasons + _drops_by_env(by_env, played, opcd, games)[0]
     without = (
         ("validation_student", "validation_parent")
         if validated
@@ -100,12 +107,17 @@ def decide_promotion(
     return reasons
 
 
-def _regressions_by_env(
-    by_env: dict[str, dict[str, float]], played: list[str] | None, opcd: ConsolidationConfig
-) -> list[str]:
-    """Each played environment (each retention one) where the student fell below its parent on the validation games
-    by more than the margin, without or with the lessons."""
-    reasons = []
+def _drops_by_env(
+    by_env: dict[str, dict[str, float]] | None,
+    played: list[str] | None,
+    opcd: ConsolidationConfig,
+    games: dict[str, dict[str, int]] | None,
+) -> tuple[list[str], list[str]]:
+    """(the regressions, the drops let through): each played environment (each retention one) where the student
+    fell below its parent on the validation games by more than the margin, without or with the lessons. A drop of
+    fewer than `opcd.regression_games` games net (known from `games`) is let through, and said."""
+    regressions: list[str] = []
+    tolerated: list[str] = []
     checks = [
         ("validation_student", "validation_parent", opcd.promote_margin, "without lessons", True),
         (
@@ -118,16 +130,27 @@ def _regressions_by_env(
         ("validation_student_retention", "validation_parent_retention", opcd.retention_margin, "retention", False),
     ]
     for student, parent, margin, what, only_played in checks:
-        mine, theirs = by_env.get(student, {}), by_env.get(parent, {})
+        mine, theirs = (by_env or {}).get(student, {}), (by_env or {}).get(parent, {})
         for env in sorted(set(mine) & set(theirs)):
             if only_played and played is not None and env not in played:
                 continue
-            if mine[env] < theirs[env] - margin:
-                reasons.append(
-                    f"{what} on {env}'s validation games: student {mine[env]:.2f} fell below the parent's "
-                    f"{theirs[env]:.2f} by more than {margin}"
+            if not mine[env] < theirs[env] - margin:
+                continue
+            line = (
+                f"{what} on {env}'s validation games: student {mine[env]:.2f} fell below the parent's "
+                f"{theirs[env]:.2f} by more than {margin}"
+            )
+            n = (games or {}).get(student, {}).get(env)
+            lost = round((theirs[env] - mine[env]) * n) if n else None
+            counted = f"{lost} game{'s' if lost != 1 else ''} of {n}"
+            if lost is not None and lost < opcd.regression_games:
+                tolerated.append(
+                    f"{line}, but by {counted}: too few to be a regression (opcd.regression_games "
+                    f"{opcd.regression_games})"
                 )
-    return reasons
+            else:
+                regressions.append(line + (f" ({counted})" if lost is not None else ""))
+    return regressions, tolerated
 
 
 def internalized_lessons(
