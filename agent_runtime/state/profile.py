@@ -88,6 +88,8 @@ class Profile:
             # by identity: rows are dataclasses, and two rows with the same numbers compare equal
             del self._open[next(i for i, r in enumerate(self._open) if r is row)]
             row.end_rss_mb = memory_mb().get("VmRSS", 0.0)
+            # read after the fold: what grew in between is the phase's too, so its peak is at least its end
+            row.peak_rss_mb = max(row.peak_rss_mb, row.end_rss_mb)
             after = self._counters()
             row.wall_s += time.perf_counter() - wall
             row.cpu_s += time.process_time() - cpu
