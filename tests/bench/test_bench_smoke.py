@@ -88,6 +88,7 @@ def test_gpu_check_sections_run_in_cpu_dry_run(tmp_path, capsys):
     assert table.count("\n") == len(rows) + 2 and "| opcd | OPCD, default config |" in table
 
 
+@pytest.mark.slow
 def test_loop_profile_bench_sets_each_phase_against_its_floor(
     tmp_path, games_dir, tiny_model_dir, cycle_config, capsys
 ):
@@ -130,6 +131,7 @@ def test_loop_profile_bench_sets_each_phase_against_its_floor(
     assert held["model copies"] >= 1 and held["weights"] > 0 and held["rss_mb"] > 0
 
 
+@pytest.mark.slow
 def test_memory_soak_samples_the_loop_and_reports_its_slope(tmp_path, games_dir, capsys):
     """bench/memory_soak.py: the own-experience loop on the scripted policy runs under the sampler, every sample
     is on disk as it is taken, the loop is stopped at the deadline, and the report fits the slope."""

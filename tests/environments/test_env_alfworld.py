@@ -30,6 +30,7 @@ def _play(env, task_id):
     return result
 
 
+@pytest.mark.slow
 def test_generated_games_say_so_and_the_expert_wins(simple_env):
     assert simple_env.spec.kwargs["source"] == "generated"
     assert "not comparable" in simple_env.spec.description

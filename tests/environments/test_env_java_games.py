@@ -148,6 +148,7 @@ def test_the_jvm_is_closed_with_its_folder_and_close_is_harmless_twice():
     env.close()
 
 
+@pytest.mark.slow
 def test_a_hung_jvm_is_killed_and_the_next_reset_starts_a_fresh_one():
     env = environments.make("twx/coin")
     jar, data = twx._package_files()

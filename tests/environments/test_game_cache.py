@@ -106,6 +106,7 @@ def test_explicit_cache_dir_wins_and_old_workdirs_keep_their_games(tmp_path, cac
     assert generations == ["train-0"]
 
 
+@pytest.mark.slow
 def test_different_options_never_share_an_entry(cache_root, generations, monkeypatch):
     level1, level2 = _coin(level=1), _coin(level=2)
     paths = {

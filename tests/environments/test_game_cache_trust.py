@@ -276,6 +276,7 @@ def _has_open(pid: int, path: Path) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_run_waiting_for_a_game_stops_on_sigterm_with_its_draw_left_open(tmp_path):
     """The review's run: another process held the game's lock, and the run played nothing and ignored SIGTERM."""
     from memory import ExperienceStore

@@ -34,6 +34,7 @@ def test_help_and_version(cli):
     assert cli("no-such-command", check=False).returncode == 2
 
 
+@pytest.mark.slow
 def test_run_smoke_config_then_memory_stats(tmp_path, games_dir, cli, cli_process):
     """`run` as a real process (the progress bar on its stderr), then the memory it left, in process."""
     workdir = tmp_path / "smoke"
@@ -60,6 +61,7 @@ def test_run_smoke_config_then_memory_stats(tmp_path, games_dir, cli, cli_proces
     assert (workdir / "config.resolved.yaml").is_file() and (workdir / "run.log.jsonl").is_file()
 
 
+@pytest.mark.slow
 def test_run_tiny_model(tmp_path, games_dir, tiny_model_dir, cli):
     workdir = tmp_path / "tiny"
     proc = cli(
@@ -113,6 +115,7 @@ def test_user_errors_exit_2_with_a_message(tmp_path, cli):
     assert proc.returncode == 2 and "no memory.db" in proc.stderr
 
 
+@pytest.mark.slow
 def test_lessons_and_memory_commands(tmp_path, games_dir, cli):
     workdir = tmp_path / "lessons"
     cli(

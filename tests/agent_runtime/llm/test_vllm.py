@@ -262,6 +262,7 @@ def test_bfloat16_cross_check(start_vllm_engine, smollm2, smollm2_adapter, tmp_p
         assert numbers["agree"] >= numbers["n"] // 2, numbers["texts"]
 
 
+@pytest.mark.slow
 def test_a_failed_environment_build_fails_the_vllm_tests_with_its_reason():
     """What `.ci/run` does when `.ci/vllm-env.sh` fails: the main suite runs on, and the vLLM tests fail (not
     skip) with the build's reason, which reaches them in AGENT_RUNTIME_VLLM_UNAVAILABLE."""

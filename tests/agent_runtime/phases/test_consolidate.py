@@ -14,6 +14,7 @@ from agent_runtime.run.loop import AgentLoop
 from memory import ExperienceStore
 
 
+@pytest.mark.slow
 def test_cycle_in_the_loop(tmp_path, cycle_config):
     loop = AgentLoop(cycle_config(), tmp_path, progress=False)
     summary = loop.run()
@@ -81,6 +82,7 @@ def test_cycle_in_the_loop(tmp_path, cycle_config):
             assert adapter.status == "rejected"
 
 
+@pytest.mark.slow
 def test_a_cycle_with_validation_stores_its_curve_and_the_step_it_kept(tmp_path, cycle_config):
     trainer = {
         "steps": 3,
@@ -110,6 +112,7 @@ def test_a_cycle_with_validation_stores_its_curve_and_the_step_it_kept(tmp_path,
         assert read_metadata(store.get_adapter(cycle.adapter_id).path)["best_step"] == best["step"]
 
 
+@pytest.mark.slow
 def test_a_cycle_with_anchor_envs_keeps_the_parent_there(tmp_path, cycle_config, games_dir, monkeypatch):
     """`opcd.anchor_envs`: the parent plays that env's train games without lessons before the cycle trains, and their
     turns go to the trainer as anchor prompts (no context: the parent teaches there), not into the run's memory."""
@@ -142,6 +145,7 @@ def test_a_cycle_with_anchor_envs_keeps_the_parent_there(tmp_path, cycle_config,
         assert store.count_episodes(summary.run_id) == 4  # the anchor games are not experience
 
 
+@pytest.mark.slow
 def test_interrupted_cycle_is_rolled_back_on_resume(tmp_path, cycle_config):
     cfg = cycle_config()
     loop = AgentLoop(cfg, tmp_path, progress=False)
@@ -161,6 +165,7 @@ def test_interrupted_cycle_is_rolled_back_on_resume(tmp_path, cycle_config):
     assert summary.episodes == 4 and not partial.exists()
 
 
+@pytest.mark.slow
 def test_distill_and_eval_commands(tmp_path, cycle_config, cli):
     import json
 
@@ -188,6 +193,7 @@ def test_distill_and_eval_commands(tmp_path, cycle_config, cli):
     assert "leak check: 2 held-out tasks" in text and "no live lesson and no acting adapter learned from one" in text
 
 
+@pytest.mark.slow
 def test_cycle_trains_data_parallel(tmp_path, cycle_config):
     """opcd.trainer.processes: 2 runs the cycle's training as two data-parallel ranks (gloo on CPU); the cycle
     row gets its curves step by step from rank 0 and the adapter is written once."""

@@ -316,6 +316,7 @@ def test_the_loop_reconsolidates_the_remaining_lessons_on_top_of_the_kept_ancest
     loop.close()
 
 
+@pytest.mark.slow
 def test_distill_runs_a_scheduled_reconsolidation_now(tmp_path, cycle_config, cli):
     """`agent-runtime distill` carries out the re-consolidation `lessons forget` left, with its cycle."""
     import yaml

@@ -256,6 +256,7 @@ def test_distill_a_system_prompt_over_a_prompt_file(tmp_path, games_dir, cli):
     assert max(before) < 0.05 and min(after) > 5 * max(before)  # without the prompt, it now says "take coin"
 
 
+@pytest.mark.slow
 def test_a_loop_cycle_with_opcd_context_distils_the_system_prompt(tmp_path, cycle_config):
     from agent_runtime.run.loop import AgentLoop
     from memory import ExperienceStore

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from memory import ExperienceStore
 
 
@@ -51,6 +53,7 @@ def wait_for(workdir, n, proc, timeout=240):
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_sigkill_during_play_then_resume(tmp_path, games_dir):
     workdir, total = tmp_path / "run", 150
     seen = []
@@ -79,6 +82,7 @@ def resume_to_the_end(workdir, games_dir, total, *extra) -> None:
         assert run.status == "finished"
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_turn_commits_and_exits_0(tmp_path, games_dir):
     workdir = tmp_path / "run"
     proc = start(workdir, games_dir, 100_000)
@@ -104,6 +108,7 @@ def test_sigterm_finishes_the_turn_commits_and_exits_0(tmp_path, games_dir):
     assert len(draws) == max(n + 5, n + in_flight)
 
 
+@pytest.mark.slow
 def test_ray_driver_sigkill_then_resume(tmp_path, games_dir):
     """The driver of a Ray run killed with SIGKILL (its workers and local cluster go with it) resumes like the
     local loop: every draw committed exactly once."""

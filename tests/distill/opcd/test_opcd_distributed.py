@@ -70,6 +70,7 @@ def _job_processes(job_file) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow
 def test_two_ranks_train_the_same_adapter_as_one_process(tiny_model_dir, tmp_path):
     one = run_job(_job(tiny_model_dir, tmp_path / "one", objective="sft", temperature=1e-6))
     streamed = []
@@ -94,6 +95,7 @@ def test_two_ranks_train_the_same_adapter_as_one_process(tiny_model_dir, tmp_pat
     assert metadata["cycle_id"] == 7 and metadata["steps"] == 3 and metadata["config"]["processes"] == 2
 
 
+@pytest.mark.slow
 def test_run_job_streams_steps_and_gives_every_kl_set_before_and_after(tiny_model_dir, tmp_path):
     kl_sets = {
         "heldout": ([room(i) for i in range(10, 15)], LESSON),
@@ -124,6 +126,7 @@ def test_run_job_streams_steps_and_gives_every_kl_set_before_and_after(tiny_mode
     assert _job_processes(workdir / "job.json") == []
 
 
+@pytest.mark.slow
 def test_failing_rank_raises_a_clear_error_and_leaves_no_process(tiny_model_dir, tmp_path):
     missing = tmp_path / "no-such-model"
     job = _job(missing, tmp_path / "out", processes=2)

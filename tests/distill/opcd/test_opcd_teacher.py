@@ -240,6 +240,7 @@ def test_smollm2_separate_copy_matches_the_adapter_switch(monkeypatch, capsys):
     assert a[0] > 0 and a == pytest.approx(b, rel=1e-4, abs=1e-6) and kl_a == pytest.approx(kl_b, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_data_parallel_ranks_each_load_the_teacher_and_train_as_one_process(tmp_path, tiny_model_dir):
     """SFT on the teacher's greedy samples: the teacher writes the targets, so a rank without it (or with another
     one) would train a different adapter than the single process."""
@@ -262,6 +263,7 @@ def test_data_parallel_ranks_each_load_the_teacher_and_train_as_one_process(tmp_
     assert one.steps[0]["response_length"] == 3  # the taught teacher's reply: "take coin" and its end of turn
 
 
+@pytest.mark.slow
 def test_a_cycle_records_its_cross_size_teacher(tmp_path, cycle_config):
     from agent_runtime.run.loop import AgentLoop
     from memory import ExperienceStore
