@@ -552,7 +552,8 @@ def _apply(run: Run, cycle: Cycle, decision: CycleDecision) -> CycleReport:
         now = live_version(store, run.id)
         remaining = [i for i in (now.lesson_ids if now else []) if i not in set(consolidated)]
         create_version(store, run.id, remaining, note=f"cycle {cycle_id} consolidated {len(consolidated)} lessons")
-    return CycleReport(cycle_id, "promoted", [], cycle.adapter_id, consolidated, metrics)
+    # the line shows the KL and rates already; it says the validation drops let through as too few games
+    return CycleReport(cycle_id, "promoted", decision.reasons[1:], cycle.adapter_id, consolidated, metrics)
 
 
 def random_policy(config: RunConfig):
