@@ -184,9 +184,8 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
     path = run.workdir / "adapters" / f"cycle-{cycle.cycle_id}"
     # 3. CONSOLIDATE: train the student
     job = train_job(
-        config,
+        run,
         cycle,
-        run_id,
         prompts.train,
         prompts.heldout,
         prompts.per_lesson,
@@ -323,7 +322,7 @@ def start_cycle(run: Run) -> Cycle | None:
     else:
         contexts = [lessons_section([x.text for x in lessons if x.pool == p]) for p in lesson_pools(lessons)]
     cycle = Cycle(cycle_id, kind, parent, live, lessons, system, contexts, teacher_spec, teacher, prompt_file)
-    cycle.families, cycle.model_path = run.families, run.model_path
+    cycle.families = run.families
     return cycle
 
 
@@ -345,9 +344,8 @@ def split_heldout(decisions: list[Decision]) -> tuple[list[Decision], list[Decis
 
 
 def train_job(
-    config: RunConfig,
+    run: Run,
     cycle: Cycle,
-    run_id: int,
     train: list[Decision],
     heldout: list[Decision],
     per_lesson: dict[int, list[Decision]],
@@ -379,8 +377,8 @@ def train_job(
         }
     parent = cycle.parent
     return TrainJob(
-        model_path=cycle.model_path,
-        config=config.opcd.trainer,
+        model_path=run.model_path,
+        config=run.config.opcd.trainer,
         train_prompts=[d.chat for d in train],
         contexts=cycle.system.text if cycle.system else cycle.contexts,
         prompt_contexts=[cycle.contexts_for(d) for d in train] if scoped else None,
@@ -392,7 +390,7 @@ def train_job(
         train_choices=[d.choices for d in train] if choice_mode else None,
         anchor_prompts=[d.chat for d in anchors],
         anchor_choices=[d.choices for d in anchors] if choice_mode and anchors else None,
-        metadata={"cycle_id": cycle.cycle_id, "run_id": run_id, "kind": cycle.kind, "teacher": cycle.teacher},
+        metadata={"cycle_id": cycle.cycle_id, "run_id": run.id, "kind": cycle.kind, "teacher": cycle.teacher},
         device=device,
         overwrite=True,
     )

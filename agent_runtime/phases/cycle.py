@@ -40,7 +40,6 @@ class Cycle:
     lesson_kl: tuple[dict, dict] | None = None  # per lesson id, before and after
     metrics: dict[str, Any] = field(default_factory=dict)  # the cycle row's metrics as they are filled in
     families: dict[str, str] = field(default_factory=dict)  # each environment's prompt family (lesson scopes)
-    model_path: str = ""  # the run's model, resolved once (`Run.model_path`): the student's base
 
     def shown(self) -> dict[str, Any]:
         """What the "with lessons" conditions of EVALUATE show: the first pool's lessons (each environment those in

@@ -108,7 +108,7 @@ def decide_promotion(
 
 
 def _drops_by_env(
-    by_env: dict[str, dict[str, float]] | None,
+    by_env: dict[str, dict[str, float]],
     played: list[str] | None,
     opcd: ConsolidationConfig,
     games: dict[str, dict[str, int]] | None,
@@ -130,7 +130,7 @@ def _drops_by_env(
         ("validation_student_retention", "validation_parent_retention", opcd.retention_margin, "retention", False),
     ]
     for student, parent, margin, what, only_played in checks:
-        mine, theirs = (by_env or {}).get(student, {}), (by_env or {}).get(parent, {})
+        mine, theirs = by_env.get(student, {}), by_env.get(parent, {})
         for env in sorted(set(mine) & set(theirs)):
             if only_played and played is not None and env not in played:
                 continue
@@ -141,15 +141,18 @@ def _drops_by_env(
                 f"{theirs[env]:.2f} by more than {margin}"
             )
             n = (games or {}).get(student, {}).get(env)
-            lost = round((theirs[env] - mine[env]) * n) if n else None
+            if not n:  # rates only: any drop over the margin
+                regressions.append(line)
+                continue
+            lost = round((theirs[env] - mine[env]) * n)
             counted = f"{lost} game{'s' if lost != 1 else ''} of {n}"
-            if lost is not None and lost < opcd.regression_games:
+            if lost < opcd.regression_games:
                 tolerated.append(
                     f"{line}, but by {counted}: too few to be a regression (opcd.regression_games "
                     f"{opcd.regression_games})"
                 )
             else:
-                regressions.append(line + (f" ({counted})" if lost is not None else ""))
+                regressions.append(f"{line} ({counted})")
     return regressions, tolerated
 
 
