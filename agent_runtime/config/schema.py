@@ -231,6 +231,14 @@ class ConsolidationConfig(StrictConfig):
         "and at least this many games net (the parent's wins minus the student's, on the same games and seeds): "
         "one game of 8 is 12.5 points, over any margin, and no evidence of forgetting; 1: any drop over the margin",
     )
+    recheck_games: int = Field(
+        8,
+        ge=0,
+        description="a drop on an environment's validation games over the margin but of fewer than regression_games "
+        "games is looked at again: the parent and the student play this many more train games of that environment "
+        "(the next tasks, fixed seeds, every validation condition) and the check is made on all of them; "
+        "0: such a drop is let through at once",
+    )
     internalized_ratio: float = Field(0.5, gt=0, le=1, description="per-lesson KL after/before for consolidation")
     min_kl_drop: float = Field(
         0.1,

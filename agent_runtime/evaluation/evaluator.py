@@ -217,6 +217,7 @@ def evaluate(
     *,
     lessons: Sequence[str | ScopedLesson] | None = None,
     episodes_per_env: int | None = None,
+    first: int = 0,
     slots: int | None = None,
     split: str = "eval",
     context: str | None = None,
@@ -225,7 +226,7 @@ def evaluate(
     on_record: Callable[[EpisodeRecord], None] | None = None,
 ) -> list[EvalResult]:
     """Play the first N tasks of `split` (the held-out eval split by default) of every environment of the
-    config; return one result per environment. `lessons`: each environment's prompt shows those in its scope (a
+    config (`first`: from that task on, each task with the seed it always has); return one result per environment. `lessons`: each environment's prompt shows those in its scope (a
     plain string: every environment). `context`: a system prompt appended to every system message
     (a system-prompt distillation cycle's "with context" conditions). `pool`: where specs and started
     instances are kept between calls (default: this process's, `env_pool()`); `reuse=False`: none kept.
@@ -245,7 +246,7 @@ def evaluate(
     queue = [
         Draw(index=len(specs) * i + e, env_index=e, task_id=tasks[i], seed=config.evaluation.seed + i)
         for e, tasks in enumerate(task_lists)
-        for i in range(min(n, len(tasks)))
+        for i in range(first, min(first + n, len(tasks)))
     ]
     results = [EvalResult(spec.env_id) for spec in specs]
 

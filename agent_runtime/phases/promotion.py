@@ -25,7 +25,6 @@ def decide_cycle(
     opcd: ConsolidationConfig,
     *,
     by_env: dict[str, dict[str, float]],
-    played: list[str],
     changed: list[str],
     games: dict[str, dict[str, int]] | None = None,
 ) -> CycleDecision:
@@ -34,7 +33,7 @@ def decide_cycle(
     the drops on validation games it let through as too few games to be a regression (`opcd.regression_games`).
     `games`: each condition's number of games per environment (what turns a drop in rate into games)."""
     (before, after), (lesson_before, lesson_after) = kl, lesson_kl
-    reasons = decide_promotion(rates, before, after, opcd, by_env=by_env, played=played, games=games) + changed
+    reasons = decide_promotion(rates, before, after, opcd, by_env=by_env, games=games) + changed
     if reasons:
         return CycleDecision(False, reasons)
     why = (
@@ -42,7 +41,7 @@ def decide_cycle(
         f"{rates['student_without_lessons']:.2f} vs parent {rates['teacher_without_lessons']:.2f} "
         f"(margin {opcd.promote_margin})"
     )
-    tolerated = _drops_by_env(by_env, played, opcd, games)[1]
+    tolerated = [d.line for d in validation_drops(by_env, opcd, games) if not d.regression]
     return CycleDecision(True, [why, *tolerated], internalized_lessons(lesson_before, lesson_after, rates, opcd))
 
 
@@ -53,7 +52,6 @@ def decide_promotion(
     opcd: ConsolidationConfig,
     *,
     by_env: dict[str, dict[str, float]] | None = None,
-    played: list[str] | None = None,
     games: dict[str, dict[str, int]] | None = None,
 ) -> list[str]:
     """The reasons not to promote a cycle's adapter (none: promote). Evidence is needed both ways.
@@ -63,11 +61,12 @@ def decide_promotion(
        validation games than the parent by over `promote_margin`. A KL on a handful of prompts is noisy, and a
        student that sharpens the teacher's preference past it plays better while its KL rises.
     2. No regression: no evaluated condition fell below its reference by more than its margin. With validation
-       games (`by_env`, each condition's rate per environment) it is judged there, in every environment the run
-       has played (`played`) and every retention environment, without and with the lessons: the held-out games
-       stay the report's. There a drop must also be `opcd.regression_games` games or more (`games` gives each
-       condition's games per environment; without it, any drop over the margin). Without validation games, on
-       the held-out conditions pooled, as before."""
+       games (`by_env`, each condition's rate per environment) it is judged there, in every environment of the
+       run, played yet or not (a cycle that costs one the agent has still to meet is negative forward transfer),
+       and every retention environment, without and with the lessons: the held-out games stay the report's.
+       There a drop must also be `opcd.regression_games` games or more (`games` gives each condition's games per
+       environment; without it, any drop over the margin). Without validation games, on the held-out
+       conditions pooled, as before."""
     reasons = []
     validated = "validation_student" in rates and "validation_parent" in rates
     gain = rates["validation_student"] - rates["validation_parent"] if validated else None
@@ -87,7 +86,7 @@ def decide_promotion(
         )
         reasons.append(f"held-out KL {kl_before:.4f} -> {kl_after:.4f} did not fall by {opcd.min_kl_drop:.0%}{won}")
     if validated and by_env is not None:
-        return reasons + _drops_by_env(by_env, played, opcd, games)[0]
+        return reasons + [d.line for d in validation_drops(by_env, opcd, games) if d.regression]
     without = (
         ("validation_student", "validation_parent")
         if validated
@@ -107,53 +106,64 @@ def decide_promotion(
     return reasons
 
 
-def _drops_by_env(
-    by_env: dict[str, dict[str, float]],
-    played: list[str] | None,
-    opcd: ConsolidationConfig,
-    games: dict[str, dict[str, int]] | None,
-) -> tuple[list[str], list[str]]:
-    """(the regressions, the drops let through): each played environment (each retention one) where the student
-    fell below its parent on the validation games by more than the margin, without or with the lessons. A drop of
-    fewer than `opcd.regression_games` games net (known from `games`) is let through, and said."""
-    regressions: list[str] = []
-    tolerated: list[str] = []
-    checks = [
-        ("validation_student", "validation_parent", opcd.promote_margin, "without lessons", True),
-        (
-            "validation_student_with_lessons",
-            "validation_parent_with_lessons",
-            opcd.promote_margin,
-            "with lessons",
-            True,
-        ),
-        ("validation_student_retention", "validation_parent_retention", opcd.retention_margin, "retention", False),
-    ]
-    for student, parent, margin, what, only_played in checks:
+@dataclass(frozen=True)
+class Drop:
+    """One environment where the student fell below its parent on the validation games by more than the margin,
+    without or with the lessons (`what`), or on a retention environment; `lost` games net of `n` (None: only the
+    rates are known)."""
+
+    what: str
+    env: str
+    student: float
+    parent: float
+    margin: float
+    lost: int | None
+    n: int | None
+    regression_games: int
+
+    @property
+    def regression(self) -> bool:
+        """Over the margin and `regression_games` games or more (any drop over the margin without game counts)."""
+        return self.lost is None or self.lost >= self.regression_games
+
+    @property
+    def line(self) -> str:
+        line = (
+            f"{self.what} on {self.env}'s validation games: student {self.student:.2f} fell below the parent's "
+            f"{self.parent:.2f} by more than {self.margin}"
+        )
+        if self.lost is None:
+            return line
+        counted = f"{self.lost} game{'s' if self.lost != 1 else ''} of {self.n}"
+        if self.regression:
+            return f"{line} ({counted})"
+        return f"{line}, but by {counted}: too few to be a regression (opcd.regression_games {self.regression_games})"
+
+
+_CHECKS = (  # (student's condition, parent's condition, which margin, what)
+    ("validation_student", "validation_parent", "promote_margin", "without lessons"),
+    ("validation_student_with_lessons", "validation_parent_with_lessons", "promote_margin", "with lessons"),
+    ("validation_student_retention", "validation_parent_retention", "retention_margin", "retention"),
+)
+
+
+def validation_drops(
+    by_env: dict[str, dict[str, float]], opcd: ConsolidationConfig, games: dict[str, dict[str, int]] | None
+) -> list[Drop]:
+    """Every environment with validation games (each of the run's, each retention one) where the student fell
+    below its parent by more than the margin, without or with the lessons; each a regression or a drop of fewer
+    than `opcd.regression_games` games net (known from `games`), let through and said."""
+    drops = []
+    for student, parent, margin_name, what in _CHECKS:
         mine, theirs = by_env.get(student, {}), by_env.get(parent, {})
+        margin = getattr(opcd, margin_name)
         for env in sorted(set(mine) & set(theirs)):
-            if only_played and played is not None and env not in played:
-                continue
             if not mine[env] < theirs[env] - margin:
                 continue
-            line = (
-                f"{what} on {env}'s validation games: student {mine[env]:.2f} fell below the parent's "
-                f"{theirs[env]:.2f} by more than {margin}"
-            )
-            n = (games or {}).get(student, {}).get(env)
-            if not n:  # rates only: any drop over the margin
-                regressions.append(line)
-                continue
-            lost = round((theirs[env] - mine[env]) * n)
-            counted = f"{lost} game{'s' if lost != 1 else ''} of {n}"
-            if lost < opcd.regression_games:
-                tolerated.append(
-                    f"{line}, but by {counted}: too few to be a regression (opcd.regression_games "
-                    f"{opcd.regression_games})"
-                )
-            else:
-                regressions.append(f"{line} ({counted})")
-    return regressions, tolerated
+            n = (games or {}).get(student, {}).get(env) or None
+            lost = round((theirs[env] - mine[env]) * n) if n else None
+            drops.append(Drop(what, env, mine[env], theirs[env], margin, lost, n, opcd.regression_games))
+    return drops
 
 
 def internalized_lessons(

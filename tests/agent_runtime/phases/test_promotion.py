@@ -40,7 +40,6 @@ def _decide(treasure_student: float, *, regression_games: int = 2, games: int | 
         ({}, {}),
         ConsolidationConfig(regression_games=regression_games),
         by_env=by_env,
-        played=[COIN, TREASURE],
         changed=[],
         games=counts,
     )
@@ -83,3 +82,110 @@ def test_on_twenty_games_one_game_is_within_the_margin_and_two_are_not():
     """At 20 games a game is 5 points: one is no drop over the margin at all, two are a regression."""
     assert _decide(0.70, games=20).reasons[1:] == []
     assert not _decide(0.65, games=20).promoted
+
+
+# -- the second look: a one-game drop is played again on more games before the decision -------------------------------
+
+
+class _Adapters:
+    """A backend that acts with adapters by name; what it plays is the fake run's."""
+
+    def __init__(self):
+        self.adapters: dict = {}
+        self.active_adapter = None
+
+    def load_adapter(self, name, path):
+        self.adapters[name] = path
+
+    def use_adapter(self, name):
+        self.active_adapter = name
+
+
+def _recheck_run(student_losses: set[int], recheck_games: int = 8):
+    """A run of two rooms, 8 validation games each, whose parent wins every game and whose student wins every
+    game but those numbered in `student_losses` in the right room; it records what it was asked to play."""
+    from types import SimpleNamespace
+
+    from agent_runtime.config import config_from_dict
+    from agent_runtime.evaluation import EvalResult
+    from tests.continual_envs import LEFT, RIGHT
+
+    config = config_from_dict(
+        {
+            "name": "recheck",
+            "envs": [{"id": LEFT}, {"id": RIGHT}],
+            "model": {"name": "scripted", "backend": "scripted"},
+            "opcd": {"validation_games": 8, "recheck_games": recheck_games},
+        }
+    )
+    asked = []
+
+    def evaluate(backend, *, episodes_per_env, envs=None, split="eval", first=0, **shown):
+        who = backend.active_adapter or "parent"
+        asked.append((who, [e.id for e in envs], first, episodes_per_env, split))
+        return [
+            EvalResult(
+                e.id,
+                [
+                    {"seed": i, "won": not (who != "parent" and e.id == RIGHT and i in student_losses)}
+                    for i in range(first, first + episodes_per_env)
+                ],
+            )
+            for e in envs
+        ]
+
+    run = SimpleNamespace(config=config, families={}, evaluate=evaluate)
+    return run, asked, LEFT, RIGHT
+
+
+def _validated(run, student_losses):
+    """The first validation games of both, as `evaluate_cycle` plays them, then the second look."""
+    from types import SimpleNamespace
+
+    from agent_runtime.llm.base import acting
+    from agent_runtime.phases import consolidate
+
+    backend, student = _Adapters(), SimpleNamespace(name="cycle-1", path="adapters/cycle-1")
+    cycle = SimpleNamespace(parent=None, metrics={})
+    evals = {}
+    for who, adapter in (("parent", None), ("student", student)):
+        with acting(backend, adapter):
+            evals.update(consolidate._validate(run, backend, who, {"lessons": []}))
+    consolidate._recheck(run, backend, cycle, student, evals, {"lessons": []})
+    by_env, games = consolidate._by_env(evals)
+    rates = {k: sum(r.successes for r in v) / sum(r.n for r in v) for k, v in evals.items()}
+    rates.update(teacher_without_lessons=0.5, student_without_lessons=0.5, teacher_with_lessons=0.5)
+    decision = decide_cycle(rates, (0.3, 0.03), ({}, {}), run.config.opcd, by_env=by_env, changed=[], games=games)
+    return decision, cycle.metrics
+
+
+def test_a_one_game_drop_is_played_again_and_two_more_lost_games_roll_the_cycle_back():
+    run, asked, left, right = _recheck_run({3, 9, 12})
+    decision, metrics = _validated(run, {3, 9, 12})
+    assert not decision.promoted
+    assert decision.reasons == [
+        f"without lessons on {right}'s validation games: student 0.81 fell below the parent's 1.00 by more than "
+        "0.05 (3 games of 16)"
+    ]
+    # the first look: both rooms, 8 games each; the second: the right room only, the next 8 train tasks, both sides
+    assert asked[:2] == [("parent", [left, right], 0, 8, "train"), ("cycle-1", [left, right], 0, 8, "train")]
+    assert asked[2:] == [("parent", [right], 8, 8, "train"), ("cycle-1", [right], 8, 8, "train")]
+    assert metrics["rechecked"] == {right: 16}
+
+
+def test_a_one_game_drop_that_stays_one_game_on_more_games_is_let_through_and_said():
+    run, asked, _, right = _recheck_run({3})
+    decision, _ = _validated(run, {3})
+    assert decision.promoted, decision.reasons
+    assert "student 0.94 fell below the parent's 1.00 by more than 0.05, but by 1 game of 16" in decision.reasons[1]
+    assert len(asked) == 4
+
+
+def test_no_second_look_without_a_close_drop_or_with_recheck_games_0():
+    run, asked, *_ = _recheck_run(set())
+    _, metrics = _validated(run, set())
+    assert len(asked) == 2 and "rechecked" not in metrics
+    run, asked, _, right = _recheck_run({3}, recheck_games=0)
+    decision, metrics = _validated(run, {3})
+    assert len(asked) == 2 and "rechecked" not in metrics
+    assert decision.promoted and "but by 1 game of 8" in decision.reasons[1]
