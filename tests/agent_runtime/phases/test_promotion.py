@@ -164,8 +164,10 @@ def test_a_one_game_drop_is_played_again_and_two_more_lost_games_roll_the_cycle_
     decision, metrics = _validated(run, {3, 9, 12})
     assert not decision.promoted
     assert decision.reasons == [
-        f"without lessons on {right}'s validation games: student 0.81 fell below the parent's 1.00 by more than "
-        "0.05 (3 games of 16)"
+        (
+            f"without lessons on {right}'s validation games: student 0.81 fell below the parent's 1.00 by more "
+            "than 0.05 (3 games of 16)"
+        )
     ]
     # the first look: both rooms, 8 games each; the second: the right room only, the next 8 train tasks, both sides
     assert asked[:2] == [("parent", [left, right], 0, 8, "train"), ("cycle-1", [left, right], 0, 8, "train")]
@@ -174,7 +176,7 @@ def test_a_one_game_drop_is_played_again_and_two_more_lost_games_roll_the_cycle_
 
 
 def test_a_one_game_drop_that_stays_one_game_on_more_games_is_let_through_and_said():
-    run, asked, _, right = _recheck_run({3})
+    run, asked, *_ = _recheck_run({3})
     decision, _ = _validated(run, {3})
     assert decision.promoted, decision.reasons
     assert "student 0.94 fell below the parent's 1.00 by more than 0.05, but by 1 game of 16" in decision.reasons[1]
@@ -185,7 +187,7 @@ def test_no_second_look_without_a_close_drop_or_with_recheck_games_0():
     run, asked, *_ = _recheck_run(set())
     _, metrics = _validated(run, set())
     assert len(asked) == 2 and "rechecked" not in metrics
-    run, asked, _, right = _recheck_run({3}, recheck_games=0)
+    run, asked, *_ = _recheck_run({3}, recheck_games=0)
     decision, metrics = _validated(run, {3})
     assert len(asked) == 2 and "rechecked" not in metrics
     assert decision.promoted and "but by 1 game of 8" in decision.reasons[1]

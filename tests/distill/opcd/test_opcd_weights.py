@@ -129,7 +129,9 @@ def test_bound_heap_returns_large_freed_tensors_to_the_system():
         "print(grown, memory_mb()['VmRSS'] - before)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "AGENT_RUNTIME_MALLOC"}
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], check=False, capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     grown, left = (float(x) for x in done.stdout.split())
     assert grown > 50
