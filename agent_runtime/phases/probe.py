@@ -302,7 +302,7 @@ def build_reference(
     `count(prompt_tokens, generated_tokens, decisions)`, when given, is told the work the reference model did (a
     profile's row: this model is not the acting backend whose counters the profile reads)."""
     from agent_runtime.llm.transformers_backend import TransformersBackend
-    from distill.opcd.job import load_tokenizer_padded
+    from distill.opcd.teacher import load_tokenizer
     from distill.opcd.weights import base_view, can_share
 
     decisions = decisions[:CANDIDATE_PROMPTS]
@@ -310,7 +310,7 @@ def build_reference(
     if shared_weights is not None and can_share(shared_weights, torch.float32, torch.device(device)):
         ref = TransformersBackend(
             base_view(shared_weights),
-            load_tokenizer_padded(model_path),
+            load_tokenizer(model_path, pad=True),
             dtype="float32",
             device=device,
             prefix_cache=False,

@@ -49,7 +49,7 @@ from pydantic import Field, model_validator
 
 from distill.config_base import StrictConfig
 from distill.opcd.config import OPCDConfig
-from distill.opcd.teacher import TeacherSpec, check_teacher, load_teacher
+from distill.opcd.teacher import TeacherSpec, check_teacher, load_teacher, load_tokenizer
 from distill.opcd.trainer import Chat, DivergenceError, OPCDTrainer, PromptContexts
 from distill.opcd.weights import base_view, can_share, release_memory
 
@@ -131,26 +131,11 @@ class JobResult:
     stopped_early: bool = False
 
 
-def load_tokenizer_padded(model_path: str):
-    """The checkpoint's tokenizer, offline, padding with EOS if it has no pad token."""
-    from transformers import AutoTokenizer
-
-    if Path(model_path).is_absolute() and not Path(model_path).is_dir():
-        raise FileNotFoundError(
-            f"model directory {model_path} does not exist; give a local checkpoint directory "
-            "(or a Hugging Face id already in the cache)"
-        )
-    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
 def load_model(model_path: str):
     """(causal LM, tokenizer) from a local checkpoint, offline; the tokenizer pads with EOS if it has no pad."""
     from transformers import AutoModelForCausalLM
 
-    tokenizer = load_tokenizer_padded(model_path)
+    tokenizer = load_tokenizer(model_path, pad=True)
     return AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True), tokenizer
 
 
@@ -171,7 +156,7 @@ def execute(
         check_teacher(job.model_path, job.teacher)
     dtype, target = getattr(torch, job.config.weights_dtype), torch.device(device or job.device)
     if shared_weights is not None and not job.config.full_finetune and can_share(shared_weights, dtype, target):
-        model, tokenizer = base_view(shared_weights), load_tokenizer_padded(job.model_path)
+        model, tokenizer = base_view(shared_weights), load_tokenizer(job.model_path, pad=True)
     else:
         model, tokenizer = load_model(job.model_path)
         model.to(target, dtype=dtype)

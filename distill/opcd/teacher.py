@@ -130,8 +130,9 @@ def compare_tokenizers(student, teacher) -> VocabularyCheck:
     return VocabularyCheck(not differences, len(s_vocab), len(t_vocab), differences, template_same)
 
 
-def load_tokenizer(model_path: str):
-    """The tokenizer of a local checkpoint (or a cached Hugging Face id), offline; no weights are read."""
+def load_tokenizer(model_path: str, *, pad: bool = False):
+    """The tokenizer of a local checkpoint (or a cached Hugging Face id), offline; no weights are read. `pad`: it
+    pads with EOS if it has no pad token (what batched training and scoring need)."""
     from transformers import AutoTokenizer
 
     if Path(model_path).is_absolute() and not Path(model_path).is_dir():
@@ -139,7 +140,10 @@ def load_tokenizer(model_path: str):
             f"model directory {model_path} does not exist; give a local checkpoint directory "
             "(or a Hugging Face id already in the cache)"
         )
-    return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    if pad and tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def require_same_tokenizer(student, teacher, teacher_name: str) -> VocabularyCheck:
