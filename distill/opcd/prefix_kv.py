@@ -13,7 +13,10 @@ and the splice live here once:
 - `run_prefix`: the batch-1 KV of a token prefix, per layer;
 - `batched_cache`: a cache holding each row's cached prefix, right-aligned to the widest ([left padding]
   [cached part]), with room allocated up front for what the call will add. The rows' attention mask covers
-  those columns and position ids come from the mask, so each row sees the positions it has without the cache.
+  those columns and position ids come from the mask, so each row sees the positions it has without the cache;
+- `read_only_prefix`: one prefix every row of a training forward reads and none extends, which a
+  gradient-checkpointed layer may keep (its recompute in the backward pass reads the same states), so a
+  checkpointed student still runs its rows' shared system prompt once.
 
 Splicing needs a cache that is one plain growing (key, value) pair per layer (`plain_kv_layers`); models with
 sliding windows or recurrent state run without it.
@@ -21,7 +24,9 @@ sliding windows or recurrent state run without it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,3 +148,73 @@ def batched_cache(sources: list[CachedSequence | None], cached: list[int], capac
     cache = DynamicCache()
     cache.layers = built
     return cache
+
+
+@functools.cache
+def _read_only_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class ReadOnlyPrefixLayer(DynamicLayer):
+        """A fixed prefix's KV: `update` returns the prefix followed by the call's own keys and values and keeps
+        nothing, so a call is a pure function of its inputs (a checkpointed layer's recompute sees what its
+        forward saw)."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+            super().__init__()
+            self.lazy_initialization(keys, values)
+            self.keys, self.values = keys, values
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+    return ReadOnlyPrefixLayer
+
+
+def read_only_prefix(decoder, ids: torch.Tensor, rows: int):
+    """The KV of the batch-1 token prefix `ids` (gradients flow through it when enabled), as a cache that `rows`
+    rows read (views, not copies) and no call extends. The prefix runs with its layers as they are, not
+    checkpointed: a checkpointed layer would drop the cache its output is."""
+    from transformers import DynamicCache
+
+    with _checkpointing_off(decoder):
+        run = decoder(input_ids=ids, use_cache=True).cache
+    layer_class = _read_only_layer_class()
+    cache = DynamicCache()
+    cache.layers = [
+        layer_class(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1)) for layer in run.layers
+    ]
+    return cache
+
+
+def checkpoint_keeps_read_only_cache() -> bool:
+    """Whether this transformers lets a gradient-checkpointed layer keep a cache it only reads (its
+    `_can_checkpoint_with_cache`); without it such a layer runs as if there were no cache."""
+    from transformers import modeling_layers
+
+    layer = getattr(modeling_layers, "GradientCheckpointingLayer", None)
+    return layer is not None and hasattr(layer, "_can_checkpoint_with_cache")
+
+
+@contextlib.contextmanager
+def reading_cache_under_checkpointing(decoder) -> Iterator[None]:
+    """Within the block, `decoder`'s checkpointed layers keep the cache they are given (a `read_only_prefix`)."""
+    layers = [m for m in decoder.modules() if hasattr(type(m), "_can_checkpoint_with_cache")]
+    for m in layers:
+        m._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for m in layers:
+            vars(m).pop("_can_checkpoint_with_cache", None)
+
+
+@contextlib.contextmanager
+def _checkpointing_off(decoder) -> Iterator[None]:
+    switched = [m for m in decoder.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    for m in switched:
+        m.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for m in switched:
+            m.gradient_checkpointing = True

@@ -63,7 +63,13 @@ from distill.opcd.collectives import average_gradients, global_loss, world
 from distill.opcd.config import OPCDConfig
 from distill.opcd.losses import ChunkedLoss, chunked_topk_divergence
 from distill.opcd.policies import Policies, PromptContexts, with_context
-from distill.opcd.prefix_kv import plain_kv_layers, shared_prefix_length
+from distill.opcd.prefix_kv import (
+    checkpoint_keeps_read_only_cache,
+    plain_kv_layers,
+    read_only_prefix,
+    reading_cache_under_checkpointing,
+    shared_prefix_length,
+)
 from distill.opcd.sampler import sample_responses
 from distill.opcd.scoring import pad_responses, response_hidden
 
@@ -104,7 +110,12 @@ class OPCDTrainer:
         self._share_teacher_prefix = (
             config.share_context_cache and plain_kv_layers(self.policies.teacher_model or self.policies.student_lm) > 0
         )
-        self._share_student_prefix = config.share_context_cache and plain_kv_layers(self.policies.student_lm) > 0
+        # a checkpointed student runs its rows whole where transformers would drop the prefix's cache under it
+        self._share_student_prefix = (
+            config.share_context_cache
+            and plain_kv_layers(self.policies.student_lm) > 0
+            and (not config.gradient_checkpointing or checkpoint_keeps_read_only_cache())
+        )
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         assert self._params, "nothing to train"
         self.optimizer = torch.optim.AdamW(self._params, lr=config.lr, weight_decay=config.weight_decay)
@@ -270,9 +281,7 @@ class OPCDTrainer:
             actions.append(action_token_ids(self.tokenizer, chat, ids, options, self.tokenizer.eos_token_id))
         teacher_logp = self._teacher_choice_scores(teacher_ids, actions)
         self.model.train(torch.is_grad_enabled())
-        # a checkpointed student in training runs without a KV cache (transformers turns it off): rows run whole
-        share = self._share_student_prefix and not (torch.is_grad_enabled() and self.config.gradient_checkpointing)
-        student_logp, fed = self._scored(self._student_lm, student_ids, actions, share=share)
+        student_logp, fed = self._scored(self._student_lm, student_ids, actions, share=self._share_student_prefix)
         if torch.is_grad_enabled():
             self.tokens["train"] += fed
         return student_logp, teacher_logp
@@ -288,14 +297,12 @@ class OPCDTrainer:
         if not common:
             return choice_logprobs(decoder, head, pack_choices(ids, actions, pad_id=self._pad_id)), fed
         prefix = torch.as_tensor(ids[0][:common], device=head.weight.device)[None]
-        cache = decoder(input_ids=prefix, use_cache=True).cache
-        for layer in cache.layers:  # one copy of the prefix's KV, read by every row (a view, not a copy)
-            layer.keys = layer.keys.expand(len(ids), -1, -1, -1)
-            layer.values = layer.values.expand(len(ids), -1, -1, -1)
+        cache = read_only_prefix(decoder, prefix, len(ids))  # one copy of the prefix's KV, read by every row
         packed = pack_choices(
             [p[common:] for p in ids], actions, pad_id=self._pad_id, past_lengths=[common] * len(ids), past_width=common
         )
-        return choice_logprobs(decoder, head, packed, past=cache), fed
+        with reading_cache_under_checkpointing(decoder):  # a checkpointed student's layers keep reading it
+            return choice_logprobs(decoder, head, packed, past=cache), fed
 
     def _teacher_choice_scores(self, teacher_ids: list[list[int]], actions: list[list[list[int]]]):
         keys = [(tuple(t), tuple(tuple(a) for a in row)) for t, row in zip(teacher_ids, actions)]

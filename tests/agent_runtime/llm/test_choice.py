@@ -409,10 +409,12 @@ def test_cosine_schedule_with_warm_up(tiny):
     assert factors[10] == pytest.approx(0.1) and all(a >= b for a, b in itertools.pairwise(factors[2:]))
 
 
-def test_a_shared_prefix_run_once_gives_the_scores_and_the_step_of_the_rows_run_whole(tiny):
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "gradient-checkpointed"])
+def test_a_shared_prefix_run_once_gives_the_scores_and_the_step_of_the_rows_run_whole(tiny, checkpointed):
     """The student's and the teacher's common prefix (system prompt; lessons in the teacher's view) is run once
-    and its KV read by every row: the same scores, the same gradient, fewer tokens through the model."""
-    shared = _trainer(tiny, share_context_cache=True, min_shared_prefix=4, gradient_checkpointing=False)
+    and its KV read by every row: the same scores, the same gradient, fewer tokens through the model. A
+    gradient-checkpointed student keeps the prefix too (its layers read it in the forward and in the recompute)."""
+    shared = _trainer(tiny, share_context_cache=True, min_shared_prefix=4, gradient_checkpointing=checkpointed)
     whole = _trainer(tiny, share_context_cache=False, gradient_checkpointing=False)
     assert shared._share_student_prefix and shared._share_teacher_prefix and not whole._share_student_prefix
     with torch.no_grad():
