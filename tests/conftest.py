@@ -55,11 +55,14 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Model and game caches go to a per-session temporary root, never to the user's ~/.cache.
+    """Model and game caches go to a per-session temporary root, never to the user's ~/.cache; under pytest-xdist
+    the session's workers share it (a game is generated once per session, not once per worker: the cache builds
+    each entry under a lock and renames it into place).
 
     The real SmolLM2 conversion is the exception: tests that need it point at the user cache on purpose.
     """
-    root = tmp_path_factory.getbasetemp() / "agent-runtime-cache"
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "agent-runtime-cache"
     monkeypatch.setenv("AGENT_RUNTIME_CACHE", str(root))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
