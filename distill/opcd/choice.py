@@ -147,11 +147,12 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
 
 
-def choice_logprobs(decoder, head, packed: PackedChoices, *, past=None) -> list[torch.Tensor]:
+def choice_logprobs(decoder, head, packed: PackedChoices, *, past=None, extend: bool = True) -> list[torch.Tensor]:
     """Per row, a (n_actions,) tensor: each action's sequence log-probability given its prompt.
 
     `decoder` returns final hidden states (a causal LM's `.model`), `head` is its output layer; gradients flow
-    when enabled. With `past`, the cache is extended by this call (its rows then hold prompt and segments).
+    when enabled. With `past`, the cache is extended by this call (its rows then hold prompt and segments);
+    `extend=False`: a cache that is only read (`distill.opcd.prefix_kv.read_only_prefix`).
     """
     device = head.weight.device
     dtype = head.weight.dtype if head.weight.is_floating_point() else torch.float32
@@ -160,7 +161,7 @@ def choice_logprobs(decoder, head, packed: PackedChoices, *, past=None) -> list[
         position_ids=packed.position_ids.to(device),
         attention_mask=_additive(packed.mask.to(device), dtype),
         cache=past,
-        use_cache=past is not None,
+        use_cache=past is not None and extend,
     )
     hidden = out.last_hidden_state
     rows, cols, targets, owners = [], [], [], []

@@ -302,7 +302,7 @@ class OPCDTrainer:
             [p[common:] for p in ids], actions, pad_id=self._pad_id, past_lengths=[common] * len(ids), past_width=common
         )
         with reading_cache_under_checkpointing(decoder):  # a checkpointed student's layers keep reading it
-            return choice_logprobs(decoder, head, packed, past=cache), fed
+            return choice_logprobs(decoder, head, packed, past=cache, extend=False), fed
 
     def _teacher_choice_scores(self, teacher_ids: list[list[int]], actions: list[list[list[int]]]):
         keys = [(tuple(t), tuple(tuple(a) for a in row)) for t, row in zip(teacher_ids, actions)]
