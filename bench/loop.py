@@ -76,6 +76,7 @@ def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats
         return ids.numel() / min(times)
 
     from agent_runtime.state.profile import memory_mb, reset_peak
+    from distill.opcd.policies import enable_checkpointing
     from distill.opcd.weights import release_memory
 
     weights_mb = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 2**20
@@ -103,7 +104,7 @@ def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats
     # trainer's gradient checkpointing setting; the optimizer's state is part of it after the first step
     cap = torch.randint(0, model.config.vocab_size, (1, lora.get("micro_batch_tokens", 512)))
     if lora.get("gradient_checkpointing", True):
-        student.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(student.get_base_model())
     decoder, head = student.get_base_model().model, student.get_base_model().lm_head
 
     def capped_step() -> None:

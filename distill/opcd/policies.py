@@ -103,11 +103,7 @@ class Policies:
             if student_rows != teacher_rows:
                 self.rows = min(student_rows, teacher_rows)
         if config.gradient_checkpointing:
-            lm = self.student_lm
-            if hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5.2 renamed it
-                lm.activation_checkpointing_enable({"use_reentrant": False})
-            else:
-                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_checkpointing(self.student_lm)
 
     def _attach_lora(self, model):
         from peft import LoraConfig, PeftModel, get_peft_model
@@ -176,3 +172,12 @@ class Policies:
             else:
                 with self.model.disable_adapter():
                     yield self.student_lm
+
+
+def enable_checkpointing(lm) -> None:
+    """Gradient (activation) checkpointing on a causal LM's layers, non-reentrant (what a LoRA student and a
+    shared-prefix cache need), under the name this transformers gives it."""
+    if hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5.2 renamed it
+        lm.activation_checkpointing_enable({"use_reentrant": False})
+    else:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
