@@ -444,6 +444,7 @@ def _first_turns(games_dir, split: str):
     return chats, sets
 
 
+@pytest.mark.slow
 def test_anchors_hold_the_student_to_its_start_where_training_would_move_it(coin_lesson_model, games_dir):
     """Anchor prompts (`opcd.anchor_envs`) are trained with no context: there the teacher is the start-of-cycle
     policy. The cycle distils COIN_LESSON on the train games; unanchored, the student also takes the coin on the
