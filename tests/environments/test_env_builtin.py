@@ -65,7 +65,12 @@ BUILTIN_IDS = sorted(
 )
 
 
-@pytest.mark.parametrize("env_id", BUILTIN_IDS)
+SLOW_CHECKS = {"alfworld/text", "textworld/simple"}  # over ~5 s each (a generated ALFWorld game, a longer quest)
+
+
+@pytest.mark.parametrize(
+    "env_id", [pytest.param(e, marks=pytest.mark.slow) if e in SLOW_CHECKS else e for e in BUILTIN_IDS]
+)
 def test_check_env_passes(env_id, games_dir, problems_file, choice_files):
     env = environments.make(env_id, **_kwargs(env_id, games_dir, problems_file, choice_files))
     assert env_failures(env) == []

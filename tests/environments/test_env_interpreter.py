@@ -37,6 +37,7 @@ def _coin(games_dir):
     return environments.make("textworld/coin_collector", level=LEVEL, cache_dir=str(games_dir))
 
 
+@pytest.mark.slow
 def test_a_saved_game_cannot_be_restored_in_a_later_episode(games_dir, private_cwd):
     env = _coin(games_dir)
     env.reset(task_id="train-0")
@@ -88,6 +89,7 @@ def test_meta_commands_change_nothing_and_use_the_step_budget(games_dir, private
     assert os.listdir(private_cwd) == []
 
 
+@pytest.mark.slow
 def test_real_game_commands_are_not_meta(games_dir):
     """No false positives: every admissible action and walkthrough step of sampled games passes."""
     for env_id, kwargs in (

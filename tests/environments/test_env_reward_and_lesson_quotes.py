@@ -64,6 +64,7 @@ def _combined(admissible: list[str]) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_take_all_with_a_full_stop_would_score_in_the_interpreter(games_dir):
     """The exploit is real: sent straight to the interpreter, "take all." takes every ingredient and scores."""
     env = environments.make("textworld/cooking", **COOKING, cache_dir=str(games_dir))
@@ -104,6 +105,7 @@ def test_refused_lines_change_nothing_and_the_walkthrough_still_wins(games_dir):
     env.close()
 
 
+@pytest.mark.slow
 def test_admissible_actions_and_walkthroughs_are_not_multi(games_dir):
     """No false positives: every admissible action and walkthrough step of sampled games is one command."""
     for env_id, settings in (

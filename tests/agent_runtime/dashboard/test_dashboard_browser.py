@@ -68,6 +68,7 @@ class Writer(threading.Thread):
             self.error = exc
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_dashboard_in_chromium_while_a_loop_writes(tmp_path: Path, seed_with_xss) -> None:
     from playwright.sync_api import expect, sync_playwright

@@ -78,6 +78,7 @@ def outcomes(results):
     ]
 
 
+@pytest.mark.slow
 def test_textworld_outcomes_are_the_same_with_and_without_reuse(tmp_path, games_dir):
     """Real games, several slots, a seeded random policy: a cold pooled call, warm ones (after calls that left the
     instances on other games) and a fresh build play identical episodes."""

@@ -414,6 +414,7 @@ def test_server_answers_with_the_promoted_adapter(vllm_server, smollm2_adapter, 
     assert len(episodes) == 5
 
 
+@pytest.mark.slow
 def test_an_engine_that_cannot_start_is_a_clear_error(vllm_python, smollm2, tmp_path):
     import psutil
 

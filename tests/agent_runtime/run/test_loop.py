@@ -152,6 +152,7 @@ def test_garbage_output_is_a_recorded_invalid_action(tmp_path, games_dir):
     assert all(s.action is None and not s.valid_action for s in ep.steps)
 
 
+@pytest.mark.slow
 def test_lessons_are_extracted_and_enter_the_prompts(tmp_path, games_dir):
     lessons = {"enabled": True, "extract_every": 4, "gate_episodes": 0, "embedder": "hash"}
     loop = AgentLoop(make_config(games_dir, episodes=8, slots=2, lessons=lessons), tmp_path, progress=False)

@@ -79,6 +79,7 @@ def test_schedule_is_the_one_place_phases_fall_due(games_dir):
     assert Schedule(config, deadline=0.0).past_deadline()
 
 
+@pytest.mark.slow
 def test_a_failed_commit_leaves_the_state_and_the_draw_open(tmp_path, games_dir, memory_url):
     """The third commit fails: two episodes counted and stored, draw 2 open, and the resumed run replays it once."""
     config = make_config(games_dir, episodes=6, slots=1, memory_url=memory_url)
