@@ -226,8 +226,9 @@ def evaluate(
     on_record: Callable[[EpisodeRecord], None] | None = None,
 ) -> list[EvalResult]:
     """Play the first N tasks of `split` (the held-out eval split by default) of every environment of the
-    config (`first`: from that task on, each task with the seed it always has); return one result per environment. `lessons`: each environment's prompt shows those in its scope (a
-    plain string: every environment). `context`: a system prompt appended to every system message
+    config (`first`: N tasks from that one on, each with the seed it always has); return one result per
+    environment. `lessons`: each environment's prompt shows those in its scope (a plain string: every
+    environment). `context`: a system prompt appended to every system message
     (a system-prompt distillation cycle's "with context" conditions). `pool`: where specs and started
     instances are kept between calls (default: this process's, `env_pool()`); `reuse=False`: none kept.
     `on_record`: called with each finished episode's whole record (its steps), for a caller that needs the turns."""
