@@ -196,7 +196,7 @@ def play(study: Study, env: dict, max_new_tokens: int | None, arm: str, lessons:
     """Won/lost per train task of `env` (ordered by seed): the base model with `lessons`, or the random policy."""
     from agent_runtime.config import EnvEntry
     from agent_runtime.evaluation import evaluate
-    from agent_runtime.phases.consolidate import random_policy
+    from agent_runtime.phases.cycle_evaluation import random_policy
 
     def compute():
         config = study_config()

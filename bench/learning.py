@@ -270,7 +270,7 @@ class Study:
         return self.cached(key, compute)
 
     def run(self) -> None:
-        from agent_runtime.phases.consolidate import random_policy
+        from agent_runtime.phases.cycle_evaluation import random_policy
         from agent_runtime.phases.extract import run_extract
         from agent_runtime.state import Run
         from distill.lessons import extraction_stats, live_lessons

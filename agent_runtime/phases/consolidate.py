@@ -30,16 +30,16 @@ from agent_runtime.evaluation import EvalResult
 from agent_runtime.llm import making_room, training_device
 from agent_runtime.llm.base import acting
 from agent_runtime.phases.cycle import Cycle, lesson_pools
+from agent_runtime.phases.cycle_evaluation import evaluate_cycle, rates_and_games
 from agent_runtime.phases.decisions import Decision, choose_prompts, recent_decisions, rehearsal, turn_prefixes
 from agent_runtime.phases.probe import ensure_reference
-from agent_runtime.phases.promotion import CycleDecision, changed_meanwhile, decide_cycle, validation_drops
+from agent_runtime.phases.promotion import CycleDecision, changed_meanwhile, decide_cycle
 from agent_runtime.phases.system_prompt import SystemPrompt, load_context, load_prompts
 from agent_runtime.state import Run
 from agent_runtime.state.cursor import CursorMove
 from agent_runtime.state.profile import profiled
 from distill.fingerprint import fingerprint_files
 from distill.lessons import live_lessons
-from distill.lessons.scope import for_env
 from distill.lessons.versions import create_version, live_version
 from distill.opcd import (
     DivergenceError,
@@ -438,127 +438,12 @@ def cycle_metrics(
     }
 
 
-def evaluate_cycle(run: Run, backend, cycle: Cycle) -> dict[str, list[EvalResult]]:
-    """EVALUATE: every condition on the held-out tasks with fixed seeds (the random-admissible baseline, the
-    parent and the new adapter with and without the lessons, and both on the retention environments), and the
-    parent and the adapter on `validation_games` train-split games (the decision's evidence), with more of them
-    where a drop there is too close to call (`_recheck`)."""
-    config, opcd = run.config, run.config.opcd
-    n = opcd.eval_episodes or config.evaluation.episodes_per_env
-    shown = cycle.shown()
-    evals: dict[str, list[EvalResult]] = {"random": run.evaluate(random_policy(config), lessons=[], episodes_per_env=n)}
-    retention = list(opcd.retention_envs)
-    student = run.store.get_adapter(cycle.adapter_id)  # the adapter row the cycle wrote
-    with acting(backend, cycle.parent):
-        evals["teacher_without_lessons"] = run.evaluate(backend, lessons=[], episodes_per_env=n)
-        evals["teacher_with_lessons"] = _with_lessons(run, backend, n, shown, evals["teacher_without_lessons"])
-        if retention:
-            evals["teacher_retention"] = run.evaluate(backend, lessons=[], episodes_per_env=n, envs=retention)
-        if opcd.validation_games:
-            evals.update(_validate(run, backend, "parent", shown))
-    with acting(backend, student):
-        evals["student_without_lessons"] = run.evaluate(backend, lessons=[], episodes_per_env=n)
-        evals["student_with_lessons"] = _with_lessons(run, backend, n, shown, evals["student_without_lessons"])
-        if opcd.validation_games:
-            evals.update(_validate(run, backend, "student", shown))
-        if retention:
-            evals["student_retention"] = run.evaluate(backend, lessons=[], episodes_per_env=n, envs=retention)
-    if opcd.validation_games:
-        _recheck(run, backend, cycle, student, evals, shown)
-    return evals
-
-
-def _with_lessons(
-    run: Run,
-    backend,
-    n: int,
-    shown: dict,
-    without: list[EvalResult],
-    split="eval",
-    envs: list | None = None,
-    first: int = 0,
-) -> list[EvalResult]:
-    """A "with lessons" condition: played in the environments some lesson is in scope for; in the others the prompt
-    is the one without lessons and greedy play is deterministic, so their games are `without`'s (not played twice).
-    `envs`: those of the run's environments only (default: all of them)."""
-    if shown.get("context"):
-        return run.evaluate(backend, episodes_per_env=n, split=split, envs=envs, first=first, **shown)
-    entries = run.config.envs if envs is None else envs
-    taught = [e for e in entries if for_env(shown["lessons"], e.id, run.families.get(e.id))]
-    played = (
-        {r.env_id: r for r in run.evaluate(backend, episodes_per_env=n, split=split, envs=taught, first=first, **shown)}
-        if taught
-        else {}
-    )
-    return [played.get(r.env_id, r) for r in without]
-
-
-def _validate(
-    run: Run, backend, who: str, shown: dict, only: set[str] | None = None, first: int = 0, games: int | None = None
-) -> dict[str, list[EvalResult]]:
-    """The decision's evidence for `who` (parent or student): `opcd.validation_games` train-split games of every
-    environment, without and with the lessons, and of the retention environments: the held-out games stay the
-    report's. `only`: those environments (by id), `first` and `games` (default `opcd.validation_games`) the
-    tasks."""
-    opcd = run.config.opcd
-    n = games or opcd.validation_games
-    own = [e for e in run.config.envs if only is None or e.id in only]
-    retention = [e for e in opcd.retention_envs if only is None or e.id in only]
-    out: dict[str, list[EvalResult]] = {}
-    if own:
-        without = run.evaluate(backend, lessons=[], episodes_per_env=n, split="train", envs=own, first=first)
-        out[f"validation_{who}"] = without
-        if shown.get("lessons") or shown.get("context"):
-            out[f"validation_{who}_with_lessons"] = _with_lessons(
-                run, backend, n, shown, without, split="train", envs=own, first=first
-            )
-    if retention:
-        out[f"validation_{who}_retention"] = run.evaluate(
-            backend, lessons=[], episodes_per_env=n, envs=retention, split="train", first=first
-        )
-    return out
-
-
-def _recheck(run: Run, backend, cycle: Cycle, student, evals: dict[str, list[EvalResult]], shown: dict) -> None:
-    """A second look where a validation drop is over the margin but of fewer than `opcd.regression_games` games:
-    the parent and the student play `opcd.recheck_games` more train games of those environments (the next tasks,
-    every validation condition), added to the first ones, so that the decision is made on more evidence instead
-    of letting the drop through (the curriculum's seed 1 forgot treasure-hunter, 75% -> 40%, through two such
-    drops). The environments looked at again are the cycle's `rechecked` metric."""
-    opcd = run.config.opcd
-    if not opcd.recheck_games:
-        return
-    by_env, games = _by_env(evals)
-    close = sorted({d.env for d in validation_drops(by_env, opcd, games) if not d.regression})
-    if not close:
-        return
-    more: dict[str, list[EvalResult]] = {}
-    for who, adapter in (("parent", cycle.parent), ("student", student)):
-        with acting(backend, adapter):
-            more.update(
-                _validate(run, backend, who, shown, set(close), first=opcd.validation_games, games=opcd.recheck_games)
-            )
-    for condition, results in more.items():
-        extra = {r.env_id: r for r in results}
-        evals[condition] = [
-            EvalResult(r.env_id, r.episodes + extra[r.env_id].episodes) if r.env_id in extra else r
-            for r in evals[condition]
-        ]
-    cycle.metrics["rechecked"] = {env: opcd.validation_games + opcd.recheck_games for env in close}
-
-
-def _by_env(evals: dict[str, list[EvalResult]]) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, int]]]:
-    """Each condition's success rate and number of games per environment."""
-    rates = {k: {r.env_id: r.success_rate for r in v} for k, v in evals.items()}
-    return rates, {k: {r.env_id: r.n for r in v} for k, v in evals.items()}
-
-
 def _decide(run: Run, cycle: Cycle, evals: dict[str, list[EvalResult]]) -> CycleReport:
     """EVALUATE's rows (their rates are `cycle.metrics["evaluation"]`), then PROMOTE or ROLLBACK (the caller holds
     the transaction, so what a person changed while the cycle trained is seen here: a parent rolled back or a lesson
     forgotten meanwhile is a rollback): recording, the decision (`promotion.decide_cycle`), applying it."""
     _record_evaluations(run, cycle, evals)
-    by_env, games = _by_env(evals)
+    by_env, games = rates_and_games(evals)
     cycle.metrics["evaluation_by_env"] = by_env
     decision = decide_cycle(
         cycle.metrics["evaluation"],
@@ -610,13 +495,6 @@ def _apply(run: Run, cycle: Cycle, decision: CycleDecision) -> CycleReport:
         create_version(store, run.id, remaining, note=f"cycle {cycle_id} consolidated {len(consolidated)} lessons")
     # the line shows the KL and rates already; it says the validation drops let through as too few games
     return CycleReport(cycle_id, "promoted", decision.reasons[1:], cycle.adapter_id, consolidated, metrics)
-
-
-def random_policy(config: RunConfig):
-    """The random-admissible baseline: a uniformly random action of each decision's set, seeded."""
-    from agent_runtime.llm.scripted import ScriptedBackend
-
-    return ScriptedBackend(seed=config.evaluation.seed)
 
 
 def roll_back_interrupted(store: ExperienceStore, run_id: int, why: str) -> None:

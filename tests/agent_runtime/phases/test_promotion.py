@@ -143,16 +143,16 @@ def _validated(run, student_losses):
     from types import SimpleNamespace
 
     from agent_runtime.llm.base import acting
-    from agent_runtime.phases import consolidate
+    from agent_runtime.phases import cycle_evaluation
 
     backend, student = _Adapters(), SimpleNamespace(name="cycle-1", path="adapters/cycle-1")
     cycle = SimpleNamespace(parent=None, metrics={})
     evals = {}
     for who, adapter in (("parent", None), ("student", student)):
         with acting(backend, adapter):
-            evals.update(consolidate._validate(run, backend, who, {"lessons": []}))
-    consolidate._recheck(run, backend, cycle, student, evals, {"lessons": []})
-    by_env, games = consolidate._by_env(evals)
+            evals.update(cycle_evaluation._validate(run, backend, who, {"lessons": []}))
+    cycle_evaluation._recheck(run, backend, cycle, student, evals, {"lessons": []})
+    by_env, games = cycle_evaluation.rates_and_games(evals)
     rates = {k: sum(r.successes for r in v) / sum(r.n for r in v) for k, v in evals.items()}
     rates.update(teacher_without_lessons=0.5, student_without_lessons=0.5, teacher_with_lessons=0.5)
     decision = decide_cycle(rates, (0.3, 0.03), ({}, {}), run.config.opcd, by_env=by_env, changed=[], games=games)

@@ -313,7 +313,7 @@ def test_a_with_lessons_condition_plays_only_the_environments_a_lesson_is_in_sco
     from types import SimpleNamespace
 
     from agent_runtime.evaluation import EvalResult
-    from agent_runtime.phases import consolidate
+    from agent_runtime.phases import cycle_evaluation
     from distill.lessons.scope import ScopedLesson
 
     played = []
@@ -327,6 +327,6 @@ def test_a_with_lessons_condition_plays_only_the_environments_a_lesson_is_in_sco
     )
     without = [EvalResult(LEFT, [{"won": False, "seed": 1}]), EvalResult(RIGHT, [{"won": False, "seed": 1}])]
     shown = {"lessons": [ScopedLesson("Go left.", (LEFT,))]}
-    got = consolidate._with_lessons(run, None, 4, shown, without)
+    got = cycle_evaluation._with_lessons(run, None, 4, shown, without)
     assert played == [[LEFT]] and [r.env_id for r in got] == [LEFT, RIGHT]
     assert got[0].successes == 1 and got[1] is without[1]
