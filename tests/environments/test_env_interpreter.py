@@ -17,7 +17,7 @@ import pytest
 
 import environments
 from environments.interpreter import UNKNOWN_VERB, meta_command
-from tests import TESTS
+from tests import TESTS, stop_process
 
 LEVEL = 3
 
@@ -139,7 +139,7 @@ def test_a_hung_or_dead_interpreter_is_an_env_error_and_reset_recovers(games_dir
     env.reset(task_id="train-0")
     first = env.expert_actions()[0]
     monkeypatch.setattr(InterpreterProcess, "STEP_TIMEOUT_S", 1.0)
-    os.kill(env.interpreter.pid, signal.SIGSTOP)
+    stop_process(env.interpreter.pid)
     with pytest.raises(environments.EnvError, match="no answer to step 'go west' within 1 s and was killed"):
         env.step("go west")
     env.reset(task_id="train-0")

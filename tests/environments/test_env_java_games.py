@@ -18,7 +18,7 @@ from environments import java, twx
 from environments.checker import check_env
 from environments.science_world import TASKS, ScienceWorldEnv
 from environments.twx import GAMES, TwxEnv
-from tests import ROOT
+from tests import ROOT, stop_process
 
 REPO = ROOT
 
@@ -156,7 +156,7 @@ def test_a_hung_jvm_is_killed_and_the_next_reset_starts_a_fresh_one():
     try:
         env.reset(task_id="train-0")
         hung = env.server.pid
-        os.kill(hung, signal.SIGSTOP)
+        stop_process(hung)
         begun = time.time()
         with pytest.raises(java.JavaServerError, match="did not answer stepJSON within 2 s and was killed"):
             env.step("take coin")
