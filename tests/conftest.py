@@ -1,7 +1,8 @@
 """What the tests share, as fixtures (tests never import one another; shipped doubles are `memory.testing`,
 `agent_runtime.testing` and `agent_runtime.llm.fake_chat`):
 
-- an isolated cache root (autouse), a tiny model checkpoint built in code once per session, a game cache;
+- an isolated cache root (autouse), a tiny model checkpoint built in code once per session, a game cache kept
+  between sessions (`games_dir`);
 - PostgreSQL: `pg_url`, an empty test database, or a skip (a failure in CI) without a server;
 - the memory: `memory_url` (a fresh SQLite workdir, and the PostgreSQL database: parametrized) and
   `store`, a migrated store on it with a cheap deterministic embedder;
@@ -39,6 +40,7 @@ from memory import ExperienceStore
 from memory.embeddings import HashEmbedder
 
 PG_URL_ENV = "AGENT_RUNTIME_TEST_PG_URL"
+TEST_GAMES_ENV = "AGENT_RUNTIME_TEST_GAMES"
 DEFAULT_PG_URL = "postgresql+psycopg://agent:agent@127.0.0.1:5432/agent_test"
 XSS = "<script>alert(1)</script>"
 
@@ -55,9 +57,10 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Model and game caches go to a per-session temporary root, never to the user's ~/.cache; under pytest-xdist
-    the session's workers share it (a game is generated once per session, not once per worker: the cache builds
-    each entry under a lock and renames it into place).
+    """The runtime's model and game caches go to a per-session temporary root, never to the user's ~/.cache (the
+    games most tests play come from `games_dir`, the tests' own kept cache); under pytest-xdist the session's
+    workers share it (a game is generated once per session, not once per worker: the cache builds each entry
+    under a lock and renames it into place).
 
     The real SmolLM2 conversion is the exception: tests that need it point at the user cache on purpose.
     """
@@ -85,8 +88,20 @@ def tiny_backend(tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def games_dir(tmp_path_factory):
-    """One game cache for the whole session, so each TextWorld game is generated once."""
-    return tmp_path_factory.mktemp("games")
+    """The tests' game cache, kept between sessions and shared by the xdist workers, so each TextWorld game the
+    tests play is generated once per machine (a cold cache costs the developer's loop about a minute):
+    `$AGENT_RUNTIME_TEST_GAMES`, else `~/.cache/agent-runtime/test-games`; set to the empty string, a fresh
+    folder per session. Safe to keep: an entry is keyed by everything that decides its game (the generator's
+    version included) and played only when its manifest still matches (environments/game_cache.py)."""
+    chosen = os.environ.get(TEST_GAMES_ENV)
+    if chosen == "":
+        return tmp_path_factory.mktemp("games")
+    folder = Path(chosen).expanduser() if chosen else Path.home() / ".cache" / "agent-runtime" / "test-games"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:  # a home one cannot write to: the session's own folder
+        return tmp_path_factory.mktemp("games")
+    return folder
 
 
 @pytest.fixture(scope="session")
