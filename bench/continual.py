@@ -13,12 +13,16 @@ one resumes.
   retrieval    four lessons for every environment (a person's, no scope) and room for one (`lessons.context_lessons:
                1`), greedy PLAY over the three families, against the same draws with all four in context (target c:
                the chosen lesson is the environment's own in >= 95% of episodes; success no lower)
+  ranking      offline, over a stored curriculum run's episodes: which of the retrieval study's lessons ranks first for
+               each episode, by similarity (as `choose` ranks) and by specificity to the episode's family (the
+               similarity minus the nearest other family's mean episode): can any similarity place them?
   scope        a person's coin-collector lesson proposed for every environment of a coin-collector + treasure-hunter
                run: where do its per-environment trials let it in? (target d, with the real model)
 
     .venv/bin/python bench/continual.py curriculum --seeds 0,1,2,3,4
     .venv/bin/python bench/continual.py mixed --seeds 0,1,2
     .venv/bin/python bench/continual.py retrieval
+    .venv/bin/python bench/continual.py ranking           # after curriculum (reads curriculum-s0)
     .venv/bin/python bench/continual.py scope
     .venv/bin/python bench/continual.py report            # every table from the stored runs
     .venv/bin/python bench/continual.py plot              # bench/continual.png (the README's picture)
@@ -263,6 +267,48 @@ def report_retrieval(root: Path, seed: int = 0) -> None:
     )
 
 
+def report_ranking(root: Path, seed: int = 0) -> None:
+    """Could a better similarity place a person's unscoped lessons? Offline, over a stored curriculum run's episodes
+    of the three families (their environment, goal and first observation: the query `LessonContexts.choose` builds),
+    the lesson of RETRIEVAL_LESSONS each ranking puts first: by cosine similarity (what `choose` does), and by how
+    much nearer the lesson is to this episode than to the nearest other family's mean episode (a lesson taken as
+    belonging to the family it is most specific to)."""
+    import numpy as np
+
+    from memory.embeddings import make_embedder
+
+    workdir = root / f"curriculum-s{seed}"
+    if not (workdir / "memory.db").exists():
+        return
+    own = {COIN: 0, TREASURE: 1, QUESTS: 2}
+    queries: dict[str, list[str]] = {env: [] for env in own}
+    with ExperienceStore.open(workdir, read_only=True) as store:
+        for summary in store.episodes(store.runs()[-1].id, limit=100_000, newest_first=False):
+            episode = store.episode(summary.id)
+            first = episode.steps[0].observation if episode.steps else ""
+            queries[episode.env_id].append("\n".join(x for x in (episode.env_id, episode.goal, first) if x))
+    embedder = make_embedder("minilm")
+
+    def unit(texts: list[str]):
+        vectors = np.asarray(embedder.embed(texts), dtype=np.float64)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    lessons = unit(RETRIEVAL_LESSONS)
+    episodes = {env: unit(texts) for env, texts in queries.items()}
+    means = {env: vectors.mean(axis=0) for env, vectors in episodes.items()}
+    cells = []
+    for env, vectors in episodes.items():
+        similarity = vectors @ lessons.T
+        nearest_other = np.max([lessons @ means[other] for other in episodes if other != env], axis=0)
+        plain = int((similarity.argmax(axis=1) == own[env]).sum())
+        specific = int(((similarity - nearest_other).argmax(axis=1) == own[env]).sum())
+        cells.append(f"{env.split('/')[-1]} {plain}/{len(vectors)} vs {specific}/{len(vectors)}")
+    print(
+        f"the environment's own lesson ranked first, by similarity vs by specificity ({workdir.name}): "
+        + "; ".join(cells)
+    )
+
+
 def report_scope(root: Path, seed: int = 0) -> None:
     workdir = root / f"scope-s{seed}"
     if not (workdir / "memory.db").exists():
@@ -327,7 +373,7 @@ def plot(root: Path, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("study", choices=("curriculum", "mixed", "retrieval", "scope", "report", "plot"))
+    parser.add_argument("study", choices=("curriculum", "mixed", "retrieval", "ranking", "scope", "report", "plot"))
     parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     parser.add_argument("--workdir", type=Path, default=ROOT / "bench-runs" / "continual")
     args = parser.parse_args(argv)
@@ -347,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         run("retrieval", seeds[0], root)
         run("all-lessons", seeds[0], root)
         report_retrieval(root, seeds[0])
+    elif args.study == "ranking":
+        report_ranking(root, seeds[0])
     elif args.study == "scope":
         run("scope", seeds[0], root)
         report_scope(root, seeds[0])
