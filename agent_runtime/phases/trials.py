@@ -8,7 +8,9 @@ of `lessons.gate_split`, fixed seeds), paired against the live set. What it deci
   live in each where the gate's rule lets it (success not lower by more than `lessons.gate_margin`);
 - proposed for every environment (a person's lesson without `--env`), in a run of several: live only where its
   trial raised success, never where it lowered it or changed nothing. In a run of one environment the gate's own
-  rule decides, as before scopes.
+  rule decides, as before scopes. Several such lessons arriving together (a `lessons.seed` list, two `lessons add`
+  before the gate) are each also tried alone on top of the live set, and each goes live where its own trial raised
+  success: the set's trial cannot say which of them did.
 A lesson is narrowed to the environments that let it in (its scope rewritten, with each environment's decision in
 its metadata, `scope_trials`); one that none let in leaves the candidate. Each environment's decision is stored as a
 gate row of its own (`store_gate_decision`, `env_id` set).
@@ -109,10 +111,12 @@ def gate_candidate(run: Run, backend: PolicyBackend, curator: LessonCurator, can
         )
     known = {x.id for x in current}
     new = [x for x in members if x.id not in known]
+    alone = _alone(trials, start, current, [x for x in candidate if x.id not in known], changed, len(envs), settings)
     for lesson in new:
         proposed = [e for e in envs if in_scope(lesson.scope, e, families.get(e))]
         everywhere = is_global(lesson.scope) and len(envs) > 1
-        kept = [e for e in proposed if e not in outcome.decisions or _lets_in(outcome.decisions[e], everywhere)]
+        decisions = alone.get(lesson.text, outcome.decisions)
+        kept = [e for e in proposed if e not in decisions or _lets_in(decisions[e], everywhere)]
         if not kept:
             outcome.dropped.append(lesson.id)
         elif kept != proposed or (is_global(lesson.scope) and len(envs) > 1):
@@ -122,9 +126,12 @@ def gate_candidate(run: Run, backend: PolicyBackend, curator: LessonCurator, can
         curator.reject(candidate_version, note=shown)
         outcome.reason = f"blocked in every environment it would enter: {shown}"
         return outcome
-    trials_meta = {e: d.to_dict() | {"keys": len(d.keys)} for e, d in outcome.decisions.items()}
     for lesson_id, kept in outcome.narrowed.items():
-        store.set_lesson_scope([lesson_id], kept, trials_meta)
+        text = next(x.text for x in new if x.id == lesson_id)
+        decisions = alone.get(text, outcome.decisions)
+        store.set_lesson_scope(
+            [lesson_id], kept, {e: d.to_dict() | {"keys": len(d.keys)} for e, d in decisions.items()}
+        )
     if outcome.dropped:  # a live version of what the trials let in (the candidate is then no longer pending)
         kept_ids = [i for i in candidate_set.lesson_ids if i not in set(outcome.dropped)]
         create_version(store, run_id, kept_ids, note=f"promoted candidate v{candidate_version} in part: {shown}")
@@ -134,6 +141,27 @@ def gate_candidate(run: Run, backend: PolicyBackend, curator: LessonCurator, can
     dropped = f"; {len(outcome.dropped)} let in nowhere" if outcome.dropped else ""
     outcome.reason = f"promoted{narrowed}{dropped}: {shown}"
     return outcome
+
+
+def _alone(trials: GameTrials, start: dict, current: list, new: list, changed: list[str], n_envs: int, settings):
+    """{text: {env id: decision}} for each new lesson proposed for every environment, tried alone on top of the live
+    set, when several such lessons arrive together (`lessons add` twice before the gate, a `lessons.seed` list): the
+    set's trial cannot say which of them raised success where, and each goes live only where its own trial did."""
+    everywhere = [x for x in new if is_global(x.scope)] if n_envs > 1 else []
+    if len(everywhere) < 2:
+        return {}
+    out: dict[str, dict[str, GateDecision]] = {}
+    for lesson in everywhere:
+        trial = trials(scoped_lessons([*current, lesson]), changed)
+        out[lesson.text] = {
+            env_id: decide_gate(
+                {k: v for k, v in start.items() if k[0] == env_id},
+                {k: v for k, v in trial.items() if k[0] == env_id},
+                margin=settings.gate_margin,
+            )
+            for env_id in changed
+        }
+    return out
 
 
 def _lets_in(decision: GateDecision, everywhere: bool) -> bool:

@@ -136,6 +136,33 @@ def test_a_lesson_that_helps_one_environment_and_hurts_another_goes_live_only_in
         assert all(e.lessons_in_context == [] for e in episodes if e.env_id == RIGHT)
 
 
+def test_lessons_proposed_everywhere_together_each_go_live_where_their_own_trial_raised_success(tmp_path: Path) -> None:
+    """'Always reply: left' and 'Always reply: right' seeded together: the set's trial shows each room one policy, so
+    it cannot say which lesson won where; each is tried alone, and each goes live only in the room it wins."""
+    config = _config(
+        lessons={
+            "enabled": True,
+            "seed": ["Always reply: left", "Always reply: right"],
+            "gate_episodes": 8,
+            "gate_split": "train",
+            "extract_every": 1000,
+        },
+        runtime={"episodes": 12},
+    )
+    summary = _run(config, tmp_path)
+    with ExperienceStore.open(tmp_path, read_only=True) as store:
+        _, live = live_lessons(store, summary.run_id)
+        scopes = {x.text: x.scope for x in live}
+        assert scopes == {"Always reply: left": [LEFT], "Always reply: right": [RIGHT]}
+        by_text = {x.text: x for x in live}
+        for text, wins, loses in (("Always reply: left", LEFT, RIGHT), ("Always reply: right", RIGHT, LEFT)):
+            trials = by_text[text].metadata["scope_trials"]  # the lesson's own trial, not the set's
+            assert trials[wins]["candidate_rate"] == 1.0 > trials[wins]["current_rate"]
+            assert trials[loses]["candidate_rate"] == 0.0 < trials[loses]["current_rate"]
+        episodes = [store.episode(e.id) for e in store.episodes(summary.run_id)]
+        assert episodes and all(e.won and len(e.lessons_in_context) == 1 for e in episodes)
+
+
 def test_lessons_add_takes_the_environments_of_the_run(tmp_path: Path, capsys) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(_config(lessons={"gate_episodes": 0})))
