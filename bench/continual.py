@@ -13,6 +13,9 @@ one resumes.
   retrieval    four lessons for every environment (a person's, no scope) and room for one (`lessons.context_lessons:
                1`), greedy PLAY over the three families, against the same draws with all four in context (target c:
                the chosen lesson is the environment's own in >= 95% of episodes; success no lower)
+  retrieval-tried  the same four lessons as a person adds them without `--env`: each tried on every environment's
+               train games (24) and live where it raised success, then one chosen per episode (target c, as the
+               runtime would meet it)
   ranking      offline, over a stored curriculum run's episodes: which of the retrieval study's lessons ranks first for
                each episode, by similarity (as `choose` ranks) and by specificity to the episode's family (the
                similarity minus the nearest other family's mean episode): can any similarity place them?
@@ -22,6 +25,7 @@ one resumes.
     .venv/bin/python bench/continual.py curriculum --seeds 0,1,2,3,4
     .venv/bin/python bench/continual.py mixed --seeds 0,1,2
     .venv/bin/python bench/continual.py retrieval
+    .venv/bin/python bench/continual.py retrieval-tried
     .venv/bin/python bench/continual.py ranking           # after curriculum (reads curriculum-s0)
     .venv/bin/python bench/continual.py scope
     .venv/bin/python bench/continual.py report            # every table from the stored runs
@@ -82,18 +86,20 @@ def study_config(study: str, seed: int) -> dict:
         data["envs"] = [_env(data, e) for e in envs]
         data["curriculum"]["phases"] = [{"name": study, "envs": envs, "episodes": 64 if study == "mixed" else 32}]
         return data
-    if study in ("retrieval", "all-lessons"):
+    if study in ("retrieval", "all-lessons", "retrieval-tried"):
         data["curriculum"] = None
         data["runtime"]["episodes"] = 48
-        data["model"]["temperature"] = 0.0  # greedy, so that the two arms play the same draws the same way
+        data["model"]["temperature"] = 0.0  # greedy, so that the arms play the same draws the same way
         data["agent"]["explore"] = 0.0
         data["lessons"] = {
             "enabled": False,
             "seed": RETRIEVAL_LESSONS,
             "gate_episodes": 0,
-            "context_lessons": 1 if study == "retrieval" else 0,
+            "context_lessons": 0 if study == "all-lessons" else 1,
             "budget_tokens": 1024,
         }
+        if study == "retrieval-tried":  # as `lessons add` without --env: tried on each environment's train games
+            data["lessons"].update({"enabled": True, "gate_episodes": 24, "gate_split": "train", "extract_every": 1000})
         data["opcd"]["enabled"] = False
         return data
     if study == "scope":
@@ -233,10 +239,16 @@ def _paired_line(what: str, diffs: list[int]) -> None:
     print(f"{what}, paired over {len(diffs)} games: {mean * 100:+.1f} points [95% CI {lo * 100:+.1f}, {hi * 100:+.1f}]")
 
 
-def report_retrieval(root: Path, seed: int = 0) -> None:
-    retrieval, whole = root / f"retrieval-s{seed}", root / f"all-lessons-s{seed}"
+def report_retrieval(root: Path, seed: int = 0, arm: str = "retrieval") -> None:
+    """`arm` "retrieval": the four lessons live everywhere, one chosen per episode by similarity; "retrieval-tried":
+    the four tried first on each environment's train games (live where each raised success), then one chosen."""
+    retrieval, whole = root / f"{arm}-s{seed}", root / f"all-lessons-s{seed}"
     if not ((retrieval / "memory.db").exists() and (whole / "memory.db").exists()):
         return
+    if arm == "retrieval-tried":
+        with ExperienceStore.open(retrieval, read_only=True) as store:
+            for lesson in live_lessons(store, store.runs()[-1].id)[1]:
+                print(f"  after the trials, live in {[e.split('/')[-1] for e in lesson.scope]}: {lesson.text!r}")
     own_text = {COIN: RETRIEVAL_LESSONS[0], TREASURE: RETRIEVAL_LESSONS[1], QUESTS: RETRIEVAL_LESSONS[2]}
     outcomes = {}
     for name, workdir in (("retrieval", retrieval), ("whole set", whole)):
@@ -255,14 +267,14 @@ def report_retrieval(root: Path, seed: int = 0) -> None:
                     for env in own_text
                 }
                 print(
-                    f"retrieval, one lesson of four in context: the environment's own in {sum(own)}/{len(own)} episodes "
+                    f"{arm}, one lesson in context: the environment's own in {sum(own)}/{len(own)} episodes "
                     f"({sum(own) / len(own):.1%}; per environment {by_env}; target >= 95%)"
                 )
     keys = sorted(set(outcomes["retrieval"]) & set(outcomes["whole set"]))
     a = [outcomes["whole set"][k] for k in keys]
     b = [outcomes["retrieval"][k] for k in keys]
     print(
-        f"success on the same {len(keys)} draws (greedy): whole set {sum(a) / len(a):.1%}, retrieval "
+        f"success on the same {len(keys)} draws (greedy): whole set {sum(a) / len(a):.1%}, {arm} "
         f"{sum(b) / len(b):.1%} ({sum(b) - sum(a):+d} episodes, McNemar p={mcnemar_p(a, b):.2g}; target: no lower)"
     )
 
@@ -373,7 +385,9 @@ def plot(root: Path, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("study", choices=("curriculum", "mixed", "retrieval", "ranking", "scope", "report", "plot"))
+    parser.add_argument(
+        "study", choices=("curriculum", "mixed", "retrieval", "retrieval-tried", "ranking", "scope", "report", "plot")
+    )
     parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     parser.add_argument("--workdir", type=Path, default=ROOT / "bench-runs" / "continual")
     args = parser.parse_args(argv)
@@ -393,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         run("retrieval", seeds[0], root)
         run("all-lessons", seeds[0], root)
         report_retrieval(root, seeds[0])
+    elif args.study == "retrieval-tried":
+        run("retrieval-tried", seeds[0], root)
+        run("all-lessons", seeds[0], root)
+        report_retrieval(root, seeds[0], "retrieval-tried")
     elif args.study == "ranking":
         report_ranking(root, seeds[0])
     elif args.study == "scope":
@@ -407,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         report_curriculum(root, every)
         report_mixed(root, every)
         report_retrieval(root)
+        report_retrieval(root, arm="retrieval-tried")
         report_scope(root)
     return 0
 
