@@ -50,7 +50,7 @@ from distill.lessons import (
 )
 from distill.lessons.curate import render_lessons
 from distill.lessons.safety import prompt_lessons
-from distill.lessons.scope import GLOBAL, in_scope
+from distill.lessons.scope import GLOBAL, in_scope, trial_gains
 from distill.lessons.selection import induce_and_select
 from memory import ExperienceStore
 
@@ -189,6 +189,7 @@ class LessonContexts:
         # episode does not list it among the lessons it had in context either
         lessons = [x for x in lessons if prompt_lessons([x.text])]
         self.by_pool = {p: [x for x in lessons if x.pool == p] for p in range(self.pools)}
+        self.gains = {x.id: trial_gains(x) for x in lessons}
         self._checked = time.monotonic()
 
     def refresh(self) -> None:
@@ -217,14 +218,17 @@ class LessonContexts:
         return self.budget_tokens is None or self.count_tokens(render_lessons(texts)) <= self.budget_tokens
 
     def choose(self, context: EpisodeContext, env_id: str, goal: str, observation: str) -> EpisodeContext:
-        """`context` when its lessons fit the budget; else the most relevant of them that fit, by cosine similarity
-        of each lesson to the episode's environment, goal and first observation (the store's lesson index), shown
-        in their live order so that the prompt's lesson block stays a stable prefix."""
+        """`context` when its lessons fit the budget; else the most relevant of them that fit, shown in their live
+        order so that the prompt's lesson block stays a stable prefix. Relevant first by evidence: what each lesson's
+        trials measured it to add to success in this environment (`trial_gains`; text alone cannot tell which of a
+        person's unscoped lessons helps where: bench/RESULTS.md, "Continual learning" (c)), then by cosine similarity
+        of the lesson to the episode's environment, goal and first observation (the store's lesson index)."""
         if self.fits(context.lessons):
             return context
         query = "\n".join(x for x in (env_id, goal, observation) if x)
         hits = self.store.search_lessons(query, k=len(context.lesson_ids), ids=context.lesson_ids)
         ranked = [h.item.id for h in hits] + [i for i in context.lesson_ids if i not in {h.item.id for h in hits}]
+        ranked.sort(key=lambda i: -self.gains.get(i, {}).get(env_id, 0.0))  # stable: similarity breaks ties
         text = dict(zip(context.lesson_ids, context.lessons))
         chosen: list[int] = []
         for lesson_id in ranked:

@@ -108,3 +108,21 @@ def for_env(lessons: Iterable[str | ScopedLesson], env_id: str, family: str | No
 def describe_scope(scope: Iterable[str] | None) -> str:
     entries = GLOBAL if scope is None else tuple(scope)
     return "all environments" if EVERYWHERE in entries else ", ".join(entries)
+
+
+def trial_gains(lesson) -> dict[str, float]:
+    """What a stored lesson's trials measured it to add to success, per environment id: its own trial in each
+    environment (`scope_trials`: a lesson proposed for every environment), else its one trial (`trial`: an induced
+    lesson, tried on the environments its scope names). Empty when it was never tried (the gate off, a seed)."""
+    metadata = lesson.metadata or {}
+    per_env = metadata.get("scope_trials")
+    if isinstance(per_env, dict):
+        return {
+            env: float(d["delta"])
+            for env, d in per_env.items()
+            if isinstance(d, dict) and isinstance(d.get("delta"), int | float)
+        }
+    trial = metadata.get("trial")
+    if isinstance(trial, dict) and isinstance(trial.get("delta"), int | float):
+        return {env: float(trial["delta"]) for env in lesson.scope or () if env != EVERYWHERE}
+    return {}

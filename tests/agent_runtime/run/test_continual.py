@@ -18,7 +18,7 @@ from agent_runtime.phases.decisions import Decision
 from agent_runtime.phases.extract import LessonContexts
 from agent_runtime.run.loop import AgentLoop
 from distill.lessons import live_lessons
-from distill.lessons.scope import GLOBAL, ScopeError, in_scope, normalize_scope
+from distill.lessons.scope import GLOBAL, ScopeError, in_scope, normalize_scope, trial_gains
 from distill.lessons.versions import create_version
 from memory import ExperienceStore
 from memory.embeddings import HashEmbedder
@@ -66,6 +66,17 @@ def test_a_scope_names_environments_families_or_everything() -> None:
     assert in_scope(["*"], "anything/at-all")
 
 
+def test_a_lessons_trial_gains_come_from_its_own_trials_per_environment_or_its_induction_trial() -> None:
+    from types import SimpleNamespace as Lesson
+
+    per_env = {"scope_trials": {LEFT: {"delta": 0.25}, RIGHT: {"delta": -0.5}, "x/y": {"reason": "no delta"}}}
+    assert trial_gains(Lesson(metadata=per_env, scope=[LEFT])) == {LEFT: 0.25, RIGHT: -0.5}
+    induced = {"trial": {"delta": 0.083, "promote": True}}
+    assert trial_gains(Lesson(metadata=induced, scope=[LEFT, "*"])) == {LEFT: 0.083}
+    assert trial_gains(Lesson(metadata={"trial": "unreadable"}, scope=[LEFT])) == {}
+    assert trial_gains(Lesson(metadata=None, scope=["*"])) == {}
+
+
 def test_a_lesson_stored_before_scopes_is_shown_everywhere(memory_url: str, tmp_path: Path) -> None:
     build_at_0001(memory_url)
     with ExperienceStore.open(memory_url, index_dir=tmp_path / "index") as store:
@@ -90,6 +101,22 @@ def test_an_episode_shows_only_the_lessons_in_scope_for_its_environment(tmp_path
         assert contexts.for_draw(Draw(1, 1, "train-0", 1)).lesson_ids == (right, everywhere)
         unscoped = LessonContexts(store, run_id, 1, 0)  # no environments known: every lesson, as before scopes
         assert unscoped.for_draw(Draw(0, 0, "train-0", 1)).lesson_ids == (left, right, everywhere)
+
+
+def test_a_lessons_measured_gain_in_the_environment_outranks_similarity_under_the_budget(tmp_path: Path) -> None:
+    """Room for one lesson of two: where a lesson's own trial raised the environment's success it is shown, though
+    the other reads closer to the episode; where no trial measured either, similarity decides."""
+    with ExperienceStore.open(tmp_path, embedder=HashEmbedder(64)) as store:
+        run_id = store.create_run("r", {})
+        near = store.add_lesson("Leave the red hall by the left door.", run_id=run_id, token_count=8)
+        gains = {"scope_trials": {LEFT: {"delta": 0.25, "current_rate": 0.25, "candidate_rate": 0.5}}}
+        tried = store.add_lesson("Doors matter.", run_id=run_id, token_count=2, metadata=gains)
+        create_version(store, run_id, [near, tried])
+        contexts = LessonContexts(store, run_id, 1, 0, envs=TWO, max_lessons=1)
+        goal, observation = "Leave the red hall by the right door.", "Two doors, a red hall."
+        left = contexts.choose(contexts.for_draw(Draw(0, 0, "train-0", 1)), LEFT, goal, observation)
+        right = contexts.choose(contexts.for_draw(Draw(1, 1, "train-0", 1)), RIGHT, goal, observation)
+        assert left.lesson_ids == (tried,) and right.lesson_ids == (near,)
 
 
 def test_the_most_relevant_lesson_is_chosen_when_more_are_in_scope_than_the_budget_holds(tmp_path: Path) -> None:
