@@ -185,6 +185,7 @@ def test_memory_soak_slope_is_relative_to_the_mean():
     assert [h["episodes"] for h in r["hourly"]] == [60, 120, 180]
 
 
+@pytest.mark.slow
 def test_loop_bench_inventory_survives_a_dead_weak_proxy():
     """The memory sampler's inventory walks every live object; a weak proxy whose object is gone raised on
     isinstance and stopped the sampler thread mid-run (an own-experience run lost its inventory that way)."""

@@ -155,6 +155,7 @@ def _write_elsewhere(workdir: Path, stay: bool) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 def test_a_second_store_in_a_process_leaves_the_first_one_seeing_a_live_writer(tmp_path):
     """The dashboard opens a second store for search; the soak's harness opens one per check. Either took the
     first store's SHARED lock away, and the next process to close its last connection deleted the WAL under

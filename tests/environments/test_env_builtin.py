@@ -205,6 +205,7 @@ def test_gsm_symbolic_seeds_never_wrap():
     assert env.task_id == f"{train_templates[3]}-7"
 
 
+@pytest.mark.slow
 def test_textworld_survives_interpreter_hostile_commands(tmp_path):
     """NUL bytes hang frotz, backslash commands make it loop forever, some long non-ASCII input crashed it:
     each gets the game's own feedback instead."""

@@ -85,6 +85,7 @@ def test_twx_tasks_are_its_own_folds_with_tales_parameters():
         dev.close()
 
 
+@pytest.mark.slow
 def test_twx_params_override_tales_defaults_and_bad_ones_are_clear_errors():
     bigger = environments.make("twx/coin", params={"numLocations": 4, "includeDoors": True})
     try:

@@ -72,6 +72,7 @@ def _start_playing(workdir: Path) -> list[str]:
         env.close()
 
 
+@pytest.mark.slow
 def test_second_workdir_starts_playing_without_generating(tmp_path, cache_root, generations):
     from environments.game_cache import BUILT
 
@@ -87,6 +88,7 @@ def test_second_workdir_starts_playing_without_generating(tmp_path, cache_root, 
     assert len(list((cache_root / "games" / "textworld").glob("*/game.z8"))) == 2
 
 
+@pytest.mark.slow
 def test_explicit_cache_dir_wins_and_old_workdirs_keep_their_games(tmp_path, cache_root, generations):
     assert run_games_dir(tmp_path / "new") == cache_root / "games"
     (tmp_path / "old" / "games").mkdir(parents=True)
@@ -129,6 +131,7 @@ def test_different_options_never_share_an_entry(cache_root, generations, monkeyp
     assert treasure.game_key("train-0") != _coin(level=1).game_key("train-0")
 
 
+@pytest.mark.slow
 def test_a_damaged_or_partial_entry_is_regenerated(cache_root, generations):
     env = _coin()
     key = env.game_key("train-0")

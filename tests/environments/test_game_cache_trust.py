@@ -231,6 +231,7 @@ def test_sigterm_ends_a_wait_for_the_lock_promptly(tmp_path):
     assert "built" not in out and not (root / "hard").exists()
 
 
+@pytest.mark.slow
 def test_a_symlinked_textworld_eval_game_is_never_played(tmp_path):
     """The review's attack: eval entries replaced by links to an easier game were played, and won."""
     env = environments.make("textworld/coin_collector", level=1, cache_dir=tmp_path, n_train=1, n_eval=1)
@@ -250,6 +251,7 @@ def test_a_symlinked_textworld_eval_game_is_never_played(tmp_path):
         env.close()
 
 
+@pytest.mark.slow
 def test_an_old_workdirs_flat_game_is_read_only_when_it_is_a_plain_file_of_ours(tmp_path):
     built = environments.make("textworld/coin_collector", level=1, cache_dir=tmp_path / "mine", n_train=1, n_eval=1)
     source = built.game_file("train-0")

@@ -10,10 +10,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from agent_runtime import offline_packages
 from agent_runtime.offline_packages import PACKAGES, OfflinePackage, setup
 
 
+@pytest.mark.slow
 def test_check_lists_every_pinned_package_as_installed():
     proc = subprocess.run(
         [sys.executable, "-m", "agent_runtime", "setup", "--check"],

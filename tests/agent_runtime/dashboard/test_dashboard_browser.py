@@ -164,6 +164,7 @@ def test_dashboard_in_chromium_while_a_loop_writes(tmp_path: Path, seed_with_xss
     assert dialogs == [], "stored text was executed as script"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_forgotten_lessons_life_and_a_mismatched_episode_in_chromium(tmp_path: Path) -> None:
     """The lesson page of a lesson taught into a promoted adapter and then forgotten (the run rolled back), and the

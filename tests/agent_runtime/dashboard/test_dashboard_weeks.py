@@ -157,6 +157,7 @@ def _many_episodes(store: ExperienceStore, run: int, n: int, seed: int = 0) -> l
     return rows
 
 
+@pytest.mark.slow
 def test_success_chart_is_computed_in_sql(memory_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same points as the plain rolling computation, while only about MAX_POINTS rows per series leave
     the database (a run of weeks has a million episodes, and each open tab polls this every 10 s)."""

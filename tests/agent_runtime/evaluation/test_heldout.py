@@ -61,6 +61,7 @@ def plant(store, run_id, games_dir, cfg) -> list[int]:
     return ids
 
 
+@pytest.mark.slow
 def test_a_planted_eval_episode_reaches_nothing_downstream(tmp_path, games_dir):
     cfg = config(games_dir)
     loop = AgentLoop(cfg, tmp_path, progress=False)

@@ -55,6 +55,7 @@ def run_in(folder: Path, model: dict) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_python_m_imports_no_langchain_module_from_the_working_directory(tmp_path):
     """What the review found: `python -m agent_runtime run` with a `langchain_evil.py` in the current directory
     ran it before the class check (the prefix rule trusted any module of that name)."""
@@ -65,6 +66,7 @@ def test_python_m_imports_no_langchain_module_from_the_working_directory(tmp_pat
     assert "'langchain_evil:Chat'" in proc.stderr and "No module named 'langchain_evil'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_python_m_imports_nothing_the_runtime_uses_from_the_working_directory(tmp_path):
     shadow = plant(tmp_path, "yaml")  # the runtime reads its config with it
     proc = run_in(tmp_path, {"name": "scripted", "backend": "scripted"})

@@ -317,6 +317,7 @@ def test_the_cycle_page_shows_what_was_distilled_and_by_which_teacher(tmp_path):
         assert "the lesson set" in old and "the start-of-cycle policy (the parent)" in old
 
 
+@pytest.mark.slow
 def test_a_system_prompt_cycle_needs_no_lessons(tmp_path, cycle_config):
     """opcd.context alone: the loop plays and distils the system prompt, with lessons off."""
     from agent_runtime.run.loop import AgentLoop

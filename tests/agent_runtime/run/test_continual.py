@@ -272,6 +272,7 @@ def test_a_curriculum_names_only_the_runs_environments() -> None:
     assert config_from_dict(_curriculum()).runtime.episodes == 16
 
 
+@pytest.mark.slow
 def test_a_curriculum_run_fills_the_matrix_and_resumes_mid_phase(tmp_path: Path, monkeypatch, capsys) -> None:
     """Phase 1 plays the left room only, phase 2 the right room only; after each (and before the first) every room
     is assessed. The run is stopped after phase 1's assessment and killed inside phase 2's: resumed, it plays the

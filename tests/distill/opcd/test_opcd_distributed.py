@@ -141,6 +141,7 @@ def test_failing_rank_raises_a_clear_error_and_leaves_no_process(tiny_model_dir,
     assert _job_processes(tmp_path / "job" / "job.json") == []
 
 
+@pytest.mark.slow
 def test_interrupting_the_parent_stops_every_rank(tiny_model_dir, tmp_path, monkeypatch):
     """Ctrl-C in the parent while the ranks are up (loading; the same path as an exception from on_step)."""
     workdir, tail_read = tmp_path / "job", job_module._LineTail.read

@@ -133,6 +133,7 @@ def _student(directory: Path) -> Path:
     return directory
 
 
+@pytest.mark.slow
 def test_a_larger_teacher_sharing_the_tokenizer_teaches_the_smaller_student(tmp_path):
     student, teacher = _student(tmp_path / "student"), _taught_teacher(tmp_path / "teacher")
     config = _config(steps=20, k=512, lora_alpha=16)  # k = the tiny vocabulary: the exact reverse KL

@@ -103,6 +103,7 @@ def test_release_memory_frees_what_only_the_collector_can():
         gc.enable()
 
 
+@pytest.mark.slow
 def test_bound_heap_returns_large_freed_tensors_to_the_system():
     """After `bound_heap`, a freed 64 MB tensor leaves the resident set at once; AGENT_RUNTIME_MALLOC=default opts out.
 
