@@ -117,12 +117,13 @@ def trial_gains(lesson) -> dict[str, float]:
     metadata = lesson.metadata or {}
     per_env = metadata.get("scope_trials")
     if isinstance(per_env, dict):
-        return {
-            env: float(d["delta"])
-            for env, d in per_env.items()
-            if isinstance(d, dict) and isinstance(d.get("delta"), int | float)
-        }
+        return {env: d["delta"] for env, d in per_env.items() if isinstance(d, dict) and _measured(d.get("delta"))}
     trial = metadata.get("trial")
-    if isinstance(trial, dict) and isinstance(trial.get("delta"), int | float):
-        return {env: float(trial["delta"]) for env in lesson.scope or () if env != EVERYWHERE}
+    if isinstance(trial, dict) and _measured(trial.get("delta")):
+        return {env: trial["delta"] for env in lesson.scope or () if env != EVERYWHERE}
     return {}
+
+
+def _measured(delta) -> bool:
+    """A success-rate difference as a trial stores it (a finite number in [-1, 1]; not a bool, not NaN)."""
+    return isinstance(delta, int | float) and not isinstance(delta, bool) and -1.0 <= delta <= 1.0

@@ -74,6 +74,8 @@ def test_a_lessons_trial_gains_come_from_its_own_trials_per_environment_or_its_i
     induced = {"trial": {"delta": 0.083, "promote": True}}
     assert trial_gains(Lesson(metadata=induced, scope=[LEFT, "*"])) == {LEFT: 0.083}
     assert trial_gains(Lesson(metadata={"trial": "unreadable"}, scope=[LEFT])) == {}
+    odd = {"scope_trials": {LEFT: {"delta": float("nan")}, RIGHT: {"delta": True}, "x/y": {"delta": 7}}}
+    assert trial_gains(Lesson(metadata=odd, scope=["*"])) == {}  # imported metadata: nothing that is not a rate gap
     assert trial_gains(Lesson(metadata=None, scope=["*"])) == {}
 
 
