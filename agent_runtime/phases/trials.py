@@ -95,11 +95,7 @@ def gate_candidate(run: Run, backend: PolicyBackend, curator: LessonCurator, can
         return outcome
     start, trial = trials(before, changed), trials(after, changed)
     for env_id in changed:
-        decision = decide_gate(
-            {k: v for k, v in start.items() if k[0] == env_id},
-            {k: v for k, v in trial.items() if k[0] == env_id},
-            margin=settings.gate_margin,
-        )
+        decision = _decide_in(env_id, start, trial, settings.gate_margin)
         outcome.decisions[env_id] = decision
         store_gate_decision(
             store,
@@ -112,10 +108,11 @@ def gate_candidate(run: Run, backend: PolicyBackend, curator: LessonCurator, can
     known = {x.id for x in current}
     new = [x for x in members if x.id not in known]
     alone = _alone(trials, start, current, [x for x in candidate if x.id not in known], changed, len(envs), settings)
+    own: dict[int, dict[str, GateDecision]] = {}  # lesson id -> the decisions that placed it (its own, or the set's)
     for lesson in new:
         proposed = [e for e in envs if in_scope(lesson.scope, e, families.get(e))]
         everywhere = is_global(lesson.scope) and len(envs) > 1
-        decisions = alone.get(lesson.text, outcome.decisions)
+        decisions = own[lesson.id] = alone.get(lesson.text, outcome.decisions)
         kept = [e for e in proposed if e not in decisions or _lets_in(decisions[e], everywhere)]
         if not kept:
             outcome.dropped.append(lesson.id)
@@ -127,11 +124,8 @@ def gate_candidate(run: Run, backend: PolicyBackend, curator: LessonCurator, can
         outcome.reason = f"blocked in every environment it would enter: {shown}"
         return outcome
     for lesson_id, kept in outcome.narrowed.items():
-        text = next(x.text for x in new if x.id == lesson_id)
-        decisions = alone.get(text, outcome.decisions)
-        store.set_lesson_scope(
-            [lesson_id], kept, {e: d.to_dict() | {"keys": len(d.keys)} for e, d in decisions.items()}
-        )
+        trials_meta = {e: d.to_dict() | {"keys": len(d.keys)} for e, d in own[lesson_id].items()}
+        store.set_lesson_scope([lesson_id], kept, trials_meta)
     if outcome.dropped:  # a live version of what the trials let in (the candidate is then no longer pending)
         kept_ids = [i for i in candidate_set.lesson_ids if i not in set(outcome.dropped)]
         create_version(store, run_id, kept_ids, note=f"promoted candidate v{candidate_version} in part: {shown}")
@@ -153,15 +147,17 @@ def _alone(trials: GameTrials, start: dict, current: list, new: list, changed: l
     out: dict[str, dict[str, GateDecision]] = {}
     for lesson in everywhere:
         trial = trials(scoped_lessons([*current, lesson]), changed)
-        out[lesson.text] = {
-            env_id: decide_gate(
-                {k: v for k, v in start.items() if k[0] == env_id},
-                {k: v for k, v in trial.items() if k[0] == env_id},
-                margin=settings.gate_margin,
-            )
-            for env_id in changed
-        }
+        out[lesson.text] = {env_id: _decide_in(env_id, start, trial, settings.gate_margin) for env_id in changed}
     return out
+
+
+def _decide_in(env_id: str, start: dict, trial: dict, margin: float) -> GateDecision:
+    """The gate's decision in one environment: its games of `start` and `trial` paired."""
+    return decide_gate(
+        {k: v for k, v in start.items() if k[0] == env_id},
+        {k: v for k, v in trial.items() if k[0] == env_id},
+        margin=margin,
+    )
 
 
 def _lets_in(decision: GateDecision, everywhere: bool) -> bool:
