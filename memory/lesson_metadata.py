@@ -21,7 +21,8 @@ The keys (who writes them):
   (`distill.lessons.gate.GateDecision.to_dict`, without its keys).
 - `proposed_scope` and `scope_trials` (a lesson narrowed to the environments whose trial let it in:
   `agent_runtime.phases.trials`): the scope it was proposed with, and per environment the gate's decision with
-  the number of its games (`keys`).
+  the number of its games (`keys`); where its own trial let it in beside others tried alone, the combination's
+  decision there as `together`, with the other lessons' ids (`with`).
 Ids are integers from 1 to 2**31 - 1 (the store's ids), counts integers from 0, rates numbers in [0, 1], a
 difference of rates and its interval in [-1, 1], other numbers finite; texts are strings of at most
 `MAX_TEXT_CHARS` characters (an environment id or scope entry at most 200, as the column).
@@ -177,7 +178,8 @@ _DECISION = {
     "delta_ci": _pair(-1, 1),
 }
 TRIAL = _object(_DECISION)
-SCOPE_TRIAL = _object(_DECISION | {"keys": COUNT})
+TOGETHER = _object(_DECISION | {"keys": COUNT, "with": _list(ID, MAX_SCOPE_ENTRIES)})
+SCOPE_TRIAL = _object(_DECISION | {"keys": COUNT, "together": TOGETHER}, optional=("together",))
 
 LESSON_METADATA: dict[str, Check] = {
     "source": NAME,

@@ -9,7 +9,9 @@ It reads the last user message the agent wrote and answers without a model, hund
 - `sequence`: replies from the `replies` list in turn (cycling), for tests that need exact control.
 
 With `follow_lessons`, a lesson in the system prompt of the form "Always reply: X" makes the policy reply X:
-a policy for which a lesson is known to help or hurt, to test the lesson gate. It also follows the lessons
+a policy for which a lesson is known to help or hurt, to test the lesson gate. Two rules that name different
+replies contradict each other, and the policy follows neither (as a model given contradictory orders might), so a
+test can see lessons that each help alone hurt together. It also follows the lessons
 `distill.lessons.induce` writes, when the prompt lists admissible actions: "When you can X, X." (or "When you
 see Y, X.") picks an admissible action that is X or starts with the verb X, and "X never helps." leaves X (or
 X's verb) out of the random pick -- so a test can see a right induced lesson raise success and a wrong one lower it.
@@ -82,9 +84,9 @@ class ScriptedBackend:
             return self.lesson_reply
         if self.follow_lessons:
             system = next((m["content"] for m in chat if m["role"] == "system"), "")
-            rule = _ALWAYS_REPLY.search(system)
-            if rule:
-                return rule.group(1).strip()
+            rules = {rule.strip() for rule in _ALWAYS_REPLY.findall(system)}
+            if len(rules) == 1:
+                return rules.pop()
         if self.mode == "fixed":
             return self.fixed_answer
         if self.mode == "sequence":

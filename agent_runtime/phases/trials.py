@@ -10,7 +10,9 @@ of `lessons.gate_split`, fixed seeds), paired against the live set. What it deci
   trial raised success, never where it lowered it or changed nothing. In a run of one environment the gate's own
   rule decides, as before scopes. Several such lessons arriving together (a `lessons.seed` list, two `lessons add`
   before the gate) are each also tried alone on top of the live set, and each goes live where its own trial raised
-  success: the set's trial cannot say which of them did.
+  success: the set's trial cannot say which of them did. Where that lets several into one environment, they are
+  played there together too, and stay together only if the combination also raises success and does at least as
+  well as the best of them alone; otherwise only that best one goes live there (`_together`).
 A lesson is narrowed to the environments that let it in (its scope rewritten, with each environment's decision in
 its metadata, `scope_trials`); one that none let in leaves the candidate. Each environment's decision is stored as a
 gate row of its own (`store_gate_decision`, `env_id` set).
@@ -109,14 +111,19 @@ def gate_candidate(run: Run, backend: PolicyBackend, curator: LessonCurator, can
     new = [x for x in members if x.id not in known]
     alone = _alone(trials, start, current, [x for x in candidate if x.id not in known], changed, len(envs), settings)
     own: dict[int, dict[str, GateDecision]] = {}  # lesson id -> the decisions that placed it (its own, or the set's)
+    placed: dict[int, list[str]] = {}  # lesson id -> the environments it goes live in
+    proposed: dict[int, list[str]] = {}
     for lesson in new:
-        proposed = [e for e in envs if in_scope(lesson.scope, e, families.get(e))]
+        proposed[lesson.id] = [e for e in envs if in_scope(lesson.scope, e, families.get(e))]
         everywhere = is_global(lesson.scope) and len(envs) > 1
         decisions = own[lesson.id] = alone.get(lesson.text, outcome.decisions)
-        kept = [e for e in proposed if e not in decisions or _lets_in(decisions[e], everywhere)]
+        placed[lesson.id] = [e for e in proposed[lesson.id] if e not in decisions or _lets_in(decisions[e], everywhere)]
+    together = _together(trials, start, current, [x for x in new if x.text in alone], alone, placed, settings)
+    for lesson in new:
+        kept = placed[lesson.id]
         if not kept:
             outcome.dropped.append(lesson.id)
-        elif kept != proposed or (is_global(lesson.scope) and len(envs) > 1):
+        elif kept != proposed[lesson.id] or (is_global(lesson.scope) and len(envs) > 1):
             outcome.narrowed[lesson.id] = kept
     shown = "; ".join(f"{e}: {d.reason}" for e, d in outcome.decisions.items())
     if len(outcome.dropped) == len(new):
@@ -124,7 +131,9 @@ def gate_candidate(run: Run, backend: PolicyBackend, curator: LessonCurator, can
         outcome.reason = f"blocked in every environment it would enter: {shown}"
         return outcome
     for lesson_id, kept in outcome.narrowed.items():
-        trials_meta = {e: d.to_dict() | {"keys": len(d.keys)} for e, d in own[lesson_id].items()}
+        trials_meta = {e: _stored(d) for e, d in own[lesson_id].items()}
+        for env_id, (decision, others) in together.get(lesson_id, {}).items():
+            trials_meta[env_id] = trials_meta[env_id] | {"together": _stored(decision) | {"with": others}}
         store.set_lesson_scope([lesson_id], kept, trials_meta)
     if outcome.dropped:  # a live version of what the trials let in (the candidate is then no longer pending)
         kept_ids = [i for i in candidate_set.lesson_ids if i not in set(outcome.dropped)]
@@ -149,6 +158,37 @@ def _alone(trials: GameTrials, start: dict, current: list, new: list, changed: l
         trial = trials(scoped_lessons([*current, lesson]), changed)
         out[lesson.text] = {env_id: _decide_in(env_id, start, trial, settings.gate_margin) for env_id in changed}
     return out
+
+
+def _together(
+    trials: GameTrials, start: dict, current: list, tried_alone: list, alone: dict, placed: dict, settings
+) -> dict[int, dict[str, tuple[GateDecision, list[int]]]]:
+    """Where the lessons' own trials let several of them into one environment, the combination is played there too
+    (the lessons that each raise success alone can lower it together: contradictory advice). The combination stays
+    when it raises success over the live set and does at least as well as the best of them alone; otherwise only
+    the best one alone goes live there (the largest own gain; the first proposed on a tie), and the others are kept
+    out of that environment. Returns, per lesson of a combination, {env id: (the combination's decision, the other
+    lessons' ids)}, and narrows `placed` in place."""
+    out: dict[int, dict[str, tuple[GateDecision, list[int]]]] = {}
+    for env_id in dict.fromkeys(e for x in tried_alone for e in placed[x.id]):
+        let_in = [x for x in tried_alone if env_id in placed[x.id]]
+        if len(let_in) < 2:
+            continue
+        combined = trials(scoped_lessons([*current, *let_in]), [env_id])
+        decision = _decide_in(env_id, start, combined, settings.gate_margin)
+        best = max(let_in, key=lambda x: alone[x.text][env_id].candidate_rate)
+        if not (_lets_in(decision, True) and decision.candidate_rate >= alone[best.text][env_id].candidate_rate):
+            for lesson in let_in:
+                if lesson is not best:
+                    placed[lesson.id].remove(env_id)
+        for lesson in let_in:
+            out.setdefault(lesson.id, {})[env_id] = (decision, [x.id for x in let_in if x is not lesson])
+    return out
+
+
+def _stored(decision: GateDecision) -> dict:
+    """A decision as a lesson's metadata keeps it: without the games' keys, with their number."""
+    return decision.to_dict() | {"keys": len(decision.keys)}
 
 
 def _decide_in(env_id: str, start: dict, trial: dict, margin: float) -> GateDecision:

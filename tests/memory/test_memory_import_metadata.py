@@ -80,8 +80,9 @@ def _every_kind_of_lesson(workdir: Path) -> None:
         curator.commit()
         user = next(x for x in store.lessons(run_id) if x.metadata.get("source") == "user")
         decision = decide_gate([False, True], [True, True])
+        stored = decision.to_dict() | {"keys": len(decision.keys)}
         trials = {
-            "tests.distill.lessons.test_lessons_induce:CoinRoom": decision.to_dict() | {"keys": len(decision.keys)}
+            "tests.distill.lessons.test_lessons_induce:CoinRoom": stored | {"together": stored | {"with": [left]}}
         }
         store.set_lesson_scope([user.id], ["tests.distill.lessons.test_lessons_induce:CoinRoom"], trials)
         store.forget_lessons([left], reason=f"forgot #{left}")
@@ -115,6 +116,17 @@ def test_every_kind_of_lesson_goes_round_the_trip(exported: list[str], tmp_path:
         again = io.StringIO()
         copy.export_jsonl(again)
     assert again.getvalue().splitlines()[1:] == exported[1:]
+
+
+def test_a_combinations_trial_names_the_other_lessons_by_id() -> None:
+    decision = decide_gate([False, True], [True, True])
+    stored = decision.to_dict() | {"keys": len(decision.keys)}
+    good = {"scope_trials": {"env/x": stored | {"together": stored | {"with": [3]}}}}
+    assert (
+        lesson_metadata_problem(good) is None and lesson_metadata_problem({"scope_trials": {"env/x": stored}}) is None
+    )
+    bad = {"scope_trials": {"env/x": stored | {"together": stored | {"with": ["<b>3</b>"]}}}}
+    assert "metadata.scope_trials.env/x.together.with[0] must be an id" in lesson_metadata_problem(bad)
 
 
 def test_the_evidence_kinds_are_the_ones_induction_writes() -> None:

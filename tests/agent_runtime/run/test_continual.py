@@ -22,7 +22,7 @@ from distill.lessons.scope import GLOBAL, ScopeError, in_scope, normalize_scope,
 from distill.lessons.versions import create_version
 from memory import ExperienceStore
 from memory.embeddings import HashEmbedder
-from tests.continual_envs import LEFT, RIGHT
+from tests.continual_envs import LEFT, MIXED, RIGHT
 from tests.memory.test_memory_migration import build_at_0001
 
 TWO = [(LEFT, "text"), (RIGHT, "text")]
@@ -190,6 +190,49 @@ def test_lessons_proposed_everywhere_together_each_go_live_where_their_own_trial
             assert trials[loses]["candidate_rate"] == 0.0 < trials[loses]["current_rate"]
         episodes = [store.episode(e.id) for e in store.episodes(summary.run_id)]
         assert episodes and all(e.won and len(e.lessons_in_context) == 1 for e in episodes)
+
+
+def test_lessons_that_each_help_alone_but_hurt_together_go_live_one_at_a_time(tmp_path: Path, capsys) -> None:
+    """In the mixed room either 'Always reply' lesson alone wins half the games, and the two together contradict
+    each other (the scripted policy then follows neither): each one's own trial lets it in there, the combination's
+    trial does not, so only the first goes live there; the left room lets in only the left lesson. Without the
+    combination's trial both would go live in the mixed room and it would win nothing."""
+    config = _config(
+        envs=[{"id": LEFT}, {"id": MIXED}],
+        model={"options": {"follow_lessons": True, "mode": "fixed", "fixed_answer": "wait"}},
+        lessons={
+            "enabled": True,
+            "seed": ["Always reply: left", "Always reply: right"],
+            "gate_episodes": 8,
+            "gate_split": "train",
+            "extract_every": 1000,
+        },
+        runtime={"episodes": 12},
+    )
+    summary = _run(config, tmp_path)
+    with ExperienceStore.open(tmp_path, read_only=True) as store:
+        _, live = live_lessons(store, summary.run_id)
+        assert {x.text: x.scope for x in live} == {"Always reply: left": [LEFT, MIXED]}
+        [left] = live
+        trials = left.metadata["scope_trials"]
+        assert trials[MIXED]["candidate_rate"] > trials[MIXED]["current_rate"] == 0.0
+        together = trials[MIXED]["together"]
+        assert together["candidate_rate"] == 0.0 and len(together["with"]) == 1 and "together" not in trials[LEFT]
+        [right] = store.lessons(summary.run_id, ids=together["with"])
+        assert right.text == "Always reply: right"
+        mixed = [store.episode(e.id) for e in store.episodes(summary.run_id, env_id=MIXED)]
+        assert mixed and all(e.lessons_in_context == [left.id] for e in mixed)
+        assert any(e.won for e in mixed)
+    assert main(["lessons", "show", str(left.id), "--workdir", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert f"together with #{right.id}: 0.00 -> 0.00" in shown, shown
+    from fastapi.testclient import TestClient
+
+    from agent_runtime.dashboard import create_app
+
+    with TestClient(create_app(tmp_path), base_url="http://127.0.0.1") as client:
+        page = client.get(f"/lessons/{left.id}").text
+    assert f"together with lesson #{right.id}: 0.0% &rarr; 0.0%" in page, page
 
 
 def test_lessons_add_takes_the_environments_of_the_run(tmp_path: Path, capsys) -> None:
