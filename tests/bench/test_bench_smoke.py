@@ -145,7 +145,7 @@ def test_memory_soak_samples_the_loop_and_reports_its_slope(tmp_path, games_dir,
         "lessons.gate_episodes=4",
         "lessons.extract_every=8",
     ]
-    args = ["--hours", "0.012", "--sample-s", "3", "--warmup-min", "0", "--workdir", str(workdir)]
+    args = ["--hours", "0.008", "--sample-s", "2", "--warmup-min", "0", "--workdir", str(workdir)]
     args += [x for o in overrides for x in ("--set", o)]
     assert memory_soak.main([*args, "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]) == 0
     rows = memory_soak.read_samples(workdir / "samples.csv")

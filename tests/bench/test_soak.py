@@ -1,6 +1,6 @@
 """The soak (bench/soak.py) in short, its invariant checks, and what the soak found.
 
-- A short soak: the loop on the tiny model with real EXTRACT and OPCD cycles, killed with SIGKILL 10 times at
+- A short soak: the loop on the tiny model with real EXTRACT and OPCD cycles, killed with SIGKILL 6 times at
   random moments and resumed, then run on: nothing lost or duplicated, no phase done twice, lessons within the
   budget, nothing of a killed session left running.
 - The checks themselves catch what they are for (a duplicated, a lost and a miscounted draw; an EXTRACT done
@@ -47,7 +47,7 @@ def test_a_short_soak_loses_nothing_and_does_no_phase_twice(tmp_path, games_dir)
         workdir=tmp_path / "soak",
         model_dir=tmp_path / "tiny",
         games_dir=games_dir,
-        kills=10,
+        kills=6,
         run_on=90,
         seed=3,
         extract_every=40,
@@ -63,7 +63,7 @@ def test_a_short_soak_loses_nothing_and_does_no_phase_twice(tmp_path, games_dir)
     soak.prepare(settings)  # the soak's own tiny model, whose choices lessons change
     report = soak.Soak(settings).run()
     assert report["violations"] == []
-    assert report["kills"] == 10 and report["survivors"] == 0
+    assert report["kills"] == 6 and report["survivors"] == 0
     assert report["game_dirs_left"] == 0, "a killed session's game processes remove their folders"
     assert report["extractions"] >= 2 and sum(report["cycles"].values()) >= 1
     print(soak.table(report))
