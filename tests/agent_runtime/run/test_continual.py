@@ -235,6 +235,31 @@ def test_lessons_that_each_help_alone_but_hurt_together_go_live_one_at_a_time(tm
     assert f"together with lesson #{right.id}: 0.0% &rarr; 0.0%" in page, page
 
 
+def test_lessons_that_help_more_together_than_alone_go_live_together(tmp_path: Path) -> None:
+    """In the left room 'wait never helps.' and 'right never helps.' each leave the random policy two doors of
+    three, and together only the winning one: the combination beats the best of them alone, so both go live there."""
+    config = _config(
+        envs=[{"id": LEFT}, {"id": RIGHT}],
+        lessons={
+            "enabled": True,
+            "seed": ["Wait never helps.", "Right never helps."],
+            "gate_episodes": 12,
+            "gate_split": "train",
+            "extract_every": 1000,
+        },
+        runtime={"episodes": 4},
+    )
+    summary = _run(config, tmp_path)
+    with ExperienceStore.open(tmp_path, read_only=True) as store:
+        _, live = live_lessons(store, summary.run_id)
+        by_text = {x.text: x for x in live}
+        assert LEFT in by_text["Wait never helps."].scope and by_text["Right never helps."].scope == [LEFT]
+        together = by_text["Right never helps."].metadata["scope_trials"][LEFT]["together"]
+        assert together["candidate_rate"] == 1.0 and together["with"] == [by_text["Wait never helps."].id]
+        alone = [x.metadata["scope_trials"][LEFT]["candidate_rate"] for x in live]
+        assert all(0.0 < rate < 1.0 for rate in alone), alone
+
+
 def test_lessons_add_takes_the_environments_of_the_run(tmp_path: Path, capsys) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(_config(lessons={"gate_episodes": 0})))
