@@ -165,20 +165,16 @@ def test_a_lesson_that_helps_one_environment_and_hurts_another_goes_live_only_in
         assert all(e.lessons_in_context == [] for e in episodes if e.env_id == RIGHT)
 
 
+def _seeded_everywhere(texts: list[str], *, gate_episodes: int = 8, episodes: int = 12, **sections) -> dict:
+    """A run whose person's lessons `texts` are proposed for every environment and gated on the train games."""
+    lessons = {"enabled": True, "seed": texts, "gate_episodes": gate_episodes, "gate_split": "train"}
+    return _config(lessons={**lessons, "extract_every": 1000}, runtime={"episodes": episodes}, **sections)
+
+
 def test_lessons_proposed_everywhere_together_each_go_live_where_their_own_trial_raised_success(tmp_path: Path) -> None:
     """'Always reply: left' and 'Always reply: right' seeded together: the set's trial shows each room one policy, so
     it cannot say which lesson won where; each is tried alone, and each goes live only in the room it wins."""
-    config = _config(
-        lessons={
-            "enabled": True,
-            "seed": ["Always reply: left", "Always reply: right"],
-            "gate_episodes": 8,
-            "gate_split": "train",
-            "extract_every": 1000,
-        },
-        runtime={"episodes": 12},
-    )
-    summary = _run(config, tmp_path)
+    summary = _run(_seeded_everywhere(["Always reply: left", "Always reply: right"]), tmp_path)
     with ExperienceStore.open(tmp_path, read_only=True) as store:
         _, live = live_lessons(store, summary.run_id)
         scopes = {x.text: x.scope for x in live}
@@ -197,17 +193,10 @@ def test_lessons_that_each_help_alone_but_hurt_together_go_live_one_at_a_time(tm
     each other (the scripted policy then follows neither): each one's own trial lets it in there, the combination's
     trial does not, so only the first goes live there; the left room lets in only the left lesson. Without the
     combination's trial both would go live in the mixed room and it would win nothing."""
-    config = _config(
+    config = _seeded_everywhere(
+        ["Always reply: left", "Always reply: right"],
         envs=[{"id": LEFT}, {"id": MIXED}],
         model={"options": {"follow_lessons": True, "mode": "fixed", "fixed_answer": "wait"}},
-        lessons={
-            "enabled": True,
-            "seed": ["Always reply: left", "Always reply: right"],
-            "gate_episodes": 8,
-            "gate_split": "train",
-            "extract_every": 1000,
-        },
-        runtime={"episodes": 12},
     )
     summary = _run(config, tmp_path)
     with ExperienceStore.open(tmp_path, read_only=True) as store:
@@ -238,18 +227,9 @@ def test_lessons_that_each_help_alone_but_hurt_together_go_live_one_at_a_time(tm
 def test_lessons_that_help_more_together_than_alone_go_live_together(tmp_path: Path) -> None:
     """In the left room 'wait never helps.' and 'right never helps.' each leave the random policy two doors of
     three, and together only the winning one: the combination beats the best of them alone, so both go live there."""
-    config = _config(
-        envs=[{"id": LEFT}, {"id": RIGHT}],
-        lessons={
-            "enabled": True,
-            "seed": ["Wait never helps.", "Right never helps."],
-            "gate_episodes": 12,
-            "gate_split": "train",
-            "extract_every": 1000,
-        },
-        runtime={"episodes": 4},
+    summary = _run(
+        _seeded_everywhere(["Wait never helps.", "Right never helps."], gate_episodes=12, episodes=4), tmp_path
     )
-    summary = _run(config, tmp_path)
     with ExperienceStore.open(tmp_path, read_only=True) as store:
         _, live = live_lessons(store, summary.run_id)
         by_text = {x.text: x for x in live}
