@@ -55,6 +55,28 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
+# Test files that share session fixtures too costly to start once per worker (vLLM's engine and its server, 25-55 s
+# each): under `--dist loadfile` (`make test`) they are one unit of work, so one worker runs them all.
+ONE_WORKER = {
+    "tests/agent_runtime/llm/test_vllm.py": "vllm's engine and server",
+    "tests/agent_runtime/llm/test_vllm_probe.py": "vllm's engine and server",
+}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` with the files of `ONE_WORKER` grouped; any other mode is xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return ONE_WORKER.get(path, path)
+
+    return Scheduling(config, log)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """The runtime's model and game caches go to a per-session temporary root, never to the user's ~/.cache (the
