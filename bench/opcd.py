@@ -24,7 +24,16 @@ gradient checkpointing (`nogc` with `trl-nogc` when both ran): its tokens/s over
 step over its own (above 1 is faster than TRL).
 
 TRL is the `bench` extra (`pip install trl==1.16.0` and its `datasets` dependency); without it the table
-says so in a row of its own.
+says so in a row of its own. To keep the project's environment as it is, install it apart, but inside the
+environment's folder, and put that folder on PYTHONPATH:
+
+    .venv/bin/pip install --target .venv/trl-extra --no-deps trl==1.16.0 datasets==5.2.0 dill==0.4.1 \
+        multiprocess==0.70.19 pandas==3.1.1 pyarrow==26.0.1
+    PYTHONPATH=$PWD/.venv/trl-extra .venv/bin/python bench/opcd.py --models smollm2 --variants default,trl
+
+A folder outside the environment (`--target /tmp/x`) fails in `datasets.Dataset.from_list` with "Can't pickle
+<class 'MonthDayNano'>": `datasets` hashes a dataset with dill, and dill pickles by value any module whose file is
+not under `sys.prefix`, so it walks into pyarrow's internals.
 """
 
 from __future__ import annotations
