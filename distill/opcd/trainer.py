@@ -11,13 +11,13 @@ evaluation and saving. Its parts live beside it, one job each:
 - `distill.opcd.batches`: what each step is given (prompts, each one's context, anchors, the learning rate);
 - `distill.opcd.policies`: the student and the teacher from one base model (LoRA attached, the teacher as the
   adapter disabled, a parent adapter switched in, or a frozen copy), and `with_context`, the teacher's prompt;
-- `distill.opcd.sampler`: the student samples from a copy of its weights with the adapter merged in, bf16 by
-  default, released right after sampling so it never adds to the training half's memory peak;
+- `distill.opcd.sampler`: the student samples from a merged copy of its weights (bf16 where the device has it),
+  released right after sampling, so it never adds to the training half's memory peak;
 - `distill.opcd.scoring`: hidden states at the response positions; the teacher runs the token prefix all its
   prompts share (system prompt, lessons) once (`distill.opcd.prefix_kv`);
 - `distill.opcd.losses`: the divergences, from hidden states in sequence chunks, so the (B, T, V) logits of
-  the two models are never held at once; `distill.opcd.choice`: the choice policy;
-- `distill.chat_tokens`: prompts to token ids, the content (observations, lessons) tokenised as text.
+  the two models are never held at once; `distill.opcd.choice`: the choice policy; `distill.chat_tokens`:
+  prompts to token ids, the content (observations, lessons) tokenised as text.
 
 Choice mode (the agent acts by choosing among admissible actions): a step given one action set per prompt
 distils the policy the agent acts with, the distribution over the set, instead of free text: the student's
