@@ -15,9 +15,8 @@ evaluation and saving. Its parts live beside it, one job each:
   released right after sampling, so it never adds to the training half's memory peak;
 - `distill.opcd.scoring`: hidden states at the response positions; the teacher runs the token prefix all its
   prompts share (system prompt, lessons) once (`distill.opcd.prefix_kv`);
-- `distill.opcd.losses`: the divergences, from hidden states in sequence chunks, so the (B, T, V) logits of
-  the two models are never held at once; `distill.opcd.choice`: the choice policy; `distill.chat_tokens`:
-  prompts to token ids, the content (observations, lessons) tokenised as text.
+- `distill.opcd.losses`: the divergences from hidden states in sequence chunks (the two models' (B, T, V) logits
+  never held at once); `distill.opcd.choice`: the choice policy; `distill.chat_tokens`: prompts to token ids.
 
 Choice mode (the agent acts by choosing among admissible actions): a step given one action set per prompt
 distils the policy the agent acts with, the distribution over the set, instead of free text: the student's
