@@ -172,3 +172,15 @@ def test_the_old_module_names_are_gone():
         importlib.import_module("agent_runtime.loop")
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("agent_runtime.consolidate")
+
+
+def test_no_module_of_the_packages_is_over_600_lines():
+    """A module over 600 lines holds more than one concern and is split by them (issue 41: safety.py and the
+    trainer were); bench scripts and tests are not packages and are left out."""
+    long = {
+        str(path.relative_to(ROOT)): n
+        for package in ("agent_runtime", "distill", "memory", "environments")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > 600
+    }
+    assert not long, f"modules over 600 lines: {long}"
