@@ -171,7 +171,7 @@ def _together(
     lessons' ids)}, and narrows `placed` in place."""
     out: dict[int, dict[str, tuple[GateDecision, list[int]]]] = {}
     for env_id in dict.fromkeys(e for x in tried_alone for e in placed[x.id]):
-        let_in = [x for x in tried_alone if env_id in placed[x.id]]
+        let_in = [x for x in tried_alone if env_id in placed[x.id] and env_id in alone[x.text]]
         if len(let_in) < 2:
             continue
         combined = trials(scoped_lessons([*current, *let_in]), [env_id])
