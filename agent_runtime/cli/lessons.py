@@ -71,7 +71,7 @@ def cmd_lessons_list(args) -> int:
     return 0
 
 
-def _together(trial: dict) -> str:
+def _together_line(trial: dict) -> str:
     """A trial's combination, when the lesson's own trial let it in beside others: what they did together."""
     together = trial.get("together")
     if not together:
@@ -93,7 +93,7 @@ def cmd_lessons_show(args) -> int:
         lines.append(f"  proposed for {shown(describe_scope(proposed))}; trial per environment:")
         lines += [
             f"    {shown(env)}: {'let in' if env in info['scope'] else 'kept out'}, success "
-            f"{d['current_rate']:.2f} -> {d['candidate_rate']:.2f} on {d['n']} paired games{_together(d)}"
+            f"{d['current_rate']:.2f} -> {d['candidate_rate']:.2f} on {d['n']} paired games{_together_line(d)}"
             for env, d in trials.items()
         ]
     if info.get("extraction"):
