@@ -118,6 +118,38 @@ def circles(graph) -> list[list[str]]:
     return found
 
 
+def room_arrows(graph) -> dict[str, set[str]]:
+    """agent_runtime's rooms -> what each imports: its rooms below, and the other packages (by package name); the
+    package's own `__init__` is `agent_runtime`."""
+    arrows: dict[str, set[str]] = defaultdict(set)
+    for module, targets in graph.items():
+        if not module.startswith("agent_runtime."):
+            continue
+        for target in targets:
+            to = (room(target) or "agent_runtime") if target.startswith("agent_runtime") else target.split(".")[0]
+            if to != room(module):
+                arrows[room(module)].add(to)
+    return arrows
+
+
+def render_floors(graph) -> str:
+    """The picture of agent_runtime's floors that docs/architecture.md shows: each room, top floor first, with the
+    rooms it imports (every one lower) and, after `|`, the other packages it imports."""
+    arrows = room_arrows(graph)
+    order = lambda r: (-FLOORS.get(r, -1), r)  # noqa: E731
+    width = max(map(len, FLOORS))
+    lines = [f"floor  {'room':<{width}}  imports"]
+    for name in sorted(FLOORS, key=order):
+        inside = sorted((t for t in arrows[name] if t in FLOORS or t == "agent_runtime"), key=order)
+        outside = sorted(arrows[name] - set(inside))
+        shown = " ".join(inside) + (" | " if inside and outside else "| " if outside else "") + " ".join(outside)
+        lines.append(f"{FLOORS[name]:>5}  {name:<{width}}  {shown}".rstrip())
+    return "\n".join(lines)
+
+
+DOC_START = "<!-- floors: `python -m tests.test_layout` prints this block from the code's imports -->"
+
+
 @pytest.fixture(scope="module")
 def graph():
     return import_graph(ROOT, PACKAGES)
@@ -145,6 +177,14 @@ def test_the_packages_import_only_downwards(graph):
 
 def test_nothing_in_agent_runtime_imports_in_a_circle(graph):
     assert [c for c in circles(graph) if c[0].startswith("agent_runtime")] == []
+
+
+def test_the_architecture_page_draws_the_floors_the_code_has(graph):
+    """docs/architecture.md's picture of the floors is the code's import graph, not a drawing that can go stale."""
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert DOC_START in page, "docs/architecture.md lost its floors block"
+    drawn = page.split(DOC_START, 1)[1].split("```", 2)[1].strip("\n")
+    assert drawn == render_floors(graph), "the floors changed: paste `python -m tests.test_layout` into the page"
 
 
 def test_the_checks_see_an_arrow_up_and_a_circle(tmp_path):
@@ -184,3 +224,10 @@ def test_no_module_of_the_packages_is_over_600_lines():
         if (n := len(path.read_text().splitlines())) > 600
     }
     assert not long, f"modules over 600 lines: {long}"
+
+
+if __name__ == "__main__":
+    print(DOC_START)
+    print("```")
+    print(render_floors(import_graph(ROOT, PACKAGES)))
+    print("```")
