@@ -136,7 +136,7 @@ def render_floors(graph) -> str:
     """The picture of agent_runtime's floors that docs/architecture.md shows: each room, top floor first, with the
     rooms it imports (every one lower) and, after `|`, the other packages it imports."""
     arrows = room_arrows(graph)
-    order = lambda r: (-FLOORS.get(r, -1), r)  # noqa: E731
+    order = lambda r: (-FLOORS.get(r, -1), r)
     width = max(map(len, FLOORS))
     lines = [f"floor  {'room':<{width}}  imports"]
     for name in sorted(FLOORS, key=order):
