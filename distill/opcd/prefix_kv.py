@@ -10,7 +10,9 @@ and the splice live here once:
 - `shared_prefix_length`: the tokens all rows share, leaving each row at least one token of its own (the last
   prompt position must be run to predict what follows), and 0 when that is below a minimum worth a separate
   pass (`min_shared_prefix` in both the OPCD config and the backend's options);
-- `run_prefix`: the batch-1 KV of a token prefix, per layer;
+- `run_prefix`: the batch-1 KV of a token prefix, per layer; `FrozenPrefixes`: the same, kept for a model whose
+  weights do not change while it lives (a cycle's fixed teacher), so that a prefix every step shares (the system
+  prompt and the lessons) runs once per cycle instead of once per step;
 - `batched_cache`: a cache holding each row's cached prefix, right-aligned to the widest ([left padding]
   [cached part]), with room allocated up front for what the call will add. The rows' attention mask covers
   those columns and position ids come from the mask, so each row sees the positions it has without the cache;
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -121,6 +124,34 @@ def run_prefix(model, ids: np.ndarray) -> CachedSequence:
     return CachedSequence(
         ids, len(ids), [layer.keys[0] for layer in cache.layers], [layer.values[0] for layer in cache.layers]
     )
+
+
+class FrozenPrefixes:
+    """`run_prefix` with memory, for a model whose weights stay fixed while this lives (OPCD's teacher, the
+    start-of-cycle policy): a prefix run before is not run again. Reusing a prefix's KV is exact: the KV of a token
+    depends only on the weights and the tokens up to it. Kept up to `max_bytes` of KV (the newest always), the
+    least recently used dropped first: a cycle's steps share a handful of prefixes, one per lesson context."""
+
+    def __init__(self, max_bytes: int = 64 << 20):
+        self.max_bytes = max_bytes
+        self._kept: OrderedDict[tuple[int, bytes], CachedSequence] = OrderedDict()
+        self.hits = 0
+
+    def __call__(self, model, ids: np.ndarray) -> CachedSequence:
+        key = (id(model), np.asarray(ids, dtype=np.int64).tobytes())
+        kept = self._kept.get(key)
+        if kept is not None:
+            self.hits += 1
+            self._kept.move_to_end(key)
+            return kept
+        kept = self._kept[key] = run_prefix(model, ids)
+        while len(self._kept) > 1 and self.nbytes > self.max_bytes:
+            self._kept.popitem(last=False)
+        return kept
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for seq in self._kept.values() for t in (*seq.keys, *seq.values))
 
 
 def batched_cache(sources: list[CachedSequence | None], cached: list[int], capacity: int, layers: int):

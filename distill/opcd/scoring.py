@@ -7,7 +7,8 @@ lays out a batch of (prompt, response) rows for one decoder pass and returns tho
 The teacher's prompts of a batch usually start with the same tokens (the system prompt and, when every sample
 got the same lesson pool, the lessons): that prefix is run once and its KV cache reused for every row
 (`distill.opcd.prefix_kv`, the same splice the transformers backend uses for its slots), which took 60% off
-the teacher forward. Only the frozen teacher does this; the student needs gradients through every position.
+the teacher forward. The teacher is frozen for the whole cycle, so a prefix its steps share is run once per cycle
+(`FrozenPrefixes`); the student's weights change every step, and it needs gradients through every position.
 """
 
 from __future__ import annotations
@@ -16,17 +17,23 @@ import numpy as np
 import torch
 
 from distill.opcd.choice import lm_parts
-from distill.opcd.prefix_kv import batched_cache, plain_kv_layers, run_prefix
+from distill.opcd.prefix_kv import FrozenPrefixes, batched_cache, plain_kv_layers, run_prefix
 
 
 def response_hidden(
-    causal_lm, prompts: list[list[int]], responses: list[list[int]], *, pad_id: int, shared_prefix: int = 0
+    causal_lm,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    *,
+    pad_id: int,
+    shared_prefix: int = 0,
+    prefixes: FrozenPrefixes | None = None,
 ) -> torch.Tensor:
     """Final hidden states (B, R, H) at the positions that predict each response token.
 
     Layout per row: [shared prefix][left padding][rest of the prompt][response][right padding]. When
     `shared_prefix` > 0 (no-grad use only, a model whose cache can be spliced) the prefix is run once and its
-    KV cache shared by every row.
+    KV cache shared by every row; `prefixes` (a frozen model's): run once for as long as they live.
     """
     decoder, _ = lm_parts(causal_lm)
     device = causal_lm.device
@@ -47,7 +54,7 @@ def response_hidden(
         assert not torch.is_grad_enabled(), "the shared-prefix cache is for the frozen teacher only"
         layers = plain_kv_layers(causal_lm)
         assert layers, f"{type(causal_lm).__name__}'s cache cannot be spliced; call with shared_prefix=0"
-        prefix = run_prefix(decoder, np.asarray(prompts[0][:shared_prefix], dtype=np.int64))
+        prefix = (prefixes or run_prefix)(decoder, np.asarray(prompts[0][:shared_prefix], dtype=np.int64))
         cache = batched_cache([prefix] * batch, [shared_prefix] * batch, shared_prefix + width + longest, layers)
     out = decoder(
         input_ids=ids.to(device),

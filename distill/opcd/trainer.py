@@ -13,8 +13,8 @@ evaluation and saving. Its parts live beside it, one job each:
   adapter disabled, a parent adapter switched in, or a frozen copy), and `with_context`, the teacher's prompt;
 - `distill.opcd.sampler`: the student samples from a merged copy of its weights (bf16 where the device has it),
   released right after sampling, so it never adds to the training half's memory peak;
-- `distill.opcd.scoring`: hidden states at the response positions; the teacher runs the token prefix all its
-  prompts share (system prompt, lessons) once (`distill.opcd.prefix_kv`);
+- `distill.opcd.scoring`: hidden states at the response positions; the frozen teacher runs the token prefix its
+  prompts share (system prompt, lessons) once per cycle (`distill.opcd.prefix_kv.FrozenPrefixes`);
 - `distill.opcd.losses`: the divergences from hidden states in sequence chunks (the two models' (B, T, V) logits
   never held at once); `distill.opcd.choice`: the choice policy; `distill.chat_tokens`: prompts to token ids.
 
@@ -24,14 +24,12 @@ and the teacher's sequence log-probabilities of every action come from one packe
 (`distill.opcd.choice`) and the divergence is exact over the set, so nothing is sampled. The objectives map
 over: `opcd` reverse KL, `off_policy` forward KL, `sft` cross-entropy on an action drawn from the teacher.
 
-Baselines share this loop through `config.objective`: `off_policy` (the teacher samples with the context,
-forward KL on the teacher's top-k) and `sft` (cross-entropy on the teacher's samples). The "lessons in
-context" baseline needs no training. System-prompt distillation is OPCD with a fixed context string.
+Baselines share the loop (`config.objective`): `off_policy` (the teacher samples with the context, forward KL on
+its top-k), `sft` (cross-entropy on its samples). System-prompt distillation is OPCD with a fixed context.
 
-Data parallel (`OPCDConfig.processes`, launched by `distill.opcd.job`): inside an initialised `torch.distributed`
-group every method below is a collective that all ranks call in the same order; `batch_size` stays the global
-number of prompts per step, each rank takes its share, and the loss and gradient are combined by tokens
-(`distill.opcd.collectives`, which says why and how). Only rank 0 calls `on_step` and writes the adapter.
+Data parallel (`OPCDConfig.processes`, `distill.opcd.job`): in a `torch.distributed` group every method below is a
+collective all ranks call in one order; `batch_size` is the global prompts per step, each rank takes its share, the
+loss and gradient are combined by tokens (`distill.opcd.collectives`); rank 0 alone calls `on_step` and saves.
 """
 
 from __future__ import annotations
@@ -63,6 +61,7 @@ from distill.opcd.config import OPCDConfig
 from distill.opcd.losses import ChunkedLoss, chunked_topk_divergence
 from distill.opcd.policies import Policies, PromptContexts, with_context
 from distill.opcd.prefix_kv import (
+    FrozenPrefixes,
     checkpoint_keeps_read_only_cache,
     plain_kv_layers,
     read_only_prefix,
@@ -120,6 +119,7 @@ class OPCDTrainer:
         self.optimizer = torch.optim.AdamW(self._params, lr=config.lr, weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(self.config, step))
         self._teacher_choices: dict[tuple, torch.Tensor] = {}  # the frozen teacher's choice scores, per prompt
+        self._teacher_prefixes = FrozenPrefixes()  # and the KV of the prefixes its free-text rows share
         self.validation: list[dict] = []  # {"step", "val_kl"} per validation measurement
         self.best: dict | None = None  # the best of them; its adapter is the one kept
         self.stopped_early = False
@@ -139,9 +139,7 @@ class OPCDTrainer:
         """Token ids of a chat prompt, ready for the assistant's turn (cut to max_prompt_tokens from the left);
         content (observations, replies, the teacher's lessons) is tokenised as text (`distill.chat_tokens`)."""
         ids = encode_chat(self.tokenizer, chat).ids
-        if self.config.max_prompt_tokens:
-            ids = ids[-self.config.max_prompt_tokens :]
-        return ids
+        return ids[-self.config.max_prompt_tokens :] if self.config.max_prompt_tokens else ids
 
     def _generate(self, causal_lm, prompts: list[list[int]]) -> list[list[int]]:
         cfg = self.config
@@ -169,8 +167,9 @@ class OPCDTrainer:
     def _teacher_hidden(self, prompts: list[list[int]], responses: list[list[int]]) -> tuple[torch.Tensor, object]:
         self.model.eval()
         with self.policies.teacher() as teacher:
+            shared, prefixes = self._shared_prefix(prompts), self._teacher_prefixes
             hidden = response_hidden(
-                teacher, prompts, responses, pad_id=self._pad_id, shared_prefix=self._shared_prefix(prompts)
+                teacher, prompts, responses, pad_id=self._pad_id, shared_prefix=shared, prefixes=prefixes
             )
             return hidden, self.policies.fit_head(lm_parts(teacher)[1])
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 import copy
 import random
 
+import numpy as np
 import pytest
 import torch
 
 from agent_runtime.testing import tiny_model_and_tokenizer
 from distill.opcd.adapters import load_adapter
 from distill.opcd.config import OPCDConfig
+from distill.opcd.prefix_kv import FrozenPrefixes, run_prefix
 from distill.opcd.scoring import response_hidden
 from distill.opcd.trainer import DivergenceError, OPCDTrainer, with_context
 
@@ -189,6 +191,45 @@ def test_shared_context_prefix_cache_gives_the_same_hidden_states(taught):
     for row, r in enumerate(responses):
         mask[row, : len(r)] = True
     torch.testing.assert_close(once[mask], full[mask], rtol=1e-4, atol=1e-5)
+
+
+def test_the_teachers_shared_prefix_runs_once_per_cycle_and_scores_as_the_rows_run_whole(taught, monkeypatch):
+    """The teacher is frozen for the trainer's life: the prefix its rows share (system prompt, lesson) is run once,
+    and reused after the student trained (the student moved, the teacher did not), with the hidden states of the
+    rows run whole."""
+    from distill.opcd import prefix_kv
+
+    model, tok = taught
+    trainer = OPCDTrainer(copy.deepcopy(model), tok, _config(steps=2))
+    prompts = [trainer.render(with_context(c, LESSON)) for c in TRAIN[:4]]
+    responses = [[11, 12, 13, 14], [15], [16, 17], [18, 19, 20]]
+    ran = []
+    monkeypatch.setattr(prefix_kv, "run_prefix", lambda m, ids: ran.append(len(ids)) or run_prefix(m, ids))
+    trainer._teacher_hidden(prompts, responses)
+    assert ran == [trainer._shared_prefix(prompts)]
+    trainer.train(TRAIN, LESSON)
+    hits = trainer._teacher_prefixes.hits
+    again, _ = trainer._teacher_hidden(prompts, responses)
+    assert trainer._teacher_prefixes.hits == hits + 1 and len(ran) <= 3  # the train steps' prefixes, at most
+    with torch.no_grad():
+        full = response_hidden(model, prompts, responses, pad_id=tok.pad_token_id)
+    mask = torch.zeros(4, 4, dtype=torch.bool)
+    for row, r in enumerate(responses):
+        mask[row, : len(r)] = True
+    torch.testing.assert_close(again[mask], full[mask], rtol=1e-4, atol=1e-5)
+
+
+def test_frozen_prefixes_keep_at_most_their_bytes_and_always_the_newest(taught):
+    model, _ = taught
+    kept = FrozenPrefixes(max_bytes=1)
+    first, second = np.arange(5, 15), np.arange(20, 30)
+    assert kept(model, first) is not kept(model, second)
+    assert kept(model, second) is kept(model, second) and kept.hits == 2
+    assert len(kept._kept) == 1 and 0 < kept.nbytes
+    roomy = FrozenPrefixes()
+    a = roomy(model, first)
+    roomy(model, second)
+    assert roomy(model, first) is a and len(roomy._kept) == 2
 
 
 def test_a_qwen2_model_with_sliding_windows_and_biases_trains():
