@@ -239,12 +239,6 @@ class ConsolidationConfig(StrictConfig):
         "(the next tasks, fixed seeds, every validation condition) and the check is made on all of them; "
         "0: such a drop is let through at once",
     )
-    recheck_untaught: bool = Field(
-        True,
-        description="in a cycle that teaches some environment, every environment it teaches nothing (no lesson in "
-        "scope: the student held to its parent by replay alone) is also looked at again on recheck_games more "
-        "games, drop or not: a side effect there has no gain to weigh against, and 8 games rarely show it",
-    )
     internalized_ratio: float = Field(0.5, gt=0, le=1, description="per-lesson KL after/before for consolidation")
     min_kl_drop: float = Field(
         0.1,

@@ -95,24 +95,16 @@ def _validate(
 
 
 def _recheck(run: Run, backend, cycle: Cycle, student, evals: dict[str, list[EvalResult]], shown: dict) -> None:
-    """A second look where the first validation games cannot be trusted to show a loss: the parent and the student
-    play `opcd.recheck_games` more train games of those environments (the next tasks, every validation condition),
-    added to the first ones, so that the decision is made on more evidence. Looked at again:
-    - an environment whose drop is over the margin but of fewer than `opcd.regression_games` games, instead of
-      letting the drop through (the curriculum's seed 1 forgot treasure-hunter, 75% -> 40%, through two such drops);
-    - with `opcd.recheck_untaught`, in a cycle that teaches some environment, every environment it teaches nothing
-      (no lesson in scope there): the student is held to its parent there by replay alone, and a loss there is a
-      side effect no gain weighs against, which 8 games at 25-40% success did not show (the curriculum's seeds 0
-      and 4 lost the one-action quests 10-20 points held out with parent and student level on their validation).
-    The environments looked at again are the cycle's `rechecked` metric."""
+    """A second look where a validation drop is over the margin but of fewer than `opcd.regression_games` games:
+    the parent and the student play `opcd.recheck_games` more train games of those environments (the next tasks,
+    every validation condition), added to the first ones, so that the decision is made on more evidence instead
+    of letting the drop through (the curriculum's seed 1 forgot treasure-hunter, 75% -> 40%, through two such
+    drops). The environments looked at again are the cycle's `rechecked` metric."""
     opcd = run.config.opcd
     if not opcd.recheck_games:
         return
     by_env, games = rates_and_games(evals)
-    close = {d.env for d in validation_drops(by_env, opcd, games) if not d.regression}
-    if opcd.recheck_untaught:
-        close |= set(untaught(run, shown))
-    close = sorted(close)
+    close = sorted({d.env for d in validation_drops(by_env, opcd, games) if not d.regression})
     if not close:
         return
     more: dict[str, list[EvalResult]] = {}
@@ -128,16 +120,6 @@ def _recheck(run: Run, backend, cycle: Cycle, student, evals: dict[str, list[Eva
             for r in evals[condition]
         ]
     cycle.metrics["rechecked"] = {env: opcd.validation_games + opcd.recheck_games for env in close}
-
-
-def untaught(run: Run, shown: dict) -> list[str]:
-    """The run's environments a cycle teaches nothing (no lesson of `shown` in scope), when it teaches some; none
-    when it teaches none or distils a fixed context (which is in every prompt)."""
-    if shown.get("context"):
-        return []
-    ids = [e.id for e in run.config.envs]
-    taught = {env for env in ids if for_env(shown.get("lessons") or [], env, run.families.get(env))}
-    return [env for env in ids if env not in taught] if taught else []
 
 
 def rates_and_games(

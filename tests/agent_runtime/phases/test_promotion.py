@@ -101,7 +101,7 @@ class _Adapters:
         self.active_adapter = name
 
 
-def _recheck_run(student_losses: set[int], recheck_games: int = 8, **opcd):
+def _recheck_run(student_losses: set[int], recheck_games: int = 8):
     """A run of two rooms, 8 validation games each, whose parent wins every game and whose student wins every
     game but those numbered in `student_losses` in the right room; it records what it was asked to play."""
     from types import SimpleNamespace
@@ -115,7 +115,7 @@ def _recheck_run(student_losses: set[int], recheck_games: int = 8, **opcd):
             "name": "recheck",
             "envs": [{"id": LEFT}, {"id": RIGHT}],
             "model": {"name": "scripted", "backend": "scripted"},
-            "opcd": {"validation_games": 8, "recheck_games": recheck_games, **opcd},
+            "opcd": {"validation_games": 8, "recheck_games": recheck_games},
         }
     )
     asked = []
@@ -138,9 +138,8 @@ def _recheck_run(student_losses: set[int], recheck_games: int = 8, **opcd):
     return run, asked, LEFT, RIGHT
 
 
-def _validated(run, student_losses, lessons=()):
-    """The first validation games of both, as `evaluate_cycle` plays them, then the second look; `lessons`: what
-    the cycle teaches (none: nothing anywhere)."""
+def _validated(run, student_losses):
+    """The first validation games of both, as `evaluate_cycle` plays them, then the second look."""
     from types import SimpleNamespace
 
     from agent_runtime.llm.base import acting
@@ -151,8 +150,8 @@ def _validated(run, student_losses, lessons=()):
     evals = {}
     for who, adapter in (("parent", None), ("student", student)):
         with acting(backend, adapter):
-            evals.update(cycle_evaluation._validate(run, backend, who, {"lessons": list(lessons)}))
-    cycle_evaluation._recheck(run, backend, cycle, student, evals, {"lessons": list(lessons)})
+            evals.update(cycle_evaluation._validate(run, backend, who, {"lessons": []}))
+    cycle_evaluation._recheck(run, backend, cycle, student, evals, {"lessons": []})
     by_env, games = cycle_evaluation.rates_and_games(evals)
     rates = {k: sum(r.successes for r in v) / sum(r.n for r in v) for k, v in evals.items()}
     rates.update(teacher_without_lessons=0.5, student_without_lessons=0.5, teacher_with_lessons=0.5)
@@ -182,32 +181,6 @@ def test_a_one_game_drop_that_stays_one_game_on_more_games_is_let_through_and_sa
     assert decision.promoted, decision.reasons
     assert "student 0.94 fell below the parent's 1.00 by more than 0.05, but by 1 game of 16" in decision.reasons[1]
     assert len(asked) == 4
-
-
-def test_a_room_the_cycle_teaches_nothing_is_looked_at_twice_and_a_loss_the_first_games_hid_rolls_back():
-    """The cycle teaches the left room (a lesson in scope there) and nothing in the right one, held by replay only:
-    the right room plays 8 more games although its first 8 showed no drop, and the student's two losses there
-    (games 9 and 12) roll the cycle back. With `recheck_untaught: false` the first 8 games decide, as before."""
-    from distill.lessons.scope import ScopedLesson
-
-    run, asked, left, right = _recheck_run({9, 12})
-    taught = [ScopedLesson("Always reply: left", (left,))]
-    decision, metrics = _validated(run, {9, 12}, taught)
-    # each side: its 8 games of both rooms without the lesson, the left room's with it; then the right room again
-    assert asked[4:] == [("parent", [right], 8, 8, "train"), ("cycle-1", [right], 8, 8, "train")]
-    assert metrics["rechecked"] == {right: 16}
-    assert not decision.promoted
-    assert f"{right}'s validation games: student 0.88 fell below the parent's 1.00" in decision.reasons[0]
-    assert "(2 games of 16)" in decision.reasons[0]
-
-    run, asked, *_ = _recheck_run({9, 12}, recheck_untaught=False)
-    decision, metrics = _validated(run, {9, 12}, taught)
-    assert len(asked) == 4 and "rechecked" not in metrics  # without and with the lesson, both sides: no third look
-    assert decision.promoted, decision.reasons
-    # a cycle that teaches every room leaves none to look at twice
-    run, asked, *_ = _recheck_run({9, 12})
-    _, metrics = _validated(run, {9, 12}, [ScopedLesson("Wait never helps.", (left, right))])
-    assert "rechecked" not in metrics
 
 
 def test_no_second_look_without_a_close_drop_or_with_recheck_games_0():
