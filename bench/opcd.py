@@ -11,7 +11,8 @@ temperature, completion length, batch size and seed, no importance-sampling clip
 Each configuration runs in its own subprocess so that peak RSS (`ru_maxrss`) belongs to it alone; "over
 model" is the peak minus the RSS right after the model was loaded. OPCD variants: `plain` samples from the
 live (unmerged LoRA) model and runs the teacher over every row's full prompt; `merged-fp32` samples from an
-fp32 merged copy; `default` is the shipped configuration (bf16 merged copy + the shared-prefix teacher cache).
+fp32 merged copy; `default` is the shipped configuration (bf16 merged copy + the shared-prefix teacher cache, its
+prefix run once for the whole run); `teacher-per-step` is `default` with that prefix run again every step.
 These use gradient checkpointing (the default, as in TRL); `nogc` is `default` without it (what the quickstart
 trains with), to compare with `trl-nogc`, TRL without it.
 
@@ -135,6 +136,7 @@ def run_opcd(model_name: str, variant: str, args) -> dict:
         "default": {},
         "bf16-sampler": {"sampler": "merged-bf16"},  # the default before `sampler: auto`
         "nogc": {"gradient_checkpointing": False},
+        "teacher-per-step": {},  # the default, its teacher's shared prefix run every step (before FrozenPrefixes)
     }[variant]
     config = OPCDConfig(
         lr=args.lr,
@@ -148,6 +150,8 @@ def run_opcd(model_name: str, variant: str, args) -> dict:
         **options,
     )
     trainer = OPCDTrainer(model, tok, config)
+    if variant == "teacher-per-step":
+        trainer._teacher_prefixes = None
     history = trainer.train(_chats(args.batch_size * (args.steps + 1)), LESSONS, steps=args.steps + 1)
     timed = history[1:]
     seconds = sum(m["seconds"] for m in timed)
