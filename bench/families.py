@@ -172,6 +172,20 @@ CANDIDATES: list[tuple[str, dict, int | None, list[str]]] = [
         ["Open the door to outside and go outside, where plants grow. Focus on a plant, then move it to the box."],
     ),
     (
+        "ScienceWorld find a living thing, free text, 12 steps",
+        _own_folds("scienceworld/find-living-thing", 12, admissible_actions=False),
+        16,
+        [
+            "Open the door to outside and go outside, where animals and plants live. Focus on one, then move it to the box."
+        ],
+    ),
+    (
+        "ScienceWorld find an animal, free text, 12 steps",
+        _own_folds("scienceworld/find-animal", 12, admissible_actions=False),
+        16,
+        ["Open the door to outside and go outside, where animals live. Focus on an animal, then move it to the box."],
+    ),
+    (
         "GSM-Symbolic, free text, 256 tokens",
         _env("math/gsm_symbolic", 1),
         256,
