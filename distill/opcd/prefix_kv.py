@@ -201,6 +201,20 @@ def _read_only_layer_class():
     return ReadOnlyPrefixLayer
 
 
+def read_only_cache(prefix: CachedSequence, rows: int):
+    """`prefix`'s KV as a cache that `rows` rows read (views, not copies) and no call extends: each layer joins it
+    to the call's own keys and values while it runs, so the rows' copies of the prefix never all exist at once."""
+    from transformers import DynamicCache
+
+    layer_class = _read_only_layer_class()
+    cache = DynamicCache()
+    cache.layers = [
+        layer_class(k[None].expand(rows, -1, -1, -1), v[None].expand(rows, -1, -1, -1))
+        for k, v in zip(prefix.keys, prefix.values)
+    ]
+    return cache
+
+
 def read_only_prefix(decoder, ids: torch.Tensor, rows: int):
     """The KV of the batch-1 token prefix `ids` (gradients flow through it when enabled), as a cache that `rows`
     rows read (views, not copies) and no call extends. The prefix runs with its layers as they are, not

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from distill.opcd.choice import lm_parts
-from distill.opcd.prefix_kv import FrozenPrefixes, batched_cache, plain_kv_layers, run_prefix
+from distill.opcd.prefix_kv import FrozenPrefixes, plain_kv_layers, read_only_cache, run_prefix
 
 
 def response_hidden(
@@ -52,10 +52,9 @@ def response_hidden(
     cache = None
     if shared_prefix:
         assert not torch.is_grad_enabled(), "the shared-prefix cache is for the frozen teacher only"
-        layers = plain_kv_layers(causal_lm)
-        assert layers, f"{type(causal_lm).__name__}'s cache cannot be spliced; call with shared_prefix=0"
+        assert plain_kv_layers(causal_lm), f"{type(causal_lm).__name__}'s cache cannot be spliced; use shared_prefix=0"
         prefix = (prefixes or run_prefix)(decoder, np.asarray(prompts[0][:shared_prefix], dtype=np.int64))
-        cache = batched_cache([prefix] * batch, [shared_prefix] * batch, shared_prefix + width + longest, layers)
+        cache = read_only_cache(prefix, batch)  # every row reads the one copy
     out = decoder(
         input_ids=ids.to(device),
         attention_mask=mask.to(device),
