@@ -16,9 +16,10 @@ and the splice live here once:
 - `batched_cache`: a cache holding each row's cached prefix, right-aligned to the widest ([left padding]
   [cached part]), with room allocated up front for what the call will add. The rows' attention mask covers
   those columns and position ids come from the mask, so each row sees the positions it has without the cache;
-- `read_only_prefix`: one prefix every row of a training forward reads and none extends, which a
-  gradient-checkpointed layer may keep (its recompute in the backward pass reads the same states), so a
-  checkpointed student still runs its rows' shared system prompt once.
+- `read_only_cache`: one prefix's KV that every row of a call reads (views, not copies) and none extends;
+  `read_only_prefix`: the same for a prefix run with gradients, which a gradient-checkpointed layer may keep (its
+  recompute in the backward pass reads the same states), so a checkpointed student still runs its rows' shared
+  system prompt once.
 
 Splicing needs a cache that is one plain growing (key, value) pair per layer (`plain_kv_layers`); models with
 sliding windows or recurrent state run without it.
@@ -217,18 +218,11 @@ def read_only_cache(prefix: CachedSequence, rows: int):
 
 def read_only_prefix(decoder, ids: torch.Tensor, rows: int):
     """The KV of the batch-1 token prefix `ids` (gradients flow through it when enabled), as a cache that `rows`
-    rows read (views, not copies) and no call extends. The prefix runs with its layers as they are, not
-    checkpointed: a checkpointed layer would drop the cache its output is."""
-    from transformers import DynamicCache
-
+    rows read (views, not copies) and no call extends (`read_only_cache`). The prefix runs with its layers as they
+    are, not checkpointed: a checkpointed layer would drop the cache its output is."""
     with _checkpointing_off(decoder):
-        run = decoder(input_ids=ids, use_cache=True).cache
-    layer_class = _read_only_layer_class()
-    cache = DynamicCache()
-    cache.layers = [
-        layer_class(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1)) for layer in run.layers
-    ]
-    return cache
+        prefix = run_prefix(decoder, ids[0])
+    return read_only_cache(prefix, rows)
 
 
 def checkpoint_keeps_read_only_cache() -> bool:
