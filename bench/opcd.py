@@ -13,8 +13,10 @@ model" is the peak minus the RSS right after the model was loaded. OPCD variants
 live (unmerged LoRA) model and runs the teacher over every row's full prompt; `merged-fp32` samples from an
 fp32 merged copy; `default` is the shipped configuration (bf16 merged copy + the shared-prefix teacher cache, its
 prefix run once for the whole run); `teacher-per-step` is `default` with that prefix run again every step.
-These use gradient checkpointing (the default, as in TRL); `nogc` is `default` without it (what the quickstart
-trains with), to compare with `trl-nogc`, TRL without it.
+These use gradient checkpointing (the default, as in TRL); `nogc` is `default` without it, to compare with
+`trl-nogc`, TRL without it. `bf16` is `default` on a model whose weights are bfloat16 (as `opcd.trainer.weights_dtype:
+bfloat16` trains; the LoRA weights stay float32), to compare with `trl-bf16`: TRL given the same bf16 model, with its
+`bf16=True` (autocast).
 
     .venv/bin/python bench/opcd.py         # tiny + smollm2, all variants, TRL if installed, 1 and 2 threads
     .venv/bin/python bench/opcd.py --models smollm2 --variants default,trl --repeat 2
@@ -95,13 +97,15 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _load(model_name: str):
+def _load(model_name: str, dtype: str = "float32"):
+    """The model (its weights in `dtype`) and its tokenizer."""
     import torch
 
     if model_name == "tiny":
         from agent_runtime.testing import tiny_model_and_tokenizer
 
-        return tiny_model_and_tokenizer("llama", hidden_size=128, layers=4, heads=4)
+        model, tok = tiny_model_and_tokenizer("llama", hidden_size=128, layers=4, heads=4)
+        return model.to(getattr(torch, dtype)), tok
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from agent_runtime.checkpoints import resolve_model
@@ -113,6 +117,7 @@ def _load(model_name: str):
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32)
+    model.to(getattr(torch, dtype))
     with torch.no_grad():  # fault the memory-mapped weights in, so "over model" excludes them
         sum(float(p.sum()) for p in model.parameters())
     return model, AutoTokenizer.from_pretrained(path)
@@ -128,7 +133,7 @@ def _chats(n: int) -> list[list[dict]]:
 def run_opcd(model_name: str, variant: str, args) -> dict:
     from distill.opcd import OPCDConfig, OPCDTrainer
 
-    model, tok = _load(model_name)
+    model, tok = _load(model_name, "bfloat16" if variant == "bf16" else "float32")
     loaded = _rss_mib()
     options = {
         "plain": {"sampler": "live", "share_context_cache": False},
@@ -137,6 +142,7 @@ def run_opcd(model_name: str, variant: str, args) -> dict:
         "bf16-sampler": {"sampler": "merged-bf16"},  # the default before `sampler: auto`
         "nogc": {"gradient_checkpointing": False},
         "teacher-per-step": {},  # the default, its teacher's shared prefix run every step (before FrozenPrefixes)
+        "bf16": {},  # the default on a model whose weights are bfloat16 (`opcd.trainer.weights_dtype: bfloat16`)
     }[variant]
     config = OPCDConfig(
         lr=args.lr,
@@ -166,7 +172,7 @@ def run_opcd(model_name: str, variant: str, args) -> dict:
     }
 
 
-def run_trl(model_name: str, args, *, gradient_checkpointing: bool = True) -> dict:
+def run_trl(model_name: str, args, *, gradient_checkpointing: bool = True, bf16: bool = False) -> dict:
     import warnings
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -176,7 +182,7 @@ def run_trl(model_name: str, args, *, gradient_checkpointing: bool = True) -> di
     from transformers import TrainerCallback
     from trl.experimental.sdft import SDFTConfig, SDFTTrainer
 
-    model, tok = _load(model_name)
+    model, tok = _load(model_name, "bfloat16" if bf16 else "float32")
     loaded = _rss_mib()
     data = Dataset.from_list(
         [{"prompt": chat, "privileged_context": LESSONS} for chat in _chats(args.batch_size * (args.steps + 1))]
@@ -210,7 +216,7 @@ def run_trl(model_name: str, args, *, gradient_checkpointing: bool = True) -> di
             save_strategy="no",
             report_to=[],
             use_cpu=True,
-            bf16=False,
+            bf16=bf16,
             temperature=0.7,
             top_k=0,
             top_p=1.0,
@@ -251,7 +257,7 @@ def _child(spec: str, args) -> None:
     torch.set_num_threads(int(args.threads))
     model_name, runner = spec.split(":")
     if runner.startswith("trl"):
-        result = run_trl(model_name, args, gradient_checkpointing=runner == "trl")
+        result = run_trl(model_name, args, gradient_checkpointing=runner != "trl-nogc", bf16=runner == "trl-bf16")
     else:
         result = run_opcd(model_name, runner, args)
     result["load"] = os.getloadavg()[0]  # other processes on the machine skew the timings: say how busy it was
@@ -304,8 +310,13 @@ def main() -> None:
                 if (good := [r for r in rows if "error" not in r])
             }
             for variant in variants:  # each against TRL with the same gradient checkpointing, where it ran
-                trl = best.get("trl-nogc" if variant.endswith("nogc") and "trl-nogc" in best else "trl")
-                label = {"trl": "TRL SDFTTrainer 1.16", "trl-nogc": "TRL SDFTTrainer 1.16, no grad. checkpointing"}.get(
+                twin = {"nogc": "trl-nogc", "bf16": "trl-bf16"}.get(variant.rsplit("-", 1)[-1])
+                trl = best.get(twin if twin in best else "trl")
+                label = {
+                    "trl": "TRL SDFTTrainer 1.16",
+                    "trl-nogc": "TRL SDFTTrainer 1.16, no grad. checkpointing",
+                    "trl-bf16": "TRL SDFTTrainer 1.16, bfloat16 weights",
+                }.get(
                     variant, f"OPCD {variant}"
                 )
                 head = f"| {model_name} | {threads} | {label} |"

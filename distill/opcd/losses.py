@@ -206,14 +206,17 @@ def chunked_topk_divergence(
         chunk_mask = mask[:, span].float()
         if not chunk_mask.any():
             continue
+        # A (B, chunk, H) slice of a (B, T, H) tensor is not contiguous over its batch: matmul then broadcasts the
+        # head's (H, V) weight to (B, H, V) and copies it for a bmm (V x H x B values a chunk, ~450 MB for B = 4 on
+        # SmolLM2 in float32) instead of folding the rows into one mm. A contiguous chunk is folded.
         with torch.set_grad_enabled(grad_wanted):
-            s_logits = student_head(leaf[:, span])
+            s_logits = student_head(leaf[:, span].contiguous())
             t_logits = None
             if divergence == "cross_entropy":
                 per_token = -_topk_log_probs(s_logits, targets[:, span, None], temperature).squeeze(-1)
             else:
                 with torch.no_grad():
-                    t_logits = teacher_head(teacher_hidden[:, span])
+                    t_logits = teacher_head(teacher_hidden[:, span].contiguous())
                 per_token = topk_divergence_per_token(
                     s_logits, t_logits, divergence=divergence, k=k, temperature=temperature, tail=tail
                 )

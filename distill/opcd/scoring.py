@@ -8,16 +8,26 @@ The teacher's prompts of a batch usually start with the same tokens (the system 
 got the same lesson pool, the lessons): that prefix is run once and its KV cache reused for every row
 (`distill.opcd.prefix_kv`, the same splice the transformers backend uses for its slots), which took 60% off
 the teacher forward. The teacher is frozen for the whole cycle, so a prefix its steps share is run once per cycle
-(`FrozenPrefixes`); the student's weights change every step, and it needs gradients through every position.
+(`FrozenPrefixes`). The student's weights change every step: the prefix its rows share (the system prompt) runs
+once per step, gradients flowing through its KV (`distill.opcd.prefix_kv.read_only_prefix`).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import torch
 
 from distill.opcd.choice import lm_parts
-from distill.opcd.prefix_kv import FrozenPrefixes, plain_kv_layers, read_only_cache, run_prefix
+from distill.opcd.prefix_kv import (
+    FrozenPrefixes,
+    plain_kv_layers,
+    read_only_cache,
+    read_only_prefix,
+    reading_cache_under_checkpointing,
+    run_prefix,
+)
 
 
 def response_hidden(
@@ -32,8 +42,10 @@ def response_hidden(
     """Final hidden states (B, R, H) at the positions that predict each response token.
 
     Layout per row: [shared prefix][left padding][rest of the prompt][response][right padding]. When
-    `shared_prefix` > 0 (no-grad use only, a model whose cache can be spliced) the prefix is run once and its
-    KV cache shared by every row; `prefixes` (a frozen model's): run once for as long as they live.
+    `shared_prefix` > 0 (a model whose cache can be spliced) the prefix is run once and every row reads its KV;
+    with gradients enabled (the student) they flow through that KV into the prefix's own positions, so the hidden
+    states and their gradients are those of the rows run whole, a checkpointed model's too. `prefixes` (a frozen
+    model's, no gradients): run once for as long as they live.
     """
     decoder, _ = lm_parts(causal_lm)
     device = causal_lm.device
@@ -51,17 +63,21 @@ def response_hidden(
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared_prefix:]
     cache = None
     if shared_prefix:
-        assert not torch.is_grad_enabled(), "the shared-prefix cache is for the frozen teacher only"
         assert plain_kv_layers(causal_lm), f"{type(causal_lm).__name__}'s cache cannot be spliced; use shared_prefix=0"
-        prefix = (prefixes or run_prefix)(decoder, np.asarray(prompts[0][:shared_prefix], dtype=np.int64))
-        cache = read_only_cache(prefix, batch)  # every row reads the one copy
-    out = decoder(
-        input_ids=ids.to(device),
-        attention_mask=mask.to(device),
-        position_ids=positions.to(device),
-        cache=cache,
-        use_cache=cache is not None,
-    )
+        prefix_ids = np.asarray(prompts[0][:shared_prefix], dtype=np.int64)
+        if torch.is_grad_enabled():
+            assert prefixes is None, "kept prefixes are a frozen model's; a model that trains runs its prefix anew"
+            cache = read_only_prefix(decoder, torch.as_tensor(prefix_ids, device=device)[None], batch)
+        else:
+            cache = read_only_cache((prefixes or run_prefix)(decoder, prefix_ids), batch)  # every row reads one copy
+    with reading_cache_under_checkpointing(decoder) if cache is not None else contextlib.nullcontext():
+        out = decoder(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
+            cache=cache,
+            use_cache=cache is not None,
+        )
     return out.last_hidden_state[:, width - 1 : width - 1 + longest]
 
 

@@ -212,10 +212,11 @@ class OPCDTrainer:
             teacher_hidden, teacher_head = self._teacher_hidden(teacher_ids, responses)
             scored = time.perf_counter()
             self.tokens["teacher"] += sum(len(t) + len(r) for t, r in zip(teacher_ids, responses))
-            self.tokens["train"] += sum(len(p) + len(r) for p, r in zip(student_ids, responses))
+            common = shared_prefix_length(student_ids, cfg.min_shared_prefix) if self._share_student_prefix else 0
+            self.tokens["train"] += sum(map(len, student_ids + responses)) - common * (len(prompts) - 1)
             self.model.train()
             student_lm = self._student_lm
-            hidden = response_hidden(student_lm, student_ids, responses, pad_id=self._pad_id)
+            hidden = response_hidden(student_lm, student_ids, responses, pad_id=self._pad_id, shared_prefix=common)
             result = chunked_topk_divergence(
                 hidden,
                 teacher_hidden,

@@ -17,7 +17,7 @@ import torch
 from agent_runtime.testing import tiny_model_and_tokenizer
 from distill.opcd.adapters import load_adapter
 from distill.opcd.config import OPCDConfig
-from distill.opcd.prefix_kv import FrozenPrefixes, run_prefix
+from distill.opcd.prefix_kv import FrozenPrefixes, run_prefix, shared_prefix_length
 from distill.opcd.scoring import response_hidden
 from distill.opcd.trainer import DivergenceError, OPCDTrainer, with_context
 
@@ -191,6 +191,32 @@ def test_shared_context_prefix_cache_gives_the_same_hidden_states(taught):
     for row, r in enumerate(responses):
         mask[row, : len(r)] = True
     torch.testing.assert_close(once[mask], full[mask], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "gradient-checkpointed"])
+def test_the_students_shared_prefix_run_once_gives_the_step_of_the_rows_run_whole(taught, checkpointed):
+    """A free-text step: the student's rows share their system prompt, which runs once with gradients flowing
+    through its KV into every row. The same samples, loss and updated adapter as the rows run whole, with fewer
+    tokens through the model; a checkpointed student keeps the prefix too."""
+    model, tok = taught
+    torch.manual_seed(0)  # the same fresh adapter in both
+    shared = OPCDTrainer(copy.deepcopy(model), tok, _config(gradient_checkpointing=checkpointed))
+    torch.manual_seed(0)
+    whole = OPCDTrainer(copy.deepcopy(model), tok, _config(share_context_cache=False, gradient_checkpointing=False))
+    assert shared._share_student_prefix and not whole._share_student_prefix
+    assert shared_prefix_length([shared.render(c) for c in TRAIN[:4]], 8) >= 8
+    grads = {}
+    for trainer in (shared, whole):
+        step = trainer.optimizer.step  # the gradients as the optimizer gets them (Adam's first update is ~lr x sign)
+        trainer.optimizer.step = lambda t=trainer, step=step: grads.setdefault(t, [p.grad.clone() for p in t._params])
+        trainer.step(TRAIN[:4], [LESSON] * 4)
+    first, second = shared.history[0], whole.history[0]
+    assert first["loss"] == pytest.approx(second["loss"], rel=1e-4)
+    assert first["tokens"] == second["tokens"]  # the same responses were sampled
+    assert first["train_tokens"] < second["train_tokens"]
+    assert sum(float(g.abs().sum()) for g in grads[shared]) > 0
+    for a, b in zip(grads[shared], grads[whole]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_the_teachers_shared_prefix_runs_once_per_cycle_and_scores_as_the_rows_run_whole(taught, monkeypatch):

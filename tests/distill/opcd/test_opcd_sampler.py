@@ -1,0 +1,80 @@
+"""The sampler's output head during `generate`: the same logits, without a per-row copy of the head's weight."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from agent_runtime.testing import tiny_model_and_tokenizer
+from distill.opcd.losses import chunked_topk_divergence
+from distill.opcd.sampler import folded_head, sample_responses
+
+
+class _Largest(TorchDispatchMode):
+    """The element count of the largest tensor any op produced while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor):
+                self.largest = max(self.largest, tensor.numel())
+        return out
+
+
+def _model():
+    torch.manual_seed(0)
+    model, tok = tiny_model_and_tokenizer("llama", hidden_size=64, layers=2, heads=4)
+    return model.eval(), tok
+
+
+def test_the_head_under_folded_head_gives_the_stock_logits_from_a_batch_sliced_input():
+    model, _ = _model()
+    head = model.get_output_embeddings()
+    hidden = torch.randn(4, 7, head.in_features)
+    last = hidden[:, -1:]  # what a prefill keeps: not contiguous over the batch
+    assert not last.is_contiguous()
+    with torch.no_grad():
+        stock = head(last)
+        with folded_head(model):
+            folded = head(last)
+    torch.testing.assert_close(folded, stock, rtol=1e-5, atol=1e-6)
+    assert folded.shape == (4, 1, head.out_features)
+    assert not head._forward_pre_hooks  # the hook is gone after the block
+
+
+def test_sampling_never_materialises_the_head_weight_once_per_row():
+    model, tok = _model()
+    head = model.get_output_embeddings()
+    rows = 4
+    per_row_copy = rows * head.in_features * head.out_features  # the broadcast (B, H, V) weight an unfolded bmm copies
+    prompts = [[5 + i, 6, 7, 8, 9][: 3 + i % 3] for i in range(rows)]
+    watch = _Largest()
+    torch.manual_seed(1)
+    with watch:
+        responses = sample_responses(
+            model, prompts, temperature=0.7, max_new_tokens=3, eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id
+        )
+    assert len(responses) == rows and all(1 <= len(r) <= 3 for r in responses)
+    assert watch.largest < per_row_copy, (watch.largest, per_row_copy)
+
+
+def test_the_chunked_loss_hands_each_head_a_contiguous_chunk():
+    seen: list[bool] = []
+    weight = torch.randn(11, 6)
+
+    def head(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.is_contiguous())
+        return x @ weight.T
+
+    student = torch.randn(3, 9, 6, requires_grad=True)
+    teacher = torch.randn(3, 9, 6)
+    mask = torch.ones(3, 9)
+    result = chunked_topk_divergence(
+        student, teacher, mask, student_head=head, teacher_head=head, k=4, chunk_size=4, backward=False
+    )
+    assert result.tokens == 27
+    assert len(seen) == 6 and all(seen)  # 3 chunks, a student's and a teacher's head call each
