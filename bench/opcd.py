@@ -316,9 +316,7 @@ def main() -> None:
                     "trl": "TRL SDFTTrainer 1.16",
                     "trl-nogc": "TRL SDFTTrainer 1.16, no grad. checkpointing",
                     "trl-bf16": "TRL SDFTTrainer 1.16, bfloat16 weights",
-                }.get(
-                    variant, f"OPCD {variant}"
-                )
+                }.get(variant, f"OPCD {variant}")
                 head = f"| {model_name} | {threads} | {label} |"
                 if variant.startswith("trl") and not have_trl:
                     print(f"{head} TRL not installed ({why}); `pip install -e .[bench]` | | | | | | | | | |")
