@@ -45,6 +45,7 @@ from distill.opcd.choice import (
     pack_choices,
 )
 from distill.opcd.config import MIN_SHARED_PREFIX
+from distill.opcd.sampler import InverseCDFSampler, folded_head
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -65,33 +66,6 @@ def auto_dtype(device: torch.device) -> torch.dtype:
     """float32 on every device: bf16 rounds a small adapter's effect away (module docstring). `device` is kept
     for the callers that resolve a dtype per device."""
     return torch.float32
-
-
-class InverseCDFSampler:
-    """Samples the next token from softmax(scores / temperature), restricted to the top-p nucleus, as a logits
-    processor: it returns scores that are 0 at the drawn token and -inf elsewhere, so generate's greedy step
-    picks it. One uniform number per row and a search in the cumulative distribution replace
-    `torch.multinomial`, which draws a random number per vocabulary entry: at batch 8 over SmolLM2's 49k
-    tokens that was 8 ms of a ~110 ms CPU decode step. Seeded like the rest of the call (torch's global
-    generator). `logprobs` keeps the drawn tokens' log-probabilities under the tempered, nucleus-renormalised
-    distribution, one (batch,) tensor per step."""
-
-    def __init__(self, temperature: float, top_p: float = 1.0):
-        self.temperature, self.top_p = temperature, top_p
-        self.logprobs: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        logp = (scores.float() / self.temperature).log_softmax(-1)
-        if self.top_p < 1.0:
-            sorted_logp, order = logp.sort(-1, descending=True)
-            mass_before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()
-            sorted_logp = sorted_logp.masked_fill(mass_before >= self.top_p, float("-inf"))  # keeps the top token
-            logp = torch.full_like(logp, float("-inf")).scatter(-1, order, sorted_logp).log_softmax(-1)
-        cdf = logp.exp().cumsum(-1)
-        u = torch.rand(cdf.shape[0], 1, device=cdf.device) * cdf[:, -1:]
-        tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)
-        self.logprobs.append(logp.gather(-1, tokens).squeeze(-1))
-        return torch.full_like(scores, float("-inf")).scatter_(-1, tokens, 0.0)
 
 
 class TransformersBackend:
@@ -265,7 +239,8 @@ class TransformersBackend:
             if self.prefix_cache:  # off: the stock path, which the tests compare against
                 capacity = batch["input_ids"].shape[1] + params.max_new_tokens
                 gen_kwargs["cache"] = self.prefix_kv.batch_cache(sources, cached, capacity)
-            out = self.model.generate(**batch, **gen_kwargs)
+            with folded_head(self.model):  # the prefill's last positions reach the head without a per-row copy
+                out = self.model.generate(**batch, **gen_kwargs)
         width = batch["input_ids"].shape[1]
         new_tokens = out.sequences[:, width:]
         logprobs = None

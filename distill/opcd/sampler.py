@@ -9,7 +9,9 @@ emptied right after, so it never adds to the memory peak of the training half of
 of the weights). `sampler: live` samples from the training model itself: no extra memory, slower.
 
 `sample_responses` is plain ancestral sampling at the config temperature (no top-k/top-p: the loss is defined
-on the student's own distribution), each response cut after its first EOS.
+on the student's own distribution), each response cut after its first EOS; a token is drawn by `InverseCDFSampler`
+(one uniform number per row, where `torch.multinomial` draws one per vocabulary entry: 0.21 s of a 7 s SmolLM2 step
+at one thread), as the transformers backend draws.
 """
 
 from __future__ import annotations
@@ -92,6 +94,33 @@ def sampler_dtype(choice: str, device: torch.device | str) -> torch.dtype:
     return torch.bfloat16 if choice == "merged-bf16" else torch.float32
 
 
+class InverseCDFSampler:
+    """Samples the next token from softmax(scores / temperature), restricted to the top-p nucleus, as a logits
+    processor: it returns scores that are 0 at the drawn token and -inf elsewhere, so generate's greedy step
+    picks it. One uniform number per row and a search in the cumulative distribution replace
+    `torch.multinomial`, which draws a random number per vocabulary entry: at batch 8 over SmolLM2's 49k
+    tokens that was 8 ms of a ~110 ms CPU decode step. Seeded like the rest of the call (torch's global
+    generator). `logprobs` keeps the drawn tokens' log-probabilities under the tempered, nucleus-renormalised
+    distribution, one (batch,) tensor per step."""
+
+    def __init__(self, temperature: float, top_p: float = 1.0):
+        self.temperature, self.top_p = temperature, top_p
+        self.logprobs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logp = (scores.float() / self.temperature).log_softmax(-1)
+        if self.top_p < 1.0:
+            sorted_logp, order = logp.sort(-1, descending=True)
+            mass_before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()
+            sorted_logp = sorted_logp.masked_fill(mass_before >= self.top_p, float("-inf"))  # keeps the top token
+            logp = torch.full_like(logp, float("-inf")).scatter(-1, order, sorted_logp).log_softmax(-1)
+        cdf = logp.exp().cumsum(-1)
+        u = torch.rand(cdf.shape[0], 1, device=cdf.device) * cdf[:, -1:]
+        tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)
+        self.logprobs.append(logp.gather(-1, tokens).squeeze(-1))
+        return torch.full_like(scores, float("-inf")).scatter_(-1, tokens, 0.0)
+
+
 @contextlib.contextmanager
 def folded_head(causal_lm) -> Iterator[None]:
     """For the block, `causal_lm`'s output head gets its input made contiguous first.
@@ -128,14 +157,14 @@ def sample_responses(
         mask[row, width - len(prompt) :] = 1
     was_training = causal_lm.training
     causal_lm.eval()
+    from transformers import LogitsProcessorList
+
     with folded_head(causal_lm):
         out = causal_lm.generate(
             input_ids=ids.to(causal_lm.device),
             attention_mask=mask.to(causal_lm.device),
-            do_sample=True,
-            temperature=temperature,
-            top_k=0,
-            top_p=1.0,
+            do_sample=False,  # the draw is the processor's: its one-hot scores make the greedy step pick it
+            logits_processor=LogitsProcessorList([InverseCDFSampler(temperature)]),
             max_new_tokens=max_new_tokens,
             eos_token_id=eos_ids,
             pad_token_id=pad_id,

@@ -146,30 +146,6 @@ def test_transformers_options_reach_the_backend(tiny_model_dir):
         ModelConfig(name=str(tiny_model_dir), options={"prefix_cahe": False})
 
 
-def test_inverse_cdf_sampler_draws_from_the_tempered_nucleus():
-    from agent_runtime.llm.transformers_backend import InverseCDFSampler
-
-    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, float("-inf")])
-    rows = 40_000
-    torch.manual_seed(0)
-    sampler = InverseCDFSampler(temperature=0.7)
-    out = sampler(torch.zeros(rows, 1, dtype=torch.long), logits.expand(rows, -1).clone())
-    drawn = out.argmax(-1)
-    assert torch.isinf(out).sum(-1).eq(5).all() and out.max(-1).values.eq(0).all()  # one-hot choice
-    expected = (logits / 0.7).softmax(-1)
-    frequencies = torch.bincount(drawn, minlength=6).float() / rows
-    assert torch.allclose(frequencies, expected, atol=0.01) and frequencies[5] == 0
-    assert torch.allclose(sampler.logprobs[0], expected.log()[drawn], atol=1e-5)
-
-    torch.manual_seed(0)
-    nucleus = InverseCDFSampler(temperature=1.0, top_p=0.8)  # p = .61 .22 .14 ...: the nucleus is 3 tokens
-    drawn = nucleus(torch.zeros(rows, 1, dtype=torch.long), logits.expand(rows, -1).clone()).argmax(-1)
-    p = logits.softmax(-1)[:3]
-    frequencies = torch.bincount(drawn, minlength=6).float() / rows
-    assert torch.allclose(frequencies[:3], p / p.sum(), atol=0.01) and frequencies[3:].sum() == 0
-    assert torch.allclose(nucleus.logprobs[0], (p / p.sum()).log()[drawn], atol=1e-5)
-
-
 def test_sampled_logprobs_are_those_of_the_tempered_distribution(tiny_backend):
     params = SamplingParams(max_new_tokens=5, temperature=0.8, logprobs=True, seed=11)
     [out] = tiny_backend.generate(chats(1), params)

@@ -1,4 +1,5 @@
-"""The sampler's output head during `generate`: the same logits, without a per-row copy of the head's weight."""
+"""How OPCD's sampler (and the transformers backend) draws: from the tempered distribution, one uniform number a
+row; the output head during `generate` gives the same logits without a per-row copy of the head's weight."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from agent_runtime.testing import tiny_model_and_tokenizer
 from distill.opcd.losses import chunked_topk_divergence
-from distill.opcd.sampler import folded_head, sample_responses
+from distill.opcd.sampler import InverseCDFSampler, folded_head, sample_responses
 
 
 class _Largest(TorchDispatchMode):
@@ -78,3 +79,25 @@ def test_the_chunked_loss_hands_each_head_a_contiguous_chunk():
     )
     assert result.tokens == 27
     assert len(seen) == 6 and all(seen)  # 3 chunks, a student's and a teacher's head call each
+
+
+def test_inverse_cdf_sampler_draws_from_the_tempered_nucleus():
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, float("-inf")])
+    rows = 40_000
+    torch.manual_seed(0)
+    sampler = InverseCDFSampler(temperature=0.7)
+    out = sampler(torch.zeros(rows, 1, dtype=torch.long), logits.expand(rows, -1).clone())
+    drawn = out.argmax(-1)
+    assert torch.isinf(out).sum(-1).eq(5).all() and out.max(-1).values.eq(0).all()  # one-hot choice
+    expected = (logits / 0.7).softmax(-1)
+    frequencies = torch.bincount(drawn, minlength=6).float() / rows
+    assert torch.allclose(frequencies, expected, atol=0.01) and frequencies[5] == 0
+    assert torch.allclose(sampler.logprobs[0], expected.log()[drawn], atol=1e-5)
+
+    torch.manual_seed(0)
+    nucleus = InverseCDFSampler(temperature=1.0, top_p=0.8)  # p = .61 .22 .14 ...: the nucleus is 3 tokens
+    drawn = nucleus(torch.zeros(rows, 1, dtype=torch.long), logits.expand(rows, -1).clone()).argmax(-1)
+    p = logits.softmax(-1)[:3]
+    frequencies = torch.bincount(drawn, minlength=6).float() / rows
+    assert torch.allclose(frequencies[:3], p / p.sum(), atol=0.01) and frequencies[3:].sum() == 0
+    assert torch.allclose(nucleus.logprobs[0], (p / p.sum()).log()[drawn], atol=1e-5)
