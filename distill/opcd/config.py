@@ -131,7 +131,7 @@ class OPCDConfig(StrictConfig):
     )
     share_context_cache: bool = Field(
         True,
-        description="run the teacher (and in the choice objective the student, gradients included) once "
+        description="run the teacher and the student (gradients included) once "
         "over the token prefix that all prompts of a batch "
         "share (the system prompt and the lessons when they are the same) and reuse its KV cache "
         "(distill.opcd.prefix_kv, which the transformers backend's prefix cache uses too)",
