@@ -151,10 +151,15 @@ def training_device(config, backend) -> str:
 def making_room(backend):
     """Free the acting engine's memory while a cycle trains next to it, and bring it back after: vLLM's sleep
     mode on a GPU (weights offloaded, KV cache dropped); the transformers backend's stored prefix KV (the
-    evaluation after training plays other prompts, and an adapter switch would clear it anyway)."""
+    evaluation after training plays other prompts, and an adapter switch would clear it anyway), its memory handed
+    back to the system at once: the store's KV is many tensors under a megabyte, which glibc keeps in its heaps
+    after they are freed until it is asked to trim them."""
     prefix_kv = getattr(backend, "prefix_kv", None)
     if prefix_kv is not None:
         prefix_kv.clear()
+        from distill.opcd.weights import release_memory
+
+        release_memory()
     sleeper = backend if isinstance(backend, SleepingBackend) else None
     if sleeper is None or not sleeper.sleep():
         yield

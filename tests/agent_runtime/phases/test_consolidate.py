@@ -244,6 +244,46 @@ def test_an_engine_that_can_sleep_gives_its_memory_back_while_a_cycle_trains():
         pass
 
 
+def test_making_room_hands_the_prefix_stores_memory_back_to_the_system():
+    """The store's KV is many tensors under a megabyte, between allocations that live on: freed, glibc keeps their
+    pages in its heap until it is asked to trim it (it trims only the heap's free top by itself); `making_room`
+    asks."""
+    import ctypes.util
+    import os
+
+    import torch
+
+    from agent_runtime.llm import making_room
+
+    if not ctypes.util.find_library("c") or not hasattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim"):
+        pytest.skip("glibc's malloc_trim is not here")
+
+    def resident_mb() -> float:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    pins = []
+
+    class Store:
+        def __init__(self):
+            self.kept = []
+            for _ in range(2_000):  # 200 MB in 100 KB tensors, each followed by one that lives on
+                self.kept.append(torch.ones(25_000))
+                pins.append(torch.ones(16))
+
+        def clear(self):
+            self.kept.clear()
+
+    class Backend:
+        prefix_kv = Store()
+
+    before = resident_mb()
+    with making_room(Backend()):
+        during = resident_mb()
+    assert before - during > 150, (before, during)
+    assert len(pins) == 2_000
+
+
 def test_a_promoted_cycle_consolidates_only_the_lessons_it_internalised():
     from agent_runtime.config import ConsolidationConfig
     from agent_runtime.phases.promotion import internalized_lessons
