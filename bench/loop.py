@@ -7,7 +7,9 @@ student's training). Then, in the same process, the *floor*: a plain batched for
 length through the same model (8 rows, no_grad), and a forward + backward with the run's LoRA settings, as
 tokens per second; a phase's floor is its forward tokens at the first rate plus its training tokens at the
 second. The ratio wall / floor says how far a phase is from what the hardware does with the same tokens
-(game generation, which is not model work, is shown apart and left out of the ratio).
+(game generation, which is not model work, is shown apart and left out of the ratio). "prefilled" is the part of
+the acting prompts that went through the model at all: what the backend's prefix KV store (and a prefix shared by
+a call's rows) left to run.
 
 Memory (the second table): each phase's peak resident set (the kernel's high-water mark, reset at every phase
 boundary) and what held it. A sampler thread reads the resident set every `--sample-s` seconds; whenever a phase
@@ -261,10 +263,10 @@ def table(profile: dict[str, dict], rates: dict[str, float], seconds: float) -> 
         ),
         "",
         (
-            "| phase | wall s | CPU s | games generated (s) | forward tokens | train tokens | decisions | floor s "
-            "| wall / floor |"
+            "| phase | wall s | CPU s | games generated (s) | forward tokens | prefilled | train tokens | decisions "
+            "| floor s | wall / floor |"
         ),
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in ordered(profile):
         floor = row["forward_tokens"] / rates["forward"] + row["train_tokens"] / rates["train"]
@@ -272,7 +274,8 @@ def table(profile: dict[str, dict], rates: dict[str, float], seconds: float) -> 
         ratio = f"{model_wall / floor:.1f}x" if floor > 0.01 else "-"
         lines.append(
             f"| {name} | {row['wall_s']:.1f} | {row['cpu_s']:.1f} | {row['games']} ({row['games_s']:.1f}) | "
-            f"{row['forward_tokens']:,} | {row['train_tokens']:,} | {row['decisions']:,} | "
+            f"{row['forward_tokens']:,} | {row.get('prefilled_tokens', 0):,} | {row['train_tokens']:,} | "
+            f"{row['decisions']:,} | "
             f"{floor:.1f} | {ratio} |"
         )
     return "\n".join(lines) + "\n"

@@ -196,7 +196,9 @@ class AgentLoop:
         if resume:
             config, resumed_id = self._stored_config(config, workdir)
         check_phases(config)
-        self.profile = Profile(lambda: getattr(self, "stats", None))
+        self.profile = Profile(
+            lambda: getattr(self, "stats", None), lambda: getattr(getattr(self, "_backend", None), "prefix_stats", None)
+        )
         with self.profile.phase("START"):
             self.envs, tasks = build_envs(config, workdir)
         weights, ids, curriculum = [e.weight for e in config.envs], [e.id for e in config.envs], config.curriculum

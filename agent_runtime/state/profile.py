@@ -43,6 +43,9 @@ class PhaseTime:
     teacher_tokens: int = 0  # forward only, through the frozen teacher
     games: int = 0  # games generated (not found in the game cache) during the phase
     games_s: float = 0.0  # the wall seconds that took
+    prefilled_tokens: int = (
+        0  # the acting backend's prompt tokens run through the model (what its prefix KV store left)
+    )
     peak_rss_mb: float = 0.0  # the largest resident set during the phase (any of its times)
     end_rss_mb: float = 0.0  # resident when it last ended
 
@@ -58,10 +61,13 @@ class PhaseTime:
 
 
 class Profile:
-    """Per-phase totals of one process's run. `stats()` gives the acting backend's counters (None: none yet)."""
+    """Per-phase totals of one process's run. `stats()` gives the acting backend's counters, `prefix()` its prefix KV
+    store's (`PrefixCacheStats`; None: none yet, or a backend without a store)."""
 
-    def __init__(self, stats: Callable[[], object | None] = lambda: None):
-        self._stats = stats
+    def __init__(
+        self, stats: Callable[[], object | None] = lambda: None, prefix: Callable[[], object | None] = lambda: None
+    ):
+        self._stats, self._prefix = stats, prefix
         self.phases: dict[str, PhaseTime] = {}
         self._open: list[PhaseTime] = []
         self.peak_is_phase = reset_peak()
@@ -69,9 +75,9 @@ class Profile:
     def _counters(self) -> tuple[int, int, int, int, float]:
         from environments.game_cache import BUILT
 
-        stats = self._stats()
+        stats, prefix = self._stats(), self._prefix()
         acting = (0, 0, 0) if stats is None else (stats.prompt_tokens, stats.completion_tokens, stats.completions)
-        return (*acting, BUILT["games"], BUILT["seconds"])
+        return (*acting, BUILT["games"], BUILT["seconds"], 0 if prefix is None else prefix.prefilled_tokens)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[PhaseTime]:
@@ -99,6 +105,7 @@ class Profile:
             row.decisions += after[2] - counters[2]
             row.games += after[3] - counters[3]
             row.games_s += after[4] - counters[4]
+            row.prefilled_tokens += after[5] - counters[5]
 
     def open_phases(self) -> list[str]:
         """The names of the phases running now, outermost first."""

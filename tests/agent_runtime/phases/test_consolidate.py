@@ -33,6 +33,8 @@ def test_cycle_in_the_loop(tmp_path, cycle_config):
         "CONSOLIDATE: evaluate",
     } <= set(profile)
     assert profile["PLAY"].decisions >= 4 and profile["PLAY"].prompt_tokens > 0
+    # the backend's prefix KV store leaves part of the prompts to run: counted per phase, never more than was asked
+    assert 0 < profile["PLAY"].prefilled_tokens <= profile["PLAY"].prompt_tokens
     train, evaluate = profile["CONSOLIDATE: train"], profile["CONSOLIDATE: evaluate"]
     assert train.train_tokens > 0 and train.teacher_tokens > 0 and train.prompt_tokens == 0
     assert evaluate.decisions > 0 and evaluate.train_tokens == 0

@@ -40,3 +40,30 @@ def test_rows_with_equal_numbers_are_closed_by_identity():
         pass
     assert profile.phases["a"].times == 2 and profile.phases["b"].times == 1
     assert not profile.open_phases()
+
+
+def test_a_phase_counts_the_prompt_tokens_its_prefix_store_left_to_run():
+    """`prefix()` gives the acting backend's store counters (`PrefixCacheStats`): each phase gets what ran in it,
+    an enclosing phase its inner phases' too; no store, no count."""
+
+    class Stats:
+        prefilled_tokens = 0
+
+    stats = Stats()
+    profile = Profile(prefix=lambda: stats)
+    with profile.phase("play"):
+        stats.prefilled_tokens += 120
+        with profile.phase("inner"):
+            stats.prefilled_tokens += 30
+    with profile.phase("other"):
+        pass
+    rows = profile.phases
+    assert (rows["play"].prefilled_tokens, rows["inner"].prefilled_tokens, rows["other"].prefilled_tokens) == (
+        150,
+        30,
+        0,
+    )
+    alone = Profile()
+    with alone.phase("play"):
+        pass
+    assert alone.phases["play"].prefilled_tokens == 0
