@@ -274,7 +274,7 @@ def table(profile: dict[str, dict], rates: dict[str, float], seconds: float) -> 
         ratio = f"{model_wall / floor:.1f}x" if floor > 0.01 else "-"
         lines.append(
             f"| {name} | {row['wall_s']:.1f} | {row['cpu_s']:.1f} | {row['games']} ({row['games_s']:.1f}) | "
-            f"{row['forward_tokens']:,} | {row.get('prefilled_tokens', 0):,} | {row['train_tokens']:,} | "
+            f"{row['forward_tokens']:,} | {row['prefilled_tokens']:,} | {row['train_tokens']:,} | "
             f"{row['decisions']:,} | "
             f"{floor:.1f} | {ratio} |"
         )

@@ -43,9 +43,7 @@ class PhaseTime:
     teacher_tokens: int = 0  # forward only, through the frozen teacher
     games: int = 0  # games generated (not found in the game cache) during the phase
     games_s: float = 0.0  # the wall seconds that took
-    prefilled_tokens: int = (
-        0  # the acting backend's prompt tokens run through the model (what its prefix KV store left)
-    )
+    prefilled_tokens: int = 0  # acting prompt tokens run through the model at all (what the prefix store left)
     peak_rss_mb: float = 0.0  # the largest resident set during the phase (any of its times)
     end_rss_mb: float = 0.0  # resident when it last ended
 
@@ -72,7 +70,7 @@ class Profile:
         self._open: list[PhaseTime] = []
         self.peak_is_phase = reset_peak()
 
-    def _counters(self) -> tuple[int, int, int, int, float]:
+    def _counters(self) -> tuple[int, int, int, int, float, int]:
         from environments.game_cache import BUILT
 
         stats, prefix = self._stats(), self._prefix()

@@ -216,12 +216,12 @@ def read_only_cache(prefix: CachedSequence, rows: int):
     return cache
 
 
-def read_only_prefix(decoder, ids: torch.Tensor, rows: int):
-    """The KV of the batch-1 token prefix `ids` (gradients flow through it when enabled), as a cache that `rows`
+def read_only_prefix(decoder, ids, rows: int):
+    """The KV of the token prefix `ids` (one sequence; gradients flow through it when enabled), as a cache that `rows`
     rows read (views, not copies) and no call extends (`read_only_cache`). The prefix runs with its layers as they
     are, not checkpointed: a checkpointed layer would drop the cache its output is."""
     with _checkpointing_off(decoder):
-        prefix = run_prefix(decoder, ids[0])
+        prefix = run_prefix(decoder, np.asarray(ids, dtype=np.int64))
     return read_only_cache(prefix, rows)
 
 

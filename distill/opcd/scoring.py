@@ -67,7 +67,7 @@ def response_hidden(
         prefix_ids = np.asarray(prompts[0][:shared_prefix], dtype=np.int64)
         if torch.is_grad_enabled():
             assert prefixes is None, "kept prefixes are a frozen model's; a model that trains runs its prefix anew"
-            cache = read_only_prefix(decoder, torch.as_tensor(prefix_ids, device=device)[None], batch)
+            cache = read_only_prefix(decoder, prefix_ids, batch)
         else:
             cache = read_only_cache((prefixes or run_prefix)(decoder, prefix_ids), batch)  # every row reads one copy
     with reading_cache_under_checkpointing(decoder) if cache is not None else contextlib.nullcontext():

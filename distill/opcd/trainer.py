@@ -160,9 +160,10 @@ class OPCDTrainer:
         with self.policies.teacher() as teacher:
             return self._generate(teacher, prompts)
 
-    def _shared_prefix(self, prompts: list[list[int]]) -> int:
-        """Tokens all teacher prompts share (system prompt, lessons), when worth running once; else 0."""
-        return shared_prefix_length(prompts, self.config.min_shared_prefix) if self._share_teacher_prefix else 0
+    def _shared_prefix(self, prompts: list[list[int]], share: bool | None = None) -> int:
+        """Tokens all `prompts` share, when worth running once and `share` (default: the teacher's) allows; else 0."""
+        share = self._share_teacher_prefix if share is None else share
+        return shared_prefix_length(prompts, self.config.min_shared_prefix) if share else 0
 
     def _teacher_hidden(self, prompts: list[list[int]], responses: list[list[int]]) -> tuple[torch.Tensor, object]:
         self.model.eval()
@@ -212,7 +213,7 @@ class OPCDTrainer:
             teacher_hidden, teacher_head = self._teacher_hidden(teacher_ids, responses)
             scored = time.perf_counter()
             self.tokens["teacher"] += sum(len(t) + len(r) for t, r in zip(teacher_ids, responses))
-            common = shared_prefix_length(student_ids, cfg.min_shared_prefix) if self._share_student_prefix else 0
+            common = self._shared_prefix(student_ids, self._share_student_prefix)
             self.tokens["train"] += sum(map(len, student_ids + responses)) - common * (len(prompts) - 1)
             self.model.train()
             student_lm = self._student_lm
@@ -291,12 +292,11 @@ class OPCDTrainer:
         sequence and its KV serves every row; gradients flow through it as through the rows' own tokens, so the
         scores and their gradients are those of the rows run whole (tests/agent_runtime/llm/test_choice.py)."""
         decoder, head = lm_parts(causal_lm)
-        common = shared_prefix_length(ids, self.config.min_shared_prefix) if share else 0
+        common = self._shared_prefix(ids, share)
         fed = sum(len(p) - common + sum(len(a) - 1 for a in row) for p, row in zip(ids, actions)) + common
         if not common:
             return choice_logprobs(decoder, head, pack_choices(ids, actions, pad_id=self._pad_id)), fed
-        prefix = torch.as_tensor(ids[0][:common], device=head.weight.device)[None]
-        cache = read_only_prefix(decoder, prefix, len(ids))  # one copy of the prefix's KV, read by every row
+        cache = read_only_prefix(decoder, ids[0][:common], len(ids))  # one copy of the prefix's KV, read by every row
         packed = pack_choices(
             [p[common:] for p in ids], actions, pad_id=self._pad_id, past_lengths=[common] * len(ids), past_width=common
         )
