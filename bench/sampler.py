@@ -11,6 +11,9 @@ Rows, each the best of `--repeat` runs, in ms per decoded token (the prompt's pr
   multinomial per step; no logits processors, stopping criteria or per-step bookkeeping);
 - `lean loop, static cache`: the loop over a preallocated static cache;
 - `forward floor`: one decode forward of the batch at the cache's middle length, nothing else (the model's time);
+- `generate, packed` and `forward, packed`: the same with the linear layers computing from packed weights, as
+  OPCD's merged sampler does in bf16 on a CPU with native bf16 (`distill.opcd.sampler.pack_linears`; blank where
+  it does not pack);
 - `weight read`: the time to stream the model's weights once from memory (a sum over every parameter), the floor
   of a decode step that is bound by memory rather than compute.
 If `generate` is near the forward floor, per-token overhead is not where the time goes, and a leaner loop cannot
@@ -40,6 +43,8 @@ def best(fn, repeat: int) -> float:
 def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int) -> dict[str, float]:
     import torch
     from transformers import StaticCache
+
+    from distill.opcd.sampler import pack_linears, packs_bf16_linears
 
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
@@ -95,9 +100,32 @@ def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int)
     per_token("generate_static", lambda: generate("static"))
     per_token("lean", lambda: lean(False))
     per_token("lean_static", lambda: lean(True))
+    out["forward"] = decode_forward(model, batch, prompt_tokens + new_tokens // 2, repeat)
+    out["generate_packed"] = out["forward_packed"] = float("nan")
+    if packs_bf16_linears(model.dtype, model.device):  # what OPCD's merged sampler computes with on this CPU
+        weights = [(param, param.data) for param in model.parameters()]  # packing empties the plain copies
+        packed = pack_linears(model)
+        try:
+            out["prefill_packed"] = best(prefill, repeat)
+            out["generate_packed"] = (best(generate, repeat) - out["prefill_packed"]) / new_tokens
+            out["forward_packed"] = decode_forward(model, batch, prompt_tokens + new_tokens // 2, repeat)
+        finally:
+            for module in packed:
+                del module.forward
+            for param, data in weights:
+                param.data = data
+    params = list(model.parameters())
+    out["weights_mb"] = sum(p.numel() * p.element_size() for p in params) / 2**20
+    out["read"] = best(lambda: [p.sum() for p in params], max(3, repeat))
+    return out
 
-    with torch.no_grad():  # the forward floor: one decode step at the cache's middle length
-        middle = prompt_tokens + new_tokens // 2
+
+def decode_forward(model, batch: int, middle: int, repeat: int) -> float:
+    """The median time of one decode forward of `batch` rows over a cache of `middle` tokens."""
+    import torch
+
+    vocab = model.config.vocab_size
+    with torch.no_grad():
         cached = model(input_ids=torch.randint(100, vocab - 100, (batch, middle)), use_cache=True).past_key_values
         token = torch.randint(100, vocab - 100, (batch, 1))
         steps = []
@@ -107,11 +135,7 @@ def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int)
             started = time.perf_counter()
             model(input_ids=token, past_key_values=cached, use_cache=True)
             steps.append(time.perf_counter() - started)
-        out["forward"] = statistics.median(steps)
-        params = list(model.parameters())
-        out["weights_mb"] = sum(p.numel() * p.element_size() for p in params) / 2**20
-        out["read"] = best(lambda: [p.sum() for p in params], max(3, repeat))
-    return out
+    return statistics.median(steps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,12 +173,18 @@ def main(argv: list[str] | None = None) -> int:
         ("lean loop", "lean"),
         ("lean loop, static cache", "lean_static"),
         ("forward floor", "forward"),
+        ("generate, packed", "generate_packed"),
+        ("forward, packed", "forward_packed"),
         ("weight read", "read"),
     ]
-    print("| threads | prefill s | " + " | ".join(h for h, _ in columns) + " |")
-    print("|---:" * (len(columns) + 2) + "|")
+    print("| threads | prefill s | prefill s, packed | " + " | ".join(h for h, _ in columns) + " |")
+    print("|---:" * (len(columns) + 3) + "|")
     for threads, r in rows:
-        print(f"| {threads} | {r['prefill']:.2f} | " + " | ".join(f"{1000 * r[k]:.1f}" for _, k in columns) + " |")
+        print(
+            f"| {threads} | {r['prefill']:.2f} | {r.get('prefill_packed', float('nan')):.2f} | "
+            + " | ".join(f"{1000 * r[k]:.1f}" for _, k in columns)
+            + " |"
+        )
     return 0
 
 

@@ -3,12 +3,14 @@ row; the output head during `generate` gives the same logits without a per-row c
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from agent_runtime.testing import tiny_model_and_tokenizer
+from distill.opcd import sampler as sampler_module
 from distill.opcd.losses import chunked_topk_divergence
-from distill.opcd.sampler import InverseCDFSampler, folded_head, sample_responses
+from distill.opcd.sampler import InverseCDFSampler, folded_head, pack_linears, packs_bf16_linears, sample_responses
 
 
 class _Largest(TorchDispatchMode):
@@ -101,3 +103,46 @@ def test_inverse_cdf_sampler_draws_from_the_tempered_nucleus():
     frequencies = torch.bincount(drawn, minlength=6).float() / rows
     assert torch.allclose(frequencies[:3], p / p.sum(), atol=0.01) and frequencies[3:].sum() == 0
     assert torch.allclose(nucleus.logprobs[0], (p / p.sum()).log()[drawn], atol=1e-5)
+
+
+def test_packed_linears_sample_what_the_stock_layers_sample_and_give_their_memory_back():
+    """The merged sampler's bf16 linears compute from packed weights where the CPU packs bf16 matmuls: the same
+    logits to the bit, the same seeded samples; the class's forward comes back after; a weight only its layer
+    uses is emptied once packed (the packed copy replaces it), the output head's, tied to the embedding, stays."""
+    if not packs_bf16_linears(torch.bfloat16, "cpu"):
+        pytest.skip("this CPU does not compute bf16 natively: the sampler keeps the stock layers")
+    model, tok = _model()
+    model = model.to(torch.bfloat16)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]])
+    kwargs = {"temperature": 0.7, "max_new_tokens": 6, "eos_ids": [tok.eos_token_id], "pad_id": tok.pad_token_id}
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]
+    with torch.no_grad():
+        stock = model(input_ids=ids).logits
+    torch.manual_seed(3)
+    stock_samples = sample_responses(model, prompts, **kwargs)
+    head = model.get_output_embeddings()
+    layer = model.model.layers[0].mlp.down_proj
+    saved = [p.detach().clone() for p in model.parameters()]
+    packed = pack_linears(model)
+    assert layer in packed and head in packed
+    assert layer.weight.numel() == 0 and head.weight.numel() > 0  # the tied head's weight is the embedding's
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, stock)
+    torch.manual_seed(3)
+    assert sample_responses(model, prompts, **kwargs) == stock_samples
+    for module in packed:
+        del module.forward
+    for param, value in zip(model.parameters(), saved):
+        param.data = value
+    assert not any("forward" in vars(module) for module in model.modules())
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, stock)
+
+
+def test_only_a_bf16_sampler_on_a_cpu_with_native_bf16_packs(monkeypatch):
+    monkeypatch.setattr(sampler_module, "fast_bf16", lambda device: True)
+    assert sampler_module.packs_bf16_linears(torch.bfloat16, "cpu")
+    assert not sampler_module.packs_bf16_linears(torch.float32, "cpu")  # fp32 packed kernels round differently
+    assert not sampler_module.packs_bf16_linears(torch.bfloat16, "meta")
+    monkeypatch.setattr(sampler_module, "fast_bf16", lambda device: False)
+    assert not sampler_module.packs_bf16_linears(torch.bfloat16, "cpu")
