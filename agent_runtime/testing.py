@@ -69,9 +69,17 @@ def tiny_tokenizer(vocab_size: int = 512):
 
 
 def tiny_model_and_tokenizer(
-    arch: str = "llama", *, hidden_size: int = 64, layers: int = 2, heads: int = 4, context: int = 2048, seed: int = 0
+    arch: str = "llama",
+    *,
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int | None = None,
+    context: int = 2048,
+    seed: int = 0,
 ):
-    """A random tiny causal LM and its tokenizer. `arch` is "llama" or "qwen2"."""
+    """A random tiny causal LM and its tokenizer. `arch` is "llama" or "qwen2"; `kv_heads` (default: `heads`)
+    fewer than `heads` gives grouped-query attention."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = tiny_tokenizer()
@@ -85,7 +93,7 @@ def tiny_model_and_tokenizer(
         intermediate_size=hidden_size * 2,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=heads,
+        num_key_value_heads=kv_heads or heads,
         max_position_embeddings=context,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,

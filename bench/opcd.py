@@ -131,6 +131,8 @@ def _chats(n: int) -> list[list[dict]]:
 
 
 def run_opcd(model_name: str, variant: str, args) -> dict:
+    import torch
+
     from distill.opcd import OPCDConfig, OPCDTrainer
 
     model, tok = _load(model_name, "bfloat16" if variant == "bf16" else "float32")
@@ -155,6 +157,7 @@ def run_opcd(model_name: str, variant: str, args) -> dict:
         seed=0,
         **options,
     )
+    torch.manual_seed(0)  # the adapter's initialisation, so that every run of a variant trains on the same samples
     trainer = OPCDTrainer(model, tok, config)
     if variant == "teacher-per-step":
         trainer._teacher_prefixes = None
