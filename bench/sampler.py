@@ -13,7 +13,8 @@ Rows, each the best of `--repeat` runs, in ms per decoded token (the prompt's pr
 - `forward floor`: one decode forward of the batch at the cache's middle length, nothing else (the model's time);
 - `generate, packed` and `forward, packed`: the same with the linear layers computing from packed weights, as
   OPCD's merged sampler does in bf16 on a CPU with native bf16 (`distill.opcd.sampler.pack_linears`; blank where
-  it does not pack);
+  it does not pack); `OPCD's lean decode, packed`: what OPCD's merged sampler runs there
+  (`distill.opcd.decode.lean_generate` with the inverse-CDF draw);
 - `weight read`: the time to stream the model's weights once from memory (a sum over every parameter), the floor
   of a decode step that is bound by memory rather than compute.
 If `generate` is near the forward floor, per-token overhead is not where the time goes, and a leaner loop cannot
@@ -44,7 +45,8 @@ def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int)
     import torch
     from transformers import StaticCache
 
-    from distill.opcd.sampler import pack_linears, packs_bf16_linears
+    from distill.opcd.decode import lean_decoding_supported, lean_generate
+    from distill.opcd.sampler import InverseCDFSampler, pack_linears, packs_bf16_linears
 
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
@@ -88,6 +90,11 @@ def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int)
             result = model(input_ids=token, past_key_values=cache, use_cache=True, cache_position=position)
             logits = result.logits[:, -1]
 
+    @torch.no_grad()
+    def opcd_decode():  # what OPCD's merged sampler runs: the lean loop, drawing with the inverse CDF
+        draw = InverseCDFSampler(0.7)
+        lean_generate(model, ids, mask, draw=draw, max_new_tokens=new_tokens, eos_ids=[-1], pad_id=0)
+
     def per_token(name: str, run) -> None:
         """ms a decoded token of `run` (the prefill taken off); NaN where a static cache does not take the call."""
         try:
@@ -101,13 +108,15 @@ def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int)
     per_token("lean", lambda: lean(False))
     per_token("lean_static", lambda: lean(True))
     out["forward"] = decode_forward(model, batch, prompt_tokens + new_tokens // 2, repeat)
-    out["generate_packed"] = out["forward_packed"] = float("nan")
+    out["generate_packed"] = out["forward_packed"] = out["lean_decode_packed"] = float("nan")
     if packs_bf16_linears(model.dtype, model.device):  # what OPCD's merged sampler computes with on this CPU
         weights = [(param, param.data) for param in model.parameters()]  # packing empties the plain copies
         packed = pack_linears(model)
         try:
             out["prefill_packed"] = best(prefill, repeat)
             out["generate_packed"] = (best(generate, repeat) - out["prefill_packed"]) / new_tokens
+            if lean_decoding_supported(model):
+                out["lean_decode_packed"] = (best(opcd_decode, repeat) - out["prefill_packed"]) / new_tokens
             out["forward_packed"] = decode_forward(model, batch, prompt_tokens + new_tokens // 2, repeat)
         finally:
             for module in packed:
@@ -175,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         ("forward floor", "forward"),
         ("generate, packed", "generate_packed"),
         ("forward, packed", "forward_packed"),
+        ("OPCD's lean decode, packed", "lean_decode_packed"),
         ("weight read", "read"),
     ]
     print("| threads | prefill s | prefill s, packed | " + " | ".join(h for h, _ in columns) + " |")

@@ -44,10 +44,16 @@ Divergence = Literal["reverse", "forward"]
 TAILS = get_args(Tail)
 
 
+def _scaled(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits / tau in at least float32, and its log-normaliser (logsumexp over the vocabulary)."""
+    scaled = (logits if logits.dtype == torch.float64 else logits.float()) / temperature
+    return scaled, torch.logsumexp(scaled, dim=-1, keepdim=True)
+
+
 def _topk_log_probs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
     """log softmax(logits / tau) at `ids`, in at least float32, without materialising the full log-softmax."""
-    scaled = (logits if logits.dtype == torch.float64 else logits.float()) / temperature
-    return scaled.gather(-1, ids) - torch.logsumexp(scaled, dim=-1, keepdim=True)
+    scaled, norm = _scaled(logits, temperature)
+    return scaled.gather(-1, ids) - norm
 
 
 _LN2 = 0.6931471805599453
@@ -91,6 +97,24 @@ def topk_divergence_per_token(
     teacher's top-k (the off-policy baseline). The teacher is always treated as a constant. `tail`: what the
     mass outside the top-k counts for (module docstring).
     """
+    return _topk_divergence(
+        student_logits, teacher_logits, divergence=divergence, k=k, temperature=temperature, tail=tail
+    )[0]
+
+
+def _topk_divergence(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    *,
+    divergence: Divergence,
+    k: int,
+    temperature: float,
+    tail: Tail,
+    targets: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`topk_divergence_per_token`, and with `targets` (B, T, 1) also log p_s - log p_t at those tokens (no
+    gradient), from the same log-normalisers: the sampled-token KL estimate took a second full pass over each
+    chunk's logits of both models. The loss's graph is the one `topk_divergence_per_token` builds alone."""
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(
             f"student logits {tuple(student_logits.shape)} and teacher logits "
@@ -105,13 +129,19 @@ def topk_divergence_per_token(
         ids = source.topk(k, dim=-1).indices  # tempering is monotone: the top-k of the logits is the top-k of p
     if k == student_logits.shape[-1]:
         tail = "drop"  # no tail: the sum is the exact divergence
-    log_ps = _with_tail(_topk_log_probs(student_logits, ids, temperature), tail)
-    log_pt = _with_tail(_topk_log_probs(teacher_logits, ids, temperature), tail)
+    if divergence not in ("reverse", "forward"):
+        raise ValueError(f"unknown divergence {divergence!r}; accepted: reverse, forward")
+    s_scaled, s_norm = _scaled(student_logits, temperature)
+    t_scaled, t_norm = _scaled(teacher_logits, temperature)
+    gap = None
+    if targets is not None:
+        with torch.no_grad():
+            gap = (s_scaled.gather(-1, targets) - s_norm - (t_scaled.gather(-1, targets) - t_norm)).squeeze(-1)
+    log_ps = _with_tail(s_scaled.gather(-1, ids) - s_norm, tail)
+    log_pt = _with_tail(t_scaled.gather(-1, ids) - t_norm, tail)
     if divergence == "reverse":
-        return (log_ps.exp() * (log_ps - log_pt)).sum(-1)
-    if divergence == "forward":
-        return (log_pt.exp() * (log_pt - log_ps)).sum(-1)
-    raise ValueError(f"unknown divergence {divergence!r}; accepted: reverse, forward")
+        return (log_ps.exp() * (log_ps - log_pt)).sum(-1), gap
+    return (log_pt.exp() * (log_pt - log_ps)).sum(-1), gap
 
 
 def masked_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -217,20 +247,21 @@ def chunked_topk_divergence(
             else:
                 with torch.no_grad():
                     t_logits = teacher_head(teacher_hidden[:, span].contiguous())
-                per_token = topk_divergence_per_token(
-                    s_logits, t_logits, divergence=divergence, k=k, temperature=temperature, tail=tail
+                per_token, gap = _topk_divergence(
+                    s_logits,
+                    t_logits,
+                    divergence=divergence,
+                    k=k,
+                    temperature=temperature,
+                    tail=tail,
+                    targets=None if targets is None else targets[:, span, None],
                 )
+                if gap is not None:  # the sampled-token estimate of the full reverse KL
+                    kl_total += (gap * chunk_mask).sum().item() / normaliser
             chunk_loss = (per_token * chunk_mask).sum() / normaliser
             if grad_wanted:
                 chunk_loss.backward()
         loss_total += chunk_loss.item()
-        if targets is not None and t_logits is not None:
-            with torch.no_grad():
-                ids = targets[:, span, None]
-                gap = (
-                    _topk_log_probs(s_logits.detach(), ids, temperature) - _topk_log_probs(t_logits, ids, temperature)
-                ).squeeze(-1)
-                kl_total += (gap * chunk_mask).sum().item() / normaliser
         del s_logits, t_logits, per_token
     if grad_wanted:
         student_hidden.backward(leaf.grad)

@@ -203,3 +203,28 @@ def test_chunked_sampled_kl_and_cross_entropy():
         backward=False,
     )
     assert ce.loss == pytest.approx(-ls.gather(-1, targets[..., None]).mean().item(), rel=1e-10)
+
+
+def test_the_sampled_kl_reuses_each_chunks_log_normalisers():
+    """A chunk's logits go through one logsumexp over the vocabulary per model, for the loss and the
+    sampled-token estimate both."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += func is torch.ops.aten.logsumexp.default and args[0].shape[-1] == 12  # the vocabulary
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(2)
+    head = torch.nn.Linear(4, 12)
+    hidden = torch.randn(2, 6, 4)
+    targets = torch.randint(0, 12, (2, 6))
+    with Count():
+        result = chunked_topk_divergence(
+            hidden, hidden, torch.ones(2, 6), student_head=head, teacher_head=head, targets=targets,
+            k=5, chunk_size=3, backward=False,
+        )  # fmt: skip
+    assert Count.calls == 4  # 2 chunks x (student, teacher); the sampled KL took 4 more before
+    assert result.sampled_kl == pytest.approx(0.0, abs=1e-6)  # the same head and hidden states: no gap
