@@ -195,6 +195,17 @@ def _contiguous_input(_module, args):
     return (args[0].contiguous(), *args[1:]) if args and isinstance(args[0], torch.Tensor) else None
 
 
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts as one (rows, longest) batch padded on the left with `pad_id`, and its attention mask."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
 @torch.no_grad()
 def sample_responses(
     causal_lm,
@@ -209,12 +220,8 @@ def sample_responses(
     """One sample per prompt (token ids) at `temperature`, cut after the first EOS. `lean`: decode with
     `distill.opcd.decode.lean_generate` where the model is one it mirrors (the same tokens, less work per token),
     else with `generate`."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
+    ids, mask = left_padded(prompts, pad_id)
+    width = ids.shape[1]
     was_training = causal_lm.training
     causal_lm.eval()
     from transformers import LogitsProcessorList

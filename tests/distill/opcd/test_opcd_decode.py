@@ -10,22 +10,12 @@ from transformers import LogitsProcessorList
 
 from agent_runtime.testing import tiny_model_and_tokenizer
 from distill.opcd.decode import lean_decoding_supported, lean_generate
-from distill.opcd.sampler import InverseCDFSampler, sample_responses
+from distill.opcd.sampler import InverseCDFSampler, left_padded, sample_responses
 
 
 def _model(arch: str, dtype: torch.dtype):
     model, tok = tiny_model_and_tokenizer(arch, hidden_size=64, layers=3, heads=4, kv_heads=2, seed=1)
     return model.to(dtype).eval(), tok
-
-
-def _batch(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    return ids, mask
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -35,7 +25,7 @@ def test_the_lean_loop_draws_what_generate_draws(arch, dtype, lengths):
     model, tok = _model(arch, dtype)
     assert lean_decoding_supported(model)
     prompts = [[(7 * row + 3 * i) % 90 + 5 for i in range(n)] for row, n in enumerate(lengths)]
-    ids, mask = _batch(prompts, tok.pad_token_id)
+    ids, mask = left_padded(prompts, tok.pad_token_id)
     eos = list(range(7, len(tok), 5))  # one token in five ends a row: rows end at different steps, some not at all
     runs = {}
     for lean in (False, True):
