@@ -96,7 +96,7 @@ def lean_generate(
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     kv_heads = config.num_key_value_heads
     total = width + max_new_tokens
-    prompt_cache = out.get("cache")  # named `past_key_values` before transformers 5.20
+    prompt_cache = out.get("cache")  # `past_key_values` in older transformers releases
     logits, prompt_cache = out.logits[:, -1], out.get("past_key_values") if prompt_cache is None else prompt_cache
     del out
     kv_dtype = prompt_cache.layers[0].keys.dtype
