@@ -9,7 +9,7 @@ built once. Each layer computes what the model's own layer computes, op for op (
 attention function and projections; the projections called as the model's modules, so the merged sampler's
 packed weights serve both paths): on SmolLM2 the logits are bit-identical to `generate`'s, and a seeded draw
 gives the same tokens (tests/distill/opcd/test_opcd_decode.py). Decode forward at batch 4, 2 threads: 21 against
-27 ms (bench/RESULTS.md, "A lean decode loop").
+27 ms (bench/RESULTS.md, "Packed weights, a lean decode loop").
 
 Only the architectures whose layer it mirrors (`lean_decoding_supported`: Llama and Qwen2 with full attention,
 SiLU MLPs, SDPA, plain `nn.Linear` projections, on CPU); anything else samples with `generate`.

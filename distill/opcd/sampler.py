@@ -74,7 +74,8 @@ def packs_bf16_linears(dtype: torch.dtype, device: torch.device | str) -> bool:
     """Whether the merged sampler's linear layers compute from oneDNN's packed weights: bf16 on a CPU with
     native bf16 (`fast_bf16`) and a torch that has the packing ops. A bf16 `F.linear` on CPU reorders its
     weight into oneDNN's blocked layout at every call; packed once, SmolLM2-135M's decode forward at batch 4 took
-    39 against 52 ms (1 thread), the logits bit-identical (bench/RESULTS.md, "A packed sampler")."""
+    33 against 42 ms at 1 thread and 23.5 against 29 at 2, the logits bit-identical (bench/RESULTS.md, "Packed
+    weights, a lean decode loop")."""
     return (
         dtype == torch.bfloat16
         and torch.device(device).type == "cpu"
