@@ -113,8 +113,8 @@ def _topk_divergence(
     targets: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`topk_divergence_per_token`, and with `targets` (B, T, 1) also log p_s - log p_t at those tokens (no
-    gradient), from the same log-normalisers: the sampled-token KL estimate took a second full pass over each
-    chunk's logits of both models. The loss's graph is the one `topk_divergence_per_token` builds alone."""
+    gradient), from the same log-normalisers, so the sampled-token KL estimate costs no second pass over either
+    model's logits. The loss's graph is the one `topk_divergence_per_token` builds alone."""
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(
             f"student logits {tuple(student_logits.shape)} and teacher logits "

@@ -37,6 +37,7 @@ class MergedSampler:
             for p in model.parameters()
         }
         self.model = copy.deepcopy(model, memo).eval()  # buffers (rotary frequencies) stay in full precision
+        self.packs = packs_bf16_linears(dtype, model.device)  # decided once: the CPU's flags do not change
 
     @torch.no_grad()
     def _sources(self, student_lm) -> Iterator[tuple[torch.nn.Parameter, torch.Tensor]]:
@@ -60,7 +61,7 @@ class MergedSampler:
         with torch.no_grad():
             for param, value in self._sources(student_lm):
                 param.data = value.detach().to(self.dtype)  # aliases fp32 weights that need no merge: no copy
-        packed = pack_linears(self.model) if packs_bf16_linears(self.dtype, self.model.device) else []
+        packed = pack_linears(self.model) if self.packs else []
         try:
             yield self.model
         finally:
