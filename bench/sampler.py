@@ -93,7 +93,7 @@ def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int)
     @torch.no_grad()
     def opcd_decode():  # what OPCD's merged sampler runs: the lean loop, drawing with the inverse CDF
         draw = InverseCDFSampler(0.7)
-        lean_generate(model, ids, mask, draw=draw, max_new_tokens=new_tokens, eos_ids=[-1], pad_id=0)
+        lean_generate(model, ids, mask, draw=draw.sample, max_new_tokens=new_tokens, eos_ids=[-1], pad_id=0)
 
     def per_token(name: str, run) -> None:
         """ms a decoded token of `run` (the prefill taken off); NaN where a static cache does not take the call."""

@@ -5,11 +5,16 @@ per-step bookkeeping, the model's module calls and per-step mask building, and t
 concatenation of every layer's keys and values. `lean_generate` runs the prompt through the model once, as
 `generate` does, then decodes with a plain loop over the layers: the keys and values written in place into a
 cache allocated once for the whole response, the attention mask and rotary tables taken per step from tensors
-built once. Each layer computes what the model's own layer computes, op for op (the same RMSNorm, rotary,
-attention function and projections; the projections called as the model's modules, so the merged sampler's
-packed weights serve both paths): on SmolLM2 the logits are bit-identical to `generate`'s, and a seeded draw
-gives the same tokens (tests/distill/opcd/test_opcd_decode.py). Decode forward at batch 4, 2 threads: 21 against
-27 ms (bench/RESULTS.md, "Packed weights, a lean decode loop").
+built once. Each layer computes the values the model's own layer computes, to the bit, in fewer ops: the same
+RMSNorm (in place where it made a new tensor), the projections called as the model's modules (so the merged
+sampler's packed weights serve both paths), rotary as `x * cos + x.roll(half) * signed_sin` (what
+`rotate_half(x) * sin` computes), the SDPA call transformers' attention function makes for one position (an
+additive mask built once per step where it passes a boolean one that SDPA converts in every layer), and the
+token drawn straight from the sampler (`InverseCDFSampler.sample`), not found again by an argmax over its one-hot
+scores. On SmolLM2 the logits are bit-identical to `generate`'s and a seeded draw gives the same tokens
+(tests/distill/opcd/test_opcd_decode.py). Decode at batch 4 (bench/RESULTS.md, "Packed weights, a lean decode
+loop"): 21 against 27 ms a token at 2 threads for `generate`'s packed forward; these fewer ops take another
+11-14% off.
 
 Only the architectures whose layer it mirrors (`lean_decoding_supported`: Llama and Qwen2 with full attention,
 SiLU MLPs, SDPA, plain `nn.Linear` projections, on CPU); anything else samples with `generate`.
@@ -24,14 +29,6 @@ import torch
 _TYPES = ("llama", "qwen2")
 
 
-def _attention_function():
-    try:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    except ImportError:  # a transformers without it: `generate` samples
-        return None
-    return sdpa_attention_forward
-
-
 def lean_decoding_supported(causal_lm) -> bool:
     """Whether `lean_generate` reproduces `causal_lm`'s decode: a Llama or Qwen2 model on CPU whose every layer is
     the stock one (full attention through SDPA, a SiLU-gated MLP, plain linear projections: no adapter layers,
@@ -40,7 +37,7 @@ def lean_decoding_supported(causal_lm) -> bool:
     body = getattr(causal_lm, "model", None)
     if config is None or body is None or getattr(config, "model_type", None) not in _TYPES:
         return False
-    if causal_lm.device.type != "cpu" or _attention_function() is None:
+    if causal_lm.device.type != "cpu":
         return False
     if getattr(config, "_attn_implementation", None) != "sdpa" or getattr(config, "hidden_act", None) != "silu":
         return False
@@ -58,16 +55,39 @@ def lean_decoding_supported(causal_lm) -> bool:
 
 
 def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The model's RMSNorm, op for op (LlamaRMSNorm and Qwen2RMSNorm compute the same)."""
+    """The model's RMSNorm, op for op (LlamaRMSNorm and Qwen2RMSNorm compute the same), in place where the op
+    made a new tensor."""
     dtype = x.dtype
     x = x.to(torch.float32)
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    scale = x.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon).rsqrt_()
+    x = x.mul_(scale) if dtype != torch.float32 else x * scale  # a float32 `x` is the caller's: not in place
     return norm.weight * x.to(dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask, scaling: float) -> torch.Tensor:
+    """One position's attention, (rows, heads, 1, dim) -> (rows, heads * dim) in memory order: the SDPA call
+    transformers' `sdpa_attention_forward` makes for one query position (grouped-query attention as SDPA's
+    `enable_gqa` without a mask, the query's heads folded onto the key heads with one), without its per-call
+    checks."""
+    rows, heads, _, dim = q.shape
+    groups = heads // keys.shape[1]
+    if groups > 1 and mask is None:
+        return torch.nn.functional.scaled_dot_product_attention(q, keys, values, scale=scaling, enable_gqa=True)
+    if groups > 1:
+        q = q.reshape(rows, heads // groups, groups, dim)
+    return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling)
+
+
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """`sin` with its first half negated: `rotate_half(x) * sin` is `x.roll(half) * _signed_sin(sin)`, exactly
+    (a negation is exact, and a product's sign does not change its rounding)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """The model's `x * cos + rotate_half(x) * sin`, in four ops instead of seven (the same values to the bit)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 @torch.no_grad()
@@ -76,16 +96,15 @@ def lean_generate(
     ids: torch.Tensor,
     mask: torch.Tensor,
     *,
-    draw: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    draw: Callable[[torch.Tensor], torch.Tensor],
     max_new_tokens: int,
     eos_ids: list[int],
     pad_id: int,
 ) -> torch.Tensor:
-    """The (B, n <= max_new_tokens) tokens `generate(do_sample=False, logits_processor=[draw])` returns after the
-    left-padded prompts `ids` (with their attention `mask`): `draw(ids so far, float32 scores)` gives scores whose
-    argmax is the next token (`InverseCDFSampler`); a row that has ended (an EOS) is padded with `pad_id`, and
-    the loop stops when every row has ended."""
-    attention = _attention_function()
+    """The (B, n <= max_new_tokens) tokens `generate(do_sample=False, logits_processor=[sampler])` returns after
+    the left-padded prompts `ids` (with their attention `mask`), where `draw` is that sampler's `sample`: the (B,)
+    next tokens from (B, vocabulary) float32 scores (`InverseCDFSampler.sample`). A row that has ended (an EOS) is
+    padded with `pad_id`, and the loop stops when every row has ended."""
     body = causal_lm.model
     config = causal_lm.config
     rows, width = ids.shape
@@ -107,36 +126,37 @@ def lean_generate(
         values[i, :, :, :width] = layer_cache.values
     del prompt_cache
     padded = not bool(mask.all())  # the model passes no mask to SDPA when no row is padded: neither does this
-    visible = torch.ones((rows, 1, 1, total), dtype=torch.bool, device=ids.device)
-    visible[:, 0, 0, :width] = mask.bool()
+    # Additive, where the model passes a boolean mask: SDPA turns a boolean one into this in every layer's call
+    additive_mask = torch.zeros((rows, 1, 1, total), dtype=kv_dtype, device=ids.device)
+    additive_mask[:, 0, 0, :width].masked_fill_(mask == 0, float("-inf"))
+    layer_keys, layer_values = keys.unbind(0), values.unbind(0)
     next_position = positions[:, -1:] + 1
     eos = torch.tensor(eos_ids, device=ids.device)
     unfinished = torch.ones(rows, dtype=torch.bool, device=ids.device)
     head = causal_lm.get_output_embeddings()
-    sequence = ids
     generated = []
     for step in range(max_new_tokens):
-        tokens = draw(sequence, logits.to(dtype=torch.float32, copy=True)).argmax(-1)
+        tokens = draw(logits.float())
         tokens = torch.where(unfinished, tokens, torch.full_like(tokens, pad_id))
         generated.append(tokens)
         unfinished &= ~torch.isin(tokens, eos)
         if step + 1 == max_new_tokens or not bool(unfinished.any()):
             break
-        sequence = torch.cat([sequence, tokens[:, None]], dim=-1)
         length = width + step + 1  # the cache's keys after this token's are written
         hidden = body.embed_tokens(tokens[:, None])
         cos, sin = body.rotary_emb(hidden, next_position + step)
-        cos, sin = cos[:, None], sin[:, None]
-        step_mask = visible[..., :length] if padded else None
-        for i, layer in enumerate(layers):
+        cos, signed_sin = cos[:, None], _signed_sin(sin[:, None])
+        step_mask = additive_mask[..., :length] if padded else None
+        for layer, layer_k, layer_v in zip(layers, layer_keys, layer_values):
             attn, mlp = layer.self_attn, layer.mlp
             x = _rms_norm(layer.input_layernorm, hidden)
-            q = _rotate(attn.q_proj(x).view(rows, 1, heads, head_dim).transpose(1, 2), cos, sin)
-            k = _rotate(attn.k_proj(x).view(rows, 1, kv_heads, head_dim).transpose(1, 2), cos, sin)
-            keys[i, :, :, length - 1 : length] = k
-            values[i, :, :, length - 1 : length] = attn.v_proj(x).view(rows, 1, kv_heads, head_dim).transpose(1, 2)
-            o, _ = attention(attn, q, keys[i, :, :, :length], values[i, :, :, :length], step_mask, scaling=attn.scaling)
-            hidden = hidden + attn.o_proj(o.reshape(rows, 1, -1).contiguous())
+            # (rows, 1, heads * dim) read as (rows, heads, 1, dim): the model's view and transpose, for one position
+            q = _rotate(attn.q_proj(x).view(rows, heads, 1, head_dim), cos, signed_sin)
+            k = _rotate(attn.k_proj(x).view(rows, kv_heads, 1, head_dim), cos, signed_sin)
+            layer_k.narrow(2, length - 1, 1).copy_(k)
+            layer_v.narrow(2, length - 1, 1).copy_(attn.v_proj(x).view(rows, kv_heads, 1, head_dim))
+            o = _attend(q, layer_k.narrow(2, 0, length), layer_v.narrow(2, 0, length), step_mask, attn.scaling)
+            hidden = hidden + attn.o_proj(o.reshape(rows, 1, heads * head_dim))
             x = _rms_norm(layer.post_attention_layernorm, hidden)
             hidden = hidden + mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
         logits = head(_rms_norm(body.norm, hidden)[:, -1].contiguous())

@@ -34,7 +34,7 @@ def test_the_lean_loop_draws_what_generate_draws(arch, dtype, lengths):
         with torch.no_grad():
             if lean:
                 out = lean_generate(
-                    model, ids, mask, draw=draw, max_new_tokens=12, eos_ids=eos, pad_id=tok.pad_token_id
+                    model, ids, mask, draw=draw.sample, max_new_tokens=12, eos_ids=eos, pad_id=tok.pad_token_id
                 )
             else:
                 out = model.generate(

@@ -146,3 +146,39 @@ def test_only_a_bf16_sampler_on_a_cpu_with_native_bf16_packs(monkeypatch):
     assert not sampler_module.packs_bf16_linears(torch.bfloat16, "meta")
     monkeypatch.setattr(sampler_module, "fast_bf16", lambda device: False)
     assert not sampler_module.packs_bf16_linears(torch.bfloat16, "cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_merged_copy_holds_each_base_weight_plus_its_lora_delta_and_leaves_the_student_as_it_was(dtype):
+    """`weights_of` writes W + ΔW into the copy (the sum to the bit, cast to the copy's dtype), for every weight an
+    adapter wraps, and the student's base and adapter weights are what they were before and after."""
+    from peft import LoraConfig, get_peft_model
+
+    from distill.opcd.sampler import MergedSampler
+
+    model, _ = _model()
+    copy_ = MergedSampler(model, dtype)  # built before the adapter is attached, as the trainer builds it
+    student = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"]))
+    torch.manual_seed(5)
+    for name, param in student.named_parameters():
+        if "lora_B" in name:
+            param.data.normal_(0, 0.05)  # an adapter that has trained: B is no longer zero
+    lm = student.get_base_model()
+    before = {name: p.detach().clone() for name, p in lm.named_parameters()}
+    wrapped = {n.removesuffix(".base_layer"): m for n, m in lm.named_modules() if hasattr(m, "lora_A")}
+    assert len(wrapped) == 4  # q_proj and down_proj of both layers
+    with torch.no_grad(), copy_.weights_of(lm) as merged:
+        for name, module in wrapped.items():
+            expected = (module.base_layer.weight + module.get_delta_weight("default")).to(dtype)
+            weight = merged.get_submodule(name).weight
+            if weight.numel() == 0:  # packed, its plain copy emptied: the packed layer's output is compared
+                x = torch.randn(3, module.base_layer.in_features, dtype=dtype)
+                assert torch.equal(merged.get_submodule(name)(x), torch.nn.functional.linear(x, expected))
+            else:
+                assert torch.equal(weight, expected)
+            assert not torch.equal(expected, module.base_layer.weight.to(dtype))  # the delta moved it
+        for name, param in merged.named_parameters():  # the rest: the student's own values
+            if name.removesuffix(".weight") not in wrapped and param.numel():
+                assert torch.equal(param, before[name].to(dtype))
+    assert all(torch.equal(p, before[n]) for n, p in lm.named_parameters())
+    assert all(p.numel() == 0 for p in copy_.model.parameters())  # released after the block
