@@ -18,6 +18,17 @@ sample to `<workdir>/samples.csv` at once: a soak that is killed keeps what it m
 The measure: the least-squares slope of the loop's resident set over the samples after `--warmup-min` minutes,
 as a percentage of their mean per hour (the target: within 1% an hour), the same for the process tree, and the
 resident set at the end of each hour. `--plot` draws both series (bench/memory_soak.png).
+
+A soak shares its machine for hours. To measure something else on quiet cores meanwhile:
+
+    .venv/bin/python bench/memory_soak.py --pause --workdir bench-runs/memory-soak     # SIGSTOP the loop
+    .venv/bin/python bench/memory_soak.py --unpause --workdir bench-runs/memory-soak   # SIGCONT it
+
+Only the loop is stopped, not its game processes: a game stopped mid-request would leave the loop's step timeout
+to fire on resume; a game that answers while the loop is stopped has its answer read when the loop goes on. Each
+pause is logged in `<workdir>/pauses.txt` (wall-clock times; `clock.txt` maps them onto the soak's clock), and the
+report leaves paused time out: the samples taken while paused are dropped and the hours are the loop's running
+hours, so that a pause neither flattens the slope nor counts toward the 6 hours.
 """
 
 from __future__ import annotations
@@ -107,6 +118,9 @@ def soak(workdir: Path, model: str, hours: float, sample_s: float, seed: int, ov
     with (workdir / "loop.log").open("a") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     t0, deadline = time.monotonic(), time.monotonic() + hours * 3600
+    (workdir / "loop.pid").write_text(f"{proc.pid}\n")
+    with (workdir / "clock.txt").open("a") as clock:  # this start's wall time and the soak clock it starts from
+        clock.write(f"{time.time():.3f} {offset:.0f}\n")
     print(f"soak: pid {proc.pid}, {hours} h, sampling every {sample_s:.0f} s into {samples}", flush=True)
     try:
         while proc.poll() is None and time.monotonic() < deadline:
@@ -140,6 +154,60 @@ def soak(workdir: Path, model: str, hours: float, sample_s: float, seed: int, ov
 def read_samples(path: Path) -> list[dict]:
     with path.open() as f:
         return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def pause(workdir: Path, stop: bool) -> str:
+    """SIGSTOP (or SIGCONT) the soak's loop and log it in pauses.txt; what was done, in a line."""
+    pid_file = workdir / "loop.pid"
+    if not pid_file.exists():
+        raise SystemExit(f"no soak has started in {workdir} (no loop.pid)")
+    pid = int(pid_file.read_text())
+    try:
+        os.kill(pid, signal.SIGSTOP if stop else signal.SIGCONT)
+    except ProcessLookupError:
+        raise SystemExit(f"the soak's loop (pid {pid}) is not running") from None
+    with (workdir / "pauses.txt").open("a") as log:
+        log.write(f"{'stop' if stop else 'cont'} {time.time():.3f}\n")
+    return f"the soak's loop (pid {pid}) {'paused' if stop else 'going on'}"
+
+
+def paused_spans(workdir: Path) -> list[tuple[float, float]]:
+    """The pauses as (from, to) on the soak's clock (seconds): pauses.txt's wall times through clock.txt's starts;
+    a pause not ended yet runs to the end of time."""
+    clock_file, pauses_file = workdir / "clock.txt", workdir / "pauses.txt"
+    if not pauses_file.exists() or not clock_file.exists():
+        return []
+    starts = sorted(tuple(map(float, line.split())) for line in clock_file.read_text().split("\n") if line.strip())
+
+    def on_clock(wall: float) -> float:
+        epoch, offset = next((s for s in reversed(starts) if s[0] <= wall), starts[0])
+        return offset + wall - epoch
+
+    spans, begun = [], None
+    for line in pauses_file.read_text().split("\n"):
+        if not line.strip():
+            continue
+        what, wall = line.split()
+        if what == "stop" and begun is None:
+            begun = on_clock(float(wall))
+        elif what == "cont" and begun is not None:
+            spans.append((begun, on_clock(float(wall))))
+            begun = None
+    if begun is not None:
+        spans.append((begun, float("inf")))
+    return spans
+
+
+def running_time(rows: list[dict], spans: list[tuple[float, float]]) -> list[dict]:
+    """The samples taken while the loop ran, their `seconds` the loop's running time (the pauses before them
+    taken out)."""
+    out = []
+    for row in rows:
+        t = row["seconds"]
+        if any(a <= t <= b for a, b in spans):
+            continue
+        out.append({**row, "seconds": t - sum(b - a for a, b in spans if b < t)})
+    return out
 
 
 def slope(points: list[tuple[float, float]]) -> float:
@@ -243,11 +311,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     p.add_argument("--report", action="store_true", help="only read samples.csv and print the table")
+    p.add_argument("--pause", action="store_true", help="stop the running soak's loop (SIGSTOP) until --unpause")
+    p.add_argument("--unpause", action="store_true", help="let a paused soak's loop go on (SIGCONT)")
     p.add_argument("--plot", type=Path, help="draw the series into this PNG")
     p.add_argument("--json", type=Path, help="write the numbers here")
     args = p.parse_args(argv)
     if args.hours <= 0 or args.sample_s <= 0 or args.warmup_min < 0:
         p.error("--hours and --sample-s must be positive, --warmup-min not negative")
+    if args.pause or args.unpause:
+        if args.pause and args.unpause:
+            p.error("--pause and --unpause are two commands: give one")
+        print(pause(args.workdir, stop=args.pause))
+        return 0
     status = 0
     if not args.report:
         status = soak(args.workdir, args.model, args.hours, args.sample_s, args.seed, args.set)
@@ -256,7 +331,14 @@ def main(argv: list[str] | None = None) -> int:
     samples = args.workdir / "samples.csv"
     if not samples.exists():
         p.error(f"no samples at {samples}: run the soak first (without --report)")
-    rows = read_samples(samples)
+    sampled = read_samples(samples)
+    spans = paused_spans(args.workdir)
+    rows = running_time(sampled, spans)
+    if spans:
+        end = sampled[-1]["seconds"] if sampled else 0.0
+        paused = sum(max(0.0, min(b, end) - a) for a, b in spans) / 60
+        still = " (the loop is paused now)" if spans[-1][1] == float("inf") else ""
+        print(f"{len(spans)} pause(s), {paused:.0f} min, left out of the hours and the slope{still}")
     result = report(rows, args.warmup_min)
     print(table(result, args.model, args.warmup_min))
     if args.json:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -160,6 +162,65 @@ def test_memory_soak_samples_the_loop_and_reports_its_slope(tmp_path, games_dir,
     # a second call with --report reads the same samples without running anything
     assert memory_soak.main(["--report", "--workdir", str(workdir), "--warmup-min", "0"]) == 0
     assert len(memory_soak.read_samples(workdir / "samples.csv")) == len(rows)
+
+
+def test_a_paused_soak_leaves_its_pauses_out_of_the_hours_and_the_slope(tmp_path):
+    """Paused time (pauses.txt's wall times, mapped through clock.txt onto the soak's clock, a resumed soak's clock
+    going on from its offset) is taken out: the samples taken while paused are dropped and the later ones moved
+    back, so a flat stretch does not flatten a growing loop's slope."""
+    from bench.memory_soak import paused_spans, report, running_time
+
+    # started at wall 1000 (clock 0), killed, resumed at wall 9000 with its clock at 3600
+    (tmp_path / "clock.txt").write_text("1000.000 0\n9000.000 3600\n")
+    # paused from clock 1200 to 2400 (wall 2200-3400), and from clock 4200 on (wall 9600, not ended)
+    (tmp_path / "pauses.txt").write_text("stop 2200.0\ncont 3400.0\nstop 9600.0\n")
+    spans = paused_spans(tmp_path)
+    assert spans == [(1200.0, 2400.0), (4200.0, float("inf"))]
+    # 10 MiB an hour of running, but the samples taken while paused sit still
+    rows = []
+    for i in range(1, 90):
+        t = 60.0 * i
+        ran = t - sum(min(t, b) - a for a, b in spans if a < t)  # seconds the loop has run by then
+        rows.append(
+            {"seconds": t, "rss_kb": 1024 * (1000 + 10 * ran / 3600), "tree_kb": 1.0, "processes": 1, "episodes": t}
+        )
+    kept = running_time(rows, spans)
+    assert len(kept) == len(rows) - 21 - 20  # 1200..2400 s (21 samples) and 4200 s on (20) dropped
+    assert [r["seconds"] for r in kept][:21] == [60.0 * i for i in range(1, 20)] + [2460.0 - 1200, 2520.0 - 1200]
+    assert report(kept, warmup_min=0)["rss"]["slope_mib_per_hour"] == pytest.approx(10.0, abs=0.01)
+    assert report(rows, warmup_min=0)["rss"]["slope_mib_per_hour"] < 8.0  # the pauses left in flatten it
+    assert paused_spans(tmp_path / "none") == []
+
+
+def test_memory_soak_pause_stops_and_continues_the_loop_process(tmp_path):
+    from bench.memory_soak import pause
+
+    with pytest.raises(SystemExit, match="no soak has started"):
+        pause(tmp_path, stop=True)
+    loop = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "loop.pid").write_text(f"{loop.pid}\n")
+
+        def state(stopped: bool) -> str:
+            """The process's state letter once it is (or is not) stopped, waiting for the signal to land."""
+            for _ in range(50):
+                status = Path(f"/proc/{loop.pid}/status").read_text().split("\n")
+                letter = next(x for x in status if x.startswith("State")).split()[1]
+                if (letter == "T") == stopped:
+                    break
+                time.sleep(0.05)
+            return letter
+
+        assert "paused" in pause(tmp_path, stop=True)
+        assert state(stopped=True) == "T"
+        assert "going on" in pause(tmp_path, stop=False)
+        assert state(stopped=False) != "T"
+        assert (tmp_path / "pauses.txt").read_text().split()[::2] == ["stop", "cont"]
+    finally:
+        loop.kill()
+        loop.wait()
+    with pytest.raises(SystemExit, match="not running"):
+        pause(tmp_path, stop=True)
 
 
 def test_memory_soak_slope_is_relative_to_the_mean():
