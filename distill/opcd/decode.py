@@ -65,13 +65,13 @@ def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask, scaling: float) -> torch.Tensor:
-    """One position's attention, (rows, heads, 1, dim) -> (rows, heads * dim) in memory order: the SDPA call
-    transformers' `sdpa_attention_forward` makes for one query position (grouped-query attention as SDPA's
-    `enable_gqa` without a mask, the query's heads folded onto the key heads with one), without its per-call
-    checks."""
+    """One position's attention for the (rows, heads, 1, dim) query; its output read as (rows, 1, heads * dim) is
+    the model's, head by head. The SDPA call transformers' `sdpa_attention_forward` makes for one query position
+    (grouped-query attention as SDPA's `enable_gqa` without a mask and heads of at most 256 values, else the query's
+    heads folded onto the key heads), without its per-call checks."""
     rows, heads, _, dim = q.shape
     groups = heads // keys.shape[1]
-    if groups > 1 and mask is None:
+    if groups > 1 and mask is None and dim <= 256:  # transformers' condition for `enable_gqa` on CPU
         return torch.nn.functional.scaled_dot_product_attention(q, keys, values, scale=scaling, enable_gqa=True)
     if groups > 1:
         q = q.reshape(rows, heads // groups, groups, dim)
