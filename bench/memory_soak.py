@@ -118,6 +118,8 @@ def soak(workdir: Path, model: str, hours: float, sample_s: float, seed: int, ov
     with (workdir / "loop.log").open("a") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     t0, deadline = time.monotonic(), time.monotonic() + hours * 3600
+    # SIGTERM would end this process without its `finally` and leave the loop running on its own: raise instead
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     (workdir / "loop.pid").write_text(f"{proc.pid}\n")
     with (workdir / "clock.txt").open("a") as clock:  # this start's wall time and the soak clock it starts from
         clock.write(f"{time.time():.3f} {offset:.0f}\n")
@@ -141,7 +143,9 @@ def soak(workdir: Path, model: str, hours: float, sample_s: float, seed: int, ov
                     flush=True,
                 )
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if proc.poll() is None:  # SIGTERM stops the loop at its next phase boundary; then it is killed
+            proc.send_signal(signal.SIGCONT)  # a paused loop (--pause) would not act on it
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=300)

@@ -223,6 +223,39 @@ def test_memory_soak_pause_stops_and_continues_the_loop_process(tmp_path):
         pause(tmp_path, stop=True)
 
 
+@pytest.mark.slow
+def test_a_soak_sent_sigterm_stops_its_loop_too(tmp_path, games_dir):
+    """SIGTERM to bench/memory_soak.py (what `kill` sends) ends the loop it started as well, even a paused one,
+    rather than leaving it running on its own."""
+    import signal
+
+    workdir = tmp_path / "soak"
+    overrides = [f"envs.0.kwargs.cache_dir={games_dir}", "envs.0.kwargs.n_train=4", "envs.0.kwargs.n_eval=2"]
+    cmd = [sys.executable, str(ROOT / "bench" / "memory_soak.py"), "--hours", "1", "--sample-s", "1"]
+    cmd += ["--workdir", str(workdir), *[x for o in overrides for x in ("--set", o)]]
+    soak = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            if (workdir / "samples.csv").exists() and len((workdir / "samples.csv").read_text().split()) >= 2:
+                break
+            time.sleep(0.1)
+        loop = int((workdir / "loop.pid").read_text())
+        assert Path(f"/proc/{loop}").exists()
+        subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "memory_soak.py"), "--pause", "--workdir", str(workdir)], check=True
+        )
+        soak.send_signal(signal.SIGTERM)
+        soak.wait(timeout=300)
+        for _ in range(100):  # reaped by the soak before it exits; /proc may lag a moment
+            if not Path(f"/proc/{loop}").exists():
+                break
+            time.sleep(0.1)
+        assert not Path(f"/proc/{loop}").exists(), "the loop outlived its soak"
+    finally:
+        if soak.poll() is None:
+            soak.kill()
+
+
 def test_memory_soak_slope_is_relative_to_the_mean():
     from bench.memory_soak import report, slope
 
