@@ -1,7 +1,8 @@
 """Where OPCD's samples come from: one response per prompt, drawn from the student's merged weights.
 
-Sampling dominates an OPCD step (57-64% of it, measured), and unmerged LoRA costs extra matmuls at every decoded
-token (16-35% per decode step; bench/RESULTS.md, "OPCD training", has the step times). So the student samples from a
+Sampling is the largest part of an OPCD step (57-64% of it with `generate`, 39-45% with the lean loop and packed
+weights on SmolLM2), and unmerged LoRA costs extra matmuls at every decoded token (16-35% per decode step;
+bench/RESULTS.md, "OPCD training", has the step times). So the student samples from a
 copy of the model whose weights are W + BA, written in just before sampling: in bf16 where the device computes bf16
 natively (a GPU, an AVX-512 CPU: generation about 2x), in fp32 where it does not (an AVX2 CPU emulates bf16, slower),
 as `OPCDConfig.sampler: auto` picks (`fast_bf16`), or in the dtype the config names. The copy's parameters are
