@@ -40,6 +40,8 @@ wall time (in brackets) is what caps the speedup of more slots.
     .venv/bin/python bench/rollout.py --profile smollm2:8    # cProfile of one setting, top functions
     .venv/bin/python bench/rollout.py --models smollm2 --backend vllm --dtype bfloat16 --slots 1,8
     .venv/bin/python bench/rollout.py --quick                # seconds; what tests/bench/test_bench_smoke.py runs
+    .venv/bin/python bench/rollout.py --models smollm2 --slots 8 --action-mode choice --level 2 --lessons 8 \
+        --choice-batch-mb 1000,64 --repeat 3                  # a call's rows in one forward or in groups, interleaved
 
 The machine's load average is printed with the table: on a shared 2-core box, wall-clock numbers taken
 while other processes compete for the cores are not comparable with quiet ones. The "CPU time" speedup
@@ -72,6 +74,8 @@ from agent_runtime.episode.prompt import PromptBuilder
 from agent_runtime.episode.runner import EnvSlotSpec, EpisodeRunner, TaskSampler
 from agent_runtime.llm.base import LocalModelBackend, SamplingParams
 from agent_runtime.llm.transformers_backend import TransformersBackend
+from agent_runtime.state.profile import memory_mb, reset_peak
+from distill.opcd.weights import release_memory
 
 ENV_ID = "textworld/coin_collector"
 MODELS = ("tiny", "smollm2")
@@ -318,6 +322,8 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
     prompt_before, prefilled_before = backend.prefix_stats.prompt_tokens, backend.prefix_stats.prefilled_tokens
     scored_before = backend.prefix_stats.scored_tokens
     torch.manual_seed(args.seed)
+    release_memory()
+    reset_peak()
     start, cpu_start = time.perf_counter(), cpu_seconds(backend)
     try:
         runner.run(lambda: _next_draw(sampler, draws), episodes.append)
@@ -366,6 +372,8 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
         "computed_per_decision_3plus": sum(map(sum, long)) / sum(map(len, long)) if long else None,
         "episodes_3plus": len(long),
         "outcomes_sha": hashlib.sha256(repr(played).encode()).hexdigest()[:12],
+        "choice_batch_mb": getattr(backend, "choice_batch_bytes", 0) / 2**20,
+        "peak_rss_mb": memory_mb().get("VmHWM", 0.0),
     }
 
 
@@ -399,9 +407,10 @@ def table(rows: list[dict]) -> str:
         (
             "| model | slots | episodes | steps | wall s | CPU s | episodes/min | gen tokens/s | speedup vs 1 slot "
             "| speedup, CPU time | mean batch | model.generate (prefill) | backend overhead | prompt build | env "
-            "| other | prompt tokens | pad | prefilled | computed / decision | same, episodes of 3+ turns | outcomes |"
+            "| other | prompt tokens | pad | prefilled | computed / decision | same, episodes of 3+ turns | outcomes "
+            "| choice batch MB | peak MB |"
         ),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
         one = base.get((r["model"], r.get("backend")))
@@ -420,7 +429,8 @@ def table(rows: list[dict]) -> str:
             f"| {split} | {r['share_backend_overhead']:.0%} "
             f"| {r['share_prompt_build']:.0%} | {r['share_env']:.0%} | {r['share_other']:.0%} "
             f"| {r['mean_prompt_tokens']:.0f} | {r['pad_share']:.0%} | {r['prefilled_share']:.0%} "
-            f"| {r['computed_per_decision']:.0f} | {long} | {r['outcomes_sha']} |"
+            f"| {r['computed_per_decision']:.0f} | {long} | {r['outcomes_sha']} "
+            f"| {r['choice_batch_mb']:g} | {r['peak_rss_mb']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -501,6 +511,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument(
+        "--choice-batch-mb",
+        type=lambda text: [float(v) for v in text.split(",")],
+        default=None,
+        help="comma-separated bounds on one packed choice forward's KV (model.options.choice_batch_mb), each "
+        "setting run under each in turn (default: the backend's)",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of every setting (interleaved)")
+    parser.add_argument(
         "--games-dir",
         type=Path,
         default=Path(os.environ.get("AGENT_RUNTIME_CACHE", "~/.cache/agent-runtime")).expanduser() / "bench-games",
@@ -563,8 +581,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         warm_up(backend, args)
         for slots in slot_counts:
-            rows.append(run_setting(backend, model, slots, args))
-            print(f"  {model} x{slots}: {rows[-1]['wall_s']:.1f}s", file=sys.stderr, flush=True)
+            for _ in range(args.repeat):  # the bounds interleaved, so that a machine's drift hits each alike
+                for bound in args.choice_batch_mb or [None]:
+                    if bound is not None:
+                        backend.choice_batch_bytes = int(bound * 2**20)
+                    rows.append(run_setting(backend, model, slots, args))
+                    print(f"  {model} x{slots}: {rows[-1]['wall_s']:.1f}s", file=sys.stderr, flush=True)
         backend.close()
     print(header)
     print(f"(load average {os.getloadavg()[0]:.1f} at the end)\n")

@@ -54,6 +54,9 @@ class TransformersOptions(StrictConfig):
     prefix_cache_tokens: int | None = Field(
         None, ge=0, description="an additional bound in tokens (default none; 0: nothing across calls)"
     )
+    choice_batch_mb: float | None = Field(
+        None, gt=0, description="KV memory of one packed choice forward, in MB; a call's rows go in groups (default 64)"
+    )
 
 
 class ScriptedOptions(StrictConfig):

@@ -162,9 +162,16 @@ class PrefixCache:
         """Store row `row` of a call's cache: the KV at `positions` (its real tokens, in order) for `ids`."""
         if not self.keeps:
             return
-        keys = [layer.keys[row].index_select(1, positions) for layer in cache.layers]
-        values = [layer.values[row].index_select(1, positions) for layer in cache.layers]
-        self.insert(CachedSequence(ids, prompt_len, keys, values))
+        # one block for all its layers' keys and values: a sequence of more than ~20 tokens is then a mapping of
+        # its own, returned to the system when the store drops it, where ~60 tensors of a few hundred KB each
+        # would sit in the heap, and the store's churn leave it holding free chunks it cannot give back
+        layers = cache.layers
+        first = layers[0].keys[row]
+        block = first.new_empty((2, len(layers), first.shape[0], len(positions), first.shape[2]))
+        for i, layer in enumerate(layers):
+            torch.index_select(layer.keys[row], 1, positions, out=block[0, i])
+            torch.index_select(layer.values[row], 1, positions, out=block[1, i])
+        self.insert(CachedSequence(ids, prompt_len, list(block[0]), list(block[1])))
 
     def keep_generated(
         self, out, mask: torch.Tensor, rows: list[np.ndarray], generated: list[list[int]], cuts: list[int | None]

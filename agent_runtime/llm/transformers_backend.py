@@ -45,6 +45,7 @@ from distill.opcd.choice import (
     pack_choices,
 )
 from distill.opcd.config import MIN_SHARED_PREFIX
+from distill.opcd.prefix_kv import kv_bytes_per_token
 from distill.opcd.sampler import InverseCDFSampler, folded_head
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -84,6 +85,7 @@ class TransformersBackend:
         prefix_cache_mb: float = 512.0,
         prefix_cache_tokens: int | None = None,
         choice_trie_above: int = 256,
+        choice_batch_mb: float = 64.0,
     ):
         """Wrap an already loaded model and tokenizer (tests build tiny ones in code).
 
@@ -98,6 +100,11 @@ class TransformersBackend:
 
         `choice_trie_above`: in choice mode, action sets larger than this are decoded under a token-trie
         constraint instead of having every action scored (the packed scoring grows with the set's tokens).
+        `choice_batch_mb` bounds the KV cache of one packed choice forward (rows x their prompt and action tokens
+        x the KV a token costs): a call's rows go through in groups within it, each group's rows stored before
+        the next group reuses their shared prefix. The cache of a whole call (8 slots of 400-token prompts: 147 MB
+        for SmolLM2 in float32) is a copy beside the store, so it lands on a phase's peak; groups within 64 MB
+        take ~3 rows of such prompts.
         """
         self.device = resolve_device(device)
         torch_dtype = _DTYPES.get(dtype) or auto_dtype(self.device)
@@ -122,6 +129,7 @@ class TransformersBackend:
             max_bytes=int(prefix_cache_mb * 2**20),
         )
         self.choice_trie_above = choice_trie_above
+        self.choice_batch_bytes = int(choice_batch_mb * 2**20)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, **kwargs) -> TransformersBackend:
@@ -350,11 +358,14 @@ class TransformersBackend:
         return allowed
 
     def _choice_groups(self, rows: list[list[int]], actions: list[list[list[int]]], budget: int = 1 << 24):
-        """Rows in groups whose packed attention mask (rows x queries x keys) stays within `budget` entries."""
+        """Rows in groups whose packed attention mask (rows x queries x keys) stays within `budget` entries and
+        whose KV cache (rows x keys x a token's KV) within `choice_batch_bytes`; a row alone is a group."""
+        per_token = kv_bytes_per_token(self.model)
         group, widest, longest = [], 0, 0
         for i, (row, acts) in enumerate(zip(rows, actions)):
             w, n = max(widest, sum(len(a) for a in acts)), max(longest, len(row))
-            if group and (len(group) + 1) * (w + n) * (w + n) > budget:
+            size = (len(group) + 1) * (w + n)
+            if group and (size * (w + n) > budget or size * per_token > self.choice_batch_bytes):
                 yield group
                 group, w, n = [], sum(len(a) for a in acts), len(row)
             group.append(i)

@@ -66,6 +66,15 @@ def shared_prefix_length(rows: list, minimum: int) -> int:
     return common if common >= minimum else 0
 
 
+def kv_bytes_per_token(model) -> int:
+    """The KV cache one token costs: 2 x layers x kv_heads x head_dim x the weights' bytes per value."""
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * next(model.parameters()).element_size()
+
+
 def plain_kv_layers(model) -> int:
     """The number of layers when the model's cache is one plain growing (key, value) pair per layer (no sliding
     windows, no recurrent state), else 0. Only then can a row's KV be cut out and spliced into another batch."""

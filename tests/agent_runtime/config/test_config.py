@@ -101,7 +101,7 @@ def test_model_options_are_checked_against_the_backend_when_the_config_is_read(t
         load_config(path)
     msg = str(err.value)
     assert str(path) in msg and "model.options: the transformers backend: prefix_cach: unknown option" in msg
-    assert "accepted: min_shared_prefix, prefix_cache, prefix_cache_mb, prefix_cache_tokens" in msg
+    assert "accepted: choice_batch_mb, min_shared_prefix, prefix_cache, prefix_cache_mb, prefix_cache_tokens" in msg
     with pytest.raises(ConfigError, match=r"prefix_cache_tokens: Input should be greater than or equal to 0"):
         load_config(write(tmp_path, "envs: [{id: a}]\nmodel: {options: {prefix_cache_tokens: -1}}\n"))
     with pytest.raises(ConfigError, match=r"the scripted backend: mode: Input should be 'random-admissible'"):

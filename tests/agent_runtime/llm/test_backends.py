@@ -139,10 +139,13 @@ def test_cuda_without_gpu_is_a_clear_error(tiny_model_dir):
 
 
 def test_transformers_options_reach_the_backend(tiny_model_dir):
-    backend = make_backend(ModelConfig(name=str(tiny_model_dir), options={"prefix_cache": False}))
-    assert backend.prefix_cache is False
+    options = {"prefix_cache": False, "choice_batch_mb": 32}
+    backend = make_backend(ModelConfig(name=str(tiny_model_dir), options=options))
+    assert backend.prefix_cache is False and backend.choice_batch_bytes == 32 * 2**20
     # a misspelt option is refused where the config is read, before any weights load
-    with pytest.raises(ValidationError, match="prefix_cahe: unknown option; accepted: min_shared_prefix, prefix_cache"):
+    with pytest.raises(
+        ValidationError, match="prefix_cahe: unknown option; accepted: choice_batch_mb, min_shared_prefix, prefix_cache"
+    ):
         ModelConfig(name=str(tiny_model_dir), options={"prefix_cahe": False})
 
 

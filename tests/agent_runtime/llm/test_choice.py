@@ -97,6 +97,49 @@ def test_backend_replies_are_admissible_and_the_cache_changes_nothing(tiny_model
     assert cached.prefix_stats.reused_tokens > 0  # later turns continued the stored prompt + chosen action
 
 
+def test_rows_beyond_the_kv_bound_go_in_groups_with_the_same_choices(tiny_model_dir, monkeypatch):
+    """`choice_batch_mb` bounds one packed forward's KV cache: under a bound smaller than any row every row is
+    a group of its own, and the choices, their distributions and what is stored for the next turn are the whole
+    call's; later groups start from the prefix the earlier ones stored (no more prefill than one group)."""
+    from agent_runtime.llm.transformers_backend import TransformersBackend
+
+    whole = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32", min_shared_prefix=4)
+    split = TransformersBackend.from_pretrained(
+        str(tiny_model_dir), dtype="float32", min_shared_prefix=4, choice_batch_mb=1e-3
+    )
+    groups = []
+    score = TransformersBackend._score_group
+
+    def counted(self, rows, acts):
+        groups.append(len(rows))
+        return score(self, rows, acts)
+
+    monkeypatch.setattr(TransformersBackend, "_score_group", counted)
+    chats = [list(c) for c in CHATS]
+    for turn in range(3):
+        params = SamplingParams(temperature=1.0, seed=turn)
+        groups.clear()
+        a = whole.choose(chats, SETS, params)
+        assert groups == [3]
+        groups.clear()
+        b = split.choose(chats, SETS, params)
+        assert groups == [1, 1, 1]
+        for x, y in zip(a, b):
+            assert x.text == y.text
+            assert x.choice_logprobs == pytest.approx(y.choice_logprobs, abs=1e-5)
+        for i, x in enumerate(a):
+            chats[i] = chats[i] + [
+                {"role": "assistant", "content": x.text},
+                {"role": "user", "content": f"Turn {turn}: nothing happens."},
+            ]
+    assert split.prefix_stats.reused_tokens > 0
+    assert split.prefix_stats.prefilled_tokens <= whole.prefix_stats.prefilled_tokens
+    with pytest.raises(ValueError, match="choice_batch_mb"):
+        from agent_runtime.llm.options import TransformersOptions
+
+        TransformersOptions(choice_batch_mb=0)
+
+
 def test_backend_choice_with_an_adapter(tiny_model_dir, tmp_path):
     from peft import LoraConfig, get_peft_model
 

@@ -206,6 +206,23 @@ def test_adapter_switches_between_turns_match_the_plain_path(tmp_path, tiny_mode
     assert_same(*runs)
 
 
+def test_a_stored_sequence_is_one_allocation(tiny_model_dir):
+    """Every stored sequence's keys and values, all layers, are views of one block of exactly its size: dropping it
+    frees one allocation (a mapping of its own once it is 1 MB or more) rather than two small tensors per layer
+    left in the heap, and the block's bytes are what the store counts against its bound."""
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, logprobs=True)
+    backend = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32")
+    play(backend, SCHEDULE[:3], params)
+    entries = list(backend.prefix_kv.entries.values())
+    assert entries
+    for entry in entries:
+        tensors = [*entry.keys, *entry.values]
+        storages = {t.untyped_storage().data_ptr() for t in tensors}
+        assert len(storages) == 1
+        assert tensors[0].untyped_storage().nbytes() == sum(t.numel() * t.element_size() for t in tensors)
+    assert backend.prefix_kv.bytes == sum(e.keys[0].untyped_storage().nbytes() for e in entries)
+
+
 def test_the_store_stays_within_its_token_budget(tiny_model_dir):
     params = SamplingParams(max_new_tokens=6, temperature=0.0, logprobs=True)
     off = TransformersBackend.from_pretrained(str(tiny_model_dir), dtype="float32", prefix_cache=False)
