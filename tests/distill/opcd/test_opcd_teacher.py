@@ -190,7 +190,10 @@ def test_a_teacher_with_the_parent_adapter_merged_teaches_as_the_parent_switch(t
     torch.manual_seed(0)
     separate = OPCDTrainer(copy.deepcopy(base), tok, config, parent_adapter=parent, teacher_model=teacher)
     (a, kl_a), (b, kl_b) = _losses(switch), _losses(separate)
-    assert a[0] > 0 and a == pytest.approx(b, rel=1e-4, abs=1e-6) and kl_a == pytest.approx(kl_b, rel=1e-4)
+    # merged weights round differently from the adapter's separate product: the KL (~6e-4 here) moves by ~1e-7,
+    # which is 2e-4 of it on an AMD EPYC's kernels (1e-4 held on an Intel core with AMX); a teacher without the
+    # parent would be off by the KL's own size
+    assert a[0] > 0 and a == pytest.approx(b, rel=1e-4, abs=1e-6) and kl_a == pytest.approx(kl_b, rel=1e-4, abs=1e-6)
 
 
 def test_a_teacher_head_padded_with_extra_rows_is_compared_on_the_shared_rows():
