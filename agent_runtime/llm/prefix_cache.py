@@ -163,8 +163,8 @@ class PrefixCache:
         if not self.keeps:
             return
         # one block for all its layers' keys and values: a sequence of more than ~20 tokens is then a mapping of
-        # its own, returned to the system when the store drops it, where ~60 tensors of a few hundred KB each
-        # would sit in the heap, and the store's churn leave it holding free chunks it cannot give back
+        # its own, returned to the system when the store drops it. As ~60 tensors of a few hundred KB each it
+        # sat in the heap, and the store's churn left the heap holding free chunks it could not give back.
         layers = cache.layers
         first = layers[0].keys[row]
         block = first.new_empty((2, len(layers), first.shape[0], len(positions), first.shape[2]))
