@@ -446,6 +446,17 @@ def profile_setting(backend: TransformersBackend, model: str, slots: int, args) 
     return table([row]) + "\n\n```\n" + out.getvalue().strip() + "\n```"
 
 
+def megabytes(text: str) -> list[float]:
+    """`--choice-batch-mb`: positive numbers, comma-separated."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive numbers of MB separated by commas, e.g. 1000,64")
+    return values
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="tiny,smollm2", help=f"comma-separated, from: {', '.join(MODELS)}")
@@ -512,7 +523,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument(
         "--choice-batch-mb",
-        type=lambda text: [float(v) for v in text.split(",")],
+        type=megabytes,
         default=None,
         help="comma-separated bounds on one packed choice forward's KV (model.options.choice_batch_mb), each "
         "setting run under each in turn (default: the backend's)",
@@ -552,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     for model in models:
         if model not in MODELS:
             raise SystemExit(f"unknown model {model!r}; accepted: {', '.join(MODELS)}")
+    if args.choice_batch_mb and args.backend != "transformers":
+        raise SystemExit("--choice-batch-mb bounds the transformers backend's choice forwards; vLLM batches on its own")
     slot_counts = [int(s) for s in args.slots.split(",")]
     pregen = pregenerate(args)
     header = (

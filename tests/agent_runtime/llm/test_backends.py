@@ -147,6 +147,8 @@ def test_transformers_options_reach_the_backend(tiny_model_dir):
         ValidationError, match="prefix_cahe: unknown option; accepted: choice_batch_mb, min_shared_prefix, prefix_cache"
     ):
         ModelConfig(name=str(tiny_model_dir), options={"prefix_cahe": False})
+    with pytest.raises(ValidationError, match="choice_batch_mb"):  # a bound no forward fits in
+        ModelConfig(name=str(tiny_model_dir), options={"choice_batch_mb": 0})
 
 
 def test_sampled_logprobs_are_those_of_the_tempered_distribution(tiny_backend):

@@ -134,10 +134,6 @@ def test_rows_beyond_the_kv_bound_go_in_groups_with_the_same_choices(tiny_model_
             ]
     assert split.prefix_stats.reused_tokens > 0
     assert split.prefix_stats.prefilled_tokens <= whole.prefix_stats.prefilled_tokens
-    with pytest.raises(ValueError, match="choice_batch_mb"):
-        from agent_runtime.llm.options import TransformersOptions
-
-        TransformersOptions(choice_batch_mb=0)
 
 
 def test_backend_choice_with_an_adapter(tiny_model_dir, tmp_path):
