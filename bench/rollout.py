@@ -11,10 +11,10 @@ count would play different episodes and the totals would move by ~10%; greedy ma
 (bf16 batch numerics can still end a reply a token earlier: compare the generated tokens/s column too). `EpisodeRunner`
 is driven directly; finished episodes are only counted (no SQL writes are timed).
 
-Besides the rates, each row says where the wall time went, measured by thin timing wrappers (nothing in
-the runtime is changed): `model.generate` (the decode loop, prefill included), the rest of
-`backend.generate` (chat-template rendering, tokenization, padding, decoding text), prompt building
-(`PromptBuilder.build`, which renders and tokenizes the chat again to fit the context window), and the
+Besides the rates, each row says where the wall time went, measured by thin timing wrappers
+(bench/rollout_timing.py; nothing in the runtime is changed): `model.generate` (the decode loop, prefill
+included), the rest of `backend.generate` (chat-template rendering, tokenization, padding, decoding text), prompt
+building (`PromptBuilder.build`, which renders and tokenizes the chat again to fit the context window), and the
 environments (`reset` + `step`). "pad" is the share of the prompt batch that was left padding.
 
 `--backend vllm` runs the same settings on the vllm backend (SmolLM2 only): vLLM's CPU build in its own
@@ -61,7 +61,6 @@ import pstats
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,143 +71,14 @@ import torch
 import environments
 from agent_runtime.episode.prompt import PromptBuilder
 from agent_runtime.episode.runner import EnvSlotSpec, EpisodeRunner, TaskSampler
-from agent_runtime.llm.base import LocalModelBackend, SamplingParams
+from agent_runtime.llm.base import SamplingParams
 from agent_runtime.llm.transformers_backend import TransformersBackend
 from agent_runtime.state.profile import memory_mb, reset_peak
+from bench.rollout_timing import TimedBackend, TimedBuilder, TimedEnv, Timers, cpu_seconds
 from distill.opcd.weights import release_memory
 
 ENV_ID = "textworld/coin_collector"
 MODELS = ("tiny", "smollm2")
-
-
-@dataclass
-class Timers:
-    """Seconds spent in each part of a turn, summed over a setting."""
-
-    model_generate: float = 0.0
-    prefill: float = 0.0
-    backend_generate: float = 0.0
-    build: float = 0.0
-    env: float = 0.0
-    prompt_tokens: int = 0
-    padded_tokens: int = 0
-    batch_sizes: list[int] = field(default_factory=list)
-    # tokens through the model per decision (prompt tokens prefilled + action tokens scored), one list per
-    # episode in the order episodes started: exact with one slot, where every call is one episode's decision
-    episode_tokens: list[list[int]] = field(default_factory=list)
-
-
-class _TimedEnv:
-    """Delegates to a real environment and adds the time of reset/step to the timers."""
-
-    def __init__(self, env, timers: Timers):
-        self._env, self._timers = env, timers
-        self.spec = env.spec
-
-    def reset(self, **kwargs):
-        self._timers.episode_tokens.append([])
-        start = time.perf_counter()
-        try:
-            return self._env.reset(**kwargs)
-        finally:
-            self._timers.env += time.perf_counter() - start
-
-    def step(self, action):
-        start = time.perf_counter()
-        try:
-            return self._env.step(action)
-        finally:
-            self._timers.env += time.perf_counter() - start
-
-    def close(self):
-        self._env.close()
-
-
-class _TimedBuilder:
-    def __init__(self, builder: PromptBuilder, timers: Timers):
-        self._builder, self._timers = builder, timers
-
-    def __getattr__(self, name):  # everything but build (action_mode, choices, ...) is the builder's own
-        return getattr(self._builder, name)
-
-    def build(self, *args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return self._builder.build(*args, **kwargs)
-        finally:
-            self._timers.build += time.perf_counter() - start
-
-
-class _TimedBackend:
-    """Times `backend.generate` and, inside it, the model's own `generate`; counts padding."""
-
-    def __init__(self, backend: TransformersBackend, timers: Timers):
-        self._backend, self._timers = backend, timers
-        self.name = backend.name
-        if not isinstance(backend, LocalModelBackend):  # the vllm backend: the engine is not ours to take apart
-            return
-        model_generate, model_forward = backend.model.generate, backend.model.forward
-        calls = {"forward": 0}
-
-        def timed_model_generate(*args, **kwargs):
-            mask = kwargs.get("attention_mask")
-            if mask is not None:
-                timers.prompt_tokens += int(mask.sum())
-                timers.padded_tokens += int(mask.numel() - mask.sum())
-            calls["forward"] = 0
-            start = time.perf_counter()
-            try:
-                return model_generate(*args, **kwargs)
-            finally:
-                timers.model_generate += time.perf_counter() - start
-
-        def timed_forward(*args, **kwargs):
-            calls["forward"] += 1
-            if calls["forward"] > 1:
-                return model_forward(*args, **kwargs)
-            start = time.perf_counter()  # the first forward of a generate call is the prompt's prefill
-            try:
-                return model_forward(*args, **kwargs)
-            finally:
-                timers.prefill += time.perf_counter() - start
-
-        # instance attributes shadow the methods; `restore` removes them again
-        backend.model.generate, backend.model.forward = timed_model_generate, timed_forward
-
-    def restore(self) -> None:
-        if isinstance(self._backend, LocalModelBackend):
-            for name in ("generate", "forward"):
-                self._backend.model.__dict__.pop(name, None)
-
-    @property
-    def context_window(self) -> int:
-        return self._backend.context_window
-
-    def count_tokens(self, chat) -> int:
-        return self._backend.count_tokens(chat)
-
-    def generate(self, prompts, params):
-        start = time.perf_counter()
-        try:
-            return self._backend.generate(prompts, params)
-        finally:
-            self._timers.backend_generate += time.perf_counter() - start
-            self._timers.batch_sizes.append(len(prompts))
-
-    def choose(self, prompts, choices, params):
-        stats = getattr(self._backend, "prefix_stats", None)
-        before = stats.prefilled_tokens + stats.scored_tokens if stats is not None else 0
-        start = time.perf_counter()
-        try:
-            return self._backend.choose(prompts, choices, params)
-        finally:
-            self._timers.backend_generate += time.perf_counter() - start
-            self._timers.batch_sizes.append(len(prompts))
-            if stats is not None and self._timers.episode_tokens:
-                self._timers.episode_tokens[-1].append(stats.prefilled_tokens + stats.scored_tokens - before)
-
-    def close(self) -> None:
-        self._backend.close()
 
 
 def load_backend(
@@ -264,24 +134,6 @@ def load_vllm_backend(model: str, dtype: str, prefix_cache: bool, python: str | 
     return backend
 
 
-def cpu_seconds(backend) -> float:
-    """CPU time of this process, plus the vLLM engine's processes when there are any."""
-    import psutil
-
-    from agent_runtime.llm.vllm_process import VLLMProcessBackend
-
-    total = time.process_time()
-    if isinstance(backend, VLLMProcessBackend):
-        parent = psutil.Process(backend.pid)
-        for proc in [parent, *parent.children(recursive=True)]:
-            try:
-                times = proc.cpu_times()
-                total += times.user + times.system
-            except psutil.NoSuchProcess:
-                pass
-    return total
-
-
 def env_kwargs(args) -> dict:
     return {"level": args.level, "n_train": args.tasks, "cache_dir": str(args.games_dir)}
 
@@ -301,9 +153,9 @@ def pregenerate(args) -> float:
 def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> dict:
     """Play max(`args.episodes`, slots) draws with `slots` slots (every slot plays); return the row."""
     timers = Timers()
-    timed = _TimedBackend(backend, timers)
+    timed = TimedBackend(backend, timers)
     kwargs = env_kwargs(args)
-    spec = EnvSlotSpec(ENV_ID, lambda: _TimedEnv(environments.make(ENV_ID, **kwargs), timers), "text", args.max_steps)
+    spec = EnvSlotSpec(ENV_ID, lambda: TimedEnv(environments.make(ENV_ID, **kwargs), timers), "text", args.max_steps)
     builder = PromptBuilder(
         family="text",
         count_tokens=timed.count_tokens,
@@ -314,7 +166,7 @@ def run_setting(backend: TransformersBackend, model: str, slots: int, args) -> d
         action_mode=args.action_mode,
     )
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
-    runner = EpisodeRunner(timed, [spec], [_TimedBuilder(builder, timers)], params, slots=slots, policy_name=model)
+    runner = EpisodeRunner(timed, [spec], [TimedBuilder(builder, timers)], params, slots=slots, policy_name=model)
     sampler = TaskSampler([1.0], [[f"train-{i}" for i in range(args.tasks)]], seed=args.seed)
     draws = iter(range(max(args.episodes, slots)))
     episodes = []
