@@ -3,8 +3,9 @@
     nice -n 10 .venv/bin/python bench/memory_soak.py --hours 6 --workdir bench-runs/memory-soak
     .venv/bin/python bench/memory_soak.py --report --workdir bench-runs/memory-soak    # redraw from what it sampled
 
-What runs: `agent-runtime run configs/own-experience.yaml` as one subprocess, on and on (`--episodes` without end),
-with the model swapped for one that costs no compute, so that hours hold many thousands of episodes:
+What runs: `agent-runtime run configs/own-experience.yaml` as one subprocess, on and on (until `--hours` are up,
+or sooner at `--episodes` played), with the model swapped for one that costs no compute, so that hours hold many
+thousands of episodes:
 - `--model scripted` (default): the package's scripted policy (a random admissible action), PLAY and EXTRACT as the
   config has them (evidence induction, each candidate tried on 24 train games), every episode, step and lesson into
   the store and its FAISS index; no OPCD cycle (a scripted policy has no weights to distil into);
@@ -85,8 +86,17 @@ def committed(workdir: Path, name: str) -> int:
         store.close()
 
 
-def soak(workdir: Path, model: str, hours: float, sample_s: float, seed: int, overrides: list[str] = ()) -> int:
-    """Run the loop for `hours`, sampling into samples.csv; returns the loop's exit status."""
+def soak(
+    workdir: Path,
+    model: str,
+    hours: float,
+    sample_s: float,
+    seed: int,
+    overrides: list[str] = (),
+    episodes: int | None = None,
+) -> int:
+    """Run the loop for `hours` (or until it has played `episodes` in this start), sampling into samples.csv;
+    returns the loop's exit status."""
     cache = Path(os.environ.get("AGENT_RUNTIME_CACHE", Path.home() / ".cache" / "agent-runtime")) / "soak"
     settings = Settings(workdir=workdir, model_dir=cache / f"tiny-std{INIT_STD}", games_dir=cache / "games")
     if model == "tiny":
@@ -107,7 +117,7 @@ def soak(workdir: Path, model: str, hours: float, sample_s: float, seed: int, ov
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
     }
     cmd = [sys.executable, "-m", "agent_runtime", "run", str(config_path), "--workdir", str(workdir)]
-    cmd += ["--no-progress", "--episodes", str(10**9), *(["--resume"] if resume else [])]
+    cmd += ["--no-progress", "--episodes", str(episodes or 10**9), *(["--resume"] if resume else [])]
     samples = workdir / "samples.csv"
     offset = 0.0
     if samples.exists():  # a resumed soak goes on from where its clock stopped
@@ -308,6 +318,9 @@ def plot(rows: list[dict], path: Path, title: str, warmup_min: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--hours", type=float, default=6.0)
+    p.add_argument(
+        "--episodes", type=int, help="end when the loop has played this many episodes (or at --hours, if sooner)"
+    )
     p.add_argument("--model", choices=("scripted", "tiny"), default="scripted")
     p.add_argument("--workdir", type=Path, default=ROOT / "bench-runs" / "memory-soak")
     p.add_argument("--sample-s", type=float, default=60.0)
@@ -320,8 +333,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", type=Path, help="draw the series into this PNG")
     p.add_argument("--json", type=Path, help="write the numbers here")
     args = p.parse_args(argv)
-    if args.hours <= 0 or args.sample_s <= 0 or args.warmup_min < 0:
-        p.error("--hours and --sample-s must be positive, --warmup-min not negative")
+    if (
+        args.hours <= 0
+        or args.sample_s <= 0
+        or args.warmup_min < 0
+        or (args.episodes is not None and args.episodes < 1)
+    ):
+        p.error("--hours, --sample-s and --episodes must be positive, --warmup-min not negative")
     if args.pause or args.unpause:
         if args.pause and args.unpause:
             p.error("--pause and --unpause are two commands: give one")
@@ -329,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     status = 0
     if not args.report:
-        status = soak(args.workdir, args.model, args.hours, args.sample_s, args.seed, args.set)
+        status = soak(args.workdir, args.model, args.hours, args.sample_s, args.seed, args.set, args.episodes)
         if status not in (0, -signal.SIGTERM):
             print(f"the loop exited {status} (see {args.workdir / 'loop.log'})", file=sys.stderr)
     samples = args.workdir / "samples.csv"

@@ -147,7 +147,8 @@ def test_memory_soak_samples_the_loop_and_reports_its_slope(tmp_path, games_dir,
         "lessons.gate_episodes=4",
         "lessons.extract_every=8",
     ]
-    args = ["--hours", "0.008", "--sample-s", "2", "--warmup-min", "0", "--workdir", str(workdir)]
+    # the loop ends itself at 8 episodes (one PLAY), however slow the machine; the hours only bound it
+    args = ["--hours", "0.25", "--episodes", "8", "--sample-s", "1", "--warmup-min", "0", "--workdir", str(workdir)]
     args += [x for o in overrides for x in ("--set", o)]
     assert memory_soak.main([*args, "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]) == 0
     rows = memory_soak.read_samples(workdir / "samples.csv")
@@ -156,6 +157,8 @@ def test_memory_soak_samples_the_loop_and_reports_its_slope(tmp_path, games_dir,
     episodes = [r["episodes"] for r in rows]
     assert episodes == sorted(episodes) and episodes[-1] >= 8  # a batch of 8 slots played and committed
     result = json.loads((tmp_path / "r.json").read_text())
+    assert result["hours"] < 0.25  # it ended at the episodes, not at the deadline
+    assert memory_soak.committed(workdir, "memory-soak-scripted") == 8
     assert result["samples"] == len(rows) and result["rss"]["mean_mib"] > 10
     assert (tmp_path / "r.png").stat().st_size > 1000
     assert "slope %/h" in capsys.readouterr().out
