@@ -44,8 +44,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from agent_runtime import __version__
@@ -76,16 +79,17 @@ def cmd_run(args) -> int:
     from agent_runtime.cli.report import continual_matrix
     from agent_runtime.evaluation.report import learning_table
 
-    try:
-        loop = AgentLoop(config, workdir, resume=args.resume, progress=not args.no_progress)
-    except RunExistsError as exc:
-        raise exc.with_command(_resume_command(args, workdir)) from None
-    try:
-        summary = loop.run()
-        table = learning_table(loop.store, loop.run_id)
-        matrix = continual_matrix(loop.store, loop.store.get_run(loop.run_id))
-    finally:
-        loop.close()
+    with _library_progress(not args.no_progress):
+        try:
+            loop = AgentLoop(config, workdir, resume=args.resume, progress=not args.no_progress)
+        except RunExistsError as exc:
+            raise exc.with_command(_resume_command(args, workdir)) from None
+        try:
+            summary = loop.run()
+            table = learning_table(loop.store, loop.run_id)
+            matrix = continual_matrix(loop.store, loop.store.get_run(loop.run_id))
+        finally:
+            loop.close()
     if args.json:
         print(
             json.dumps(
@@ -106,6 +110,27 @@ def cmd_run(args) -> int:
             print(matrix.table())
         print(f"memory: {workdir / 'memory.db'}  (inspect: agent-runtime memory stats --workdir {workdir})")
     return 0
+
+
+@contextmanager
+def _library_progress(enabled: bool) -> Iterator[None]:
+    """With `--no-progress`, the model libraries' bars go too (transformers' "Loading weights", the hub's), in this
+    process and in those the run starts (the environment variable reaches them); both are put back after. A
+    user's own HF_HUB_DISABLE_PROGRESS_BARS is left as it is."""
+    if enabled or "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ:
+        yield
+        return
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read when huggingface_hub, and so transformers, is imported
+    loaded = sys.modules.get("transformers.utils.logging")
+    was_on = loaded is not None and loaded.is_progress_bar_enabled()
+    if was_on:
+        loaded.disable_progress_bar()
+    try:
+        yield
+    finally:
+        os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+        if was_on:
+            loaded.enable_progress_bar()
 
 
 def _resume_command(args, workdir) -> str:
@@ -358,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
         "loading no weights; exit 2 if the run would not start",
     )
     run.add_argument("--json", action="store_true", help="print the summary (or the dry run) as JSON")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--no-progress", action="store_true", help="no progress bars (the model libraries' bars included)")
     _add_trust_flags(run)
     run.set_defaults(func=cmd_run)
 

@@ -177,3 +177,25 @@ def test_lessons_and_memory_commands(tmp_path, games_dir, cli):
     hits = json.loads(cli("memory", "search", "goal before moving", "--workdir", workdir, "--json").stdout)
     assert hits and hits[0]["text"] == "Read the goal before you move."
     cli("memory", "reindex", "--workdir", workdir)
+
+
+def test_no_progress_turns_the_model_libraries_bars_off_for_the_run_and_back_on_after(monkeypatch):
+    """`run --no-progress`: transformers' own bars ("Loading weights") are off while the run runs, in this process
+    and (through the environment) in those it starts; afterwards they are as they were, and a user's own setting
+    of the variable is theirs."""
+    import os
+
+    from transformers.utils import logging as hf_logging
+
+    from agent_runtime.cli.commands import _library_progress
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    hf_logging.enable_progress_bar()
+    with _library_progress(enabled=False):
+        assert not hf_logging.is_progress_bar_enabled() and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    assert hf_logging.is_progress_bar_enabled() and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+    with _library_progress(enabled=True):  # without --no-progress nothing changes
+        assert hf_logging.is_progress_bar_enabled() and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")  # the user asked for bars: theirs to have
+    with _library_progress(enabled=False):
+        assert hf_logging.is_progress_bar_enabled() and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"

@@ -180,7 +180,8 @@ def test_distill_and_eval_commands(tmp_path, cycle_config, cli):
     workdir = tmp_path / "w"
     proc = cli("distill", path, "--workdir", workdir, check=False)
     assert proc.returncode == 2 and "play some episodes first" in proc.stderr
-    cli("run", path, "--workdir", workdir, "--no-progress")
+    run = cli("run", path, "--workdir", workdir, "--no-progress")
+    assert "Loading weights" not in run.stderr and "it/s]" not in run.stderr  # no library's progress bar either
     report = json.loads(cli("distill", path, "--workdir", workdir, "--json").stdout)
     assert report["status"] == "rolled_back" and report["adapter_id"] is not None  # as test_cycle_in_the_loop
     assert set(report["metrics"]["evaluation"]) >= {"student_without_lessons", "teacher_with_lessons"}
