@@ -12,8 +12,9 @@ thousands of episodes:
 - `--model tiny`: the tiny random model built in code (bench/soak.py's), so that every 16 episodes a real OPCD cycle
   trains a LoRA adapter, evaluates and promotes or rolls back, and the next PLAY acts with the promoted adapter.
 
-Every `--sample-s` seconds (60) it reads the loop's resident set (VmRSS) and the sum over the loop and the
-processes it started (game processes, the fork server), with the episodes committed so far, and appends the
+Every `--sample-s` seconds (60) it reads the loop's resident set (VmRSS) and its anonymous part (RssAnon: heap and
+tensors, not the pages of files mapped in), the sum over the loop and the processes it started (game processes,
+the fork server), with the episodes committed so far, and appends the
 sample to `<workdir>/samples.csv` at once: a soak that is killed keeps what it measured, and `--report` reads it.
 
 The measure: the least-squares slope of the loop's resident set over the samples after `--warmup-min` minutes,
@@ -51,7 +52,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script, bench/ is first on the path, and bench/memory.py is not `memory`
 from bench.soak import INIT_STD, TAG, Settings, prepare, proc_kb, tagged_pids
 
-FIELDS = ("seconds", "rss_kb", "tree_kb", "processes", "episodes")
+# anon_kb: the loop's RssAnon, its resident memory backed by no file (heap, tensors): a step in VmRSS that is not in
+# it is code or data of a file mapped in (a library's pages touched for the first time), not something held
+FIELDS = ("seconds", "rss_kb", "tree_kb", "processes", "episodes", "anon_kb")
 
 
 def soak_config(model: str, model_dir: Path, seed: int, overrides: list[str] = ()) -> dict:
@@ -120,9 +123,12 @@ def soak(
     cmd += ["--no-progress", "--episodes", str(episodes or 10**9), *(["--resume"] if resume else [])]
     samples = workdir / "samples.csv"
     offset = 0.0
-    if samples.exists():  # a resumed soak goes on from where its clock stopped
+    fields = FIELDS
+    if samples.exists():  # a resumed soak goes on from where its clock stopped, in the columns its file has
         rows = read_samples(samples)
         offset = rows[-1]["seconds"] if rows else 0.0
+        with samples.open() as f:
+            fields = tuple(f.readline().strip().split(","))
     else:
         samples.write_text(",".join(FIELDS) + "\n")
     with (workdir / "loop.log").open("a") as log:
@@ -145,8 +151,10 @@ def soak(
             episodes = committed(workdir, config["name"])
             t = offset + time.monotonic() - t0
             if rss is not None:
+                row = {"seconds": f"{t:.0f}", "rss_kb": rss, "tree_kb": tree, "processes": len(pids)}
+                row |= {"episodes": episodes, "anon_kb": proc_kb(proc.pid, "RssAnon") or 0}
                 with samples.open("a") as out:
-                    out.write(f"{t:.0f},{rss},{tree},{len(pids)},{episodes}\n")
+                    out.write(",".join(str(row[k]) for k in fields) + "\n")
                 print(
                     f"{t / 60:6.1f} min  {episodes:7d} episodes  loop {rss / 1024:6.0f} MiB  tree "
                     f"{tree / 1024:6.0f} MiB ({len(pids)} processes)",
@@ -240,8 +248,11 @@ def report(rows: list[dict], warmup_min: float) -> dict:
     kept = [r for r in rows if r["seconds"] >= warmup_min * 60]
     out: dict = {"samples": len(rows), "hours": round(rows[-1]["seconds"] / 3600, 2) if rows else 0.0}
     out["episodes"] = int(rows[-1]["episodes"]) if rows else 0
-    for key in ("rss_kb", "tree_kb"):
+    for key in ("rss_kb", "anon_kb", "tree_kb"):
         name = key.removesuffix("_kb")
+        if key == "anon_kb" and not all(key in r for r in rows):  # a soak sampled before the column was
+            out[name] = None
+            continue
         if len(kept) < 2:
             out[name] = None
             continue
@@ -277,8 +288,14 @@ def table(result: dict, model: str, warmup_min: float) -> str:
         f"| series | mean MiB after {warmup_min:.0f} min | max MiB | slope MiB/h | slope %/h (target within 1%) |",
         "|---|---:|---:|---:|---:|",
     ]
-    for name, label in (("rss", "the loop"), ("tree", "the loop + its processes")):
-        r = result[name]
+    for name, label in (
+        ("rss", "the loop"),
+        ("anon", "the loop, anonymous memory"),
+        ("tree", "the loop + its processes"),
+    ):
+        r = result.get(name)
+        if r is None and name == "anon":
+            continue
         if r is None:
             lines.append(f"| {label} | - | - | - | - (too few samples after warm-up) |")
         else:

@@ -154,6 +154,7 @@ def test_memory_soak_samples_the_loop_and_reports_its_slope(tmp_path, games_dir,
     rows = memory_soak.read_samples(workdir / "samples.csv")
     assert len(rows) >= 5
     assert all(r["rss_kb"] > 10_000 and r["tree_kb"] >= r["rss_kb"] for r in rows)
+    assert all(0 < r["anon_kb"] < r["rss_kb"] for r in rows)  # the loop's anonymous memory, a part of its VmRSS
     episodes = [r["episodes"] for r in rows]
     assert episodes == sorted(episodes) and episodes[-1] >= 8  # a batch of 8 slots played and committed
     result = json.loads((tmp_path / "r.json").read_text())
@@ -161,7 +162,8 @@ def test_memory_soak_samples_the_loop_and_reports_its_slope(tmp_path, games_dir,
     assert memory_soak.committed(workdir, "memory-soak-scripted") == 8
     assert result["samples"] == len(rows) and result["rss"]["mean_mib"] > 10
     assert (tmp_path / "r.png").stat().st_size > 1000
-    assert "slope %/h" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "slope %/h" in out and "| the loop, anonymous memory |" in out
     # a second call with --report reads the same samples without running anything
     assert memory_soak.main(["--report", "--workdir", str(workdir), "--warmup-min", "0"]) == 0
     assert len(memory_soak.read_samples(workdir / "samples.csv")) == len(rows)
