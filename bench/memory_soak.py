@@ -14,8 +14,8 @@ thousands of episodes:
 
 Every `--sample-s` seconds (60) it reads the loop's resident set (VmRSS) and its anonymous part (RssAnon: heap and
 tensors, not the pages of files mapped in), the sum over the loop and the processes it started (game processes,
-the fork server), with the episodes committed so far, and appends the
-sample to `<workdir>/samples.csv` at once: a soak that is killed keeps what it measured, and `--report` reads it.
+the fork server), with the episodes committed so far, and appends the sample to `<workdir>/samples.csv` at once:
+a soak that is killed keeps what it measured, and `--report` reads it.
 
 The measure: the least-squares slope of the loop's resident set over the samples after `--warmup-min` minutes,
 as a percentage of their mean per hour (the target: within 1% an hour), the same for the process tree, and the
@@ -248,11 +248,9 @@ def report(rows: list[dict], warmup_min: float) -> dict:
     kept = [r for r in rows if r["seconds"] >= warmup_min * 60]
     out: dict = {"samples": len(rows), "hours": round(rows[-1]["seconds"] / 3600, 2) if rows else 0.0}
     out["episodes"] = int(rows[-1]["episodes"]) if rows else 0
-    for key in ("rss_kb", "anon_kb", "tree_kb"):
+    # a soak sampled before the anon_kb column has no such series
+    for key in [k for k in ("rss_kb", "anon_kb", "tree_kb") if all(k in r for r in rows)]:
         name = key.removesuffix("_kb")
-        if key == "anon_kb" and not all(key in r for r in rows):  # a soak sampled before the column was
-            out[name] = None
-            continue
         if len(kept) < 2:
             out[name] = None
             continue
@@ -293,9 +291,9 @@ def table(result: dict, model: str, warmup_min: float) -> str:
         ("anon", "the loop, anonymous memory"),
         ("tree", "the loop + its processes"),
     ):
-        r = result.get(name)
-        if r is None and name == "anon":
+        if name not in result:
             continue
+        r = result[name]
         if r is None:
             lines.append(f"| {label} | - | - | - | - (too few samples after warm-up) |")
         else:
