@@ -3,10 +3,13 @@
 Runs a config's agent loop (default: the quickstart, the README's `make run`) in a fresh workdir with its
 profile on (`agent_runtime.state.profile`): wall and CPU seconds per phase, the games it generated, and the tokens
 each phase put through the model (forward only for acting and the frozen teacher; forward + backward for the
-student's training). Then, in the same process, the *floor*: a plain batched forward of the run's mean prompt
-length through the same model (8 rows, no_grad), and a forward + backward with the run's LoRA settings, as
-tokens per second; a phase's floor is its forward tokens at the first rate plus its training tokens at the
-second. The ratio wall / floor says how far a phase is from what the hardware does with the same tokens
+student's training; forward only for the student's held-out KL). Then, in a fresh process, the *floor*: a plain
+batched forward of the run's mean prompt length through the same model (8 rows, no_grad), and a training step's
+forward + backward with the run's LoRA and gradient checkpointing settings, as tokens per second; a phase's floor
+is its forward tokens at the first rate plus its training tokens at the second. (Measured in the run's own process
+after it, the training rate came out 27-42% lower on an AMD EPYC: the runtime maps large allocations on their own,
+`bound_heap`, and a plain step's 8 x 256 tokens then page-fault ~6x as often; the loop's own smaller micro-batches
+ran as fast either way.) The ratio wall / floor says how far a phase is from what the hardware does with the same tokens
 (game generation, which is not model work, is shown apart and left out of the ratio). "prefilled" is the part of
 the acting prompts that went through the model at all: what the backend's prefix KV store (and a prefix shared by
 a call's rows) left to run.
@@ -18,8 +21,9 @@ their embedding matrices, so a LoRA-wrapped model and its base are one), gradien
 backend's prefix KV cache, every other live tensor, and the rest (the interpreter, libraries, allocator). The
 floor beside it is what the phase cannot do without: the process with its imports (measured before the run), the
 model's weights once, and for CONSOLIDATE the LoRA optimizer's state and gradients and one micro-batch's kept
-activations (measured in the same process after the run: a forward + backward of `opcd.trainer.micro_batch_tokens`
-tokens with the run's gradient checkpointing setting, the largest forward the trainer runs).
+activations (measured in the floor's process, with the runtime's allocator settings: a forward + backward of
+`opcd.trainer.micro_batch_tokens` tokens with the run's gradient checkpointing setting, the largest forward the
+trainer runs).
 
     .venv/bin/python bench/loop.py                                   # the quickstart, ~10 min on 2 cores
     .venv/bin/python bench/loop.py --set runtime.episodes=16 --set opcd.consolidate_every=16
@@ -56,8 +60,16 @@ ROWS = (
 
 
 def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats: int = 3) -> dict[str, float]:
-    """Tokens per second of a plain batched forward (no_grad) and of forward + backward through a LoRA student,
-    `rows` x `length` tokens, float32, this process's torch threads (the best of `repeats`)."""
+    """Tokens per second of a plain batched forward (no_grad) and of a training step's forward + backward through a
+    LoRA student, `rows` x `length` tokens, float32, this process's torch threads (the best of `repeats`); and the
+    memory a training micro-batch adds. Run it in a fresh process (`floor_in_fresh_process`): the floor is what the
+    machine does with the tokens, not what a long run's process state (its allocator settings, fragmented heap) lets
+    it do.
+
+    The training step is the one the choice objective runs: the decoder over every token, the head over the scored
+    positions only (a tenth here), with the run's gradient checkpointing setting (`lora["gradient_checkpointing"]`,
+    the trainer's default on: one more forward, recomputed in the backward pass). Its time is measured with glibc's
+    own allocator settings, its memory with the runtime's (`bound_heap`, as the loop runs)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -79,7 +91,7 @@ def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats
 
     from agent_runtime.state.profile import memory_mb, reset_peak
     from distill.opcd.policies import enable_checkpointing
-    from distill.opcd.weights import release_memory
+    from distill.opcd.weights import bound_heap, release_memory
 
     weights_mb = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 2**20
     with torch.no_grad():
@@ -89,46 +101,56 @@ def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats
         LoraConfig(
             r=lora.get("lora_r", 8),
             lora_alpha=lora.get("lora_alpha", 16),
-            target_modules=lora.get("target_modules") or "all-linear",
+            target_modules=lora.get("lora_target_modules") or "all-linear",
         ),
     )
     student.train()
     optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
-
-    def step() -> None:
-        student(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    train = best(step)
-    # the memory floor of training: one micro-batch of the trainer's token cap, as the choice objective runs it
-    # (the head on the scored positions only, a tenth here), its activations kept for the backward pass, with the
-    # trainer's gradient checkpointing setting; the optimizer's state is part of it after the first step
-    cap = torch.randint(0, model.config.vocab_size, (1, lora.get("micro_batch_tokens", 512)))
-    if lora.get("gradient_checkpointing", True):
+    checkpointed = bool(lora.get("gradient_checkpointing", True))
+    if checkpointed:
         enable_checkpointing(student.get_base_model())
     decoder, head = student.get_base_model().model, student.get_base_model().lm_head
 
-    def capped_step() -> None:
-        hidden = decoder(input_ids=cap).last_hidden_state[:, ::10]
+    def step(tokens) -> None:
+        hidden = decoder(input_ids=tokens).last_hidden_state[:, ::10]
         head(hidden).float().logsumexp(-1).mean().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    capped_step()  # the optimizer's state exists from here on, as in a cycle
+    train = best(lambda: step(ids))
+    # the memory floor of training: one micro-batch of the trainer's token cap; the optimizer's state is part of it
+    # after the first step, as in a cycle
+    cap = torch.randint(0, model.config.vocab_size, (1, lora.get("micro_batch_tokens", 512)))
+    bound_heap()
+    step(cap)
     release_memory()
     before = memory_mb().get("VmRSS", 0.0)
     reset_peak()
-    capped_step()
+    step(cap)
     train_mb = memory_mb().get("VmHWM", 0.0) - before + optimizer_mb(optimizer)
     return {
         "forward": forward,
         "train": train,
+        "checkpointed": checkpointed,
         "rows": rows,
         "length": ids.shape[1],
         "weights_mb": weights_mb,
         "train_mb": train_mb,
     }
+
+
+def floor_in_fresh_process(model_name: str, length: int, lora: dict) -> dict[str, float]:
+    """`floor_rates` in a new interpreter (this script with `--floor`), with this process's environment (its torch
+    threads)."""
+    import subprocess
+
+    spec = json.dumps({"model": model_name, "length": length, "lora": lora})
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--floor", spec], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring the floor failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def optimizer_mb(optimizer) -> float:
@@ -258,8 +280,9 @@ def memory_table(profile: dict[str, dict], at_peak: dict[str, dict], floors: dic
 def table(profile: dict[str, dict], rates: dict[str, float], seconds: float) -> str:
     lines = [
         (
-            f"floor: forward {rates['forward']:,.0f} tok/s, forward+backward (LoRA) {rates['train']:,.0f} tok/s "
-            f"({rates['rows']} x {rates['length']} tokens, float32); run wall {seconds:.0f} s"
+            f"floor: forward {rates['forward']:,.0f} tok/s, forward+backward (LoRA"
+            f"{', checkpointed' if rates.get('checkpointed') else ''}) {rates['train']:,.0f} tok/s "
+            f"({rates['rows']} x {rates['length']} tokens, float32, a fresh process); run wall {seconds:.0f} s"
         ),
         "",
         (
@@ -293,7 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--sample-s", type=float, default=1.0, help="how often the memory sampler reads (seconds)")
+    parser.add_argument("--floor", default=None, help=argparse.SUPPRESS)  # the floor alone, as JSON (a fresh process)
     args = parser.parse_args(argv)
+    if args.floor is not None:
+        spec = json.loads(args.floor)
+        print(json.dumps(floor_rates(spec["model"], spec["length"], spec["lora"])))
+        return 0
 
     import torch  # noqa: F401 - the floor's "process with its imports" includes the libraries every run loads
     import transformers  # noqa: F401
@@ -324,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     floor_model = args.floor_model or (
         config.model.name if config.model.backend in LOCAL_WEIGHTS else "smollm2-135m-instruct"
     )
-    rates = floor_rates(floor_model, length, config.opcd.trainer.model_dump())
+    rates = floor_in_fresh_process(floor_model, length, config.opcd.trainer.model_dump(mode="json"))
     local = config.model.backend in LOCAL_WEIGHTS  # a scripted or remote model holds no weights here
     floors = {
         "base": base_mb,

@@ -37,7 +37,7 @@ from agent_runtime.phases.promotion import CycleDecision, changed_meanwhile, dec
 from agent_runtime.phases.system_prompt import SystemPrompt, load_context, load_prompts
 from agent_runtime.state import Run
 from agent_runtime.state.cursor import CursorMove
-from agent_runtime.state.profile import profiled
+from agent_runtime.state.profile import count_work, profiled
 from distill.fingerprint import fingerprint_files
 from distill.lessons import live_lessons
 from distill.lessons.versions import create_version, live_version
@@ -197,6 +197,7 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
     try:
         with profiled("CONSOLIDATE: train"):
             result = _train(store, cycle.cycle_id, job, backend, progress)
+            count_work(**{f"{name}_tokens": n for name, n in result.tokens.items()})
     except DivergenceError as exc:
         with store.transaction():
             store.rollback_cycle(cycle.cycle_id, error=str(exc))
@@ -210,8 +211,8 @@ def run_cycle(run: Run, backend, *, progress=None, finish: CursorMove | None = N
         report = move_cursor(_decide(run, cycle, evals))
     # 5. the probe's reference for a promoted adapter, where it was trained
     if report.status == "promoted":
-        with profiled("PROMOTE: probe") as row, making_room(backend):
-            ensure_reference(run, store.get_adapter(cycle.adapter_id), backend, count=row.count if row else None)
+        with profiled("PROMOTE: probe"), making_room(backend):
+            ensure_reference(run, store.get_adapter(cycle.adapter_id), backend, count=count_work)
     return report
 
 

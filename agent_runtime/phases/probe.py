@@ -299,8 +299,9 @@ def build_reference(
     the adapter moved the choice distribution most: there a stale backend is farthest from it. `shared_weights`:
     a float32 model of `model_path` already loaded on `device` (the acting backend's): the reference's own modules
     and adapters then sit on a view of its base weights instead of a second copy (`distill.opcd.weights`).
-    `count(prompt_tokens, generated_tokens, decisions)`, when given, is told the work the reference model did (a
-    profile's row: this model is not the acting backend whose counters the profile reads)."""
+    `count(prompt_tokens=, generated_tokens=, decisions=)`, when given, is told the work the reference model did
+    (`agent_runtime.state.profile.count_work`: this model is not the acting backend whose counters the profile
+    reads)."""
     from agent_runtime.llm.transformers_backend import TransformersBackend
     from distill.opcd.teacher import load_tokenizer
     from distill.opcd.weights import base_view, can_share
@@ -367,7 +368,11 @@ def build_reference(
                     forced += fed
         if count is not None:
             stats = ref.stats
-            count(stats.prompt_tokens + forced, stats.completion_tokens, stats.completions)
+            count(
+                prompt_tokens=stats.prompt_tokens + forced,
+                generated_tokens=stats.completion_tokens,
+                decisions=stats.completions,
+            )
     finally:
         ref.close()
     return ProbeReference(
@@ -422,7 +427,7 @@ def stored_reference(store, adapter) -> ProbeReference | None:
 def ensure_reference(run, adapter, backend, *, count=None) -> ProbeReference | None:
     """`adapter`'s probe reference: the stored one, else computed here (call it where the cycle ran, `run` its
     `agent_runtime.run.Run`) and stored with its cycle; None when no cycle trained it or there is nothing to probe
-    with. `count(prompt_tokens, generated_tokens, decisions)` is told the reference model's work, when it ran."""
+    with. `count(prompt_tokens=, generated_tokens=, decisions=)` is told the reference model's work, when it ran."""
     config, store = run.config, run.store
     found = stored_reference(store, adapter)
     cycle = _cycle_of(store, adapter)

@@ -465,8 +465,6 @@ class AgentLoop:
         )
 
         def progress(metrics: dict) -> None:
-            for name in ("CONSOLIDATE", "CONSOLIDATE: train"):  # the phase's row includes its parts
-                self.profile.add_training(name, metrics)
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['loss']:.3f}")
 

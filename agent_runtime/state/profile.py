@@ -8,8 +8,9 @@ its parts. Every row also says how many games it generated and how long that too
 first needed, through `environments.game_cache`).
 
 Tokens come from the acting backend's counters (`BackendStats`: prompt tokens scored, tokens generated,
-decisions) for the acting parts, and from the trainer's per-step metrics for training (`add_training`): the
-tokens the student ran forward and backward, and the tokens the frozen teacher ran forward. `bench/loop.py`
+decisions) for the acting parts, and from `count_work` for work outside it, added to every open row: a cycle's
+training (the trainer's totals: the tokens the student ran forward and backward, those the frozen teacher ran
+forward, and those the student ran forward without gradients for the held-out KL) and the probe's own model. `bench/loop.py`
 turns them into each phase's *floor*, the time a plain batched forward (and forward+backward) of the same
 tokens takes on the same machine.
 
@@ -41,6 +42,7 @@ class PhaseTime:
     decisions: int = 0  # completions the backend returned (choice mode: scored action sets)
     train_tokens: int = 0  # forward + backward through the student
     teacher_tokens: int = 0  # forward only, through the frozen teacher
+    scored_tokens: int = 0  # forward only, through the student without gradients (a cycle's held-out KL)
     games: int = 0  # games generated (not found in the game cache) during the phase
     games_s: float = 0.0  # the wall seconds that took
     prefilled_tokens: int = 0  # acting prompt tokens run through the model at all (what the prefix store left)
@@ -49,13 +51,18 @@ class PhaseTime:
 
     @property
     def forward_tokens(self) -> int:
-        return self.prompt_tokens + self.generated_tokens + self.teacher_tokens
+        return self.prompt_tokens + self.generated_tokens + self.teacher_tokens + self.scored_tokens
 
-    def count(self, prompt_tokens: int, generated_tokens: int = 0, decisions: int = 0) -> None:
-        """Add forward work that ran outside the acting backend (the probe's own reference model)."""
+    def count(self, prompt_tokens: int = 0, generated_tokens: int = 0, decisions: int = 0, **tokens: int) -> None:
+        """Add work that ran outside the acting backend: forward work (the probe's own reference model) and, by
+        name, `train_tokens`, `teacher_tokens`, `scored_tokens` (a cycle's training)."""
         self.prompt_tokens += prompt_tokens
         self.generated_tokens += generated_tokens
         self.decisions += decisions
+        for name, value in tokens.items():
+            if name not in ("train_tokens", "teacher_tokens", "scored_tokens"):
+                raise TypeError(f"count() got an unexpected keyword argument {name!r}")
+            setattr(self, name, getattr(self, name) + int(value))
 
 
 class Profile:
@@ -118,20 +125,27 @@ class Profile:
         if self.peak_is_phase:
             reset_peak()
 
-    def add_training(self, name: str, metrics: dict) -> None:
-        """Count one optimizer step's tokens (the trainer's `train_tokens` / `teacher_tokens` metrics)."""
-        row = self.phases.setdefault(name, PhaseTime())
-        row.train_tokens += int(metrics.get("train_tokens") or 0)
-        row.teacher_tokens += int(metrics.get("teacher_tokens") or 0)
+    def count(self, **work: int) -> None:
+        """Add work that ran outside the acting backend to every open row (`PhaseTime.count`): a phase's row
+        includes its parts'."""
+        for row in self._open:
+            row.count(**work)
 
     def as_dict(self) -> dict[str, dict]:
         return {name: {**asdict(row), "forward_tokens": row.forward_tokens} for name, row in self.phases.items()}
 
 
+def count_work(**work: int) -> None:
+    """Tell the active profile (nothing when none is active) of work that ran outside the acting backend, in the
+    names of `PhaseTime.count`; every open phase counts it."""
+    if _ACTIVE:
+        _ACTIVE[-1].count(**work)
+
+
 @contextlib.contextmanager
 def profiled(name: str) -> Iterator[PhaseTime | None]:
     """Measure a part of a phase under `name` in the active profile (nothing when none is active); yields its row
-    (None without a profile), so that work the acting backend does not count can be added (`PhaseTime.count`)."""
+    (None without a profile). Work the acting backend does not count goes to `count_work`."""
     if not _ACTIVE:
         yield None
         return

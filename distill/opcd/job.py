@@ -40,7 +40,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -129,6 +129,9 @@ class JobResult:
     best_step: int | None = None
     """The step whose adapter was kept (the best validation KL; None: the last step, no validation)."""
     stopped_early: bool = False
+    tokens: dict[str, int] = field(default_factory=dict)
+    """The trainer's work in tokens (`OPCDTrainer.tokens`, this rank's): `train` through the student with
+    gradients, `teacher` through the frozen teacher, `scored` through the student without them (the held-out KL)."""
 
 
 def load_model(model_path: str):
@@ -195,7 +198,8 @@ def execute(
         "stopped_early": trainer.stopped_early,
     }
     trainer.save_adapter(job.output, overwrite=job.overwrite, metadata={**job.metadata, **chosen})
-    return JobResult(kl_before, kl_after, steps, job.output, time.perf_counter() - started, **chosen)
+    seconds = time.perf_counter() - started
+    return JobResult(kl_before, kl_after, steps, job.output, seconds, **chosen, tokens=dict(trainer.tokens))
 
 
 def run_job(

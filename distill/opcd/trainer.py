@@ -88,9 +88,10 @@ class OPCDTrainer:
         self.tokenizer = tokenizer
         self.parent_adapter = str(parent_adapter) if parent_adapter else None
         self.steps_done = 0
-        # tokens run through the student with gradients (forward + backward) and through the frozen teacher
-        # (forward only), padding left out; each step's share goes into its metrics (train_/teacher_tokens)
-        self.tokens = {"train": 0, "teacher": 0}
+        # tokens run through the student with gradients (forward + backward), through the frozen teacher (forward
+        # only) and through the student without gradients (the held-out KL), padding left out; each step's share
+        # goes into its metrics (train_/teacher_/scored_tokens), and the totals are the run's work
+        self.tokens = {"train": 0, "teacher": 0, "scored": 0}
         self.history: list[dict] = []
         self._spikes = 0
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -264,6 +265,7 @@ class OPCDTrainer:
             "response_length": tokens / batch_size,
             "train_tokens": self.tokens["train"] - counted["train"],
             "teacher_tokens": self.tokens["teacher"] - counted["teacher"],
+            "scored_tokens": self.tokens["scored"] - counted["scored"],
         }
         self.history.append(metrics)
         return metrics
@@ -282,8 +284,7 @@ class OPCDTrainer:
         teacher_logp = self._teacher_choice_scores(teacher_ids, actions)
         self.model.train(torch.is_grad_enabled())
         student_logp, fed = self._scored(self._student_lm, student_ids, actions, share=self._share_student_prefix)
-        if torch.is_grad_enabled():
-            self.tokens["train"] += fed
+        self.tokens["train" if torch.is_grad_enabled() else "scored"] += fed
         return student_logp, teacher_logp
 
     def _scored(self, causal_lm, ids: list[list[int]], actions: list[list[list[int]]], *, share: bool):
@@ -539,6 +540,8 @@ class OPCDTrainer:
                 torch.manual_seed(self.config.eval_seed + start)
                 responses = self._sample_student(student_ids)
             teacher_hidden, teacher_head = self._teacher_hidden(teacher_ids, responses)
+            self.tokens["teacher"] += sum(len(t) + len(r) for t, r in zip(teacher_ids, responses))
+            self.tokens["scored"] += sum(len(s) + len(r) for s, r in zip(student_ids, responses))
             self.model.eval()
             hidden = response_hidden(self._student_lm, student_ids, responses, pad_id=self._pad_id)
             head = lm_parts(self._student_lm)[1]

@@ -118,6 +118,9 @@ def test_loop_profile_bench_sets_each_phase_against_its_floor(
     for phase in ("PLAY", "CONSOLIDATE", "CONSOLIDATE: train", "CONSOLIDATE: evaluate"):
         assert rows[phase].rstrip(" |").endswith("x"), rows[phase]  # model work: a floor and a ratio
     assert saved["profile"]["CONSOLIDATE: train"]["train_tokens"] > 0
+    assert saved["profile"]["CONSOLIDATE: train"]["scored_tokens"] > 0  # the held-out KL's student forwards
+    # the floor's training step is the run's: checkpointed as its trainer is
+    assert saved["rates"]["checkpointed"] is cycle_config().opcd.trainer.gradient_checkpointing
     memory = {
         line.split(" | ")[0][2:]: line.split(" | ") for line in memory_table.splitlines() if line.startswith("| ")
     }

@@ -37,6 +37,8 @@ def test_cycle_in_the_loop(tmp_path, cycle_config):
     assert 0 < profile["PLAY"].prefilled_tokens <= profile["PLAY"].prompt_tokens
     train, evaluate = profile["CONSOLIDATE: train"], profile["CONSOLIDATE: evaluate"]
     assert train.train_tokens > 0 and train.teacher_tokens > 0 and train.prompt_tokens == 0
+    assert train.scored_tokens > 0, "the held-out KL runs the student forward without gradients"
+    assert profile["CONSOLIDATE: train"].forward_tokens == train.teacher_tokens + train.scored_tokens
     assert evaluate.decisions > 0 and evaluate.train_tokens == 0
     assert profile["CONSOLIDATE"].wall_s >= train.wall_s + evaluate.wall_s > 0
     assert profile["CONSOLIDATE"].train_tokens == train.train_tokens

@@ -67,3 +67,27 @@ def test_a_phase_counts_the_prompt_tokens_its_prefix_store_left_to_run():
     with alone.phase("play"):
         pass
     assert alone.phases["play"].prefilled_tokens == 0
+
+
+def test_work_outside_the_backend_counts_in_every_open_phase_and_nowhere_without_a_profile():
+    """`count_work` (a cycle's training, the probe's own model) adds to the phase running and to those enclosing it,
+    not to a closed one; the student's forward without gradients is forward work; a misspelt name is an error."""
+    from agent_runtime.state.profile import count_work, profiled
+
+    count_work(train_tokens=5)  # no active profile: nothing to tell, no error
+    profile = Profile()
+    with profile.phase("CONSOLIDATE"):
+        with profiled("CONSOLIDATE: train"):
+            count_work(train_tokens=100, teacher_tokens=40, scored_tokens=7)
+        with profiled("PROMOTE: probe"):
+            count_work(prompt_tokens=30, generated_tokens=2, decisions=3)
+    with profile.phase("after"):
+        pass
+    rows = profile.phases
+    train, probe, outer = rows["CONSOLIDATE: train"], rows["PROMOTE: probe"], rows["CONSOLIDATE"]
+    assert (train.train_tokens, train.teacher_tokens, train.scored_tokens, train.forward_tokens) == (100, 40, 7, 47)
+    assert (probe.prompt_tokens, probe.forward_tokens, probe.decisions, probe.train_tokens) == (30, 32, 3, 0)
+    assert (outer.train_tokens, outer.forward_tokens, outer.decisions) == (100, 79, 3)
+    assert rows["after"].forward_tokens == rows["after"].train_tokens == 0
+    with pytest.raises(TypeError, match="train_tokenz"):
+        rows["after"].count(train_tokenz=1)
