@@ -78,7 +78,7 @@ class EvalResult:
         )
 
 
-def _entry_key(entry: EnvEntry, workdir: Path, split: str, *, whole: bool) -> str:
+def entry_key(entry: EnvEntry, workdir: Path, split: str, *, whole: bool) -> str:
     """What decides an entry's spec (`whole`: the whole entry) or what its factory builds (its id and keyword
     arguments), with the split the instances play, the workdir and its game cache."""
     what = entry.model_dump(mode="json") if whole else {"id": entry.id, "kwargs": entry.kwargs}
@@ -123,8 +123,8 @@ class EnvPool:
         instances are never lent across splits)."""
         for entry in config.envs:  # the code-trust check runs on every call, as build_envs does
             check_env_id(entry.id)
-        keys = [_entry_key(entry, workdir, split, whole=False) for entry in config.envs]
-        spec_key = tuple(_entry_key(entry, workdir, split, whole=True) for entry in config.envs)
+        keys = [entry_key(entry, workdir, split, whole=False) for entry in config.envs]
+        spec_key = tuple(entry_key(entry, workdir, split, whole=True) for entry in config.envs)
         with self._lock:
             self._same_process()
             built = self._specs.get(spec_key)

@@ -6,10 +6,26 @@ It holds the run's config, workdir, store and id, and what is derived from them 
 task lists and started game instances kept between a cycle's 5-9 evaluations and the gate's; by default the
 process's pool). The phases take a `Run` and the backend they act with and play their evaluations through
 `Run.evaluate`; they import nothing of the loop.
+
+`Run.evaluate` also remembers what it played: greedy evaluation with fixed seeds is deterministic, so the same
+policy on the same games with the same prompt plays the same episodes, and a run asks for the same ones several
+times (the lesson gate's 12 train games without and with a person's lesson; then the next extraction's trials start
+from the same live lessons; then the cycle's validation plays the parent on the same games, without and with them).
+An environment's result is reused when all of these are the same: the backend object and the weights it acts with
+(`adapter_fingerprint`: the base model, or an adapter by its tensors, so a rolled-back name reused by another
+adapter is not confused), the whole environment entry, the split, the tasks (`first`, how many), the lessons in
+scope for that environment, the system-prompt context and the slots. It is not reused, and the games are played,
+for a backend that cannot say which weights it acts with, an adapter without a fingerprint, sampling
+(`evaluation.temperature` above 0), or a caller that reads the episodes' turns (`on_record`). At most
+`PLAYED_ENTRIES` results are kept (the least recently used go first).
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -17,8 +33,13 @@ from pathlib import Path
 from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import EnvEntry, RunConfig
 from agent_runtime.evaluation import EnvPool, EvalResult, env_pool, evaluate
+from agent_runtime.evaluation.evaluator import entry_key
 from agent_runtime.evaluation.heldout import HeldOut, held_out
+from agent_runtime.llm.base import FingerprintBackend
+from distill.lessons.scope import for_env
 from memory import ExperienceStore
+
+PLAYED_ENTRIES = 512  # environment results `Run.evaluate` keeps (a few KB each)
 
 
 @dataclass
@@ -28,6 +49,11 @@ class Run:
     store: ExperienceStore
     id: int
     pool: EnvPool = field(default_factory=env_pool)
+    _played: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False, compare=False)
+    _backends: weakref.WeakKeyDictionary = field(  # backend -> its token in the keys (never reused)
+        default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False
+    )
+    _tokens: itertools.count = field(default_factory=itertools.count, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -54,8 +80,64 @@ class Run:
         return [e.id for e in self.config.envs if self.store.episodes(self.id, env_id=e.id, limit=1)]
 
     def evaluate(self, backend, *, envs: list[EnvEntry] | None = None, **kwargs) -> list[EvalResult]:
-        """`agent_runtime.evaluation.evaluate` on this run's environments (or `envs` instead), from its pool."""
+        """`agent_runtime.evaluation.evaluate` on this run's environments (or `envs` instead), from its pool; an
+        environment whose result this run already played (see the module docstring) is not played again."""
         if envs is not None:  # entries or their dicts, validated as the config's own
             envs = [EnvEntry.model_validate(e, from_attributes=True) for e in envs]
-        config = self.config if envs is None else self.config.model_copy(update={"envs": envs})
+        entries = list(self.config.envs if envs is None else envs)
+        keys = self._played_keys(backend, entries, kwargs)
+        if keys is None:
+            return self._play(backend, entries, kwargs)
+        missing = [i for i, key in enumerate(keys) if key not in self._played]
+        # one result per entry, in the entries' order (two entries may share an id: other keyword arguments)
+        played = dict(zip(missing, self._play(backend, [entries[i] for i in missing], kwargs))) if missing else {}
+        out = []
+        for i, key in enumerate(keys):
+            result = played.get(i)
+            if result is None:
+                result = self._played[key]
+                self._played.move_to_end(key)
+            else:
+                self._played[key] = result
+            out.append(EvalResult(result.env_id, copy.deepcopy(result.episodes)))
+        while len(self._played) > PLAYED_ENTRIES:
+            self._played.popitem(last=False)
+        return out
+
+    def _play(self, backend, entries: list[EnvEntry], kwargs: dict) -> list[EvalResult]:
+        config = self.config.model_copy(update={"envs": entries})
         return evaluate(config, self.workdir, backend, pool=self.pool, **kwargs)
+
+    def _played_keys(self, backend, entries: list[EnvEntry], kwargs: dict) -> list[tuple] | None:
+        """Each entry's key in what `evaluate` remembers, or None where its result may not be reused."""
+        if self.config.evaluation.temperature > 0 or kwargs.get("on_record") is not None:
+            return None
+        if not isinstance(backend, FingerprintBackend):
+            return None
+        weights = backend.adapter_fingerprint()
+        if weights is None and getattr(backend, "active_adapter", None) is not None:
+            return None  # an adapter the backend cannot fingerprint: its weights are not known to be the same
+        try:
+            token = self._backends.get(backend)
+            if token is None:
+                token = self._backends[backend] = next(self._tokens)
+        except TypeError:  # not weakly referable: no way to tell it from a later object at the same address
+            return None
+        split = kwargs.get("split", "eval")
+        tasks = (kwargs.get("first", 0), kwargs.get("episodes_per_env") or self.config.evaluation.episodes_per_env)
+        lessons = kwargs.get("lessons") or []
+        specs, _, _ = self.pool.envs(self.config.model_copy(update={"envs": entries}), self.workdir, split)
+        family = {spec.env_id: spec.family for spec in specs}
+        slots = kwargs.get("slots") or self.config.runtime.slots
+        return [
+            (
+                token,
+                weights,
+                entry_key(entry, self.workdir, split, whole=True),
+                tasks,
+                tuple(for_env(lessons, entry.id, family.get(entry.id))),
+                kwargs.get("context"),
+                slots,
+            )
+            for entry in entries
+        ]
