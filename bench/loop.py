@@ -21,7 +21,7 @@ their embedding matrices, so a LoRA-wrapped model and its base are one), gradien
 backend's prefix KV cache, every other live tensor, and the rest (the interpreter, libraries, allocator). The
 floor beside it is what the phase cannot do without: the process with its imports (measured before the run), the
 model's weights once, and for CONSOLIDATE the LoRA optimizer's state and gradients and one micro-batch's kept
-activations (measured in the floor's process, with the runtime's allocator settings: a forward + backward of
+activations (measured in a fresh process with the runtime's allocator settings: a forward + backward of
 `opcd.trainer.micro_batch_tokens` tokens with the run's gradient checkpointing setting, the largest forward the
 trainer runs).
 
@@ -59,23 +59,30 @@ ROWS = (
 )
 
 
-def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats: int = 3) -> dict[str, float]:
-    """Tokens per second of a plain batched forward (no_grad) and of a training step's forward + backward through a
-    LoRA student, `rows` x `length` tokens, float32, this process's torch threads (the best of `repeats`); and the
-    memory a training micro-batch adds. Run it in a fresh process (`floor_in_fresh_process`): the floor is what the
-    machine does with the tokens, not what a long run's process state (its allocator settings, fragmented heap) lets
-    it do.
+def floor_rates(model_name: str, length: int, lora: dict, part: str, rows: int = 8, repeats: int = 3) -> dict:
+    """One part of the floor, in a process of its own (`floor_in_fresh_process`): the floor is what the machine does
+    with the tokens, not what a long run's process state (its allocator settings, its heap) lets it do.
 
-    The training step is the one the choice objective runs: the decoder over every token, the head over the scored
-    positions only (a tenth here), with the run's gradient checkpointing setting (`lora["gradient_checkpointing"]`,
-    the trainer's default on: one more forward, recomputed in the backward pass). Its time is measured with glibc's
-    own allocator settings, its memory with the runtime's (`bound_heap`, as the loop runs)."""
+    `time`: tokens per second of a plain batched forward (no_grad) and of a training step's forward + backward
+    through a LoRA student, `rows` x `length` tokens, float32, this process's torch threads (the best of
+    `repeats`), with glibc's own allocator settings. The training step is the one the choice objective runs: the
+    decoder over every token, the head over the scored positions only (a tenth here), with the run's gradient
+    checkpointing setting (`lora["gradient_checkpointing"]`, the trainer's default on: one more forward, recomputed
+    in the backward pass).
+    `memory`: the weights, and what one training micro-batch of the trainer's token cap adds (its kept activations,
+    the gradients and the optimizer's state), with the runtime's allocator settings (`bound_heap`) from the start,
+    as the loop runs."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     from agent_runtime.checkpoints import resolve_model
+    from agent_runtime.state.profile import memory_mb, reset_peak
+    from distill.opcd.policies import enable_checkpointing
+    from distill.opcd.weights import bound_heap, release_memory
 
+    if part == "memory":
+        bound_heap()
     path = resolve_model(model_name)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
     ids = torch.randint(0, model.config.vocab_size, (rows, max(8, length)), generator=torch.Generator().manual_seed(0))
@@ -89,13 +96,11 @@ def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats
             times.append(time.perf_counter() - started)
         return ids.numel() / min(times)
 
-    from agent_runtime.state.profile import memory_mb, reset_peak
-    from distill.opcd.policies import enable_checkpointing
-    from distill.opcd.weights import bound_heap, release_memory
-
     weights_mb = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 2**20
-    with torch.no_grad():
-        forward = best(lambda: model(input_ids=ids))
+    forward = None
+    if part == "time":
+        with torch.no_grad():
+            forward = best(lambda: model(input_ids=ids))
     student = get_peft_model(
         model,
         LoraConfig(
@@ -117,40 +122,38 @@ def floor_rates(model_name: str, length: int, lora: dict, rows: int = 8, repeats
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    train = best(lambda: step(ids))
-    # the memory floor of training: one micro-batch of the trainer's token cap; the optimizer's state is part of it
-    # after the first step, as in a cycle
+    if part == "time":
+        train = best(lambda: step(ids))
+        return {"forward": forward, "train": train, "checkpointed": checkpointed, "rows": rows, "length": ids.shape[1]}
     cap = torch.randint(0, model.config.vocab_size, (1, lora.get("micro_batch_tokens", 512)))
-    bound_heap()
-    step(cap)
+    step(cap)  # the optimizer's state exists from here on, as in a cycle
     release_memory()
     before = memory_mb().get("VmRSS", 0.0)
     reset_peak()
     step(cap)
-    train_mb = memory_mb().get("VmHWM", 0.0) - before + optimizer_mb(optimizer)
-    return {
-        "forward": forward,
-        "train": train,
-        "checkpointed": checkpointed,
-        "rows": rows,
-        "length": ids.shape[1],
-        "weights_mb": weights_mb,
-        "train_mb": train_mb,
-    }
+    return {"weights_mb": weights_mb, "train_mb": memory_mb().get("VmHWM", 0.0) - before + optimizer_mb(optimizer)}
 
 
-def floor_in_fresh_process(model_name: str, length: int, lora: dict) -> dict[str, float]:
-    """`floor_rates` in a new interpreter (this script with `--floor`), with this process's environment (its torch
-    threads)."""
+def floor_in_fresh_process(model_name: str, length: int, lora: dict) -> dict:
+    """`floor_rates`' two parts, each in a new interpreter (this script with `--floor`), with this process's
+    environment (its torch threads)."""
     import subprocess
 
-    spec = json.dumps({"model": model_name, "length": length, "lora": lora})
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--floor", spec], capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"measuring the floor failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    out: dict = {}
+    for part in ("time", "memory"):
+        spec = json.dumps({"model": model_name, "length": length, "lora": lora, "part": part})
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--floor", spec],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"measuring the floor ({part}) failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
+            )
+        out.update(json.loads(done.stdout.strip().splitlines()[-1]))
+    return out
 
 
 def optimizer_mb(optimizer) -> float:
@@ -320,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.floor is not None:
         spec = json.loads(args.floor)
-        print(json.dumps(floor_rates(spec["model"], spec["length"], spec["lora"])))
+        print(json.dumps(floor_rates(spec["model"], spec["length"], spec["lora"], spec["part"])))
         return 0
 
     import torch  # noqa: F401 - the floor's "process with its imports" includes the libraries every run loads

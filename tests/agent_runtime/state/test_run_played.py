@@ -111,12 +111,12 @@ def test_what_changes_an_episode_plays_the_games(run):
     run.evaluate(backend, lessons=[], episodes_per_env=4, split="train")
     count = played()
     cases = [
-        dict(lessons=["Go."], episodes_per_env=4, split="train"),  # a lesson in the prompt
-        dict(lessons=[], episodes_per_env=3, split="train"),  # other tasks
-        dict(lessons=[], episodes_per_env=4, split="train", first=1),
-        dict(lessons=[], episodes_per_env=4, split="eval"),
-        dict(lessons=[], episodes_per_env=4, split="train", context="Be brief."),
-        dict(lessons=[], episodes_per_env=4, split="train", slots=1),
+        {"lessons": ["Go."], "episodes_per_env": 4, "split": "train"},  # a lesson in the prompt
+        {"lessons": [], "episodes_per_env": 3, "split": "train"},  # other tasks
+        {"lessons": [], "episodes_per_env": 4, "split": "train", "first": 1},
+        {"lessons": [], "episodes_per_env": 4, "split": "eval"},
+        {"lessons": [], "episodes_per_env": 4, "split": "train", "context": "Be brief."},
+        {"lessons": [], "episodes_per_env": 4, "split": "train", "slots": 1},
     ]
     for kwargs in cases:
         run.evaluate(backend, **kwargs)
