@@ -88,9 +88,8 @@ class OPCDTrainer:
         self.tokenizer = tokenizer
         self.parent_adapter = str(parent_adapter) if parent_adapter else None
         self.steps_done = 0
-        # tokens run through the student with gradients (forward + backward), through the frozen teacher (forward
-        # only) and through the student without gradients (the held-out KL), padding left out; each step's share
-        # goes into its metrics (train_/teacher_/scored_tokens), and the totals are the run's work
+        # tokens through the student with gradients, the frozen teacher, and the student without them (the held-out
+        # KL), padding left out; each step's share goes into its metrics (train_/teacher_/scored_tokens)
         self.tokens = {"train": 0, "teacher": 0, "scored": 0}
         self.history: list[dict] = []
         self._spikes = 0
@@ -263,9 +262,7 @@ class OPCDTrainer:
             "teacher_seconds": scored - sampled,
             "train_seconds": finished - scored,
             "response_length": tokens / batch_size,
-            "train_tokens": self.tokens["train"] - counted["train"],
-            "teacher_tokens": self.tokens["teacher"] - counted["teacher"],
-            "scored_tokens": self.tokens["scored"] - counted["scored"],
+            **{f"{name}_tokens": n - counted[name] for name, n in self.tokens.items()},
         }
         self.history.append(metrics)
         return metrics
