@@ -162,13 +162,20 @@ def soak_config(s: Settings) -> dict:
 # -- watching a session from outside --------------------------------------------------------------------
 def proc_kb(pid: int, key: str) -> int | None:
     """A `/proc/<pid>/status` field in kB (VmRSS: resident now, VmHWM: the peak), None once it is gone."""
+    return proc_fields(pid, key).get(key)
+
+
+def proc_fields(pid: int, *keys: str) -> dict[str, int]:
+    """`/proc/<pid>/status` fields in kB, read at one moment; those it lacks (the process gone) are left out."""
+    out: dict[str, int] = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
+            key, _, value = line.partition(":")
+            if key in keys:
+                out[key] = int(value.split()[0])
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
 
 
 def tagged_pids(tag: str) -> list[int]:
