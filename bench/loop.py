@@ -9,8 +9,8 @@ forward + backward with the run's LoRA and gradient checkpointing settings, as t
 is its forward tokens at the first rate plus its training tokens at the second. (Measured in the run's own process
 after it, the training rate came out 27-42% lower on an AMD EPYC: the runtime maps large allocations on their own,
 `bound_heap`, and a plain step's 8 x 256 tokens then page-fault ~6x as often; the loop's own smaller micro-batches
-ran as fast either way.) The ratio wall / floor says how far a phase is from what the hardware does with the same tokens
-(game generation, which is not model work, is shown apart and left out of the ratio). "prefilled" is the part of
+ran as fast either way.) The ratio wall / floor says how far a phase is from what the hardware does with the same
+tokens (game generation, which is not model work, is shown apart and left out of the ratio). "prefilled" is the part of
 the acting prompts that went through the model at all: what the backend's prefix KV store (and a prefix shared by
 a call's rows) left to run.
 

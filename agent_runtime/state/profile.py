@@ -10,9 +10,9 @@ first needed, through `environments.game_cache`).
 Tokens come from the acting backend's counters (`BackendStats`: prompt tokens scored, tokens generated,
 decisions) for the acting parts, and from `count_work` for work outside it, added to every open row: a cycle's
 training (the trainer's totals: the tokens the student ran forward and backward, those the frozen teacher ran
-forward, and those the student ran forward without gradients for the held-out KL) and the probe's own model. `bench/loop.py`
-turns them into each phase's *floor*, the time a plain batched forward (and forward+backward) of the same
-tokens takes on the same machine.
+forward, and those the student ran forward without gradients for the held-out KL) and the probe's own model.
+`bench/loop.py` turns them into each phase's *floor*, the time a plain batched forward (and forward+backward) of
+the same tokens takes on the same machine.
 
 Memory: every row keeps the process's peak resident set during the phase (`peak_rss_mb`) and what was resident
 when it ended (`end_rss_mb`). The peak is the kernel's high-water mark (VmHWM), which the profile resets at every
@@ -53,16 +53,23 @@ class PhaseTime:
     def forward_tokens(self) -> int:
         return self.prompt_tokens + self.generated_tokens + self.teacher_tokens + self.scored_tokens
 
-    def count(self, prompt_tokens: int = 0, generated_tokens: int = 0, decisions: int = 0, **tokens: int) -> None:
-        """Add work that ran outside the acting backend: forward work (the probe's own reference model) and, by
-        name, `train_tokens`, `teacher_tokens`, `scored_tokens` (a cycle's training)."""
+    def count(
+        self,
+        prompt_tokens: int = 0,
+        generated_tokens: int = 0,
+        decisions: int = 0,
+        train_tokens: int = 0,
+        teacher_tokens: int = 0,
+        scored_tokens: int = 0,
+    ) -> None:
+        """Add work that ran outside the acting backend: forward work (the probe's own reference model) and a
+        cycle's training."""
         self.prompt_tokens += prompt_tokens
         self.generated_tokens += generated_tokens
         self.decisions += decisions
-        for name, value in tokens.items():
-            if name not in ("train_tokens", "teacher_tokens", "scored_tokens"):
-                raise TypeError(f"count() got an unexpected keyword argument {name!r}")
-            setattr(self, name, getattr(self, name) + int(value))
+        self.train_tokens += train_tokens
+        self.teacher_tokens += teacher_tokens
+        self.scored_tokens += scored_tokens
 
 
 class Profile:
