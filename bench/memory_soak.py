@@ -53,8 +53,9 @@ sys.path.insert(0, str(ROOT))  # run as a script, bench/ is first on the path, a
 from bench.soak import INIT_STD, TAG, Settings, prepare, proc_fields, proc_kb, tagged_pids
 
 # anon_kb: the loop's RssAnon, its resident memory backed by no file (heap, tensors): a step in VmRSS that is not in
-# it is code or data of a file mapped in (a library's pages touched for the first time), not something held
-FIELDS = ("seconds", "rss_kb", "tree_kb", "processes", "episodes", "anon_kb")
+# it is code or data of a file mapped in (a library's pages touched for the first time), not something held.
+# threads: the loop's threads (each may get a malloc arena of its own: a step with a new thread may be its arena)
+FIELDS = ("seconds", "rss_kb", "tree_kb", "processes", "episodes", "anon_kb", "threads")
 
 
 def soak_config(model: str, model_dir: Path, seed: int, overrides: list[str] = ()) -> dict:
@@ -145,7 +146,7 @@ def soak(
             time.sleep(max(0.0, min(sample_s, deadline - time.monotonic())))  # the first sample after one interval
             if proc.poll() is not None:
                 break
-            own = proc_fields(proc.pid, "VmRSS", "RssAnon")  # one read: both from the same moment of the loop
+            own = proc_fields(proc.pid, "VmRSS", "RssAnon", "Threads")  # one read: one moment of the loop
             rss = own.get("VmRSS")
             pids = sorted({proc.pid, *tagged_pids(tag)})  # a process just started may not show its tag yet
             tree = sum(proc_kb(p, "VmRSS") or 0 for p in pids)
@@ -153,7 +154,7 @@ def soak(
             t = offset + time.monotonic() - t0
             if rss is not None:
                 row = {"seconds": f"{t:.0f}", "rss_kb": rss, "tree_kb": tree, "processes": len(pids)}
-                row |= {"episodes": episodes, "anon_kb": own.get("RssAnon", 0)}
+                row |= {"episodes": episodes, "anon_kb": own.get("RssAnon", 0), "threads": own.get("Threads", 0)}
                 with samples.open("a") as out:
                     out.write(",".join(str(row[k]) for k in fields) + "\n")
                 print(

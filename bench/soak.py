@@ -166,7 +166,7 @@ def proc_kb(pid: int, key: str) -> int | None:
 
 
 def proc_fields(pid: int, *keys: str) -> dict[str, int]:
-    """`/proc/<pid>/status` fields in kB, read at one moment; those it lacks (the process gone) are left out."""
+    """`/proc/<pid>/status` fields (in kB, or a count), read at one moment; those it lacks (the process gone) are left out."""
     out: dict[str, int] = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
