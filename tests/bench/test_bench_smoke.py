@@ -309,3 +309,23 @@ def test_loop_bench_inventory_survives_a_dead_weak_proxy():
     kept = torch.zeros(1_000_000)  # 3.8 MB, held here while the inventory runs
     out = loop_bench.holdings()
     assert dead is not None and out["other tensors"] >= kept.numel() * 4 / 2**20
+
+
+@pytest.mark.slow  # loads MiniLM (~3 s)
+def test_loop_bench_inventory_counts_the_embedder_apart_from_model_copies():
+    import importlib.util
+
+    from memory.embeddings import SentenceTransformerEmbedder
+
+    spec = importlib.util.spec_from_file_location("loop_bench", ROOT / "bench" / "loop.py")
+    loop_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loop_bench)
+    embedder = SentenceTransformerEmbedder()
+    before = loop_bench.holdings()
+    assert before["embedder"] == 0  # not loaded yet
+    embedder.embed(["take the coin"])
+    after = loop_bench.holdings()
+    n_bytes = sum(t.numel() * t.element_size() for t in (*embedder.module.parameters(), *embedder.module.buffers()))
+    assert after["embedder"] == pytest.approx(n_bytes / 2**20, rel=0.01) and after["embedder"] > 80  # MiniLM
+    assert after["model copies"] == before["model copies"]  # its embedding matrix is not a policy copy
+    assert after["weights"] == pytest.approx(before["weights"], abs=1)
