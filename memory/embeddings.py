@@ -124,7 +124,8 @@ def plain_pipeline(path: Path) -> dict[str, Any] | None:
 class PooledTransformer:
     """A transformer encoder with mean or CLS pooling over its last hidden states, loaded with transformers
     alone (no remote code, local files only): what sentence-transformers computes for such a model, the texts
-    batched in the same order (longest first), so the vectors are the same."""
+    batched in the same order (longest first), so the vectors are the same. It answers the two calls the embedder
+    makes of a `SentenceTransformer` (`encode`, `get_embedding_dimension`)."""
 
     def __init__(self, path: Path, pipeline: dict[str, Any], device: str = "cpu") -> None:
         from transformers import AutoModel, AutoTokenizer
@@ -138,7 +139,15 @@ class PooledTransformer:
         self.max_length = int(limit)
         self.dim = int(pipeline["dim"] or self.model.config.hidden_size)
 
-    def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+    def get_embedding_dimension(self) -> int:
+        return self.dim
+
+    def encode(
+        self, texts: list[str], batch_size: int = 32, convert_to_numpy: bool = True, show_progress_bar: bool = False
+    ) -> np.ndarray:
+        """Float32 numpy rows, without a progress bar: the one output sentence-transformers' options ask for here."""
+        if not convert_to_numpy or show_progress_bar:
+            raise ValueError("PooledTransformer.encode returns numpy rows and shows no progress bar")
         import torch
 
         order = np.argsort([-len(t) for t in texts])  # sentence-transformers' order, so batches pad alike
@@ -202,18 +211,15 @@ class SentenceTransformerEmbedder:
     @property
     def dim(self) -> int:
         model = self._load()
-        if isinstance(model, PooledTransformer):
-            return model.dim
         getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         return int(getter())
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        model = self._load()
-        if isinstance(model, PooledTransformer):
-            return normalize(model.encode(list(texts), self.batch_size))
-        vectors = model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False)
+        vectors = self._load().encode(
+            list(texts), batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False
+        )
         return normalize(vectors)
 
 

