@@ -1,0 +1,66 @@
+"""A long-lived run's rounds: each family's course over the rounds (best so far, drops, against its base) and the
+one line each round prints."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_runtime.evaluation.continual import Matrix
+from agent_runtime.evaluation.drift import choice_kl
+from agent_runtime.evaluation.rounds import RoundRecord, courses, courses_table
+
+
+def _matrix(rates: dict[str, list[float]], learned: dict[str, int]) -> Matrix:
+    rows = len(next(iter(rates.values())))
+    matrix = Matrix(["start", *(f"p{i}" for i in range(1, rows))], list(rates), learned)
+    for env, column in rates.items():
+        for row, rate in enumerate(column):
+            wins = round(rate * 20)
+            matrix.cells[(row, env)] = [True] * wins + [False] * (20 - wins)
+    return matrix
+
+
+def test_a_familys_largest_drop_below_its_best_so_far_and_its_lowest_against_its_base() -> None:
+    # a: learned in round 1, peaks at 0.9, falls to 0.6, recovers to 0.8; b: learned in round 2, dips below base
+    matrix = _matrix({"x/a": [0.1, 0.9, 0.6, 0.8], "x/b": [0.5, 0.5, 0.4, 0.5]}, {"x/a": 1, "x/b": 2})
+    a, b = courses(matrix)
+    assert a.best == pytest.approx(0.9) and a.largest_drop_below_best == pytest.approx(0.3)
+    assert a.drop_below_best_at_end == pytest.approx(0.1)
+    assert a.worst_below_base_after_learned == pytest.approx(0.5)  # 0.6 - 0.1: never below its base
+    assert b.worst_below_base_after_learned == pytest.approx(-0.1)  # 0.4 in round 2, its own phase
+    rows = {line.split()[0]: line.split() for line in courses_table(matrix).splitlines()[1:]}
+    assert rows["a"][1:] == ["10%", "90%", "80%", "30", "10", "+50"]
+    assert rows["b"][-1] == "-10"
+
+
+def test_a_family_never_trained_has_no_figure_against_its_base() -> None:
+    (c,) = courses(_matrix({"x/c": [0.4, 0.3]}, {}))
+    assert c.worst_below_base_after_learned is None and c.largest_drop_below_best == pytest.approx(0.1)
+
+
+def test_a_round_is_one_line_with_its_row_lessons_drift_and_time() -> None:
+    record = RoundRecord(
+        3,
+        "coin \x1b]0;owned\x07",
+        {"x/coin": 0.85, "x/quest": None},
+        lessons={"x/coin": {"count": 2, "tokens": 41}},
+        drift={"x/coin": 0.0123},
+        seconds={"PLAY": 61.2, "CONSOLIDATE": 120.0},
+        rss_mb=600.4,
+        peak_rss_mb=1700.0,
+    )
+    line = record.line(["x/coin", "x/quest"], escape=lambda s: s.encode("unicode_escape").decode())
+    assert "\n" not in line and "\x1b" not in line
+    assert "coin 85%" in line and "quest -" in line and "coin 2/41t" in line and "coin 0.012" in line
+    assert "PLAY 61s" in line and "CONSOLIDATE 120s" in line and "rss 600 MB (peak 1700)" in line
+
+
+def test_choice_kl_is_zero_for_one_distribution_and_positive_otherwise() -> None:
+    import math
+
+    p = [math.log(0.7), math.log(0.2), math.log(0.1)]
+    q = [math.log(0.2), math.log(0.5), math.log(0.3)]
+    assert choice_kl(p, p) == pytest.approx(0.0)
+    expected = 0.7 * math.log(0.7 / 0.2) + 0.2 * math.log(0.2 / 0.5) + 0.1 * math.log(0.1 / 0.3)
+    assert choice_kl(p, q) == pytest.approx(expected)
+    assert choice_kl([0.0, -math.inf], [math.log(0.5), math.log(0.5)]) == pytest.approx(math.log(2))
