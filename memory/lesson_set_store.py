@@ -6,6 +6,7 @@ What:
   the run's next version number;
 - `lesson_set(run_id, version=None, status=None)`: that version, or the newest (of that status);
 - `lesson_sets(run_id, status=None)`: all versions of the run, oldest first.
+A version never holds a forgotten lesson (`memory.lesson_store.refuse_forgotten`).
 
 Why the state is in columns: whether a version is live or a candidate awaiting the gate (`status`,
 `LESSON_SET_LIVE`/`LESSON_SET_CANDIDATE`), and whether a person made it (`made_by`,
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
+from memory.lesson_store import refuse_forgotten
 from memory.models import (
     LESSON_SET_LIVE,
     LESSON_SET_MAKERS,
@@ -47,10 +49,12 @@ class LessonSetsMixin(StoreMixin):
         made_by: str = MADE_BY_AGENT,
     ) -> LessonSetInfo:
         """Freeze `lesson_ids` (in order) as the run's next lesson-set version (live unless `status`
-        says candidate; made by the agent unless `made_by` says a person)."""
+        says candidate; made by the agent unless `made_by` says a person). A forgotten lesson among them is an
+        `InvalidRecordError`: a version is what may go live."""
         check_value(status, LESSON_SET_STATUSES, "lesson-set status")
         check_value(made_by, LESSON_SET_MAKERS, "lesson-set maker")
         with self._write() as session:
+            refuse_forgotten(session, lesson_ids, f"a {status} lesson-set version holding it")
             newest = session.scalar(select(func.max(LessonSet.version)).where(same_run(LessonSet.run_id, run_id)))
             row = LessonSet(
                 run_id=run_id,

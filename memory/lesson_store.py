@@ -9,6 +9,9 @@ What (every write is one transaction, every read returns dataclasses):
 - Provenance: a lesson's `source_episode_ids` are also written as `lesson_sources` rows, in the same
   transaction, so that "which lessons came from this episode" is an index lookup (`lessons_from_episode`),
   not a scan of every lesson's JSON list.
+- A forgotten lesson (`forget_lessons`, `forgotten_at` set) is retired for good: `set_lesson_status` refuses to move
+  it anywhere else and `create_lesson_set` to put it in a version (`forgotten_among`), and the database refuses a
+  row that is forgotten and not retired (migration 0007), so no rollback, import or curation makes it live again.
 - Usage statistics (`times_in_context`, `wins_in_context`) are kept by `add_episode` from each
   episode's `lessons_in_context` (`_count_lesson_usage`, in the episode's own transaction).
 - Extractions: `get_extraction(id)`, `extractions(run_id)`.
@@ -54,6 +57,26 @@ def check_scope(scope: Sequence[str]) -> list[str]:
                 f"characters), got {repr(entry)[:80]}"
             )
     return entries
+
+
+def forgotten_among(session: Session, lesson_ids: Iterable[int]) -> list[int]:
+    """The forgotten lessons among `lesson_ids`, in id order."""
+    ids = list(dict.fromkeys(lesson_ids))
+    if not ids:
+        return []
+    query = select(Lesson.id).where(Lesson.id.in_(ids), Lesson.forgotten_at.is_not(None)).order_by(Lesson.id)
+    return list(session.scalars(query))
+
+
+def refuse_forgotten(session: Session, lesson_ids: Iterable[int], what: str) -> None:
+    """`InvalidRecordError` when a forgotten lesson is among `lesson_ids` (`what` would bring it back)."""
+    forgotten = forgotten_among(session, lesson_ids)
+    if forgotten:
+        shown = ", ".join(f"#{i}" for i in forgotten)
+        raise InvalidRecordError(
+            f"lesson {shown} was forgotten (`lessons forget`) and stays retired: {what} would bring it back; "
+            "leave it out"
+        )
 
 
 class LessonsMixin(StoreMixin):
@@ -249,12 +272,16 @@ class LessonsMixin(StoreMixin):
                 lesson.scope, lesson.updated_at = checked, utcnow()
 
     def set_lesson_status(self, lesson_ids: Iterable[int], status: str, *, cycle_id: int | None = None) -> None:
-        """Move lessons to `status` (and record the consolidating cycle, if given)."""
+        """Move lessons to `status` (and record the consolidating cycle, if given); a forgotten lesson may only
+        stay retired (`InvalidRecordError`)."""
         check_value(status, LESSON_STATUSES, "lesson status")
+        ids = list(lesson_ids)
         with self._write() as session:
-            self._set_lesson_status(session, list(lesson_ids), status, cycle_id)
+            self._set_lesson_status(session, ids, status, cycle_id)
 
     def _set_lesson_status(self, session: Session, ids: list[int], status: str, cycle_id: int | None) -> None:
+        if status != "retired":
+            refuse_forgotten(session, ids, f"status {status!r}")
         values: dict[str, Any] = {"status": status, "updated_at": utcnow()}
         if cycle_id is not None:
             values["consolidated_cycle_id"] = cycle_id

@@ -310,6 +310,8 @@ class Lesson(Base):
     __tablename__ = "lessons"
     __table_args__ = (
         CheckConstraint(f"status IN {LESSON_STATUSES}", name="status"),
+        # a forgotten lesson stays retired (migration 0007: a CHECK on PostgreSQL, triggers on SQLite)
+        CheckConstraint("forgotten_at IS NULL OR status = 'retired'", name="forgotten_retired"),
         Index("ix_lessons_run_id_status", "run_id", "status"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -13,7 +13,8 @@ written itself. `memory.transfer` reads lines; this module says what a line may 
   revision's migrations would have left it (0001 -> 0002 reads the lesson-set notes with migration 0002's
   own rules, imported from it; 0002 -> 0003 gives cycles their empty `episode_ids`; 0003 -> 0004 lessons
   their null `forgotten_at`; 0004 -> 0005 episodes and adapters their null fingerprints; 0005 -> 0006 lessons the
-  scope `["*"]`, every environment, where they were shown before scopes).
+  scope `["*"]`, every environment, where they were shown before scopes; 0006 -> 0007 a forgotten lesson retired, as
+  migration 0007 repairs one).
 - `References`: the ids a row names in JSON lists and foreign keys, checked once every row is in (same
   transaction): the row named must exist (a lesson's or cycle's source episodes may have been pruned,
   if their ids are below the store's newest episode) and belong to the same run, or to none.
@@ -239,14 +240,21 @@ def _to_0006(table: str, row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _to_0007(table: str, row: dict[str, Any]) -> dict[str, Any]:
+    if table == "lessons" and row.get("forgotten_at") is not None and row.get("status") != "retired":
+        return {**row, "status": "retired"}
+    return row
+
+
 UPGRADES = (  # (from, the next step)
     ("0001", _to_0002),
     ("0002", _to_0003),
     ("0003", _to_0004),
     ("0004", _to_0005),
     ("0005", _to_0006),
+    ("0006", _to_0007),
 )
-READABLE_REVISIONS = tuple(r for r, _ in UPGRADES) + ("0006",)
+READABLE_REVISIONS = tuple(r for r, _ in UPGRADES) + ("0007",)
 
 
 def upgrade_row(revision: str, table: str, row: dict[str, Any]) -> dict[str, Any]:

@@ -267,14 +267,19 @@ def cmd_lessons_forget(args) -> int:
 
 def cmd_lessons_rollback(args) -> int:
     from distill.lessons import restore_version
+    from distill.lessons.versions import forgotten_since, get_version
 
     with open_store(args, read_only=False) as store:
         run_id = _run_id(store, args)
+        left_out = forgotten_since(store, run_id, get_version(store, run_id, args.version).lesson_ids)
         info = restore_version(store, run_id, args.version, note=f"rollback to v{args.version} from the CLI")
+    line = f"run {run_id}: lesson set v{args.version} restored as v{info.version}"
+    if left_out:  # a forgotten lesson never comes back
+        line += " without " + ", ".join(f"#{i}" for i in left_out) + ", which was forgotten (`lessons forget`)"
     print_result(
         args,
-        {"run_id": run_id, "restored": args.version, "new_version": info.version},
-        [f"run {run_id}: lesson set v{args.version} restored as v{info.version}"],
+        {"run_id": run_id, "restored": args.version, "new_version": info.version, "left_out": left_out},
+        [line],
     )
     return 0
 

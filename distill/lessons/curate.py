@@ -35,6 +35,10 @@ How each proposal is decided (the documented rule):
    the lesson with the lowest utility first (measured utility from `distill.lessons.gate`, 0 when unknown; a
    merged lesson inherits the best of its predecessors'), then the oldest (lowest position).
 
+A forgotten lesson (`agent-runtime lessons forget`) never comes back: a round's working pools leave it out even when
+they start from a version that held it, and an addition or update that is identical to it or only restates it is
+skipped ("restates forgotten #id"), so nothing merges into it or brings its text back under another id.
+
 Why: lessons enter every prompt, so the set must stay small and non-redundant; contradictions are
 resolved in favour of newer evidence (the gate catches a newer item that is wrong); merging keeps the
 old wording and position so the prompt prefix (and its KV cache) stays stable. Pools are independent:
@@ -185,6 +189,7 @@ class LessonCurator:
         self._base: LessonSetInfo | None = None
         self._changes: list[Change] = []
         self._created: list[int] = []
+        self._forgotten: list[LessonInfo] = []
 
     @classmethod
     def from_settings(
@@ -230,7 +235,8 @@ class LessonCurator:
         rows = {x.id: x for x in self.store.lessons(self.run_id, ids=info.lesson_ids)}
         for lesson_id in info.lesson_ids:
             lesson = rows[lesson_id]
-            pools.setdefault(lesson.pool, []).append(lesson)
+            if lesson.forgotten_at is None:  # an old version may hold a lesson forgotten since: it stays out
+                pools.setdefault(lesson.pool, []).append(lesson)
         return pools
 
     def live_lessons(self, pool: int | None = None) -> list[LessonInfo]:
@@ -253,6 +259,7 @@ class LessonCurator:
         self._work = self._members(self._base)
         self._changes = []
         self._created = []
+        self._forgotten = [x for x in self.store.lessons(self.run_id, status="retired") if x.forgotten_at is not None]
 
     def _vector(self, text: str) -> np.ndarray:
         if text not in self._vectors:
@@ -311,6 +318,11 @@ class LessonCurator:
             return [Change("delete", p, None, proposal.target, reason="DELETE instruction")]
         assert proposal.lesson_id is not None, "an add/update proposal carries its lesson row"
         new = self.store.get_lesson(proposal.lesson_id)
+        gone = next(
+            (x for x in self._forgotten if _normal(x.text) == _normal(new.text) or restates(new.text, x.text)), None
+        )
+        if gone is not None:
+            return [Change("skip", p, None, proposal.target, reason=f"restates forgotten #{gone.id}")]
         if proposal.op == "update" and at is not None:
             pool.pop(at)
             pool.append(new)

@@ -6,8 +6,8 @@ What (all functions take the store and the run id; none needs a model or a token
 - `pending_candidate(store, run_id)`: a candidate newer than the live set, awaiting the gate.
 - `create_version(store, run_id, lesson_ids, candidate=, by_user=, note=, token_count=)`: a new version.
 - `promote_candidate(store, run_id, version, note=)`, `reject_candidate(store, run_id, version, note=)`.
-- `restore_version(store, run_id, version, note=)`: make an old version's exact lessons live again
-  (`agent-runtime lessons rollback VERSION`).
+- `restore_version(store, run_id, version, note=)`: make an old version's lessons live again
+  (`agent-runtime lessons rollback VERSION`), less those forgotten since (`forgotten_since`).
 - `diff_versions(store, run_id, v1, v2) -> LessonSetDiff` (added, removed, kept, and which added
   lessons merged or updated which removed ones), with `to_dict()` for `--json`.
 - `live_lessons(store, run_id, pool=None) -> (version, lessons)`: what the prompts show now.
@@ -29,6 +29,9 @@ Why this design:
   the two is repaired by calling it again.
 - Statuses: members of the live set are "active"; members of a pending candidate stay "proposed";
   everything else is "retired". "consolidated" belongs to the OPCD phase and is never changed here.
+- A forgotten lesson never comes back: a rollback or a promotion of an old version leaves it out and its note says
+  so, and the store refuses a version that holds one (`memory.lesson_store.refuse_forgotten`). A live version
+  written before that rule by a store that broke it is read without its forgotten lessons (`live_lessons`).
 """
 
 from __future__ import annotations
@@ -73,8 +76,24 @@ def live_lessons(
     if live is None or not live.lesson_ids:
         return live, []
     rows = {x.id: x for x in store.lessons(run_id, ids=live.lesson_ids)}
-    ordered = [rows[i] for i in live.lesson_ids]
+    ordered = [rows[i] for i in live.lesson_ids if rows[i].forgotten_at is None]
     return live, [x for x in ordered if pool is None or x.pool == pool]
+
+
+def forgotten_since(store: ExperienceStore, run_id: int | None, lesson_ids: Sequence[int]) -> list[int]:
+    """The lessons among `lesson_ids` that were forgotten (they never come back), in their order."""
+    rows = {x.id: x for x in store.lessons(run_id, ids=lesson_ids)} if lesson_ids else {}
+    return [i for i in lesson_ids if i in rows and rows[i].forgotten_at is not None]
+
+
+def _without_forgotten(
+    store: ExperienceStore, run_id: int | None, info: LessonSetInfo, text: str
+) -> tuple[list[int], str]:
+    """`info`'s lessons less the forgotten ones, and `text` saying which were left out."""
+    gone = forgotten_since(store, run_id, info.lesson_ids)
+    if gone:
+        text += " without forgotten " + ", ".join(f"#{i}" for i in gone)
+    return [i for i in info.lesson_ids if i not in gone], text
 
 
 def get_version(store: ExperienceStore, run_id: int | None, version: int) -> LessonSetInfo:
@@ -111,10 +130,11 @@ def create_version(
 
 
 def promote_candidate(store: ExperienceStore, run_id: int | None, version: int, *, note: str = "") -> LessonSetInfo:
-    """Make candidate `version` live (as a new live version with the same lessons)."""
+    """Make candidate `version` live (as a new live version with the same lessons, less any forgotten since)."""
     info = get_version(store, run_id, version)
-    text = f"promoted candidate v{version}" + (f"; {note}" if note else "")
-    return create_version(store, run_id, info.lesson_ids, note=text, token_count=info.token_count)
+    ids, text = _without_forgotten(store, run_id, info, f"promoted candidate v{version}")
+    text += f"; {note}" if note else ""
+    return create_version(store, run_id, ids, note=text, token_count=info.token_count)
 
 
 def reject_candidate(
@@ -134,20 +154,22 @@ def reject_candidate(
 
 
 def restore_version(store: ExperienceStore, run_id: int | None, version: int, *, note: str = "") -> LessonSetInfo:
-    """Make the exact lessons of `version` live again, as a new live version (history is kept)."""
+    """Make the lessons of `version` live again, as a new live version (history is kept), less those forgotten
+    since (its note names them; `forgotten_since` says which)."""
     info = get_version(store, run_id, version)
-    text = f"restored v{version}" + (f"; {note}" if note else "")
-    return create_version(store, run_id, info.lesson_ids, note=text, token_count=info.token_count)
+    ids, text = _without_forgotten(store, run_id, info, f"restored v{version}")
+    text += f"; {note}" if note else ""
+    return create_version(store, run_id, ids, note=text, token_count=info.token_count)
 
 
 def sync_statuses(store: ExperienceStore, run_id: int | None) -> None:
     """Statuses follow the versions: live members active, pending-candidate members proposed, other
-    proposed/active lessons retired. Consolidated lessons are left alone. Idempotent."""
+    proposed/active lessons retired. Consolidated and forgotten lessons are left alone. Idempotent."""
     live = live_version(store, run_id)
     live_ids = set(live.lesson_ids) if live else set()
     pending = pending_candidate(store, run_id)
     pending_ids = set(pending.lesson_ids) if pending else set()
-    lessons = store.lessons(run_id, status=["proposed", "active", "retired"])
+    lessons = [x for x in store.lessons(run_id, status=["proposed", "active", "retired"]) if x.forgotten_at is None]
     to_active = [x.id for x in lessons if x.id in live_ids and x.status != "active"]
     to_proposed = [x.id for x in lessons if x.id in pending_ids - live_ids and x.status != "proposed"]
     to_retired = [x.id for x in lessons if x.id not in live_ids | pending_ids and x.status != "retired"]
