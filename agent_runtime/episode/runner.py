@@ -9,6 +9,12 @@ Tasks come from a `TaskSampler` that is a pure function of (run seed, draw index
 environment, task and seed. The loop persists only counters (the next draw index and the draws still in
 flight), which makes `--resume` exact without pickling random-number generators.
 
+Every other draw of an episode is seeded the same way, by (run seed, draw index, turn): `turn_seed` is the one key,
+for the policy (each row of the batched call gets its own seed, `SamplingParams.seeds`, so what a slot samples
+depends neither on the slots beside it nor on the calls before) and for exploration. A killed and resumed run plays
+every episode as the run never killed did. A backend that cannot seed a row by itself (not a `RowSeededBackend`:
+a remote chat API) cannot promise that; its episodes record `replays: false` in their metadata.
+
 Failures inside an episode are data: an environment that raises in reset or step ends that episode with
 outcome "error" and the message, and the run goes on with a fresh environment instance in that slot.
 
@@ -31,12 +37,20 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
 from agent_runtime.episode.prompt import PromptBuilder, Turn, parse_action
-from agent_runtime.llm.base import ChoiceBackend, FingerprintBackend, PolicyBackend, SamplingParams, require
+from agent_runtime.llm.base import (
+    ChoiceBackend,
+    FingerprintBackend,
+    PolicyBackend,
+    RowSeededBackend,
+    SamplingParams,
+    derive_seed,
+    require,
+)
 from distill.lessons.safety import replace_lone_surrogates
 from environments.base import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, cap_text
 from memory import EpisodeRecord, StepRecord
@@ -77,6 +91,12 @@ class TaskSampler:
         env_index = rng.choices(range(len(self.weights)), weights=weights)[0]
         tasks = self.task_lists[env_index]
         return Draw(index, env_index, tasks[rng.randrange(len(tasks))], rng.randrange(2**31))
+
+
+def turn_seed(run_seed: int, draw_index: int, turn: int, purpose: str) -> int:
+    """The seed of one draw of PLAY: `purpose` ("act": the policy's sample, "explore": whether and what it
+    explores) at `turn` of draw `draw_index` of the run seeded `run_seed`; nothing else goes into it."""
+    return derive_seed(run_seed, draw_index, turn, purpose)
 
 
 @dataclass
@@ -167,7 +187,9 @@ class EpisodeRunner:
         explore: float = 0.0,
         lender: EnvLender | None = None,
         choose_lessons: Callable[[EpisodeContext, str, str, str], EpisodeContext] | None = None,
+        seed: int = 0,
     ):
+        """`seed`: the run seed, which with a draw's index and the turn seeds every draw of a turn (`turn_seed`)."""
         assert len(envs) == len(builders), "one prompt builder per environment"
         assert 0.0 <= explore <= 1.0, f"explore is a share of decisions, got {explore}"
         if any(b.action_mode == "choice" for b in builders):
@@ -185,6 +207,8 @@ class EpisodeRunner:
         self.choose_lessons = choose_lessons
         self.explore = explore  # share of choice decisions drawn uniformly from the set (PLAY's exploration)
         self.lender = lender
+        self.seed = seed
+        self.replays = isinstance(backend, RowSeededBackend)
         self._instances: list[dict[int, object]] = [{} for _ in range(slots)]
         self._live: list[_Episode | None] = [None] * slots
 
@@ -208,6 +232,8 @@ class EpisodeRunner:
     def _record(self, ep: _Episode, outcome: str, won: bool, error: str | None = None) -> EpisodeRecord:
         spec = self.envs[ep.draw.env_index]
         metadata = {"draw": ep.draw.index, "final_observation": ep.observation}
+        if not self.replays:
+            metadata["replays"] = False
         if "observation_chars" in ep.cut:
             metadata["final_observation_chars"] = ep.cut["observation_chars"]
         if "goal_chars" in ep.cut:
@@ -295,16 +321,16 @@ class EpisodeRunner:
                     ep.history, ep.observation, options or ep.info.get("admissible_actions"), lessons, ep.examples
                 )
             )
-        completions = self._act(chats, offered)
+        seeds = [turn_seed(self.seed, self._live[s].draw.index, len(self._live[s].steps), "act") for s in live]
+        completions = self._act(chats, offered, seeds)
         for slot, completion, options in zip(live, completions, offered):
             ep = self._live[slot]
             spec = self.envs[ep.draw.env_index]
             admissible = options or ep.info.get("admissible_actions")
-            explored = bool(options) and self.explore > 0 and self._explores(ep)
-            if explored:  # seeded by the draw and the turn: a resumed run explores the same way
-                completion.text = random.Random(f"explore-pick:{ep.draw.seed}:{ep.draw.index}:{len(ep.steps)}").choice(
-                    options
-                )
+            explore = random.Random(turn_seed(self.seed, ep.draw.index, len(ep.steps), "explore"))
+            explored = bool(options) and self.explore > 0 and explore.random() < self.explore
+            if explored:
+                completion.text = explore.choice(options)
             action = completion.text if options else parse_action(spec.family, completion.text, admissible)
             ep.prompt_tokens += completion.prompt_tokens
             ep.completion_tokens += completion.completion_tokens
@@ -362,22 +388,20 @@ class EpisodeRunner:
                 self._live[slot] = None
                 on_episode(self._record(ep, "truncated", False))
 
-    def _explores(self, ep: _Episode) -> bool:
-        return random.Random(f"explore:{ep.draw.seed}:{ep.draw.index}:{len(ep.steps)}").random() < self.explore
-
-    def _act(self, chats: list, offered: list[list[str] | None]) -> list:
-        """One batched call per way of acting: `choose` for the rows with a choice set, `generate` for the rest."""
+    def _act(self, chats: list, offered: list[list[str] | None], seeds: list[int]) -> list:
+        """One batched call per way of acting: `choose` for the rows with a choice set, `generate` for the rest;
+        each row sampled with its own seed."""
         out: list = [None] * len(chats)
         choice_rows = [i for i, options in enumerate(offered) if options]
         free_rows = [i for i, options in enumerate(offered) if not options]
         if choice_rows:
-            chosen = self.backend.choose(
-                [chats[i] for i in choice_rows], [offered[i] for i in choice_rows], self.params
-            )
+            params = replace(self.params, seeds=tuple(seeds[i] for i in choice_rows))
+            chosen = self.backend.choose([chats[i] for i in choice_rows], [offered[i] for i in choice_rows], params)
             for i, completion in zip(choice_rows, chosen):
                 out[i] = completion
         if free_rows:
-            for i, completion in zip(free_rows, self.backend.generate([chats[i] for i in free_rows], self.params)):
+            params = replace(self.params, seeds=tuple(seeds[i] for i in free_rows))
+            for i, completion in zip(free_rows, self.backend.generate([chats[i] for i in free_rows], params)):
                 out[i] = completion
         return out
 

@@ -275,6 +275,7 @@ def evaluate(
         slots=slots or config.runtime.slots,
         policy_name=config.model.name,
         lender=lender,
+        seed=config.evaluation.seed,
     )
     finished = False
     try:

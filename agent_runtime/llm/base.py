@@ -13,6 +13,12 @@ model's own tokenizer counts tokens), `LocalModelBackend` (the model lives in th
 where its backend is built (`agent_runtime.llm.check_capabilities`); code handed a backend by a caller that
 did not check it (the episode runner) checks with `require`, which names the backend and what needs it. An
 optional capability is used with `isinstance`; nobody probes with `hasattr`.
+
+Seeds. `SamplingParams.seeds` gives each prompt of a call its own seed, and a `RowSeededBackend` draws everything for
+that row (its tokens, its pick of an action) from a generator seeded with it alone: a row samples the same whichever
+rows share its batch and however many calls came before, which is what lets a killed and resumed run replay (PLAY
+derives a row's seed from the run seed, the draw and the turn: `agent_runtime.episode.runner.turn_seed`). A call with
+only `seed` seeds its rows with seeds derived from it and the row's place (`row_seeds`); greedy ignores both.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from hashlib import blake2b
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 Message = dict[str, str]
 Chat = list[Message]
@@ -33,7 +40,27 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     logprobs: bool = False
-    seed: int | None = None
+    seed: int | None = None  # the call's seed: row i draws with `derive_seed(seed, i)` when `seeds` is None
+    seeds: tuple[int, ...] | None = None  # one per prompt: the row's own seed, whatever else is in the batch
+
+
+def derive_seed(*key: object) -> int:
+    """A 63-bit seed from `key` (its parts joined with ':' and hashed with BLAKE2b): every seed a run derives comes
+    from here, and it fits both a torch generator and a vLLM request's seed."""
+    digest = blake2b(":".join(map(str, key)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def row_seeds(params: SamplingParams, rows: int) -> list[int] | None:
+    """Each row's seed in a call of `rows` prompts: `params.seeds`, else derived from `params.seed` and the row's
+    place, else None (unseeded: the backend's own generator)."""
+    if params.seeds is not None:
+        if len(params.seeds) != rows:
+            raise ValueError(
+                f"SamplingParams.seeds has {len(params.seeds)} seeds for {rows} prompts; give one per prompt"
+            )
+        return list(params.seeds)
+    return None if params.seed is None else [derive_seed(params.seed, row) for row in range(rows)]
 
 
 @dataclass
@@ -137,6 +164,17 @@ class SleepingBackend(Protocol):
     def wake_up(self) -> None: ...
 
 
+@runtime_checkable
+class RowSeededBackend(Protocol):
+    """A backend whose draws for a row come from that row's seed alone (`row_seeds`), so a run played with it replays
+    (a remote chat API takes no seed per request and is not one: an episode played with it records `replays: false`).
+    The seed fixes the draw; the numbers drawn from are the backend's, which may differ in their last bits with the
+    batch a row shares (padding, kernels chosen by shape): that moves a draw only where it lands that close to the
+    boundary between two outcomes."""
+
+    row_seeded: Literal[True]
+
+
 Capability = TypeVar("Capability")
 
 _CAPABILITIES = {
@@ -146,6 +184,7 @@ _CAPABILITIES = {
     TokenizerBackend: "count tokens with its own tokenizer",
     SleepingBackend: "free its memory",
     LocalModelBackend: "hold its weights in this process",
+    RowSeededBackend: "seed each row's draws by itself",
 }
 
 

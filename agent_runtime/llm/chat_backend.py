@@ -9,7 +9,10 @@ Sampling parameters other than `stop` belong to the chat model's own constructor
 differently), so `temperature` etc. go in `options.kwargs`. The one exception is a request for log-probabilities
 (`SamplingParams.logprobs`, which only the adapter probe makes): it is sent with its temperature and token budget
 in OpenAI's names (`logprobs`, `temperature`, `max_tokens`), which an OpenAI-compatible server such as vLLM's
-answers, and the reply's per-token log-probabilities come back in the completion.
+answers, and the reply's per-token log-probabilities come back in the completion. Nor can a row be seeded by
+itself (`SamplingParams.seeds`): `batch` sends one set of arguments for every request, and a remote model samples as
+its server does, so this is no `RowSeededBackend`: each episode played with it records `replays: false`, and a killed
+and resumed run is not guaranteed to play its episodes as the run never killed would.
 
 LoRA adapters on a vLLM server. `load_adapter(name, path)` asks the server to load a LoRA adapter at run
 time (vLLM's `POST /v1/load_lora_adapter`; the server must run with `--enable-lora` and the environment

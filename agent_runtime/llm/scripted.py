@@ -3,10 +3,12 @@
 It reads the last user message the agent wrote and answers without a model, hundreds of episodes a minute:
 
 - `random-admissible` (default): a command game's prompt lists "Admissible actions: a | b | c"; the backend
-  picks one at random (seeded, so runs repeat). A TextArena prompt lists bracketed moves; it picks one. A math
-  prompt gets `fixed_answer` ("The answer is 42" unless set).
+  picks one at random. A TextArena prompt lists bracketed moves; it picks one. A math prompt gets `fixed_answer`
+  ("The answer is 42" unless set). A seeded call (`SamplingParams.seeds` or `seed`) picks each row's from that
+  row's seed alone, so a run replays; unseeded, from the backend's own generator (seeded with `seed`).
 - `fixed`: always `fixed_answer`.
-- `sequence`: replies from the `replies` list in turn (cycling), for tests that need exact control.
+- `sequence`: replies from the `replies` list in turn (cycling), for tests that need exact control (a count kept
+  across calls: such a run does not replay).
 
 With `follow_lessons`, a lesson in the system prompt of the form "Always reply: X" makes the policy reply X:
 a policy for which a lesson is known to help or hurt, to test the lesson gate. Two rules that name different
@@ -29,7 +31,7 @@ import random
 import re
 import time
 
-from agent_runtime.llm.base import BackendStats, Chat, Completion, SamplingParams, closest_action
+from agent_runtime.llm.base import BackendStats, Chat, Completion, SamplingParams, closest_action, row_seeds
 from agent_runtime.llm.modes import ADMISSIBLE_PREFIX, ADMISSIBLE_SEPARATOR
 
 _BRACKETED = re.compile(r"\[([a-z]+)\]")
@@ -45,6 +47,7 @@ def _matches(action: str, key: str) -> bool:
 
 class ScriptedBackend:
     name = "scripted"
+    row_seeded = True
 
     def __init__(
         self,
@@ -78,7 +81,7 @@ class ScriptedBackend:
     def count_tokens(self, chat: Chat) -> int:
         return sum(len(m["content"].split()) + 2 for m in chat)
 
-    def _reply(self, chat: Chat) -> str:
+    def _reply(self, chat: Chat, rng: random.Random) -> str:
         last = next((m["content"] for m in reversed(chat) if m["role"] == "user"), "")
         if "EXPERIENCE ITEM" in last:
             return self.lesson_reply
@@ -99,10 +102,10 @@ class ScriptedBackend:
                 if options and self.follow_lessons:
                     options = self._follow(next((m["content"] for m in chat if m["role"] == "system"), ""), options)
                 if options:
-                    return self._rng.choice(options)
+                    return rng.choice(options)
         moves = _BRACKETED.findall(last)
         if moves:
-            return f"[{self._rng.choice(sorted(set(moves)))}]"
+            return f"[{rng.choice(sorted(set(moves)))}]"
         return self.fixed_answer
 
     @staticmethod
@@ -120,8 +123,9 @@ class ScriptedBackend:
     def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Completion]:
         start = time.perf_counter()
         out = []
-        for chat in prompts:
-            text = self._reply(chat)
+        seeds = row_seeds(params, len(prompts))
+        for row, chat in enumerate(prompts):
+            text = self._reply(chat, random.Random(seeds[row]) if seeds else self._rng)
             words = text.split()
             out.append(
                 Completion(

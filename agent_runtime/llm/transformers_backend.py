@@ -3,7 +3,10 @@
 Prompts are rendered with the tokenizer's chat template and tokenised by `distill.chat_tokens.encode_chat`
 (content is data: special-token text in it stays text), left-padded into one batch (decoder-only models
 continue from the right edge, so padding goes on the left), generated with the KV cache, and cut at the first
-EOS or stop string. Sampling is seeded per call when `SamplingParams.seed` is set, so a run repeats.
+EOS or stop string. A seeded call (`SamplingParams.seeds`, or `seed`: `llm.base.row_seeds`) gives every row its own
+CPU generator: its tokens and its pick of an action are drawn from that alone, so a row samples the same whatever
+shares its batch (a `RowSeededBackend`; the scores it draws from can differ with the batch in their last bits only).
+Unseeded, sampling uses torch's global generator.
 
 LoRA adapters (peft) are loaded by name and switched with `use_adapter(name)`; `use_adapter(None)` gives the
 base model. Each loaded adapter's fingerprint (`distill.fingerprint`) is computed from the tensors peft put in the
@@ -32,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams, apply_stop
+from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams, apply_stop, row_seeds
 from agent_runtime.llm.prefix_cache import PrefixCache, PrefixCacheStats
 from distill.chat_tokens import encode_chat, render_chat
 from distill.fingerprint import fingerprint_state
@@ -71,6 +74,7 @@ def auto_dtype(device: torch.device) -> torch.dtype:
 
 class TransformersBackend:
     name = "transformers"
+    row_seeded = True
 
     def __init__(
         self,
@@ -218,11 +222,11 @@ class TransformersBackend:
         encoded = [encode_chat(self.tokenizer, chat) for chat in prompts]
         texts, rows = [p.text for p in encoded], [p.ids for p in encoded]
         prompt_lens = [len(r) for r in rows]
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
         # Sampling runs as a logits processor on generate's greedy path (see InverseCDFSampler); it records
         # the logprobs itself, since the scores generate keeps are then its one-hot choice.
-        sampler = InverseCDFSampler(params.temperature, params.top_p) if params.temperature > 0 else None
+        sampler = None
+        if params.temperature > 0:
+            sampler = InverseCDFSampler(params.temperature, params.top_p, _generators(params, len(prompts)))
         gen_kwargs = {
             "max_new_tokens": params.max_new_tokens,
             "do_sample": False,
@@ -303,8 +307,8 @@ class TransformersBackend:
             action_token_ids(self.tokenizer, chat, row, options, end_id)
             for chat, row, options in zip(prompts, rows, choices)
         ]
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
+        seeds = row_seeds(params, len(prompts))
+        generators = _generators(params, len(prompts))
         completions: list[Completion] = [None] * len(rows)  # type: ignore[list-item]
         scored = [i for i, options in enumerate(choices) if len(options) <= self.choice_trie_above]
         for group in self._choice_groups([rows[i] for i in scored], [actions[i] for i in scored]):
@@ -314,7 +318,11 @@ class TransformersBackend:
             for i, logp in zip(group, scores):
                 # the policy acted with; at temperature 0 the recorded distribution is the untempered one
                 dist = choice_distribution(logp.float().cpu(), params.temperature or 1.0)
-                pick = int(logp.argmax()) if params.temperature == 0 else int(torch.multinomial(dist.exp(), 1))
+                if params.temperature == 0:
+                    pick = int(logp.argmax())
+                else:
+                    generator = generators[i] if generators else None
+                    pick = int(torch.multinomial(dist.exp(), 1, generator=generator))
                 picks.append(pick)
                 completions[i] = Completion(
                     text=choices[i][pick],
@@ -331,7 +339,13 @@ class TransformersBackend:
             longest = max(len(a) for i in large for a in actions[i])
             decoded = self.generate(
                 [prompts[i] for i in large],
-                replace(params, max_new_tokens=longest, logprobs=True, stop=()),
+                replace(
+                    params,
+                    max_new_tokens=longest,
+                    logprobs=True,
+                    stop=(),
+                    seeds=tuple(seeds[i] for i in large) if seeds else None,
+                ),
                 tries=tries,
             )
             for i, trie, completion in zip(large, tries, decoded):
@@ -444,3 +458,10 @@ class TransformersBackend:
 
     def close(self) -> None:
         self.model = None
+
+
+def _generators(params: SamplingParams, rows: int) -> list[torch.Generator] | None:
+    """One CPU generator per row, seeded with its seed (`row_seeds`); None for an unseeded call. On the CPU whatever
+    the model's device: the same draws on any device, and no generator state on a GPU."""
+    seeds = row_seeds(params, rows)
+    return None if seeds is None else [torch.Generator().manual_seed(seed) for seed in seeds]

@@ -25,8 +25,11 @@ for such requests and crashes with LoRA enabled.) Sets larger than `choice_trie_
 vLLM's structured outputs (`choice`) instead, as the transformers backend decodes them under its trie.
 
 Log-probabilities are vLLM's "processed" ones (after temperature and top-p), as the transformers backend
-records them when it samples; greedy steps are untempered. Seeded sampling gives each row its own seed derived
-from `SamplingParams.seed`, so a call repeats exactly and identical prompts in one batch still draw apart.
+records them when it samples; greedy steps are untempered. Seeded sampling gives each request its row's seed
+(`SamplingParams.seeds`, or derived from `seed`: `llm.base.row_seeds`), which vLLM draws that request's tokens with
+alone, and a choice row picks with a generator of its own seed: a row's draw does not depend on its batch partners
+(a `RowSeededBackend`). vLLM's kernels are not batch-invariant by default, so the log-probabilities drawn from can
+differ in their last bits with the batch.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from agent_runtime.llm.base import (
     SamplingParams,
     apply_stop,
     closest_action,
+    row_seeds,
 )
 from distill.chat_tokens import encode_chat
 from distill.fingerprint import fingerprint_files
@@ -98,13 +102,9 @@ class EnginePrefixStats:
             self.prefilled_tokens += prompt - cached
 
 
-def row_seed(seed: int | None, row: int) -> int | None:
-    """Row `row`'s sampling seed in a call seeded with `seed` (None: unseeded)."""
-    return None if seed is None else (seed * 1_000_003 + row) % (1 << 63)
-
-
 class VLLMBackend:
     name = "vllm"
+    row_seeded = True
 
     def __init__(
         self,
@@ -247,13 +247,13 @@ class VLLMBackend:
         encoded = [encode_chat(self.tokenizer, chat) for chat in prompts]
         return encoded, [TokensPrompt(prompt_token_ids=p.ids) for p in encoded]
 
-    def _sampling(self, params: SamplingParams, row: int, **extra: Any):
+    def _sampling(self, params: SamplingParams, seed: int | None, **extra: Any):
         return self._vllm.SamplingParams(
             n=1,
             temperature=params.temperature,
             top_p=params.top_p,
             max_tokens=params.max_new_tokens,
-            seed=row_seed(params.seed, row),
+            seed=seed,
             **extra,
         )
 
@@ -262,9 +262,10 @@ class VLLMBackend:
             return []
         start = time.perf_counter()
         encoded, inputs = self._prompts(prompts)
+        seeds = row_seeds(params, len(prompts)) or [None] * len(prompts)
         sampling = [
-            self._sampling(params, i, stop=list(params.stop) or None, logprobs=0 if params.logprobs else None)
-            for i in range(len(prompts))
+            self._sampling(params, seed, stop=list(params.stop) or None, logprobs=0 if params.logprobs else None)
+            for seed in seeds
         ]
         outputs = self.llm.generate(inputs, sampling, lora_request=self._lora(), use_tqdm=False)
         elapsed = time.perf_counter() - start
@@ -309,13 +310,14 @@ class VLLMBackend:
         scored = [i for i, options in enumerate(choices) if len(options) <= self.choice_trie_above]
         actions = {i: action_token_ids(self.tokenizer, prompts[i], encoded[i].ids, choices[i], end_id) for i in scored}
         scores = self._sequence_logprobs([encoded[i].ids for i in scored], [actions[i] for i in scored])
-        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        seeds = row_seeds(params, len(prompts)) or [None] * len(prompts)
         for i, logp in zip(scored, scores):
             logp = torch.tensor(logp, dtype=torch.float64)
             dist = choice_distribution(logp, params.temperature or 1.0)
             if params.temperature == 0:
                 pick = int(logp.argmax())
             else:
+                generator = torch.Generator().manual_seed(seeds[i]) if seeds[i] is not None else None
                 pick = int(torch.multinomial(dist.exp(), 1, generator=generator))
             out[i] = Completion(
                 text=choices[i][pick],
@@ -326,9 +328,10 @@ class VLLMBackend:
                 choice_logprobs=dist.tolist(),
             )
         large = [i for i in range(len(prompts)) if out[i] is None]
-        for i, completion in zip(
-            large, self._decode_choices([prompts[i] for i in large], [choices[i] for i in large], params)
-        ):
+        decoded = self._decode_choices(
+            [prompts[i] for i in large], [choices[i] for i in large], params, [seeds[i] for i in large]
+        )
+        for i, completion in zip(large, decoded):
             out[i] = completion
         elapsed = time.perf_counter() - start
         for completion in out:
@@ -367,7 +370,9 @@ class VLLMBackend:
             for r, acts in enumerate(actions)
         ]
 
-    def _decode_choices(self, prompts: list[Chat], choices: list[list[str]], params: SamplingParams):
+    def _decode_choices(
+        self, prompts: list[Chat], choices: list[list[str]], params: SamplingParams, seeds: list[int | None]
+    ):
         """Sets too large to score whole: decoding constrained to the set's strings by vLLM's structured outputs
         (the draw follows the per-token renormalised distribution; only the chosen action's log-probability is
         known, so `choice_logprobs` stays None)."""
@@ -383,11 +388,11 @@ class VLLMBackend:
                 temperature=params.temperature,
                 top_p=params.top_p,
                 max_tokens=longest,
-                seed=row_seed(params.seed, i),
+                seed=seed,
                 logprobs=0,
                 structured_outputs=StructuredOutputsParams(choice=list(opts)),
             )
-            for i, opts in enumerate(choices)
+            for seed, opts in zip(seeds, choices)
         ]
         outputs = self.llm.generate(inputs, sampling, lora_request=self._lora(), use_tqdm=False)
         out = []

@@ -55,6 +55,7 @@ _EXCEPTION_LINE = re.compile(r"^(?:.*\] )?\s*((?:[\w.]+\.)?[A-Z]\w*(?:Error|Exce
 
 class VLLMProcessBackend:
     name = "vllm"
+    row_seeded = True  # the child's `VLLMBackend` draws, row by row
 
     def __init__(
         self,
@@ -311,7 +312,10 @@ def _serve(channel) -> None:
 
 
 def _params(data: dict) -> SamplingParams:
-    return SamplingParams(**{**data, "stop": tuple(data.get("stop") or ())})
+    seeds = data.get("seeds")
+    return SamplingParams(
+        **{**data, "stop": tuple(data.get("stop") or ()), "seeds": None if seeds is None else tuple(seeds)}
+    )
 
 
 def main() -> None:

@@ -290,6 +290,7 @@ class LocalExecutor:
             adapter_id=adapter.id if adapter else None,
             examples_for=self.examples_for,
             explore=self.run.config.agent.explore,
+            seed=self.run.config.seed,
         )
         try:
             runner.run(session.next_draw, session.commit, session.should_stop)

@@ -116,6 +116,7 @@ class RolloutWorker:
             policy_name=config.model.name,
             context_for=lambda d: self._contexts.pop(d.index),
             explore=config.agent.explore,
+            seed=config.seed,
         )
 
     def slots(self) -> int:

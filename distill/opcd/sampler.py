@@ -167,12 +167,15 @@ class InverseCDFSampler:
     processor: it returns scores that are 0 at the drawn token and -inf elsewhere, so generate's greedy step
     picks it. One uniform number per row and a search in the cumulative distribution replace
     `torch.multinomial`, which draws a random number per vocabulary entry: at batch 8 over SmolLM2's 49k
-    tokens that was 8 ms of a ~110 ms CPU decode step. Seeded like the rest of the call (torch's global
-    generator). `logprobs` keeps the drawn tokens' log-probabilities under the tempered, nucleus-renormalised
-    distribution, one (batch,) tensor per step."""
+    tokens that was 8 ms of a ~110 ms CPU decode step. The uniform numbers come from torch's global generator,
+    or with `generators` (one CPU `torch.Generator` per row) each row's from its own: then a row's tokens depend on
+    its seed and its scores alone, not on the rows beside it or on what drew before (how a run replays), and are the
+    same on any device. `logprobs` keeps the drawn tokens' log-probabilities under the tempered,
+    nucleus-renormalised distribution, one (batch,) tensor per step."""
 
-    def __init__(self, temperature: float, top_p: float = 1.0):
+    def __init__(self, temperature: float, top_p: float = 1.0, generators: list[torch.Generator] | None = None):
         self.temperature, self.top_p = temperature, top_p
+        self.generators = generators
         self.logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -189,10 +192,17 @@ class InverseCDFSampler:
             sorted_logp = sorted_logp.masked_fill(mass_before >= self.top_p, float("-inf"))  # keeps the top token
             logp = torch.full_like(logp, float("-inf")).scatter(-1, order, sorted_logp).log_softmax(-1)
         cdf = logp.exp().cumsum(-1)
-        u = torch.rand(cdf.shape[0], 1, device=cdf.device) * cdf[:, -1:]
+        u = self._uniforms(cdf.shape[0], cdf.device) * cdf[:, -1:]
         tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)
         self.logprobs.append(logp.gather(-1, tokens).squeeze(-1))
         return tokens.squeeze(-1)
+
+    def _uniforms(self, rows: int, device: torch.device) -> torch.Tensor:
+        """(rows, 1) uniform numbers: from the global generator, or one from each row's own."""
+        if self.generators is None:
+            return torch.rand(rows, 1, device=device)
+        assert len(self.generators) == rows, f"{len(self.generators)} generators for {rows} rows"
+        return torch.cat([torch.rand(1, 1, generator=g) for g in self.generators]).to(device)
 
 
 @contextlib.contextmanager
