@@ -47,3 +47,8 @@ class ImportFormatError(MemoryStoreError):
 
 class ImportConflictError(MemoryStoreError):
     """Importing would overwrite rows that already exist in the target store."""
+
+
+class StoredRowError(MemoryStoreError):
+    """A row already in the store breaks what its readers rely on (written around the store's checks, or before a
+    check existed); the message names the row and the field."""

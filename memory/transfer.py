@@ -25,7 +25,12 @@ another run, a missing trailer or wrong counts. A lesson whose metadata is not w
 caller's `lesson_screen` finds a problem with (`agent-runtime memory import` passes
 `distill.lessons.safety.stored_lesson_problem`: a lesson reaches a store only through the lesson screen, and an
 edited export is no exception) is an `ImportFormatError` too. A row whose id already exists is an
-`ImportConflictError`. Either way the transaction is rolled back and the store is as it was. Exports written at an
+`ImportConflictError`. An evaluation row whose indexed fields are not what its readers take (`memory.evaluation_metrics`:
+a continual assessment's phase within its run's curriculum, counts and games bounded) is an `ImportFormatError` naming
+the row and the field. Rows of a run already in the store never change what that run acts with
+(`memory.transfer_existing`: its lessons arrive proposed without trial evidence, its versions as candidates for the
+run's gate, its adapters not active; `notes=` collects what was changed, for the person who imports). Either way the
+transaction is rolled back and the store is as it was. Exports written at an
 older schema revision (from 0001) are read too: their rows are brought up to date as the migrations since would have
 changed them. Importing into an empty store reproduces the source exactly (`export -> import -> export` gives the
 same lines after the header).
@@ -37,8 +42,9 @@ rejects means the file was edited or written without the screen, so none of it i
 names the line and the screen's reason; the store is as it was.
 
 Methods on `ExperienceStore`: `export_jsonl(target) -> dict[str, int]` (a path, written atomically,
-or a text file object) and `import_jsonl(source, *, max_line_chars=, lesson_screen=) -> dict[str, int]`
-(a path or a text file object, e.g. `io.StringIO`); both return the row count per table.
+or a text file object) and `import_jsonl(source, *, max_line_chars=, lesson_screen=, notes=) -> dict[str, int]`
+(a path or a text file object, e.g. `io.StringIO`); both return the row count per table (an import: the rows it
+wrote).
 """
 
 from __future__ import annotations
@@ -61,10 +67,12 @@ from sqlalchemy.orm import Session
 
 from memory import migrate
 from memory.errors import ImportConflictError, ImportFormatError
+from memory.evaluation_metrics import curriculum_phases, evaluation_problem
 from memory.lesson_metadata import lesson_metadata_problem
-from memory.models import Base, CyclePoint, UTCDateTime
+from memory.models import Base, CyclePoint, Run, UTCDateTime
 from memory.prompts import RECIPE_COLUMNS, PromptEncoder, part_id, stored_prompts
 from memory.redaction import redact_secrets
+from memory.transfer_existing import ExistingRuns
 from memory.transfer_rows import READABLE_REVISIONS, References, decode_row, upgrade_row
 
 FORMAT_NAME = "agent-runtime-memory"
@@ -314,16 +322,19 @@ class TransferMixin:
         *,
         max_line_chars: int = MAX_LINE_CHARS,
         lesson_screen: Callable[[str], str | None] | None = None,
+        notes: list[str] | None = None,
     ) -> dict[str, int]:
-        """Add every row of a JSONL export to this store, all or nothing; returns rows per table.
+        """Add every row of a JSONL export to this store, all or nothing; returns rows written per table.
         `lesson_screen(text)` says what is wrong with a lesson's text (None: nothing); a lesson it finds a
-        problem with fails the import (see the module docstring for why it is not skipped)."""
+        problem with fails the import (see the module docstring for why it is not skipped). `notes` gets a line
+        per change made to rows of runs already in the store (`memory.transfer_existing`)."""
         if hasattr(source, "read"):
             name = str(getattr(source, "name", None) or "<stream>")
         else:
             name = os.fspath(source)  # type: ignore[arg-type]
         tables = _tables()
         counts = {t: 0 for t in tables}
+        written = dict(counts)
         with self._write() as session, _open_text(source, "r") as lines:
             importer = _Importer(self, session, tables, name)
             trailer: dict[str, Any] | None = None
@@ -363,8 +374,15 @@ class TransferMixin:
                             "lesson enters a store only through the screen, so nothing was imported (remove or "
                             "fix that lesson, and the rows that name it, and import again)"
                         )
-                importer.add(table_name, row, lineno)
+                if table_name == "evaluations" and (problem := importer.evaluation_problem(row)):
+                    raise ImportFormatError(
+                        f"{where}: evaluation {row['id']}: {problem}; nothing was imported (readers index with it)"
+                    )
                 counts[table_name] += 1
+                admitted = importer.existing.admit(table_name, row, where)
+                if admitted is not None:
+                    importer.add(table_name, admitted, lineno)
+                    written[table_name] += 1
             if lineno == 0:
                 raise ImportFormatError(f"{name}:1: empty file, expected the format header")
             importer.flush()
@@ -377,7 +395,9 @@ class TransferMixin:
                 raise ImportFormatError(f"{name}: end marker counts {expected} do not match the rows read {read}")
             importer.finish(counts)
         self._indexes.clear()
-        return counts
+        if notes is not None:
+            notes.extend(importer.existing.notes())
+        return written
 
     @staticmethod
     def _check_header(item: dict[str, Any], where: str) -> str:
@@ -413,6 +433,16 @@ class _Importer:
         self.encoder = PromptEncoder(max_episodes=10_000)
         self.parts: dict[str, int] = {}
         self.embedding_dims: dict[str, tuple[int, str]] = {}
+        self.existing = ExistingRuns(set(session.scalars(select(Run.id))))
+        self.phases: dict[int | None, int | None] = {None: None}  # run -> its curriculum's number of phases
+
+    def evaluation_problem(self, row: dict[str, Any]) -> str | None:
+        """What is wrong with an evaluation row's indexed fields, given its run's curriculum (in the file or the
+        store), or None."""
+        run = row["run_id"]
+        if run not in self.phases:
+            self.phases[run] = curriculum_phases(self.session.scalar(select(Run.config).where(Run.id == run)))
+        return evaluation_problem(row["num_episodes"], row["metrics"], self.phases[run])
 
     def add(self, table_name: str, row: dict[str, Any], lineno: int) -> None:
         where = f"{self.name}:{lineno}"
@@ -424,6 +454,8 @@ class _Importer:
             )
         self.order_pos = position
         self.references.note(table_name, row, where)
+        if table_name == "runs":
+            self.phases[row["id"]] = curriculum_phases(row["config"])
         if table_name == "embeddings":
             self._check_dim(row, where)
         if table_name == "steps":
@@ -459,8 +491,10 @@ class _Importer:
         self.pending = []
 
     def finish(self, counts: dict[str, int]) -> None:
-        """References checked, sequences moved past the imported ids (PostgreSQL)."""
+        """References checked, no forgotten lesson back in a version, sequences moved past the imported ids
+        (PostgreSQL)."""
         self.references.check(self.session, self.tables, self.name)
+        self.existing.check_versions(self.session, self.name)
         if self.store.dialect == "postgresql":
             for table in self.tables.values():
                 if "id" in table.columns and counts[table.name]:

@@ -5,7 +5,8 @@
 Reads open the store read-only; `memory import`, `memory reindex`, `memory prune --yes` and `memory vacuum` write.
 `memory import` is all or nothing, and every lesson in the file goes through the lesson safety screen
 (`distill.lessons.safety.stored_lesson_problem`): one it rejects, a value that is not finite or not Unicode text, fails
-the whole import with a message naming the line (exit 2), and nothing is written. `memory prune` keeps a run's last N
+the whole import with a message naming the line (exit 2), and nothing is written. Rows of a run already in the store
+never change what it acts with (`memory.transfer_existing`): the command prints what it changed in them. `memory prune` keeps a run's last N
 episodes and/or last D days (and every episode a live lesson or an adapter's training set came from); without `--yes` it
 only prints what it would delete.
 """
@@ -43,9 +44,12 @@ def cmd_import(args) -> int:
     from distill.lessons.safety import stored_lesson_problem
     from memory import ExperienceStore
 
+    notes: list[str] = []  # what the import changed in rows of runs already in the store
     with ExperienceStore.open(target) as store:  # every lesson through the lesson screen; one it rejects fails all
-        counts = store.import_jsonl(args.path, lesson_screen=stored_lesson_problem)
-    print_result(args, counts, [f"imported from {args.path}: " + ", ".join(f"{v} {k}" for k, v in counts.items())])
+        counts = store.import_jsonl(args.path, lesson_screen=stored_lesson_problem, notes=notes)
+    payload = {**counts, "notes": notes} if notes else counts
+    lines = [f"imported from {args.path}: " + ", ".join(f"{v} {k}" for k, v in counts.items())]
+    print_result(args, payload, lines + notes)
     return 0
 
 

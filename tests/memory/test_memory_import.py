@@ -287,10 +287,10 @@ def test_an_export_at_revision_0001_imports_as_its_database_would_have_migrated(
 def test_exports_of_unknown_revisions_are_refused(tmp_path: Path) -> None:
     lines = OLD_EXPORT.read_text().splitlines()
     for revision, message in (
-        ("9999", "imports revisions 0001, 0002, 0003, 0004, 0005, 0006"),
+        ("9999", "imports revisions 0001, 0002, 0003, 0004, 0005, 0006, 0007"),
         (None, "revision None"),
     ):
         header = json.loads(lines[0]) | {"schema_revision": revision}
         with ExperienceStore.open(tmp_path / str(revision)) as store, pytest.raises(ImportFormatError, match=message):
             store.import_jsonl(io.StringIO("\n".join([json.dumps(header), *lines[1:]]) + "\n"))
-    assert migrate.head_revision() == "0006"
+    assert migrate.head_revision() == "0007"
