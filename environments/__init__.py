@@ -11,6 +11,7 @@ Importing this package is cheap: game libraries load only when an environment is
 from environments.base import (
     EnvError,
     EnvSpec,
+    MissingSplitError,
     ResetNeededError,
     StepResult,
     TextEnv,
@@ -34,6 +35,7 @@ __all__ = [
     "EnvError",
     "EnvRecord",
     "EnvSpec",
+    "MissingSplitError",
     "ResetNeededError",
     "StepResult",
     "TextEnv",

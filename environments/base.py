@@ -1,8 +1,13 @@
 """The environment contract: one small module that every text environment implements.
 
 Gymnasium-shaped, but observations and actions are text. An environment hands out reproducible task
-ids per split ("train" / "eval"), is reset onto one of them (or onto a seed), and is stepped with the
-agent's action string. Rewards are per step: adapters for games that keep a cumulative score turn it
+ids per split, is reset onto one of them (or onto a seed), and is stepped with the agent's action string. The
+splits (`SPLITS`) are pairwise disjoint folds of one task distribution, by task id and by game: "train" is what
+the agent plays and learns from, "eval" the held-out games that tables report, and "validation" the games that
+decisions (the lesson gate, an adapter's promotion) are taken on, so that choosing on them never spends eval.
+An environment says which splits it hands out (`TextEnv.splits`); one written for train and eval alone has no
+validation fold, and asking it for one is a `MissingSplitError` saying what to implement, never train or eval
+tasks lent under another name. Rewards are per step: adapters for games that keep a cumulative score turn it
 into differences. `info` has reserved keys every consumer may rely on:
 
 - ``admissible_actions``: list[str], when the game knows them (absent otherwise)
@@ -27,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Self
 
 RESERVED_INFO_KEYS = ("admissible_actions", "won", "score", "goal")
-SPLITS = ("train", "eval")
+SPLITS = ("train", "validation", "eval")
 # Far above what a working game says (a TextWorld cooking room is ~1,000 characters, a command ~40), so that only a
 # runaway environment is cut.
 MAX_OBSERVATION_CHARS = 16_384
@@ -71,6 +76,10 @@ class UnknownEnvironmentError(EnvError, KeyError):
         return str(self.args[0])
 
 
+class MissingSplitError(EnvError, LookupError):
+    """tasks() was asked for a split of the contract that this environment does not hand out (`TextEnv.splits`)."""
+
+
 class ResetNeededError(EnvError, RuntimeError):
     """step() was called before reset() or after the episode ended."""
 
@@ -79,10 +88,13 @@ class TextEnv(ABC):
     """A text environment. Subclasses set `spec` and implement tasks/reset/step."""
 
     spec: EnvSpec
+    # The splits this environment hands out. The contract asks for every one of SPLITS; an environment that does
+    # not declare "validation" was written for train and eval alone, and gets MissingSplitError for it.
+    splits: tuple[str, ...] = ("train", "eval")
 
     @abstractmethod
     def tasks(self, split: str) -> Sequence[str]:
-        """Reproducible task ids of a split ("train" or "eval"); the two splits are disjoint."""
+        """Reproducible task ids of a split (one of SPLITS); the splits are pairwise disjoint."""
 
     @abstractmethod
     def reset(self, *, seed: int | None = None, task_id: str | None = None) -> tuple[str, dict[str, Any]]:
@@ -102,6 +114,16 @@ class TextEnv(ABC):
         self.close()
 
 
-def check_split(split: str) -> None:
+def check_split(split: str, env: TextEnv | None = None) -> None:
+    """Raise ValueError for a split name outside SPLITS, and, given `env`, MissingSplitError for a split it does not
+    hand out (naming what to implement)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; accepted: {', '.join(SPLITS)}")
+    if env is not None and split not in env.splits:
+        env_id = getattr(getattr(env, "spec", None), "id", type(env).__name__)
+        raise MissingSplitError(
+            f"{env_id} hands out no {split!r} tasks: it declares the splits {', '.join(env.splits)}, and the contract "
+            f"has {', '.join(SPLITS)}. Implement the {split} fold (task ids and games of its own, disjoint from the "
+            f"other splits', from the same distribution; see docs/environments.md) and declare "
+            f"`splits = environments.base.SPLITS` on the class"
+        )

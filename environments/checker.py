@@ -2,6 +2,7 @@
 
 Like Gymnasium's env_checker, it plays the environment through its public contract and collects
 every violation it finds (instead of stopping at the first), so an author sees the whole list:
+the three splits handed out and pairwise disjoint (an environment without a validation fold is named as such),
 reset before step, types of everything returned, reproducibility (same seed and task give the same
 observations, and the same actions replay the same way), no state kept across `reset` (after other
 episodes, the instance replays its first episode exactly: the runtime keeps instances between episodes and
@@ -17,9 +18,18 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from itertools import combinations
 from typing import Any
 
-from environments.base import MAX_ACTION_CHARS, SPLITS, EnvSpec, ResetNeededError, StepResult, TextEnv
+from environments.base import (
+    MAX_ACTION_CHARS,
+    SPLITS,
+    EnvSpec,
+    MissingSplitError,
+    ResetNeededError,
+    StepResult,
+    TextEnv,
+)
 
 FAMILIES = ("text", "arena", "math")
 MAX_CHECKED_STEPS = 500
@@ -172,7 +182,12 @@ def _run_checks(env: TextEnv, seed: int, fail: Callable[[str], None]) -> None:
     if spec.family not in FAMILIES:
         fail(f"spec.family must be one of {', '.join(FAMILIES)}, got {spec.family!r}")
 
-    tasks = {split: env.tasks(split) for split in SPLITS}
+    tasks = {}
+    for split in SPLITS:
+        try:
+            tasks[split] = env.tasks(split)
+        except MissingSplitError as exc:  # the other splits are still checked
+            fail(str(exc))
     for split, ids in tasks.items():
         if len(ids) == 0:
             fail(f"tasks({split!r}) is empty")
@@ -180,8 +195,9 @@ def _run_checks(env: TextEnv, seed: int, fail: Callable[[str], None]) -> None:
         if not all(isinstance(t, str) for t in ids[:100]):
             fail(f"tasks({split!r}) must hold str task ids")
             return
-    if set(tasks["train"][:200]) & set(tasks["eval"][:200]):
-        fail("train and eval task ids overlap")
+    for first, second in combinations(tasks, 2):
+        if set(tasks[first][:200]) & set(tasks[second][:200]):
+            fail(f"{first} and {second} task ids overlap")
     if list(env.tasks("train")[:20]) != list(tasks["train"][:20]):
         fail("tasks('train') is not reproducible")
     try:
@@ -219,7 +235,9 @@ def _run_checks(env: TextEnv, seed: int, fail: Callable[[str], None]) -> None:
         fail(f"reset(task_id={task!r}) twice gave different admissible actions")
     if env.reset(seed=seed)[0] != env.reset(seed=seed)[0]:
         fail(f"reset(seed={seed}) twice gave different observations")
-    env.reset(task_id=tasks["eval"][0])  # eval tasks must be playable too
+    for split in ("validation", "eval"):  # the held-out folds must be playable too
+        if split in tasks:
+            env.reset(task_id=tasks[split][0])
 
     # invalid input is answered by the game, not by an exception
     env.reset(task_id=task)

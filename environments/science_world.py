@@ -4,7 +4,8 @@ ScienceWorld is an elementary-science simulator in Scala (boil water, build a ci
 adapter plays it through the `TextEnv` contract:
 
 - **Tasks**: ScienceWorld's own variation folds. `train-<i>` is the i-th variation of its train fold, `eval-<i>`
-  the i-th of its test fold (`eval_split="dev"`: its development fold).
+  the i-th of its test fold (`eval_split="dev"`: its development fold), `validation-<i>` the i-th of its dev fold
+  (of its test fold when eval plays dev).
 - **An episode** starts as ScienceWorld's and TALES' do: the variation is loaded and reset, and the first
   observation is the answer to `look around`. The goal is the task description (`info["goal"]`).
 - **Score and success**: `info["score"]` is ScienceWorld's score in points (0-100; `info["max_score"]` is 100) and

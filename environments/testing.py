@@ -15,12 +15,14 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from environments.base import EnvSpec
+from environments.base import SPLITS, EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task
 
 
 class GuessEnv(EpisodicEnv):
     """Guess the hidden number in [1, 5]; reward 1 on the right guess; hints "higher"/"lower"."""
+
+    splits = SPLITS
 
     def __init__(self, *, max_steps: int | None = None, cache_dir: str | None = None) -> None:
         super().__init__(
@@ -33,7 +35,7 @@ class GuessEnv(EpisodicEnv):
         return IndexedTasks(split, 20 if split == "train" else 5)
 
     def _reset(self, task_id: str) -> tuple[str, dict[str, Any]]:
-        split = "train" if task_id.startswith("train") else "eval"
+        split = next(split for split in self.splits if parse_indexed_task(task_id, split) is not None)
         self._secret = random.Random(f"{split}/{parse_indexed_task(task_id, split)}").randint(1, 5)
         return "I am thinking of a number between 1 and 5.", self._info(False)
 
@@ -76,6 +78,7 @@ class OneMoveEnv(EpisodicEnv):
     """One move: `winner` wins, any other of `actions` loses. Subclasses set the class attributes."""
 
     spec = EnvSpec(id="testing/one-move", max_steps=1, family="text")
+    splits = SPLITS
     actions: tuple[str, ...] = ("look", "wait")
     winner = "wait"
     observation = "A room."

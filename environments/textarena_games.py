@@ -11,7 +11,10 @@ Every task is checked solvable before it is offered, by a breadth-first search o
 states, which also gives `expert_actions()`: FrozenLake start and goal must be connected; a Sokoban
 room must be solvable within the turn budget (TextArena's generator makes rooms that can need more
 pushes than 5 turns allow, so a task's seed is advanced until one fits: "train-i" tries seeds
-100*i, 100*i+1, ...; eval seeds start at 100*(1_000_000 + i)).
+100*i, 100*i+1, ...; eval seeds start at 100*(1_000_000 + i), validation ("validation-i") seeds at
+100*(2_000_000 + i)). The splits never share a seed; a 3x3 FrozenLake with 2 holes has only a few dozen
+boards, though, so its folds (eval's as much as validation's) repeat boards of the others, where Sokoban's
+rooms do not.
 
 TextArena's FrozenLake draws holes from Python's global `random`; we seed it for generation and put
 the caller's random state back afterwards.
@@ -26,10 +29,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from environments.base import EnvError, EnvSpec
+from environments.base import SPLITS, EnvError, EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task
 
 EVAL_OFFSET = 1_000_000
+VALIDATION_OFFSET = 2_000_000
+OFFSETS = {"train": 0, "eval": EVAL_OFFSET, "validation": VALIDATION_OFFSET}
 SEEDS_PER_TASK = 100
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 _ALIASES = {"w": "up", "a": "left", "s": "down", "d": "right"}
@@ -121,9 +126,25 @@ def sokoban_solution(fixed: Any, state: Any) -> list[str] | None:
 class ArenaEnv(EpisodicEnv):
     """FrozenLake or Sokoban from TextArena with the paper's settings (see the module docstring)."""
 
+    splits = SPLITS
+
     def __init__(
-        self, game: str, *, max_steps: int | None = None, n_train: int = 10_000, n_eval: int = 500, **game_kwargs: Any
+        self,
+        game: str,
+        *,
+        max_steps: int | None = None,
+        n_train: int = 10_000,
+        n_eval: int = 500,
+        n_validation: int = 500,
+        **game_kwargs: Any,
     ) -> None:
+        counts = {"train": n_train, "validation": n_validation, "eval": n_eval}
+        for split, count in counts.items():
+            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= EVAL_OFFSET:
+                raise ValueError(
+                    f"textarena/{game}: n_{split} must be an integer from 1 to {EVAL_OFFSET:,} (a split's seeds end "
+                    f"where the next split's begin), got {count!r}"
+                )
         descriptions = {
             "frozenlake": "TextArena FrozenLake 3x3, 2 holes (OPCD paper setting)",
             "sokoban": "TextArena Sokoban 6x6, 1 box (OPCD paper setting)",
@@ -138,7 +159,7 @@ class ArenaEnv(EpisodicEnv):
         )
         super().__init__(spec, max_steps=max_steps)
         self.game, self.game_kwargs = game, game_kwargs
-        self._counts = {"train": n_train, "eval": n_eval}
+        self._counts = counts
         self._env: Any = None
         self._solution: list[str] = []
 
@@ -146,7 +167,7 @@ class ArenaEnv(EpisodicEnv):
         return IndexedTasks(split, self._counts[split])
 
     def _base_seed(self, task_id: str) -> int:
-        for split, offset in (("train", 0), ("eval", EVAL_OFFSET)):
+        for split, offset in OFFSETS.items():
             index = parse_indexed_task(task_id, split)
             if index is not None:
                 return (offset + index) * SEEDS_PER_TASK
@@ -231,13 +252,22 @@ def frozenlake(
     cache_dir: str | None = None,
     n_train: int = 10_000,
     n_eval: int = 500,
+    n_validation: int = 500,
 ) -> ArenaEnv:
     """FrozenLake: fixed start top-left, goal bottom-right, `num_holes` holes, solvability checked.
 
     `cache_dir` is accepted for uniformity with the other built-ins; these games are generated in
     microseconds and never written to disk.
     """
-    return ArenaEnv("frozenlake", size=size, num_holes=num_holes, max_steps=max_steps, n_train=n_train, n_eval=n_eval)
+    return ArenaEnv(
+        "frozenlake",
+        size=size,
+        num_holes=num_holes,
+        max_steps=max_steps,
+        n_train=n_train,
+        n_eval=n_eval,
+        n_validation=n_validation,
+    )
 
 
 def sokoban(
@@ -248,11 +278,18 @@ def sokoban(
     cache_dir: str | None = None,
     n_train: int = 10_000,
     n_eval: int = 500,
+    n_validation: int = 500,
 ) -> ArenaEnv:
     """Sokoban: push the box(es) onto the target(s); only rooms solvable within max_steps are offered.
 
     `cache_dir` is accepted for uniformity with the other built-ins (nothing is cached).
     """
     return ArenaEnv(
-        "sokoban", dim_room=tuple(dim_room), num_boxes=num_boxes, max_steps=max_steps, n_train=n_train, n_eval=n_eval
+        "sokoban",
+        dim_room=tuple(dim_room),
+        num_boxes=num_boxes,
+        max_steps=max_steps,
+        n_train=n_train,
+        n_eval=n_eval,
+        n_validation=n_validation,
     )

@@ -11,9 +11,12 @@ half-written games, and an entry is played only if its manifest says it is this 
 planted or older version's entry is rebuilt). A flat ``<hash>.z8`` + ``<hash>.json`` pair written by earlier
 versions (an old workdir's ``games/``) is still read when both are plain files of this user's, no symlink.
 
-Splits: train task "train-i" is game seed i, eval task "eval-i" is game seed 1_000_000 + i, so the
-splits never share a game. (The cooking and simple challenges also have held-out ingredients; eval
-tasks use them: cooking's "test" recipe split and simple's test foods.)
+Splits: train task "train-i" is game seed i, eval task "eval-i" is game seed 1_000_000 + i and validation
+task "validation-i" game seed 2_000_000 + i, so the splits never share a seed (`n_train`, `n_eval` and
+`n_validation`, at most 1,000,000 each, size them). The cooking and simple challenges also have held-out
+ingredients: eval tasks use them (cooking's "test" recipe split, simple's test foods), and validation tasks
+cooking's "valid" recipe split, which TextWorld keeps apart from both, and simple's test foods (simple has
+only two sets of foods, so validation draws from eval's, in games of its own seeds).
 
 Rewards are differences of the game's cumulative score; `info` carries admissible_actions, won,
 score, max_score and goal. `expert_actions()` returns the game's walkthrough (for tests and oracle
@@ -37,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from environments.base import EnvSpec
+from environments.base import SPLITS, EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task, resolve_cache_dir
 from environments.game_cache import cache_key, cached_entry, trusted_files
 from environments.interpreter import (
@@ -61,6 +64,8 @@ __all__ = [
 ]
 
 EVAL_SEED_OFFSET = 1_000_000
+VALIDATION_SEED_OFFSET = 2_000_000
+SEED_OFFSETS = {"train": 0, "eval": EVAL_SEED_OFFSET, "validation": VALIDATION_SEED_OFFSET}
 _GENERATOR_VERSION = "1"  # bump when generation changes so old cache entries are not reused
 _GAME_FILES = ("game.z8", "game.json")  # what every cache entry holds (beside what else TextWorld writes)
 
@@ -80,11 +85,16 @@ def _clean(text: str) -> str:
 
 def game_seed(task_id: str) -> int:
     """The generation seed of a TextWorld task id."""
-    for split, offset in (("train", 0), ("eval", EVAL_SEED_OFFSET)):
-        index = parse_indexed_task(task_id, split)
-        if index is not None:
-            return offset + index
-    raise ValueError(f"not a TextWorld task id: {task_id!r}")
+    split = _split_of(task_id)
+    return SEED_OFFSETS[split] + parse_indexed_task(task_id, split)
+
+
+def _split_of(task_id: str) -> str:
+    """The split of a TextWorld task id ("train-3" -> "train")."""
+    for split in SEED_OFFSETS:
+        if parse_indexed_task(task_id, split) is not None:
+            return split
+    raise ValueError(f"not a TextWorld task id: {task_id!r}; ids look like 'train-0', 'validation-0' or 'eval-0'")
 
 
 class TextWorldEnv(EpisodicEnv):
@@ -94,6 +104,8 @@ class TextWorldEnv(EpisodicEnv):
     "tw-cooking", "tw-simple") with its `settings`, or "custom" with `settings` holding nb_rooms,
     nb_objects, quest_length and quest_breadth.
     """
+
+    splits = SPLITS
 
     def __init__(
         self,
@@ -107,7 +119,15 @@ class TextWorldEnv(EpisodicEnv):
         cache_dir: str | Path | None = None,
         n_train: int = 1000,
         n_eval: int = 100,
+        n_validation: int = 100,
     ) -> None:
+        counts = {"train": n_train, "validation": n_validation, "eval": n_eval}
+        for split, count in counts.items():
+            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= EVAL_SEED_OFFSET:
+                raise ValueError(
+                    f"{env_id}: n_{split} must be an integer from 1 to {EVAL_SEED_OFFSET:,} (a split's seeds end where "
+                    f"the next split's begin), got {count!r}"
+                )
         spec = EnvSpec(
             id=env_id,
             version="1",
@@ -119,7 +139,7 @@ class TextWorldEnv(EpisodicEnv):
         super().__init__(spec, max_steps=max_steps)
         self.challenge, self.settings = challenge, dict(settings)
         self.cache_dir = resolve_cache_dir(cache_dir) / "textworld"
-        self._counts = {"train": n_train, "eval": n_eval}
+        self._counts = counts
         self._game: InterpreterProcess | None = None
         self._loaded_path: Path | None = None
         self._state: Any = None
@@ -140,14 +160,10 @@ class TextWorldEnv(EpisodicEnv):
             "challenge": self.challenge,
             "settings": self.settings,
             "seed": game_seed(task_id),
-            "split": self._split_of(task_id),
+            "split": _split_of(task_id),
             "textworld": textworld.__version__,
             "gen": _GENERATOR_VERSION,
         }
-
-    @staticmethod
-    def _split_of(task_id: str) -> str:
-        return "train" if task_id.startswith("train-") else "eval"
 
     def game_file(self, task_id: str) -> Path:
         """The compiled game of `task_id`, generated and cached on first use."""
@@ -178,10 +194,11 @@ class TextWorldEnv(EpisodicEnv):
             from textworld.challenges import CHALLENGES
 
             settings = dict(self.settings)
+            split = _split_of(task_id)
             if self.challenge == "tw-cooking":
-                settings["split"] = "train" if self._split_of(task_id) == "train" else "test"
+                settings["split"] = {"train": "train", "validation": "valid", "eval": "test"}[split]
             if self.challenge == "tw-simple":  # test=True draws the food from held-out names
-                settings["test"] = self._split_of(task_id) == "eval"
+                settings["test"] = split != "train"
             game = CHALLENGES[self.challenge][1](settings, options)
         options.path = str(folder / "game.z8")
         compile_game(game, options)
@@ -265,6 +282,7 @@ def coin_collector(
     cache_dir: str | Path | None = None,
     n_train: int = 1000,
     n_eval: int = 100,
+    n_validation: int = 100,
 ) -> TextWorldEnv:
     """Coin Collector: walk a chain of rooms (level = quest length, +100 adds distractor rooms) to the coin."""
     return TextWorldEnv(
@@ -277,6 +295,7 @@ def coin_collector(
         cache_dir=cache_dir,
         n_train=n_train,
         n_eval=n_eval,
+        n_validation=n_validation,
     )
 
 
@@ -287,6 +306,7 @@ def treasure_hunter(
     cache_dir: str | Path | None = None,
     n_train: int = 1000,
     n_eval: int = 100,
+    n_validation: int = 100,
 ) -> TextWorldEnv:
     """Treasure Hunter (levels 1-30): find the named object, with distractors, doors and keys at higher levels."""
     return TextWorldEnv(
@@ -299,6 +319,7 @@ def treasure_hunter(
         cache_dir=cache_dir,
         n_train=n_train,
         n_eval=n_eval,
+        n_validation=n_validation,
     )
 
 
@@ -315,6 +336,7 @@ def cooking(
     cache_dir: str | Path | None = None,
     n_train: int = 1000,
     n_eval: int = 100,
+    n_validation: int = 100,
 ) -> TextWorldEnv:
     """The First TextWorld Problems cooking game: gather ingredients, prepare the recipe, eat the meal."""
     settings = {
@@ -337,6 +359,7 @@ def cooking(
         cache_dir=cache_dir,
         n_train=n_train,
         n_eval=n_eval,
+        n_validation=n_validation,
     )
 
 
@@ -348,6 +371,7 @@ def simple(
     cache_dir: str | Path | None = None,
     n_train: int = 1000,
     n_eval: int = 100,
+    n_validation: int = 100,
 ) -> TextWorldEnv:
     """TextWorld's "simple" house game (fixed map, find the food and put it on the stove)."""
     if rewards not in ("dense", "balanced", "sparse") or goal not in ("detailed", "brief", "none"):
@@ -365,6 +389,7 @@ def simple(
         cache_dir=cache_dir,
         n_train=n_train,
         n_eval=n_eval,
+        n_validation=n_validation,
     )
 
 
@@ -378,6 +403,7 @@ def custom(
     cache_dir: str | Path | None = None,
     n_train: int = 1000,
     n_eval: int = 100,
+    n_validation: int = 100,
 ) -> TextWorldEnv:
     """A custom TextWorld game (tw-make custom): rooms, objects and a quest of the given length."""
     settings = {
@@ -396,4 +422,5 @@ def custom(
         cache_dir=cache_dir,
         n_train=n_train,
         n_eval=n_eval,
+        n_validation=n_validation,
     )

@@ -4,8 +4,9 @@ TextWorld Express (TWX) reimplements TextWorld-style games in Scala, one JVM ser
 steps a second (`environments/java.py` runs the JVM). This adapter plays them through the `TextEnv` contract:
 
 - **Tasks**: TWX's own seed folds. `train-<i>` is the i-th seed of TWX's train fold; `eval-<i>` the i-th of its
-  test fold (`eval_split="dev"`: its development fold). The folds draw on disjoint objects and layouts, as TWX
-  designed them, so held-out games are new games.
+  test fold (`eval_split="dev"`: its development fold), `validation-<i>` the i-th of its dev fold (of its test fold
+  when eval plays dev). The folds draw on disjoint objects and layouts, as TWX designed them, so held-out games are
+  new games.
 - **Parameters**: TALES' settings per game (`GAMES`, from the suite's `twx_data.py`); `params={...}` overrides
   any of them (`params={"numLocations": 3}`). TALES' SimonSays variants are `simonsays` with `gameLength` 10, 50
   or 100, `memorization` 0 or 1 and `verbose` 0 or 1.

@@ -2,11 +2,14 @@
 
 Official games: point `data_path` (or the `ALFWORLD_DATA` environment variable, as alfworld's own scripts do; it counts
 only when it holds json_2.1.1) at the downloaded data; tasks are the solvable `game.tw-pddl` files under
-`json_2.1.1/train` (train) and `json_2.1.1/valid_unseen` (eval; `eval_split="valid_seen"` for the seen-rooms split),
-filtered by task type exactly as alfworld's `AlfredTWEnv` filters them.
+`json_2.1.1/train` (train), `json_2.1.1/valid_unseen` (eval; `eval_split="valid_seen"` for the seen-rooms split) and
+the other of the two valid folds (validation: `valid_seen` by default), filtered by task type exactly as alfworld's
+`AlfredTWEnv` filters them.
 
 Generated games (no data): `environments.alfworld.generate` builds ALFWorld-style games from the wheel's own files;
-train tasks use ALFRED's training floor plans and eval tasks its held-out floor plans (so eval rooms are unseen). Every
+train tasks use ALFRED's training floor plans and eval tasks its held-out floor plans (so eval rooms are unseen);
+validation tasks ("validation-<i>") are games of their own seeds on the training floor plans, as the official
+valid_seen fold is, so that decisions never look at eval's rooms. Every
 generated game is played by alfworld's hand-coded expert before it is offered; a game the expert does not win within
 `spec.max_steps` is discarded and the task moves to the next attempt seed (so every offered game is winnable within the
 step budget). The winning expert trajectory is cached with the game and served by `expert_actions()`. Generated games
@@ -34,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from environments.base import EnvError, EnvSpec
+from environments.base import SPLITS, EnvError, EnvSpec
 from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task, resolve_cache_dir
 from environments.game_cache import cached_entry
 from environments.interpreter import meta_command, multi_command
@@ -80,6 +83,8 @@ def _default_data_path() -> str | None:
 class AlfworldEnv(EpisodicEnv):
     """ALFWorld text games (official when data is given, generated otherwise)."""
 
+    splits = SPLITS
+
     def __init__(
         self,
         *,
@@ -90,6 +95,7 @@ class AlfworldEnv(EpisodicEnv):
         cache_dir: str | None = None,
         n_train: int = 1000,
         n_eval: int = 100,
+        n_validation: int = 100,
     ) -> None:
         from environments.alfworld.generate import TASK_TYPES
 
@@ -119,15 +125,17 @@ class AlfworldEnv(EpisodicEnv):
         self.cache_dir = resolve_cache_dir(cache_dir) / "alfworld"
         if data:
             self.data_root = Path(data).expanduser()
+            validation_split = "valid_seen" if eval_split == "valid_unseen" else "valid_unseen"
             self._official = {
                 "train": _official_games(self.data_root, "train", types),
+                "validation": _official_games(self.data_root, validation_split, types),
                 "eval": _official_games(self.data_root, eval_split, types),
             }
             for split, games in self._official.items():
                 if not games:
                     raise AlfworldDataError(f"no solvable {split} games of types {list(types)} under {self.data_root}")
         else:
-            self._counts = {"train": n_train, "eval": n_eval}
+            self._counts = {"train": n_train, "validation": n_validation, "eval": n_eval}
         self._env: Any = None
         self._loaded: Path | None = None
         self._walkthrough: list[str] = []
@@ -141,12 +149,12 @@ class AlfworldEnv(EpisodicEnv):
 
     def _valid_task(self, task_id: str) -> bool:
         if self.source == "official":
-            return task_id in self._official["train"] or task_id in self._official["eval"]
+            return any(task_id in games for games in self._official.values())
         return super()._valid_task(task_id)
 
     # -- generated games ------------------------------------------------------------------------
     def _task_key(self, task_id: str) -> tuple[str, int, str]:
-        split = "train" if task_id.startswith("train-") else "eval"
+        split = next(split for split in self.splits if parse_indexed_task(task_id, split) is not None)
         index = parse_indexed_task(task_id, split)
         assert index is not None, task_id
         return split, index, self.task_types[index % len(self.task_types)]
@@ -175,7 +183,7 @@ class AlfworldEnv(EpisodicEnv):
 
         from environments.alfworld.generate import available_scenes, generate_game
 
-        wanted = set(constants.TRAIN_SCENE_NUMBERS if split == "train" else constants.TEST_SCENE_NUMBERS)
+        wanted = set(constants.TEST_SCENE_NUMBERS if split == "eval" else constants.TRAIN_SCENE_NUMBERS)
         scenes = [s for s in available_scenes() if s in wanted]
         for attempt in range(MAX_ATTEMPTS):
             rng = random.Random(f"{split}/{index}/{task_type}/{attempt}")

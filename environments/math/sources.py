@@ -9,8 +9,12 @@ its data; otherwise (or when the caller prefers) they read a local JSONL or Parq
 Splits: where the source has a test split we use it for eval (GSM8K, MATH); DAPO-Math-17k has only
 train (repeated many times in the hub copy, so rows are de-duplicated) and CHAMP has one set, so a
 fixed, hash-free rule holds out every tenth (DAPO) or fifth (CHAMP) problem. A single local file is
-split the same way (every tenth row to eval) unless `eval_path` names a separate eval file.
-Task ids are "<split>-<row>", stable for a given data file.
+split the same way (every tenth row to eval) unless `eval_path` names a separate eval file. None of these
+sets has a validation split of its own, so validation is carved out of the train problems (after that
+hold-out): `n_validation` of them, evenly spaced over the list (default: a tenth, at most 200), which train
+then no longer hands out (`environments.episodic.carve_validation`). Task ids are "<split>-<row>", stable
+for a given data file: "train-<row>" and "eval-<row>" name the rows they named before validation existed
+(train's ids skip the carved rows), "validation-<i>" the i-th carved row.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from environments.base import EnvError
-from environments.episodic import IndexedTasks, parse_indexed_task
+from environments.base import SPLITS, EnvError
+from environments.episodic import DatasetSplits
 from environments.math.base import MathEnv, offline_package
 
 QUESTION_FIELDS = ("question", "problem", "prompt", "query")
@@ -120,25 +124,33 @@ def _holdout(problems: list[tuple[str, str]], every: int) -> dict[str, list[tupl
 
 
 class ProblemSetEnv(MathEnv):
-    """A fixed list of (question, gold) problems per split as one-step episodes."""
+    """A fixed list of (question, gold) problems for train and for eval as one-step episodes; validation is
+    `n_validation` train problems carved out of train (see the module docstring)."""
+
+    splits = SPLITS
 
     def __init__(
-        self, env_id: str, description: str, problems: dict[str, list[tuple[str, str]]], *, max_steps: int | None = None
+        self,
+        env_id: str,
+        description: str,
+        problems: dict[str, list[tuple[str, str]]],
+        *,
+        n_validation: int | None = None,
+        max_steps: int | None = None,
     ) -> None:
         super().__init__(env_id, description, max_steps=max_steps)
         for split, rows in problems.items():
             if not rows:
                 raise EnvError(f"{env_id}: the {split} split has no problems")
         self._problems = problems
+        self._splits = DatasetSplits(env_id, len(problems["train"]), len(problems["eval"]), n_validation)
 
     def _tasks(self, split: str) -> Sequence[str]:
-        return IndexedTasks(split, len(self._problems[split]))
+        return self._splits.tasks[split]
 
     def problem(self, task_id: str) -> tuple[str, str]:
-        split = "train" if task_id.startswith("train-") else "eval"
-        index = parse_indexed_task(task_id, split)
-        assert index is not None, task_id  # validated by EpisodicEnv.pick_task
-        return self._problems[split][index]
+        rows, row = self._splits.row(task_id)
+        return self._problems[rows][row]
 
 
 def dataset_env(
@@ -148,6 +160,7 @@ def dataset_env(
     eval_path: str | None = None,
     question_field: str | None = None,
     answer_field: str | None = None,
+    n_validation: int | None = None,
     max_steps: int | None = None,
     cache_dir: str | None = None,
 ) -> ProblemSetEnv:
@@ -189,7 +202,9 @@ def dataset_env(
         "math": "MATH competition problems",
         "dapo": "DAPO-Math-17k problems",
     }
-    return ProblemSetEnv(f"math/{kind}", f"{names[kind]} ({origin})", problems, max_steps=max_steps)
+    return ProblemSetEnv(
+        f"math/{kind}", f"{names[kind]} ({origin})", problems, n_validation=n_validation, max_steps=max_steps
+    )
 
 
 def gsm8k(
@@ -198,6 +213,7 @@ def gsm8k(
     eval_path: str | None = None,
     question_field: str | None = None,
     answer_field: str | None = None,
+    n_validation: int | None = None,
     max_steps: int | None = None,
     cache_dir: str | None = None,
 ) -> ProblemSetEnv:
@@ -208,6 +224,7 @@ def gsm8k(
         eval_path=eval_path,
         question_field=question_field,
         answer_field=answer_field,
+        n_validation=n_validation,
         max_steps=max_steps,
         cache_dir=cache_dir,
     )
@@ -219,6 +236,7 @@ def competition_math(
     eval_path: str | None = None,
     question_field: str | None = None,
     answer_field: str | None = None,
+    n_validation: int | None = None,
     max_steps: int | None = None,
     cache_dir: str | None = None,
 ) -> ProblemSetEnv:
@@ -229,6 +247,7 @@ def competition_math(
         eval_path=eval_path,
         question_field=question_field,
         answer_field=answer_field,
+        n_validation=n_validation,
         max_steps=max_steps,
         cache_dir=cache_dir,
     )
@@ -240,6 +259,7 @@ def dapo(
     eval_path: str | None = None,
     question_field: str | None = None,
     answer_field: str | None = None,
+    n_validation: int | None = None,
     max_steps: int | None = None,
     cache_dir: str | None = None,
 ) -> ProblemSetEnv:
@@ -250,12 +270,15 @@ def dapo(
         eval_path=eval_path,
         question_field=question_field,
         answer_field=answer_field,
+        n_validation=n_validation,
         max_steps=max_steps,
         cache_dir=cache_dir,
     )
 
 
-def champ(*, max_steps: int | None = None, cache_dir: str | None = None) -> ProblemSetEnv:
+def champ(
+    *, n_validation: int | None = None, max_steps: int | None = None, cache_dir: str | None = None
+) -> ProblemSetEnv:
     """CHAMP competition problems from the champ-dataset wheel (offline; every fifth held out for eval).
 
     Gold answers that read "X, or equivalently Y" are graded against Y (the closed form).
@@ -264,5 +287,9 @@ def champ(*, max_steps: int | None = None, cache_dir: str | None = None) -> Prob
     dataset = offline_package("champ_dataset", "champ-dataset", "math/champ").load("v0")
     problems = [(p.text, p.answer.split(", or equivalently")[-1].strip()) for _, p in sorted(dataset.problems.items())]
     return ProblemSetEnv(
-        "math/champ", "CHAMP competition math problems (offline)", _holdout(problems, 5), max_steps=max_steps
+        "math/champ",
+        "CHAMP competition math problems (offline)",
+        _holdout(problems, 5),
+        n_validation=n_validation,
+        max_steps=max_steps,
     )

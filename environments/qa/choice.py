@@ -23,8 +23,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from environments.base import EnvError, EnvSpec
-from environments.episodic import EpisodicEnv, IndexedTasks, parse_indexed_task
+from environments.base import SPLITS, EnvError, EnvSpec
+from environments.episodic import DatasetSplits, EpisodicEnv
 
 MAX_REPLY_CHARS = 20_000  # the answer is stated at the end; a longer reply is graded on its tail
 _SPANS = (
@@ -73,7 +73,12 @@ def chosen_label(reply: str, labels: Sequence[str], *, tag_only: bool = False) -
 
 
 class ChoiceEnv(EpisodicEnv):
-    """Fixed questions, each answered by one of `labels`, as one-step episodes."""
+    """Fixed questions, each answered by one of `labels`, as one-step episodes. The question sets have train and
+    eval lists only, so validation is `n_validation` train questions carved out of train, evenly spaced (default: a
+    tenth, at most 200; `environments.episodic.carve_validation`), which train then no longer hands out; train and
+    eval ids name the rows they named before validation existed."""
+
+    splits = SPLITS
 
     def __init__(
         self,
@@ -85,6 +90,7 @@ class ChoiceEnv(EpisodicEnv):
         *,
         source: str,
         answer_tag_only: bool = False,
+        n_validation: int | None = None,
         max_steps: int | None = None,
     ) -> None:
         super().__init__(
@@ -108,18 +114,17 @@ class ChoiceEnv(EpisodicEnv):
         self.labels = tuple(labels)
         self.answer_tag_only = answer_tag_only
         self._questions = questions
+        self._splits = DatasetSplits(env_id, len(questions["train"]), len(questions["eval"]), n_validation)
         self._goal = goal
         self._gold: str | None = None
 
     def _tasks(self, split: str) -> Sequence[str]:
-        return IndexedTasks(split, len(self._questions[split]))
+        return self._splits.tasks[split]
 
     def question(self, task_id: str) -> tuple[str, str]:
         """(question, gold label) of a task."""
-        split = "train" if task_id.startswith("train-") else "eval"
-        index = parse_indexed_task(task_id, split)
-        assert index is not None, task_id  # validated by EpisodicEnv.pick_task
-        return self._questions[split][index]
+        rows, row = self._splits.row(task_id)
+        return self._questions[rows][row]
 
     def _reset(self, task_id: str) -> tuple[str, dict[str, Any]]:
         question, self._gold = self.question(task_id)

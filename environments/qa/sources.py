@@ -5,7 +5,8 @@ split; without it every tenth row of `path` is held out for eval). Without `path
 `datasets` library, when it is installed and has the data (in its cache, or from the Hugging Face Hub where
 that is reachable): the OPCD paper's own exports, `ytz20/sys_medmcqa_{train,test}` and
 `ytz20/sys_safety_{train,test}` (the files microsoft/LMOps' opcd/tools/prepare_data.py fetches), train for
-train and test for eval. Neither available is an `EnvError` that names both ways out; nothing is fetched at
+train and test for eval. Neither source has a validation split: validation is carved out of train
+(`n_validation` questions, evenly spaced; see `environments.qa.choice.ChoiceEnv`). Neither available is an `EnvError` that names both ways out; nothing is fetched at
 import, only when an environment is made.
 
 Row layouts, detected per row:
@@ -215,6 +216,7 @@ def medmcqa(
     path: str | None = None,
     eval_path: str | None = None,
     answer_tag_only: bool = False,
+    n_validation: int | None = None,
     max_steps: int | None = None,
     cache_dir: str | None = None,
 ) -> ChoiceEnv:
@@ -232,6 +234,7 @@ def medmcqa(
         "Choose the correct option: A, B, C or D.",
         source=origin,
         answer_tag_only=answer_tag_only,
+        n_validation=n_validation,
         max_steps=max_steps,
     )
 
@@ -241,6 +244,7 @@ def safety(
     path: str | None = None,
     eval_path: str | None = None,
     answer_tag_only: bool = False,
+    n_validation: int | None = None,
     max_steps: int | None = None,
     cache_dir: str | None = None,
 ) -> ChoiceEnv:
@@ -258,5 +262,6 @@ def safety(
         "Answer yes or no.",
         source=origin,
         answer_tag_only=answer_tag_only,
+        n_validation=n_validation,
         max_steps=max_steps,
     )

@@ -79,7 +79,12 @@ def test_every_task_type_is_solved_by_the_expert(games_dir):
 def test_official_data_layout_is_read(simple_env, tmp_path):
     """A data folder in alfworld's layout switches the env to official games and their splits."""
     source = simple_env.game_dir("train-0")
-    for split, name in (("train", "pick_and_place_simple-A"), ("valid_unseen", "pick_and_place_simple-B")):
+    folders = (
+        ("train", "pick_and_place_simple-A"),
+        ("valid_seen", "pick_and_place_simple-C"),
+        ("valid_unseen", "pick_and_place_simple-B"),
+    )
+    for split, name in folders:
         target = tmp_path / "json_2.1.1" / split / name / "trial_1"
         target.mkdir(parents=True)
         for file in ("game.tw-pddl", "traj_data.json"):
@@ -88,6 +93,11 @@ def test_official_data_layout_is_read(simple_env, tmp_path):
     assert env.spec.kwargs["source"] == "official"
     assert list(env.tasks("train")) == ["json_2.1.1/train/pick_and_place_simple-A/trial_1"]
     assert list(env.tasks("eval")) == ["json_2.1.1/valid_unseen/pick_and_place_simple-B/trial_1"]
+    assert list(env.tasks("validation")) == ["json_2.1.1/valid_seen/pick_and_place_simple-C/trial_1"]
+    seen_rooms = environments.make(
+        "alfworld/text", data_path=str(tmp_path), task_types=["pick_and_place_simple"], eval_split="valid_seen"
+    )
+    assert list(seen_rooms.tasks("validation")) == ["json_2.1.1/valid_unseen/pick_and_place_simple-B/trial_1"]
     result = _play(env, env.tasks("eval")[0])
     assert result.info["won"] and result.info["source"] == "official"
     with pytest.raises(environments.EnvError, match="no solvable train games"):

@@ -66,7 +66,8 @@ def test_medmcqa_from_the_papers_export_conforms_and_plays(paper_files):
     env = environments.make("qa/medmcqa", path=train, eval_path=test)
     assert env_failures(env) == []
     assert env.spec.family == "math" and env.spec.kwargs["source"] == train
-    assert len(env.tasks("train")) == 12 and len(env.tasks("eval")) == 5
+    # one of the 12 train questions is carved out for validation (a tenth, at least one)
+    assert (len(env.tasks("train")), len(env.tasks("validation")), len(env.tasks("eval"))) == (11, 1, 5)
 
     question, info = env.reset(task_id="eval-1")
     assert question.startswith("Question 101:") and "gold" not in info and "B" not in info.values()
@@ -84,7 +85,7 @@ def test_medmcqa_from_the_papers_export_conforms_and_plays(paper_files):
 def test_medmcqa_own_layout_lists_the_options_and_holds_out_every_tenth_row(tmp_path):
     env = environments.make("qa/medmcqa", path=_write(tmp_path / "dev.jsonl", _medmcqa_rows(20)))
     assert env_failures(env) == []
-    assert len(env.tasks("train")) == 18 and len(env.tasks("eval")) == 2
+    assert (len(env.tasks("train")), len(env.tasks("validation")), len(env.tasks("eval"))) == (17, 1, 2)
     question, _ = env.reset(task_id="eval-0")  # row 9: cop 1 -> B
     assert question.splitlines()[:6] == [
         "Which drug is number 9?",
@@ -214,11 +215,12 @@ def test_without_data_the_error_says_both_ways_out(env_id):
 
 
 def test_one_exported_file_feeds_both_the_distillation_prompts_and_the_environment(paper_files):
-    """The paper config's train export (content and answer) is its `opcd.context.prompts` file and its train split."""
+    """The paper config's train export (content and answer) is its `opcd.context.prompts` file and its train split
+    (with the validation questions carved out of it)."""
     train, test = paper_files
     prompts = load_prompts(train)
     env = environments.make("qa/medmcqa", path=train, eval_path=test)
-    assert len(prompts) == len(env.tasks("train"))
+    assert len(prompts) == len(env.tasks("train")) + len(env.tasks("validation"))
     assert prompts[0] == [{"role": "user", "content": env.question("train-0")[0]}]
 
 
