@@ -21,6 +21,7 @@ FLOORS = {
     "bounded_yaml": 0,
     "checkpoints": 0,
     "curriculum": 0,
+    "terminal": 0,
     "llm": 1,
     "config": 2,
     "offline_packages": 3,

@@ -3,20 +3,20 @@ how a result is printed, and the user-facing error they raise.
 
 Stored text (lessons, episodes' goals, environment descriptions, error messages that quote them) came from
 an environment, a model or a file someone edited; printed raw, an escape sequence in it would drive the
-terminal (move the cursor, rewrite earlier lines, set the clipboard with OSC 52). `shown(text)` is the one
-helper every command prints such text through: C0 and C1 control characters (and DEL, and lone surrogates,
-which a UTF-8 terminal cannot even be sent) become visible escapes (`\x1b`, `\x9b`, `\ud800`); `print_result`
-applies it to every line it prints (keeping newlines and tabs) and `--json` output escapes them as JSON does.
+terminal (move the cursor, rewrite earlier lines, set the clipboard with OSC 52). `shown(text)`
+(`agent_runtime.terminal`) is the one helper every command prints such text through; `print_result` applies it
+to every line it prints (keeping newlines and tabs) and `--json` output escapes them as JSON does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 from tqdm.auto import tqdm
+
+from agent_runtime.terminal import shown
 
 
 class UsageError(Exception):
@@ -41,23 +41,6 @@ def open_store(args, read_only: bool = True, **kwargs):
     from memory import ExperienceStore
 
     return ExperienceStore.open(store_target(args), read_only=read_only, **kwargs)
-
-
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-_UNPRINTABLE_BUT_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return {9: "\\t", 10: "\\n", 13: "\\r"}.get(code) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-
-
-def shown(text: object, *, multiline: bool = False) -> str:
-    """`text` safe to print on a terminal: control characters (C0, DEL, C1) and lone surrogates escaped, as
-    `\\x1b`, `\\n`, `\\ud800`. A newline and a tab stay when `multiline` (text meant to span lines);
-    otherwise they are escaped too, so one stored text prints as one line."""
-    text = str(text)
-    return (_UNPRINTABLE_BUT_LINES if multiline else _UNPRINTABLE).sub(_escape, text)
 
 
 def print_result(args, payload, text_lines) -> None:

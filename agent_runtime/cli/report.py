@@ -17,13 +17,14 @@ def continual_matrix(store, run) -> object | None:
     from agent_runtime.config import config_from_dict
     from agent_runtime.evaluation.continual import load_matrix
 
-    config = config_from_dict(run.config, source=f"the stored config of run {run.id}")
+    config = config_from_dict(run.config, source=f"the stored config of run {run.id}", stored=True)
     if config.curriculum is None:
         return None
     return load_matrix(store, run.id, config.curriculum, [e.id for e in config.envs])
 
 
 def cmd_report(args) -> int:
+    from agent_runtime.evaluation.heldout import decisions_line, decisions_on_reported
     from agent_runtime.evaluation.report import learning_table
 
     with open_store(args) as store:
@@ -33,11 +34,14 @@ def cmd_report(args) -> int:
         run = store.get_run(args.run) if args.run is not None else runs[-1]
         matrix = continual_matrix(store, run)
         table = learning_table(store, run.id)
+        decided = decisions_on_reported(store, run.id)
     lines = [f"run {run.id} ({run.name})"]
     if matrix is not None:
         lines.append(matrix.table())
     if table:
         lines.append(table)
+    if decided and (matrix is not None or table):
+        lines.append(decisions_line(decided))
     if matrix is None and not table:
         lines.append("no curriculum assessments and no OPCD cycle yet: nothing to report")
     payload = {
@@ -45,6 +49,7 @@ def cmd_report(args) -> int:
         "name": run.name,
         "continual": matrix.as_dict() if matrix is not None else None,
         "learning_table": table,
+        "decisions_on_held_out_games": decided,
     }
     print_result(args, payload, lines)
     return 0

@@ -103,8 +103,11 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         raise ConfigError(_format_errors(err, str(path))) from None
 
 
-def config_from_dict(data: dict, source: str = "<config>") -> RunConfig:
+def config_from_dict(data: dict, source: str = "<config>", *, stored: bool = False) -> RunConfig:
+    """Validate `data` into a `RunConfig`. `stored`: a config a run already holds (its stored config, or the one
+    handed to its workers), loaded as it was made: a decision split a config read now may not name is let through,
+    and flagged (`LessonsConfig.held_out_decisions`)."""
     try:
-        return RunConfig.model_validate(data)
+        return RunConfig.model_validate(data, context={"stored": stored})
     except ValidationError as err:
         raise ConfigError(_format_errors(err, source)) from None

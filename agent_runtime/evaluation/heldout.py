@@ -16,20 +16,26 @@ unless that opening does not identify a game (`HeldOut.identifies`).
 
 `held_out(config, workdir)` builds the set once per process (it resets each evaluation task once; the
 games are generated and cached as evaluation would generate them anyway). `leak_report` is what
-`agent-runtime eval` prints: how many held-out tasks the run's stored experience holds, and whether any live
-lesson's provenance or the acting adapter's training episodes touch one.
+`agent-runtime eval` prints: how many held-out tasks the run's stored experience holds, whether any live
+lesson's provenance or the acting adapter's training episodes touch one, and whether a decision played one.
+
+A decision (the gate and the trials of induced lessons: their gate rows' games; a cycle's promotion: its validation
+games) must not play a game a table reports, or the lessons and adapters it let through are measured on the games
+they were chosen on. `decisions_on_reported` finds such games in the store alone (against the games its stored
+held-out evaluations played, or a `HeldOut` set), for `eval`, `report` and the cycle table the run prints; a run
+stored when the gate's split defaulted to `eval` is caught the same way.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent_runtime.config import RunConfig
 from agent_runtime.episode.build import build_envs
 from agent_runtime.episode.openings import normal_text, observation_hash
-from memory import EpisodeInfo, ExperienceStore
+from memory import EVALUATION_EVAL, EVALUATION_GATE, EpisodeInfo, ExperienceStore
 
 
 class EvalLeakError(RuntimeError):
@@ -135,6 +141,58 @@ def _build(config: RunConfig, workdir: Path, n: int) -> HeldOut:
     return HeldOut(frozenset(tasks), frozenset(observations), frozenset(common), tuple(texts))
 
 
+Game = tuple[str, str, int]  # (env id, task id, seed)
+
+
+def decision_games(store: ExperienceStore, run_id: int) -> dict[str, set[Game]]:
+    """The games the run's decisions played, by what played them: each gate row (the gate's and the induced
+    lessons' trials; its `keys`) and each cycle's validation games (its `validation_*` conditions)."""
+    out: dict[str, set[Game]] = {}
+    for row in store.evaluations(run_id, kind=EVALUATION_GATE):
+        keys = [k for k in row.metrics.get("keys", []) if isinstance(k, list) and len(k) == 3]
+        out.setdefault(f"gate row {row.id}", set()).update((str(e), str(t), int(s)) for e, t, s in keys)
+    for row in store.evaluations(run_id, kind=EVALUATION_EVAL):
+        if str(row.metrics.get("condition", "")).startswith("validation_"):
+            games = {(row.env_id, str(e["task_id"]), int(e["seed"])) for e in row.metrics.get("episodes", [])}
+            out.setdefault(f"cycle {row.cycle_id}'s validation games", set()).update(games)
+    return {source: games for source, games in out.items() if games}
+
+
+def reported_games(store: ExperienceStore, run_id: int) -> set[tuple[str, str]]:
+    """(env id, task id) of every game the run's stored held-out evaluations played (`eval`, a cycle's table, the
+    continual matrix)."""
+    return {
+        (row.env_id, str(e["task_id"]))
+        for row in store.evaluations(run_id, kind=EVALUATION_EVAL)
+        if row.split == "eval"
+        for e in row.metrics.get("episodes", [])
+    }
+
+
+def decisions_on_reported(store: ExperienceStore, run_id: int, held: HeldOut | None = None) -> list[str]:
+    """One line per decision that played a game a table reports: one of `held` (the games about to be reported), or
+    of the run's stored held-out evaluations; empty when none did."""
+    reported = reported_games(store, run_id)
+    lines = []
+    for source, games in decision_games(store, run_id).items():
+        hit = sorted(g for g in games if (held is not None and held.holds(g[0], g[1])) or g[:2] in reported)
+        if hit:
+            shown = ", ".join(f"{env} {task!r} seed {seed}" for env, task, seed in hit[:3])
+            more = f" and {len(hit) - 3} more" if len(hit) > 3 else ""
+            lines.append(f"{source} played {len(hit)} held-out game(s): {shown}{more}")
+    return lines
+
+
+def decisions_line(lines: list[str]) -> str:
+    """What a table's reader must know when a decision played its games (empty when none did)."""
+    if not lines:
+        return ""
+    return (
+        "NOT CLEAN: decisions played the held-out games this table reports, so what they let through is measured on "
+        "the games it was chosen on: " + "; ".join(lines)
+    )
+
+
 @dataclass
 class LeakReport:
     held_out: int
@@ -142,10 +200,11 @@ class LeakReport:
     leaked_episodes: list[int]
     leaked_lessons: list[int]
     leaked_adapter_episodes: list[int]
+    decisions_on_held_out: list[str] = field(default_factory=list)  # `decisions_on_reported`'s lines
 
     @property
     def clean(self) -> bool:
-        return not (self.leaked_lessons or self.leaked_adapter_episodes)
+        return not (self.leaked_lessons or self.leaked_adapter_episodes or self.decisions_on_held_out)
 
     def line(self) -> str:
         head = (
@@ -154,11 +213,15 @@ class LeakReport:
             "episode(s) in the store (never learned from)"
         )
         if self.clean:
-            return head + "; no live lesson and no acting adapter learned from one"
-        return (
-            head + f"; LEAKED: lessons {self.leaked_lessons} come from held-out episodes, the acting adapter "
-            f"trained on held-out episodes {self.leaked_adapter_episodes}"
-        )
+            return head + "; no live lesson and no acting adapter learned from one, and no decision played one"
+        learned = ""
+        if self.leaked_lessons or self.leaked_adapter_episodes:
+            learned = (
+                f"; LEAKED: lessons {self.leaked_lessons} come from held-out episodes, the acting adapter "
+                f"trained on held-out episodes {self.leaked_adapter_episodes}"
+            )
+        decided = f"; {decisions_line(self.decisions_on_held_out)}" if self.decisions_on_held_out else ""
+        return head + learned + decided
 
 
 def leak_report(store: ExperienceStore, run_id: int, held: HeldOut, adapter=None) -> LeakReport:
@@ -178,4 +241,5 @@ def leak_report(store: ExperienceStore, run_id: int, held: HeldOut, adapter=None
         for cycle in store.cycles(run_id):
             if cycle.adapter_id == adapter.id:
                 trained |= set(cycle.episode_ids)
-    return LeakReport(held.size, len(episodes), leaked, bad_lessons, sorted(trained & set(leaked)))
+    decided = decisions_on_reported(store, run_id, held)
+    return LeakReport(held.size, len(episodes), leaked, bad_lessons, sorted(trained & set(leaked)), decided)

@@ -24,7 +24,7 @@ a lesson scoped to one environment costs no games in the others.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agent_runtime.llm.base import PolicyBackend
 from agent_runtime.state import Run
@@ -97,16 +97,7 @@ def gate_candidate(run: Run, backend: PolicyBackend, curator: LessonCurator, can
         return outcome
     start, trial = trials(before, changed), trials(after, changed)
     for env_id in changed:
-        decision = _decide_in(env_id, start, trial, settings.gate_margin)
-        outcome.decisions[env_id] = decision
-        store_gate_decision(
-            store,
-            decision,
-            run_id=run_id,
-            env_id=env_id,
-            current_version=live.version if live else None,
-            candidate_version=candidate_version,
-        )
+        outcome.decisions[env_id] = _decide_in(env_id, start, trial, settings.gate_margin)
     known = {x.id for x in current}
     new = [x for x in members if x.id not in known]
     alone = _alone(trials, start, current, [x for x in candidate if x.id not in known], changed, len(envs), settings)
@@ -125,10 +116,20 @@ def gate_candidate(run: Run, backend: PolicyBackend, curator: LessonCurator, can
             outcome.dropped.append(lesson.id)
         elif kept != proposed[lesson.id] or (is_global(lesson.scope) and len(envs) > 1):
             outcome.narrowed[lesson.id] = kept
+    outcome.decisions = {e: _happened(e, d, new, proposed, placed, own) for e, d in outcome.decisions.items()}
+    for env_id in outcome.decisions:  # each row says what happened there, not only the gate's margin rule
+        store_gate_decision(
+            store,
+            outcome.decisions[env_id],
+            run_id=run_id,
+            env_id=env_id,
+            current_version=live.version if live else None,
+            candidate_version=candidate_version,
+        )
     shown = "; ".join(f"{e}: {d.reason}" for e, d in outcome.decisions.items())
     if len(outcome.dropped) == len(new):
         curator.reject(candidate_version, note=shown)
-        outcome.reason = f"blocked in every environment it would enter: {shown}"
+        outcome.reason = f"kept out of every environment it would enter: {shown}"
         return outcome
     for lesson_id, kept in outcome.narrowed.items():
         trials_meta = {e: _stored(d) for e, d in own[lesson_id].items()}
@@ -198,6 +199,25 @@ def _decide_in(env_id: str, start: dict, trial: dict, margin: float) -> GateDeci
         {k: v for k, v in trial.items() if k[0] == env_id},
         margin=margin,
     )
+
+
+def _happened(env_id: str, decision: GateDecision, new: list, proposed: dict, placed: dict, own: dict) -> GateDecision:
+    """The set's decision in one environment, saying what happened there: the gate's own verdict when every new
+    lesson proposed there went live; otherwise that they were kept out and why (a person's lesson proposed for every
+    environment must raise success to enter one, so "promoted" by the gate's margin may still keep it out)."""
+    entering = [x.id for x in new if env_id in proposed[x.id]]
+    out = [i for i in entering if env_id not in placed[i]]
+    if not out:
+        return decision
+    why = own[out[0]].get(env_id, decision)
+    if not why.promote:
+        cause = f"success fell by more than the margin {why.margin:.3f} ({why.summary})"
+    elif why.delta <= 0:
+        cause = f"it did not raise success ({why.summary})"
+    else:
+        cause = f"it raised success alone ({why.summary}), but not together with the others let in here"
+    who = "" if len(out) == len(entering) else f"lessons {out} "
+    return replace(decision, promote=len(out) < len(entering), reason=f"{who}kept out: {cause}")
 
 
 def _lets_in(decision: GateDecision, everywhere: bool) -> bool:

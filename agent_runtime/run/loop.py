@@ -65,6 +65,7 @@ from agent_runtime.run.play import Executor, LocalExecutor, PlaySession, Request
 from agent_runtime.state import Run
 from agent_runtime.state.cursor import CursorMove
 from agent_runtime.state.profile import Profile
+from agent_runtime.terminal import shown
 from distill.lessons import pending_user_candidate, sync_statuses
 from distill.lessons.forget import RECONSOLIDATE
 from distill.opcd.weights import bound_heap, release_memory
@@ -303,7 +304,7 @@ class AgentLoop:
                 raise ConfigError(f"--resume: no run named {config.name!r} in {url}; start one without --resume")
         # the store keeps no secrets: a resumed run takes them from the config given now
         data = restore_secrets(existing.config, config.model_dump(mode="json"))
-        stored = config_from_dict(data, source=f"run {existing.id}")
+        stored = config_from_dict(data, source=f"run {existing.id}", stored=True)
         if stored.name != existing.name:
             raise ConfigError(
                 f"--resume: run {existing.id} in {url} is named {existing.name!r}, but its stored config names the "
@@ -319,6 +320,10 @@ class AgentLoop:
             )
             log.warning(head + "\n" + "\n".join(differences))
             print(head, *differences, sep="\n", file=sys.stderr)
+        for line in stored.lessons.held_out_decisions:  # made under an old default: it loads, flagged
+            flag = f"--resume: run {existing.id}: {line}, the held-out games its tables report (not clean)"
+            log.warning(flag)
+            print(shown(flag), file=sys.stderr)
         stored.runtime.episodes = config.runtime.episodes
         stored.runtime.hours = config.runtime.hours
         return stored, existing.id
@@ -396,7 +401,7 @@ class AgentLoop:
         if reason is not None:
             self.lessons.reload()
             log.info(f"lesson gate on a person's lessons: {reason}")
-            tqdm.write(f"lesson gate on a person's lessons: {reason}")
+            tqdm.write(shown(f"lesson gate on a person's lessons: {reason}"))
 
     # -- PLAY -----------------------------------------------------------------------------------------
     def _play(self, started: float, start_episodes: int, start_tokens: int) -> None:
@@ -446,9 +451,9 @@ class AgentLoop:
         report = self.executor.extract(recent, finish)
         self.state, self.phase = after, finish.phase
         self.lessons.reload()
-        tqdm.write(report.line())
+        tqdm.write(shown(report.line()))
         for line in report.trial_lines():
-            tqdm.write(line)
+            tqdm.write(shown(line))
         log.info(report.line(), extra={"fields": {"phase": "EXTRACT", **asdict(report)}})
 
     # -- CONSOLIDATE, EVALUATE, PROMOTE | ROLLBACK ------------------------------------------------------
@@ -491,7 +496,7 @@ class AgentLoop:
         self.state, self.phase = (skipped if report.status == "skipped" else after), finish.phase
         self._act_with_run_adapter()
         self.lessons.reload()
-        tqdm.write(report.line())
+        tqdm.write(shown(report.line()))
         log.info(report.line(), extra={"fields": {"phase": "CONSOLIDATE", "cycle": asdict(report)}})
         if report.status == "promoted":  # the cycle stored the probe's reference where it ran: check against it
             with self.profile.phase("PROMOTE: probe"):
@@ -517,7 +522,7 @@ class AgentLoop:
         )
         self._probed = adapter.id
         if result.verdict == "adapter":  # the other verdicts are warnings, which the console shows already
-            tqdm.write(result.line())
+            tqdm.write(shown(result.line()))
 
     # -- a curriculum's assessment ----------------------------------------------------------------------
     def _assess(self) -> None:
@@ -534,7 +539,7 @@ class AgentLoop:
         line = (
             f"ASSESS {matrix.phases[index] if index == 0 else f'after phase {index} ({matrix.phases[index]})'}: {row}"
         )
-        tqdm.write(line)
+        tqdm.write(shown(line))
         log.info(line, extra={"fields": {"phase": "ASSESS", "after_phase": index, "R": matrix.as_dict()["R"]}})
 
     # -- reporting ------------------------------------------------------------------------------------
@@ -567,7 +572,7 @@ class AgentLoop:
         s = self._summary(started, start_episodes, start_tokens, state)
         rate = s.new_episodes / s.seconds * 60 if s.seconds else 0.0
         msg = f"{s.episodes} episodes, success {s.success_rate:.1%}, {s.tokens_per_s:.1f} tok/s, {rate:.1f} ep/min"
-        tqdm.write(msg)
+        tqdm.write(shown(msg))
         log.info(
             msg,
             extra={

@@ -93,7 +93,7 @@ class RolloutWorker:
     """One Ray actor: its own environment slots and policy backend (or the chat backend on a shared server)."""
 
     def __init__(self, config_data: dict, workdir: str, worker_id: int):
-        config = config_from_dict(config_data, source=f"ray worker {worker_id}")
+        config = config_from_dict(config_data, source=f"ray worker {worker_id}", stored=True)
         ray_config = config.runtime.ray
         self.worker_id = worker_id
         torch.manual_seed(config.seed + worker_id)
@@ -171,7 +171,7 @@ class Learner:
     def __init__(self, config_data: dict, workdir: str, run_id: int):
         """`config_data` is the run's config as the learner runs it (see `learner_config`); `run_id` the run in
         the store it opens (the driver's)."""
-        config = config_from_dict(config_data, source="ray learner")
+        config = config_from_dict(config_data, source="ray learner", stored=True)
         torch.manual_seed(config.seed)
         self.backend = make_backend(config.model, seed=config.seed, run=config)
         store = ExperienceStore.open(config.memory.url or Path(workdir), embedder=config.memory.embedder)

@@ -8,6 +8,12 @@ math, with `pools: 10`.
 `seed` is a list of lessons a person wrote (see `distill.lessons.user`); the integer that seeds each pool's
 episode order is `pool_seed` (an integer `seed`, its old name, is still read as `pool_seed`).
 
+A decision (the gate, the trials of induced lessons) plays games of a split in `DECISION_SPLITS`, never the held-out
+eval split whose games `eval`, the cycle's table and the continual matrix report: a lesson chosen on the games it is
+then measured on would be measured with a bias. A config asking for another split is refused when it is read, except
+a config a run already holds (`stored=True` in the validation context: a stored run's, made when the gate's default
+was `eval`), which loads as it was made and is flagged by `held_out_decisions`.
+
 Why one model: the extractor, the curator and the gate read their knobs from it, the run stores it
 resolved with every run, and a typo in a YAML file fails loudly instead of silently using a default.
 """
@@ -16,10 +22,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from distill.config_base import StrictConfig
 from distill.lessons.safety import screen_item
+
+# The task splits a decision may play; the held-out `eval` split is the report's and never one of them.
+DECISION_SPLITS = ("train",)
 
 
 class LessonsConfig(StrictConfig):
@@ -108,9 +117,13 @@ class LessonsConfig(StrictConfig):
         3, ge=1, description="episodes with a lesson in context before its measured utility counts"
     )
     gate_episodes: int = Field(
-        8, ge=0, description="held-out episodes per lesson set for the gate (0: promote without a gate)"
+        8, ge=0, description="games of gate_split per lesson set for the gate (0: promote without a gate)"
     )
-    gate_split: str = Field("eval", description="the task split the gate plays")
+    gate_split: str = Field(
+        DECISION_SPLITS[0],
+        description=f"the task split the gate and the trials of induced lessons play; one of {', '.join(DECISION_SPLITS)} "
+        "(never the held-out eval split, whose games the tables report)",
+    )
     gate_margin: float = Field(
         0.05, ge=0.0, le=1.0, description="block a candidate whose success rate is lower by more than this"
     )
@@ -127,6 +140,25 @@ class LessonsConfig(StrictConfig):
                 )
             data = {k: v for k, v in data.items() if k != "seed"} | {"pool_seed": data["seed"]}
         return data
+
+    @field_validator("gate_split")
+    @classmethod
+    def _decisions_play_no_held_out_games(cls, split: str, info: ValidationInfo) -> str:
+        if split not in DECISION_SPLITS and not (info.context or {}).get("stored"):
+            raise ValueError(
+                f"gate_split {split!r}: the gate decides which lessons go live, and the games it plays must not be "
+                f"the held-out ones that eval, the cycle's table and the continual matrix report; accepted: "
+                f"{', '.join(DECISION_SPLITS)}"
+            )
+        return split
+
+    @property
+    def held_out_decisions(self) -> list[str]:
+        """The settings under which a decision plays a split other than `DECISION_SPLITS` (a stored run's config made
+        when the gate's default was `eval`), one line each; empty for a config read now."""
+        if self.gate_split in DECISION_SPLITS:
+            return []
+        return [f"lessons.gate_split is {self.gate_split!r}: the gate chose lessons on games of that split"]
 
     @model_validator(mode="after")
     def _seed_lessons_pass_the_screen(self) -> LessonsConfig:

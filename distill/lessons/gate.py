@@ -2,9 +2,9 @@
 
 What:
 - `decide_gate(current, candidate, *, margin=0.05) -> GateDecision`: the per-episode outcomes (won
-  or not, or a success in [0, 1]) of the current and the candidate lesson set on the SAME held-out
-  seeds -- two mappings keyed by seed (or by (task, seed)), or two equally long sequences in the same
-  seed order. The candidate is blocked when its success rate is lower than the current set's by more
+  or not, or a success in [0, 1]) of the current and the candidate lesson set on the SAME games (of
+  `lessons.gate_split`, never the held-out games the tables report) -- two mappings keyed by seed (or by
+  (task, seed)), or two equally long sequences in the same seed order. The candidate is blocked when its success rate is lower than the current set's by more
   than `margin`; otherwise it is promoted. The decision carries its numbers: n, successes, rates, the
   paired delta, 95% Wilson intervals for each rate (`memory.rates.wilson_interval`, importable from here
   too) and a 95% interval for the paired delta.
@@ -72,12 +72,21 @@ class GateDecision:
     delta_ci: tuple[float, float]
     keys: list[Any]
 
+    @property
+    def summary(self) -> str:
+        """The numbers the decision rests on, in words: both rates, the paired games and the delta."""
+        return _summary(self.candidate_rate, self.current_rate, self.n, self.delta)
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["keys"] = [list(k) if isinstance(k, tuple) else k for k in self.keys]
         for name in ("current_ci", "candidate_ci", "delta_ci"):
             out[name] = list(out[name])
         return out
+
+
+def _summary(candidate_rate: float, current_rate: float, n: int, delta: float) -> str:
+    return f"candidate {candidate_rate:.3f} vs current {current_rate:.3f} on {n} paired game(s), delta {delta:+.3f}"
 
 
 def mcnemar_p(a: Sequence[bool], b: Sequence[bool]) -> float:
@@ -131,10 +140,7 @@ def decide_gate(current: Outcomes, candidate: Outcomes, *, margin: float = 0.05)
     delta = cand_rate - cur_rate
     promote = delta >= -margin - 1e-12
     verdict = "promoted" if promote else "blocked"
-    reason = (
-        f"{verdict}: candidate {cand_rate:.3f} vs current {cur_rate:.3f} on {n} paired episode(s), "
-        f"delta {delta:+.3f} (a drop of more than {margin:.3f} blocks)"
-    )
+    reason = f"{verdict}: {_summary(cand_rate, cur_rate, n, delta)} (a drop of more than {margin:.3f} blocks)"
     return GateDecision(
         promote=promote,
         reason=reason,

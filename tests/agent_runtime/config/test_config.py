@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from agent_runtime.config import ConfigError, load_config, save_resolved
+from agent_runtime.config import ConfigError, config_from_dict, load_config, save_resolved
 
 
 def write(tmp_path, text: str):
@@ -140,3 +140,23 @@ def test_a_backend_built_from_a_copied_config_checks_its_options_too():
     assert make_backend(seeded, seed=7)._rng.getstate() == random.Random(7).getstate(), "the run's seed by default"
     chosen = make_backend(seeded.model_copy(update={"options": {"seed": 3}}), seed=7)
     assert chosen._rng.getstate() == random.Random(3).getstate(), "options.seed when given"
+
+
+def test_no_shipped_config_lets_a_decision_play_the_held_out_games():
+    """Every shipped config names the gate's split (none relies on a default) and it is a decision split."""
+    from pathlib import Path
+
+    from distill.lessons.config import DECISION_SPLITS
+
+    for path in sorted(Path("configs").rglob("*.yaml")):
+        config = load_config(path)
+        assert config.lessons.gate_split in DECISION_SPLITS, path
+        named = yaml.safe_load(path.read_text()).get("lessons") or {}
+        assert not named.get("enabled") or named.get("gate_split") in DECISION_SPLITS, path
+
+
+def test_a_stored_run_config_with_the_gate_on_eval_loads_only_as_stored():
+    data = {"name": "old", "envs": [{"id": "toy/guess"}], "lessons": {"gate_split": "eval"}}
+    with pytest.raises(ConfigError, match=r"the stored config of run 3: lessons.gate_split: .*accepted: train"):
+        config_from_dict(data, source="the stored config of run 3")
+    assert config_from_dict(data, stored=True).lessons.held_out_decisions

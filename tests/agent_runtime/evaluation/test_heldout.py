@@ -155,3 +155,28 @@ def test_the_eval_leak_check_names_what_learned_from_a_held_out_task(tmp_path, g
         report = leak_report(store, run_id, held, store.active_adapter(run_id))
     assert report.leaked_episodes == planted and report.leaked_lessons == [lesson]
     assert report.leaked_adapter_episodes == [planted[0]] and not report.clean and "LEAKED" in report.line()
+
+
+def test_a_gate_that_played_held_out_games_makes_the_leak_check_not_clean(tmp_path):
+    """A run stored when the gate played the eval split: its gate row's games are the ones the table reports."""
+    from agent_runtime.evaluation.heldout import HeldOut, decisions_on_reported, leak_report
+    from distill.lessons import decide_gate, store_gate_decision
+
+    held = HeldOut(frozenset({(ENV, "eval-0"), (ENV, "eval-1")}), frozenset())
+    with ExperienceStore.open(tmp_path, embedder="hash") as store:
+        run_id = store.create_run("t", {})
+        versions = {"run_id": run_id, "env_id": ENV, "current_version": None, "candidate_version": 1}
+        train = {(ENV, "train-0", 0): True, (ENV, "train-1", 1): False}
+        store_gate_decision(store, decide_gate(train, train), **versions)
+        assert leak_report(store, run_id, held).clean
+        on_eval = {(ENV, "eval-0", 1234): True, (ENV, "eval-1", 1235): False}
+        row = store_gate_decision(store, decide_gate(on_eval, on_eval), **versions)
+        report = leak_report(store, run_id, held)
+        assert decisions_on_reported(store, run_id) == []  # nothing reported in the store yet
+        episodes = [{"task_id": "eval-1", "seed": 1235, "won": False}]
+        store.add_evaluation(ENV, run_id=run_id, split="eval", num_episodes=1, metrics={"episodes": episodes})
+        from_store = decisions_on_reported(store, run_id)  # what `report` and `run` print beside their tables
+    named = f"gate row {row} played 2 held-out game(s): {ENV} 'eval-0' seed 1234, {ENV} 'eval-1' seed 1235"
+    assert not report.clean and report.decisions_on_held_out == [named]
+    assert "NOT CLEAN" in report.line() and named in report.line()
+    assert from_store == [f"gate row {row} played 1 held-out game(s): {ENV} 'eval-1' seed 1235"]
