@@ -6,7 +6,8 @@ the three splits handed out and pairwise disjoint (an environment without a vali
 reset before step, types of everything returned, reproducibility (same seed and task give the same
 observations, and the same actions replay the same way), no state kept across `reset` (after other
 episodes, the instance replays its first episode exactly: the runtime keeps instances between episodes and
-evaluation lends them between calls), admissible actions as strings no longer than `MAX_ACTION_CHARS`,
+evaluation lends them between calls; each admissible first action of a train task is tried before a replay, so a
+state that one action carries across `reset` is caught whichever action it is), admissible actions as strings no longer than `MAX_ACTION_CHARS`,
 finite rewards, terminated/truncated semantics (never both; truncation exactly at spec.max_steps; no step
 after the end), invalid actions answered by the game rather than by an exception, and an idempotent
 close. `cli_check` adds an episode of random admissible actions and is what `agent-runtime envs
@@ -34,6 +35,9 @@ from environments.base import (
 FAMILIES = ("text", "arena", "math")
 MAX_CHECKED_STEPS = 500
 REUSE_STEPS = 10  # steps of the episode a fresh instance plays and the reused instance replays
+# first actions of a train task tried, each followed by a replay (a seeded sample when a game offers more): two resets
+# each, and a reset can cost seconds (an ALFWorld game)
+PROBED_FIRST_ACTIONS = 8
 STATE_FIELDS = ("action", "observation", "reward", "terminated", "truncated", "info")
 INVALID_ACTION = "xyzzy plugh frobnicate"
 
@@ -132,13 +136,14 @@ def _same(was: Any, now: Any) -> bool:
 
 def _check_reuse(
     env: TextEnv, task_id: str, seed: int, fresh: list[tuple], played: str, fail: Callable[[str], None]
-) -> None:
-    """After playing `played`, the instance replays `fresh` (its first episode, on `task_id`) with the same actions;
-    every state must equal the fresh one's (an episode that ends sooner differs in its flags). The first state that
-    differs is reported, with the field and both values."""
+) -> bool:
+    """After playing `played` (what the instance just did, in words), the instance replays `fresh` (its first
+    episode, on `task_id`) with the same actions; every state must equal the fresh one's (an episode that ends sooner
+    differs in its flags). The first state that differs is reported, with the field and both values; True when one
+    did."""
     again = _trace(env, task_id, seed, [state[0] for state in fresh[1:]], random.Random(seed))
     what = (
-        f"a reused instance plays differently from a fresh one: after playing {played!r}, reset(task_id={task_id!r}, "
+        f"a reused instance plays differently from a fresh one: after playing {played}, reset(task_id={task_id!r}, "
         f"seed={seed}) and the fresh instance's actions"
     )
     rule = "reset must return the environment to a state that depends only on (task_id, seed)"
@@ -150,6 +155,26 @@ def _check_reuse(
                 f"{what} differ at {where}: {STATE_FIELDS[differ]} {now[differ]!r:.120} where the fresh instance "
                 f"gave {was[differ]!r:.120}; {rule}"
             )
+            return True
+    return False
+
+
+def _check_first_actions(
+    env: TextEnv, task: str, fresh_task: str, seed: int, fresh: list[tuple], fail: Callable[[str], None]
+) -> None:
+    """Each admissible first action of `task` (at most PROBED_FIRST_ACTIONS), played after a reset and followed by
+    the replay of `fresh`: state that one action carries across `reset` (a key taken in a train room) is found
+    whichever action it is, where one random trace would find it only by chance; the report names the action."""
+    _, info = env.reset(task_id=task)
+    offered = info.get("admissible_actions") if isinstance(info, dict) else None
+    actions = list(dict.fromkeys(a for a in offered or [] if isinstance(a, str)))
+    if len(actions) > PROBED_FIRST_ACTIONS:
+        actions = random.Random(seed).sample(actions, PROBED_FIRST_ACTIONS)
+    for n, action in enumerate(actions):
+        if n:
+            env.reset(task_id=task)
+        env.step(action)
+        if _check_reuse(env, fresh_task, seed, fresh, f"{action!r} as the first action of {task!r}", fail):
             return
 
 
@@ -250,7 +275,8 @@ def _run_checks(env: TextEnv, seed: int, fail: Callable[[str], None]) -> None:
         fail(f"replaying the same actions on {task!r} gave different observations or rewards")
 
     _check_episode(env, task, random.Random(seed), fail)
-    _check_reuse(env, fresh_task, seed, fresh, task, fail)
+    if not _check_reuse(env, fresh_task, seed, fresh, f"episodes of {task!r}", fail):
+        _check_first_actions(env, task, fresh_task, seed, fresh, fail)
     env.close()
     env.close()
 

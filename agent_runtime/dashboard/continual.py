@@ -2,6 +2,11 @@
 and each environment's curve over the phases, read from the assessment rows the loop stores (evaluation rows whose
 `metrics.continual.after_phase` names the row; `agent_runtime.evaluation.continual` writes them).
 
+A row whose indexed fields break what `assess` writes (`memory.evaluation_metrics`: a phase beyond the run's
+curriculum, one that is not a number, games that are not games) gives a view holding only `problem`, the message
+naming that row and field, which the page shows in place of the matrix: never an error page, never a matrix of as
+many rows as a bad phase number says.
+
 The curves are drawn here as an inline SVG (one polyline per environment, x = the phase, y = success): a handful of
 points, no script needed, and nothing stored is interpolated into markup except through the template's escaping.
 """
@@ -11,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memory import ExperienceStore
+from memory.evaluation_metrics import curriculum_phases, evaluation_problem
 from memory.rates import wilson_interval
 
 WIDTH, HEIGHT, PAD = 520, 200, 30
@@ -30,6 +36,7 @@ class ContinualView:
     labels: list[str]  # row i's label: "start", then each phase's
     envs: list[str]
     cells: dict[tuple[int, str], Cell] = field(default_factory=dict)
+    problem: str | None = None  # a stored row the matrix cannot be read with, named
 
     def cell(self, row: int, env: str) -> Cell | None:
         return self.cells.get((row, env))
@@ -61,15 +68,20 @@ class ContinualView:
 
 def continual_view(store: ExperienceStore, run_id: int) -> ContinualView | None:
     """The run's assessments as a matrix, or None when it has none (a run without a curriculum)."""
-    rows = [e for e in store.evaluations(run_id, kind="eval") if isinstance((e.metrics or {}).get("continual"), dict)]
+    rows = [e for e in store.evaluations(run_id, kind="eval") if "continual" in (e.metrics or {})]
     if not rows:
         return None
+    phases = curriculum_phases(store.get_run(run_id).config)
+    for row in rows:
+        problem = evaluation_problem(row.num_episodes, row.metrics, phases)
+        if problem:
+            return ContinualView([], [], problem=f"evaluation {row.id} ({row.env_id}): {problem}")
     labels: dict[int, str] = {}
     envs: list[str] = []
     view = ContinualView([], [])
     for row in rows:
         mark = row.metrics["continual"]
-        index = int(mark.get("after_phase", 0))
+        index = mark["after_phase"]
         labels[index] = str(mark.get("label") or index)
         if row.env_id not in envs:
             envs.append(row.env_id)

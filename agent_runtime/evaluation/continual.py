@@ -26,10 +26,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from agent_runtime.curriculum import CurriculumConfig
-from agent_runtime.terminal import shown
 from distill.lessons import live_lessons
 from distill.lessons.scope import ScopedLesson
 from memory import AdapterInfo, ExperienceStore
+from memory.errors import StoredRowError
+from memory.evaluation_metrics import evaluation_problem
 from memory.rates import wilson_interval
 
 RESAMPLES = 2000
@@ -132,10 +133,9 @@ class Matrix:
         }
 
     def table(self) -> str:
-        """The matrix for a terminal; names from a config or a store are escaped (`agent_runtime.terminal.shown`)."""
-        names = [shown(e.rsplit("/", 1)[-1]) for e in self.envs]
+        names = [e.rsplit("/", 1)[-1] for e in self.envs]
         width = max(len(n) for n in names) + 2
-        labels = [("start" if i == 0 else f"after {i}: {shown(self.phases[i])}") for i in range(self.rows)]
+        labels = [("start" if i == 0 else f"after {i}: {self.phases[i]}") for i in range(self.rows)]
         left = max(len(x) for x in labels) + 2
         games = max((len(g) for g in self.cells.values()), default=0)
         head = (
@@ -170,7 +170,7 @@ class Matrix:
             worst = min(drops, key=drops.get)
             lines.append(
                 "worst change of a learned environment after later phases: "
-                f"{shown(worst.rsplit('/', 1)[-1])} {drops[worst] * 100:+.1f} points"
+                f"{worst.rsplit('/', 1)[-1]} {drops[worst] * 100:+.1f} points"
             )
         return "\n".join(lines)
 
@@ -188,14 +188,21 @@ def matrix_shape(curriculum: CurriculumConfig, env_ids: Sequence[str]) -> Matrix
 
 
 def load_matrix(store: ExperienceStore, run_id: int, curriculum: CurriculumConfig, env_ids: Sequence[str]) -> Matrix:
-    """The run's stored assessments as a matrix (rows it has not reached yet are absent)."""
+    """The run's stored assessments as a matrix (rows it has not reached yet are absent). A row whose indexed fields
+    are not what `assess` writes (`memory.evaluation_metrics`: its phase within the curriculum, its games well formed) is a
+    `StoredRowError` naming it and the field: such a row can only have been written around the store's checks."""
     matrix = matrix_shape(curriculum, env_ids)
     for row in store.evaluations(run_id, kind="eval"):
-        mark = (row.metrics or {}).get("continual")
-        if not isinstance(mark, dict) or row.env_id not in matrix.envs:
+        if "continual" not in (row.metrics or {}) or row.env_id not in matrix.envs:
             continue
-        episodes = sorted(row.metrics.get("episodes", []), key=lambda e: e["seed"])
-        matrix.cells[(int(mark["after_phase"]), row.env_id)] = [bool(e["won"]) for e in episodes]
+        problem = evaluation_problem(row.num_episodes, row.metrics, len(curriculum.phases))
+        if problem:
+            raise StoredRowError(
+                f"evaluation {row.id} of run {run_id} ({row.env_id}): {problem}; the continual matrix is not read "
+                "until that row is fixed or deleted"
+            )
+        episodes = sorted(row.metrics.get("episodes", []), key=lambda e: (e["seed"] is None, e["seed"] or 0))
+        matrix.cells[(row.metrics["continual"]["after_phase"], row.env_id)] = [e["won"] for e in episodes]
     return matrix
 
 

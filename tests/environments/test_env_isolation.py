@@ -106,3 +106,42 @@ def test_a_train_split_evaluation_does_not_lend_to_a_held_out_one(tmp_path):
     reused = pool.reused
     evaluate(leaky_config(), tmp_path, ScriptedBackend(), pool=pool, split="train", episodes_per_env=1)
     assert pool.reused == reused + 1  # a split's instances are still lent to that split
+
+
+class KeyBehindOneActionEnv(EpisodicEnv):
+    """One move a room. A train room has many things to do and one of them, "pull brick", finds a key behind a loose
+    brick; an eval room's door opens with the key. `reset` forgets to drop the key, so only an instance whose train
+    episode began with that one action carries it into every eval room: a random trace all but never finds it."""
+
+    CHORES = ("look", "wait", "listen", "sing", "jump", "pull brick", "knock", "sleep")
+
+    def __init__(self, *, cache_dir: str | None = None, max_steps: int | None = None) -> None:
+        super().__init__(EnvSpec(id="tests/key-behind-brick", max_steps=1, family="text"), max_steps=max_steps)
+        self.has_key = False
+        self._train = False
+
+    def _tasks(self, split: str) -> Sequence[str]:
+        return IndexedTasks(split, 3)
+
+    def _reset(self, task_id: str) -> tuple[str, dict[str, Any]]:
+        self._train = task_id.startswith("train")  # the bug: self.has_key is not reset
+        if self._train:
+            return "A bare room with a loose brick.", {"admissible_actions": list(self.CHORES), "won": False}
+        return "A locked door.", {"admissible_actions": ["open door"], "won": False}
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        if self._train:
+            if action == "pull brick":
+                self.has_key = True
+                return "A key falls out. You leave.", 0.0, True, {"won": False}
+            return "You leave.", 0.0, True, {"won": False}
+        won = action == "open door" and self.has_key
+        return ("The door opens." if won else "The door is locked."), float(won), True, {"won": won}
+
+
+def test_check_env_finds_state_that_one_first_action_carries_across_reset():
+    failures = env_failures(KeyBehindOneActionEnv())
+    [leak] = [f for f in failures if "reused instance" in f]
+    assert "'pull brick' as the first action of 'train-0'" in leak and "eval-0" in leak
+    assert "The door opens." in leak and "The door is locked." in leak
+    assert any("reused instance" in f for f in environments.cli_check(f"{__name__}:KeyBehindOneActionEnv"))
