@@ -12,9 +12,10 @@ run once every row is in. For a row of a run the store already held:
 - evaluation rows of kind gate or lesson-utility (trial evidence: utilities decide what the budget keeps) are left
   out; a run request (an order to the run's loop) and a member row added to a version the store holds (versions are
   immutable) are refused.
-For every row, of a new run too: a forgotten lesson must be retired, and no run's live version or pending candidate
-may hold a forgotten lesson once the import is in (`check_versions`). A whole new run (the export/import round trip)
-goes in exactly as exported.
+Once every row is in, no live version or pending candidate of such a run may hold a forgotten lesson
+(`check_versions`). For every row, of a new run too, a forgotten lesson must be retired. A whole new run (the
+export/import round trip) goes in exactly as exported, even from a store that a rollback before migration 0007 left
+with a forgotten lesson in a live version: its readers leave that lesson out (`distill.lessons.live_lessons`).
 
 Why: an export is data from elsewhere. Without this, a file that adds a lesson and a newer live version to an existing
 run puts that lesson in every prompt of the run's next `run --resume`, with made-up trials for evidence.
@@ -49,7 +50,7 @@ class ExistingRuns:
     def __init__(self, run_ids: set[int]) -> None:
         self.run_ids = run_ids
         self.lesson_sets: set[int] = set()  # ids of the versions this import brings
-        self.runs_with_versions: set[int | None] = set()
+        self.runs_with_versions: set[int] = set()  # runs already in the store that this import gives versions
         self.stripped: dict[int, list[int]] = {}  # run -> lessons whose trial evidence was left out
         self.proposed: dict[int, list[int]] = {}  # run -> lessons that arrive proposed
         self.candidates: dict[int, list[int]] = {}  # run -> versions that arrive candidates
@@ -65,7 +66,8 @@ class ExistingRuns:
             )
         if table == "lesson_sets":
             self.lesson_sets.add(row["id"])
-            self.runs_with_versions.add(row["run_id"])
+            if row["run_id"] in self.run_ids:
+                self.runs_with_versions.add(row["run_id"])
         if table == "lesson_set_members" and row["lesson_set_id"] not in self.lesson_sets:
             raise ImportFormatError(
                 f"{where}: lesson_set_members names lesson-set version id {row['lesson_set_id']}, which is not in "
@@ -138,7 +140,8 @@ class ExistingRuns:
         return out
 
     def check_versions(self, session: Session, source: str) -> None:
-        """No live version or pending candidate of a run this import gave versions holds a forgotten lesson."""
+        """No live version or pending candidate of a run already in the store that this import gave versions holds a
+        forgotten lesson."""
         for run in self.runs_with_versions:
             newest = session.scalars(
                 select(LessonSet).where(LessonSet.run_id == run).order_by(LessonSet.version.desc()).limit(1)
