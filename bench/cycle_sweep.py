@@ -135,7 +135,7 @@ def heldout_kl(study: Study, keys: list[str]) -> dict[str, float]:
     from types import SimpleNamespace
 
     from agent_runtime.checkpoints import resolve_model
-    from agent_runtime.episode.prompt import lessons_section
+    from distill.lessons.curate import render_lessons
     from distill.opcd import OPCDTrainer
     from distill.opcd.job import load_model
     from distill.opcd.teacher import TeacherSpec, load_teacher
@@ -154,7 +154,7 @@ def heldout_kl(study: Study, keys: list[str]) -> dict[str, float]:
     model_path = resolve_model("smollm2-135m-instruct")
     teacher = load_teacher(TeacherSpec(model=model_path), "cpu")
     settings = study_config().opcd.trainer
-    context = lessons_section([GIVEN])
+    context = render_lessons([GIVEN])
     scores: dict = {}  # the teacher's choice scores, the same for every student: computed once
     for key in todo:
         model, tokenizer = load_model(model_path)

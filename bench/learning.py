@@ -210,10 +210,10 @@ class Study:
         `anchor` an env entry whose train games the parent plays for the anchor prompts (`opcd.anchor_envs`)."""
         from agent_runtime.checkpoints import resolve_model
         from agent_runtime.config import EnvEntry
-        from agent_runtime.episode.prompt import lessons_section
         from agent_runtime.phases.consolidate import anchor_decisions
         from agent_runtime.phases.decisions import episode_prefixes
         from agent_runtime.state import Run
+        from distill.lessons.curate import render_lessons
         from distill.opcd import TrainJob, run_job
 
         def compute():
@@ -233,7 +233,7 @@ class Study:
             )
             decisions = [d for d in episode_prefixes(run, self.backend, TRAIN_EPISODES) if d.choices]
             out = self.workdir / "adapters" / key.replace(":", "-")
-            context = lessons_section(lessons or [GIVEN])
+            context = render_lessons(lessons or [GIVEN])
             job = TrainJob(
                 model_path=resolve_model("smollm2-135m-instruct"),
                 config=settings,

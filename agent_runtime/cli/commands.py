@@ -154,20 +154,23 @@ def cmd_eval(args) -> int:
     from distill.opcd.weights import bound_heap
     from memory import ExperienceStore
 
+    from agent_runtime.state.run import config_token_counter
     bound_heap()
+    from distill.lessons.budget import LessonBudget
+    from distill.lessons.scope import scoped_lessons
 
     overrides = list(args.set or [])
     if args.episodes is not None:
         overrides.append(f"evaluation.episodes_per_env={args.episodes}")
     config = load_config(args.config, overrides)
     workdir = args.workdir or default_workdir(config.name)
-    store = ExperienceStore.open(config.memory.url or workdir)
+    store = ExperienceStore.open(config.memory.url or workdir, embedder=config.memory.embedder)
     try:
         run = store.find_run(config.name)
         adapter = store.get_adapter(args.adapter) if args.adapter is not None else None
-        lessons: list[str] = []
+        lessons = []
         if not args.no_lessons and run is not None:  # one pool, as each episode of the loop sees one
-            lessons = [lesson.text for lesson in live_lessons(store, run.id, pool=args.pool)[1]]
+            lessons = scoped_lessons(live_lessons(store, run.id, pool=args.pool)[1])
         leak = None
         if run is not None:  # what the run learned from, against the tasks about to be played
             acting = adapter if adapter is not None else store.active_adapter(run.id)
@@ -178,7 +181,9 @@ def cmd_eval(args) -> int:
             activate(backend, adapter)
         except BackendError as exc:
             raise UsageError(f"--adapter: {exc}") from None
-        results = evaluate(config, workdir, backend, lessons=lessons)
+        # each environment's prompts hold what PLAY's would: its lessons in scope, fitted to the run's budget
+        budget = LessonBudget.from_settings(config.lessons, config_token_counter(config.model), store)
+        results = evaluate(config, workdir, backend, lessons=lessons, budget=budget)
         rows = []
         for result in results:
             lo, hi = result.interval

@@ -10,7 +10,6 @@ unless the entry sets `cache_dir`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import environments
@@ -19,7 +18,6 @@ from agent_runtime.episode.prompt import PromptBuilder
 from agent_runtime.episode.runner import EnvSlotSpec
 from agent_runtime.llm.base import PolicyBackend, SamplingParams
 from agent_runtime.llm.modes import resolve_action_mode
-from distill.lessons.scope import ScopedLesson, for_env
 from environments.game_cache import run_games_dir
 from environments.registry import check_env_id
 
@@ -51,11 +49,10 @@ def build_prompt_builders(
     config: RunConfig,
     specs: list[EnvSlotSpec],
     backend: PolicyBackend,
-    lessons: Sequence[str | ScopedLesson] | None = None,
     context: str | None = None,
 ) -> list[PromptBuilder]:
-    """One prompt builder per environment; each shows the `lessons` in scope for its environment (a plain
-    string is a lesson for every environment: `distill.lessons.scope.for_env`)."""
+    """One prompt builder per environment, without lessons of its own: an episode's lessons are chosen once its game
+    is reset (`EpisodeRunner`'s `context_for` and `choose_lessons`), in PLAY as in every evaluation."""
     agent = config.agent
     return [
         PromptBuilder(
@@ -67,7 +64,6 @@ def build_prompt_builders(
             history_shows_admissible=agent.history_shows_admissible,
             max_history_turns=agent.max_history_turns,
             reserve_tokens=config.model.max_new_tokens,
-            lessons=for_env(lessons or [], spec.env_id, spec.family),
             action_mode=resolve_action_mode(agent.action_mode, spec.family),
             context=context,
         )

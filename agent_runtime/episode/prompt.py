@@ -1,8 +1,9 @@
 """The agent: how a prompt is assembled from an episode's state, and how an action is read from a reply.
 
 A prompt is a chat: a system message (the instructions for the environment's family, then the active
-lessons), the recent turns of the episode as user/assistant pairs, and the current observation with the
-admissible actions when the game knows them. It is fitted to the model's context window by dropping the
+lessons as `distill.lessons.curate.render_lessons` renders them, the very text their budget is counted on), the
+recent turns of the episode as user/assistant pairs, and the current observation with the admissible actions when
+the game knows them. It is fitted to the model's context window by dropping the
 oldest turns first; the lessons and the current observation are never dropped.
 
 Past turns are shown exactly as they were sent, action list included (`history_shows_admissible`, the
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 
 from agent_runtime.llm.base import Chat
 from agent_runtime.llm.modes import ADMISSIBLE_PREFIX, ADMISSIBLE_SEPARATOR
+from distill.lessons.curate import render_lessons
 from environments.interpreter import multi_command
 
 ARENA_MOVES = ("[up]", "[down]", "[left]", "[right]")
@@ -60,14 +62,6 @@ CHOICE_SYSTEM_PROMPTS = {  # in choice mode the reply is the move itself: no rea
 _CHATTER = re.compile(r"^\s*(?:>+|[-*]\s|\d+[.)]\s|(?:action|command|next action|answer)\s*:)\s*", re.IGNORECASE)
 _ARENA_MOVE = re.compile(r"\[\s*(up|down|left|right|w|a|s|d)\s*\]", re.IGNORECASE)
 _WASD = {"w": "up", "a": "left", "s": "down", "d": "right"}
-
-
-def lessons_section(lessons: list[str]) -> str:
-    """The lessons as they appear in a system prompt (the OPCD teacher inserts the same block)."""
-    from distill.lessons.safety import prompt_lessons  # screened again: one that fails is left out, logged
-
-    items = "\n".join(f"- {lesson}" for lesson in prompt_lessons(lessons))
-    return f"Lessons from your past experience:\n{items}"
 
 
 @dataclass
@@ -107,9 +101,9 @@ class PromptBuilder:
         if self.action_mode == "choice":
             default = CHOICE_SYSTEM_PROMPTS.get(self.family, default)
         text = self.system_prompt or default
-        lessons = self.lessons if lessons is None else lessons
-        if lessons:
-            text += "\n\n" + lessons_section(lessons)
+        block = render_lessons(self.lessons if lessons is None else lessons)
+        if block:
+            text += "\n\n" + block
         return text
 
     def current_message(self, observation: str, admissible: list[str] | None) -> str:

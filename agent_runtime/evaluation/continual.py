@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from agent_runtime.curriculum import CurriculumConfig
 from distill.lessons import live_lessons
-from distill.lessons.scope import ScopedLesson
+from distill.lessons.scope import scoped_lessons
 from memory import AdapterInfo, ExperienceStore
 from memory.errors import StoredRowError
 from memory.evaluation_metrics import evaluation_problem
@@ -208,13 +208,14 @@ def load_matrix(store: ExperienceStore, run_id: int, curriculum: CurriculumConfi
 
 def assess(run, backend, after_phase: int, adapter: AdapterInfo | None = None) -> list[int]:
     """Play every environment of the run on the curriculum's held-out games, acting as the agent acts now (the
-    backend's adapter, the live lessons of the first pool in each environment's scope), and store one evaluation
+    backend's adapter, the live lessons of the first pool in each environment's scope, fitted to the run's lesson
+    budget as PLAY fits them: `Run.evaluate`), and store one evaluation
     row per environment marked with `after_phase`; returns their ids. The caller holds the transaction."""
     curriculum = run.config.curriculum
     assert curriculum is not None, "an assessment belongs to a curriculum"
     version, lessons = live_lessons(run.store, run.id)
     first = min((x.pool for x in lessons), default=0)
-    shown = [ScopedLesson(x.text, tuple(x.scope)) for x in lessons if x.pool == first]
+    shown = scoped_lessons(x for x in lessons if x.pool == first)
     results = run.evaluate(backend, lessons=shown, episodes_per_env=curriculum.eval_episodes)
     ids = []
     label = "start" if after_phase == 0 else curriculum.phases[after_phase - 1].label()

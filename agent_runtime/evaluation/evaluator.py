@@ -36,10 +36,11 @@ import torch
 
 from agent_runtime.config import EnvEntry, RunConfig
 from agent_runtime.episode.build import build_envs, build_prompt_builders
-from agent_runtime.episode.runner import Draw, EnvSlotSpec, EpisodeRunner
+from agent_runtime.episode.runner import NO_CONTEXT, Draw, EnvSlotSpec, EpisodeContext, EpisodeRunner
 from agent_runtime.llm.base import PolicyBackend, SamplingParams
+from distill.lessons.budget import LessonBudget
 from distill.lessons.gate import wilson_interval
-from distill.lessons.scope import ScopedLesson
+from distill.lessons.scope import ScopedLesson, in_scope_lessons
 from environments.game_cache import run_games_dir
 from environments.registry import check_env_id
 from memory import EpisodeRecord
@@ -216,6 +217,7 @@ def evaluate(
     backend: PolicyBackend,
     *,
     lessons: Sequence[str | ScopedLesson] | None = None,
+    budget: LessonBudget | None = None,
     episodes_per_env: int | None = None,
     first: int = 0,
     slots: int | None = None,
@@ -228,7 +230,8 @@ def evaluate(
     """Play the first N tasks of `split` (the held-out eval split by default) of every environment of the
     config (`first`: N tasks from that one on, each with the seed it always has); return one result per
     environment. `lessons`: each environment's prompt shows those in its scope (a plain string: every
-    environment). `context`: a system prompt appended to every system message
+    environment), fitted to `budget` for each episode's goal and first observation as PLAY fits them
+    (`LessonBudget.select`; None: all of them). `context`: a system prompt appended to every system message
     (a system-prompt distillation cycle's "with context" conditions). `pool`: where specs and started
     instances are kept between calls (default: this process's, `env_pool()`); `reuse=False`: none kept.
     `on_record`: called with each finished episode's whole record (its steps), for a caller that needs the turns."""
@@ -240,7 +243,17 @@ def evaluate(
         lender = _Lending(pool, keys, specs)
     else:
         specs, task_lists = build_envs(config, workdir, split=split)
-    builders = build_prompt_builders(config, specs, backend, lessons, context)
+    builders = build_prompt_builders(config, specs, backend, context)
+    shown = {spec.env_id: in_scope_lessons(lessons or [], spec.env_id, spec.family) for spec in specs}
+
+    def context_for(draw: Draw) -> EpisodeContext:
+        texts = tuple(x.text for x in shown[specs[draw.env_index].env_id])
+        return EpisodeContext(texts) if texts else NO_CONTEXT
+
+    def choose_lessons(context: EpisodeContext, env_id: str, goal: str, observation: str) -> EpisodeContext:
+        chosen = budget.select(shown[env_id], env_id, goal, observation) if budget is not None else shown[env_id]
+        return EpisodeContext(tuple(x.text for x in chosen), tuple(x.id for x in chosen if x.id is not None))
+
     params = SamplingParams(
         max_new_tokens=config.model.max_new_tokens, temperature=config.evaluation.temperature, top_p=config.model.top_p
     )
@@ -276,6 +289,8 @@ def evaluate(
         policy_name=config.model.name,
         lender=lender,
         seed=config.evaluation.seed,
+        context_for=context_for,
+        choose_lessons=choose_lessons,
     )
     finished = False
     try:

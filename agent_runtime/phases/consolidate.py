@@ -25,7 +25,6 @@ from typing import Any
 from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import ConfigError, EnvEntry, RunConfig
 from agent_runtime.episode.build import build_prompt_builders
-from agent_runtime.episode.prompt import lessons_section
 from agent_runtime.evaluation import EvalResult
 from agent_runtime.llm import making_room, training_device
 from agent_runtime.llm.base import acting
@@ -39,7 +38,7 @@ from agent_runtime.state import Run
 from agent_runtime.state.cursor import CursorMove
 from agent_runtime.state.profile import count_work, profiled
 from distill.fingerprint import fingerprint_files
-from distill.lessons import live_lessons
+from distill.lessons import live_lessons, render_lessons
 from distill.lessons.versions import create_version, live_version
 from distill.opcd import (
     DivergenceError,
@@ -321,9 +320,10 @@ def start_cycle(run: Run) -> Cycle | None:
     if system:  # no lesson set is involved: none is shown, recorded or consolidated
         live, lessons, contexts = None, [], [system.text]
     else:
-        contexts = [lessons_section([x.text for x in lessons if x.pool == p]) for p in lesson_pools(lessons)]
+        contexts = [render_lessons([x.text for x in lessons if x.pool == p]) for p in lesson_pools(lessons)]
     cycle = Cycle(cycle_id, kind, parent, live, lessons, system, contexts, teacher_spec, teacher, prompt_file)
     cycle.families = run.families
+    cycle.budget = None if system else run.lesson_budget  # the teacher's context: what PLAY's prompt held
     return cycle
 
 
@@ -366,7 +366,7 @@ def train_job(
             [cycle.contexts_for(d)[0] for d in heldout] if scoped else cycle.contexts[0],
         ),
         **{
-            f"lesson:{i}": ([d.chat for d in ds], lessons_section([_text(cycle.lessons, i)]))
+            f"lesson:{i}": ([d.chat for d in ds], render_lessons([_text(cycle.lessons, i)]))
             for i, ds in per_lesson.items()
         },
     }

@@ -20,6 +20,8 @@ class Decision:
     episode_ids: list[int]
     choices: list[str] | None = None  # the action set of a choice-mode step
     env_id: str | None = None  # the environment it was played in (None: a prompt file's)
+    goal: str = ""  # its episode's goal and first observation: what chose the lessons that episode showed
+    opening: str = ""
 
 
 def episode_prefixes(run: Run, backend, limit: int, env_id: str | None = None) -> list[Decision]:
@@ -37,18 +39,21 @@ def episode_prefixes(run: Run, backend, limit: int, env_id: str | None = None) -
         episode = store.episode(info.id)
         if not held.usable(episode):
             continue
-        out.extend(turn_prefixes(builder, episode.steps, info.id, env_id=info.env_id))
+        out.extend(turn_prefixes(builder, episode.steps, info.id, env_id=info.env_id, goal=episode.goal or ""))
     return out
 
 
-def turn_prefixes(builder, steps, episode_id: int | None = None, *, env_id: str | None = None) -> list[Decision]:
+def turn_prefixes(
+    builder, steps, episode_id: int | None = None, *, env_id: str | None = None, goal: str = ""
+) -> list[Decision]:
     """Each turn of one episode's `steps` as the prompt it was decided from, rebuilt without lessons."""
     out, history = [], []
+    opening = steps[0].observation if steps else ""
     for step in steps:
         chat = builder.build(history, step.observation, step.admissible_actions, lessons=[])
         choices = step.admissible_actions if (step.info or {}).get("action_mode") == "choice" else None
         ids = [] if episode_id is None else [episode_id]
-        out.append(Decision(chat, ids, list(choices) if choices else None, env_id))
+        out.append(Decision(chat, ids, list(choices) if choices else None, env_id, goal, opening))
         history.append(Turn(step.observation, step.response, step.admissible_actions))
     return out
 

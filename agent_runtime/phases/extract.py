@@ -28,12 +28,13 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from agent_runtime.config import ModelConfig, RunConfig
+from agent_runtime.config import RunConfig
 from agent_runtime.episode.runner import Draw, EpisodeContext
-from agent_runtime.llm.base import BackendError, PolicyBackend, SamplingParams, TokenizerBackend
+from agent_runtime.llm.base import PolicyBackend, SamplingParams, TokenizerBackend
 from agent_runtime.phases.trials import GameTrials, gate_candidate
 from agent_runtime.state import Run
 from agent_runtime.state.cursor import CursorMove
+from agent_runtime.state.run import config_token_counter
 from distill.chat_tokens import encode_text
 from distill.lessons import (
     LessonCurator,
@@ -48,9 +49,9 @@ from distill.lessons import (
     pending_user_candidate,
     store_utilities,
 )
-from distill.lessons.curate import render_lessons
+from distill.lessons.budget import LessonBudget, count_words
 from distill.lessons.safety import prompt_lessons
-from distill.lessons.scope import GLOBAL, in_scope, trial_gains
+from distill.lessons.scope import GLOBAL, ScopedLesson, in_scope, scoped_lessons
 from distill.lessons.selection import induce_and_select
 from memory import ExperienceStore
 
@@ -65,24 +66,6 @@ def text_token_counter(backend: PolicyBackend):
     if not isinstance(backend, TokenizerBackend) or backend.tokenizer is None:  # a chat model without one
         return lambda text: len(text.split())
     tokenizer = backend.tokenizer
-    return lambda text: len(encode_text(tokenizer, text))
-
-
-def config_token_counter(model: ModelConfig) -> Callable[[str], int]:
-    """Tokens of a plain text as `text_token_counter` counts them for this model, from its tokenizer alone
-    (no weights are loaded): whitespace words for the scripted backend and a chat model without a
-    `tokenizer` option."""
-    if model.backend == "scripted" or (model.backend == "chat" and not model.options.get("tokenizer")):
-        return lambda text: len(text.split())
-    from transformers import AutoTokenizer
-
-    from agent_runtime.checkpoints import resolve_model
-
-    name = model.options["tokenizer"] if model.backend == "chat" else model.name
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(name), local_files_only=True)
-    except OSError as exc:
-        raise BackendError(f"cannot load the tokenizer of {name!r} offline to count the lesson budget: {exc}") from None
     return lambda text: len(encode_text(tokenizer, text))
 
 
@@ -146,7 +129,8 @@ class LessonContexts:
     """The live lessons an episode shows: one pool drawn per episode (seeded by the draw, so a resumed run draws the
     same), of it the lessons in scope for the draw's environment (`distill.lessons.scope`), and of those, when
     they hold more than `lessons.budget_tokens` (or `lessons.context_lessons`), the most relevant to the
-    episode's goal and first observation (`choose`: the store's lesson index, after the environment's reset)."""
+    episode's goal and first observation (`choose`, after the environment's reset: `LessonBudget.select`, the
+    selection every evaluation of the run makes too, `Run.evaluate`)."""
 
     REFRESH_SECONDS = 2.0  # how stale the lessons of a new draw may be after a person changed the live set
 
@@ -164,32 +148,31 @@ class LessonContexts:
     ):
         self.store, self.run_id, self.pools, self.seed = store, run_id, pools, seed
         self.envs = list(envs)  # (env id, family) per env index of the draws; none: every lesson everywhere
-        self.budget_tokens, self.max_lessons = budget_tokens, max_lessons
-        self.count_tokens = count_tokens or (lambda text: len(text.split()))
+        self.budget = LessonBudget(budget_tokens, max_lessons, count_tokens or count_words, store)
         self.reload()
 
     @classmethod
     def for_run(cls, run: Run, envs: Sequence[tuple[str, str]] = ()) -> LessonContexts:
-        settings = run.config.lessons
+        settings, budget = run.config.lessons, run.lesson_budget
         return cls(
             run.store,
             run.id,
             settings.pools,
             settings.pool_seed,
             envs=envs,
-            budget_tokens=settings.budget_tokens,
-            max_lessons=settings.context_lessons,
-            count_tokens=config_token_counter(run.config.model),
+            budget_tokens=budget.budget_tokens,
+            max_lessons=budget.max_lessons,
+            count_tokens=budget.count_tokens,
         )
 
     def reload(self) -> None:
         version, lessons = live_lessons(self.store, self.run_id)
         self.version = version.version if version is not None else None
-        # a stored lesson the screen now rejects never reaches the prompt (`agent.lessons_section`), so an
+        # a stored lesson the screen now rejects never reaches the prompt (`render_lessons`), so an
         # episode does not list it among the lessons it had in context either
         lessons = [x for x in lessons if prompt_lessons([x.text])]
         self.by_pool = {p: [x for x in lessons if x.pool == p] for p in range(self.pools)}
-        self.gains = {x.id: trial_gains(x) for x in lessons}
+        self.scoped = {x.id: x for x in scoped_lessons(lessons)}
         self._checked = time.monotonic()
 
     def refresh(self) -> None:
@@ -212,31 +195,12 @@ class LessonContexts:
             lessons = [x for x in lessons if in_scope(x.scope, env_id, family)]
         return EpisodeContext(tuple(x.text for x in lessons), tuple(x.id for x in lessons), self.version)
 
-    def fits(self, texts: Sequence[str]) -> bool:
-        if self.max_lessons and len(texts) > self.max_lessons:
-            return False
-        return self.budget_tokens is None or self.count_tokens(render_lessons(texts)) <= self.budget_tokens
-
     def choose(self, context: EpisodeContext, env_id: str, goal: str, observation: str) -> EpisodeContext:
-        """`context` when its lessons fit the budget; else the most relevant of them that fit, shown in their live
-        order so that the prompt's lesson block stays a stable prefix. Relevant first by evidence: what each lesson's
-        trials measured it to add to success in this environment (`trial_gains`; text alone cannot tell which of a
-        person's unscoped lessons helps where: bench/RESULTS.md, "Continual learning" (c)), then by cosine similarity
-        of the lesson to the episode's environment, goal and first observation (the store's lesson index)."""
-        if self.fits(context.lessons):
-            return context
-        query = "\n".join(x for x in (env_id, goal, observation) if x)
-        hits = self.store.search_lessons(query, k=len(context.lesson_ids), ids=context.lesson_ids)
-        ranked = [h.item.id for h in hits] + [i for i in context.lesson_ids if i not in {h.item.id for h in hits}]
-        ranked.sort(key=lambda i: -self.gains.get(i, {}).get(env_id, 0.0))  # stable: similarity breaks ties
-        text = dict(zip(context.lesson_ids, context.lessons))
-        chosen: list[int] = []
-        for lesson_id in ranked:
-            trial = [i for i in context.lesson_ids if i in {*chosen, lesson_id}]
-            if self.fits([text[i] for i in trial]):
-                chosen.append(lesson_id)
-        kept = [i for i in context.lesson_ids if i in set(chosen)]
-        return EpisodeContext(tuple(text[i] for i in kept), tuple(kept), context.version)
+        """`context` fitted to the budget for the episode's environment, goal and first observation
+        (`LessonBudget.select`: all its lessons when they fit, else the most relevant that do, in live order)."""
+        lessons = [self.scoped.get(i, ScopedLesson(text, id=i)) for text, i in zip(context.lessons, context.lesson_ids)]
+        chosen = self.budget.select(lessons, env_id, goal, observation)
+        return EpisodeContext(tuple(x.text for x in chosen), tuple(x.id for x in chosen), context.version)
 
     def texts(self, pool: int = 0) -> list[str]:
         return [x.text for x in self.by_pool.get(pool, [])]

@@ -18,6 +18,11 @@ scope for that environment, the system-prompt context and the slots. It is not r
 for a backend that cannot say which weights it acts with, an adapter without a fingerprint, sampling
 (`evaluation.temperature` above 0), or a caller that reads the episodes' turns (`on_record`). At most
 `PLAYED_ENTRIES` results are kept (the least recently used go first).
+
+Every prompt `Run.evaluate` plays holds what PLAY's would: the lessons in scope for its environment, fitted to the
+run's lesson budget for its goal and first observation (`lesson_budget`, counted with the run model's tokenizer as
+`config_token_counter` counts it; `distill.lessons.budget`), so a gate, an assessment or a cycle's evaluation
+measures the agent as it acts.
 """
 
 from __future__ import annotations
@@ -26,20 +31,39 @@ import copy
 import itertools
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from agent_runtime.checkpoints import resolve_model
-from agent_runtime.config import EnvEntry, RunConfig
+from agent_runtime.config import EnvEntry, ModelConfig, RunConfig
 from agent_runtime.evaluation import EnvPool, EvalResult, env_pool, evaluate
 from agent_runtime.evaluation.evaluator import entry_key
 from agent_runtime.evaluation.heldout import HeldOut, held_out
-from agent_runtime.llm.base import FingerprintBackend
-from distill.lessons.scope import for_env
+from agent_runtime.llm.base import BackendError, FingerprintBackend
+from distill.chat_tokens import encode_text
+from distill.lessons.budget import LessonBudget, count_words
+from distill.lessons.scope import in_scope_lessons
 from memory import ExperienceStore
 
 PLAYED_ENTRIES = 512  # environment results `Run.evaluate` keeps (a few KB each)
+
+
+def config_token_counter(model: ModelConfig) -> Callable[[str], int]:
+    """Tokens of a plain text as the acting model's tokenizer counts it in a prompt (special-token text in a lesson
+    is text there, `encode_text`), from the tokenizer alone (no weights are loaded): whitespace words for the
+    scripted backend and a chat model without a `tokenizer` option."""
+    if model.backend == "scripted" or (model.backend == "chat" and not model.options.get("tokenizer")):
+        return count_words
+    from transformers import AutoTokenizer
+
+    name = model.options["tokenizer"] if model.backend == "chat" else model.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(name), local_files_only=True)
+    except OSError as exc:
+        raise BackendError(f"cannot load the tokenizer of {name!r} offline to count the lesson budget: {exc}") from None
+    return lambda text: len(encode_text(tokenizer, text))
 
 
 @dataclass
@@ -75,13 +99,22 @@ class Run:
         specs, _, _ = self.pool.envs(self.config, self.workdir, "train")
         return {spec.env_id: spec.family for spec in specs}
 
+    @cached_property
+    def lesson_budget(self) -> LessonBudget:
+        """What one prompt holds of the lessons in scope (`lessons.budget_tokens`, `lessons.context_lessons`), the most
+        relevant by the store's lesson index: PLAY's selection (`LessonContexts`) and every evaluation's."""
+        return LessonBudget.from_settings(self.config.lessons, config_token_counter(self.config.model), self.store)
+
     def played_envs(self) -> list[str]:
         """The environments of the run it has played an episode of (a cycle's no-regression check covers each)."""
         return [e.id for e in self.config.envs if self.store.episodes(self.id, env_id=e.id, limit=1)]
 
     def evaluate(self, backend, *, envs: list[EnvEntry] | None = None, **kwargs) -> list[EvalResult]:
-        """`agent_runtime.evaluation.evaluate` on this run's environments (or `envs` instead), from its pool; an
-        environment whose result this run already played (see the module docstring) is not played again."""
+        """`agent_runtime.evaluation.evaluate` on this run's environments (or `envs` instead), from its pool, with the
+        run's lesson budget (`budget`: another); an environment whose result this run already played (see the module
+        docstring) is not played again."""
+        if kwargs.get("lessons"):
+            kwargs.setdefault("budget", self.lesson_budget)
         if envs is not None:  # entries or their dicts, validated as the config's own
             envs = [EnvEntry.model_validate(e, from_attributes=True) for e in envs]
         entries = list(self.config.envs if envs is None else envs)
@@ -126,6 +159,7 @@ class Run:
         split = kwargs.get("split", "eval")
         tasks = (kwargs.get("first", 0), kwargs.get("episodes_per_env") or self.config.evaluation.episodes_per_env)
         lessons = kwargs.get("lessons") or []
+        budget = kwargs.get("budget")
         specs, _, _ = self.pool.envs(self.config.model_copy(update={"envs": entries}), self.workdir, split)
         family = {spec.env_id: spec.family for spec in specs}
         slots = kwargs.get("slots") or self.config.runtime.slots
@@ -135,9 +169,16 @@ class Run:
                 weights,
                 entry_key(entry, self.workdir, split, whole=True),
                 tasks,
-                tuple(for_env(lessons, entry.id, family.get(entry.id))),
+                _shown_key(in_scope_lessons(lessons, entry.id, family.get(entry.id)), budget),
                 kwargs.get("context"),
                 slots,
             )
             for entry in entries
         ]
+
+
+def _shown_key(lessons: list, budget: LessonBudget | None) -> tuple:
+    """What decides the lessons an environment's prompts show: their texts when they all fit, else also what the
+    budget chooses by (their ids and measured gains, and its limits)."""
+    texts = tuple(x.text for x in lessons)
+    return texts if budget is None or budget.fits(texts) else (tuple(lessons), budget.limits)

@@ -1,8 +1,10 @@
 """`LessonCurator`: add, merge, update or delete lessons per pool, then cut each pool to a token budget.
 
 What:
-- `render_lessons(texts) -> str`: the experience block exactly as it enters a prompt ("# Experience"
-  and one `- EXPERIENCE ITEM:` line per lesson; "" for no lessons). The budget is counted on this text.
+- `render_lessons(texts) -> str`: the lesson block exactly as it enters a prompt ("Lessons from your past
+  experience:" and one "- " line per lesson, each screened again: `safety.prompt_lessons`; "" for no lessons). The
+  one rendering: the agent's system prompt (`agent_runtime.episode.prompt`), the OPCD teacher's context and every
+  budget (here, and `distill.lessons.budget` for what one episode shows) use this text.
 - `LessonCurator(store, run_id, *, count_tokens, embedder=None, budget_tokens=256, pools=1, seed=1,
   merge_threshold=0.9, conflict_threshold=0.75, utilities=None)`; `from_settings(...)` builds one from
   `LessonsConfig`. A round is `begin()` (working sets from the live version), any number of
@@ -55,14 +57,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from distill.lessons import versions
-from distill.lessons.extract import ITEM_PREFIX, Proposal
+from distill.lessons.extract import Proposal
+from distill.lessons.safety import prompt_lessons
 from distill.lessons.scope import GLOBAL, is_global
 
 if TYPE_CHECKING:
     from memory import ExperienceStore, LessonInfo, LessonSetInfo
     from memory.embeddings import Embedder
 
-HEADER = "# Experience"
+HEADER = "Lessons from your past experience:"
 _NEGATION = re.compile(
     r"\b(?:not|no|never|avoid|avoids|avoiding|without|cannot|nor|neither|none|nothing|stop|"
     r"refrain|don't|dont|doesn't|shouldn't|mustn't|won't|can't|isn't|aren't|never)\b|n't\b",
@@ -72,11 +75,12 @@ _NORMAL = re.compile(r"\W+")
 
 
 def render_lessons(texts: Iterable[str]) -> str:
-    """The experience block as it enters a prompt; the empty string when there are no lessons."""
-    texts = list(texts)
-    if not texts:
+    """The lesson block as it enters a prompt (a lesson the screen now rejects is left out, logged); the empty
+    string when no lesson is left."""
+    shown = prompt_lessons(texts)
+    if not shown:
         return ""
-    return HEADER + "\n" + "\n".join(f"{ITEM_PREFIX} {t}" for t in texts)
+    return HEADER + "\n" + "\n".join(f"- {t}" for t in shown)
 
 
 def same_scope(a: LessonInfo, b: LessonInfo) -> bool:

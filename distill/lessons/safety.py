@@ -14,7 +14,7 @@ Every door into the lessons goes through `screen_item`: extraction (`distill.les
 add` and `lessons.seed` (`distill.lessons.user`, `distill.lessons.config`), induced lessons
 (`distill.lessons.induce`, whose action names pass `action_name_problem` first), `memory import`
 (`stored_lesson_problem`, all or nothing); merges keep a text that came through one of them. And whatever is stored
-is screened again when a prompt is rendered (`agent_runtime.episode.prompt.lessons_section`,
+is screened again when a prompt is rendered (`distill.lessons.curate.render_lessons`,
 `distill.lessons.render.render_current`), so a lesson written into the database by other means still cannot reach
 the model.
 

@@ -15,8 +15,9 @@ What:
 - `normalize_scope(entries, known=None)`: the checked, de-duplicated scope (`ScopeError` naming what is accepted;
   with `known`, an environment id the run does not have is refused with the run's environments listed).
 - `in_scope(scope, env_id, family)`: whether a lesson with `scope` may enter a prompt of that environment.
-- `ScopedLesson(text, scope)`: a lesson as the evaluations and the cycle take it; `for_env(lessons, env_id,
-  family)` keeps the texts in scope (a plain string is a lesson for every environment).
+- `ScopedLesson(text, scope, id, gains)`: a lesson as the evaluations and the cycle take it (`scoped_lessons` from
+  stored ones: their id and measured gains, what `distill.lessons.budget` ranks by); `in_scope_lessons(lessons,
+  env_id, family)` keeps those in scope (a plain string is a lesson for every environment), `for_env` their texts.
 - `describe_scope(scope)`: the scope as `lessons show` and the dashboard print it.
 """
 
@@ -44,11 +45,13 @@ class ScopeError(LessonsError, ValueError):
 class ScopedLesson(NamedTuple):
     text: str
     scope: tuple[str, ...] = GLOBAL
+    id: int | None = None  # the stored lesson's (its place in the store's lesson index), None for a bare text
+    gains: tuple[tuple[str, float], ...] = ()  # (env id, success its trials added there): `trial_gains`
 
 
 def scoped_lessons(lessons: Iterable) -> list[ScopedLesson]:
-    """Stored lessons (anything with `text` and `scope`) as they are put in prompts: text and scope."""
-    return [ScopedLesson(x.text, tuple(x.scope)) for x in lessons]
+    """Stored lessons (anything with `id`, `text`, `scope` and `metadata`) as they are put in prompts."""
+    return [ScopedLesson(x.text, tuple(x.scope), x.id, tuple(sorted(trial_gains(x).items()))) for x in lessons]
 
 
 def normalize_scope(entries: Iterable[str] | None, known: Sequence[str] | None = None) -> tuple[str, ...]:
@@ -96,13 +99,15 @@ def is_global(scope: Iterable[str] | None) -> bool:
 
 def for_env(lessons: Iterable[str | ScopedLesson], env_id: str, family: str | None = None) -> list[str]:
     """The texts of `lessons` in scope for `env_id` (a plain string is in scope everywhere), in order."""
-    out = []
-    for lesson in lessons:
-        if isinstance(lesson, str):
-            out.append(lesson)
-        elif in_scope(lesson.scope, env_id, family):
-            out.append(lesson.text)
-    return out
+    return [x.text for x in in_scope_lessons(lessons, env_id, family)]
+def in_scope_lessons(
+    lessons: Iterable[str | ScopedLesson], env_id: str, family: str | None = None
+) -> list[ScopedLesson]:
+    """The `lessons` in scope for `env_id`, in order; a plain string is a lesson for every environment."""
+    scoped = (ScopedLesson(x) if isinstance(x, str) else x for x in lessons)
+    return [x for x in scoped if in_scope(x.scope, env_id, family)]
+
+
 
 
 def describe_scope(scope: Iterable[str] | None) -> str:

@@ -16,12 +16,12 @@ import pytest
 from agent_runtime.cli import main
 from agent_runtime.cli.common import print_result, shown
 from agent_runtime.config import config_from_dict
-from agent_runtime.episode.prompt import PromptBuilder, lessons_section
+from agent_runtime.episode.prompt import PromptBuilder
 from agent_runtime.episode.runner import Draw
 from agent_runtime.phases.extract import LessonContexts
 from agent_runtime.run.loop import AgentLoop
 from distill.chat_tokens import encode_chat
-from distill.lessons import live_lessons, screen_item
+from distill.lessons import live_lessons, render_lessons, screen_item
 from distill.lessons.render import render_current
 from distill.lessons.safety import prompt_lessons, replace_lone_surrogates, stored_lesson_problem
 from distill.lessons.versions import create_version
@@ -208,7 +208,7 @@ def test_a_stored_lesson_with_chat_markup_renders_as_plain_text_inside_the_syste
 def test_ordinary_lessons_reach_the_prompt_unchanged():
     texts = [GOOD, "Always type 'open door' before going north.", "Use x^2 = 9 -> x = 3 or x = -3."]
     assert prompt_lessons(texts) == texts
-    assert lessons_section(texts).endswith("\n".join(f"- {t}" for t in texts))
+    assert render_lessons(texts).endswith("\n".join(f"- {t}" for t in texts))
 
 
 # -- 2. terminal control characters ----------------------------------------------------------------------------

@@ -97,13 +97,14 @@ def test_every_pool_gets_the_lesson(tmp_path, games_dir, capsys):
 
 
 def test_the_budget_counts_user_lessons_like_extracted_ones(tmp_path, games_dir, capsys):
-    # the scripted model counts words: "# Experience" is 2, a "- EXPERIENCE ITEM: <n words>" line 3 + n, so
-    # GOAL (7) and COIN (9) fill 24 exactly, and a third lesson makes the curator drop the oldest (utility 0)
-    config, workdir = write_config(tmp_path, games_dir, lessons={"budget_tokens": 24}), tmp_path / "w"
+    # the scripted model counts words of the block as the prompt holds it: "Lessons from your past experience:" is
+    # 5, a "- <n words>" line 1 + n, so GOAL (7) and COIN (9) fill 23 exactly, and a third lesson makes the curator
+    # drop the oldest (utility 0)
+    config, workdir = write_config(tmp_path, games_dir, lessons={"budget_tokens": 23}), tmp_path / "w"
     long = "Always " + " ".join(["check"] * 20) + " twice."
     code, out = add(capsys, GOAL, COIN, long, "--config", config, "--workdir", workdir)
     assert code == 1 and out["items"][2]["status"] == "rejected"
-    assert out["items"][2]["reason"] == "over budget: 27 tokens alone exceed lessons.budget_tokens=24"
+    assert out["items"][2]["reason"] == "over budget: 28 tokens alone exceed lessons.budget_tokens=23"
     code, out = add(capsys, "Open the door before you walk north.", "--workdir", workdir)
     assert code == 0 and out["items"][0]["status"] == "added"
     [drop] = [c for c in out["changes"] if c["op"] == "drop"]
@@ -111,7 +112,7 @@ def test_the_budget_counts_user_lessons_like_extracted_ones(tmp_path, games_dir,
         version, lessons = live_lessons(store, store.runs()[0].id)
         assert [x.text for x in lessons] == [COIN, "Open the door before you walk north."]
         assert store.get_lesson(drop["target"]).text == GOAL and store.get_lesson(drop["target"]).status == "retired"
-        assert version.token_count == 24
+        assert version.token_count == 23
 
 
 def test_retire_makes_a_version_without_the_lessons(tmp_path, games_dir, capsys):
