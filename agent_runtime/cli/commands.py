@@ -77,6 +77,7 @@ def cmd_run(args) -> int:
         print(json.dumps(found, default=str) if args.json else format_plan(found, str(args.config)))
         return 2 if found["problems"] else 0
     from agent_runtime.cli.report import continual_matrix
+    from agent_runtime.evaluation.heldout import decisions_line, decisions_on_reported
     from agent_runtime.evaluation.report import learning_table
 
     with _library_progress(not args.no_progress):
@@ -88,6 +89,7 @@ def cmd_run(args) -> int:
             summary = loop.run()
             table = learning_table(loop.store, loop.run_id)
             matrix = continual_matrix(loop.store, loop.store.get_run(loop.run_id))
+            decided = decisions_on_reported(loop.store, loop.run_id)
         finally:
             loop.close()
     if args.json:
@@ -99,15 +101,17 @@ def cmd_run(args) -> int:
                     "workdir": str(workdir),
                     "learning_table": table,
                     "continual": matrix.as_dict() if matrix is not None else None,
+                    "decisions_on_held_out_games": decided,
                 }
             )
         )
     else:
-        print(summary.line())
-        if table:
-            print(table)
-        if matrix is not None:
-            print(matrix.table())
+        print(shown(summary.line()))
+        for printed in (table, matrix.table() if matrix is not None else None):
+            if printed:
+                print(shown(printed, multiline=True))
+        if decided and (table or matrix is not None):
+            print(shown(decisions_line(decided)))
         print(f"memory: {workdir / 'memory.db'}  (inspect: agent-runtime memory stats --workdir {workdir})")
     return 0
 
@@ -192,7 +196,11 @@ def cmd_eval(args) -> int:
                 "ci95": [lo, hi],
                 "lessons": len(lessons),
                 "condition": "with-lessons" if lessons else "no-lessons",
-                "leak_check": {"clean": leak.clean, "held_out_episodes_in_store": len(leak.leaked_episodes)}
+                "leak_check": {
+                    "clean": leak.clean,
+                    "held_out_episodes_in_store": len(leak.leaked_episodes),
+                    "decisions_on_held_out_games": leak.decisions_on_held_out,
+                }
                 if leak
                 else None,
             }

@@ -141,7 +141,7 @@ def cmd_lessons_diff(args) -> int:
 def _run_config(run):
     from agent_runtime.config import config_from_dict
 
-    return config_from_dict(run.config, source=f"the stored config of run {run.id}")
+    return config_from_dict(run.config, source=f"the stored config of run {run.id}", stored=True)
 
 
 def _add_target(args, config) -> str:
@@ -167,6 +167,21 @@ def _add_target(args, config) -> str:
             )
         workdir.mkdir(parents=True, exist_ok=True)
     return str(workdir)
+
+
+def _families(args, run_config) -> list[str] | None:
+    """The prompt families of the run's environments, when `--env` names a family (known only by building each
+    environment once, so only then); None otherwise."""
+    from distill.lessons.scope import FAMILY
+
+    if not any(entry.startswith(FAMILY) for entry in args.env):
+        return None
+    from agent_runtime.episode.build import build_envs
+    from agent_runtime.run.loop import default_workdir
+
+    workdir = args.workdir or (default_workdir(run_config.name) if args.db is None else Path("."))
+    specs, _ = build_envs(run_config, Path(workdir))
+    return [spec.family for spec in specs]
 
 
 def cmd_lessons_add(args) -> int:
@@ -198,7 +213,8 @@ def cmd_lessons_add(args) -> int:
         spec = run_config.lessons.embedder or run_config.memory.embedder
         embedder = make_embedder(spec) if spec else None
         try:
-            scope = normalize_scope(args.env, known=[e.id for e in run_config.envs]) if args.env else GLOBAL
+            known = [e.id for e in run_config.envs]
+            scope = normalize_scope(args.env, known, _families(args, run_config)) if args.env else GLOBAL
         except ScopeError as exc:
             raise UsageError(f"--env: {exc}") from None
         seeded = add_seed_lessons(run_config, store, run.id) if created else None

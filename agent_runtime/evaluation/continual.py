@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from agent_runtime.curriculum import CurriculumConfig
+from agent_runtime.terminal import shown
 from distill.lessons import live_lessons
 from distill.lessons.scope import scoped_lessons
 from memory import AdapterInfo, ExperienceStore
@@ -133,9 +134,10 @@ class Matrix:
         }
 
     def table(self) -> str:
-        names = [e.rsplit("/", 1)[-1] for e in self.envs]
+        """The matrix for a terminal; names from a config or a store are escaped (`agent_runtime.terminal.shown`)."""
+        names = [shown(e.rsplit("/", 1)[-1]) for e in self.envs]
         width = max(len(n) for n in names) + 2
-        labels = [("start" if i == 0 else f"after {i}: {self.phases[i]}") for i in range(self.rows)]
+        labels = [("start" if i == 0 else f"after {i}: {shown(self.phases[i])}") for i in range(self.rows)]
         left = max(len(x) for x in labels) + 2
         games = max((len(g) for g in self.cells.values()), default=0)
         head = (
@@ -170,7 +172,7 @@ class Matrix:
             worst = min(drops, key=drops.get)
             lines.append(
                 "worst change of a learned environment after later phases: "
-                f"{worst.rsplit('/', 1)[-1]} {drops[worst] * 100:+.1f} points"
+                f"{shown(worst.rsplit('/', 1)[-1])} {drops[worst] * 100:+.1f} points"
             )
         return "\n".join(lines)
 

@@ -54,9 +54,13 @@ def scoped_lessons(lessons: Iterable) -> list[ScopedLesson]:
     return [ScopedLesson(x.text, tuple(x.scope), x.id, tuple(sorted(trial_gains(x).items()))) for x in lessons]
 
 
-def normalize_scope(entries: Iterable[str] | None, known: Sequence[str] | None = None) -> tuple[str, ...]:
+def normalize_scope(
+    entries: Iterable[str] | None, known: Sequence[str] | None = None, families: Sequence[str] | None = None
+) -> tuple[str, ...]:
     """`entries` checked and de-duplicated, in order; `*` alone when it is among them; no entries is `*`.
-    With `known` (the run's environment ids), an environment id outside it is refused."""
+    With `known` (the run's environment ids), an environment id outside it is refused; with `families` (the prompt
+    families of the run's environments), a family:NAME outside them is refused too (the lesson would go live
+    nowhere)."""
     out: list[str] = []
     for entry in [] if entries is None else list(entries):
         if entry == EVERYWHERE:
@@ -70,6 +74,11 @@ def normalize_scope(entries: Iterable[str] | None, known: Sequence[str] | None =
             )
         if entry.startswith(FAMILY) and not entry[len(FAMILY) :]:
             raise ScopeError("lesson scope entry 'family:': name the family, e.g. family:text")
+        if families is not None and entry.startswith(FAMILY) and entry[len(FAMILY) :] not in families:
+            raise ScopeError(
+                f"lesson scope {entry!r} names a family no environment of this run has; its families: "
+                f"{', '.join(f'{FAMILY}{f}' for f in sorted(set(families))) or 'none'} (or an environment id, or '*')"
+            )
         if known is not None and not entry.startswith(FAMILY) and entry not in known:
             raise ScopeError(
                 f"lesson scope {entry!r} is not an environment of this run; its environments: "
