@@ -4,9 +4,9 @@ The lesson logic itself (prompts, parsing, safety, curation, versions, the gate'
 `distill.lessons`; this module supplies what only the runtime has: a policy to write the extractions (the
 acting model itself by default, or a configured LangChain chat model), the model's tokenizer for the
 budget, and evaluation episodes for the gate. With `gate_episodes > 0`, a new lesson set is first a
-*candidate*: the current live set and the candidate play the same held-out tasks with the same seeds, and
-the candidate goes live only if it does not lower success by more than `gate_margin`; either way the
-decision is stored with its numbers.
+*candidate*: the current live set and the candidate play the same `lessons.gate_split` tasks with the same seeds
+(never the held-out ones the tables report), and the candidate goes live only if it does not lower success by
+more than `gate_margin`; either way the decision is stored with its numbers.
 
 Lessons a person writes (`agent-runtime lessons add`, `lessons.seed` of a new run) enter through
 `add_lessons`, the one function both the CLI and the loop call (the logic is `distill.lessons.user`). With
