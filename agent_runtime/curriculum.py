@@ -80,6 +80,11 @@ class CurriculumConfig(StrictConfig):
         active = set(self.phases[self.phase_of(index)].envs)
         return [w if e in active else 0.0 for e, w in zip(env_ids, base)]
 
+    def plays(self, env_ids: Sequence[str], index: int) -> set[int]:
+        """The positions in `env_ids` of the environments draw `index`'s phase plays."""
+        active = set(self.phases[self.phase_of(index)].envs)
+        return {i for i, env_id in enumerate(env_ids) if env_id in active}
+
     def unknown(self, env_ids: Sequence[str]) -> list[str]:
         """Phase environments that are not among `env_ids`."""
         return sorted({e for p in self.phases for e in p.envs} - set(env_ids))

@@ -27,6 +27,11 @@ Instances can be lent (`EnvLender`, as evaluation's pool of started games does):
 building it, and `close` hands the ones between episodes back; every episode starts with a `reset` onto its task
 and seed either way, and a broken instance (a failed reset or step) is closed, never handed back.
 
+An instance is kept per slot and environment, and a game's can hold a JVM of ~500 MB: with `plays` (a draw's index ->
+the environments its curriculum phase plays, `CurriculumConfig.plays`), an instance between episodes of an environment the
+next draw's phase does not play is closed when that draw starts, so a runner that lives across phases (a Ray rollout
+worker's) holds only the coming phase's games.
+
 Which weights acted: when an episode starts, the runner asks the backend for the fingerprint of the adapter
 weights it has loaded (`FingerprintBackend`), and the episode record carries it next to `adapter_id` (the
 adapter the run meant), so that an episode played with other weights than its adapter's is visible.
@@ -36,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Protocol
@@ -188,8 +193,10 @@ class EpisodeRunner:
         lender: EnvLender | None = None,
         choose_lessons: Callable[[EpisodeContext, str, str, str], EpisodeContext] | None = None,
         seed: int = 0,
+        plays: Callable[[int], Collection[int]] | None = None,
     ):
-        """`seed`: the run seed, which with a draw's index and the turn seeds every draw of a turn (`turn_seed`)."""
+        """`seed`: the run seed, which with a draw's index and the turn seeds every draw of a turn (`turn_seed`).
+        `plays`: a draw's index -> the environments its phase plays; the others' instances are closed (see above)."""
         assert len(envs) == len(builders), "one prompt builder per environment"
         assert 0.0 <= explore <= 1.0, f"explore is a share of decisions, got {explore}"
         if any(b.action_mode == "choice" for b in builders):
@@ -207,6 +214,7 @@ class EpisodeRunner:
         self.choose_lessons = choose_lessons
         self.explore = explore  # share of choice decisions drawn uniformly from the set (PLAY's exploration)
         self.lender = lender
+        self.plays = plays
         self.seed = seed
         self.replays = isinstance(backend, RowSeededBackend)
         self._instances: list[dict[int, object]] = [{} for _ in range(slots)]
@@ -221,6 +229,14 @@ class EpisodeRunner:
                 self.lender.borrow(env_index) if self.lender is not None else self.envs[env_index].factory()
             )
         return self._instances[slot][env_index]
+
+    def _release_unplayed(self, index: int) -> None:
+        """Close every slot's instances, between episodes, of the environments draw `index`'s phase does not play."""
+        playing = set(self.plays(index))
+        busy = {id(ep.env) for ep in self._live if ep is not None}
+        for slot, instances in enumerate(self._instances):
+            for env_index in [e for e, env in instances.items() if e not in playing and id(env) not in busy]:
+                self._drop_env(slot, env_index)
 
     def _drop_env(self, slot: int, env_index: int) -> None:
         env = self._instances[slot].pop(env_index, None)
@@ -265,6 +281,8 @@ class EpisodeRunner:
         started = _now()
         context = self.context_for(draw)
         fingerprint = self.backend.adapter_fingerprint() if isinstance(self.backend, FingerprintBackend) else None
+        if self.plays is not None:
+            self._release_unplayed(draw.index)
         try:
             env = self._env(slot, draw.env_index)
             observation, info, cut = _kept(*env.reset(seed=draw.seed, task_id=draw.task_id))

@@ -17,7 +17,8 @@ instance gives when the environment keeps the contract (`check_env` plays a reus
 An instance is never lent across splits: one that a cycle's validation games or anchor play used on the train
 split would carry whatever a faulty reset left behind (a key picked up in a train game) into the held-out
 evaluation, which must score the same on any pool as on a fresh one. An instance whose reset or step failed is closed, never given back, and after a run that raised
-nothing is given back. `reuse=False` builds everything anew, as before.
+nothing is given back. When a curriculum phase starts, the pool keeps only the instances of the environments it plays
+(`EnvPool.keep_only`). `reuse=False` builds everything anew, as before.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,6 +163,21 @@ class EnvPool:
         for old in evicted:
             with contextlib.suppress(Exception):
                 old.close()
+
+    def keep_only(self, env_ids: Collection[str]) -> int:
+        """Close the waiting instances of every environment not in `env_ids`, whatever their split: when a curriculum
+        phase starts, the games it does not play go (a JVM game's instance holds ~500 MB) until an assessment or a
+        cycle plays them again. Returns how many were closed."""
+        keep = set(env_ids)
+        with self._lock:
+            if self._pid != os.getpid():
+                return 0
+            gone = [key for key in self._idle if json.loads(key)["entry"]["id"] not in keep]
+            envs = [env for key in gone for env in self._idle.pop(key)]
+        for env in envs:
+            with contextlib.suppress(Exception):
+                env.close()
+        return len(envs)
 
     def idle(self) -> int:
         """How many started instances wait to be lent."""

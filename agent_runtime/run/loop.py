@@ -424,6 +424,9 @@ class AgentLoop:
             if state.episodes % self.config.runtime.summary_every == 0:
                 self._summary_line(started, start_episodes, start_tokens, state)
 
+        curriculum = self.config.curriculum
+        if curriculum is not None:  # the pool's games that this phase does not play go until played again
+            self.the_run.pool.keep_only(curriculum.phases[curriculum.phase_of(self.state.next_draw)].envs)
         session = PlaySession(
             self.state,
             self.schedule,

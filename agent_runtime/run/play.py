@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from agent_runtime.config import RunConfig
@@ -266,6 +267,14 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+def phase_plays(config: RunConfig) -> Callable[[int], set[int]] | None:
+    """A draw's index -> the environments its curriculum phase plays (positions in `config.envs`); None without a
+    curriculum. A runner closes the other environments' instances (`EpisodeRunner`'s `plays`)."""
+    if config.curriculum is None:
+        return None
+    return partial(config.curriculum.plays, [entry.id for entry in config.envs])
+
+
 class LocalExecutor:
     """Every phase in this process, with the driver's own backend (built on first use)."""
 
@@ -291,6 +300,7 @@ class LocalExecutor:
             examples_for=self.examples_for,
             explore=self.run.config.agent.explore,
             seed=self.run.config.seed,
+            plays=phase_plays(self.run.config),
         )
         try:
             runner.run(session.next_draw, session.commit, session.should_stop)

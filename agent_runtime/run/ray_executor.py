@@ -67,6 +67,7 @@ from agent_runtime.phases.probe import (
     stored_reference,
     tolerance_for,
 )
+from agent_runtime.run.play import phase_plays
 from agent_runtime.state import Run
 from memory import AdapterInfo, EpisodeRecord, ExperienceStore
 
@@ -117,6 +118,7 @@ class RolloutWorker:
             context_for=lambda d: self._contexts.pop(d.index),
             explore=config.agent.explore,
             seed=config.seed,
+            plays=phase_plays(config),
         )
 
     def slots(self) -> int:
