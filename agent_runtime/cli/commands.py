@@ -154,14 +154,14 @@ def cmd_eval(args) -> int:
     from agent_runtime.llm import make_backend
     from agent_runtime.llm.base import BackendError, activate
     from agent_runtime.run.loop import default_workdir
+    from agent_runtime.state.run import config_token_counter
     from distill.lessons import live_lessons
+    from distill.lessons.budget import LessonBudget
+    from distill.lessons.scope import scoped_lessons
     from distill.opcd.weights import bound_heap
     from memory import ExperienceStore
 
-    from agent_runtime.state.run import config_token_counter
     bound_heap()
-    from distill.lessons.budget import LessonBudget
-    from distill.lessons.scope import scoped_lessons
 
     overrides = list(args.set or [])
     if args.episodes is not None:

@@ -106,9 +106,6 @@ def is_global(scope: Iterable[str] | None) -> bool:
     return scope is None or EVERYWHERE in tuple(scope)
 
 
-def for_env(lessons: Iterable[str | ScopedLesson], env_id: str, family: str | None = None) -> list[str]:
-    """The texts of `lessons` in scope for `env_id` (a plain string is in scope everywhere), in order."""
-    return [x.text for x in in_scope_lessons(lessons, env_id, family)]
 def in_scope_lessons(
     lessons: Iterable[str | ScopedLesson], env_id: str, family: str | None = None
 ) -> list[ScopedLesson]:
@@ -117,6 +114,9 @@ def in_scope_lessons(
     return [x for x in scoped if in_scope(x.scope, env_id, family)]
 
 
+def for_env(lessons: Iterable[str | ScopedLesson], env_id: str, family: str | None = None) -> list[str]:
+    """The texts of `lessons` in scope for `env_id` (a plain string is in scope everywhere), in order."""
+    return [x.text for x in in_scope_lessons(lessons, env_id, family)]
 
 
 def describe_scope(scope: Iterable[str] | None) -> str:
