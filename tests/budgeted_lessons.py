@@ -37,7 +37,7 @@ CONFIG = {
     "memory": {"embedder": "hash"},
     "evaluation": {"episodes_per_env": 2},
     "lessons": {"budget_tokens": BUDGET, "gate_episodes": 2, "gate_split": "train", "extract_every": 1000},
-    "opcd": {"enabled": False, "eval_episodes": 2, "validation_games": 0},
+    "opcd": {"enabled": False, "eval_episodes": 2, "validation_games": 2},
 }
 
 

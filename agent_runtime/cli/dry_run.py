@@ -22,6 +22,7 @@ from typing import Any
 
 from agent_runtime.checkpoints import ALIASES, UnknownModelError, cache_root, resolve_model
 from agent_runtime.config import ConfigError, RunConfig
+from agent_runtime.phases.promotion import decision_sights
 
 
 def _model(name: str, notes: list[str], problems: list[str], what: str) -> dict[str, Any]:
@@ -88,8 +89,8 @@ def _envs(config: RunConfig, problems: list[str], notes: list[str]) -> list[dict
         games = config.opcd.validation_games if config.opcd.enabled else 0
         decision = (
             (
-                f"; a cycle's promotion plays the first {games} tasks of the train split, parent and adapter "
-                "without lessons"
+                f"; a cycle's promotion plays the first {games} tasks of the {config.opcd.validation_split} split, "
+                "parent and adapter"
             )
             if games
             else ""
@@ -272,8 +273,10 @@ def plan(config: RunConfig, workdir: Path, *, resume: bool = False) -> dict[str,
             "extractor": lessons.extractor,
             "method": lessons.method,
             "tried_on": lessons.gate_episodes,
-            "tried_split": lessons.gate_split,
+            "tried_split": lessons.trial_split,
+            "gate_split": lessons.gate_split,
         },
+        "decisions": [{"line": line, "warning": warning} for line, warning in decision_sights(config)],
         "opcd": _opcd(config, problems, notes),
         "curriculum": None
         if config.curriculum is None
@@ -330,9 +333,10 @@ def format_plan(p: dict[str, Any], source: str) -> str:
     les = p["lessons"]
     found = {
         "model": f"written by {les['extractor']}",
-        "evidence": f"induced from won/lost evidence, each tried on {les['tried_on']} {les['tried_split']} games",
+        "evidence": f"induced from won/lost evidence, each tried on {les['tried_on']} {les['tried_split']} games "
+        f"and confirmed on {les['tried_on']} {les['gate_split']} games",
         "both": f"written by {les['extractor']} and induced from won/lost evidence (each tried on "
-        f"{les['tried_on']} {les['tried_split']} games)",
+        f"{les['tried_on']} {les['tried_split']} games, confirmed on {les['gate_split']} games)",
     }[les["method"]]
     lines.append(
         f"lessons     on: every {les['extract_every']} episodes, {found}, "
@@ -340,6 +344,8 @@ def format_plan(p: dict[str, Any], source: str) -> str:
         if les["enabled"]
         else "lessons     off"
     )
+    for decision in p["decisions"]:
+        lines.append(f"decisions   {'WARNING: ' if decision['warning'] else ''}{decision['line']}")
     what = "the lessons" if o["kind"] == "lessons" else "a system prompt"
     if o.get("context", {}).get("sha256"):
         what += f" ({o['context']['source']}, {o['context']['chars']} chars, sha256 {o['context']['sha256'][:12]})"

@@ -4,7 +4,7 @@ workdir, never through a symbolic link)."""
 
 from agent_runtime.config.files import UnsafePathError, open_owned, save_resolved
 from agent_runtime.config.loading import apply_overrides, config_from_dict, load_config
-from agent_runtime.config.resume import code_references, resume_differences
+from agent_runtime.config.resume import code_references, resume_differences, stored_config
 from agent_runtime.config.schema import (
     ConfigError,
     ConsolidationConfig,
@@ -29,4 +29,5 @@ __all__ = [
     "open_owned",
     "resume_differences",
     "save_resolved",
+    "stored_config",
 ]

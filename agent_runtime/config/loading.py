@@ -106,7 +106,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
 def config_from_dict(data: dict, source: str = "<config>", *, stored: bool = False) -> RunConfig:
     """Validate `data` into a `RunConfig`. `stored`: a config a run already holds (its stored config, or the one
     handed to its workers), loaded as it was made: a decision split a config read now may not name is let through,
-    and flagged (`LessonsConfig.held_out_decisions`)."""
+    and flagged (`LessonsConfig.held_out_decisions`, `ConsolidationConfig.held_out_decisions`)."""
     try:
         return RunConfig.model_validate(data, context={"stored": stored})
     except ValidationError as err:

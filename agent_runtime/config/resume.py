@@ -4,12 +4,20 @@ difference is listed, and the stored run's value kept."""
 
 from __future__ import annotations
 
+import logging
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
+from agent_runtime.config.loading import config_from_dict
 from agent_runtime.config.schema import ConfigError, RunConfig
 from agent_runtime.llm.options import VLLM_SIZES
-from memory.redaction import REDACTED, is_secret_key, redact_secrets
+from agent_runtime.terminal import shown
+from memory import ExperienceStore
+from memory.redaction import REDACTED, is_secret_key, redact_secrets, restore_secrets
+
+log = logging.getLogger("agent_runtime.run.loop")  # the loop's log: a resume is a step of the run
 
 
 def code_references(config: RunConfig) -> dict[str, str]:
@@ -113,3 +121,40 @@ def resume_differences(stored: RunConfig, given: RunConfig, source: str) -> list
             "a new run (another name, or without --resume):\n" + "\n".join(line(k) for k in guarded)
         )
     return [line(k) + ("" if k.startswith(RESUME_TAKES) else " (the stored value is kept)") for k in differ]
+
+
+def stored_config(config: RunConfig, workdir: Path) -> tuple[RunConfig, int]:
+    """On --resume the run's own config wins; only the stop conditions may change. The given config is the
+    authority on what may be resumed: a field where the two differ is listed, and one that decides what runs,
+    what is read or where the run writes refuses the resume (`resume_differences`). Returns the config and
+    the id of the run to continue."""
+    with ExperienceStore.open(config.memory.url or workdir) as store:
+        existing = store.find_run(config.name)
+        url = store.url
+        if existing is None:
+            raise ConfigError(f"--resume: no run named {config.name!r} in {url}; start one without --resume")
+    # the store keeps no secrets: a resumed run takes them from the config given now
+    data = restore_secrets(existing.config, config.model_dump(mode="json"))
+    stored = config_from_dict(data, source=f"run {existing.id}", stored=True)
+    if stored.name != existing.name:
+        raise ConfigError(
+            f"--resume: run {existing.id} in {url} is named {existing.name!r}, but its stored config names the "
+            f"run {stored.name!r}: the store disagrees with itself (an edited or imported store?), so which run "
+            f"to continue is unclear; refusing to resume it. Start a new run instead (without --resume, or "
+            f"--set name=ANOTHER), or give the store a run whose name and stored config agree"
+        )
+    differences = resume_differences(stored, config, f"the stored config of run {existing.id}")
+    if differences:
+        head = (
+            f"--resume: run {existing.id} ({existing.name}): the given config differs from the stored one "
+            "(only runtime.episodes and runtime.hours are taken from the given config):"
+        )
+        log.warning(head + "\n" + "\n".join(differences))
+        print(head, *differences, sep="\n", file=sys.stderr)
+    for line in stored.lessons.held_out_decisions + stored.opcd.held_out_decisions:  # old defaults: flagged
+        flag = f"--resume: run {existing.id}: {line}, the held-out games its tables report (not clean)"
+        log.warning(flag)
+        print(shown(flag), file=sys.stderr)
+    stored.runtime.episodes = config.runtime.episodes
+    stored.runtime.hours = config.runtime.hours
+    return stored, existing.id

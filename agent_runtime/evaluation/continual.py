@@ -208,11 +208,15 @@ def load_matrix(store: ExperienceStore, run_id: int, curriculum: CurriculumConfi
     return matrix
 
 
-def assess(run, backend, after_phase: int, adapter: AdapterInfo | None = None) -> list[int]:
+def assess(
+    run, backend, after_phase: int, adapter: AdapterInfo | None = None, round_record: Callable[[], dict] | None = None
+) -> list[int]:
     """Play every environment of the run on the curriculum's held-out games, acting as the agent acts now (the
     backend's adapter, the live lessons of the first pool in each environment's scope, fitted to the run's lesson
     budget as PLAY fits them: `Run.evaluate`), and store one evaluation
-    row per environment marked with `after_phase`; returns their ids. The caller holds the transaction."""
+    row per environment marked with `after_phase`; returns their ids. The caller holds the transaction.
+    `round_record`: called once the games are played, its dict kept beside the mark of every row (`rounds.RoundRecord`:
+    lessons, drift, time and memory of the round)."""
     curriculum = run.config.curriculum
     assert curriculum is not None, "an assessment belongs to a curriculum"
     version, lessons = live_lessons(run.store, run.id)
@@ -221,6 +225,9 @@ def assess(run, backend, after_phase: int, adapter: AdapterInfo | None = None) -
     results = run.evaluate(backend, lessons=shown, episodes_per_env=curriculum.eval_episodes)
     ids = []
     label = "start" if after_phase == 0 else curriculum.phases[after_phase - 1].label()
+    mark = {"after_phase": after_phase, "label": label}
+    if round_record is not None:
+        mark["round"] = round_record()
     for result in results:
         lo, hi = wilson_interval(result.successes, result.n)
         ids.append(
@@ -235,7 +242,7 @@ def assess(run, backend, after_phase: int, adapter: AdapterInfo | None = None) -
                 success_rate=result.success_rate,
                 mean_return=result.mean_return,
                 metrics={
-                    "continual": {"after_phase": after_phase, "label": label},
+                    "continual": mark,
                     "episodes": result.episodes,
                     "interval": [lo, hi],
                 },

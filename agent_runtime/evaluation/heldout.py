@@ -32,7 +32,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent_runtime.config import RunConfig
+from agent_runtime.config import ConfigError, RunConfig
 from agent_runtime.episode.build import build_envs
 from agent_runtime.episode.openings import normal_text, observation_hash
 from memory import EVALUATION_EVAL, EVALUATION_GATE, EpisodeInfo, ExperienceStore
@@ -139,6 +139,68 @@ def _build(config: RunConfig, workdir: Path, n: int) -> HeldOut:
         finally:
             env.close()
     return HeldOut(frozenset(tasks), frozenset(observations), frozenset(common), tuple(texts))
+
+
+class FoldOverlapError(ConfigError):
+    """A decision's fold holds a train or held-out game: refused before the run plays anything."""
+
+
+def decision_folds(config: RunConfig) -> dict[str, int]:
+    """{split: games the run's decisions play there per environment}: the promotion's validation games and their
+    recheck, the gate's games."""
+    folds: dict[str, int] = {}
+    if config.opcd.enabled and config.opcd.validation_games:
+        split = config.opcd.validation_split
+        folds[split] = max(folds.get(split, 0), config.opcd.validation_games + config.opcd.recheck_games)
+    if config.lessons.enabled and config.lessons.gate_episodes:
+        for split in {config.lessons.gate_split, config.lessons.trial_split}:
+            folds[split] = max(folds.get(split, 0), config.lessons.gate_episodes)
+    return folds
+
+
+def check_folds(config: RunConfig, workdir: Path) -> list[str]:
+    """Refuse a decision fold other than train that shares a game with the train or the held-out fold: by task id
+    (every task of the other folds) and by opening (the games the decisions play, against the held-out games' openings
+    that identify a game: `HeldOut.first_observations`). Returns a warning per environment whose fold holds fewer
+    games than its decisions ask for (they then play what there is)."""
+    folds = {split: n for split, n in decision_folds(config).items() if split != "train"}
+    if not folds:
+        return []
+    envs = [*config.envs, *config.opcd.retention_envs]
+    whole = config.model_copy(update={"envs": envs})
+    held = held_out(config, workdir)
+    _, train_lists = build_envs(whole, workdir, split="train")
+    specs, eval_lists = build_envs(whole, workdir, split="eval")
+    warnings, overlaps = [], []
+    for split, needed in folds.items():
+        _, fold_lists = build_envs(whole, workdir, split=split)
+        for spec, fold, train, held_ids in zip(specs, fold_lists, train_lists, eval_lists):
+            shared = sorted((set(fold) & set(train)) | (set(fold) & set(held_ids)))
+            if shared:
+                overlaps.append(f"{spec.env_id}: its {split} fold holds train or held-out tasks {shared[:5]}")
+                continue
+            if len(fold) < needed:
+                warnings.append(
+                    f"{spec.env_id}: its {split} fold holds {len(fold)} games and the decisions ask for {needed}; "
+                    f"they play {len(fold)}"
+                )
+            env = spec.factory()
+            try:
+                for i, task_id in enumerate(list(fold[:needed])):
+                    opening = observation_hash(
+                        normal_text(env.reset(seed=config.evaluation.seed + i, task_id=task_id)[0])
+                    )
+                    if (spec.env_id, opening) in held.first_observations:
+                        overlaps.append(f"{spec.env_id}: {split} task {task_id!r} opens as a held-out game does")
+                        break
+            finally:
+                env.close()
+    if overlaps:
+        raise FoldOverlapError(
+            "a decision's games must be none of the train or held-out ones (the tables would then report games a "
+            "decision was fitted on): " + "; ".join(overlaps)
+        )
+    return warnings
 
 
 Game = tuple[str, str, int]  # (env id, task id, seed)

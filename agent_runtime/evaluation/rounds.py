@@ -4,8 +4,9 @@ line, and the figures that say whether a family stays learned when others come a
 Each assessment stores, beside its matrix row, a round record (`metrics.continual.round` of each environment's row):
 - per environment: the live lessons in its scope and their tokens (the lesson block its prompt holds), and the
   acting adapter's drift from the base model (`agent_runtime.evaluation.drift`);
-- for the round: each top-level phase's wall seconds since the previous assessment, the process's resident memory
-  at the assessment and its peak so far, and the adapter that acted.
+- for the round: each top-level phase's wall seconds since the previous assessment (its own assessment until the
+  record is taken), the process's resident memory at the assessment and its peak over every phase so far (flat
+  peaks from round to round: nothing grows with the store), and the adapter that acted.
 A resumed run's first round counts only the time of the process that finished it.
 
 From the matrix (`agent_runtime.evaluation.continual.Matrix`), per family: its largest drop below its best so far at
@@ -14,12 +15,57 @@ any round and at the end, and its lowest rate below its base after the phase tha
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
-from agent_runtime.evaluation.continual import Matrix
+from agent_runtime.evaluation.continual import Matrix, load_matrix
+from agent_runtime.evaluation.drift import drift
+from distill.lessons import live_lessons
+from distill.lessons.curate import render_lessons
+from distill.lessons.scope import in_scope_lessons, scoped_lessons
 from memory import ExperienceStore
 
 PHASES = ("PLAY", "EXTRACT", "CONSOLIDATE", "ASSESS")
+
+
+class RoundClock:
+    """Wall seconds of each top-level phase since the last round, from the loop's `Profile`; the round's own
+    assessment from when it started (`start_assess`) to when its record is taken."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._assess_started: float | None = None
+
+    def start_assess(self) -> None:
+        self._assess_started = time.perf_counter()
+
+    def lap(self, profile, memory: dict[str, float]) -> tuple[dict[str, float], float]:
+        """(wall seconds per phase this round, the process's peak resident MB over every phase so far); `memory`: the
+        process's `state.profile.memory_mb()` now."""
+        now = {name: profile.phases[name].wall_s for name in PHASES if name in profile.phases}
+        out = {name: now[name] - self._last.get(name, 0.0) for name in now if name != "ASSESS"}
+        self._last = now
+        if self._assess_started is not None:
+            out["ASSESS"] = time.perf_counter() - self._assess_started
+        peak = max([row.peak_rss_mb for row in profile.phases.values()] + [memory.get("VmHWM", 0.0)])
+        return out, peak
+
+
+def round_fields(run, backend, adapter, seconds: dict[str, float], rss_mb: float | None, peak_mb: float) -> dict:
+    """What a round leaves beside its matrix row (`RoundRecord.stored`): per environment the live lessons in its
+    scope (the first pool, as the assessment shows them) and the tokens of their block, the adapter's drift from the
+    base model, the round's phase times and the process's memory."""
+    _, live = live_lessons(run.store, run.id)
+    first = min((x.pool for x in live), default=0)
+    scoped = scoped_lessons(x for x in live if x.pool == first)
+    count = run.lesson_budget.count_tokens
+    lessons = {}
+    for entry in run.config.envs:
+        texts = [x.text for x in in_scope_lessons(scoped, entry.id, run.families.get(entry.id))]
+        lessons[entry.id] = {"count": len(texts), "tokens": count(render_lessons(texts)) if texts else 0}
+    record = RoundRecord(0, "", {}, lessons, drift(run, backend, adapter), seconds, rss_mb, peak_mb)
+    record.adapter = adapter.name if adapter else None
+    return record.stored()
 
 
 @dataclass
@@ -67,6 +113,18 @@ class RoundRecord:
         if self.rss_mb is not None:
             parts.append(f"rss {self.rss_mb:.0f} MB (peak {self.peak_rss_mb or self.rss_mb:.0f})")
         return " | ".join(parts)
+
+
+def round_line(store: ExperienceStore, run_id: int, config, index: int) -> tuple[str, dict]:
+    """The line a run prints after round `index`'s assessment (its matrix row, lessons, drift, time, memory), and the
+    fields its log record keeps."""
+    env_ids = [e.id for e in config.envs]
+    matrix = load_matrix(store, run_id, config.curriculum, env_ids)
+    records = {r.after_phase: r for r in load_rounds(store, run_id, matrix)}
+    record = records.get(index) or RoundRecord(index, matrix.phases[index], {e: matrix.rate(index, e) for e in env_ids})
+    where = "start" if index == 0 else f"after phase {index} ({matrix.phases[index]})"
+    line = f"ASSESS {where}: " + record.line(env_ids).split(": ", 1)[1]
+    return line, {"phase": "ASSESS", "after_phase": index, "R": matrix.as_dict()["R"], "round": record.stored()}
 
 
 def load_rounds(store: ExperienceStore, run_id: int, matrix: Matrix) -> list[RoundRecord]:

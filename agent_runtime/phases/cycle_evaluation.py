@@ -1,5 +1,6 @@
 """EVALUATE, a cycle's evidence: every condition on the held-out games (the report's), the parent and the student on
-train-split validation games (the promotion's), and a second look where a validation drop is too close to call.
+validation games (`opcd.validation_split`: the promotion's), and a second look where a validation drop is too close to
+call.
 `agent_runtime.phases.consolidate` runs it and decides on what it returns (`agent_runtime.phases.promotion`)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from distill.lessons.scope import for_env
 def evaluate_cycle(run: Run, backend, cycle: Cycle) -> dict[str, list[EvalResult]]:
     """EVALUATE: every condition on the held-out tasks with fixed seeds (the random-admissible baseline, the
     parent and the new adapter with and without the lessons, and both on the retention environments), and the
-    parent and the adapter on `validation_games` train-split games (the decision's evidence), with more of them
+    parent and the adapter on `validation_games` games of the validation fold (the decision's evidence), with more of them
     where a drop there is too close to call (`_recheck`)."""
     config, opcd = run.config, run.config.opcd
     n = opcd.eval_episodes or config.evaluation.episodes_per_env
@@ -71,32 +72,32 @@ def _with_lessons(
 def _validate(
     run: Run, backend, who: str, shown: dict, only: set[str] | None = None, first: int = 0, games: int | None = None
 ) -> dict[str, list[EvalResult]]:
-    """The decision's evidence for `who` (parent or student): `opcd.validation_games` train-split games of every
+    """The decision's evidence for `who` (parent or student): `opcd.validation_games` validation games of every
     environment, without and with the lessons, and of the retention environments: the held-out games stay the
     report's. `only`: those environments (by id), `first` and `games` (default `opcd.validation_games`) the
     tasks."""
     opcd = run.config.opcd
-    n = games or opcd.validation_games
+    n, split = games or opcd.validation_games, opcd.validation_split
     own = [e for e in run.config.envs if only is None or e.id in only]
     retention = [e for e in opcd.retention_envs if only is None or e.id in only]
     out: dict[str, list[EvalResult]] = {}
     if own:
-        without = run.evaluate(backend, lessons=[], episodes_per_env=n, split="train", envs=own, first=first)
+        without = run.evaluate(backend, lessons=[], episodes_per_env=n, split=split, envs=own, first=first)
         out[f"validation_{who}"] = without
         if shown.get("lessons") or shown.get("context"):
             out[f"validation_{who}_with_lessons"] = _with_lessons(
-                run, backend, n, shown, without, split="train", envs=own, first=first
+                run, backend, n, shown, without, split=split, envs=own, first=first
             )
     if retention:
         out[f"validation_{who}_retention"] = run.evaluate(
-            backend, lessons=[], episodes_per_env=n, envs=retention, split="train", first=first
+            backend, lessons=[], episodes_per_env=n, envs=retention, split=split, first=first
         )
     return out
 
 
 def _recheck(run: Run, backend, cycle: Cycle, student, evals: dict[str, list[EvalResult]], shown: dict) -> None:
     """A second look where a validation drop is over the margin but of fewer than `opcd.regression_games` games:
-    the parent and the student play `opcd.recheck_games` more train games of those environments (the next tasks,
+    the parent and the student play `opcd.recheck_games` more validation games of those environments (the next tasks,
     every validation condition), added to the first ones, so that the decision is made on more evidence instead
     of letting the drop through (the curriculum's seed 1 forgot treasure-hunter, 75% -> 40%, through two such
     drops). The environments looked at again are the cycle's `rechecked` metric."""

@@ -36,6 +36,7 @@ from agent_runtime.state import Run
 from agent_runtime.state.cursor import CursorMove
 from agent_runtime.state.run import config_token_counter
 from distill.chat_tokens import encode_text
+from distill.evidence import trial_sight
 from distill.lessons import (
     LessonCurator,
     LessonExtractor,
@@ -217,6 +218,8 @@ class ExtractReport:
     contrastive: int = 0  # extractions that read a won/lost pair
     user_gate: str | None = None  # the gate's decision on a person's pending lessons, taken first
     induced: list[dict] | None = None  # method evidence|both: each induced lesson, its evidence and its trial
+    trial_split: str = "train"  # the fold the induced lessons' trials played
+    gate_split: str = "validation"  # the fold their go-live decision played
 
     def line(self) -> str:
         gate = f"; gate: {self.gate}" if self.gate else ""
@@ -224,28 +227,40 @@ class ExtractReport:
         pairs = f", {self.contrastive} contrastive" if self.contrastive else ""
         where = f"lesson set v{self.version}" if self.version is not None else "no change to the lessons"
         if self.induced is not None and not self.items and self.gate is None:  # evidence only
-            live = sum(x["accepted"] for x in self.induced)
             return (
                 f"EXTRACT: {user}{self.episodes} episodes -> {len(self.induced)} lesson(s) induced from won/lost "
-                f"evidence, {live} raised success on trial -> {where}"
+                f"evidence, {self._raised()} -> {where}"
             )
         induced = ""
         if self.induced is not None:
-            induced = (
-                f"; induced {len(self.induced)}, {sum(x['accepted'] for x in self.induced)} raised success on trial"
-            )
+            induced = f"; induced {len(self.induced)}, {self._raised()}"
         return (
             f"EXTRACT: {user}{self.episodes} episodes -> {self.items} items ({self.empty} empty, "
             f"{self.rejected} rejected{pairs}) -> {where}{gate}{induced}"
         )
 
+    def _raised(self) -> str:
+        raised = [x for x in self.induced or [] if x["accepted"]]
+        line = f"{len(raised)} raised success on trial"
+        refused = sum(x.get("confirmed") is False for x in raised)
+        return f"{line}, kept out on the {self.gate_split} games" if refused else line
+
     def trial_lines(self) -> list[str]:
-        """One line per induced lesson: its text, its evidence and what its trial measured."""
+        """One line per induced lesson: its text, its evidence, what its trial measured and what the trial's size can
+        see (`distill.evidence.trial_sight`)."""
+
+        def status(x: dict) -> str:
+            if not x["accepted"]:
+                return "kept out"
+            return f"kept out on the {self.gate_split} games" if x.get("confirmed") is False else "live"
+
         return [
-            f"  {'live' if x['accepted'] else 'kept out'}: {x['text']!r} ({x['evidence']['summary']}; "
+            f"  {status(x)}: {x['text']!r} ({x['evidence']['summary']}; "
             f"trial {x['trial']['current_rate']:.2f} -> {x['trial']['candidate_rate']:.2f} on "
-            f"{x['trial']['n']} train games)"
+            f"{x['trial']['n']} {self.trial_split} games, which see a gain of "
+            f"{trial_sight(x['trial']['n']).change:.0%} 4 times in 5)"
             for x in self.induced or []
+            if x["trial"]["n"]
         ]
 
 
@@ -317,6 +332,7 @@ def _extract(run: Run, backend: PolicyBackend, episode_ids: list[int]) -> Extrac
         if gated and version is not None:
             report.gate = gate_candidate(run, backend, curator, version.version).reason
     if settings.method in ("evidence", "both"):
+        report.trial_split, report.gate_split = settings.trial_split, settings.gate_split
         report.induced, version = _induce(run, backend, curator, episode_ids, held.usable)
         report.version = version if version is not None else report.version
     return report
@@ -326,8 +342,9 @@ def _induce(
     run: Run, backend: PolicyBackend, curator: LessonCurator, episode_ids: list[int], usable
 ) -> tuple[list[dict], int | None]:
     """Lessons induced from the EXTRACT's episodes and the older ones it may look back on, each tried on the
-    gate's games of its own environment, played here (`GameTrials`); the search, what is stored and what goes
-    live are `distill.lessons.selection.induce_and_select`'s."""
+    trials' games (`lessons.trial_split`) of its own environment, and the set the search chose confirmed on the gate's
+    (`lessons.gate_split`), both played here (`GameTrials`); the search, what is stored and what goes live are
+    `distill.lessons.selection.induce_and_select`'s."""
     store, run_id, settings = run.store, run.id, run.config.lessons
     read = [store.episode(i) for i in episode_ids]
     older = (
@@ -340,7 +357,9 @@ def _induce(
         else []
     )
     evidence = read + [e for e in older if usable(e)]
-    return induce_and_select(store, run_id, curator, evidence, settings, GameTrials(run, backend))
+    search = GameTrials(run, backend, split=settings.trial_split)
+    confirm = GameTrials(run, backend) if settings.gate_split != settings.trial_split else None
+    return induce_and_select(store, run_id, curator, evidence, settings, search, confirm)
 
 
 def learnable_recent(run: Run, n: int) -> list[int]:

@@ -37,12 +37,14 @@ Lessons = list[str | ScopedLesson]
 
 
 class GameTrials:
-    """Who won each of the gate's games with a set of lessons in context: {(env id, task id, seed): won}, what
-    `decide_gate` pairs; every environment played at most once per distinct set of its in-scope lessons."""
+    """Who won each game of a decision's fold (`split`: the gate's by default) with a set of lessons in context:
+    {(env id, task id, seed): won}, what `decide_gate` pairs; every environment played at most once per distinct set
+    of its in-scope lessons."""
 
-    def __init__(self, run: Run, backend: PolicyBackend):
+    def __init__(self, run: Run, backend: PolicyBackend, split: str | None = None):
         self.run, self.backend = run, backend
         self.settings = run.config.lessons
+        self.split = split or self.settings.gate_split  # the gate's fold; the induced lessons' search: trial_split
         self._played: dict[tuple[str, tuple[str, ...]], dict] = {}
 
     def _key(self, env_id: str, lessons: Lessons) -> tuple[str, tuple[str, ...]]:
@@ -57,7 +59,7 @@ class GameTrials:
                 envs=missing,
                 lessons=lessons,
                 episodes_per_env=self.settings.gate_episodes,
-                split=self.settings.gate_split,
+                split=self.split,
             )
             for result in results:
                 self._played[self._key(result.env_id, lessons)] = {

@@ -40,15 +40,16 @@ from agent_runtime.checkpoints import resolve_model
 from agent_runtime.config import (
     ConfigError,
     RunConfig,
-    config_from_dict,
     open_owned,
-    resume_differences,
     save_resolved,
+    stored_config,
 )
 from agent_runtime.episode.build import build_envs
 from agent_runtime.episode.examples import example_retriever
 from agent_runtime.episode.runner import TaskSampler
-from agent_runtime.evaluation.continual import assess, load_matrix
+from agent_runtime.evaluation.continual import assess
+from agent_runtime.evaluation.heldout import check_folds
+from agent_runtime.evaluation.rounds import RoundClock, round_fields, round_line
 from agent_runtime.llm import LOCAL_WEIGHTS, PolicyBackend, check_capabilities, make_backend
 from agent_runtime.llm.base import BackendStats, activate
 from agent_runtime.phases.consolidate import roll_back_interrupted
@@ -60,17 +61,17 @@ from agent_runtime.phases.extract import (
     user_lessons_gated,
 )
 from agent_runtime.phases.probe import check_backend, stored_reference, tolerance_for
+from agent_runtime.phases.promotion import decision_sights
 from agent_runtime.run.names import continues_existing
 from agent_runtime.run.play import Executor, LocalExecutor, PlaySession, RequestWatch, RunState, Schedule
 from agent_runtime.state import Run
 from agent_runtime.state.cursor import CursorMove
-from agent_runtime.state.profile import Profile
+from agent_runtime.state.profile import Profile, memory_mb
 from agent_runtime.terminal import shown
 from distill.lessons import pending_user_candidate, sync_statuses
 from distill.lessons.forget import RECONSOLIDATE
 from distill.opcd.weights import bound_heap, release_memory
 from memory import AdapterInfo, ExperienceStore
-from memory.redaction import restore_secrets
 
 log = logging.getLogger("agent_runtime.run.loop")
 
@@ -162,7 +163,7 @@ def _json_log(workdir: Path) -> logging.Handler:
 
 
 def _resumed_run(store: ExperienceStore, run_id: int, name: str):
-    """The run `AgentLoop._stored_config` chose, in the store the loop opened: the same run, or a clear error."""
+    """The run `config.resume.stored_config` chose, in the store the loop opened: the same run, or a clear error."""
     run = next((r for r in store.runs() if r.id == run_id), None)
     if run is None or run.name != name:
         found = f"run {run_id} there is named {run.name!r}" if run is not None else f"it has no run {run_id}"
@@ -195,13 +196,17 @@ class AgentLoop:
         resumed_id = None
         resume = resume or continues_existing(config, workdir)  # one run per name in a store (`run.names`)
         if resume:
-            config, resumed_id = self._stored_config(config, workdir)
+            config, resumed_id = stored_config(config, workdir)
         check_phases(config)
         self.profile = Profile(
             lambda: getattr(self, "stats", None), lambda: getattr(getattr(self, "_backend", None), "prefix_stats", None)
         )
         with self.profile.phase("START"):
             self.envs, tasks = build_envs(config, workdir)
+            sights = [line for line, blind in decision_sights(config) if blind]
+            for line in check_folds(config, workdir) + sights:  # a fold that overlaps another raises here
+                log.warning(line)
+                print(shown(f"warning: {line}"), file=sys.stderr)
         weights, ids, curriculum = [e.weight for e in config.envs], [e.id for e in config.envs], config.curriculum
         by_phase = (lambda index: curriculum.weights(ids, weights, index)) if curriculum is not None else None
         self.sampler = TaskSampler(weights, tasks, config.seed, weights_for=by_phase)
@@ -237,6 +242,7 @@ class AgentLoop:
         self.requests = RequestWatch(self.store, self.run_id, RECONSOLIDATE)  # `lessons forget` asks for a cycle
         self.schedule = Schedule(config, requested=self.requests)
         self.stop_requested = False
+        self._clock = RoundClock()
         self._executor: Executor | None = None  # built on first use (a resumed run may start in any phase)
         self._probed: int | None = None  # the adapter the loop's own backend last passed the probe with
 
@@ -290,43 +296,6 @@ class AgentLoop:
             else:
                 self._executor = local
         return self._executor
-
-    @staticmethod
-    def _stored_config(config: RunConfig, workdir: Path) -> tuple[RunConfig, int]:
-        """On --resume the run's own config wins; only the stop conditions may change. The given config is the
-        authority on what may be resumed: a field where the two differ is listed, and one that decides what runs,
-        what is read or where the run writes refuses the resume (`resume_differences`). Returns the config and
-        the id of the run to continue."""
-        with ExperienceStore.open(config.memory.url or workdir) as store:
-            existing = store.find_run(config.name)
-            url = store.url
-            if existing is None:
-                raise ConfigError(f"--resume: no run named {config.name!r} in {url}; start one without --resume")
-        # the store keeps no secrets: a resumed run takes them from the config given now
-        data = restore_secrets(existing.config, config.model_dump(mode="json"))
-        stored = config_from_dict(data, source=f"run {existing.id}", stored=True)
-        if stored.name != existing.name:
-            raise ConfigError(
-                f"--resume: run {existing.id} in {url} is named {existing.name!r}, but its stored config names the "
-                f"run {stored.name!r}: the store disagrees with itself (an edited or imported store?), so which run "
-                f"to continue is unclear; refusing to resume it. Start a new run instead (without --resume, or "
-                f"--set name=ANOTHER), or give the store a run whose name and stored config agree"
-            )
-        differences = resume_differences(stored, config, f"the stored config of run {existing.id}")
-        if differences:
-            head = (
-                f"--resume: run {existing.id} ({existing.name}): the given config differs from the stored one "
-                "(only runtime.episodes and runtime.hours are taken from the given config):"
-            )
-            log.warning(head + "\n" + "\n".join(differences))
-            print(head, *differences, sep="\n", file=sys.stderr)
-        for line in stored.lessons.held_out_decisions:  # made under an old default: it loads, flagged
-            flag = f"--resume: run {existing.id}: {line}, the held-out games its tables report (not clean)"
-            log.warning(flag)
-            print(shown(flag), file=sys.stderr)
-        stored.runtime.episodes = config.runtime.episodes
-        stored.runtime.hours = config.runtime.hours
-        return stored, existing.id
 
     def request_stop(self, *_args) -> None:
         self.stop_requested = True
@@ -531,19 +500,22 @@ class AgentLoop:
     def _assess(self) -> None:
         """Every environment on the curriculum's held-out games as the agent acts now, stored with the state that
         counts it in one transaction (a run killed inside plays it again; one killed after never twice)."""
-        index = self.state.assessed
+        index, clock = self.state.assessed, self._clock
         after = replace(self.state, assessed=index + 1)
+        clock.start_assess()
+
+        def record() -> dict:  # the round's lessons, drift, time and memory, beside its matrix row
+            memory = memory_mb()
+            seconds, peak = clock.lap(self.profile, memory)
+            return round_fields(self.the_run, self.backend, self.adapter, seconds, memory.get("VmRSS"), peak)
+
         with self.store.transaction():
-            assess(self.the_run, self.backend, index, self.adapter)
+            assess(self.the_run, self.backend, index, self.adapter, round_record=record)
             self.store.update_run(self.run_id, state=after.stored())
         self.state = after
-        matrix = load_matrix(self.store, self.run_id, self.config.curriculum, [e.id for e in self.config.envs])
-        row = ", ".join(f"{e.rsplit('/', 1)[-1]} {matrix.rate(index, e):.0%}" for e in matrix.envs)
-        line = (
-            f"ASSESS {matrix.phases[index] if index == 0 else f'after phase {index} ({matrix.phases[index]})'}: {row}"
-        )
+        line, fields = round_line(self.store, self.run_id, self.config, index)
         tqdm.write(shown(line))
-        log.info(line, extra={"fields": {"phase": "ASSESS", "after_phase": index, "R": matrix.as_dict()["R"]}})
+        log.info(line, extra={"fields": fields})
 
     # -- reporting ------------------------------------------------------------------------------------
     def _summary(

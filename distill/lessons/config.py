@@ -8,9 +8,12 @@ math, with `pools: 10`.
 `seed` is a list of lessons a person wrote (see `distill.lessons.user`); the integer that seeds each pool's
 episode order is `pool_seed` (an integer `seed`, its old name, is still read as `pool_seed`).
 
-A decision (the gate, the trials of induced lessons) plays games of a split in `DECISION_SPLITS`, never the held-out
-eval split whose games `eval`, the cycle's table and the continual matrix report: a lesson chosen on the games it is
-then measured on would be measured with a bias. A config asking for another split is refused when it is read, except
+A decision plays games of a split in `DECISION_SPLITS`, never the held-out eval split whose games `eval`, the cycle's
+table and the continual matrix report: a lesson chosen on the games it is then measured on would be measured with a
+bias. Two folds serve them, as in any careful study: the trials that search among induced lessons play the train
+fold (`trial_split`), where the agent also plays and learns; the gate's go-live decision, for a person's lessons and
+for the set the search chose, plays the validation fold (`gate_split`), games generated apart from both, so that the
+decision is not fitted to the noise of the search that proposed it. A config asking for another split is refused when it is read, except
 a config a run already holds (`stored=True` in the validation context: a stored run's, made when the gate's default
 was `eval`), which loads as it was made and is flagged by `held_out_decisions`.
 
@@ -28,7 +31,7 @@ from distill.config_base import StrictConfig
 from distill.lessons.safety import screen_item
 
 # The task splits a decision may play; the held-out `eval` split is the report's and never one of them.
-DECISION_SPLITS = ("train",)
+DECISION_SPLITS = ("validation", "train")
 
 
 class LessonsConfig(StrictConfig):
@@ -120,9 +123,15 @@ class LessonsConfig(StrictConfig):
         8, ge=0, description="games of gate_split per lesson set for the gate (0: promote without a gate)"
     )
     gate_split: str = Field(
-        DECISION_SPLITS[0],
-        description=f"the task split the gate and the trials of induced lessons play; one of {', '.join(DECISION_SPLITS)} "
-        "(never the held-out eval split, whose games the tables report)",
+        "validation",
+        description="the task split the gate's go-live decision plays (a person's lessons, the set the trials of "
+        f"induced lessons chose); one of {', '.join(DECISION_SPLITS)} (never the held-out eval split, whose games "
+        "the tables report)",
+    )
+    trial_split: str = Field(
+        "train",
+        description="the task split the trials that search among induced lessons play; one of "
+        f"{', '.join(DECISION_SPLITS)}",
     )
     gate_margin: float = Field(
         0.05, ge=0.0, le=1.0, description="block a candidate whose success rate is lower by more than this"
@@ -141,12 +150,12 @@ class LessonsConfig(StrictConfig):
             data = {k: v for k, v in data.items() if k != "seed"} | {"pool_seed": data["seed"]}
         return data
 
-    @field_validator("gate_split")
+    @field_validator("gate_split", "trial_split")
     @classmethod
     def _decisions_play_no_held_out_games(cls, split: str, info: ValidationInfo) -> str:
         if split not in DECISION_SPLITS and not (info.context or {}).get("stored"):
             raise ValueError(
-                f"gate_split {split!r}: the gate decides which lessons go live, and the games it plays must not be "
+                f"{info.field_name} {split!r}: the gate decides which lessons go live, and the games it plays must not be "
                 f"the held-out ones that eval, the cycle's table and the continual matrix report; accepted: "
                 f"{', '.join(DECISION_SPLITS)}"
             )
@@ -156,9 +165,11 @@ class LessonsConfig(StrictConfig):
     def held_out_decisions(self) -> list[str]:
         """The settings under which a decision plays a split other than `DECISION_SPLITS` (a stored run's config made
         when the gate's default was `eval`), one line each; empty for a config read now."""
-        if self.gate_split in DECISION_SPLITS:
-            return []
-        return [f"lessons.gate_split is {self.gate_split!r}: the gate chose lessons on games of that split"]
+        return [
+            f"lessons.{name} is {split!r}: the gate chose lessons on games of that split"
+            for name, split in (("gate_split", self.gate_split), ("trial_split", self.trial_split))
+            if split not in DECISION_SPLITS
+        ]
 
     @model_validator(mode="after")
     def _seed_lessons_pass_the_screen(self) -> LessonsConfig:

@@ -2,12 +2,18 @@
 the gate's games, paired against the live lessons, and those that raise success go live as one new version;
 every induced lesson is stored with its evidence and its trial, kept out or not.
 
-What: `induce_and_select(store, run_id, curator, evidence, settings, outcomes) -> (trials, new version or None)`.
-`outcomes(lessons, envs=None)` is how the caller plays the gate's games with a set of lessons (each a
-`ScopedLesson`) in context, on every environment or on `envs` only, and returns who won each game
+What: `induce_and_select(store, run_id, curator, evidence, settings, outcomes, confirm=None) -> (trials, new version
+or None)`. `outcomes(lessons, envs=None)` is how the caller plays the trials' games (`lessons.trial_split`) with a set
+of lessons (each a `ScopedLesson`) in context, on every environment or on `envs` only, and returns who won each game
 ({(env id, task id, seed): won}, what `decide_gate` pairs): the runtime plays them (`GameTrials`), a test can
 script them. The search: per environment the findings came from, on that environment's games only; within one,
 the whole set first, then backward elimination or forward selection (`_try_lessons` says why).
+
+`confirm` plays the gate's games (`lessons.gate_split`, the validation fold) the same way: the set the search chose
+goes live only if, there, it does not lower success against the live lessons by more than `gate_margin`. The search
+picks among candidates on the games it was fitted on; the go-live decision is made on games that took no part in
+it, so a lesson that won its trial by chance is caught before it enters the context. Without `confirm` the search's
+own games decide.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ def induce_and_select(
     evidence: list[EpisodeInfo],
     settings: LessonsConfig,
     outcomes: Outcomes,
+    confirm: Outcomes | None = None,
 ) -> tuple[list[dict], int | None]:
     """Induce lessons from `evidence` (episodes with their steps), try them with `outcomes` on top of the live
     lessons, and put those that earn their place live. Returns (one dict per induced lesson: its text,
@@ -119,6 +126,10 @@ def induce_and_select(
     )
     if result.version is None:
         return trials, None
+    if confirm is not None:
+        envs = sorted({t["evidence"]["env_id"] for t in trials if t["accepted"]})
+        chosen = [*texts, *(ScopedLesson(t["text"], (t["evidence"]["env_id"],)) for t in trials if t["accepted"])]
+        start, final = confirm(texts, envs=envs), confirm(chosen, envs=envs)
     decision = decide_gate(start, final, margin=settings.gate_margin)
     store_gate_decision(
         store,
@@ -128,7 +139,15 @@ def induce_and_select(
         current_version=live.version if live else None,
         candidate_version=result.version.version,
     )
-    curator.promote(result.version.version, note=f"induced lessons tried one by one: {decision.reason}")
+    where = "on the gate's games" if confirm is not None else "on their trials' games"
+    if not decision.promote:
+        curator.reject(result.version.version, note=f"induced lessons kept out {where}: {decision.reason}")
+        for t in trials:
+            t["confirmed"] = False if t["accepted"] else None
+        return trials, None
+    for t in trials:
+        t["confirmed"] = True if t["accepted"] else None
+    curator.promote(result.version.version, note=f"induced lessons tried one by one, then {where}: {decision.reason}")
     return trials, result.version.version
 
 

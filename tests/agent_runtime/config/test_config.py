@@ -157,6 +157,8 @@ def test_no_shipped_config_lets_a_decision_play_the_held_out_games():
 
 def test_a_stored_run_config_with_the_gate_on_eval_loads_only_as_stored():
     data = {"name": "old", "envs": [{"id": "toy/guess"}], "lessons": {"gate_split": "eval"}}
-    with pytest.raises(ConfigError, match=r"the stored config of run 3: lessons.gate_split: .*accepted: train"):
+    with pytest.raises(
+        ConfigError, match=r"the stored config of run 3: lessons.gate_split: .*accepted: validation, train"
+    ):
         config_from_dict(data, source="the stored config of run 3")
     assert config_from_dict(data, stored=True).lessons.held_out_decisions

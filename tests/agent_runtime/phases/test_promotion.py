@@ -170,8 +170,8 @@ def test_a_one_game_drop_is_played_again_and_two_more_lost_games_roll_the_cycle_
         )
     ]
     # the first look: both rooms, 8 games each; the second: the right room only, the next 8 train tasks, both sides
-    assert asked[:2] == [("parent", [left, right], 0, 8, "train"), ("cycle-1", [left, right], 0, 8, "train")]
-    assert asked[2:] == [("parent", [right], 8, 8, "train"), ("cycle-1", [right], 8, 8, "train")]
+    assert asked[:2] == [("parent", [left, right], 0, 8, "validation"), ("cycle-1", [left, right], 0, 8, "validation")]
+    assert asked[2:] == [("parent", [right], 8, 8, "validation"), ("cycle-1", [right], 8, 8, "validation")]
     assert metrics["rechecked"] == {right: 16}
 
 

@@ -33,12 +33,12 @@ def _gated_run(workdir: Path, seed: list[str], **model_options) -> int:
         loop.close()
 
 
-def test_a_default_gate_plays_train_games_never_the_held_out_ones(tmp_path: Path) -> None:
+def test_a_default_gate_plays_validation_games_never_the_held_out_ones(tmp_path: Path) -> None:
     run_id = _gated_run(tmp_path, ["Always reply: left"])
     with ExperienceStore.open(tmp_path, read_only=True) as store:
         gates = store.evaluations(run_id, kind="gate")
     tasks = {key[1] for row in gates for key in row.metrics["keys"]}
-    assert gates and tasks and all(task.startswith("train-") for task in tasks), tasks
+    assert gates and tasks and all(task.startswith("validation-") for task in tasks), tasks
 
 
 def test_a_lesson_kept_out_for_not_raising_success_is_said_to_be_kept_out(tmp_path: Path) -> None:

@@ -52,12 +52,15 @@ def test_seed_lessons_must_pass_the_safety_screen() -> None:
         LessonsConfig(seed=["go"])
 
 
-def test_the_gate_plays_train_games_and_a_config_naming_the_held_out_split_is_refused() -> None:
+def test_the_gate_plays_validation_games_its_trials_train_games_and_the_held_out_split_is_refused() -> None:
     from distill.lessons.config import DECISION_SPLITS
 
-    assert LessonsConfig().gate_split in DECISION_SPLITS and "eval" not in DECISION_SPLITS
-    with pytest.raises(ValidationError, match=r"gate_split 'eval'.*held-out.*accepted: train"):
+    settings = LessonsConfig()
+    assert (settings.gate_split, settings.trial_split) == ("validation", "train") and "eval" not in DECISION_SPLITS
+    with pytest.raises(ValidationError, match=r"gate_split 'eval'.*held-out.*accepted: validation, train"):
         LessonsConfig(gate_split="eval")
+    with pytest.raises(ValidationError, match=r"trial_split 'eval'.*accepted: validation, train"):
+        LessonsConfig(trial_split="eval")
     settings = LessonsConfig()
     with pytest.raises(ValidationError, match="gate_split 'eval'"):
         settings.gate_split = "eval"  # an override set after construction is checked too

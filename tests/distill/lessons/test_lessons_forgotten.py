@@ -96,9 +96,7 @@ def test_a_curation_round_from_an_old_version_does_not_bring_a_forgotten_lesson_
     curator = LessonCurator(store, ids["run"], count_tokens=words, budget_tokens=500, merge_threshold=0.8)
     curator.begin(base_version=1)
     assert [x.id for x in curator.working(0)] == [ids["kept"]]
-    changes = curator.apply(
-        _propose(store, ids["run"], ids["episode"], "Take the coin before leaving the room.")
-    )
+    changes = curator.apply(_propose(store, ids["run"], ids["episode"], "Take the coin before leaving the room."))
     assert [c.op for c in changes] == ["skip"] and f"forgotten #{ids['gone']}" in changes[0].reason
     changes = curator.apply(_propose(store, ids["run"], ids["episode"], FORGOTTEN.upper()))
     assert [c.op for c in changes] == ["skip"]

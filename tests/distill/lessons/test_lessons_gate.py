@@ -16,6 +16,7 @@ from distill.lessons import (
     store_gate_decision,
     store_utilities,
 )
+from distill.lessons.curate import render_lessons
 from distill.lessons.gate import wilson_interval
 from memory import EVALUATION_GATE, EVALUATION_LESSON_UTILITY, LESSON_SET_CANDIDATE, LESSON_SET_LIVE, ExperienceStore
 from memory.embeddings import HashEmbedder
@@ -124,7 +125,7 @@ def test_utilities_from_logged_episodes_drive_what_is_dropped(store) -> None:
     curator = LessonCurator(store, run_id, count_tokens=lambda s: len(s.split()), budget_tokens=1000, utilities=loaded)
     store.create_lesson_set(run_id, [hurts, helps], note="both")
     curator.begin()
-    curator.budget_tokens = len(("# Experience\n- EXPERIENCE ITEM: " + HELPS).split())
+    curator.budget_tokens = len(render_lessons([HELPS]).split())
     curator.enforce_budget(0)
     assert [x.text for x in curator.working(0)] == [HELPS]  # the harmful one goes, though it is newer
 
