@@ -64,3 +64,67 @@ def test_choice_kl_is_zero_for_one_distribution_and_positive_otherwise() -> None
     expected = 0.7 * math.log(0.7 / 0.2) + 0.2 * math.log(0.2 / 0.5) + 0.1 * math.log(0.1 / 0.3)
     assert choice_kl(p, q) == pytest.approx(expected)
     assert choice_kl([0.0, -math.inf], [math.log(0.5), math.log(0.5)]) == pytest.approx(math.log(2))
+
+
+def test_a_curriculum_run_stores_and_prints_a_record_per_round_and_report_shows_the_rounds(
+    tmp_path, capsys, caplog
+) -> None:
+    """Two rooms over three rounds (left, right, left), a person's "left" lesson gated in: every assessment row keeps
+    the round's lessons and tokens per room, its drift and phase times; the run prints one line per round, and
+    `report` prints every round and each family's course (text and JSON)."""
+    import json
+
+    from agent_runtime.cli import main
+    from agent_runtime.config import config_from_dict
+    from agent_runtime.run.loop import AgentLoop
+    from memory import ExperienceStore
+    from tests.continual_envs import LEFT, RIGHT
+
+    config = {
+        "name": "rounds",
+        "envs": [{"id": LEFT}, {"id": RIGHT}],
+        "model": {"name": "scripted", "backend": "scripted", "options": {"follow_lessons": True}},
+        "runtime": {"slots": 4},
+        "memory": {"embedder": "hash"},
+        "evaluation": {"episodes_per_env": 4},
+        "curriculum": {
+            "eval_episodes": 4,
+            "phases": [
+                {"envs": [LEFT], "episodes": 4, "name": "left 1"},
+                {"envs": [RIGHT], "episodes": 4, "name": "right 1"},
+                {"envs": [LEFT], "episodes": 4, "name": "left 2"},
+            ],
+        },
+        "lessons": {"enabled": True, "seed": ["Always reply: left"], "gate_episodes": 4, "extract_every": 1000},
+    }
+    loop = AgentLoop(config_from_dict(config), tmp_path, progress=False)
+    try:
+        loop.run()
+    finally:
+        loop.close()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ASSESS")]
+    assert len(lines) == 4 and all(" | lessons " in x and " | drift " in x and "PLAY" in x for x in lines[1:]), lines
+    with ExperienceStore.open(tmp_path, read_only=True) as store:
+        rows = [e for e in store.evaluations(None, kind="eval") if "continual" in e.metrics]
+    assert len(rows) == 8
+    for row in rows:
+        record = row.metrics["continual"]["round"]
+        assert set(record["lessons"]) == {LEFT, RIGHT} and record["rss_mb"] > 0
+        assert record["peak_rss_mb"] >= record["rss_mb"] and record["seconds"]["ASSESS"] > 0
+    later = [r.metrics["continual"]["round"] for r in rows if r.metrics["continual"]["after_phase"] > 0]
+    # the person's lesson was narrowed to the left room by its trial: it counts there from round 1, with its tokens
+    assert all(r["lessons"][LEFT]["count"] >= 1 and r["lessons"][LEFT]["tokens"] > 3 for r in later)
+    start = next(r.metrics["continual"]["round"] for r in rows if r.metrics["continual"]["after_phase"] == 0)
+    assert start["lessons"][LEFT] == {"count": 0, "tokens": 0} and set(start["drift"].values()) <= {0.0}
+    assert all(r["seconds"]["PLAY"] > 0 for r in later)
+
+    capsys.readouterr()
+    assert main(["report", "--workdir", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "Each family over the rounds" in text and "Rounds:" in text
+    assert sum(line.startswith("round ") for line in text.splitlines()) == 4
+    assert main(["report", "--workdir", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["after_phase"] for r in report["rounds"]] == [0, 1, 2, 3]
+    courses = {c["env"]: c for c in report["courses"]}
+    assert courses[LEFT]["base"] < courses[LEFT]["best"] == 1.0
