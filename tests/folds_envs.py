@@ -6,6 +6,7 @@ fold is short."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from environments.episodic import IndexedTasks, parse_indexed_task
 from tests.continual_envs import LeftRoom
@@ -14,7 +15,7 @@ from tests.continual_envs import LeftRoom
 class NumberedRoom(LeftRoom):
     """Every game opens with its own number: train-i is game i, eval-i game 1000 + i, validation-i game 2000 + i."""
 
-    offsets = {"train": 0, "eval": 1000, "validation": 2000}
+    offsets: ClassVar[dict[str, int]] = {"train": 0, "eval": 1000, "validation": 2000}
 
     def _game(self, task_id: str) -> int:
         split = next(s for s in self.offsets if parse_indexed_task(task_id, s) is not None)
@@ -31,7 +32,7 @@ class ValidationIsEval(NumberedRoom):
 
 
 class ValidationRepeatsHeldOut(NumberedRoom):
-    offsets = {"train": 0, "eval": 1000, "validation": 1000}
+    offsets: ClassVar[dict[str, int]] = {"train": 0, "eval": 1000, "validation": 1000}
 
 
 class ShortValidation(NumberedRoom):

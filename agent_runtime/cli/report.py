@@ -26,7 +26,6 @@ def continual_matrix(store, run) -> object | None:
 def cmd_report(args) -> int:
     from agent_runtime.evaluation.heldout import decisions_line, decisions_on_reported
     from agent_runtime.evaluation.report import learning_table
-
     from agent_runtime.evaluation.rounds import courses, courses_table, load_rounds
     from agent_runtime.terminal import shown
 
@@ -42,7 +41,9 @@ def cmd_report(args) -> int:
     lines = [f"run {run.id} ({run.name})"]
     if matrix is not None:
         lines.append(matrix.table())
-        lines.append("Each family over the rounds (held-out success; drops in points):\n" + courses_table(matrix, shown))
+        lines.append(
+            "Each family over the rounds (held-out success; drops in points):\n" + courses_table(matrix, shown)
+        )
         if any(r.lessons or r.drift or r.seconds for r in rounds):
             lines.append("Rounds:\n" + "\n".join(shown(r.line(matrix.envs)) for r in rounds))
     if table:
