@@ -21,7 +21,8 @@ on a GPU), for adapters whose effect is large enough to survive it.
 
 A prefix KV cache (per row, across calls: `agent_runtime.llm.prefix_cache`) makes an agent's next turn
 prefill only its new observation; the same greedy tokens as without it. Choice mode (`choose`) scores every
-admissible action in one packed forward (`distill.opcd.choice`) continuing the same cache.
+admissible action in one packed forward (`distill.opcd.choice`) continuing the same cache, each distinct token
+prefix of the set once (a trie; `choice_tree = False` feeds every action whole, the same scores).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from distill.chat_tokens import encode_chat, render_chat
 from distill.fingerprint import fingerprint_state
 from distill.opcd.choice import (
     ActionTrie,
+    action_nodes,
     action_token_ids,
     choice_distribution,
     choice_logprobs,
@@ -75,6 +77,8 @@ def auto_dtype(device: torch.device) -> torch.dtype:
 class TransformersBackend:
     name = "transformers"
     row_seeded = True
+    # choice mode scores each distinct token prefix of an action set once; False: every action whole (to compare)
+    choice_tree = True
 
     def __init__(
         self,
@@ -377,11 +381,12 @@ class TransformersBackend:
         per_token = kv_bytes_per_token(self.model)
         group, widest, longest = [], 0, 0
         for i, (row, acts) in enumerate(zip(rows, actions)):
-            w, n = max(widest, sum(len(a) for a in acts)), max(longest, len(row))
+            columns = len(action_nodes(acts, tree=self.choice_tree).tokens)
+            w, n = max(widest, columns), max(longest, len(row))
             size = (len(group) + 1) * (w + n)
             if group and (size * (w + n) > budget or size * per_token > self.choice_batch_bytes):
                 yield group
-                group, w, n = [], sum(len(a) for a in acts), len(row)
+                group, w, n = [], columns, len(row)
             group.append(i)
             widest, longest = w, n
         if group:
@@ -405,27 +410,28 @@ class TransformersBackend:
                 pad_id=self.tokenizer.pad_token_id,
                 past_lengths=cached,
                 past_width=past_width,
+                tree=self.choice_tree,
             )
             cache = None
             if self.prefix_cache:
                 cache = self.prefix_kv.batch_cache(sources, cached, past_width + packed.input_ids.shape[1])
             scores = choice_logprobs(decoder, head, packed, past=cache)
-            self.prefix_kv.stats.scored_tokens += sum(len(a) for row in actions for a in row)
+            self.prefix_kv.stats.scored_tokens += sum(packed.columns)
 
         def store(picks: list[int]) -> None:
             if cache is None:
                 return
             for i, (row, pick) in enumerate(zip(arrays, picks)):
-                start, fed = packed.segments[i][pick]
+                path = packed.paths[i][pick]
                 rest = len(row) - cached[i]
                 positions = torch.cat(
                     [
                         torch.arange(past_width - cached[i], past_width),
                         torch.arange(past_width + packed.rest - rest, past_width + packed.rest),
-                        torch.arange(past_width + start, past_width + start + fed),
+                        past_width + torch.tensor(path, dtype=torch.long),
                     ]
                 ).to(self.device)
-                ids = np.concatenate([row, np.asarray(packed.targets[i][pick][:fed], dtype=np.int64)])
+                ids = np.concatenate([row, np.asarray(packed.targets[i][pick][: len(path)], dtype=np.int64)])
                 self.prefix_kv.keep(cache, i, positions, ids, len(row))
 
         return scores, store

@@ -8,12 +8,15 @@ this module computes the ranking for acting (`agent_runtime`'s backends) and for
 choice objective, `choice_divergence`).
 
 How one forward scores every action of every row (no repeated prompt, no per-action KV copies): each row is
-laid out as [left padding][prompt][segment 1][segment 2]...[right padding], where segment j holds the tokens
-of action j that must be fed to predict the rest (all its tokens but the last, the end-of-turn token), and a
-4-D attention mask lets a segment see the prompt and its own earlier tokens only. Position ids restart at the
-prompt's length in every segment, so each action is scored exactly as if it alone followed the prompt. The
-first token of every action is predicted from the prompt's last position. Compute is the prompt plus the
-actions' tokens, once; memory is one (rows, queries, keys) mask.
+laid out as [left padding][prompt][action columns][right padding]. The action columns are the tokens that must
+be fed to predict the rest of each action (all its tokens but the last, the end-of-turn token), as a trie: each
+distinct token prefix of the row's actions is one column ("go" once for "go north" and "go east"), and a 4-D
+attention mask lets a column see the prompt, its ancestors and itself only. Its position id is its depth after
+the prompt, so each action is scored exactly as if it alone followed the prompt, and actions that open alike
+(ScienceWorld's hundreds of "move ... to", "focus on", "look at") cost their distinct tokens. The first token of
+every action is predicted from the prompt's last position. Compute is the prompt plus the distinct prefixes,
+once; memory is one (rows, queries, keys) mask. `tree=False` gives every action columns of its own (the flat
+layout, each action one contiguous causal segment): the reference the trie is checked against.
 
 The same layout continues a KV cache: `past` (a transformers cache holding each row's earlier tokens,
 left-padded to one width, with `past_mask` saying which of its positions are real) makes the prompt here the
@@ -64,14 +67,61 @@ def action_token_ids(tokenizer, chat: Chat, prompt_ids: list[int], actions: list
 
 
 @dataclass
+class ActionNodes:
+    """The fed tokens of one row's actions (each action but its last token) as packed columns: `tokens[k]` is
+    column k's token, `parents[k]` the column it continues (-1: the prompt), `depths[k]` its index in its action;
+    `paths[j]` the columns action j is fed through, in order. As a trie, each distinct token prefix is one
+    column; flat, every action has columns of its own."""
+
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    paths: list[list[int]]
+
+
+def action_nodes(actions: list[list[int]], *, tree: bool = True) -> ActionNodes:
+    """The columns one row's actions (token ids, end-of-turn included) take in a packed forward."""
+    nodes = ActionNodes([], [], [], [])
+    index: dict[tuple, int] = {}
+    for j, action in enumerate(actions):
+        key: tuple = () if tree else (j,)
+        path, parent = [], -1
+        for depth, token in enumerate(action[:-1]):
+            key += (token,)
+            node = index.get(key)
+            if node is None:
+                node = index[key] = len(nodes.tokens)
+                nodes.tokens.append(token)
+                nodes.parents.append(parent)
+                nodes.depths.append(depth)
+            path.append(node)
+            parent = node
+        nodes.paths.append(path)
+    return nodes
+
+
+def _ancestry(nodes: ActionNodes) -> torch.Tensor:
+    """(N, N) bool: may node q attend to node k (k is q or one of its ancestors). Parents come before their
+    children, so one pass per depth finishes every row before a child copies it."""
+    n = len(nodes.tokens)
+    seen = torch.eye(n, dtype=torch.bool)
+    parents, depths = torch.tensor(nodes.parents, dtype=torch.long), torch.tensor(nodes.depths, dtype=torch.long)
+    for depth in range(1, int(depths.max()) + 1 if n else 0):
+        rows = (depths == depth).nonzero().squeeze(-1)
+        seen[rows] |= seen[parents[rows]]
+    return seen
+
+
+@dataclass
 class PackedChoices:
     """One batch laid out for `choice_logprobs` (see the module docstring)."""
 
-    input_ids: torch.Tensor  # (B, R + S): the rest of each prompt, left-padded to R, then its segments
+    input_ids: torch.Tensor  # (B, R + S): the rest of each prompt, left-padded to R, then its action columns
     position_ids: torch.Tensor  # (B, R + S)
     mask: torch.Tensor  # (B, 1, R + S, P + R + S) bool: may query q attend to key k
     first: torch.Tensor  # (B,) column of each prompt's last token (predicts every action's first token)
-    segments: list[list[tuple[int, int]]]  # per row, per action: (start column, fed tokens) in the input
+    columns: list[int]  # per row: how many action columns it has (from R on)
+    paths: list[list[list[int]]]  # per row, per action: the input columns its fed tokens sit in, in order
     targets: list[list[list[int]]]  # per row, per action: its token ids, end-of-turn included
     rest: int  # R: the width of the prompt part
 
@@ -83,12 +133,14 @@ def pack_choices(
     pad_id: int,
     past_lengths: list[int] | None = None,
     past_width: int = 0,
+    tree: bool = True,
 ) -> PackedChoices:
     """Lay out rows of (prompt token ids, action token ids with the end-of-turn token) for one forward.
 
     `past_lengths[i]` real tokens of row i already sit in a cache of `past_width` columns (right-aligned);
     `prompts[i]` is then the rest of that row's prompt (at least one token: it predicts the first action
-    token).
+    token). `tree`: each distinct token prefix of a row's actions is one column (`action_nodes`); False feeds
+    every action whole (the reference the trie is checked against).
     """
     assert len(prompts) == len(choices), "one action list per prompt"
     assert all(prompts) and all(all(len(a) >= 1 for a in row) and row for row in choices), (
@@ -96,36 +148,32 @@ def pack_choices(
     )
     past_lengths = past_lengths or [0] * len(prompts)
     rest = max(len(p) for p in prompts)
-    fed = [[len(a) - 1 for a in row] for row in choices]
-    seg_width = max(sum(row) for row in fed)
-    width = rest + seg_width
+    rows = [action_nodes(row, tree=tree) for row in choices]
+    width = rest + max(len(nodes.tokens) for nodes in rows)
     batch = len(prompts)
     ids = torch.full((batch, width), pad_id, dtype=torch.long)
     positions = torch.zeros((batch, width), dtype=torch.long)
     mask = torch.zeros((batch, 1, width, past_width + width), dtype=torch.bool)
-    segments: list[list[tuple[int, int]]] = []
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    for b, (prompt, row, row_fed) in enumerate(zip(prompts, choices, fed)):
+    causal = torch.ones(rest, rest, dtype=torch.bool).tril()
+    for b, (prompt, nodes) in enumerate(zip(prompts, rows)):
         start = rest - len(prompt)
         past = past_lengths[b]
         ids[b, start:rest] = torch.tensor(prompt)
         positions[b, start:rest] = torch.arange(past, past + len(prompt))
+        cached = slice(past_width - past, past_width)
         prompt_cols = slice(past_width + start, past_width + rest)
         # the prompt: its cached part, then causal over its own tokens
-        mask[b, 0, start:rest, past_width - past : past_width] = True
-        mask[b, 0, start:rest, prompt_cols] = causal[start:rest, start:rest]
-        column, spans = rest, []
-        for action, n in zip(row, row_fed):
-            spans.append((column, n))
-            if n:
-                cols = slice(column, column + n)
-                ids[b, cols] = torch.tensor(action[:n])
-                positions[b, cols] = torch.arange(past + len(prompt), past + len(prompt) + n)
-                mask[b, 0, cols, past_width - past : past_width] = True
-                mask[b, 0, cols, prompt_cols] = True
-                mask[b, 0, cols, past_width + column : past_width + column + n] = causal[:n, :n]
-            column += n
-        segments.append(spans)
+        mask[b, 0, start:rest, cached] = True
+        mask[b, 0, start:rest, prompt_cols] = causal[start:, start:]
+        n = len(nodes.tokens)
+        if n:
+            # an action column: the whole prompt, then itself and its ancestors, at its depth after the prompt
+            cols = slice(rest, rest + n)
+            ids[b, cols] = torch.tensor(nodes.tokens)
+            positions[b, cols] = past + len(prompt) + torch.tensor(nodes.depths)
+            mask[b, 0, cols, cached] = True
+            mask[b, 0, cols, prompt_cols] = True
+            mask[b, 0, cols, past_width + rest : past_width + rest + n] = _ancestry(nodes)
     # padding queries attend to themselves only, so no row of the mask is empty (softmax over nothing is NaN)
     empty = ~mask.any(-1)
     if empty.any():
@@ -136,7 +184,8 @@ def pack_choices(
         positions,
         mask,
         torch.full((batch,), rest - 1),
-        segments,
+        [len(nodes.tokens) for nodes in rows],
+        [[[rest + k for k in path] for path in nodes.paths] for nodes in rows],
         [[list(a) for a in row] for row in choices],
         rest,
     )
@@ -151,8 +200,12 @@ def choice_logprobs(decoder, head, packed: PackedChoices, *, past=None, extend: 
     """Per row, a (n_actions,) tensor: each action's sequence log-probability given its prompt.
 
     `decoder` returns final hidden states (a causal LM's `.model`), `head` is its output layer; gradients flow
-    when enabled. With `past`, the cache is extended by this call (its rows then hold prompt and segments);
+    when enabled. With `past`, the cache is extended by this call (its rows then hold prompt and action columns);
     `extend=False`: a cache that is only read (`distill.opcd.prefix_kv.read_only_prefix`).
+
+    The head runs once per predicting column (a row's last prompt column and each action column), not once per
+    action token: actions that share a prefix share its next-token distributions, and the head over a large
+    vocabulary is a good part of the cost.
     """
     device = head.weight.device
     dtype = head.weight.dtype if head.weight.is_floating_point() else torch.float32
@@ -164,26 +217,26 @@ def choice_logprobs(decoder, head, packed: PackedChoices, *, past=None, extend: 
         use_cache=past is not None and extend,
     )
     hidden = out.last_hidden_state
-    rows, cols, targets, owners = [], [], [], []
-    for b, (spans, actions) in enumerate(zip(packed.segments, packed.targets)):
-        for j, ((start, n), action) in enumerate(zip(spans, actions)):
-            # token 0 is predicted by the prompt's last column, token t > 0 by the segment's column t - 1
-            rows.extend([b] * len(action))
-            cols.extend([int(packed.first[b])] + list(range(start, start + n)))
+    rows, cols, predictors, targets, owners = [], [], [], [], []
+    offset = owner = 0
+    for b, (paths, actions) in enumerate(zip(packed.paths, packed.targets)):
+        first = int(packed.first[b])
+        rows.extend([b] * (1 + packed.columns[b]))
+        cols.extend([first, *range(packed.rest, packed.rest + packed.columns[b])])
+        for path, action in zip(paths, actions):
+            # token 0 is predicted by the prompt's last column, token t > 0 by the column fed token t - 1
+            predictors.append(offset)
+            predictors.extend(offset + 1 + c - packed.rest for c in path)
             targets.extend(action)
-            owners.extend([(b, j)] * len(action))
+            owners.extend([owner] * len(action))
+            owner += 1
+        offset += 1 + packed.columns[b]
     picked = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
-    token_logp = head(picked).float().log_softmax(-1)
-    token_logp = token_logp.gather(-1, torch.tensor(targets, device=device)[:, None]).squeeze(-1)
-    result = []
-    index = 0
-    for b, actions in enumerate(packed.targets):
-        sums = []
-        for action in actions:
-            sums.append(token_logp[index : index + len(action)].sum())
-            index += len(action)
-        result.append(torch.stack(sums))
-    return result
+    logp = head(picked).float().log_softmax(-1)
+    token_logp = logp[torch.tensor(predictors, device=device), torch.tensor(targets, device=device)]
+    sizes = [len(actions) for actions in packed.targets]
+    sums = token_logp.new_zeros(sum(sizes)).index_add(0, torch.tensor(owners, device=device), token_logp)
+    return list(sums.split(sizes))
 
 
 class ActionTrie:

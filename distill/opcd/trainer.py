@@ -291,13 +291,12 @@ class OPCDTrainer:
         scores and their gradients are those of the rows run whole (tests/agent_runtime/llm/test_choice.py)."""
         decoder, head = lm_parts(causal_lm)
         common = self._shared_prefix(ids, share)
-        fed = sum(len(p) - common + sum(len(a) - 1 for a in row) for p, row in zip(ids, actions)) + common
+        rest = [p[common:] for p in ids]
+        packed = pack_choices(rest, actions, pad_id=self._pad_id, past_lengths=[common] * len(ids), past_width=common)
+        fed = common + sum(map(len, rest)) + sum(packed.columns)  # the actions' columns: each distinct prefix once
         if not common:
-            return choice_logprobs(decoder, head, pack_choices(ids, actions, pad_id=self._pad_id)), fed
+            return choice_logprobs(decoder, head, packed), fed
         cache = read_only_prefix(decoder, ids[0][:common], len(ids))  # one copy of the prefix's KV, read by every row
-        packed = pack_choices(
-            [p[common:] for p in ids], actions, pad_id=self._pad_id, past_lengths=[common] * len(ids), past_width=common
-        )
         with reading_cache_under_checkpointing(decoder):  # a checkpointed student's layers keep reading it
             return choice_logprobs(decoder, head, packed, past=cache, extend=False), fed
 
