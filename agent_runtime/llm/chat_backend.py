@@ -322,7 +322,8 @@ class ChatBackend:
     def choose(self, prompts: list[Chat], choices: list[list[str]], params: SamplingParams) -> list[Completion]:
         """Choice mode for a remote chat model: its free reply, mapped to the closest admissible action
         (`closest_action`). The model's distribution over the set is not observable through a chat API, so
-        `choice_logprobs` stays None and OPCD cannot distil these steps' choice policy."""
+        `choice_logprobs` stays None and OPCD cannot distil these steps' choice policy (nor can the actions be
+        scored over their shared prefixes, as the transformers backend scores them)."""
         out = self.generate(prompts, params)
         for completion, options in zip(out, choices):
             completion.text = closest_action(completion.text, options)

@@ -22,7 +22,10 @@ node's children via `logprob_token_ids`), and the action is drawn from their sof
 temperature, so `choice_logprobs` is the full distribution OPCD distils. The requests share the prompt through
 vLLM's prefix cache. (`prompt_logprobs` would score an action in one request, but vLLM reads no prefix cache
 for such requests and crashes with LoRA enabled.) Sets larger than `choice_trie_above` are decoded under
-vLLM's structured outputs (`choice`) instead, as the transformers backend decodes them under its trie.
+vLLM's structured outputs (`choice`) instead, as the transformers backend decodes them under its trie. The
+transformers backend's one packed forward over the trie (a tree attention mask, `distill.opcd.choice`) is not
+possible here: vLLM's engine takes no attention mask of ours, so these per-node requests stay its way of scoring
+each distinct prefix once.
 
 Log-probabilities are vLLM's "processed" ones (after temperature and top-p), as the transformers backend
 records them when it samples; greedy steps are untempered. Seeded sampling gives each request its row's seed
