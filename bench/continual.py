@@ -113,8 +113,13 @@ def study_config(study: str, seed: int) -> dict:
 
 
 def run(study: str, seed: int, root: Path) -> Path:
-    workdir = root / f"{study}-s{seed}"
-    config = config_from_dict({**study_config(study, seed), "name": f"{study}-s{seed}"})
+    return run_config({**study_config(study, seed), "name": f"{study}-s{seed}"}, root / f"{study}-s{seed}")
+
+
+def run_config(data: dict, workdir: Path) -> Path:
+    """Run the loop on the config `data` in `workdir` to its end: a finished run is not run again, a killed one
+    resumes; the run's wall seconds (summed over its sessions) go to `bench-seconds.json`."""
+    config = config_from_dict(data)
     resume = (workdir / "memory.db").exists()
     if resume:
         with ExperienceStore.open(workdir, read_only=True) as store:
@@ -128,8 +133,10 @@ def run(study: str, seed: int, root: Path) -> Path:
     finally:
         loop.close()
     elapsed = time.perf_counter() - started
-    (workdir / "bench-seconds.json").write_text(json.dumps({"seconds": elapsed, "resumed": resume}))
-    print(f"{study} seed {seed}: {elapsed / 60:.1f} min", flush=True)
+    timing = workdir / "bench-seconds.json"
+    before = json.loads(timing.read_text())["seconds"] if resume and timing.exists() else 0.0
+    timing.write_text(json.dumps({"seconds": before + elapsed, "resumed": resume}))
+    print(f"{config.name}: {elapsed / 60:.1f} min", flush=True)
     return workdir
 
 

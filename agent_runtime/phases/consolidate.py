@@ -459,7 +459,7 @@ def _decide(run: Run, cycle: Cycle, evals: dict[str, list[EvalResult]]) -> Cycle
 
 
 def _record_evaluations(run: Run, cycle: Cycle, evals: dict[str, list[EvalResult]]) -> None:
-    """One evaluation row per condition and environment, with its episodes (validation games on the train split)."""
+    """One evaluation row per condition and environment, with its episodes (validation games on their fold)."""
     live = cycle.live
     for condition, results in evals.items():
         for r in results:
@@ -470,7 +470,7 @@ def _record_evaluations(run: Run, cycle: Cycle, evals: dict[str, list[EvalResult
                 adapter_id=cycle.adapter_id,
                 cycle_id=cycle.cycle_id,
                 lesson_set_version=live.version if live else None,
-                split="train" if condition.startswith("validation_") else "eval",
+                split=run.config.opcd.validation_split if condition.startswith("validation_") else "eval",
                 policy=run.config.model.name,
                 num_episodes=r.n,
                 success_rate=r.success_rate,

@@ -34,6 +34,17 @@ from distill.lessons.safety import screen_item
 DECISION_SPLITS = ("validation", "train")
 
 
+def decision_split(split: str, info: ValidationInfo, decides: str) -> str:
+    """`split` if a decision (one that `decides` what) may play it: one of `DECISION_SPLITS`, or anything in a config
+    a run already holds (`stored` in the validation context: loaded as it was made, flagged by the caller)."""
+    if split not in DECISION_SPLITS and not (info.context or {}).get("stored"):
+        raise ValueError(
+            f"{info.field_name} {split!r}: {decides}, and the games it plays must not be the held-out ones that eval, "
+            f"the cycle's table and the continual matrix report; accepted: {', '.join(DECISION_SPLITS)}"
+        )
+    return split
+
+
 class LessonsConfig(StrictConfig):
     """Lesson extraction (EXTRACT phase), curation under a budget, and the validation gate."""
 
@@ -153,13 +164,7 @@ class LessonsConfig(StrictConfig):
     @field_validator("gate_split", "trial_split")
     @classmethod
     def _decisions_play_no_held_out_games(cls, split: str, info: ValidationInfo) -> str:
-        if split not in DECISION_SPLITS and not (info.context or {}).get("stored"):
-            raise ValueError(
-                f"{info.field_name} {split!r}: the gate decides which lessons go live, and the games it plays must not be "
-                f"the held-out ones that eval, the cycle's table and the continual matrix report; accepted: "
-                f"{', '.join(DECISION_SPLITS)}"
-            )
-        return split
+        return decision_split(split, info, "the gate decides which lessons go live")
 
     @property
     def held_out_decisions(self) -> list[str]:
