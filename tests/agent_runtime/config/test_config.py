@@ -143,16 +143,18 @@ def test_a_backend_built_from_a_copied_config_checks_its_options_too():
 
 
 def test_no_shipped_config_lets_a_decision_play_the_held_out_games():
-    """Every shipped config names the gate's split (none relies on a default) and it is a decision split."""
+    """Every shipped config's decisions (the gate, the trials of induced lessons, the promotion) play a decision split,
+    as it reads and as its run stores it."""
     from pathlib import Path
 
     from distill.lessons.config import DECISION_SPLITS
 
     for path in sorted(Path("configs").rglob("*.yaml")):
         config = load_config(path)
-        assert config.lessons.gate_split in DECISION_SPLITS, path
-        named = yaml.safe_load(path.read_text()).get("lessons") or {}
-        assert not named.get("enabled") or named.get("gate_split") in DECISION_SPLITS, path
+        splits = (config.lessons.gate_split, config.lessons.trial_split, config.opcd.validation_split)
+        assert set(splits) <= set(DECISION_SPLITS) and "eval" not in splits, path
+        stored = config_from_dict(config.model_dump(mode="json"), stored=True)
+        assert not stored.lessons.held_out_decisions and not stored.opcd.held_out_decisions, path
 
 
 def test_a_stored_run_config_with_the_gate_on_eval_loads_only_as_stored():
