@@ -19,7 +19,8 @@ must be the same for both scorings: the run fails if it is not.
 Both scorings score every set, however large (`choice_trie_above` lifted): by default the backend decodes a set of
 more than 256 actions under its token trie instead (a greedy decode, not the set's distribution), which `--decode`
 adds as a third row for reference. The agent's prompt is configs/tales.yaml's (the admissible actions listed, the
-last 4 turns).
+last 4 turns; `--no-action-list` leaves the list out, so that the prompt, which both scorings prefill alike, is
+the observation alone).
 
 Environments (`--envs`): `coin` (TextWorld coin_collector level 1, a handful of actions per room; games generated
 once under `--games-dir`), `scienceworld` (the first decisions of one ScienceWorld task, `--science-task`:
@@ -136,7 +137,8 @@ def play(name: str, scoring: str, args) -> dict:
             "seed": args.seed,
             "envs": [entry],
             "model": {"name": "scripted", "backend": "scripted"},
-            "agent": {"action_mode": "choice", "max_history_turns": 4},  # as configs/tales.yaml
+            # as configs/tales.yaml plays choice mode, or without the action list in the prompt
+            "agent": {"action_mode": "choice", "max_history_turns": 4, "show_admissible_actions": args.action_list},
         }
     )
     with tempfile.TemporaryDirectory() as workdir:
@@ -266,6 +268,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=Path(os.environ.get("AGENT_RUNTIME_CACHE", "~/.cache/agent-runtime")).expanduser() / "bench-games",
     )
     parser.add_argument(
+        "--no-action-list",
+        dest="action_list",
+        action="store_false",
+        help="the prompt does not list the admissible actions (the set is still what the agent chooses from)",
+    )
+    parser.add_argument(
         "--decode",
         action="store_true",
         help="also play each setting as the backend does by default for sets above its choice_trie_above (256): "
@@ -297,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name} {scoring}: {per_decision(rows[-1], 'cpu_s'):.2f} CPU s/decision", file=sys.stderr)
     print(
         f"# tree vs flat choice scoring: {args.model}, CPU, torch threads {rows[0]['threads']}, greedy, one slot, "
+        f"action list {'in' if args.action_list else 'not in'} the prompt, "
         f"{args.repeat} rounds, load average {load:.1f} at start, {os.getloadavg()[0]:.1f} at the end, "
         f"{time.perf_counter() - start:.0f}s in all\n"
     )
