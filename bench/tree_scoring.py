@@ -113,6 +113,13 @@ class MeteredChoose:
                 "wall_s": wall,
             }
         )
+        call = self.calls[-1]
+        print(
+            f"    decision {len(self.calls)}: {call['actions']} actions, {call['columns']} columns, "
+            f"{call['prefilled']} prefilled, {call['cpu_s']:.1f} CPU s",
+            file=sys.stderr,
+            flush=True,
+        )
         return out
 
 
@@ -149,6 +156,8 @@ def play(name: str, scoring: str, args) -> dict:
         backend.clear_prefix_cache()
         meter = MeteredChoose(backend)
         runner = EpisodeRunner(backend, specs, builders, SamplingParams(temperature=0), slots=1, seed=args.seed)
+        if name == "scienceworld":  # one variation, every episode: the hallway of 417 actions by default
+            tasks = [[args.science_variation]]
         sampler = TaskSampler([1.0], tasks, seed=args.seed)
         draws = [sampler.draw(i) for i in range(episodes_of(name, args))]
         episodes = []
@@ -259,6 +268,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--coin-episodes", type=int, default=8)
     parser.add_argument("--coin-steps", type=int, default=4)
     parser.add_argument("--science-task", default="find-living-thing")
+    parser.add_argument("--science-variation", default="train-0", help="the task id every ScienceWorld episode plays")
     parser.add_argument("--science-episodes", type=int, default=1)
     parser.add_argument("--science-steps", type=int, default=4, help="decisions of the ScienceWorld episode")
     parser.add_argument("--other-steps", type=int, default=4, help="decisions of an environment given by id")
