@@ -43,7 +43,7 @@ class PrefixCacheStats:
     reused_tokens: int = 0  # prompt tokens whose KV came from a stored sequence of an earlier call
     shared_tokens: int = 0  # prompt tokens covered by a prefix run once for several rows of the call
     prefilled_tokens: int = 0
-    scored_tokens: int = 0  # choice mode: action tokens run behind the prompts (every action of every set)
+    scored_tokens: int = 0  # choice mode: action tokens run behind the prompts (each set's distinct prefixes)
     evicted: int = 0  # stored sequences dropped to stay within the store's bounds
 
 

@@ -107,10 +107,10 @@ class TransformersBackend:
         recurrent state) run without the cache.
 
         `choice_trie_above`: in choice mode, action sets larger than this are decoded under a token-trie
-        constraint instead of having every action scored (the packed scoring grows with the set's tokens).
-        `choice_batch_mb` bounds the KV cache of one packed choice forward (rows x their prompt and action tokens
-        x the KV a token costs): a call's rows go through in groups within it, each group's rows stored before
-        the next group reuses their shared prefix. The cache of a whole call (8 slots of 400-token prompts: 147 MB
+        constraint instead of having every action scored (the packed scoring grows with the set's distinct token
+        prefixes). `choice_batch_mb` bounds the KV cache of one packed choice forward (rows x their prompt tokens
+        and action columns x the KV a token costs): a call's rows go through in groups within it, each group's rows
+        stored before the next group reuses their shared prefix. The cache of a whole call (8 slots of 400-token prompts: 147 MB
         for SmolLM2 in float32) is a copy beside the store, so it lands on a phase's peak; groups within 64 MB
         take ~3 rows of such prompts.
         """
