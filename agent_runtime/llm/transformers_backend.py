@@ -110,9 +110,9 @@ class TransformersBackend:
         constraint instead of having every action scored (the packed scoring grows with the set's distinct token
         prefixes). `choice_batch_mb` bounds the KV cache of one packed choice forward (rows x their prompt tokens
         and action columns x the KV a token costs): a call's rows go through in groups within it, each group's rows
-        stored before the next group reuses their shared prefix. The cache of a whole call (8 slots of 400-token prompts: 147 MB
-        for SmolLM2 in float32) is a copy beside the store, so it lands on a phase's peak; groups within 64 MB
-        take ~3 rows of such prompts.
+        stored before the next group reuses their shared prefix. The cache of a whole call (8 slots of 400-token
+        prompts: 147 MB for SmolLM2 in float32) is a copy beside the store, so it lands on a phase's peak; groups
+        within 64 MB take ~3 rows of such prompts.
         """
         self.device = resolve_device(device)
         torch_dtype = _DTYPES.get(dtype) or auto_dtype(self.device)

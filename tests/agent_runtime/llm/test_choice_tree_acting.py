@@ -83,7 +83,8 @@ def test_under_a_small_kv_bound_tree_groups_score_as_flat_and_stay_within_it(tin
 
 
 class WordGuessEnv(GuessEnv):
-    """GuessEnv with worded actions that share their openings ("guess 1" ... "guess 5", "look around", "look around the room")."""
+    """GuessEnv with worded actions that share their openings ("guess 1" ... "guess 5", "look around", "look around
+    the room")."""
 
     def _info(self, won):
         actions = [f"guess {n}" for n in range(1, 6)] + ["look around", "look around the room"]
