@@ -77,13 +77,14 @@ def learning_table(store: ExperienceStore, run_id: int) -> str | None:
     split = next((c.split for n, c in conditions.items() if n.startswith("validation")), "validation")
     labels = {name: label.replace("base policy", parent).format(split=split) for name, label in ROWS}
     lines = [f"Held-out success after OPCD cycle {cycle.id} ({cycle.status}); same tasks and seeds in every row:"]
+    width = max((len(label) for name, label in labels.items() if conditions.get(name)), default=0)
     for name, label in labels.items():
         condition = conditions.get(name)
         if condition is None or condition.n == 0:
             continue
         lo, hi = wilson_interval(condition.wins, condition.n)
         line = (
-            f"  {label:<34} {condition.wins:>3}/{condition.n:<3} {condition.wins / condition.n:6.1%} "
+            f"  {label:<{width}} {condition.wins:>3}/{condition.n:<3} {condition.wins / condition.n:6.1%} "
             f"[95% CI {lo:.0%}-{hi:.0%}]"
         )
         reference = conditions.get(REFERENCE.get(name, ""))
