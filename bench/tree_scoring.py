@@ -222,12 +222,13 @@ def table(rows: list[dict]) -> str:
             def mean(key, mine=mine):
                 return statistics.mean(per_decision(r, key) for r in mine)
 
+            shas = ", ".join(sorted({r["outcomes_sha"] for r in mine}))
             total = statistics.mean(per_decision(r, "columns") + per_decision(r, "prefilled") for r in mine)
             lines.append(
                 f"| {env} | {scoring} | {len(mine)} | {len(mine[0]['decisions'])} | {mean('actions'):.0f} "
                 f"| {mean('whole_tokens'):.0f} | {mean('columns'):.0f} | {total:.0f} | {mean('cpu_s'):.3f} "
                 f"| {mean('wall_s'):.3f} | {max(r['peak_mb'] for r in mine):.0f} "
-                f"| {max(r['peak_rise_mb'] for r in mine):.0f} | {', '.join(sorted({r['outcomes_sha'] for r in mine}))} |"
+                f"| {max(r['peak_rise_mb'] for r in mine):.0f} | {shas} |"
             )
     return "\n".join(lines)
 
