@@ -14,7 +14,7 @@ import environments
 from agent_runtime.config import config_from_dict
 from agent_runtime.evaluation import EnvPool, evaluate
 from agent_runtime.llm.scripted import ScriptedBackend
-from environments.base import EnvSpec
+from environments.base import SPLITS, EnvSpec
 from environments.checker import env_failures
 from environments.episodic import EpisodicEnv, IndexedTasks
 
@@ -24,6 +24,8 @@ LEAKY = f"{__name__}:LeakyKeyEnv"
 class LeakyKeyEnv(EpisodicEnv):
     """A locked door: train rooms have a key to take, eval rooms do not. `reset` forgets to drop the key, so an
     instance that played a train room opens every eval door (the plugin bug of the review)."""
+
+    splits = SPLITS
 
     def __init__(self, *, cache_dir: str | None = None, max_steps: int | None = None) -> None:
         super().__init__(EnvSpec(id="tests/leaky-key", max_steps=3, family="text"), max_steps=max_steps)

@@ -63,12 +63,12 @@ def test_cycle_in_the_loop(tmp_path, cycle_config):
             "student_without_lessons",
             "validation_parent",
             "validation_student",
-            "validation_parent_with_lessons",  # the promotion's no-regression check with lessons, on train games
+            "validation_parent_with_lessons",  # the promotion's no-regression check with lessons, on validation games
             "validation_student_with_lessons",
         }
         splits = {e.metrics["condition"]: e.split for e in store.evaluations(summary.run_id, cycle_id=cycle.id)}
-        assert splits["validation_student"] == "train" and splits["student_without_lessons"] == "eval"
-        assert splits["validation_student_with_lessons"] == "train"
+        assert splits["validation_student"] == "validation" and splits["student_without_lessons"] == "eval"
+        assert splits["validation_student_with_lessons"] == "validation"
         assert cycle.metrics["objective"] == "choice"  # the agent chose among admissible actions
         table = learning_table(store, summary.run_id)
         for label in (
