@@ -164,8 +164,9 @@ def _try_per_env(findings: list, texts: list[ScopedLesson], outcomes, settings, 
     groups: dict[str, list] = {}
     for finding in findings:
         groups.setdefault(finding.env_id, []).append(finding)
-    if len(groups) == 1:
-        return _try_lessons(findings, texts, outcomes, settings, bar)
+    if len(groups) == 1:  # its games only: the other environments' are unchanged and would dilute the trial
+        (env_id,) = groups
+        return _try_lessons(findings, texts, lambda lessons: outcomes(lessons, envs=[env_id]), settings, bar)
     decided, start, final, joints = {}, {}, {}, {}
     for env_id, group in groups.items():
         trials, env_start, env_final, joint = _try_lessons(

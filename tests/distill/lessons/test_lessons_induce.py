@@ -402,3 +402,31 @@ def test_each_environments_lessons_are_searched_on_its_own_games() -> None:
     assert trials[0]["trial"]["n"] == 8 and trials[1]["trial"]["delta"] == -1.0
     assert sum(start.values()) == 8 and sum(final.values()) == 16  # B as it was, A won on every game
     assert set(joints) == {"toy/a", "toy/b"} and joints["toy/a"]["delta"] == 1.0 and joints["toy/b"] is None
+
+
+def test_one_environments_findings_are_tried_on_its_games_alone_in_a_run_of_several() -> None:
+    """Findings from one environment in a run of three: the trial plays that environment's 8 games, not all 24, so its
+    size and its gain are that environment's (the others' games are unchanged by a lesson scoped to it)."""
+    from types import SimpleNamespace
+
+    from distill.lessons.induce import Finding
+    from distill.lessons.selection import _try_per_env
+
+    good = Finding("Alpha rule here.", "prefer", "Alpha rule here.", "toy/a", 3, 3, 0, 3, 2.0)
+    played = []
+
+    def outcomes(lessons, envs=None):
+        played.append(envs)
+        helped = any(x.text == good.text for x in lessons)
+        return {
+            (env, f"train-{i}", i): (env == "toy/a" and helped and i < 4)
+            for env in envs or ["toy/a", "toy/b", "toy/c"]
+            for i in range(8)
+        }
+
+    settings = SimpleNamespace(gate_margin=0.05, induce_min_gain=0.0)
+    bar = SimpleNamespace(update=lambda *a: None)
+    [trial], start, final, _ = _try_per_env([good], [], outcomes, settings, bar)
+    assert played and all(envs == ["toy/a"] for envs in played)
+    assert trial["accepted"] and trial["trial"]["n"] == 8 and trial["trial"]["delta"] == 0.5
+    assert len(start) == len(final) == 8
