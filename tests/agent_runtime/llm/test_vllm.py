@@ -340,7 +340,9 @@ def _get(url: str):
 
 
 def _complete(base_url: str, model: str, messages: list[dict]) -> dict:
-    body = json.dumps({"model": model, "messages": messages, "temperature": 0, "max_tokens": 24}).encode()
+    body = json.dumps(
+        {"model": model, "messages": messages, "temperature": 0, "max_tokens": 24, "logprobs": True}
+    ).encode()
     request = urllib.request.Request(
         f"{base_url}/chat/completions", data=body, headers={"Content-Type": "application/json"}
     )
@@ -405,13 +407,21 @@ def test_server_answers_with_the_promoted_adapter(vllm_server, smollm2_adapter, 
         answers = {m: _complete(vllm_server, m, chat) for m in (ALIAS, "cycle-1")}
         assert answers[adapter_name or ALIAS]["model"] == (adapter_name or ALIAS)
         assert reply == answers[adapter_name or ALIAS]["choices"][0]["message"]["content"], "answered by that model"
-        differs += (
-            answers[ALIAS]["choices"][0]["message"]["content"] != answers["cycle-1"]["choices"][0]["message"]["content"]
-        )
+        differs += _reply_signature(answers[ALIAS]) != _reply_signature(answers["cycle-1"])
     assert differs, "the adapter answers differently from the base model (else this test could not tell them apart)"
+
     with ExperienceStore.open(workdir) as store:
         episodes = store.episodes(store.find_run("served").id)
     assert len(episodes) == 5
+
+
+def _reply_signature(answer: dict) -> tuple:
+    """A reply's text and its tokens' log-probabilities (rounded): greedy text alone can agree on every chat even
+    when the adapter moved the model (a coin adapter on arithmetic), the log-probabilities it chose them with do not."""
+    choice = answer["choices"][0]
+    tokens = (choice.get("logprobs") or {}).get("content") or []
+    assert tokens, "the server returns the log-probabilities the request asked for"
+    return choice["message"]["content"], tuple(round(t["logprob"], 3) for t in tokens)
 
 
 @pytest.mark.slow
