@@ -76,7 +76,7 @@ def cmd_run(args) -> int:
         found = plan(config, Path(workdir), resume=args.resume)
         print(json.dumps(found, default=str) if args.json else format_plan(found, str(args.config)))
         return 2 if found["problems"] else 0
-    from agent_runtime.cli.report import continual_matrix
+    from agent_runtime.evaluation.continual import stored_matrix
     from agent_runtime.evaluation.heldout import decisions_line, decisions_on_reported
     from agent_runtime.evaluation.report import learning_table
 
@@ -88,7 +88,7 @@ def cmd_run(args) -> int:
         try:
             summary = loop.run()
             table = learning_table(loop.store, loop.run_id)
-            matrix = continual_matrix(loop.store, loop.store.get_run(loop.run_id))
+            matrix = stored_matrix(loop.store, loop.store.get_run(loop.run_id))
             decided = decisions_on_reported(loop.store, loop.run_id)
         finally:
             loop.close()

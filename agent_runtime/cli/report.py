@@ -12,18 +12,8 @@ from __future__ import annotations
 from agent_runtime.cli.common import UsageError, add_command, open_store, print_result
 
 
-def continual_matrix(store, run) -> object | None:
-    """The run's matrix, or None for a run without a curriculum."""
-    from agent_runtime.config import config_from_dict
-    from agent_runtime.evaluation.continual import load_matrix
-
-    config = config_from_dict(run.config, source=f"the stored config of run {run.id}", stored=True)
-    if config.curriculum is None:
-        return None
-    return load_matrix(store, run.id, config.curriculum, [e.id for e in config.envs])
-
-
 def cmd_report(args) -> int:
+    from agent_runtime.evaluation.continual import stored_matrix
     from agent_runtime.evaluation.heldout import decisions_line, decisions_on_reported
     from agent_runtime.evaluation.report import learning_table
     from agent_runtime.evaluation.rounds import courses, courses_table, load_rounds
@@ -34,7 +24,7 @@ def cmd_report(args) -> int:
         if not runs:
             raise UsageError(f"no runs in {store.url}")
         run = store.get_run(args.run) if args.run is not None else runs[-1]
-        matrix = continual_matrix(store, run)
+        matrix = stored_matrix(store, run)
         rounds = load_rounds(store, run.id, matrix) if matrix is not None else []
         table = learning_table(store, run.id)
         decided = decisions_on_reported(store, run.id)

@@ -208,6 +208,17 @@ def load_matrix(store: ExperienceStore, run_id: int, curriculum: CurriculumConfi
     return matrix
 
 
+def stored_matrix(store: ExperienceStore, run) -> Matrix | None:
+    """A stored run's matrix from its stored config, or None for a run without a curriculum. A config that no
+    longer reads is `ConfigError`, a bad assessment row `StoredRowError`."""
+    from agent_runtime.config import config_from_dict
+
+    config = config_from_dict(run.config, source=f"the stored config of run {run.id}", stored=True)
+    if config.curriculum is None:
+        return None
+    return load_matrix(store, run.id, config.curriculum, [e.id for e in config.envs])
+
+
 def assess(
     run, backend, after_phase: int, adapter: AdapterInfo | None = None, round_record: Callable[[], dict] | None = None
 ) -> list[int]:

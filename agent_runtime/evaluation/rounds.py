@@ -16,7 +16,6 @@ any round and at the end, and its lowest rate below its base after the phase tha
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from agent_runtime.evaluation.continual import Matrix, load_matrix
 from agent_runtime.evaluation.drift import drift
@@ -24,8 +23,19 @@ from distill.lessons import live_lessons
 from distill.lessons.curate import render_lessons
 from distill.lessons.scope import in_scope_lessons, scoped_lessons
 from memory import ExperienceStore
+from memory.rounds import PHASES, FamilyCourse, RoundRecord, family_course, fill_round
 
-PHASES = ("PLAY", "EXTRACT", "CONSOLIDATE", "ASSESS")
+__all__ = [
+    "PHASES",
+    "FamilyCourse",
+    "RoundClock",
+    "RoundRecord",
+    "courses",
+    "courses_table",
+    "load_rounds",
+    "round_fields",
+    "round_line",
+]
 
 
 class RoundClock:
@@ -68,53 +78,6 @@ def round_fields(run, backend, adapter, seconds: dict[str, float], rss_mb: float
     return record.stored()
 
 
-@dataclass
-class RoundRecord:
-    after_phase: int
-    label: str
-    rates: dict[str, float | None]  # env -> held-out success after this round
-    lessons: dict[str, dict[str, int]] = field(default_factory=dict)  # env -> {"count", "tokens"} in its prompt
-    drift: dict[str, float] = field(default_factory=dict)  # env -> mean KL(acting || base) on the probe set
-    seconds: dict[str, float] = field(default_factory=dict)  # top-level phase -> wall seconds this round
-    rss_mb: float | None = None
-    peak_rss_mb: float | None = None
-    adapter: str | None = None
-
-    def stored(self) -> dict:
-        """What the assessment's rows keep (the rates are the rows themselves)."""
-        return {
-            "lessons": self.lessons,
-            "drift": self.drift,
-            "seconds": self.seconds,
-            "rss_mb": self.rss_mb,
-            "peak_rss_mb": self.peak_rss_mb,
-            "adapter": self.adapter,
-        }
-
-    def line(self, envs: list[str], escape=str) -> str:
-        """One line: the round, the matrix row, lessons (count/tokens), drift, and time per phase."""
-
-        def short(env: str) -> str:
-            return escape(env.rsplit("/", 1)[-1])
-
-        row = " ".join(f"{short(e)} {'-' if self.rates.get(e) is None else f'{self.rates[e]:.0%}'}" for e in envs)
-        lessons = " ".join(
-            f"{short(e)} {self.lessons[e]['count']}/{self.lessons[e]['tokens']}t" for e in envs if e in self.lessons
-        )
-        drift = " ".join(f"{short(e)} {self.drift[e]:.3f}" for e in envs if e in self.drift)
-        seconds = " ".join(f"{name} {self.seconds[name]:.0f}s" for name in PHASES if name in self.seconds)
-        parts = [f"round {self.after_phase} ({escape(self.label)}): {row}"]
-        if lessons:
-            parts.append(f"lessons {lessons}")
-        if drift:
-            parts.append(f"drift {drift}")
-        if seconds:
-            parts.append(seconds)
-        if self.rss_mb is not None:
-            parts.append(f"rss {self.rss_mb:.0f} MB (peak {self.peak_rss_mb or self.rss_mb:.0f})")
-        return " | ".join(parts)
-
-
 def round_line(store: ExperienceStore, run_id: int, config, index: int) -> tuple[str, dict]:
     """The line a run prints after round `index`'s assessment (its matrix row, lessons, drift, time, memory), and the
     fields its log record keeps."""
@@ -142,64 +105,15 @@ def load_rounds(store: ExperienceStore, run_id: int, matrix: Matrix) -> list[Rou
         )
         stored = mark.get("round")
         if isinstance(stored, dict):
-            _fill(record, stored)
+            fill_round(record, stored)
     return [by_round[i] for i in sorted(by_round)]
 
 
-def _fill(record: RoundRecord, stored: dict) -> None:
-    """What a stored record holds of each field, read defensively: a store may hold rows from an import."""
-
-    def numbers(value) -> dict:
-        if not isinstance(value, dict):
-            return {}
-        return {k: float(v) for k, v in value.items() if isinstance(k, str) and isinstance(v, int | float)}
-
-    lessons = stored.get("lessons")
-    for env, entry in lessons.items() if isinstance(lessons, dict) else ():
-        if isinstance(entry, dict) and all(isinstance(entry.get(k), int) for k in ("count", "tokens")):
-            record.lessons[env] = {"count": entry["count"], "tokens": entry["tokens"]}
-    record.drift.update(numbers(stored.get("drift")))
-    record.seconds.update(numbers(stored.get("seconds")))
-    for name in ("rss_mb", "peak_rss_mb"):
-        if isinstance(stored.get(name), int | float):
-            setattr(record, name, float(stored[name]))
-    if isinstance(stored.get("adapter"), str):
-        record.adapter = stored["adapter"]
-
-
-@dataclass(frozen=True)
-class FamilyCourse:
-    """One family over the rounds: its base (row 0), best, end, the largest drop below its best so far at any
-    round and at the end, and the lowest rate below its base after the phase that first trained it."""
-
-    env: str
-    base: float | None
-    best: float | None
-    end: float | None
-    largest_drop_below_best: float  # >= 0, points as a fraction
-    drop_below_best_at_end: float  # >= 0
-    worst_below_base_after_learned: float | None  # min over rounds >= learned of R - base (negative: below)
-
-
 def courses(matrix: Matrix) -> list[FamilyCourse]:
-    out = []
-    for env in matrix.envs:
-        rates = [matrix.rate(i, env) for i in range(matrix.rows)]
-        seen = [(i, r) for i, r in enumerate(rates) if r is not None]
-        if not seen:
-            out.append(FamilyCourse(env, None, None, None, 0.0, 0.0, None))
-            continue
-        best, largest = -1.0, 0.0
-        for _, r in seen:
-            best = max(best, r)
-            largest = max(largest, best - r)
-        learned = matrix.learned.get(env)
-        base = rates[0]
-        after = [r for i, r in seen if learned is not None and i >= learned]
-        below = min(r - base for r in after) if after and base is not None else None
-        end = seen[-1][1]
-        out.append(FamilyCourse(env, base, best, end, largest, best - end, below))
-    return out
+    return [
+        family_course(env, [matrix.rate(i, env) for i in range(matrix.rows)], matrix.learned.get(env))
+        for env in matrix.envs
+    ]
 
 
 def courses_table(matrix: Matrix, escape=str) -> str:

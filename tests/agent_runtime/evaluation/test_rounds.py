@@ -128,3 +128,19 @@ def test_a_curriculum_run_stores_and_prints_a_record_per_round_and_report_shows_
     assert [r["after_phase"] for r in report["rounds"]] == [0, 1, 2, 3]
     courses = {c["env"]: c for c in report["courses"]}
     assert courses[LEFT]["base"] < courses[LEFT]["best"] == 1.0
+
+    # the dashboard's learning page: the curve over every round, each family's course and every round's record
+    from fastapi.testclient import TestClient
+
+    from agent_runtime.dashboard import create_app
+
+    with TestClient(create_app(tmp_path), base_url="http://127.0.0.1") as client:
+        page = client.get("/learning?run=1")
+    assert page.status_code == 200
+    courses_html = page.text.split('class="matrix continual-courses"')[1].split("</table>")[0]
+    assert courses_html.count("<tr>") == 3 and LEFT in courses_html and RIGHT in courses_html
+    rounds_html = page.text.split('class="matrix continual-rounds"')[1].split("</table>")[0]
+    assert rounds_html.count("<tr>") == 5  # the header and rounds 0 to 3
+    assert "left 2" in rounds_html and "PLAY s" in rounds_html
+    left_row = courses_html.split(f"<td>{LEFT}</td>")[1].split("</tr>")[0]
+    assert left_row.count('class="num"') == 6 and "+" in left_row  # trained in round 1, never below its base since
