@@ -11,7 +11,7 @@ every round's line (lessons and tokens per family, drift from the base model, ph
 Over seeds: each figure's mean with a t 95% interval.
 
     .venv/bin/python bench/long_lived.py run --seeds 0,1,2          # resumable: a finished seed is not run again
-    .venv/bin/python bench/long_lived.py report --seeds 0,1,2
+    .venv/bin/python bench/long_lived.py report --seeds 0,1,2 --plot docs/long-lived.svg   # the README's picture
 
 Runs live under `--workdir` (default bench-runs/long-lived), one folder per seed.
 """
@@ -94,6 +94,8 @@ def report_seed(workdir: Path, seed: int) -> dict | None:
         ),
         "below_best_at_end": max(c.drop_below_best_at_end for c in fams),
         "complete": matrix.complete(),
+        "labels": matrix.phases[: matrix.rows],
+        "rates": {e: [matrix.rate(i, e) for i in range(matrix.rows)] for e in matrix.envs},
     }
     timed = [r for r in rounds if r.seconds]
     if len(timed) >= 12:
@@ -119,14 +121,70 @@ def report_seed(workdir: Path, seed: int) -> dict | None:
     return out
 
 
-def report(root: Path, seeds: list[int]) -> None:
-    rows = []
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
+
+
+def plot_svg(rows: list[dict], width: int = 720, height: int = 260) -> str:
+    """Each family's held-out success over the rounds: one thin line per seed and a thick one for the mean over
+    seeds, the rounds' labels below. `rows`: what `report_seed` returns (its `labels` and `rates`)."""
+    from html import escape
+
+    labels = max((r["labels"] for r in rows), key=len)
+    envs = list(rows[0]["rates"])
+    pad, top, bottom = 40, 16, 56
+    step = (width - 2 * pad) / max(len(labels) - 1, 1)
+
+    def xy(i: int, rate: float) -> str:
+        return f"{pad + step * i:.1f},{top + (height - top - bottom) * (1 - rate):.1f}"
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="10">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+    ]
+    for tick in (0.0, 0.5, 1.0):
+        y = top + (height - top - bottom) * (1 - tick)
+        out.append(f'<line x1="{pad}" y1="{y:.1f}" x2="{width - pad}" y2="{y:.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="4" y="{y + 3:.1f}">{tick:.0%}</text>')
+    for i, label in enumerate(labels):
+        x = pad + step * i
+        out.append(
+            f'<text x="{x:.1f}" y="{height - bottom + 14}" text-anchor="end" transform="rotate(-40 {x:.1f} '
+            f'{height - bottom + 14})">{escape(label)}</text>'
+        )
+    for k, env in enumerate(envs):
+        colour = COLOURS[k % len(COLOURS)]
+        for row in rows:
+            points = " ".join(xy(i, r) for i, r in enumerate(row["rates"].get(env, [])) if r is not None)
+            out.append(f'<polyline fill="none" stroke="{colour}" stroke-opacity="0.3" points="{points}"/>')
+        means = []
+        for i in range(len(labels)):
+            seen = [
+                r["rates"][env][i] for r in rows if i < len(r["rates"].get(env, [])) and r["rates"][env][i] is not None
+            ]
+            if seen:
+                means.append(xy(i, statistics.fmean(seen)))
+        out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2.5" points="{" ".join(means)}"/>')
+        out.append(
+            f'<text x="{pad + 8 + 150 * k}" y="{height - 6}" fill="{colour}">&#9632; '
+            f"{escape(env.rsplit('/', 1)[-1])}</text>"
+        )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def report(root: Path, seeds: list[int], plot: Path | None = None) -> None:
+    rows, every = [], []
     for seed in seeds:
         workdir = root / f"s{seed}"
         if (workdir / "memory.db").exists():
             result = report_seed(workdir, seed)
-            if result is not None and result["complete"]:
-                rows.append(result)
+            if result is not None:
+                every.append(result)
+                if result["complete"]:
+                    rows.append(result)
+    if plot is not None and every:
+        plot.write_text(plot_svg(every))
+        print(f"the curves of {len(every)} seed(s) written to {plot}")
     if not rows:
         return
     print(f"over {len(rows)} complete seed(s), mean [t 95% CI], points:")
@@ -149,12 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("what", choices=("run", "report"))
     parser.add_argument("--seeds", default="0", help="comma-separated seeds")
     parser.add_argument("--workdir", type=Path, default=ROOT / "bench-runs" / "long-lived")
+    parser.add_argument("--plot", type=Path, help="write each family's curve over the rounds (SVG) here")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.what == "run":
         for seed in seeds:
             run(seed, args.workdir)
-    report(args.workdir, seeds)
+    report(args.workdir, seeds, args.plot)
     return 0
 
 
