@@ -1,4 +1,4 @@
-"""Continual learning (issue 37): one long-lived agent, many environments, SmolLM2-135M on CPU, held-out games with
+"""Continual learning: one long-lived agent, many environments, SmolLM2-135M on CPU, held-out games with
 fixed seeds, paired comparisons. Every study runs the real loop (`AgentLoop`) on a config derived from
 configs/continual.yaml and reads its numbers back from the run's store; a finished run is not run again, a killed
 one resumes.

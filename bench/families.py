@@ -1,4 +1,4 @@
-"""The search for a second environment family (issues 24 and 25): where does a person's lesson in context raise
+"""The search for a second environment family: where does a person's lesson in context raise
 SmolLM2-135M's success?
 
 A consolidation study needs a family where the base model is not near 100% and a lesson helps in context: a cycle can
@@ -117,7 +117,7 @@ CANDIDATES: list[tuple[str, dict, int | None, list[str]]] = [
         None,
         ["Go to where the object is, take it, go to the target, then move it there."],
     ),
-    # issue 39: TextWorld Express with TALES' parameters, and ScienceWorld's easiest tasks; lessons written before
+    # TextWorld Express with TALES' parameters, and ScienceWorld's easiest tasks; lessons written before
     # measuring
     ("TWX coin, 4 steps", _own_folds("twx/coin", 4), None, ["Take the coin. Look and inventory never help."]),
     (

@@ -1,6 +1,6 @@
 """Benchmark of the experience memory: inserts, retrieval, reindex, disk use. Prints markdown tables.
 
-What it measures (targets from issue 4 in brackets):
+What it measures (targets in brackets):
 1. insert throughput in steps/s on SQLite [>= 5,000] and PostgreSQL, one transaction per episode
    (`add_episode`, what the loop does) and per batch of 50 episodes (`add_episodes`); episodes have
    20 steps with realistic text sizes (observation ~300 B, rendered prompt ~1.5 KB, response ~120 B);

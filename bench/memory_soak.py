@@ -1,4 +1,4 @@
-"""Resident memory over hours of the own-experience loop (issue 40 item 5): does anything grow?
+"""Resident memory over hours of the own-experience loop: does anything grow?
 
     nice -n 10 .venv/bin/python bench/memory_soak.py --hours 6 --workdir bench-runs/memory-soak
     .venv/bin/python bench/memory_soak.py --report --workdir bench-runs/memory-soak    # redraw from what it sampled

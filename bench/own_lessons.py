@@ -1,4 +1,4 @@
-"""Does the agent learn from its own experience, with no person's lesson? (issue 25)
+"""Does the agent learn from its own experience, with no person's lesson?
 
 Same setting and statistics as bench/learning.py (TextWorld coin-collector level 2, 3 steps, 40 held-out games with
 fixed seeds, greedy, SmolLM2-135M on CPU, choice mode). Per seed, with NO lesson written by a person:

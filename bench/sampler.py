@@ -1,4 +1,4 @@
-"""Where free-text OPCD's sampling time per token goes (issue 40 item 2): `generate` against a lean decode loop
+"""Where free-text OPCD's sampling time per token goes: `generate` against a lean decode loop
 and against the model's own forward, in the dtype OPCD's sampler uses (`--dtype auto`: as `opcd.sampler: auto`).
 
     .venv/bin/python bench/sampler.py                       # SmolLM2-135M, batch 4, 64 new tokens, 1 and 2 threads

@@ -1,4 +1,4 @@
-"""Bytes per step of the experience store, before and after prompts became recipes (issue 14 item 12).
+"""Bytes per step of the experience store, before and after prompts became recipes.
 
 What it measures: configs/smoke.yaml is played with its scripted policy (`agent-runtime run`, N episodes), and
 its coin-collector episodes are stored three ways, on SQLite and on PostgreSQL:

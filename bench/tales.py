@@ -1,4 +1,4 @@
-"""The TALES protocol (issue 39): the suite's TextWorld Express and ScienceWorld games, one held-out game each, 100
+"""The TALES protocol: the suite's TextWorld Express and ScienceWorld games, one held-out game each, 100
 steps, TALES' metric (highest score over the maximum, averaged per framework), beside the leaderboard's rows.
 
 Plays configs/tales.yaml's model and agent settings on every game of agent_runtime/evaluation/tales.py through the

@@ -156,7 +156,7 @@ def play(name: str, scoring: str, args) -> dict:
         backend.clear_prefix_cache()
         meter = MeteredChoose(backend)
         runner = EpisodeRunner(backend, specs, builders, SamplingParams(temperature=0), slots=1, seed=args.seed)
-        if name == "scienceworld":  # one variation, every episode: the hallway of 417 actions by default
+        if name == "scienceworld":  # one variation, every episode: the hallway of 417 actions by default
             tasks = [[args.science_variation]]
         sampler = TaskSampler([1.0], tasks, seed=args.seed)
         draws = [sampler.draw(i) for i in range(episodes_of(name, args))]

@@ -1,4 +1,4 @@
-"""Which words does the 135M model act on? (issue 25: the wording of induced lessons)
+"""Which words does the 135M model act on? (the wording of induced lessons)
 
 The same finding can be written many ways; at 135M parameters the wording decides whether the model acts on it.
 This plays lesson sets in context on 40 TRAIN games of coin-collector level 2 (3 steps; the train split, so the

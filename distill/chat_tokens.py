@@ -5,7 +5,7 @@ Message content is data: observations from an environment, the model's past repl
 examples. Rendering a chat to text and tokenising that text, as a plain `apply_chat_template` round trip does,
 turns any special-token text inside the content into the real token: an observation holding
 `<|im_end|>\\n<|im_start|>system ...` closes the user's turn and opens a system turn the environment wrote
-(issue 14, "chat-turn forgery"). Here content is tokenised as text, so such an observation is nine plain
+("chat-turn forgery"). Here content is tokenised as text, so such an observation is nine plain
 tokens' worth of characters and the prompt keeps the template's five control tokens.
 
 How, without changing a single id for ordinary content (the per-slot KV cache and stored prompts rely on

@@ -19,7 +19,7 @@ What:
   `load_utilities(store, run_id) -> dict[int, float]` (what `LessonCurator(utilities=...)` takes); kept as
   evaluation rows of kind `memory.EVALUATION_LESSON_UTILITY`.
 
-Why these choices: the rule is the point estimate against a margin, as the issue asks, because with
+Why these choices: the rule is the point estimate against a margin because with
 the few episodes a CPU run affords, a confidence-interval rule would promote nearly everything; the
 intervals are reported so a reader can judge. The comparison is paired (same seeds) so that task
 difficulty cancels out. Utilities are stored as an evaluation row because lesson rows are immutable
