@@ -3,7 +3,7 @@
 A YAML alias (`*a`) repeats the node its anchor (`&a`) names, and PyYAML builds the repeat as a shared reference:
 loading is cheap, but whatever walks the result afterwards (validation, a dump, a copy) expands every repeat. Nine
 levels of nine aliases each ("billion laughs") is under 500 bytes and expands to 9^9 nodes: a config like that
-once cost 1.15 GB and 13 s before its validation failed. So every YAML the user hands the runtime (a config file,
+costs gigabytes and seconds before its validation fails. So every YAML the user hands the runtime (a config file,
 a `--set` value) is read here, and the document is refused while it is composed, before anything is built, when
 
 - its aliases repeat more than `MAX_ALIAS_NODES` nodes in all (an alias counts the whole node it repeats, with

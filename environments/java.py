@@ -16,7 +16,7 @@ runtime starts the JVM itself (`JavaGameServer`):
   directory first, so a file of that name wherever the run was started would replace the gateway on the class
   path. The gateway listens on loopback and asks
   for a token (Py4J's auth), so another local user cannot drive the JVM, which would run any Java it is sent.
-- **A hung JVM is killed**: every call has a timeout (60 s: a ScienceWorld task loads in 0.4-5 s); past it the JVM is killed and the
+- **A hung JVM is killed**: every call has a timeout (60 s: a ScienceWorld task loads in seconds); past it the JVM is killed and the
   call raises `JavaServerError`, an `EnvError`, so the episode is recorded as errored and the next reset starts a
   fresh JVM (as the TextWorld interpreter's process is handled). A JVM that died is reported the same way, with the
   last lines it wrote to stderr.

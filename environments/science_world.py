@@ -12,10 +12,10 @@ adapter plays it through the `TextEnv` contract:
   the reward its difference from the last step. The episode ends when ScienceWorld says the task is complete or
   the score falls below zero (a failed task); `won` is a score of 100 (TALES' rule).
 - **Admissible actions** are ScienceWorld's valid action-object combinations: several hundred to a few thousand
-  per step (417 in the hallway), 60-160 ms a step to list. `admissible_actions=False` leaves them out, for agents
+  per step (417 in the hallway), slower to list than to step. `admissible_actions=False` leaves them out, for agents
   that write actions freely (TALES' comparable protocol). `simplifications` is ScienceWorld's comma-separated
   list ("easy", "openDoors", ...; default none, as TALES plays it). `gold_path=True` has ScienceWorld plan a
-  winning sequence at each reset (`expert_actions()`; 0.3-1 s more per reset).
+  winning sequence at each reset (`expert_actions()`; a slower reset).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ SIMPLIFICATIONS = (
 # ScienceWorld lists a room's contents in hash-set order, and a JVM's identity hashes follow every object hashed
 # before: the same variation listed its objects in another order after other games were played in the same JVM
 # (check_env's reuse check caught it). A constant identity hash makes that order the order of creation, the same in
-# every JVM and after any history; steps are about 5% slower (bench/RESULTS.md).
+# every JVM and after any history, at a small cost per step (bench/RESULTS.md, "Environments").
 DETERMINISTIC_ORDER = ("-XX:+UnlockExperimentalVMOptions", "-XX:hashCode=2")
 FOLD_CALLS = {"train": "getVariationsTrain", "dev": "getVariationsDev", "test": "getVariationsTest"}
 

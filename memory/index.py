@@ -4,8 +4,8 @@ What: `VectorIndex` holds one FAISS index of (item id, unit vector) pairs for on
 embedder, searched by inner product (= cosine similarity for unit vectors). Up to `approx_threshold`
 vectors it is exact (`IndexFlatIP`); above, approximate (`IndexHNSWFlat`, M=32), which needs no
 training and takes incremental adds (see bench/memory.py for latency and recall@10). Its cost is
-construction: about 1 minute per 100k vectors on one core of this project's 2-core machines, paid
-once when an index crosses the threshold (or at `reindex`); later adds are incremental.
+construction, which grows with the number of vectors (bench/RESULTS.md has the times), paid once when
+an index crosses the threshold (or at `reindex`); later adds are incremental.
 
 Why a cache: the vectors themselves live in SQL (`embeddings` table). The index file is derived data,
 written atomically (temp file + rename) with a JSON sidecar describing it; anything that does not
@@ -35,9 +35,9 @@ HNSW_EF_SEARCH = 64
 def _faiss_threads() -> Iterator[None]:
     """Run FAISS on AGENT_RUNTIME_FAISS_THREADS threads (default 1), restoring the setting after.
 
-    Measured on this project's 2-core machines: FAISS's OpenMP threads make a single-query search
-    ~10x slower (8 ms instead of 0.8 ms at 100k vectors) and HNSW construction 2-3x slower. The
-    OpenMP runtime is shared with torch, hence the restore.
+    One thread by default: a single-query search is too small to gain from splitting, and on a machine
+    with few cores FAISS's OpenMP threads slow it and HNSW construction down severalfold. The OpenMP
+    runtime is shared with torch, hence the restore.
     """
     previous = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(int(os.environ.get("AGENT_RUNTIME_FAISS_THREADS", "1")))

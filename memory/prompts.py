@@ -2,7 +2,8 @@
 
 Why: a prompt is the whole conversation so far (system prompt, lessons, every earlier observation and
 reply), so storing each step's prompt whole grows quadratically with an episode's length and repeats
-the system part in every episode: about 4 KB per step on a small game where the observation is 150 B.
+the system part in every episode, so on a small game a step's stored prompt is many times its observation
+(bench/RESULTS.md, "Storage per step").
 Two facts make it cheap to store exactly:
 - within an episode, each turn's prompt extends the previous one (its prompt, the reply, the next
   observation); when the history is trimmed to fit the context, one block of old turns is cut out of

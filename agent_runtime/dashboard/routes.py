@@ -3,8 +3,8 @@
 Pages: `/` overview, `/learning` (is the agent learning: rolling success, cycle evaluations),
 `/episodes` (filterable, paged) and `/episodes/{id}` (with the adapter-fingerprint check; its steps
 `STEPS_PER_PAGE` at a time, `?page=`, and each text shown up to `SHOWN_CHARS` characters with a link to the whole
-stored text: `/episodes/{id}/steps/{index}/observation` (`response`, `action`), `/episodes/{id}/goal` (`error`); an
-environment that answered with megabytes made a 33 MB page before), `/lessons`,
+stored text: `/episodes/{id}/steps/{index}/observation` (`response`, `action`), `/episodes/{id}/goal` (`error`), so
+that an environment that answers with megabytes does not make a page of as many megabytes), `/lessons`,
 `/lessons/versions` and `/lessons/{id}` (the lesson's whole life: `lifecycle.py`), `/cycles` and
 `/cycles/{id}` (with the adapter probe's verdicts), `/search`.
 Fragments for HTMX: a page asked with the `HX-Request` header returns only its changing part

@@ -27,7 +27,7 @@ Instances can be lent (`EnvLender`, as evaluation's pool of started games does):
 building it, and `close` hands the ones between episodes back; every episode starts with a `reset` onto its task
 and seed either way, and a broken instance (a failed reset or step) is closed, never handed back.
 
-An instance is kept per slot and environment, and a game's can hold a JVM of ~500 MB: with `plays` (a draw's index ->
+An instance is kept per slot and environment, and a game's can hold a large JVM: with `plays` (a draw's index ->
 the environments its curriculum phase plays, `CurriculumConfig.plays`), an instance between episodes of an environment the
 next draw's phase does not play is closed when that draw starts, so a runner that lives across phases (a Ray rollout
 worker's) holds only the coming phase's games.

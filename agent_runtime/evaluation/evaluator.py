@@ -10,7 +10,7 @@ Reuse between calls: one OPCD cycle evaluates 5-9 times and the lesson gate and 
 environments. An `EnvPool` (by default one per process, closed at exit or by `close_env_pool`) keeps what a call
 built for the next one: the environment specs and task lists (keyed by the env entries, the split, the workdir
 and its game cache) and the started environment instances (a TextWorld game's interpreter process: a fresh one
-costs 0.12-0.25 s to start, a reused one ~0.02 s to load another game), keyed by the entry that builds them, the
+is slow to start, a reused one quick to load another game), keyed by the entry that builds them, the
 split, workdir and game cache. The runner borrows instances from it and gives back, after the run, those that are between
 episodes; every episode `reset`s its instance onto its task and seed, so the outcome is the one a fresh
 instance gives when the environment keeps the contract (`check_env` plays a reused instance against a fresh one).
@@ -166,7 +166,7 @@ class EnvPool:
 
     def keep_only(self, env_ids: Collection[str]) -> int:
         """Close the waiting instances of every environment not in `env_ids`, whatever their split: when a curriculum
-        phase starts, the games it does not play go (a JVM game's instance holds ~500 MB) until an assessment or a
+        phase starts, the games it does not play go (a JVM game's instance holds much memory) until an assessment or a
         cycle plays them again. Returns how many were closed."""
         keep = set(env_ids)
         with self._lock:

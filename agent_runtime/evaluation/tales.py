@@ -104,7 +104,7 @@ def suite(frameworks: tuple[str, ...] = FRAMEWORKS, *, mode: str = "free", steps
             games.append(TalesGame(name, "twx", {"id": f"tales/{name}", "max_steps": steps, "kwargs": {}}))
     if "scienceworld" in frameworks:
         for task in SCIENCEWORLD_TASKS:
-            # the free protocol shows no action list: listing thousands of actions a step would cost 60-160 ms
+            # the free protocol shows no action list: listing thousands of actions would slow every step
             kwargs = {} if mode == "choice" else {"admissible_actions": False}
             entry = {"id": f"scienceworld/{task}", "max_steps": steps, "kwargs": kwargs}
             games.append(TalesGame(f"ScienceWorld{task.title().replace('-', '')}", "scienceworld", entry))

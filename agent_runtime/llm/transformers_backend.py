@@ -12,11 +12,11 @@ LoRA adapters (peft) are loaded by name and switched with `use_adapter(name)`; `
 base model. Each loaded adapter's fingerprint (`distill.fingerprint`) is computed from the tensors peft put in the
 model, and `adapter_fingerprint()` reports the one of the adapter peft itself has active: what the model
 computes with, not what this class was told. `dtype: auto` is float32 on every device: acting in bf16 lost
-most of what a small OPCD adapter had learned (bench/RESULTS.md "Acting in bfloat16": the same four adapters
-won 87.5/77.5/40/90% of the held-out games in float32 and far fewer in bf16, while the base model and the lesson
-in context moved by 2-5 points): the adapter's change to each layer's output is below bf16's resolution of the
+most of what a small OPCD adapter had learned (bench/RESULTS.md "Acting in bfloat16": the same adapters won far
+fewer held-out games in bf16 than in float32, while the base model and the lesson in context barely moved): the
+adapter's change to each layer's output is below bf16's resolution of the
 residual stream, so it is rounded away. bf16 also made a seeded run's table depend on the CPU. `dtype:
-bfloat16` still asks for it (1.7x faster generation on CPUs with native bf16; half the memory of a large model
+bfloat16` still asks for it (faster generation on CPUs with native bf16; half the memory of a large model
 on a GPU), for adapters whose effect is large enough to survive it.
 
 A prefix KV cache (per row, across calls: `agent_runtime.llm.prefix_cache`) makes an agent's next turn

@@ -59,8 +59,8 @@ from distill.fingerprint import fingerprint_files
 # the share of memory for weights and KV cache: of the GPU, or on vLLM's CPU build of the host's RAM
 GPU_MEMORY_UTILIZATION, CPU_MEMORY_UTILIZATION = 0.85, 0.15
 # On vLLM's CPU build the KV cache gets a fixed size by default. vLLM's own rule there (a share of the NUMA node's
-# RAM less the worker's resident memory) depends on the machine: on a 24 GiB host whose node reported 10.5 GiB, a
-# float32 SmolLM2 worker used more than 0.15 of it and the engine refused to start. 1 GiB holds 23k tokens of
+# RAM less the worker's resident memory) depends on the machine: on a host with a small NUMA node, a float32
+# SmolLM2 worker alone can use more than that share, and the engine then refuses to start. 1 GiB holds 23k tokens of
 # SmolLM2 in float32 (16 slots of ~800-token episodes need 13k). `kv_cache_memory_bytes` in model.options,
 # an explicit `gpu_memory_utilization`, or VLLM_CPU_KVCACHE_SPACE (GiB) choose otherwise.
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -137,7 +137,7 @@ class VLLMBackend:
         self.platform = current_platform.device_type or "unknown"
         if current_platform.is_cpu():
             # vLLM's sampler compiles a small helper (logprob ranks) with inductor on first use: on a CPU that is a
-            # C++ build of 20-40 s in the first request. The model itself runs eagerly on CPU anyway, so the
+            # C++ build that stalls the first request. The model itself runs eagerly on CPU anyway, so the
             # engine's processes skip torch.compile (set TORCHDYNAMO_DISABLE=0 to keep it).
             os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
             # the prefix cache reuses whole blocks: CPU's default of 128 tokens recomputes up to 127 prompt tokens

@@ -67,7 +67,7 @@ class VLLMProcessBackend:
         **backend_kwargs: Any,
     ):
         """Start `VLLMBackend(model_path, **backend_kwargs)` under the interpreter `python` and wait until it
-        is up (vLLM's start, model load and warm-up: ~30 s for SmolLM2 on a quiet CPU)."""
+        is up (vLLM's start, model load and warm-up, which take a while even for a small model on CPU)."""
         interpreter = interpreter_path(python)
         if not Path(interpreter).is_file():
             raise BackendError(

@@ -99,8 +99,8 @@ def _recheck(run: Run, backend, cycle: Cycle, student, evals: dict[str, list[Eva
     """A second look where a validation drop is over the margin but of fewer than `opcd.regression_games` games:
     the parent and the student play `opcd.recheck_games` more validation games of those environments (the next tasks,
     every validation condition), added to the first ones, so that the decision is made on more evidence instead
-    of letting the drop through (the curriculum's seed 1 forgot treasure-hunter, 75% -> 40%, through two such
-    drops). The environments looked at again are the cycle's `rechecked` metric."""
+    of letting the drop through (small drops let through cycle after cycle add up to a family forgotten:
+    bench/RESULTS.md, "Continual learning"). The environments looked at again are the cycle's `rechecked` metric."""
     opcd = run.config.opcd
     if not opcd.recheck_games:
         return

@@ -3,8 +3,9 @@
 A lesson is evidence about the environment it came from, so scope is the default: a lesson induced or extracted
 from an environment's episodes is scoped to that environment, and a wider scope is earned by a trial in each
 environment it would enter (a person's lesson without `--env` is proposed for every environment of the run and
-goes live in those where its trial raised success, never where it lowered it). Measured why: the coin-collector
-lessons in context lowered treasure-hunter from 70% to 45% (bench/RESULTS.md).
+goes live in those where its trial raised success, never where it lowered it). Why: a lesson that helps in one
+environment can mislead the model in another (the coin-collector lessons in context lowered treasure-hunter's
+success: bench/RESULTS.md).
 
 A scope is a list of entries, each one of:
 - an environment id (`textworld/coin_collector`): that environment;

@@ -184,9 +184,9 @@ def _try_lessons(
 ) -> tuple[list[dict], dict, dict, dict | None]:
     """Which induced lessons earn their place, on the gate's games (paired, same tasks and seeds).
 
-    Lessons can work only together (measured: on coin-collector "take the coin", "look never helps" and "start
-    by going" each left the base model at 0/12, all four together won 22.5% of the held-out games), so the whole
-    set is tried first; if it raises success over the live lessons, each lesson (weakest evidence first) is
+    Lessons can work only together (on coin-collector, lessons that each left the base model where it was raised
+    its held-out success together: bench/RESULTS.md, "Lessons from its own experience"), so the whole set is
+    tried first; if it raises success over the live lessons, each lesson (weakest evidence first) is
     dropped when the set without it does as well (backward elimination). If the whole set does not raise success,
     each lesson is tried alone on top of the live ones and those accepted before it (forward selection). A
     lesson's trial is the comparison that decided it: the set without it (current) against the set with it.

@@ -12,9 +12,8 @@ sampler's packed weights serve both paths), rotary as `x * cos + x.roll(half) * 
 additive mask built once per step where it passes a boolean one that SDPA converts in every layer), and the
 token drawn straight from the sampler (`InverseCDFSampler.sample`), not found again by an argmax over its one-hot
 scores. On SmolLM2 the logits are bit-identical to `generate`'s and a seeded draw gives the same tokens
-(tests/distill/opcd/test_opcd_decode.py). Decode at batch 4 (bench/RESULTS.md, "Packed weights, a lean decode
-loop"): 21 against 27 ms a token at 2 threads for `generate`'s packed forward; these fewer ops take another
-11-14% off.
+(tests/distill/opcd/test_opcd_decode.py); the time per token falls with the bookkeeping left out (timings in
+bench/RESULTS.md, "Packed weights, a lean decode loop").
 
 Only the architectures whose layer it mirrors (`lean_decoding_supported`: Llama and Qwen2 with full attention,
 SiLU MLPs, SDPA, plain `nn.Linear` projections, on CPU); anything else samples with `generate`.

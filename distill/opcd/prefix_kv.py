@@ -4,7 +4,7 @@ transformers backend.
 Both run many rows that start with the same tokens: the teacher's prompts share the system prompt and the
 lessons (one lesson pool for the batch), and an agent loop's slots share the system prompt and lessons, each
 turn continuing the slot's previous one. Prefill of that common part is the cost worth saving (on CPU it is
-compute-bound; the teacher forward fell 60% when its shared lesson context was run once per batch). The rules
+compute-bound, and a shared lesson context is most of the teacher's prompt tokens). The rules
 and the splice live here once:
 
 - `shared_prefix_length`: the tokens all rows share, leaving each row at least one token of its own (the last
@@ -94,8 +94,7 @@ def preallocated_layer_class():
 
     class PreallocatedLayer(DynamicLayer):
         """A cache layer that writes new tokens into room allocated up front instead of concatenating: the stock
-        layer's torch.cat copies the whole cache at every decode step (10% of the CPU time in a profile at
-        batch 8 with ~700 tokens of context; a batch-8 call measured 3-4% faster with this layer). `keys` and
+        layer's torch.cat copies the whole cache at every decode step, a cost that grows with the context. `keys` and
         `values` are views of the filled part."""
 
         def __init__(

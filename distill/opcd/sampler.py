@@ -1,18 +1,17 @@
 """Where OPCD's samples come from: one response per prompt, drawn from the student's merged weights.
 
-Sampling is the largest part of an OPCD step (57-64% of it with `generate`, 39-45% with the lean loop and packed
-weights on SmolLM2), and unmerged LoRA costs extra matmuls at every decoded token (16-35% per decode step;
-bench/RESULTS.md, "OPCD training", has the step times). So the student samples from a
+Sampling is the largest part of an OPCD step, and unmerged LoRA costs extra matmuls at every decoded token
+(bench/RESULTS.md, "OPCD training", has the step times). So the student samples from a
 copy of the model whose weights are W + BA, written in just before sampling: in bf16 where the device computes bf16
-natively (a GPU, an AVX-512 CPU: generation about 2x), in fp32 where it does not (an AVX2 CPU emulates bf16, slower),
+natively (a GPU, an AVX-512 CPU: faster generation), in fp32 where it does not (an AVX2 CPU emulates bf16, slower),
 as `OPCDConfig.sampler: auto` picks (`fast_bf16`), or in the dtype the config names. The copy's parameters are
 emptied right after, so it never adds to the memory peak of the training half of the step (refilling costs one cast
 of the weights). `sampler: live` samples from the training model itself: no extra memory, slower.
 
 `sample_responses` is plain ancestral sampling at the config temperature (no top-k/top-p: the loss is defined
 on the student's own distribution), each response cut after its first EOS; a token is drawn by `InverseCDFSampler`
-(one uniform number per row, where `torch.multinomial` draws one per vocabulary entry: 0.21 s of a 7 s SmolLM2 step
-at one thread), as the transformers backend draws.
+(one uniform number per row, where `torch.multinomial` draws one per vocabulary entry, work that grows with the
+vocabulary at every token), as the transformers backend draws.
 """
 
 from __future__ import annotations
@@ -90,9 +89,8 @@ def _merged_weight(module) -> torch.Tensor:
 def packs_bf16_linears(dtype: torch.dtype, device: torch.device | str) -> bool:
     """Whether the merged sampler's linear layers compute from oneDNN's packed weights: bf16 on a CPU with
     native bf16 (`fast_bf16`) and a torch that has the packing ops. A bf16 `F.linear` on CPU reorders its
-    weight into oneDNN's blocked layout at every call; packed once, SmolLM2-135M's decode forward at batch 4 took
-    33 against 42 ms at 1 thread and 23.5 against 29 at 2, the logits bit-identical (bench/RESULTS.md, "Packed
-    weights, a lean decode loop")."""
+    weight into oneDNN's blocked layout at every call; packed once, the decode forward skips that reorder and
+    gives bit-identical logits (timings in bench/RESULTS.md, "Packed weights, a lean decode loop")."""
     return (
         dtype == torch.bfloat16
         and torch.device(device).type == "cpu"
@@ -135,7 +133,7 @@ def _packed_forward(weight: torch.Tensor, module: torch.nn.Linear):
 def fast_bf16(device: torch.device | str) -> bool:
     """Whether `device` computes bf16 matmuls natively, so that a bf16 sampler beats an fp32 one: a CUDA device
     that supports bf16, or a CPU with the AVX-512 (or AMX) kernels oneDNN uses for bf16. On an AVX2-only CPU
-    bf16 is emulated: SmolLM2-135M prefilled 4.3x and decoded 1.26x slower in bf16 than in fp32 (bench/sampler.py,
+    bf16 is emulated, and both prefill and decode run slower in bf16 than in fp32 (bench/sampler.py,
     bench/RESULTS.md)."""
     device = torch.device(device)
     if device.type == "cuda":
@@ -166,8 +164,8 @@ class InverseCDFSampler:
     """Samples the next token from softmax(scores / temperature), restricted to the top-p nucleus, as a logits
     processor: it returns scores that are 0 at the drawn token and -inf elsewhere, so generate's greedy step
     picks it. One uniform number per row and a search in the cumulative distribution replace
-    `torch.multinomial`, which draws a random number per vocabulary entry: at batch 8 over SmolLM2's 49k
-    tokens that was 8 ms of a ~110 ms CPU decode step. The uniform numbers come from torch's global generator,
+    `torch.multinomial`, which draws a random number per vocabulary entry: over a vocabulary of tens of thousands
+    of tokens, a visible share of a CPU decode step. The uniform numbers come from torch's global generator,
     or with `generators` (one CPU `torch.Generator` per row) each row's from its own: then a row's tokens depend on
     its seed and its scores alone, not on the rows beside it or on what drew before (how a run replays), and are the
     same on any device. `logprobs` keeps the drawn tokens' log-probabilities under the tempered,
@@ -212,7 +210,7 @@ def folded_head(causal_lm) -> Iterator[None]:
     `generate`'s prefill keeps only the last position's hidden state, `hidden[:, -1:]`: a (B, 1, H) slice that is
     not contiguous over its batch. A matmul that needs no gradient does not fold such an input into one (B, H) mm:
     it broadcasts the (H, V) head weight to (B, H, V) and copies it for a bmm, B x V x H values (B = 4 on
-    SmolLM2: 113M, ~0.5 s and ~450 MB in float32, at every prefill). Folded, the same logits cost one small mm."""
+    SmolLM2: 113M, ~450 MB in float32, at every prefill). Folded, the same logits cost one small mm."""
     head = causal_lm.get_output_embeddings()
     if head is None:
         yield

@@ -6,10 +6,10 @@ lays out a batch of (prompt, response) rows for one decoder pass and returns tho
 
 The teacher's prompts of a batch usually start with the same tokens (the system prompt and, when every sample
 got the same lesson pool, the lessons): that prefix is run once and its KV cache reused for every row
-(`distill.opcd.prefix_kv`, the same splice the transformers backend uses for its slots), which took 60% off
-the teacher forward. The teacher is frozen for the whole cycle, so a prefix its steps share is run once per cycle
-(`FrozenPrefixes`). The student's weights change every step: the prefix its rows share (the system prompt) runs
-once per step, gradients flowing through its KV (`distill.opcd.prefix_kv.read_only_prefix`).
+(`distill.opcd.prefix_kv`, the same splice the transformers backend uses for its slots), so the teacher forward
+runs only each row's own tokens. The teacher is frozen for the whole cycle, so a prefix its steps share is run once
+per cycle (`FrozenPrefixes`). The student's weights change every step: the prefix its rows share (the system
+prompt) runs once per step, gradients flowing through its KV (`distill.opcd.prefix_kv.read_only_prefix`).
 """
 
 from __future__ import annotations

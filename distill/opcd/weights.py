@@ -4,7 +4,7 @@
 weights (the same storage: nothing is copied, 0 bytes), with any LoRA layers that peft injected into `model`
 left out, and its buffers (rotary frequencies) cloned. A LoRA training run on the view attaches its own adapter
 to the view's modules and never writes a base weight, so the acting policy and the cycle's student, teacher and
-parent share one copy of the weights (for SmolLM2-135M in float32: 513 MB less at the cycle's peak). A full
+parent share one copy of the weights (a whole model's weights less at the cycle's peak). A full
 fine-tune writes the weights and must load its own copy (`load_model`).
 
 `release_memory()` collects garbage (a trainer and its model sit in reference cycles that only the collector
@@ -13,8 +13,8 @@ come from malloc, and after a phase's large temporary tensors are freed the proc
 resident. `bound_heap()` (called once by a run) keeps glibc from holding them in the first place: allocations of
 1 MB and more are mapped and unmapped on their own (`M_MMAP_THRESHOLD` fixed; by default glibc raises the
 threshold after the first large free, and later large tensors then come from the heap, where freed space stays
-resident). Measured on one SmolLM2-135M training step (float32, 4 prompts): peak 2.0 GB above the start without
-it, 1.5 GB with it, the same step time; after it, 2.2 GB resident without against 1.3 GB with.
+resident). What it buys: a lower peak during a training step and far less memory kept resident after it, at the
+same step time.
 `AGENT_RUNTIME_MALLOC=default` leaves glibc's settings alone.
 """
 
