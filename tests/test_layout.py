@@ -216,8 +216,8 @@ def test_the_old_module_names_are_gone():
 
 
 def test_no_module_of_the_packages_is_over_600_lines():
-    """A module over 600 lines holds more than one concern and is split by them (issue 41: safety.py and the
-    trainer were); bench scripts and tests are not packages and are left out."""
+    """A module over 600 lines holds more than one concern and is split by them; bench scripts and tests are not
+    packages and are left out."""
     long = {
         str(path.relative_to(ROOT)): n
         for package in ("agent_runtime", "distill", "memory", "environments")

@@ -144,7 +144,7 @@ def test_interpreter_meta_commands_change_nothing(simple_env, tmp_path, monkeypa
 
 
 def test_lines_with_several_objects_or_commands_change_nothing(simple_env):
-    """As in TextWorld (issue 27 item 8): never sent to the engine, flagged, the game unchanged; the expert still
+    """As in TextWorld: never sent to the engine, flagged, the game unchanged; the expert still
     wins."""
     _, before = simple_env.reset(task_id="train-0")
     first = simple_env.expert_actions()[0]

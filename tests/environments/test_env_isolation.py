@@ -1,4 +1,4 @@
-"""No state crosses from one episode to the next (issue 38 item 6): `check_env` catches an environment whose reset
+"""No state crosses from one episode to the next: `check_env` catches an environment whose reset
 leaves something of the last episode behind, naming the step where a reused instance played differently from a
 fresh one, and the evaluation pool never lends an instance across splits, so a train-split evaluation cannot change
 what a held-out one scores."""

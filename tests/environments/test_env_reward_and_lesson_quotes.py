@@ -1,4 +1,4 @@
-"""Hardening, round 2 (more): no reward without playing, and quotes that survive the lesson screen.
+"""No reward without playing, and quotes that survive the lesson screen.
 
 - A TextWorld cooking game answers "take all" with "You have to be more specific!", but "take all.", "get
   everything from fridge", "take X and Y", "take X. take Y" reached Inform's multi-object parser (or ran two

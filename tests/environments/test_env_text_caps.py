@@ -1,4 +1,4 @@
-"""Environment text has a size cap (issue 38 item 9): an environment that answers with 8 MB observations writes a small
+"""Environment text has a size cap: an environment that answers with 8 MB observations writes a small
 store (each stored text at most the cap plus a visible marker, the cut recorded in the step's info), the model is
 prompted with the cut text, admissible actions over the action cap are not offered, and the dashboard's episode page
 stays small: a page of steps at a time, each text block cut with a link to the whole stored text."""

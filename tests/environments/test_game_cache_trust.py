@@ -1,4 +1,4 @@
-"""What the shared game cache refuses to trust (`environments.game_cache`, issue 38 item 5): a symlinked or
+"""What the shared game cache refuses to trust (`environments.game_cache`): a symlinked or
 copied entry is never played, a tampered file is caught by the entry's manifest, an entry without a manifest
 (an older version's) is rebuilt, a lock path that is a symlink is never followed, a cache another user can
 write is refused with an error, and a lock somebody else holds ends in a timeout error or, on SIGTERM, in a

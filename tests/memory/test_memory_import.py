@@ -1,5 +1,5 @@
 """Importing someone's export: every malformed input is a line-numbered error and nothing is written; an
-export written at an older schema revision imports as its database would have migrated (issue 14 item 7)."""
+export written at an older schema revision imports as its database would have migrated."""
 
 from __future__ import annotations
 

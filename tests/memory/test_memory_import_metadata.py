@@ -1,4 +1,4 @@
-"""`memory import` checks a lesson's metadata against the keys the runtime writes (issue 38 item 10): ids are ids,
+"""`memory import` checks a lesson's metadata against the keys the runtime writes: ids are ids,
 counts counts, rates in [0, 1], texts bounded strings, and a key the runtime does not write is refused. A bad value
 names the line, the lesson, the field, what was given and what is accepted, and nothing is written; every kind of
 lesson the runtime writes still goes round the trip."""
@@ -152,7 +152,7 @@ def _drop(path: str) -> Callable[[dict[str, Any]], None]:
 
 
 BAD = [
-    # the issue's two examples
+    # markup where an id or a count belongs
     (
         "evidence",
         _set("evidence.won_episode_ids", ["<script>alert(1)</script>"]),

@@ -1,5 +1,5 @@
 """`memory prune`: a run's old episodes go, with their steps, vectors and unused prompt parts; what a live
-lesson came from or an adapter was trained on stays; the FAISS indexes stay consistent (issue 14 item 12)."""
+lesson came from or an adapter was trained on stays; the FAISS indexes stay consistent."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bounded storage (issue 14 item 12): prompts stored as recipes and rebuilt exactly, the migration that
+"""Bounded storage: prompts stored as recipes and rebuilt exactly, the migration that
 converts older databases in place, cycle curves appended a step at a time."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`agent-runtime run --dry-run CONFIG` (issue 18 item 3): every shipped config validates and says what it would
+"""`agent-runtime run --dry-run CONFIG`: every shipped config validates and says what it would
 load and train without loading a weight; a config the run would refuse exits 2 with the reason; the starting
 adapter comes from the workdir's store when one exists; nothing is written."""
 

@@ -1,4 +1,4 @@
-"""The dashboard shows provenance to the end (issue 17 item 4): a lesson page with the lesson's whole life, an
+"""The dashboard shows provenance to the end: a lesson page with the lesson's whole life, an
 episode page with the fingerprint of the weights that acted, a cycle page with the adapter probe's verdicts.
 
 The store is written through the ExperienceStore API (and `distill.lessons.forget`, as `lessons forget` writes

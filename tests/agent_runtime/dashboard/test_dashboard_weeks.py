@@ -1,6 +1,6 @@
 """The dashboard after weeks of operation: bad integers are 400s, polled charts and the episode page read
 what they show (not every episode or lesson of the run), a stored embedder name cannot make a search
-allocate what it likes (issue 14 item 11)."""
+allocate what it likes."""
 
 from __future__ import annotations
 

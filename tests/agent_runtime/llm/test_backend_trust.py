@@ -1,4 +1,4 @@
-"""What a config may make a model backend do (issue 38, items 1-3): start no interpreter it names, hand vLLM no
+"""What a config may make a model backend do: start no interpreter it names, hand vLLM no
 engine argument that names code or a file, and send no API key from this machine's environment to a host it
 names, unless the user says so (`--trust-code`, `AGENT_RUNTIME_VLLM_PYTHON`, `--trust-endpoint` or
 `AGENT_RUNTIME_TRUSTED_ENDPOINTS`); a resumed run takes no engine argument from its stored config; a chat server

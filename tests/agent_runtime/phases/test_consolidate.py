@@ -194,7 +194,7 @@ def test_distill_and_eval_commands(tmp_path, cycle_config, cli):
     assert 0.0 <= lo <= row["success_rate"] <= hi <= 1.0
     text = cli("eval", path, "--workdir", workdir, "--no-lessons").stdout
     assert "95% CI" in text
-    # the check it ran: the held-out tasks against what the run learned from (issue 17)
+    # the check it ran: the held-out tasks against what the run learned from
     assert "leak check: 2 held-out tasks" in text and "no live lesson and no acting adapter learned from one" in text
 
 

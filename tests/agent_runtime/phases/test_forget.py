@@ -1,4 +1,4 @@
-"""Forget a lesson everywhere (issue 17 item 1): `agent-runtime lessons forget ID`.
+"""Forget a lesson everywhere: `agent-runtime lessons forget ID`.
 
 The plan: the lesson and what was merged from it leave the live set; adapters trained with it in the teacher's
 context (and those trained on top of them) are tainted; the run goes back to the newest ancestor trained

@@ -1,4 +1,4 @@
-"""System-prompt distillation (issue 18 item 2): `agent-runtime distill CONFIG --context-file F --prompts P`
+"""System-prompt distillation: `agent-runtime distill CONFIG --context-file F --prompts P`
 distils one fixed system prompt into an adapter, evaluated and decided like any cycle; `opcd.context` makes the
 loop's cycles system-prompt cycles; a teacher with another tokenizer is refused by `distill` at once."""
 
@@ -308,7 +308,7 @@ def test_the_cycle_page_shows_what_was_distilled_and_by_which_teacher(tmp_path):
                 "context": {"sha256": "ab" * 32, "source": "data/medmcqa.txt", "text": CONTEXT},
             },
         )
-        plain = store.start_cycle(run, {"opcd": {}})  # a cycle stored before issue 18
+        plain = store.start_cycle(run, {"opcd": {}})  # a cycle stored with no kind, teacher or context
     with TestClient(create_app(tmp_path), base_url="http://127.0.0.1") as client:
         page = client.get(f"/cycles/{system}").text
         assert "a system prompt, sha256 abababababab (data/medmcqa.txt)" in page

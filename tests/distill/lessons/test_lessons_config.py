@@ -1,4 +1,4 @@
-"""`LessonsConfig`: strict, validated, with the quickstart defaults the issue asks for."""
+"""`LessonsConfig`: strict, validated, with the quickstart's defaults."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Data-parallel OPCD training (issue 9): two CPU ranks (gloo) launched by `run_job` against one process.
+"""Data-parallel OPCD training: two CPU ranks (gloo) launched by `run_job` against one process.
 
 Two ranks draw different random samples than one process does, so the equivalence check uses samples that
 do not depend on the random draws: `objective="sft"` (the frozen teacher samples, so the samples do not

@@ -1,4 +1,4 @@
-"""A separate teacher (cross-size distillation, issue 18 item 1): the tokenizer check refuses a teacher that
+"""A separate teacher (cross-size distillation): the tokenizer check refuses a teacher that
 tokenises differently, a larger tiny model sharing the tokenizer teaches a smaller one (held-out KL falls, the
 LoRA moves), and a teacher that is a separate copy of the student's own start-of-cycle policy gives the same
 losses as the adapter switch (exactly on the tiny model, to tolerance with a merged adapter, and on SmolLM2)."""

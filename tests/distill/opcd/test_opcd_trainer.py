@@ -1,4 +1,5 @@
-"""OPCDTrainer: the learning check (issue 7 item 5), teacher/student plumbing, divergence guard, adapter I/O.
+"""OPCDTrainer: the learning check (a short run lowers the held-out KL and moves the LoRA weights),
+teacher/student plumbing, divergence guard, adapter I/O.
 
 The tiny model is first taught (plain SFT, ~2 s) to answer "take coin" when the system message carries the
 lesson and a random move otherwise, so that the context changes the teacher's distribution strongly; the
