@@ -40,11 +40,11 @@ from agent_runtime.episode.build import build_envs, build_prompt_builders
 from agent_runtime.episode.runner import NO_CONTEXT, Draw, EnvSlotSpec, EpisodeContext, EpisodeRunner
 from agent_runtime.llm.base import PolicyBackend, SamplingParams
 from distill.lessons.budget import LessonBudget
-from distill.lessons.gate import wilson_interval
 from distill.lessons.scope import ScopedLesson, in_scope_lessons
 from environments.game_cache import run_games_dir
 from environments.registry import check_env_id
 from memory import EpisodeRecord
+from memory.rates import wilson_interval
 
 
 @dataclass

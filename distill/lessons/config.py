@@ -151,7 +151,7 @@ class LessonsConfig(StrictConfig):
     @model_validator(mode="before")
     @classmethod
     def _int_seed_is_the_pool_seed(cls, data: Any) -> Any:
-        """Configs (and runs stored in databases) from before `pool_seed` gave the pool seed as `seed: 1`."""
+        """Kept so that stored runs and old configs load: an int `seed` is the old spelling of `pool_seed`."""
         if isinstance(data, dict) and isinstance(data.get("seed"), int) and not isinstance(data["seed"], bool):
             if "pool_seed" in data and data["pool_seed"] != data["seed"]:
                 raise ValueError(

@@ -336,16 +336,3 @@ def _induce_env(env_id: str, episodes: Sequence[EpisodeInfo], min_support: int, 
     if gap is not None and -gap >= min_gap and repeat.chose_lost >= min_support:
         finding("repeat", "", repeat, False)
     return out
-
-
-def finding_from_evidence(text: str, evidence: dict[str, Any]) -> Finding:
-    """A stored finding back from a lesson's metadata (`Finding.evidence()`), e.g. to show or re-rank it."""
-    fields = {
-        k: evidence[k] for k in ("kind", "key", "env_id", "chose_won", "avail_won", "chose_lost", "avail_lost", "z")
-    }
-    return Finding(
-        text=text,
-        **fields,
-        won_episode_ids=tuple(evidence.get("won_episode_ids", ())),
-        lost_episode_ids=tuple(evidence.get("lost_episode_ids", ())),
-    )

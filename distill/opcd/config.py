@@ -169,7 +169,7 @@ class OPCDConfig(StrictConfig):
     @model_validator(mode="before")
     @classmethod
     def _legacy_renormalize(cls, data):
-        """`renormalize: true|false` (configs and stored runs before `tail`) is `tail: renormalize|drop`."""
+        """Kept so that stored runs and old configs load: `renormalize: true|false` is `tail: renormalize|drop`."""
         if isinstance(data, dict) and "renormalize" in data:
             data = dict(data)
             legacy = data.pop("renormalize")

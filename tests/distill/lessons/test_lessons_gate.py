@@ -17,9 +17,9 @@ from distill.lessons import (
     store_utilities,
 )
 from distill.lessons.curate import render_lessons
-from distill.lessons.gate import wilson_interval
 from memory import EVALUATION_GATE, EVALUATION_LESSON_UTILITY, LESSON_SET_CANDIDATE, LESSON_SET_LIVE, ExperienceStore
 from memory.embeddings import HashEmbedder
+from memory.rates import wilson_interval
 from memory.testing import make_episode
 
 HELPS = "Avoid tiles marked H; they end the game."
