@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distill.lessons.gate import mcnemar_p, wilson_interval
+from distill.lessons.gate import mcnemar_p
 from memory import ExperienceStore
+from memory.rates import wilson_interval
 
 ROWS = (
     ("random", "random admissible action"),
