@@ -35,20 +35,10 @@ from agent_runtime.dashboard.reads import (
     sample_stride,
 )
 from memory import EVALUATION_EVAL, ExperienceStore
+from memory.conditions import condition_labels
 from memory.models import Adapter, Cycle, Episode, Evaluation
 from memory.rates import wilson_interval
 
-# The conditions agent_runtime.phases.consolidate evaluates, in the matrix's column order, with their labels.
-KNOWN_CONDITIONS = {
-    "teacher_without_lessons": "base: teacher without lessons",
-    "teacher_with_lessons": "teacher with lessons",
-    "student_without_lessons": "consolidated: student without lessons",
-    "student_with_lessons": "student with lessons",
-    "teacher_retention": "teacher retention",
-    "student_retention": "student retention",
-    "validation_parent": "decision games (train split): parent",
-    "validation_student": "decision games (train split): student",
-}
 # The headline: what the agent could do before the cycle, with lessons in context, and after it without.
 HEADLINE = (
     ("base", "teacher_without_lessons"),
@@ -62,9 +52,10 @@ def condition_key(name: str) -> str:
     return re.sub(r"[\s\-]+", "_", str(name).strip().lower())
 
 
-def condition_label(name: str) -> str:
-    """A condition as the dashboard shows it: the known ones by their label, others as stored."""
-    return KNOWN_CONDITIONS.get(condition_key(name), str(name))
+def condition_label(name: str, split: str = "validation") -> str:
+    """A condition as the dashboard shows it: the known ones by their label (`memory.conditions`), others as
+    stored."""
+    return condition_labels(split=split).get(condition_key(name), str(name))
 
 
 @dataclass
@@ -286,6 +277,7 @@ def evaluation_matrix(store: ExperienceStore, run_id: int) -> Matrix:
                 Evaluation.num_episodes,
                 Evaluation.success_rate,
                 Evaluation.metrics["ci95"],
+                Evaluation.split,
             )
             .join(Cycle, Cycle.id == Evaluation.cycle_id)
             .where(Cycle.run_id == run_id, Evaluation.kind == EVALUATION_EVAL)
@@ -293,15 +285,18 @@ def evaluation_matrix(store: ExperienceStore, run_id: int) -> Matrix:
         ).all()
     grouped: dict[int, dict[str, list[tuple[int, float, Any]]]] = {}
     unknown: dict[str, str] = {}
-    for cycle_id, named, policy, n, rate, ci95 in evaluations:
+    splits = {str(split) for _, named, _, _, _, _, split in evaluations if split and "validation" in str(named or "")}
+    # the promotion's decision games: the fold its rows were played on (a run before folds decided on train games)
+    known = condition_labels(split="/".join(sorted(splits)) or "validation")
+    for cycle_id, named, policy, n, rate, ci95, _ in evaluations:
         name = str(named) if named not in (None, "") else policy
         key = condition_key(name)
-        if key not in KNOWN_CONDITIONS:
+        if key not in known:
             unknown.setdefault(key, str(name))
         if finite(rate) is not None:
             grouped.setdefault(cycle_id, {}).setdefault(key, []).append((int(n or 0), float(rate), ci95))
     seen = {k for per_cycle in grouped.values() for k in per_cycle}
-    columns = [(k, label) for k, label in KNOWN_CONDITIONS.items() if k in seen] + list(unknown.items())
+    columns = [(k, label) for k, label in known.items() if k in seen] + list(unknown.items())
     rows = []
     for cycle_id, status, kl in cycles:
         kl = kl if isinstance(kl, dict) else {}

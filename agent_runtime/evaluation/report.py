@@ -16,26 +16,8 @@ from dataclasses import dataclass
 
 from distill.lessons.gate import mcnemar_p
 from memory import ExperienceStore
+from memory.conditions import REFERENCE, condition_labels
 from memory.rates import wilson_interval
-
-ROWS = (
-    ("random", "random admissible action"),
-    ("teacher_without_lessons", "base policy, no lessons"),
-    ("teacher_with_lessons", "base policy + lessons in context"),
-    ("student_without_lessons", "consolidated adapter, no lessons"),
-    ("student_with_lessons", "consolidated adapter + lessons"),
-    ("teacher_retention", "retention: base policy"),
-    ("student_retention", "retention: consolidated adapter"),
-    ("validation_parent", "decision ({split} games): base policy"),
-    ("validation_student", "decision ({split} games): adapter"),
-)
-REFERENCE = {
-    "teacher_with_lessons": "teacher_without_lessons",
-    "student_without_lessons": "teacher_without_lessons",
-    "student_with_lessons": "teacher_with_lessons",
-    "student_retention": "teacher_retention",
-    "validation_student": "validation_parent",
-}
 
 
 @dataclass
@@ -76,7 +58,7 @@ def learning_table(store: ExperienceStore, run_id: int) -> str | None:
     # the teacher rows are the cycle's parent: the base model at the first cycle, the live adapter later
     parent = "base model" if cycle.base_adapter_id is None else "parent adapter"
     split = next((c.split for n, c in conditions.items() if n.startswith("validation")), "validation")
-    labels = {name: label.replace("base policy", parent).format(split=split) for name, label in ROWS}
+    labels = condition_labels(parent, split)
     lines = [f"Held-out success after OPCD cycle {cycle.id} ({cycle.status}); same tasks and seeds in every row:"]
     width = max((len(label) for name, label in labels.items() if conditions.get(name)), default=0)
     for name, label in labels.items():

@@ -170,11 +170,11 @@ def test_cycle_page_shows_decision_evaluations_and_lineage(
     assert "promoted: the adapter became the active one" in body
     assert "student without lessons reached 92%" in body
     for condition in (
-        "consolidated: student without lessons",
-        "student with lessons",
-        "teacher with lessons",
-        "base: teacher without lessons",
-        "student retention",
+        "consolidated adapter, no lessons",
+        "consolidated adapter + lessons",
+        "base policy + lessons in context",
+        "base policy, no lessons",
+        "retention: consolidated adapter",
     ):
         assert condition in body
     assert "adapter-1" in body and "base model" in body
@@ -629,11 +629,11 @@ def test_learning_matrix_and_headline(learning_client: tuple[TestClient, dict[st
     client, ids = learning_client
     payload = client.get(f"/api/runs/{ids['run']}/learning.json").json()
     matrix = payload["matrix"]
-    assert [c["key"] for c in matrix["columns"]] == [
+    assert [c["key"] for c in matrix["columns"]] == [  # the known ones in the terminal table's order, then the rest
+        "random",
         "teacher_without_lessons",
         "teacher_with_lessons",
         "student_without_lessons",
-        "random",
         "out_of_distribution_probe",
     ]
     assert matrix["columns"][-1]["label"] == "Out-of-distribution probe", "unknown conditions keep their name"
@@ -663,9 +663,9 @@ def test_learning_page(learning_client: tuple[TestClient, dict[str, Any]]) -> No
     assert f'data-src="/api/runs/{ids["run"]}/learning.json?window=7"' in body
     assert f'href="/cycles/{ids["cycle"]}">cycle {ids["cycle"]}</a>' in body
     for shown in (
-        "base: teacher without lessons",
-        "consolidated: student without lessons",
-        ">random<",
+        "base policy, no lessons",
+        "consolidated adapter, no lessons",
+        ">random admissible action<",
         "Out-of-distribution probe",
         "0.800 → 0.200",
         "40.0%",
@@ -757,5 +757,6 @@ def test_learning_view_of_an_empty_store(tmp_path: Path) -> None:
 
 def test_condition_names() -> None:
     assert learning.condition_key("Student without-lessons") == "student_without_lessons"
-    assert learning.condition_label("teacher without lessons") == "base: teacher without lessons"
-    assert learning.condition_label("random") == "random"
+    assert learning.condition_label("teacher without lessons") == "base policy, no lessons"
+    assert learning.condition_label("validation parent", split="train") == "decision (train games): base policy"
+    assert learning.condition_label("a condition of its own") == "a condition of its own"

@@ -113,7 +113,7 @@ def test_dashboard_in_chromium_while_a_loop_writes(tmp_path: Path, seed_with_xss
             expect(chart).to_be_visible()
             expect(page.locator("#learning-chart .u-legend")).to_contain_text("95% high")
             expect(page.locator("table.marks .key.lesson_set").first).to_have_text("lessons v1")
-            expect(page.locator("table.matrix th", has_text="consolidated: student without lessons")).to_have_count(1)
+            expect(page.locator("table.matrix th", has_text="consolidated adapter, no lessons")).to_have_count(1)
             page.fill("input[name=window]", "5")
             page.press("input[name=window]", "Enter")
             page.wait_for_url(f"{base}/learning?run={ids['run']}&window=5")
