@@ -66,7 +66,7 @@ class UntrustedCodeError(EnvError, PermissionError):
 # environment variable, so that processes the run starts, such as Ray workers on this machine, inherit it).
 TRUST_ENV = "AGENT_RUNTIME_TRUST_CODE"
 TRUST_HINT = "to allow it, run the command with --trust-code (or set AGENT_RUNTIME_TRUST_CODE=1)"
-OWN_PACKAGES = ("agent_runtime", "environments", "distill", "memory")
+OWN_PACKAGES = ("agent_runtime", "environments", "distill", "memory", "modelkit")
 # Packages of a source checkout of this project (where `tests` and `bench` name its own folders), never
 # of another project: allowed only when they resolve to the folder beside this package.
 CHECKOUT_PACKAGES = ("tests", "bench")

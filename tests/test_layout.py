@@ -37,10 +37,11 @@ FLOORS = {
 }
 # which package may import which (environments: none of ours)
 PACKAGES = {
-    "agent_runtime": {"distill", "memory", "environments"},
-    "distill": {"memory"},
+    "agent_runtime": {"distill", "memory", "environments", "modelkit"},
+    "distill": {"memory", "modelkit"},
     "memory": set(),
     "environments": set(),
+    "modelkit": set(),
 }
 
 
