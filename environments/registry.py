@@ -205,6 +205,7 @@ class EnvRecord:
 _registry: dict[str, EnvRecord] = {}
 _plugin_errors: dict[str, str] = {}
 _plugins_loaded = False
+_builtins_registered = False
 _current_source = BUILTIN
 
 
@@ -266,7 +267,15 @@ def load_plugins() -> None:
 
 
 def _builtins() -> None:
-    from environments import builtin  # noqa: F401  (registers on import)
+    """Register the built-in environments (`environments.builtin.BUILTINS`), once per process."""
+    global _builtins_registered
+    if _builtins_registered:
+        return
+    from environments.builtin import BUILTINS
+
+    for builtin in BUILTINS:
+        register(builtin.id, builtin.entry_point, description=builtin.description, **builtin.defaults)
+    _builtins_registered = True
 
 
 def list_envs() -> list[EnvRecord]:
