@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from distill.config_base import StrictConfig
+from modelkit.config_base import StrictConfig
 
 
 class CurriculumPhase(StrictConfig):

@@ -124,7 +124,7 @@ def teach(model, tokenizer, example, *, steps: int, batch: int = 16, lr: float =
     gradients clipped at 1.0, one step per batch."""
     import random
 
-    from distill.chat_tokens import encode_chat
+    from modelkit.chat_tokens import encode_chat
 
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)

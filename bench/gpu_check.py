@@ -14,7 +14,8 @@ as soon as they are measured and appends them to a JSONL file, and `report` prin
 Generation is measured with Hugging Face `generate` (the transformers backend); the `vllm` section measures the
 vllm backend too when vLLM is importable (`bench/gpu_check_vllm.py`; on a CPU its dry run needs vLLM's CPU
 build: `VLLM_PYTHON=<its python> bash bench/gpu_check.sh --cpu-dry-run`), and the shell script skips it with a
-line saying so when it is not.
+line saying so when it is not. What the two share lives beside them: the models (`bench/gpu_check_models.py`) and
+the rollout rows (`bench/gpu_check_rollout.py`).
 """
 
 from __future__ import annotations
@@ -31,54 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from bench.gpu_check_models import build_model, n_params, peak, run_device, sync
+from bench.gpu_check_rollout import ROOM_TEXT, game_factory, rollout_row
+
 H200_BF16_DENSE_FLOPS = 989e12
-SHAPES = {  # the real models' configs, minus the weights
-    "qwen2.5-0.5b": (
-        "Qwen2",
-        {
-            "hidden_size": 896,
-            "num_hidden_layers": 24,
-            "num_attention_heads": 14,
-            "num_key_value_heads": 2,
-            "intermediate_size": 4864,
-            "vocab_size": 151936,
-            "max_position_embeddings": 32768,
-            "rope_theta": 1e6,
-            "tie_word_embeddings": True,
-        },
-    ),
-    "qwen3-1.7b": (
-        "Qwen3",
-        {
-            "hidden_size": 2048,
-            "num_hidden_layers": 28,
-            "num_attention_heads": 16,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "intermediate_size": 6144,
-            "vocab_size": 151936,
-            "max_position_embeddings": 40960,
-            "rope_theta": 1e6,
-            "tie_word_embeddings": True,
-        },
-    ),
-}
-DRY_SHAPE = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "intermediate_size": 128,
-    "vocab_size": 1024,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": True,
-}
 OPTIONAL = ("vllm", "trl", "textworld", "peft", "pydantic", "sqlalchemy", "flash_attn")
-ROOM_TEXT = (
-    "-= {room} =-\nYou arrive in a {room}. A plain, dusty place. There is an exit to the {exit}. "
-    "You notice a wooden table, a rusty lamp and a closed chest here. Nothing else catches your eye."
-)
 LESSONS = "\n".join(
     f"- EXPERIENCE ITEM: {t}"
     for t in [
@@ -89,48 +47,6 @@ LESSONS = "\n".join(
     ]
     * 4
 )
-
-
-def _device(args) -> torch.device:
-    return torch.device("cpu" if args.cpu_dry_run else "cuda")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _peak(device: torch.device) -> str:
-    if device.type != "cuda":
-        return "peak memory not tracked on CPU"
-    return f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
-
-
-def build_model(shape: str, args, *, eos_token_id: int = 2, pad_token_id: int = 3):
-    """A random-weight causal LM of `shape`, built directly on the device in bf16 (no fp32 copy on the host)."""
-    import transformers
-
-    family, kwargs = SHAPES[shape]
-    kwargs = dict(kwargs)
-    if args.cpu_dry_run:
-        kwargs.update(DRY_SHAPE)
-    if family == "Qwen2":
-        kwargs.pop("head_dim", None)
-    config = getattr(transformers, f"{family}Config")(
-        **kwargs, eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=eos_token_id
-    )
-    model_cls = getattr(transformers, f"{family}ForCausalLM")
-    device = _device(args)
-    torch.manual_seed(0)
-    with device:
-        model = model_cls._from_config(config, dtype=torch.bfloat16)
-    model.generation_config.eos_token_id = eos_token_id
-    model.generation_config.pad_token_id = pad_token_id
-    return model.eval()
-
-
-def n_params(model) -> int:
-    return sum(p.numel() for p in model.parameters())  # tied embeddings are one parameter, counted once
 
 
 class Results:
@@ -174,7 +90,7 @@ def section_env(args, out: Results) -> None:
 
 def section_hf_generate(args, out: Results) -> None:
     """Tokens/s of `model.generate` at several batch sizes, with the dynamic or the static (compiled) cache."""
-    device = _device(args)
+    device = run_device(args)
     model = build_model("qwen2.5-0.5b", args)
     prompt_len, new_tokens, reps = (8, 4, 1) if args.cpu_dry_run else (args.prompt_len, args.new_tokens, args.reps)
     static = args.cache == "static"
@@ -200,12 +116,12 @@ def section_hf_generate(args, out: Results) -> None:
         with torch.no_grad():
             start = time.perf_counter()
             model.generate(**kwargs)  # warm-up: first kernels, and for the static cache the compilation
-            _sync(device)
+            sync(device)
             first = time.perf_counter() - start
             start = time.perf_counter()
             for _ in range(reps):
                 model.generate(**kwargs)
-            _sync(device)
+            sync(device)
             seconds = (time.perf_counter() - start) / reps
         tps = batch * new_tokens / seconds
         compiled = "compiled" if hasattr(model, "_compiled_call") else "not compiled"
@@ -213,60 +129,11 @@ def section_hf_generate(args, out: Results) -> None:
             f"{label}, batch {batch}",
             f"{tps:,.0f} tokens/s",
             f"{seconds * 1000 / new_tokens:.1f} ms/step, prompt {prompt_len} + {new_tokens} new, "
-            f"first call {first:.1f}s, {compiled}, {_peak(device)}",
+            f"first call {first:.1f}s, {compiled}, {peak(device)}",
             tokens_per_s=tps,
             batch=batch,
             cache=args.cache,
         )
-
-
-class SyntheticTextEnv:
-    """Stands in for TextWorld when it is not installed: room descriptions, admissible actions, never won."""
-
-    def __init__(self, max_steps: int):
-        self.max_steps, self.steps, self.rooms = max_steps, 0, ["kitchen", "cellar", "attic", "garden", "hall"]
-
-    def _observation(self) -> tuple[str, dict]:
-        room = self.rooms[self.steps % len(self.rooms)]
-        exit_ = ["north", "south", "east", "west"][self.steps % 4]
-        info = {
-            "admissible_actions": [f"go {exit_}", "look", "inventory", "open chest", "take lamp"],
-            "won": False,
-            "goal": "Find the coin and take it.",
-        }
-        return ROOM_TEXT.format(room=room, exit=exit_), info
-
-    def reset(self, *, seed=None, task_id=None):
-        self.steps = 0
-        return self._observation()
-
-    def step(self, action: str):
-        self.steps += 1
-        observation, info = self._observation()
-        return observation, 0.0, False, self.steps >= self.max_steps, info
-
-    def close(self) -> None:
-        pass
-
-
-def _game_factory(args, max_steps: int):
-    """(factory, description): TextWorld coin_collector level 1 when textworld is installed, else synthetic."""
-    if importlib.util.find_spec("textworld") is not None and not args.synthetic:
-        import tempfile
-
-        import environments
-
-        cache = tempfile.mkdtemp(prefix="gpu-check-games-")
-        kwargs = {"level": 1, "n_train": 4, "cache_dir": cache, "max_steps": max_steps}
-        probe = environments.make("textworld/coin_collector", **kwargs)
-        for task in probe.tasks("train"):
-            probe.game_file(task)  # generate before timing
-        probe.close()
-        return (
-            lambda: environments.make("textworld/coin_collector", **kwargs)
-        ), "TextWorld coin_collector level 1 (4 games)"
-    reason = "--synthetic" if args.synthetic else "textworld not installed"
-    return (lambda: SyntheticTextEnv(max_steps)), f"synthetic text env ({reason})"
 
 
 def section_rollout(args, out: Results) -> None:
@@ -278,11 +145,11 @@ def section_rollout(args, out: Results) -> None:
 
     tokenizer = tiny_tokenizer()
     model = build_model("qwen2.5-0.5b", args, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    device = _device(args)
+    device = run_device(args)
     backend = TransformersBackend(model, tokenizer, device=device.type, dtype="bfloat16", context_window=4096)
     max_steps, new_tokens = (2, 4) if args.cpu_dry_run else (4, 32)
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.7)
-    factory, env_label = _game_factory(args, max_steps)
+    factory, env_label = game_factory(args, max_steps)
     try:
         from agent_runtime.episode.runner import EpisodeRunner
     except ImportError as exc:  # the runner's module imports the experience store (sqlalchemy)
@@ -298,7 +165,7 @@ def section_rollout(args, out: Results) -> None:
             reserve_tokens=new_tokens,
         )
         try:
-            _rollout_row(
+            rollout_row(
                 args,
                 out,
                 backend,
@@ -322,7 +189,7 @@ def section_rollout(args, out: Results) -> None:
                 f"{type(exc).__name__}: {str(exc)[:300]}; measuring with the prefix cache off",
             )
             backend.prefix_cache = False
-            _rollout_row(
+            rollout_row(
                 args,
                 out,
                 backend,
@@ -339,90 +206,13 @@ def section_rollout(args, out: Results) -> None:
             )
 
 
-def _rollout_row(
-    args,
-    out,
-    backend,
-    builder,
-    params,
-    factory,
-    env_label,
-    EpisodeRunner,
-    slots,
-    episodes,
-    max_steps,
-    new_tokens,
-    device,
-    *,
-    label: str = "rollout",
-    memory: str | None = None,
-) -> None:
-    """One row of the rollout section: `episodes` episodes on `slots` slots through the runtime's runner."""
-    calls, gen_seconds, tokens = backend.stats.calls, backend.stats.seconds, backend.stats.completion_tokens
-    start = time.perf_counter()
-    if EpisodeRunner is not None:
-        from agent_runtime.episode.runner import EnvSlotSpec, TaskSampler
-
-        finished = []
-        spec = EnvSlotSpec("textworld/coin_collector", factory, "text", max_steps)
-        runner = EpisodeRunner(backend, [spec], [builder], params, slots=slots)
-        sampler = TaskSampler([1.0], [[f"train-{i}" for i in range(4)]], seed=0)
-        draws = iter([sampler.draw(i) for i in range(episodes)])
-        runner.run(lambda draws=draws: next(draws, None), finished.append)
-        runner.close()
-        errors = [e.error for e in finished if e.outcome == "error"]
-        if errors:
-            raise RuntimeError(f"{len(errors)} episodes errored, first: {errors[0]}")
-        steps = sum(len(e.steps) for e in finished)
-    else:
-        steps = _batched_turns(backend, builder, params, factory, slots, episodes, max_steps)
-    _sync(device)
-    wall = time.perf_counter() - start
-    share = (backend.stats.seconds - gen_seconds) / wall
-    tps = (backend.stats.completion_tokens - tokens) / wall
-    from agent_runtime.llm.transformers_backend import TransformersBackend
-
-    # the transformers backend's own prefix cache may be off; a vLLM engine here runs with its prefix caching on
-    on = backend.prefix_cache if isinstance(backend, TransformersBackend) else True
-    cache = "prefix cache on" if on else "prefix cache off"
-    out.add(
-        f"{label}, {slots} slots",
-        f"{60 * episodes / wall:,.1f} episodes/min, {tps:,.0f} gen tokens/s",
-        f"{episodes} episodes x {max_steps} steps ({steps} steps), {new_tokens} new tokens, "
-        f"{backend.stats.calls - calls} generate calls, {share:.0%} of wall in generate, {cache}, "
-        f"{env_label}, {memory or _peak(device)}",
-        tokens_per_s=tps,
-        slots=slots,
-    )
-
-
-def _batched_turns(backend, builder, params, factory, slots: int, episodes: int, max_steps: int) -> int:
-    """The runner's turn loop without the runner: `slots` episodes at a time, one generate per turn."""
-    from agent_runtime.episode.prompt import Turn
-
-    steps = 0
-    for first in range(0, episodes, slots):
-        envs = [factory() for _ in range(min(slots, episodes - first))]
-        states = [list(env.reset(task_id="train-0")) + [[]] for env in envs]
-        for _ in range(max_steps):
-            chats = [builder.build(history, obs, info.get("admissible_actions")) for obs, info, history in states]
-            for env, state, completion in zip(envs, states, backend.generate(chats, params)):
-                observation, _, _, _, info = env.step(completion.text or "look")
-                state[2].append(Turn(state[0], completion.text))
-                state[0], state[1] = observation, info
-                steps += 1
-        for env in envs:
-            env.close()
-    return steps
-
-
 def section_opcd(args, out: Results) -> None:
     """Steps of `distill.opcd.OPCDTrainer` on a Qwen3-1.7B-shaped model: training tokens/s and MFU."""
     from agent_runtime.testing import tiny_tokenizer
     from distill.opcd import OPCDConfig, OPCDTrainer
 
     tokenizer = tiny_tokenizer()
-    device = _device(args)
+    device = run_device(args)
     batch, new_tokens, steps = (
         (2, 4, 1) if args.cpu_dry_run else (args.opcd_batch, args.opcd_new_tokens, args.opcd_steps)
     )
@@ -463,7 +253,7 @@ def section_opcd(args, out: Results) -> None:
             f"{params / 1e9:.2f}B params, batch {batch}, {tokens / len(timed):.0f} response tokens/step, "
             f"{seconds / len(timed):.2f} s/step (sample {fractions['sample']:.0%}, teacher "
             f"{fractions['teacher']:.0%}, train {fractions['train']:.0%}), warm-up step "
-            f"{history[0]['seconds']:.1f}s, {_peak(device)}; MFU = 6*params*tokens/s/989e12",
+            f"{history[0]['seconds']:.1f}s, {peak(device)}; MFU = 6*params*tokens/s/989e12",
             tokens_per_s=tps,
             mfu=mfu,
         )

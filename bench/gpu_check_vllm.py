@@ -27,9 +27,10 @@ from pathlib import Path
 
 import torch
 
-from bench import gpu_check as check
+from bench.gpu_check_models import DRY_SHAPE, SHAPES
+from bench.gpu_check_rollout import ROOM_TEXT, game_factory, rollout_row
 
-DRY_VLLM_SHAPE = {**check.DRY_SHAPE, "hidden_size": 256, "head_dim": 64, "intermediate_size": 512}  # CPU kernels
+DRY_VLLM_SHAPE = {**DRY_SHAPE, "hidden_size": 256, "head_dim": 64, "intermediate_size": 512}  # CPU kernels
 LORA_RANK = 16
 
 
@@ -40,7 +41,7 @@ def write_model(directory: Path, args) -> Path:
 
     from agent_runtime.testing import tiny_tokenizer
 
-    family, kwargs = check.SHAPES["qwen2.5-0.5b"]
+    family, kwargs = SHAPES["qwen2.5-0.5b"]
     kwargs = {**kwargs, **(DRY_VLLM_SHAPE if args.cpu_dry_run else {})}
     tokenizer = tiny_tokenizer()
     config = getattr(transformers, f"{family}Config")(
@@ -125,7 +126,7 @@ def section_vllm(args, out) -> None:
     )
     max_steps, new_tokens = (2, 4) if args.cpu_dry_run else (4, 32)
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.7)
-    factory, env_label = check._game_factory(args, max_steps)
+    factory, env_label = game_factory(args, max_steps)
     try:
         from agent_runtime.episode.runner import EpisodeRunner
     except ImportError as exc:  # the runner's module imports the experience store (sqlalchemy)
@@ -142,7 +143,7 @@ def section_vllm(args, out) -> None:
             context_window=backend.context_window,
             reserve_tokens=new_tokens,
         )
-        check._rollout_row(
+        rollout_row(
             args,
             out,
             backend,
@@ -205,7 +206,7 @@ def _lora_rows(backend, adapter: Path, out, args) -> None:
     """Swap latency: register and load the adapter, its first batch, then base vs adapter at batch 8."""
     from agent_runtime.llm.base import SamplingParams
 
-    chats = [[{"role": "user", "content": check.ROOM_TEXT.format(room=f"room {i}", exit="north")}] for i in range(8)]
+    chats = [[{"role": "user", "content": ROOM_TEXT.format(room=f"room {i}", exit="north")}] for i in range(8)]
     new_tokens = 4 if args.cpu_dry_run else 64
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0)
 

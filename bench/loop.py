@@ -79,7 +79,7 @@ def floor_rates(model_name: str, length: int, lora: dict, part: str, rows: int =
     from agent_runtime.checkpoints import resolve_model
     from agent_runtime.state.profile import memory_mb, reset_peak
     from distill.opcd.policies import enable_checkpointing
-    from distill.opcd.weights import bound_heap, release_memory
+    from modelkit.weights import bound_heap, release_memory
 
     if part == "memory":
         bound_heap()

@@ -75,7 +75,7 @@ from agent_runtime.llm.base import SamplingParams
 from agent_runtime.llm.transformers_backend import TransformersBackend
 from agent_runtime.state.profile import memory_mb, reset_peak
 from bench.rollout_timing import TimedBackend, TimedBuilder, TimedEnv, Timers, cpu_seconds
-from distill.opcd.weights import release_memory
+from modelkit.weights import release_memory
 
 ENV_ID = "textworld/coin_collector"
 MODELS = ("tiny", "smollm2")

@@ -5,16 +5,16 @@ and against the model's own forward, in the dtype OPCD's sampler uses (`--dtype 
     .venv/bin/python bench/sampler.py --prompt-tokens 600 --dtype float32
 
 Rows, each the best of `--repeat` runs, in ms per decoded token (the prompt's prefill is timed apart):
-- `generate`: what `distill.opcd.sampler.sample_responses` calls (ancestral sampling, top_k=0, the dynamic cache);
+- `generate`: what `modelkit.sampler.sample_responses` calls (ancestral sampling, top_k=0, the dynamic cache);
 - `generate, static cache`: the same with `cache_implementation="static"` (a preallocated cache, no compile);
 - `lean loop`: the same sampling written as a plain loop (one forward with the dynamic cache, a softmax and a
   multinomial per step; no logits processors, stopping criteria or per-step bookkeeping);
 - `lean loop, static cache`: the loop over a preallocated static cache;
 - `forward floor`: one decode forward of the batch at the cache's middle length, nothing else (the model's time);
 - `generate, packed` and `forward, packed`: the same with the linear layers computing from packed weights, as
-  OPCD's merged sampler does in bf16 on a CPU with native bf16 (`distill.opcd.sampler.pack_linears`; blank where
+  OPCD's merged sampler does in bf16 on a CPU with native bf16 (`modelkit.sampler.pack_linears`; blank where
   it does not pack); `OPCD's lean decode, packed`: what OPCD's merged sampler runs there
-  (`distill.opcd.decode.lean_generate` with the inverse-CDF draw);
+  (`modelkit.decode.lean_generate` with the inverse-CDF draw);
 - `weight read`: the time to stream the model's weights once from memory (a sum over every parameter), the floor
   of a decode step that is bound by memory rather than compute.
 If `generate` is near the forward floor, per-token overhead is not where the time goes, and a leaner loop cannot
@@ -45,8 +45,8 @@ def measure(model, batch: int, prompt_tokens: int, new_tokens: int, repeat: int)
     import torch
     from transformers import StaticCache
 
-    from distill.opcd.decode import lean_decoding_supported, lean_generate
-    from distill.opcd.sampler import InverseCDFSampler, pack_linears, packs_bf16_linears
+    from modelkit.decode import lean_decoding_supported, lean_generate
+    from modelkit.sampler import InverseCDFSampler, pack_linears, packs_bf16_linears
 
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeat", type=int, default=2)
     args = p.parse_args(argv)
-    from distill.opcd.sampler import sampler_dtype
+    from modelkit.sampler import sampler_dtype
 
     dtype = sampler_dtype("auto", "cpu") if args.dtype == "auto" else getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(resolve_model(args.model), dtype=dtype).eval()

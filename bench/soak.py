@@ -37,7 +37,7 @@ import time
 import uuid
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from langchain_core.language_models.chat_models import BaseChatModel
@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script, bench/ is first on the path, and bench/memory.py is not `memory`
 from bench.soak_checks import budget_violations, draw_violations, phase_record, phase_violations
 from bench.soak_report import append_results, db_table, phase_seconds, rates, rss_table, table
+from bench.soak_session import Session
 
 WRITER = "bench.soak:SoakLessonWriter"  # importable by the loop: it runs with the repository root on its path
 TAG = "AGENT_RUNTIME_SOAK_TAG"  # set in every process of a session, to find survivors after a kill
@@ -234,29 +235,6 @@ def database_bytes(s: Settings) -> int:
             return int(conn.execute(text("SELECT pg_database_size(current_database())")).scalar())
     finally:
         engine.dispose()
-
-
-@dataclass
-class Session:
-    """One `agent-runtime run` process: how it was to end, how it ended, what was left after it."""
-
-    index: int
-    kind: str  # timer, phase, final
-    delay: float
-    resumed: bool
-    start_episodes: int = 0
-    end_episodes: int = 0
-    seconds: float = 0.0
-    killed: bool = False
-    returncode: int | None = None
-    phase_at_kill: str | None = None  # the cursor at the kill (CONSOLIDATE*: a cycle was running)
-    peak_rss_kb: int = 0
-    rss: list[tuple[float, int, int]] = field(default_factory=list)  # (seconds, VmRSS kB, episodes committed)
-    tree_rss: list[tuple[float, int, int]] = field(default_factory=list)  # final: (seconds, kB, processes), all of it
-    survivors: int = 0  # processes of the session alive 5 s after the kill
-    running_cycles: list[int] = field(default_factory=list)  # cycle rows marked running after the kill
-    db_bytes: int = 0
-    violations: list[str] = field(default_factory=list)
 
 
 # -- the soak -------------------------------------------------------------------------------------------

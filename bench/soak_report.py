@@ -12,10 +12,8 @@ import datetime as dt
 import subprocess
 from itertools import pairwise
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from bench.soak import Session
+from bench.soak_session import Session
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADING = "## Soak under SIGKILL (`bench/soak.py`)"

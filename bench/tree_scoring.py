@@ -1,7 +1,7 @@
 """Choice mode's scoring over the action set's trie against scoring every action whole, on the same decisions.
 
 The transformers backend scores a choice by running every admissible action behind the prompt in one packed
-forward (`distill.opcd.choice`). Fed whole ("flat"), an action set costs all its tokens; over its trie ("tree",
+forward (`modelkit.choice`). Fed whole ("flat"), an action set costs all its tokens; over its trie ("tree",
 the default), each distinct token prefix once. This plays the same greedy episodes both ways, in choice mode
 with SmolLM2-135M-Instruct on CPU, and reports per decision:
 
@@ -94,7 +94,7 @@ class MeteredChoose:
         backend.choose = self
 
     def __call__(self, prompts, choices, params):
-        from distill.chat_tokens import encode_text
+        from modelkit.chat_tokens import encode_text
 
         stats = self.backend.prefix_stats
         before = stats.scored_tokens, stats.prefilled_tokens
@@ -132,7 +132,7 @@ def play(name: str, scoring: str, args) -> dict:
     from agent_runtime.episode.runner import EpisodeRunner, TaskSampler
     from agent_runtime.llm.base import SamplingParams
     from agent_runtime.state.profile import memory_mb, reset_peak
-    from distill.opcd.weights import release_memory
+    from modelkit.weights import release_memory
 
     if args.threads:
         torch.set_num_threads(args.threads)

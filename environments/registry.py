@@ -66,7 +66,7 @@ class UntrustedCodeError(EnvError, PermissionError):
 # environment variable, so that processes the run starts, such as Ray workers on this machine, inherit it).
 TRUST_ENV = "AGENT_RUNTIME_TRUST_CODE"
 TRUST_HINT = "to allow it, run the command with --trust-code (or set AGENT_RUNTIME_TRUST_CODE=1)"
-OWN_PACKAGES = ("agent_runtime", "environments", "distill", "memory")
+OWN_PACKAGES = ("agent_runtime", "environments", "distill", "memory", "modelkit")
 # Packages of a source checkout of this project (where `tests` and `bench` name its own folders), never
 # of another project: allowed only when they resolve to the folder beside this package.
 CHECKOUT_PACKAGES = ("tests", "bench")
@@ -205,6 +205,7 @@ class EnvRecord:
 _registry: dict[str, EnvRecord] = {}
 _plugin_errors: dict[str, str] = {}
 _plugins_loaded = False
+_builtins_registered = False
 _current_source = BUILTIN
 
 
@@ -266,7 +267,15 @@ def load_plugins() -> None:
 
 
 def _builtins() -> None:
-    from environments import builtin  # noqa: F401  (registers on import)
+    """Register the built-in environments (`environments.builtin.BUILTINS`), once per process."""
+    global _builtins_registered
+    if _builtins_registered:
+        return
+    from environments.builtin import BUILTINS
+
+    for builtin in BUILTINS:
+        register(builtin.id, builtin.entry_point, description=builtin.description, **builtin.defaults)
+    _builtins_registered = True
 
 
 def list_envs() -> list[EnvRecord]:

@@ -33,7 +33,7 @@ class AdaptersMixin(StoreMixin):
         metadata: dict[str, Any] | None = None,
         fingerprint: str | None = None,
     ) -> int:
-        """Register an adapter saved at `path`; returns its id. `fingerprint` is the `distill.fingerprint` of the
+        """Register an adapter saved at `path`; returns its id. `fingerprint` is the `modelkit.fingerprint` of the
         files the trainer wrote there (what episodes acting with it are checked against)."""
         check_value(status, ADAPTER_STATUSES, "adapter status")
         with self._write() as session:

@@ -58,7 +58,7 @@ class EpisodeRecord:
     lessons_in_context: list[int] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     steps: list[StepRecord] = field(default_factory=list)
-    # `distill.fingerprint` of the LoRA weights the acting backend had loaded (None: base model, or not reported)
+    # `modelkit.fingerprint` of the LoRA weights the acting backend had loaded (None: base model, or not reported)
     adapter_fingerprint: str | None = None
 
 
@@ -212,7 +212,7 @@ class AdapterInfo:
     status: str
     created_at: dt.datetime
     metadata: dict[str, Any]
-    fingerprint: str | None = None  # `distill.fingerprint` of the files the trainer wrote
+    fingerprint: str | None = None  # `modelkit.fingerprint` of the files the trainer wrote
 
 
 @dataclass

@@ -158,8 +158,8 @@ def cmd_eval(args) -> int:
     from distill.lessons import live_lessons
     from distill.lessons.budget import LessonBudget
     from distill.lessons.scope import scoped_lessons
-    from distill.opcd.weights import bound_heap
     from memory import ExperienceStore
+    from modelkit.weights import bound_heap
 
     bound_heap()
 

@@ -16,10 +16,10 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_va
 
 from agent_runtime.curriculum import CurriculumConfig
 from agent_runtime.llm.options import backend_options
-from distill.config_base import StrictConfig
 from distill.lessons.config import DECISION_SPLITS, LessonsConfig, decision_split
 from distill.opcd.config import OPCDConfig
 from distill.opcd.teacher import TeacherSpec
+from modelkit.config_base import StrictConfig
 
 
 class ConfigError(ValueError):

@@ -14,7 +14,7 @@ re-prefills from the previous observation on. See bench/RESULTS.md for what each
 
 How the agent acts (`action_mode`): in `choice` mode (the default wherever the game lists its admissible
 actions, and for the arena games' four moves) the reply is exactly one action of the set, drawn from the
-model's own distribution restricted to the set (`distill.opcd.choice`); in `free` mode (the default for math)
+model's own distribution restricted to the set (`modelkit.choice`); in `free` mode (the default for math)
 the model writes a reply and the action is parsed from it. A small model that answers a game with prose still
 ranks the admissible actions sensibly, and that ranking is what its lessons move.
 

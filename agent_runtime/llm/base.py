@@ -7,7 +7,7 @@ runner sends every live environment slot's prompt in one call); a backend is fre
 
 Beyond that, a backend may have optional capabilities, each a protocol here: `ChoiceBackend` (act by choosing
 among admissible actions), `AdapterBackend` (act with LoRA adapters, loaded by path), `FingerprintBackend` (it
-reports the fingerprint of the adapter weights it acts with, `distill.fingerprint`), `TokenizerBackend` (its
+reports the fingerprint of the adapter weights it acts with, `modelkit.fingerprint`), `TokenizerBackend` (its
 model's own tokenizer counts tokens), `LocalModelBackend` (the model lives in this process, on a device) and
 `SleepingBackend` (its engine can free its accelerator memory for a while). What a run needs is checked once,
 where its backend is built (`agent_runtime.llm.check_capabilities`); code handed a backend by a caller that
@@ -128,7 +128,7 @@ class AdapterBackend(Protocol):
 
 @runtime_checkable
 class FingerprintBackend(Protocol):
-    """A backend that says which weights it acts with: the fingerprint (`distill.fingerprint`) of the active
+    """A backend that says which weights it acts with: the fingerprint (`modelkit.fingerprint`) of the active
     adapter's LoRA tensors, computed when the adapter was loaded, from what the backend itself holds (the
     transformers backend: the tensors in its model) or gave its engine (vLLM, a vLLM server: the adapter's files)."""
 

@@ -157,7 +157,7 @@ def making_room(backend):
     prefix_kv = getattr(backend, "prefix_kv", None)
     if prefix_kv is not None:
         prefix_kv.clear()
-        from distill.opcd.weights import release_memory
+        from modelkit.weights import release_memory
 
         release_memory()
     sleeper = backend if isinstance(backend, SleepingBackend) else None

@@ -21,7 +21,7 @@ variable `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`, and see `path` on its own file
 a model of that name); `use_adapter(None)` goes back to the base model. The server's address is
 `options.lora_api`, by default `kwargs.base_url`; the kwarg naming the served model is `options.model_field`
 (default `model`). An adapter the server already holds counts as loaded, so several workers may load the
-same one. The adapter's fingerprint (`distill.fingerprint`) is computed from the files at `path` when this
+same one. The adapter's fingerprint (`modelkit.fingerprint`) is computed from the files at `path` when this
 backend asks the server to load them (the runtime and the server share that filesystem, as they must for
 the path to mean anything); a path this process cannot read gives no fingerprint (None), not an error.
 
@@ -65,10 +65,10 @@ from agent_runtime.llm.base import (
     closest_action,
 )
 from agent_runtime.llm.options import TRUSTED_ENDPOINTS_ENV, unconfirmed_endpoints
-from distill.chat_tokens import defuse_special_text, encode_text
-from distill.fingerprint import fingerprint_files
 from environments.registry import UntrustedCodeError, check_code
 from memory.redaction import is_secret_key, redact_text
+from modelkit.chat_tokens import defuse_special_text, encode_text
+from modelkit.fingerprint import fingerprint_files
 
 # Where a chat model class may come from without --trust-code (see `load_chat_model`).
 CHAT_PACKAGES = ("langchain",)

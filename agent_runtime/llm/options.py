@@ -28,10 +28,10 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from distill.config_base import StrictConfig
+from modelkit.config_base import StrictConfig
 
 # `environments` and `memory` are imported where they are used, not here: the vLLM child process imports this
-# module (through agent_runtime.llm) with only agent_runtime and distill on its path (vllm_process.PACKAGES), and
+# module (through agent_runtime.llm) with only agent_runtime and modelkit on its path (vllm_process.PACKAGES), and
 # its environment has neither their packages nor sqlalchemy.
 
 # the interpreter of vLLM's own environment, as the user names it (`.ci/run` exports it; docs/scaling.md)

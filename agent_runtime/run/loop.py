@@ -70,8 +70,8 @@ from agent_runtime.state.profile import Profile, memory_mb
 from agent_runtime.terminal import shown
 from distill.lessons import pending_user_candidate, sync_statuses
 from distill.lessons.forget import RECONSOLIDATE
-from distill.opcd.weights import bound_heap, release_memory
 from memory import AdapterInfo, ExperienceStore
+from modelkit.weights import bound_heap, release_memory
 
 log = logging.getLogger("agent_runtime.run.loop")
 
@@ -192,7 +192,7 @@ class AgentLoop:
     ):
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-        bound_heap()  # a long-lived process: freed tensors go back to the system (distill.opcd.weights)
+        bound_heap()  # a long-lived process: freed tensors go back to the system (modelkit.weights)
         resumed_id = None
         resume = resume or continues_existing(config, workdir)  # one run per name in a store (`run.names`)
         if resume:

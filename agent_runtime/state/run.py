@@ -42,10 +42,10 @@ from agent_runtime.evaluation import EnvPool, EvalResult, env_pool, evaluate
 from agent_runtime.evaluation.evaluator import entry_key
 from agent_runtime.evaluation.heldout import HeldOut, held_out
 from agent_runtime.llm.base import BackendError, FingerprintBackend
-from distill.chat_tokens import encode_text
 from distill.lessons.budget import LessonBudget, count_words
 from distill.lessons.scope import in_scope_lessons
 from memory import ExperienceStore
+from modelkit.chat_tokens import encode_text
 
 PLAYED_ENTRIES = 512  # environment results `Run.evaluate` keeps (a few KB each)
 

@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from distill.config_base import StrictConfig
 from distill.lessons.safety import screen_item
+from modelkit.config_base import StrictConfig
 
 # The task splits a decision may play; the held-out `eval` split is the report's and never one of them.
 DECISION_SPLITS = ("validation", "train")

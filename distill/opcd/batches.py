@@ -10,8 +10,8 @@ import math
 import random
 from collections.abc import Callable, Iterator, Sequence
 
-from distill.chat_tokens import Chat
 from distill.opcd.policies import PromptContexts
+from modelkit.chat_tokens import Chat
 
 ContextSource = str | Sequence[str] | PromptContexts | Callable[[Chat], str]
 

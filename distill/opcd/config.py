@@ -18,10 +18,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from distill.config_base import StrictConfig
-
-# the shortest prompt prefix shared by a batch's rows worth a separate pass: the trainer's and the acting backend's
-MIN_SHARED_PREFIX = 32
+from modelkit.config_base import StrictConfig
+from modelkit.prefix_kv import MIN_SHARED_PREFIX
 
 Objective = Literal["opcd", "off_policy", "sft"]
 Tail = Literal["bucket", "renormalize", "drop"]
@@ -126,7 +124,7 @@ class OPCDConfig(StrictConfig):
         description="what the student samples from: a copy with the adapter merged, in bf16 (`merged-bf16`: "
         "fastest on GPUs and CPUs that compute bf16 natively) or fp32 (`merged-fp32`: fastest on CPUs that do "
         "not, such as AVX2 ones, where bf16 runs several times slower); `auto` picks by the device "
-        "(`distill.opcd.sampler.fast_bf16`); or the live training model (`live`: no extra memory, slower: "
+        "(`modelkit.sampler.fast_bf16`); or the live training model (`live`: no extra memory, slower: "
         "unmerged LoRA)",
     )
     share_context_cache: bool = Field(
@@ -134,7 +132,7 @@ class OPCDConfig(StrictConfig):
         description="run the teacher and the student (gradients included) once "
         "over the token prefix that all prompts of a batch "
         "share (the system prompt and the lessons when they are the same) and reuse its KV cache "
-        "(distill.opcd.prefix_kv, which the transformers backend's prefix cache uses too)",
+        "(modelkit.prefix_kv, which the transformers backend's prefix cache uses too)",
     )
     min_shared_prefix: int = Field(
         MIN_SHARED_PREFIX,

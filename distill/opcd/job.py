@@ -47,11 +47,11 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from distill.config_base import StrictConfig
 from distill.opcd.config import OPCDConfig
 from distill.opcd.teacher import TeacherSpec, check_teacher, load_teacher, load_tokenizer
 from distill.opcd.trainer import Chat, DivergenceError, OPCDTrainer, PromptContexts
-from distill.opcd.weights import base_view, can_share, release_memory
+from modelkit.config_base import StrictConfig
+from modelkit.weights import base_view, can_share, release_memory
 
 PARENT_PID_ENV = "OPCD_JOB_PARENT_PID"
 _STOP_GRACE_SECONDS = 10.0
@@ -153,7 +153,7 @@ def execute(
 
     `shared_weights`: a model already loaded in this process from `job.model_path` (the acting policy's, adapters
     and all); a LoRA run then trains on a view of its base weights instead of loading a second copy, when the
-    dtype and device are the job's (`distill.opcd.weights.base_view`)."""
+    dtype and device are the job's (`modelkit.weights.base_view`)."""
     started = time.perf_counter()
     if job.teacher is not None:  # before any weights are read: a teacher that cannot teach fails at once
         check_teacher(job.model_path, job.teacher)

@@ -15,7 +15,7 @@ number of rows (checkpoints pad the embedding matrix, and two sizes of one famil
 With the teacher a view of the student's own model nothing is cut or moved.
 
 The teacher sees the same prompt as the student with the context (lessons, a system prompt) appended to the
-system message (`with_context`); both are tokenised by `distill.chat_tokens`, so the lessons are text.
+system message (`with_context`); both are tokenised by `modelkit.chat_tokens`, so the lessons are text.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from distill.chat_tokens import Chat
 from distill.opcd.config import OPCDConfig
-from distill.opcd.sampler import MergedSampler, sampler_dtype
+from modelkit.chat_tokens import Chat
+from modelkit.sampler import MergedSampler, sampler_dtype
 
 
 class PromptContexts:
@@ -150,7 +150,7 @@ class Policies:
 
     @contextlib.contextmanager
     def sampling_model(self) -> Iterator[torch.nn.Module]:
-        """What the student samples from: the live model, or the merged copy (`distill.opcd.sampler`)."""
+        """What the student samples from: the live model, or the merged copy (`modelkit.sampler`)."""
         if self.sampler is None:
             yield self.model
         else:

@@ -6,10 +6,10 @@ lays out a batch of (prompt, response) rows for one decoder pass and returns tho
 
 The teacher's prompts of a batch usually start with the same tokens (the system prompt and, when every sample
 got the same lesson pool, the lessons): that prefix is run once and its KV cache reused for every row
-(`distill.opcd.prefix_kv`, the same splice the transformers backend uses for its slots), so the teacher forward
+(`modelkit.prefix_kv`, the same splice the transformers backend uses for its slots), so the teacher forward
 runs only each row's own tokens. The teacher is frozen for the whole cycle, so a prefix its steps share is run once
 per cycle (`FrozenPrefixes`). The student's weights change every step: the prefix its rows share (the system
-prompt) runs once per step, gradients flowing through its KV (`distill.opcd.prefix_kv.read_only_prefix`).
+prompt) runs once per step, gradients flowing through its KV (`modelkit.prefix_kv.read_only_prefix`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import contextlib
 import numpy as np
 import torch
 
-from distill.opcd.choice import lm_parts
-from distill.opcd.prefix_kv import (
+from modelkit.choice import lm_parts
+from modelkit.prefix_kv import (
     FrozenPrefixes,
     plain_kv_layers,
     read_only_cache,

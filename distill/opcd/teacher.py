@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import Field
 
-from distill.config_base import StrictConfig
+from modelkit.config_base import StrictConfig
 
 _NAMED_SPECIALS = ("bos_token", "eos_token", "unk_token")
 _EXAMPLES = 3

@@ -11,17 +11,17 @@ evaluation and saving. Its parts live beside it, one job each:
 - `distill.opcd.batches`: what each step is given (prompts, each one's context, anchors, the learning rate);
 - `distill.opcd.policies`: the student and the teacher from one base model (LoRA attached, the teacher as the
   adapter disabled, a parent adapter switched in, or a frozen copy), and `with_context`, the teacher's prompt;
-- `distill.opcd.sampler`: the student samples from a merged copy of its weights (bf16 where the device has it),
+- `modelkit.sampler`: the student samples from a merged copy of its weights (bf16 where the device has it),
   released right after sampling, so it never adds to the training half's memory peak;
 - `distill.opcd.scoring`: hidden states at the response positions; the frozen teacher runs the token prefix its
-  prompts share (system prompt, lessons) once per cycle (`distill.opcd.prefix_kv.FrozenPrefixes`);
+  prompts share (system prompt, lessons) once per cycle (`modelkit.prefix_kv.FrozenPrefixes`);
 - `distill.opcd.losses`: the divergences from hidden states in sequence chunks (the two models' (B, T, V) logits
-  never held at once); `distill.opcd.choice`: the choice policy; `distill.chat_tokens`: prompts to token ids.
+  never held at once); `modelkit.choice`: the choice policy; `modelkit.chat_tokens`: prompts to token ids.
 
 Choice mode (the agent acts by choosing among admissible actions): a step given one action set per prompt
 distils the policy the agent acts with, the distribution over the set, instead of free text: the student's
 and the teacher's sequence log-probabilities of every action come from one packed forward each
-(`distill.opcd.choice`) and the divergence is exact over the set, so nothing is sampled. The objectives map
+(`modelkit.choice`) and the divergence is exact over the set, so nothing is sampled. The objectives map
 over: `opcd` reverse KL, `off_policy` forward KL, `sft` cross-entropy on an action drawn from the teacher.
 
 Baselines share the loop (`config.objective`): `off_policy` (the teacher samples with the context, forward KL on
@@ -44,7 +44,6 @@ from pathlib import Path
 
 import torch
 
-from distill.chat_tokens import Chat, encode_chat
 from distill.opcd.adapters import atomic_directory, write_metadata
 from distill.opcd.batches import (
     ContextSource,
@@ -55,12 +54,14 @@ from distill.opcd.batches import (
     split_validation,
     with_anchors,
 )
-from distill.opcd.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices
 from distill.opcd.collectives import average_gradients, global_loss, world
 from distill.opcd.config import OPCDConfig
 from distill.opcd.losses import ChunkedLoss, chunked_topk_divergence
 from distill.opcd.policies import Policies, PromptContexts, with_context
-from distill.opcd.prefix_kv import (
+from distill.opcd.scoring import pad_responses, response_hidden
+from modelkit.chat_tokens import Chat, encode_chat
+from modelkit.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices
+from modelkit.prefix_kv import (
     FrozenPrefixes,
     checkpoint_keeps_read_only_cache,
     plain_kv_layers,
@@ -68,8 +69,7 @@ from distill.opcd.prefix_kv import (
     reading_cache_under_checkpointing,
     shared_prefix_length,
 )
-from distill.opcd.sampler import sample_responses
-from distill.opcd.scoring import pad_responses, response_hidden
+from modelkit.sampler import sample_responses
 
 __all__ = ["DivergenceError", "OPCDTrainer", "PromptContexts", "with_context"]
 
@@ -137,7 +137,7 @@ class OPCDTrainer:
     # -- prompts and sampling ----------------------------------------------------------------------------
     def render(self, chat: Chat) -> list[int]:
         """Token ids of a chat prompt, ready for the assistant's turn (cut to max_prompt_tokens from the left);
-        content (observations, replies, the teacher's lessons) is tokenised as text (`distill.chat_tokens`)."""
+        content (observations, replies, the teacher's lessons) is tokenised as text (`modelkit.chat_tokens`)."""
         ids = encode_chat(self.tokenizer, chat).ids
         return ids[-self.config.max_prompt_tokens :] if self.config.max_prompt_tokens else ids
 
@@ -180,7 +180,7 @@ class OPCDTrainer:
 
         With `choices` (one action set per prompt: the agent acts by choosing), the step distils the choice
         policy instead: the divergence between the student's and the teacher's distributions over each set,
-        computed exactly (`distill.opcd.choice`); nothing is sampled except the SFT baseline's teacher draws."""
+        computed exactly (`modelkit.choice`); nothing is sampled except the SFT baseline's teacher draws."""
         if len(prompts) != len(contexts):
             raise ValueError(f"{len(prompts)} prompts but {len(contexts)} contexts; give one context per prompt")
         if choices is not None and len(choices) != len(prompts):

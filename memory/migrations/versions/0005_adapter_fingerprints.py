@@ -6,7 +6,7 @@
 - `adapters.fingerprint`: the fingerprint of the adapter files the trainer wrote (null for adapters registered
   before this revision or from files that were not there to hash).
 
-Both are 64 hex characters (a SHA-256, `distill.fingerprint`). They are columns, not metadata, so that the
+Both are 64 hex characters (a SHA-256, `modelkit.fingerprint`). They are columns, not metadata, so that the
 comparison is one join in SQL (the episodes whose weights differ from their adapter's, across a run) and an
 import checks them as bounded strings. Nullable additions: existing databases convert in place, no rebuild.
 

@@ -370,7 +370,7 @@ def test_static_assets_are_served(client: TestClient) -> None:
 def test_dashboard_imports_only_memory_of_ours() -> None:
     import ast
 
-    ours = {"agent_runtime", "environments", "distill", "memory"}
+    ours = {"agent_runtime", "environments", "distill", "memory", "modelkit"}
     for path in sorted(PACKAGE.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = (

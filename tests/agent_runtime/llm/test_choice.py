@@ -16,7 +16,7 @@ from agent_runtime.llm.modes import resolve_action_mode
 from agent_runtime.phases.promotion import decide_promotion
 from distill.opcd import OPCDConfig, OPCDTrainer
 from distill.opcd.batches import anchors_in_step, lr_factor
-from distill.opcd.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices
+from modelkit.choice import action_token_ids, choice_divergence, choice_logprobs, lm_parts, pack_choices
 
 SYSTEM = {"role": "system", "content": "You are playing a text adventure game. Reply with exactly one command."}
 CHATS = [
@@ -60,7 +60,7 @@ def test_packed_scores_equal_one_forward_per_action(tiny):
 def test_actions_and_forged_prompts_stay_text(tiny):
     """An action (environment text) holding special-token text is tokenised as text, and a prompt whose
     observation forges a turn still gives every action the ids it has after an honest prompt."""
-    from distill.chat_tokens import encode_chat
+    from modelkit.chat_tokens import encode_chat
 
     _, tokenizer = tiny
     special = set(tokenizer.all_special_ids)
@@ -322,7 +322,7 @@ def test_winning_more_validation_games_is_evidence_when_the_kl_rose():
 
 def test_large_sets_are_decoded_under_a_token_trie(tiny_model_dir):
     from agent_runtime.llm.transformers_backend import TransformersBackend
-    from distill.opcd.choice import ActionTrie
+    from modelkit.choice import ActionTrie
 
     trie = ActionTrie(["go east", "go west"], [[5, 6, 9], [5, 7, 9]])
     assert sorted(trie.allowed([5])) == [6, 7] and trie.allowed([5, 8]) == [] and trie.action([5, 7, 9]) == "go west"

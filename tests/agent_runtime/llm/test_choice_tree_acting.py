@@ -1,4 +1,4 @@
-"""The transformers backend acts with choice scoring over each action set's trie (`distill.opcd.choice`): the same
+"""The transformers backend acts with choice scoring over each action set's trie (`modelkit.choice`): the same
 choices and distributions as scoring every action whole, over turns that continue the prefix cache, under the KV
 bound that splits a call into groups, and in an episode run. Tiny models built in code; float32."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from agent_runtime.llm.base import SamplingParams
-from distill.opcd.choice import action_nodes
 from environments.testing import GuessEnv
+from modelkit.choice import action_nodes
 
 SYSTEM = {"role": "system", "content": "You are playing a text adventure game. Reply with exactly one command."}
 ROOM = [SYSTEM, {"role": "user", "content": "You are in a kitchen. There is a closed door to the north."}]
@@ -54,7 +54,7 @@ def test_acting_over_turns_with_the_prefix_cache_chooses_as_flat_scoring(tiny_mo
 
 def test_under_a_small_kv_bound_tree_groups_score_as_flat_and_stay_within_it(tiny_model_dir, monkeypatch):
     from agent_runtime.llm.transformers_backend import TransformersBackend
-    from distill.opcd.prefix_kv import kv_bytes_per_token
+    from modelkit.prefix_kv import kv_bytes_per_token
 
     bound_mb = 0.2  # two rows of these prompts
     tree = _backend(tiny_model_dir, tree=True, min_shared_prefix=4, choice_batch_mb=bound_mb)

@@ -266,7 +266,7 @@ def test_the_store_stays_within_its_memory_budget(tiny_model_dir):
 
 
 def test_the_preallocated_cache_layer_grows_past_its_planned_room():
-    from distill.opcd.prefix_kv import preallocated_layer_class
+    from modelkit.prefix_kv import preallocated_layer_class
 
     layer = preallocated_layer_class()(capacity=3)
     keys = [torch.randn(2, 1, n, 4) for n in (2, 1, 3, 1)]  # a prefill, then more than the 3 planned

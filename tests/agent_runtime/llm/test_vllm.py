@@ -34,8 +34,8 @@ from agent_runtime.config import ModelConfig
 from agent_runtime.llm import SamplingParams, make_backend
 from agent_runtime.llm.base import BackendError
 from agent_runtime.llm.vllm_backend import CPU_KV_CACHE_BYTES
-from distill.chat_tokens import encode_chat
 from environments.registry import trusting_code
+from modelkit.chat_tokens import encode_chat
 from tests import ROOT
 
 ALIAS = "smollm2-135m-instruct"

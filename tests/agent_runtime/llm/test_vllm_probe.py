@@ -24,7 +24,7 @@ from agent_runtime.phases.probe import (
     measure,
 )
 from agent_runtime.testing import StaleAdapterBackend
-from distill.fingerprint import fingerprint_files
+from modelkit.fingerprint import fingerprint_files
 
 ALIAS = "smollm2-135m-instruct"
 GAME = "You play a text adventure game. Reply with exactly one of the admissible actions."

@@ -31,7 +31,7 @@ from agent_runtime.phases.probe import (
     measure,
 )
 from agent_runtime.testing import StaleAdapterBackend
-from distill.fingerprint import fingerprint_files, fingerprint_state
+from modelkit.fingerprint import fingerprint_files, fingerprint_state
 
 GAME = "You play a text adventure game. Reply with exactly one of the admissible actions."
 ACTIONS = ["go north", "take coin", "look", "inventory"]
@@ -303,7 +303,7 @@ def test_the_reference_tells_a_profile_the_work_its_own_model_did(tiny_model_dir
     assert row.decisions >= 2 * len(DECISIONS) + 2 * len(reference.prompts)
     from transformers import AutoTokenizer
 
-    from distill.chat_tokens import encode_chat
+    from modelkit.chat_tokens import encode_chat
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = [len(encode_chat(tokenizer, chat).ids) for chat, _ in DECISIONS]

@@ -21,8 +21,8 @@ from agent_runtime.phases.probe import StaleAdapterError, ensure_reference
 from agent_runtime.run.loop import AgentLoop
 from agent_runtime.state import Run
 from agent_runtime.testing import StaleAdapterBackend
-from distill.fingerprint import fingerprint_files
 from memory import ExperienceStore
+from modelkit.fingerprint import fingerprint_files
 
 LOOP_WHERE = "the loop's transformers backend"
 

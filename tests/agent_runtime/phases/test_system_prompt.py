@@ -164,7 +164,7 @@ def _taught_model(directory) -> None:
 
 
 def _p_take_coin(model, tok, chat) -> float:
-    from distill.chat_tokens import encode_chat
+    from modelkit.chat_tokens import encode_chat
 
     prompt = encode_chat(tok, chat).ids
     answer = tok("take coin", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]

@@ -20,7 +20,6 @@ from agent_runtime.episode.prompt import PromptBuilder
 from agent_runtime.episode.runner import Draw
 from agent_runtime.phases.extract import LessonContexts
 from agent_runtime.run.loop import AgentLoop
-from distill.chat_tokens import encode_chat
 from distill.lessons import live_lessons, render_lessons, screen_item
 from distill.lessons.render import render_current
 from distill.lessons.safety import prompt_lessons, replace_lone_surrogates, stored_lesson_problem
@@ -28,6 +27,7 @@ from distill.lessons.versions import create_version
 from environments.base import EnvSpec, TextEnv
 from memory import ExperienceStore
 from memory.errors import ImportFormatError
+from modelkit.chat_tokens import encode_chat
 
 GOOD = "Take the coin before going east."
 INJECTED = (

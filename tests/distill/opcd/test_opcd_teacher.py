@@ -95,8 +95,8 @@ def test_a_teacher_with_another_tokenizer_is_refused_before_any_weights_load(tmp
 def _taught_teacher(directory: Path) -> Path:
     """A larger tiny model (96 wide, 3 layers, its own weights) fine-tuned to answer "take coin" when the system
     message carries the lesson: the in-context behaviour a smaller student is to learn without it."""
-    from distill.chat_tokens import encode_chat
     from distill.opcd import with_context
+    from modelkit.chat_tokens import encode_chat
 
     model, tok = tiny_model_and_tokenizer("llama", hidden_size=96, layers=3, seed=1)
     answer = tok("take coin", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]

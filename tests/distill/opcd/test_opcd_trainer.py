@@ -18,9 +18,9 @@ import torch
 from agent_runtime.testing import tiny_model_and_tokenizer
 from distill.opcd.adapters import load_adapter
 from distill.opcd.config import OPCDConfig
-from distill.opcd.prefix_kv import FrozenPrefixes, run_prefix, shared_prefix_length
 from distill.opcd.scoring import response_hidden
 from distill.opcd.trainer import DivergenceError, OPCDTrainer, with_context
+from modelkit.prefix_kv import FrozenPrefixes, run_prefix, shared_prefix_length
 
 LESSON = "Lessons from your past experience: always take coin."
 MOVES = ["go north", "go south", "go east", "go west", "look", "inventory", "open door"]
@@ -224,7 +224,7 @@ def test_the_teachers_shared_prefix_runs_once_per_cycle_and_scores_as_the_rows_r
     """The teacher is frozen for the trainer's life: the prefix its rows share (system prompt, lesson) is run once,
     and reused after the student trained (the student moved, the teacher did not), with the hidden states of the
     rows run whole."""
-    from distill.opcd import prefix_kv
+    from modelkit import prefix_kv
 
     model, tok = taught
     trainer = OPCDTrainer(copy.deepcopy(model), tok, _config(steps=2))
@@ -311,7 +311,7 @@ def test_sampling_copy_tracks_the_merged_student(taught, sampler):
 def test_auto_sampler_samples_in_bf16_only_where_the_device_computes_it_natively(taught, monkeypatch):
     """`sampler: auto` (the default): bf16 where the device has native bf16 kernels, fp32 elsewhere (an AVX2 CPU
     emulates bf16, several times slower); the named choices are kept as named."""
-    from distill.opcd import sampler as sampler_module
+    from modelkit import sampler as sampler_module
 
     model, tok = taught
     assert OPCDConfig().sampler == "auto"

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from distill.chat_tokens import Chat, encode_chat, encode_text
+from modelkit.chat_tokens import Chat, encode_chat, encode_text
 
 
 def lm_parts(causal_lm) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -201,7 +201,7 @@ def choice_logprobs(decoder, head, packed: PackedChoices, *, past=None, extend: 
 
     `decoder` returns final hidden states (a causal LM's `.model`), `head` is its output layer; gradients flow
     when enabled. With `past`, the cache is extended by this call (its rows then hold prompt and action columns);
-    `extend=False`: a cache that is only read (`distill.opcd.prefix_kv.read_only_prefix`).
+    `extend=False`: a cache that is only read (`modelkit.prefix_kv.read_only_prefix`).
 
     The head runs once per predicting column (a row's last prompt column and each action column), not once per
     action token: actions that share a prefix share its next-token distributions, and the head over a large

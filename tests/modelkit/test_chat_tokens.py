@@ -1,4 +1,4 @@
-"""A chat becomes token ids in one place (`distill.chat_tokens`): ordinary content gives exactly the ids of the
+"""A chat becomes token ids in one place (`modelkit.chat_tokens`): ordinary content gives exactly the ids of the
 plain render-then-tokenise round trip (the prefix cache and stored prompts rely on them), and special-token text
 inside content (an observation forging a system turn, a lesson, a reply, an action) never becomes a control
 token. Checked on the tiny test tokenizer and on SmolLM2's when its checkpoint is available."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.chat_tokens import defuse_special_text, encode_chat, encode_text, render_chat
+from modelkit.chat_tokens import defuse_special_text, encode_chat, encode_text, render_chat
 
 SYSTEM = {"role": "system", "content": "You are playing a text game. Reply with one command."}
 ORDINARY = [

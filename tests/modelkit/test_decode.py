@@ -9,8 +9,8 @@ import torch
 from transformers import LogitsProcessorList
 
 from agent_runtime.testing import tiny_model_and_tokenizer
-from distill.opcd.decode import lean_decoding_supported, lean_generate
-from distill.opcd.sampler import InverseCDFSampler, left_padded, sample_responses
+from modelkit.decode import lean_decoding_supported, lean_generate
+from modelkit.sampler import InverseCDFSampler, left_padded, sample_responses
 
 
 def _model(arch: str, dtype: torch.dtype):

@@ -11,8 +11,8 @@ import functools
 import pytest
 import torch
 
-from distill.chat_tokens import encode_chat, encode_text
-from distill.opcd.choice import (
+from modelkit.chat_tokens import encode_chat, encode_text
+from modelkit.choice import (
     action_nodes,
     action_token_ids,
     choice_logprobs,

@@ -1,4 +1,4 @@
-"""One copy of the weights (`distill.opcd.weights`): a cycle trains its LoRA student on a view of the acting
+"""One copy of the weights (`modelkit.weights`): a cycle trains its LoRA student on a view of the acting
 model's base weights instead of loading them again, and ends with the same adapter."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from distill.opcd import OPCDConfig, TrainJob, run_job
-from distill.opcd.weights import base_view, release_memory
+from modelkit.weights import base_view, release_memory
 
 LESSON = "Lessons from your past experience: always take coin."
 
@@ -118,7 +118,7 @@ def test_bound_heap_returns_large_freed_tensors_to_the_system():
     probe = (
         "import os, torch\n"
         "from agent_runtime.state.profile import memory_mb\n"
-        "from distill.opcd.weights import bound_heap\n"
+        "from modelkit.weights import bound_heap\n"
         "os.environ['AGENT_RUNTIME_MALLOC'] = 'default'\n"
         "assert bound_heap() is False\n"
         "del os.environ['AGENT_RUNTIME_MALLOC']\n"

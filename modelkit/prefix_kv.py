@@ -36,6 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+# the shortest prompt prefix shared by a batch's rows worth a separate pass: the trainer's and the acting backend's
+MIN_SHARED_PREFIX = 32
+
 
 @dataclass
 class CachedSequence:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from distill.opcd.decode import lean_decoding_supported, lean_generate
+from modelkit.decode import lean_decoding_supported, lean_generate
 
 
 class MergedSampler:
@@ -249,7 +249,7 @@ def sample_responses(
     lean: bool = True,
 ) -> list[list[int]]:
     """One sample per prompt (token ids) at `temperature`, cut after the first EOS. `lean`: decode with
-    `distill.opcd.decode.lean_generate` where the model is one it mirrors (the same tokens, less work per token),
+    `modelkit.decode.lean_generate` where the model is one it mirrors (the same tokens, less work per token),
     else with `generate`."""
     ids, mask = left_padded(prompts, pad_id)
     width = ids.shape[1]

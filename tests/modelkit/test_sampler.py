@@ -8,9 +8,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from agent_runtime.testing import tiny_model_and_tokenizer
-from distill.opcd import sampler as sampler_module
 from distill.opcd.losses import chunked_topk_divergence
-from distill.opcd.sampler import InverseCDFSampler, folded_head, pack_linears, packs_bf16_linears, sample_responses
+from modelkit import sampler as sampler_module
+from modelkit.sampler import InverseCDFSampler, folded_head, pack_linears, packs_bf16_linears, sample_responses
 
 
 class _Largest(TorchDispatchMode):
@@ -154,7 +154,7 @@ def test_the_merged_copy_holds_each_base_weight_plus_its_lora_delta_and_leaves_t
     adapter wraps, and the student's base and adapter weights are what they were before and after."""
     from peft import LoraConfig, get_peft_model
 
-    from distill.opcd.sampler import MergedSampler
+    from modelkit.sampler import MergedSampler
 
     model, _ = _model()
     copy_ = MergedSampler(model, dtype)  # built before the adapter is attached, as the trainer builds it

@@ -12,7 +12,7 @@ sampler's packed weights serve both paths), rotary as `x * cos + x.roll(half) * 
 additive mask built once per step where it passes a boolean one that SDPA converts in every layer), and the
 token drawn straight from the sampler (`InverseCDFSampler.sample`), not found again by an argmax over its one-hot
 scores. On SmolLM2 the logits are bit-identical to `generate`'s and a seeded draw gives the same tokens
-(tests/distill/opcd/test_opcd_decode.py); the time per token falls with the bookkeeping left out (timings in
+(tests/modelkit/test_decode.py); the time per token falls with the bookkeeping left out (timings in
 bench/RESULTS.md, "Packed weights, a lean decode loop").
 
 Only the architectures whose layer it mirrors (`lean_decoding_supported`: Llama and Qwen2 with full attention,
