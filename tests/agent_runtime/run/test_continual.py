@@ -14,8 +14,8 @@ from agent_runtime.config import ConfigError, config_from_dict
 from agent_runtime.episode.runner import Draw
 from agent_runtime.evaluation.continual import Matrix, load_matrix
 from agent_runtime.phases.cycle import Cycle
-from agent_runtime.phases.decisions import Decision
 from agent_runtime.phases.extract import LessonContexts
+from agent_runtime.phases.turn_prompts import Decision
 from agent_runtime.run.loop import AgentLoop
 from distill.lessons import live_lessons
 from distill.lessons.scope import GLOBAL, ScopeError, in_scope, normalize_scope, trial_gains
@@ -280,7 +280,7 @@ def test_a_cycle_takes_the_recent_episodes_of_each_environment_the_run_is_playin
     """Two environments played side by side: each gives the cycle its own newest `recent_episodes`, as it would
     alone (not a share of one window); an environment not among the newest episodes is only rehearsed."""
     from agent_runtime.llm.scripted import ScriptedBackend
-    from agent_runtime.phases.decisions import active_envs, episode_prefixes, recent_decisions
+    from agent_runtime.phases.turn_prompts import active_envs, episode_prefixes, recent_decisions
     from agent_runtime.state import Run
 
     config = config_from_dict(_config(runtime={"episodes": 12}, opcd={"recent_episodes": 4}))
