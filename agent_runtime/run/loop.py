@@ -53,13 +53,8 @@ from agent_runtime.evaluation.rounds import RoundClock, round_fields, round_line
 from agent_runtime.llm import LOCAL_WEIGHTS, PolicyBackend, check_capabilities, make_backend
 from agent_runtime.llm.base import BackendStats, activate
 from agent_runtime.phases.consolidate import roll_back_interrupted
-from agent_runtime.phases.extract import (
-    LessonContexts,
-    add_seed_lessons,
-    gate_user_lessons,
-    learnable_recent,
-    user_lessons_gated,
-)
+from agent_runtime.phases.extract import add_seed_lessons, gate_user_lessons, learnable_recent, user_lessons_gated
+from agent_runtime.phases.lesson_contexts import LessonContexts
 from agent_runtime.phases.probe import check_backend, stored_reference, tolerance_for
 from agent_runtime.phases.promotion import decision_sights
 from agent_runtime.run.names import continues_existing

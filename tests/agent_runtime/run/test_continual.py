@@ -14,7 +14,7 @@ from agent_runtime.config import ConfigError, config_from_dict
 from agent_runtime.episode.runner import Draw
 from agent_runtime.evaluation.continual import Matrix, load_matrix
 from agent_runtime.phases.cycle import Cycle
-from agent_runtime.phases.extract import LessonContexts
+from agent_runtime.phases.lesson_contexts import LessonContexts
 from agent_runtime.phases.turn_prompts import Decision
 from agent_runtime.run.loop import AgentLoop
 from distill.lessons import live_lessons
