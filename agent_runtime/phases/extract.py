@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from agent_runtime.config import RunConfig
 from agent_runtime.llm.base import PolicyBackend, SamplingParams, TokenizerBackend
-from agent_runtime.phases.trials import GameTrials, gate_candidate
+from agent_runtime.phases.lesson_trials import GameTrials, gate_candidate
 from agent_runtime.state import Run
 from agent_runtime.state.cursor import CursorMove
 from agent_runtime.state.run import config_token_counter
