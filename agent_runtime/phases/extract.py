@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from agent_runtime.config import RunConfig
 from agent_runtime.llm.base import PolicyBackend, SamplingParams, TokenizerBackend
-from agent_runtime.phases.lesson_trials import GameTrials, gate_candidate
+from agent_runtime.phases.lesson_trials import GameTrials, play_gate
 from agent_runtime.state import Run
 from agent_runtime.state.cursor import CursorMove
 from agent_runtime.state.run import config_token_counter
@@ -219,7 +219,7 @@ def _extract(run: Run, backend: PolicyBackend, episode_ids: list[int]) -> Extrac
     pending = pending_user_candidate(store, run_id)
     user_gate = None
     if gated and pending is not None:  # a person's lessons, added while the gate was on, are gated first
-        user_gate = gate_candidate(run, backend, curator, pending.version).reason
+        user_gate = play_gate(run, backend, curator, pending.version).reason
     held = run.held
     held.check([store.episode(i) for i in episode_ids], "EXTRACT")
     report = ExtractReport(len(episode_ids), 0, 0, 0, None, None, 0, user_gate)
@@ -242,7 +242,7 @@ def _extract(run: Run, backend: PolicyBackend, episode_ids: list[int]) -> Extrac
         report.contrastive = result.contrastive_extractions
         report.version = version.version if version else None
         if gated and version is not None:
-            report.gate = gate_candidate(run, backend, curator, version.version).reason
+            report.gate = play_gate(run, backend, curator, version.version).reason
     if settings.method in ("evidence", "both"):
         report.trial_split, report.gate_split = settings.trial_split, settings.gate_split
         report.induced, version = _induce(run, backend, curator, episode_ids, held.usable)
@@ -295,4 +295,4 @@ def gate_user_lessons(run: Run, backend: PolicyBackend) -> str | None:
     curator = LessonCurator.from_settings(
         store, run_id, config.lessons, count_tokens=text_token_counter(backend), utilities=load_utilities(store, run_id)
     )
-    return gate_candidate(run, backend, curator, pending_user_candidate(store, run_id).version).reason
+    return play_gate(run, backend, curator, pending_user_candidate(store, run_id).version).reason

@@ -1,37 +1,20 @@
-"""Lesson trials per environment: the gate's games played with a set of lessons, and the gate's decision in each
-environment a candidate lesson set would change.
+"""The lesson gate's runtime side: the games a lesson set's trials play, and the gate run on them.
 
-A lesson is evidence about the environment it came from (`distill.lessons.scope`), so a candidate is judged where
-it would act: in each environment whose prompt it changes, on that environment's gate games (`lessons.gate_episodes`
-of `lessons.gate_split`, fixed seeds), paired against the live set. What it decides, per new lesson:
-- proposed for named environments (an induced or extracted lesson: its own; a person's with `lessons add --env`):
-  live in each where the gate's rule lets it (success not lower by more than `lessons.gate_margin`);
-- proposed for every environment (a person's lesson without `--env`), in a run of several: live only where its
-  trial raised success, never where it lowered it or changed nothing. In a run of one environment the gate's own
-  rule decides, as before scopes. Several such lessons arriving together (a `lessons.seed` list, two `lessons add`
-  before the gate) are each also tried alone on top of the live set, and each goes live where its own trial raised
-  success: the set's trial cannot say which of them did. Where that lets several into one environment, they are
-  played there together too, and stay together only if the combination also raises success and does at least as
-  well as the best of them alone; otherwise only that best one goes live there (`_together`).
-A lesson is narrowed to the environments that let it in (its scope rewritten, with each environment's decision in
-its metadata, `scope_trials`); one that none let in leaves the candidate. Each environment's decision is stored as a
-gate row of its own (`store_gate_decision`, `env_id` set).
-
-`GameTrials` plays each environment once per distinct set of its in-scope lessons: evaluation is greedy with fixed
-seeds, so a set already played is not played again (the trials of induced lessons ask for the same sets often), and
-a lesson scoped to one environment costs no games in the others.
+Every rule of which lessons go live, and where, is `distill.lessons`' (`golive` for a candidate set, per environment;
+`selection` for induced lessons); this module plays the games those rules are given. `GameTrials` plays each
+environment once per distinct set of its in-scope lessons: evaluation is greedy with fixed seeds, so a set already
+played is not played again (the trials of induced lessons ask for the same sets often), and a lesson scoped to one
+environment costs no games in the others. `play_gate` hands the gate's games (`lessons.gate_split`) to
+`distill.lessons.golive.gate_candidate`, which decides and stores the decision.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-
 from agent_runtime.llm.base import PolicyBackend
 from agent_runtime.state import Run
-from distill.lessons import LessonCurator, decide_gate, live_lessons, store_gate_decision
-from distill.lessons.gate import GateDecision
-from distill.lessons.scope import ScopedLesson, for_env, in_scope, is_global, scoped_lessons
-from distill.lessons.versions import create_version
+from distill.lessons import LessonCurator
+from distill.lessons.golive import GateOutcome, gate_candidate
+from distill.lessons.scope import ScopedLesson, for_env
 
 Lessons = list[str | ScopedLesson]
 
@@ -71,158 +54,12 @@ class GameTrials:
         return out
 
 
-@dataclass
-class GateOutcome:
-    reason: str
-    decisions: dict[str, GateDecision] = field(default_factory=dict)  # per environment the candidate changes
-    narrowed: dict[int, list[str]] = field(default_factory=dict)  # lesson id -> the environments it went live in
-    dropped: list[int] = field(default_factory=list)  # lessons no environment let in
-
-
-def gate_candidate(run: Run, backend: PolicyBackend, curator: LessonCurator, candidate_version: int) -> GateOutcome:
-    """Play the gate for candidate `candidate_version` against the live set in every environment it changes, then
-    promote it (narrowed to where its lessons earned their place) or reject it; see the module docstring."""
-    store, run_id, settings = run.store, run.id, run.config.lessons
-    live, current = live_lessons(store, run_id, pool=0)
-    candidate_set = next(s for s in store.lesson_sets(run_id) if s.version == candidate_version)
-    members = store.lessons(run_id, ids=candidate_set.lesson_ids)
-    candidate = [x for x in members if x.pool == 0]
+def play_gate(run: Run, backend: PolicyBackend, curator: LessonCurator, candidate_version: int) -> GateOutcome:
+    """Gate candidate `candidate_version` on the run's environments, its games played here (`GameTrials` on
+    `lessons.gate_split`): `distill.lessons.golive.gate_candidate` decides where its lessons go live and stores it."""
     families = run.families
-    envs = [e.id for e in run.config.envs]
+    envs = {e.id: families.get(e.id) for e in run.config.envs}
     trials = GameTrials(run, backend)
-    before, after = scoped_lessons(current), scoped_lessons(candidate)
-    changed = [e for e in envs if for_env(before, e, families.get(e)) != for_env(after, e, families.get(e))]
-    outcome = GateOutcome("")
-    if not changed:  # the candidate shows no environment anything new (e.g. it only drops lessons)
-        curator.promote(candidate_version, note="changes no environment's lessons")
-        outcome.reason = "promoted: the candidate changes no environment's lessons"
-        return outcome
-    start, trial = trials(before, changed), trials(after, changed)
-    for env_id in changed:
-        outcome.decisions[env_id] = _decide_in(env_id, start, trial, settings.gate_margin)
-    known = {x.id for x in current}
-    new = [x for x in members if x.id not in known]
-    alone = _alone(trials, start, current, [x for x in candidate if x.id not in known], changed, len(envs), settings)
-    own: dict[int, dict[str, GateDecision]] = {}  # lesson id -> the decisions that placed it (its own, or the set's)
-    placed: dict[int, list[str]] = {}  # lesson id -> the environments it goes live in
-    proposed: dict[int, list[str]] = {}
-    for lesson in new:
-        proposed[lesson.id] = [e for e in envs if in_scope(lesson.scope, e, families.get(e))]
-        everywhere = is_global(lesson.scope) and len(envs) > 1
-        decisions = own[lesson.id] = alone.get(lesson.text, outcome.decisions)
-        placed[lesson.id] = [e for e in proposed[lesson.id] if e not in decisions or _lets_in(decisions[e], everywhere)]
-    together = _together(trials, start, current, [x for x in new if x.text in alone], alone, placed, settings)
-    for lesson in new:
-        kept = placed[lesson.id]
-        if not kept:
-            outcome.dropped.append(lesson.id)
-        elif kept != proposed[lesson.id] or (is_global(lesson.scope) and len(envs) > 1):
-            outcome.narrowed[lesson.id] = kept
-    outcome.decisions = {e: _happened(e, d, new, proposed, placed, own) for e, d in outcome.decisions.items()}
-    for env_id in outcome.decisions:  # each row says what happened there, not only the gate's margin rule
-        store_gate_decision(
-            store,
-            outcome.decisions[env_id],
-            run_id=run_id,
-            env_id=env_id,
-            current_version=live.version if live else None,
-            candidate_version=candidate_version,
-        )
-    shown = "; ".join(f"{e}: {d.reason}" for e, d in outcome.decisions.items())
-    if len(outcome.dropped) == len(new):
-        curator.reject(candidate_version, note=shown)
-        outcome.reason = f"kept out of every environment it would enter: {shown}"
-        return outcome
-    for lesson_id, kept in outcome.narrowed.items():
-        trials_meta = {e: _stored(d) for e, d in own[lesson_id].items()}
-        for env_id, (decision, others) in together.get(lesson_id, {}).items():
-            trials_meta[env_id] = trials_meta[env_id] | {"together": _stored(decision) | {"with": others}}
-        store.set_lesson_scope([lesson_id], kept, trials_meta)
-    if outcome.dropped:  # a live version of what the trials let in (the candidate is then no longer pending)
-        kept_ids = [i for i in candidate_set.lesson_ids if i not in set(outcome.dropped)]
-        create_version(store, run_id, kept_ids, note=f"promoted candidate v{candidate_version} in part: {shown}")
-    else:
-        curator.promote(candidate_version, note=shown)
-    narrowed = f"; {len(outcome.narrowed)} narrowed to the environments that let them in" if outcome.narrowed else ""
-    dropped = f"; {len(outcome.dropped)} let in nowhere" if outcome.dropped else ""
-    outcome.reason = f"promoted{narrowed}{dropped}: {shown}"
-    return outcome
-
-
-def _alone(trials: GameTrials, start: dict, current: list, new: list, changed: list[str], n_envs: int, settings):
-    """{text: {env id: decision}} for each new lesson proposed for every environment, tried alone on top of the live
-    set, when several such lessons arrive together (`lessons add` twice before the gate, a `lessons.seed` list): the
-    set's trial cannot say which of them raised success where, and each goes live only where its own trial did."""
-    everywhere = [x for x in new if is_global(x.scope)] if n_envs > 1 else []
-    if len(everywhere) < 2:
-        return {}
-    out: dict[str, dict[str, GateDecision]] = {}
-    for lesson in everywhere:
-        trial = trials(scoped_lessons([*current, lesson]), changed)
-        out[lesson.text] = {env_id: _decide_in(env_id, start, trial, settings.gate_margin) for env_id in changed}
-    return out
-
-
-def _together(
-    trials: GameTrials, start: dict, current: list, tried_alone: list, alone: dict, placed: dict, settings
-) -> dict[int, dict[str, tuple[GateDecision, list[int]]]]:
-    """Where the lessons' own trials let several of them into one environment, the combination is played there too
-    (the lessons that each raise success alone can lower it together: contradictory advice). The combination stays
-    when it raises success over the live set and does at least as well as the best of them alone; otherwise only
-    the best one alone goes live there (the largest own gain; the first proposed on a tie), and the others are kept
-    out of that environment. Returns, per lesson of a combination, {env id: (the combination's decision, the other
-    lessons' ids)}, and narrows `placed` in place."""
-    out: dict[int, dict[str, tuple[GateDecision, list[int]]]] = {}
-    for env_id in dict.fromkeys(e for x in tried_alone for e in placed[x.id]):
-        let_in = [x for x in tried_alone if env_id in placed[x.id] and env_id in alone[x.text]]
-        if len(let_in) < 2:
-            continue
-        combined = trials(scoped_lessons([*current, *let_in]), [env_id])
-        decision = _decide_in(env_id, start, combined, settings.gate_margin)
-        best = max(let_in, key=lambda x: alone[x.text][env_id].candidate_rate)
-        if not (_lets_in(decision, True) and decision.candidate_rate >= alone[best.text][env_id].candidate_rate):
-            for lesson in let_in:
-                if lesson is not best:
-                    placed[lesson.id].remove(env_id)
-        for lesson in let_in:
-            out.setdefault(lesson.id, {})[env_id] = (decision, [x.id for x in let_in if x is not lesson])
-    return out
-
-
-def _stored(decision: GateDecision) -> dict:
-    """A decision as a lesson's metadata keeps it: without the games' keys, with their number."""
-    return decision.to_dict() | {"keys": len(decision.keys)}
-
-
-def _decide_in(env_id: str, start: dict, trial: dict, margin: float) -> GateDecision:
-    """The gate's decision in one environment: its games of `start` and `trial` paired."""
-    return decide_gate(
-        {k: v for k, v in start.items() if k[0] == env_id},
-        {k: v for k, v in trial.items() if k[0] == env_id},
-        margin=margin,
+    return gate_candidate(
+        run.store, run.id, curator, candidate_version, envs, trials, margin=run.config.lessons.gate_margin
     )
-
-
-def _happened(env_id: str, decision: GateDecision, new: list, proposed: dict, placed: dict, own: dict) -> GateDecision:
-    """The set's decision in one environment, saying what happened there: the gate's own verdict when every new
-    lesson proposed there went live; otherwise that they were kept out and why (a person's lesson proposed for every
-    environment must raise success to enter one, so "promoted" by the gate's margin may still keep it out)."""
-    entering = [x.id for x in new if env_id in proposed[x.id]]
-    out = [i for i in entering if env_id not in placed[i]]
-    if not out:
-        return decision
-    why = own[out[0]].get(env_id, decision)
-    if not why.promote:
-        cause = f"success fell by more than the margin {why.margin:.3f} ({why.summary})"
-    elif why.delta <= 0:
-        cause = f"it did not raise success ({why.summary})"
-    else:
-        cause = f"it raised success alone ({why.summary}), but not together with the others let in here"
-    who = "" if len(out) == len(entering) else f"lessons {out} "
-    return replace(decision, promote=len(out) < len(entering), reason=f"{who}kept out: {cause}")
-
-
-def _lets_in(decision: GateDecision, everywhere: bool) -> bool:
-    """An environment lets a lesson in when the gate promotes there and, for a lesson proposed everywhere, its trial
-    raised success."""
-    return decision.promote and (decision.delta > 0 or not everywhere)
