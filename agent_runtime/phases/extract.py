@@ -1,20 +1,21 @@
 """The EXTRACT phase as the loop runs it: wiring the extractor and curator to the run, and the gate.
 
-The lesson logic itself (prompts, parsing, safety, curation, versions, the gate's rule, which induced lessons go live) lives in
-`distill.lessons`; this module supplies what only the runtime has: a policy to write the extractions (the
-acting model itself by default, or a configured LangChain chat model), the model's tokenizer for the
-budget, and evaluation episodes for the gate. With `gate_episodes > 0`, a new lesson set is first a
-*candidate*: the current live set and the candidate play the same `lessons.gate_split` tasks with the same seeds
-(never the held-out ones the tables report), and the candidate goes live only if it does not lower success by
-more than `gate_margin`; either way the decision is stored with its numbers.
+The lesson logic itself (prompts, parsing, safety, curation, versions, the gate's rule, where a candidate's lessons
+go live, which induced lessons go live) lives in `distill.lessons`; this module supplies what only the runtime has: a
+policy to write the extractions (the acting model itself by default, or a configured LangChain chat model), the
+model's tokenizer for the budget, and the games the gate plays (`lesson_trials`). With `gate_episodes > 0`
+(`lessons.gated`), a new lesson set is first a *candidate*: the current live set and the candidate play the same
+`lessons.gate_split` tasks with the same seeds (never the held-out ones the tables report), and the candidate goes
+live only if it does not lower success by more than `gate_margin`; either way the decision is stored with its
+numbers.
 
-Lessons a person writes (`agent-runtime lessons add`, `lessons.seed` of a new run) enter through
-`add_lessons`, the one function both the CLI and the loop call (the logic is `distill.lessons.user`). With
-the gate on (`lessons.enabled` and `gate_episodes > 0`) their version is a candidate, which the loop gates before it
-next plays (`gate_user_lessons`; an EXTRACT phase that finds one still pending gates it first) -- the gate needs
-the policy and the environments, which the CLI does not load; with the gate off it is live at once. Outside
-the loop the budget is counted with the run model's tokenizer alone (`config_token_counter`), so the CLI never
-loads weights.
+Lessons a person writes (`agent-runtime lessons add`, `lessons.seed` of a new run) enter through `add_lessons`, the
+one function both the CLI and the loop call (the logic is `distill.lessons.user`). With the gate on
+(`lessons.user_lessons_gated`: `enabled` and `gate_episodes > 0`) their version is a candidate, which the loop gates
+before it next plays (`gate_user_lessons`; an EXTRACT phase that finds one still pending gates it first) -- the gate
+needs the policy and the environments, which the CLI does not load; with the gate off it is live at once. Outside the
+loop the budget is counted with the run model's tokenizer alone (`config_token_counter`), so the CLI never loads
+weights.
 """
 
 from __future__ import annotations
@@ -63,11 +64,6 @@ def text_token_counter(backend: PolicyBackend):
     return lambda text: len(encode_text(tokenizer, text))
 
 
-def user_lessons_gated(config: RunConfig) -> bool:
-    """Whether a person's lessons wait for the gate (a candidate) rather than go live at once."""
-    return config.lessons.enabled and config.lessons.gate_episodes > 0
-
-
 def add_lessons(
     config: RunConfig,
     store: ExperienceStore,
@@ -80,7 +76,7 @@ def add_lessons(
     scope: Sequence[str] = GLOBAL,
 ) -> UserAddResult:
     """Add lessons a person wrote to every pool of the run (`distill.lessons.add_user_lessons`): a candidate
-    for the gate the loop runs before it next plays when `user_lessons_gated(config)`, else live. The budget
+    for the gate the loop runs before it next plays when `config.lessons.user_lessons_gated`, else live. The budget
     is counted with `backend`'s tokenizer, or the configured model's when no backend is loaded."""
     count_tokens = text_token_counter(backend) if backend is not None else config_token_counter(config.model)
     return add_user_lessons(
@@ -90,7 +86,7 @@ def add_lessons(
         config.lessons,
         count_tokens=count_tokens,
         embedder=embedder,
-        candidate=user_lessons_gated(config),
+        candidate=config.lessons.user_lessons_gated,
         note=note,
         scope=scope,
     )
@@ -215,7 +211,7 @@ def _extract(run: Run, backend: PolicyBackend, episode_ids: list[int]) -> Extrac
     curator = LessonCurator.from_settings(
         store, run_id, settings, count_tokens=count_tokens, utilities=load_utilities(store, run_id)
     )
-    gated = settings.gate_episodes > 0
+    gated = settings.gated
     pending = pending_user_candidate(store, run_id)
     user_gate = None
     if gated and pending is not None:  # a person's lessons, added while the gate was on, are gated first
@@ -270,7 +266,7 @@ def _induce(
     )
     evidence = read + [e for e in older if usable(e)]
     search = GameTrials(run, backend, split=settings.trial_split)
-    confirm = GameTrials(run, backend) if settings.gate_split != settings.trial_split else None
+    confirm = GameTrials(run, backend) if settings.confirms_on_gate_split else None
     return induce_and_select(store, run_id, curator, evidence, settings, search, confirm)
 
 
@@ -290,7 +286,7 @@ def gate_user_lessons(run: Run, backend: PolicyBackend) -> str | None:
     """Gate a person's pending lessons now (the loop calls this before it plays, so that `lessons.seed` and
     `lessons add` go live as soon as the gate lets them); the gate's reason, or None when nothing waited."""
     config, store, run_id = run.config, run.store, run.id
-    if not user_lessons_gated(config) or pending_user_candidate(store, run_id) is None:
+    if not config.lessons.user_lessons_gated or pending_user_candidate(store, run_id) is None:
         return None
     curator = LessonCurator.from_settings(
         store, run_id, config.lessons, count_tokens=text_token_counter(backend), utilities=load_utilities(store, run_id)
