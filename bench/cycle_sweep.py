@@ -118,7 +118,7 @@ def heldout_decisions(study: Study) -> list:
     study's evaluation of the "given" arm, its tasks and seeds), each prompt rebuilt without the lesson."""
     from agent_runtime.episode.build import build_envs, build_prompt_builders
     from agent_runtime.evaluation import evaluate
-    from agent_runtime.phases.decisions import turn_prefixes
+    from agent_runtime.phases.turn_prompts import turn_prefixes
 
     config = study_config()
     backend = study.acting_with(None)

@@ -212,7 +212,7 @@ class Study:
         from agent_runtime.checkpoints import resolve_model
         from agent_runtime.config import EnvEntry
         from agent_runtime.phases.consolidate import anchor_decisions
-        from agent_runtime.phases.decisions import episode_prefixes
+        from agent_runtime.phases.turn_prompts import episode_prefixes
         from agent_runtime.state import Run
         from distill.lessons.curate import render_lessons
         from distill.opcd import TrainJob, run_job

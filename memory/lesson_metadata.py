@@ -20,7 +20,7 @@ The keys (who writes them):
   z and episode ids (`distill.lessons.induce.Finding.evidence`), and the gate's decision on its trial
   (`distill.lessons.gate.GateDecision.to_dict`, without its keys).
 - `proposed_scope` and `scope_trials` (a lesson narrowed to the environments whose trial let it in:
-  `agent_runtime.phases.trials`): the scope it was proposed with, and per environment the gate's decision with
+  `distill.lessons.golive`): the scope it was proposed with, and per environment the gate's decision with
   the number of its games (`keys`); where its own trial let it in beside others tried alone, the combination's
   decision there as `together`, with the other lessons' ids (`with`).
 Ids are integers from 1 to 2**31 - 1 (the store's ids), counts integers from 0, rates numbers in [0, 1], a

@@ -323,7 +323,7 @@ class RetrievalMixin:
         ids: Iterable[int] | None = None,
     ) -> list[SearchHit]:
         """The k stored lessons most similar to `query`, best first (among `ids` when given: the lessons an
-        episode may see, `agent_runtime.phases.extract.LessonContexts`)."""
+        episode may see, `agent_runtime.phases.lesson_contexts.LessonContexts`)."""
         conditions = []
         if run_id is not None:
             conditions.append(Lesson.run_id == run_id)

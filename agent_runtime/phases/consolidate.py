@@ -1,10 +1,10 @@
 """One OPCD cycle as the loop runs it: CONSOLIDATE -> EVALUATE -> PROMOTE | ROLLBACK (`run_cycle`, in numbered steps).
 
-1. CONSOLIDATE: the prompts are the run's recent decisions rebuilt without lessons (`agent_runtime.phases.decisions`), a
-   tenth held out; the context is the live lesson set (or one system prompt, `opcd.context`). The trainer
-   (`distill.opcd.run_job`) fits a LoRA adapter on top of the run's adapter so that the student without the
-   context matches the teacher with it (the choice policy in choice mode); curves go into the cycle row as it
-   trains. A diverging loss is a ROLLBACK.
+1. CONSOLIDATE: the prompts are the run's recent decisions rebuilt without lessons
+   (`agent_runtime.phases.turn_prompts`), a tenth held out; the context is the live lesson set (or one system prompt,
+   `opcd.context`). The trainer (`distill.opcd.run_job`) fits a LoRA adapter on top of the run's adapter so that the
+   student without the context matches the teacher with it (the choice policy in choice mode); curves go into the
+   cycle row as it trains. A diverging loss is a ROLLBACK.
 2. EVALUATE (`evaluate_cycle`): on the held-out tasks with fixed seeds, random play, the parent and the student
    with and without the lessons, retention on environments the cycle did not train on, and the decision's
    validation games.
@@ -30,10 +30,10 @@ from agent_runtime.llm import making_room, training_device
 from agent_runtime.llm.base import acting
 from agent_runtime.phases.cycle import Cycle, lesson_pools
 from agent_runtime.phases.cycle_evaluation import evaluate_cycle, rates_and_games
-from agent_runtime.phases.decisions import Decision, choose_prompts, recent_decisions, rehearsal, turn_prefixes
 from agent_runtime.phases.probe import ensure_reference
 from agent_runtime.phases.promotion import CycleDecision, changed_meanwhile, decide_cycle
 from agent_runtime.phases.system_prompt import SystemPrompt, load_context, load_prompts
+from agent_runtime.phases.turn_prompts import Decision, choose_prompts, recent_decisions, rehearsal, turn_prefixes
 from agent_runtime.state import Run
 from agent_runtime.state.cursor import CursorMove
 from agent_runtime.state.profile import count_work, profiled

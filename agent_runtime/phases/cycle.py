@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_runtime.phases.decisions import Decision
 from agent_runtime.phases.system_prompt import SystemPrompt
+from agent_runtime.phases.turn_prompts import Decision
 from distill.lessons.budget import LessonBudget
 from distill.lessons.curate import render_lessons
 from distill.lessons.scope import ScopedLesson, in_scope_lessons, scoped_lessons

@@ -1,37 +1,35 @@
 """The EXTRACT phase as the loop runs it: wiring the extractor and curator to the run, and the gate.
 
-The lesson logic itself (prompts, parsing, safety, curation, versions, the gate's rule, which induced lessons go live) lives in
-`distill.lessons`; this module supplies what only the runtime has: a policy to write the extractions (the
-acting model itself by default, or a configured LangChain chat model), the model's tokenizer for the
-budget, and evaluation episodes for the gate. With `gate_episodes > 0`, a new lesson set is first a
-*candidate*: the current live set and the candidate play the same `lessons.gate_split` tasks with the same seeds
-(never the held-out ones the tables report), and the candidate goes live only if it does not lower success by
-more than `gate_margin`; either way the decision is stored with its numbers.
+The lesson logic itself (prompts, parsing, safety, curation, versions, the gate's rule, where a candidate's lessons
+go live, which induced lessons go live) lives in `distill.lessons`; this module supplies what only the runtime has: a
+policy to write the extractions (the acting model itself by default, or a configured LangChain chat model), the
+model's tokenizer for the budget, and the games the gate plays (`lesson_trials`). With `gate_episodes > 0`
+(`lessons.gated`), a new lesson set is first a *candidate*: the current live set and the candidate play the same
+`lessons.gate_split` tasks with the same seeds (never the held-out ones the tables report), and the candidate goes
+live only if it does not lower success by more than `gate_margin`; either way the decision is stored with its
+numbers.
 
-Lessons a person writes (`agent-runtime lessons add`, `lessons.seed` of a new run) enter through
-`add_lessons`, the one function both the CLI and the loop call (the logic is `distill.lessons.user`). With
-the gate on (`lessons.enabled` and `gate_episodes > 0`) their version is a candidate, which the loop gates before it
-next plays (`gate_user_lessons`; an EXTRACT phase that finds one still pending gates it first) -- the gate needs
-the policy and the environments, which the CLI does not load; with the gate off it is live at once. Outside
-the loop the budget is counted with the run model's tokenizer alone (`config_token_counter`), so the CLI never
-loads weights.
+Lessons a person writes (`agent-runtime lessons add`, `lessons.seed` of a new run) enter through `add_lessons`, the
+one function both the CLI and the loop call (the logic is `distill.lessons.user`). With the gate on
+(`lessons.user_lessons_gated`: `enabled` and `gate_episodes > 0`) their version is a candidate, which the loop gates
+before it next plays (`gate_user_lessons`; an EXTRACT phase that finds one still pending gates it first) -- the gate
+needs the policy and the environments, which the CLI does not load; with the gate off it is live at once. Outside the
+loop the budget is counted with the run model's tokenizer alone (`config_token_counter`), so the CLI never loads
+weights.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
 from agent_runtime.config import RunConfig
-from agent_runtime.episode.runner import Draw, EpisodeContext
 from agent_runtime.llm.base import PolicyBackend, SamplingParams, TokenizerBackend
-from agent_runtime.phases.trials import GameTrials, gate_candidate
+from agent_runtime.phases.lesson_trials import GameTrials, play_gate
 from agent_runtime.state import Run
 from agent_runtime.state.cursor import CursorMove
 from agent_runtime.state.run import config_token_counter
@@ -42,16 +40,12 @@ from distill.lessons import (
     UserAddResult,
     add_user_lessons,
     extract_phase,
-    live_lessons,
-    live_version,
     load_utilities,
     measure_utilities,
     pending_user_candidate,
     store_utilities,
 )
-from distill.lessons.budget import LessonBudget, count_words
-from distill.lessons.safety import prompt_lessons
-from distill.lessons.scope import GLOBAL, ScopedLesson, in_scope, scoped_lessons
+from distill.lessons.scope import GLOBAL
 from distill.lessons.selection import induce_and_select
 from memory import ExperienceStore
 from modelkit.chat_tokens import encode_text
@@ -70,11 +64,6 @@ def text_token_counter(backend: PolicyBackend):
     return lambda text: len(encode_text(tokenizer, text))
 
 
-def user_lessons_gated(config: RunConfig) -> bool:
-    """Whether a person's lessons wait for the gate (a candidate) rather than go live at once."""
-    return config.lessons.enabled and config.lessons.gate_episodes > 0
-
-
 def add_lessons(
     config: RunConfig,
     store: ExperienceStore,
@@ -87,7 +76,7 @@ def add_lessons(
     scope: Sequence[str] = GLOBAL,
 ) -> UserAddResult:
     """Add lessons a person wrote to every pool of the run (`distill.lessons.add_user_lessons`): a candidate
-    for the gate the loop runs before it next plays when `user_lessons_gated(config)`, else live. The budget
+    for the gate the loop runs before it next plays when `config.lessons.user_lessons_gated`, else live. The budget
     is counted with `backend`'s tokenizer, or the configured model's when no backend is loaded."""
     count_tokens = text_token_counter(backend) if backend is not None else config_token_counter(config.model)
     return add_user_lessons(
@@ -97,7 +86,7 @@ def add_lessons(
         config.lessons,
         count_tokens=count_tokens,
         embedder=embedder,
-        candidate=user_lessons_gated(config),
+        candidate=config.lessons.user_lessons_gated,
         note=note,
         scope=scope,
     )
@@ -124,87 +113,6 @@ def extractor_backend(config: RunConfig, policy: PolicyBackend) -> PolicyBackend
     from agent_runtime.llm.chat_backend import ChatBackend, load_chat_model
 
     return ChatBackend(load_chat_model(spec, {}))
-
-
-class LessonContexts:
-    """The live lessons an episode shows: one pool drawn per episode (seeded by the draw, so a resumed run draws the
-    same), of it the lessons in scope for the draw's environment (`distill.lessons.scope`), and of those, when
-    they hold more than `lessons.budget_tokens` (or `lessons.context_lessons`), the most relevant to the
-    episode's goal and first observation (`choose`, after the environment's reset: `LessonBudget.select`, the
-    selection every evaluation of the run makes too, `Run.evaluate`)."""
-
-    REFRESH_SECONDS = 2.0  # how stale the lessons of a new draw may be after a person changed the live set
-
-    def __init__(
-        self,
-        store: ExperienceStore,
-        run_id: int,
-        pools: int,
-        seed: int,
-        *,
-        envs: Sequence[tuple[str, str]] = (),
-        budget_tokens: int | None = None,
-        max_lessons: int = 0,
-        count_tokens: Callable[[str], int] | None = None,
-    ):
-        self.store, self.run_id, self.pools, self.seed = store, run_id, pools, seed
-        self.envs = list(envs)  # (env id, family) per env index of the draws; none: every lesson everywhere
-        self.budget = LessonBudget(budget_tokens, max_lessons, count_tokens or count_words, store)
-        self.reload()
-
-    @classmethod
-    def for_run(cls, run: Run, envs: Sequence[tuple[str, str]] = ()) -> LessonContexts:
-        settings, budget = run.config.lessons, run.lesson_budget
-        return cls(
-            run.store,
-            run.id,
-            settings.pools,
-            settings.pool_seed,
-            envs=envs,
-            budget_tokens=budget.budget_tokens,
-            max_lessons=budget.max_lessons,
-            count_tokens=budget.count_tokens,
-        )
-
-    def reload(self) -> None:
-        version, lessons = live_lessons(self.store, self.run_id)
-        self.version = version.version if version is not None else None
-        # a stored lesson the screen now rejects never reaches the prompt (`render_lessons`), so an
-        # episode does not list it among the lessons it had in context either
-        lessons = [x for x in lessons if prompt_lessons([x.text])]
-        self.by_pool = {p: [x for x in lessons if x.pool == p] for p in range(self.pools)}
-        self.scoped = {x.id: x for x in scoped_lessons(lessons)}
-        self._checked = time.monotonic()
-
-    def refresh(self) -> None:
-        """Reload when another process changed the live set (`lessons add|retire|forget` while the loop
-        plays), looking at most every REFRESH_SECONDS: a forgotten lesson leaves the next draws' prompts."""
-        if time.monotonic() - self._checked < self.REFRESH_SECONDS:
-            return
-        self._checked = time.monotonic()
-        live = live_version(self.store, self.run_id)
-        if (live.version if live is not None else None) != self.version:
-            self.reload()
-
-    def for_draw(self, draw: Draw) -> EpisodeContext:
-        """The drawn pool's lessons in scope for the draw's environment (all of them: `choose` fits the budget)."""
-        self.refresh()
-        pool = random.Random(f"pool:{self.seed}:{draw.index}").randrange(self.pools) if self.pools > 1 else 0
-        lessons = self.by_pool.get(pool, [])
-        if self.envs:
-            env_id, family = self.envs[draw.env_index]
-            lessons = [x for x in lessons if in_scope(x.scope, env_id, family)]
-        return EpisodeContext(tuple(x.text for x in lessons), tuple(x.id for x in lessons), self.version)
-
-    def choose(self, context: EpisodeContext, env_id: str, goal: str, observation: str) -> EpisodeContext:
-        """`context` fitted to the budget for the episode's environment, goal and first observation
-        (`LessonBudget.select`: all its lessons when they fit, else the most relevant that do, in live order)."""
-        lessons = [self.scoped.get(i, ScopedLesson(text, id=i)) for text, i in zip(context.lessons, context.lesson_ids)]
-        chosen = self.budget.select(lessons, env_id, goal, observation)
-        return EpisodeContext(tuple(x.text for x in chosen), tuple(x.id for x in chosen), context.version)
-
-    def texts(self, pool: int = 0) -> list[str]:
-        return [x.text for x in self.by_pool.get(pool, [])]
 
 
 @dataclass
@@ -303,11 +211,11 @@ def _extract(run: Run, backend: PolicyBackend, episode_ids: list[int]) -> Extrac
     curator = LessonCurator.from_settings(
         store, run_id, settings, count_tokens=count_tokens, utilities=load_utilities(store, run_id)
     )
-    gated = settings.gate_episodes > 0
+    gated = settings.gated
     pending = pending_user_candidate(store, run_id)
     user_gate = None
     if gated and pending is not None:  # a person's lessons, added while the gate was on, are gated first
-        user_gate = gate_candidate(run, backend, curator, pending.version).reason
+        user_gate = play_gate(run, backend, curator, pending.version).reason
     held = run.held
     held.check([store.episode(i) for i in episode_ids], "EXTRACT")
     report = ExtractReport(len(episode_ids), 0, 0, 0, None, None, 0, user_gate)
@@ -330,7 +238,7 @@ def _extract(run: Run, backend: PolicyBackend, episode_ids: list[int]) -> Extrac
         report.contrastive = result.contrastive_extractions
         report.version = version.version if version else None
         if gated and version is not None:
-            report.gate = gate_candidate(run, backend, curator, version.version).reason
+            report.gate = play_gate(run, backend, curator, version.version).reason
     if settings.method in ("evidence", "both"):
         report.trial_split, report.gate_split = settings.trial_split, settings.gate_split
         report.induced, version = _induce(run, backend, curator, episode_ids, held.usable)
@@ -358,7 +266,7 @@ def _induce(
     )
     evidence = read + [e for e in older if usable(e)]
     search = GameTrials(run, backend, split=settings.trial_split)
-    confirm = GameTrials(run, backend) if settings.gate_split != settings.trial_split else None
+    confirm = GameTrials(run, backend) if settings.confirms_on_gate_split else None
     return induce_and_select(store, run_id, curator, evidence, settings, search, confirm)
 
 
@@ -378,9 +286,9 @@ def gate_user_lessons(run: Run, backend: PolicyBackend) -> str | None:
     """Gate a person's pending lessons now (the loop calls this before it plays, so that `lessons.seed` and
     `lessons add` go live as soon as the gate lets them); the gate's reason, or None when nothing waited."""
     config, store, run_id = run.config, run.store, run.id
-    if not user_lessons_gated(config) or pending_user_candidate(store, run_id) is None:
+    if not config.lessons.user_lessons_gated or pending_user_candidate(store, run_id) is None:
         return None
     curator = LessonCurator.from_settings(
         store, run_id, config.lessons, count_tokens=text_token_counter(backend), utilities=load_utilities(store, run_id)
     )
-    return gate_candidate(run, backend, curator, pending_user_candidate(store, run_id).version).reason
+    return play_gate(run, backend, curator, pending_user_candidate(store, run_id).version).reason

@@ -40,7 +40,7 @@ import torch
 
 from agent_runtime.llm import training_device
 from agent_runtime.llm.base import ChoiceBackend, SamplingParams
-from agent_runtime.phases.decisions import episode_prefixes
+from agent_runtime.phases.turn_prompts import episode_prefixes
 
 log = logging.getLogger("agent_runtime.probe")
 

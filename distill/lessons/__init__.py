@@ -9,6 +9,9 @@ The pieces (each module's docstring has the details):
   `restates` (a text that says nothing a lesson does not).
 - `distill.lessons.versions`: live and candidate versions, promote, reject, restore, diff.
 - `distill.lessons.gate`: `decide_gate` (promote or block, with its numbers) and per-lesson utility.
+- `distill.lessons.golive`: `gate_candidate`, where a candidate set's new lessons go live (per environment, alone and
+  together); `distill.lessons.selection`: `induce_and_select`, which induced lessons go live. Both are given the
+  games' outcomes as a function; the runtime plays them.
 - `distill.lessons.phase`: `extract_phase`, one EXTRACT phase end to end.
 - `distill.lessons.user`: lessons a person writes (`add_user_lessons`, `retire_lessons`), same doors.
 - `distill.lessons.stats`: `extraction_stats`, how many extracted items pass the screen and go live.

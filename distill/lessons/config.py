@@ -207,6 +207,23 @@ class LessonsConfig(StrictConfig):
         return self
 
     @property
+    def gated(self) -> bool:
+        """Whether a new lesson set waits as a candidate for the gate (`distill.lessons.golive`) before it goes live."""
+        return self.gate_episodes > 0
+
+    @property
+    def user_lessons_gated(self) -> bool:
+        """Whether a person's lessons wait for the gate (a candidate the loop gates before it next plays) rather than
+        go live at once: only while lessons are learned at all, as the gate is an EXTRACT-time decision."""
+        return self.enabled and self.gated
+
+    @property
+    def confirms_on_gate_split(self) -> bool:
+        """Whether the set the induced lessons' search chose is confirmed on the gate's games before it goes live;
+        when both folds are the same, the search's own games decide (`distill.lessons.selection`)."""
+        return self.gate_split != self.trial_split
+
+    @property
     def episodes_per_extraction(self) -> int:
         """How many recent episodes one EXTRACT phase reads."""
         return self.recent_episodes or self.extract_every

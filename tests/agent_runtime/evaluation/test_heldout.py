@@ -13,8 +13,8 @@ from agent_runtime.episode.examples import example_retriever
 from agent_runtime.episode.openings import observation_hash
 from agent_runtime.evaluation.heldout import EvalLeakError, held_out
 from agent_runtime.llm.scripted import ScriptedBackend
-from agent_runtime.phases.decisions import episode_prefixes
 from agent_runtime.phases.extract import learnable_recent, run_extract
+from agent_runtime.phases.turn_prompts import episode_prefixes
 from agent_runtime.run.loop import AgentLoop
 from agent_runtime.state import Run
 from distill.lessons.contrast import pick_partners

@@ -303,7 +303,7 @@ def test_a_promoted_cycle_consolidates_only_the_lessons_it_internalised():
 
 def test_cycle_prompts_are_choices_when_there_are_any_in_a_seeded_order_with_a_tenth_held_out():
     from agent_runtime.phases.consolidate import choose_prompts, split_heldout
-    from agent_runtime.phases.decisions import Decision
+    from agent_runtime.phases.turn_prompts import Decision
 
     free = [Decision([{"role": "user", "content": f"free {i}"}], [i]) for i in range(5)]
     choice = [Decision([{"role": "user", "content": f"choice {i}"}], [i], ["a", "b"]) for i in range(30)]

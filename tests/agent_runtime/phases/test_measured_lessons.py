@@ -8,8 +8,8 @@ from pathlib import Path
 
 from agent_runtime.phases.consolidate import start_cycle
 from agent_runtime.phases.cycle_evaluation import evaluate_cycle
-from agent_runtime.phases.decisions import recent_decisions
-from agent_runtime.phases.trials import GameTrials
+from agent_runtime.phases.lesson_trials import GameTrials
+from agent_runtime.phases.turn_prompts import recent_decisions
 from distill.lessons import live_lessons, render_lessons
 from distill.lessons.scope import scoped_lessons
 from tests.budgeted_lessons import LEFT, RIGHT, played_run

@@ -11,11 +11,9 @@ import yaml
 
 from agent_runtime.cli import main
 from agent_runtime.config import ConfigError, config_from_dict
-from agent_runtime.episode.runner import Draw
 from agent_runtime.evaluation.continual import Matrix, load_matrix
 from agent_runtime.phases.cycle import Cycle
-from agent_runtime.phases.decisions import Decision
-from agent_runtime.phases.extract import LessonContexts
+from agent_runtime.phases.turn_prompts import Decision
 from agent_runtime.run.loop import AgentLoop
 from distill.lessons import live_lessons
 from distill.lessons.scope import GLOBAL, ScopeError, in_scope, normalize_scope, trial_gains
@@ -24,8 +22,6 @@ from memory import ExperienceStore
 from memory.embeddings import HashEmbedder
 from tests.continual_envs import LEFT, MIXED, RIGHT
 from tests.memory.test_memory_migration import build_at_0001
-
-TWO = [(LEFT, "text"), (RIGHT, "text")]
 
 
 def _config(**sections) -> dict:
@@ -90,35 +86,6 @@ def _live(store: ExperienceStore, run_id: int, specs: list[tuple[str, list[str]]
     ids = [store.add_lesson(text, run_id=run_id, scope=scope, token_count=len(text.split())) for text, scope in specs]
     create_version(store, run_id, ids)
     return ids
-
-
-def test_an_episode_shows_only_the_lessons_in_scope_for_its_environment(tmp_path: Path) -> None:
-    with ExperienceStore.open(tmp_path, embedder=HashEmbedder(64)) as store:
-        run_id = store.create_run("r", {})
-        left, right, everywhere = _live(
-            store, run_id, [("Take the left door.", [LEFT]), ("Take the right door.", [RIGHT]), ("Be quick.", ["*"])]
-        )
-        contexts = LessonContexts(store, run_id, 1, 0, envs=TWO)
-        assert contexts.for_draw(Draw(0, 0, "train-0", 1)).lesson_ids == (left, everywhere)
-        assert contexts.for_draw(Draw(1, 1, "train-0", 1)).lesson_ids == (right, everywhere)
-        unscoped = LessonContexts(store, run_id, 1, 0)  # no environments known: every lesson, as before scopes
-        assert unscoped.for_draw(Draw(0, 0, "train-0", 1)).lesson_ids == (left, right, everywhere)
-
-
-def test_a_lessons_measured_gain_in_the_environment_outranks_similarity_under_the_budget(tmp_path: Path) -> None:
-    """Room for one lesson of two: where a lesson's own trial raised the environment's success it is shown, though
-    the other reads closer to the episode; where no trial measured either, similarity decides."""
-    with ExperienceStore.open(tmp_path, embedder=HashEmbedder(64)) as store:
-        run_id = store.create_run("r", {})
-        near = store.add_lesson("Leave the red hall by the left door.", run_id=run_id, token_count=8)
-        gains = {"scope_trials": {LEFT: {"delta": 0.25, "current_rate": 0.25, "candidate_rate": 0.5}}}
-        tried = store.add_lesson("Doors matter.", run_id=run_id, token_count=2, metadata=gains)
-        create_version(store, run_id, [near, tried])
-        contexts = LessonContexts(store, run_id, 1, 0, envs=TWO, max_lessons=1)
-        goal, observation = "Leave the red hall by the right door.", "Two doors, a red hall."
-        left = contexts.choose(contexts.for_draw(Draw(0, 0, "train-0", 1)), LEFT, goal, observation)
-        right = contexts.choose(contexts.for_draw(Draw(1, 1, "train-0", 1)), RIGHT, goal, observation)
-        assert left.lesson_ids == (tried,) and right.lesson_ids == (near,)
 
 
 def test_the_most_relevant_lesson_is_chosen_when_more_are_in_scope_than_the_budget_holds(tmp_path: Path) -> None:
@@ -280,7 +247,7 @@ def test_a_cycle_takes_the_recent_episodes_of_each_environment_the_run_is_playin
     """Two environments played side by side: each gives the cycle its own newest `recent_episodes`, as it would
     alone (not a share of one window); an environment not among the newest episodes is only rehearsed."""
     from agent_runtime.llm.scripted import ScriptedBackend
-    from agent_runtime.phases.decisions import active_envs, episode_prefixes, recent_decisions
+    from agent_runtime.phases.turn_prompts import active_envs, episode_prefixes, recent_decisions
     from agent_runtime.state import Run
 
     config = config_from_dict(_config(runtime={"episodes": 12}, opcd={"recent_episodes": 4}))

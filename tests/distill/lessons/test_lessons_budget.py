@@ -7,7 +7,7 @@ from pathlib import Path
 
 from agent_runtime.episode.prompt import PromptBuilder
 from agent_runtime.episode.runner import Draw
-from agent_runtime.phases.extract import LessonContexts
+from agent_runtime.phases.lesson_contexts import LessonContexts
 from distill.lessons import LessonCurator, render_lessons
 from distill.lessons.versions import create_version
 from memory import ExperienceStore

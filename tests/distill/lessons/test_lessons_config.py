@@ -71,3 +71,17 @@ def test_a_stored_config_made_when_the_gate_defaulted_to_eval_loads_and_is_flagg
     assert stored.gate_split == "eval"
     assert stored.held_out_decisions == ["lessons.gate_split is 'eval': the gate chose lessons on games of that split"]
     assert LessonsConfig().held_out_decisions == []
+
+
+def test_a_new_set_waits_for_the_gate_only_with_gate_games_and_a_persons_lessons_only_while_lessons_are_learned() -> (
+    None
+):
+    assert LessonsConfig(gate_episodes=6).gated and not LessonsConfig(gate_episodes=0).gated
+    assert LessonsConfig(enabled=True, gate_episodes=6).user_lessons_gated
+    assert not LessonsConfig(enabled=False, gate_episodes=6).user_lessons_gated
+    assert not LessonsConfig(enabled=True, gate_episodes=0).user_lessons_gated
+
+
+def test_the_induced_lessons_are_confirmed_on_the_gates_games_only_when_those_are_another_fold() -> None:
+    assert LessonsConfig(trial_split="train", gate_split="validation").confirms_on_gate_split
+    assert not LessonsConfig(trial_split="validation", gate_split="validation").confirms_on_gate_split

@@ -18,7 +18,7 @@ from agent_runtime.cli.common import print_result, shown
 from agent_runtime.config import config_from_dict
 from agent_runtime.episode.prompt import PromptBuilder
 from agent_runtime.episode.runner import Draw
-from agent_runtime.phases.extract import LessonContexts
+from agent_runtime.phases.lesson_contexts import LessonContexts
 from agent_runtime.run.loop import AgentLoop
 from distill.lessons import live_lessons, render_lessons, screen_item
 from distill.lessons.render import render_current

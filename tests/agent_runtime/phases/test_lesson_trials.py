@@ -1,4 +1,4 @@
-"""The gate's trials (`agent_runtime.phases.trials`): which games a decision plays, and what its reasons say."""
+"""The gate's trials (`agent_runtime.phases.lesson_trials`): which games a decision plays, and what its reasons say."""
 
 from __future__ import annotations
 

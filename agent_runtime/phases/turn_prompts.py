@@ -1,6 +1,6 @@
-"""The decisions a cycle learns from and the adapter probe measures on: each turn of a logged episode rebuilt as
-the prompt the agent decided from, without lessons (OEL's recipe for multi-turn agents), with its action set
-in choice mode."""
+"""Turn prompts: the decisions a cycle learns from and the adapter probe measures on, each turn of a logged episode
+rebuilt as the prompt the agent decided from, without lessons (OEL's recipe for multi-turn agents), with its action
+set in choice mode (`Decision`)."""
 
 from __future__ import annotations
 
