@@ -4,8 +4,8 @@ When a game lists its admissible actions, the agent's policy is the distribution
 `pi(a | x) = softmax_a(log p(a | x) / tau)`, where `log p(a | x)` is the log-probability that the model's
 whole reply is exactly `a` (its tokens followed by the end-of-turn token). A small model that answers an
 observation with prose still ranks the actions sensibly, and a lesson in its context moves that ranking;
-this module computes the ranking for acting (`agent_runtime`'s backends) and for distilling it (OPCD's
-choice objective, `choice_divergence`).
+this module computes the ranking for acting (`agent_runtime`'s backends) and for distilling it (the divergences
+of OPCD's choice objectives, `choice_divergence`; the objectives themselves are `distill.opcd.objectives`).
 
 How one forward scores every action of every row (no repeated prompt, no per-action KV copies): each row is
 laid out as [left padding][prompt][action columns][right padding]. The action columns are the tokens that must
@@ -271,29 +271,20 @@ def choice_distribution(logprobs: torch.Tensor, temperature: float) -> torch.Ten
 
 
 def choice_divergence(
-    student: list[torch.Tensor],
-    teacher: list[torch.Tensor],
-    *,
-    divergence: str,
-    temperature: float,
-    teacher_picks: list[int] | None = None,
+    student: list[torch.Tensor], teacher: list[torch.Tensor], *, divergence: str, temperature: float
 ) -> torch.Tensor:
     """Mean over rows of the divergence between the two choice policies (each row's set may differ in size).
 
     `reverse`: KL(student || teacher), the on-policy OPCD objective, exact over the set. `forward`:
-    KL(teacher || student), the off-policy baseline. `cross_entropy`: -log pi_student(a) of the teacher's
-    drawn action `teacher_picks[i]` (SFT on teacher samples). The teacher is treated as constant.
+    KL(teacher || student), the off-policy baseline. The teacher is treated as constant.
     """
     losses = []
-    for i, (s, t) in enumerate(zip(student, teacher)):
+    for s, t in zip(student, teacher):
         log_s, log_t = choice_distribution(s, temperature), choice_distribution(t.detach(), temperature)
         if divergence == "reverse":
             losses.append((log_s.exp() * (log_s - log_t)).sum())
         elif divergence == "forward":
             losses.append((log_t.exp() * (log_t - log_s)).sum())
-        elif divergence == "cross_entropy":
-            assert teacher_picks is not None, "cross_entropy needs the teacher's drawn actions"
-            losses.append(-log_s[teacher_picks[i]])
         else:
-            raise ValueError(f"unknown divergence {divergence!r}; accepted: reverse, forward, cross_entropy")
+            raise ValueError(f"unknown divergence {divergence!r}; accepted: reverse, forward")
     return torch.stack(losses).mean()

@@ -3,7 +3,7 @@
 Defaults follow the paper (arXiv 2602.12275) where it fixes them: top-k 256, one sample per prompt, one
 AdamW step per batch at a constant learning rate in 1e-6..5e-6, gradient clip 1.0. The sampling temperature
 is 0.6 for math and 0.7 for games in the paper; the default here is the games value. The same config drives
-the baselines (`objective`), so a comparison changes one field.
+the baselines (`objective`, a name in the registry `distill.opcd.objectives`), so a comparison changes one field.
 
 `processes` only tells the job runner how many ranks to launch; the trainer itself follows whatever
 torch.distributed group it runs in, so the same config file serves a laptop and a multi-GPU worker.
@@ -16,22 +16,23 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from distill.opcd.losses import Tail
+from distill.opcd.objectives import get_objective, list_objectives
 from modelkit.config_base import StrictConfig
 from modelkit.prefix_kv import MIN_SHARED_PREFIX
 
-Objective = Literal["opcd", "off_policy", "sft"]
-Tail = Literal["bucket", "renormalize", "drop"]
 Sampler = Literal["auto", "merged-bf16", "merged-fp32", "live"]
 
 
 class OPCDConfig(StrictConfig):
     """One consolidation run. Field docs say what each knob does and why its default is what it is."""
 
-    objective: Objective = Field(
+    objective: str = Field(
         "opcd",
-        description="opcd: student samples, reverse KL on the student's top-k (the method); "
+        description="the name of a registered objective (`distill.opcd.objectives`); built in: "
+        "opcd: student samples, reverse KL on the student's top-k (the method); "
         "off_policy: teacher samples with the context, forward KL on the teacher's top-k; "
         "sft: teacher samples with the context, cross-entropy on them",
     )
@@ -180,8 +181,17 @@ class OPCDConfig(StrictConfig):
             data["tail"] = "renormalize" if legacy else "drop"
         return data
 
+    @field_validator("objective")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        get_objective(name)  # an unknown name raises, listing the accepted ones
+        return name
+
     @model_validator(mode="after")
     def _check(self) -> OPCDConfig:
-        if self.objective == "sft" and self.tail == "renormalize":
-            raise ValueError("tail 'renormalize' applies to the KL objectives, not to objective='sft'")
+        if self.tail == "renormalize" and not get_objective(self.objective).uses_tail:
+            kl = ", ".join(name for name in list_objectives() if get_objective(name).uses_tail)
+            raise ValueError(
+                f"tail 'renormalize' applies to the KL objectives ({kl}), not to objective={self.objective!r}"
+            )
         return self

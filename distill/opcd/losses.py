@@ -27,7 +27,9 @@ Memory: the log-probabilities are taken as `gather(logits) - logsumexp(logits)`,
 tensor is materialised next to the logits. `chunked_topk_divergence` goes further: it takes final hidden
 states and the output heads, and computes logits chunk by chunk along the sequence, back-propagating each
 chunk into the hidden states before the next one, so that the (B, T, V) logits of the two models never
-exist at once in full. The gradient is the same as the unchunked loss's.
+exist at once in full. The gradient is the same as the unchunked loss's. `chunked_token_loss` is that loop for
+any per-chunk loss (each objective's token path, `distill.opcd.objectives`), `chunked_topk_divergence` it with
+the top-k divergences.
 """
 
 from __future__ import annotations
@@ -38,9 +40,8 @@ from typing import Literal, get_args
 
 import torch
 
-from distill.opcd.config import Tail
-
 Divergence = Literal["reverse", "forward"]
+Tail = Literal["bucket", "renormalize", "drop"]
 TAILS = get_args(Tail)
 
 
@@ -50,7 +51,7 @@ def _scaled(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, tor
     return scaled, torch.logsumexp(scaled, dim=-1, keepdim=True)
 
 
-def _topk_log_probs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+def token_log_probs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
     """log softmax(logits / tau) at `ids`, in at least float32, without materialising the full log-softmax."""
     scaled, norm = _scaled(logits, temperature)
     return scaled.gather(-1, ids) - norm
@@ -82,7 +83,7 @@ def _with_tail(log_p: torch.Tensor, tail: str) -> torch.Tensor:
     raise ValueError(f"unknown tail treatment {tail!r}; accepted: {', '.join(TAILS)}")
 
 
-def topk_divergence_per_token(
+def topk_divergence(
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,
     *,
@@ -90,31 +91,17 @@ def topk_divergence_per_token(
     k: int = 256,
     temperature: float = 1.0,
     tail: Tail = "bucket",
-) -> torch.Tensor:
-    """Per-position top-k divergence, shape (B, T) (or the logits' leading shape).
+    targets: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-position top-k divergence, shape (B, T) (or the logits' leading shape), and with `targets` (B, T, 1)
+    also log p_s - log p_t at those tokens (no gradient; else None).
 
     `divergence="reverse"`: OPCD's loss on the student's top-k. `divergence="forward"`: the forward KL on the
     teacher's top-k (the off-policy baseline). The teacher is always treated as a constant. `tail`: what the
-    mass outside the top-k counts for (module docstring).
+    mass outside the top-k counts for (module docstring). The target gap comes from the same log-normalisers,
+    so the sampled-token KL estimate costs no second pass over either model's logits; the loss's graph is the
+    one the divergence builds alone.
     """
-    return _topk_divergence(
-        student_logits, teacher_logits, divergence=divergence, k=k, temperature=temperature, tail=tail
-    )[0]
-
-
-def _topk_divergence(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    *,
-    divergence: Divergence,
-    k: int,
-    temperature: float,
-    tail: Tail,
-    targets: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`topk_divergence_per_token`, and with `targets` (B, T, 1) also log p_s - log p_t at those tokens (no
-    gradient), from the same log-normalisers, so the sampled-token KL estimate costs no second pass over either
-    model's logits. The loss's graph is the one `topk_divergence_per_token` builds alone."""
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(
             f"student logits {tuple(student_logits.shape)} and teacher logits "
@@ -164,7 +151,7 @@ def topk_reverse_kl(
     `student_logits`, `teacher_logits`: (B, T, V) at the response positions (position t predicts response
     token t); `mask`: (B, T), 1 on response tokens up to and including the first EOS.
     """
-    per_token = topk_divergence_per_token(
+    per_token, _ = topk_divergence(
         student_logits, teacher_logits, divergence="reverse", k=k, temperature=temperature, tail=tail
     )
     return masked_token_mean(per_token, mask)
@@ -180,7 +167,7 @@ def topk_forward_kl(
     tail: Tail = "bucket",
 ) -> torch.Tensor:
     """The off-policy baseline's loss: forward KL on the teacher's top-k, averaged over response tokens."""
-    per_token = topk_divergence_per_token(
+    per_token, _ = topk_divergence(
         student_logits, teacher_logits, divergence="forward", k=k, temperature=temperature, tail=tail
     )
     return masked_token_mean(per_token, mask)
@@ -197,35 +184,35 @@ class ChunkedLoss:
 
 
 Head = Callable[[torch.Tensor], torch.Tensor]
+ChunkLoss = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor | None]]
+"""A loss on one chunk of positions: (student logits (B, C, V), teacher logits (B, C, V) or None when the
+teacher's head is not run, target ids (B, C, 1) or None) -> (the loss per position (B, C), log p_s - log p_t at
+the targets without gradient, or None). An objective's token path (`distill.opcd.objectives`)."""
 
 
-def chunked_topk_divergence(
+def chunked_token_loss(
     student_hidden: torch.Tensor,
-    teacher_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor | None,
     mask: torch.Tensor,
     *,
     student_head: Head,
-    teacher_head: Head,
+    teacher_head: Head | None,
+    loss: ChunkLoss,
     targets: torch.Tensor | None = None,
-    divergence: Divergence | Literal["cross_entropy"] = "reverse",
-    k: int = 256,
-    temperature: float = 1.0,
-    tail: Tail = "bucket",
     chunk_size: int = 128,
     backward: bool = True,
 ) -> ChunkedLoss:
-    """The token-mean loss over (B, T) response positions, computed `chunk_size` positions at a time.
+    """The token-mean of `loss` over (B, T) response positions, computed `chunk_size` positions at a time.
 
     `student_hidden`, `teacher_hidden`: final hidden states (B, T, H) at the response positions; the heads map
-    them to logits. When `backward` is set and `student_hidden` requires grad, each chunk's share of the
-    loss is back-propagated into the hidden states (and the student head) as soon as it is computed, then the
-    accumulated hidden-state gradient is pushed through the rest of the student in one call, so only one
-    chunk of logits per model is alive at a time. `divergence="cross_entropy"` is plain SFT on `targets`
-    (the teacher is not used). `targets` (the response token ids) also enable the sampled-token KL estimate.
+    them to logits (with `teacher_head` None the teacher is not run and `loss` gets None for its logits). When
+    `backward` is set and `student_hidden` requires grad, each chunk's share of the loss is back-propagated into
+    the hidden states (and the student head) as soon as it is computed, then the accumulated hidden-state
+    gradient is pushed through the rest of the student in one call, so only one chunk of logits per model is
+    alive at a time. Where `loss` returns the target gap (on-policy samples), its token-mean is the sampled-token
+    estimate of the full reverse KL.
     """
     assert student_hidden.shape[:2] == mask.shape, (student_hidden.shape, mask.shape)
-    if divergence == "cross_entropy" and targets is None:
-        raise ValueError("divergence='cross_entropy' needs the target token ids")
     tokens = int(mask.sum().item())
     normaliser = max(tokens, 1)
     grad_wanted = backward and student_hidden.requires_grad and torch.is_grad_enabled()
@@ -242,22 +229,12 @@ def chunked_topk_divergence(
         with torch.set_grad_enabled(grad_wanted):
             s_logits = student_head(leaf[:, span].contiguous())
             t_logits = None
-            if divergence == "cross_entropy":
-                per_token = -_topk_log_probs(s_logits, targets[:, span, None], temperature).squeeze(-1)
-            else:
+            if teacher_head is not None:
                 with torch.no_grad():
                     t_logits = teacher_head(teacher_hidden[:, span].contiguous())
-                per_token, gap = _topk_divergence(
-                    s_logits,
-                    t_logits,
-                    divergence=divergence,
-                    k=k,
-                    temperature=temperature,
-                    tail=tail,
-                    targets=None if targets is None else targets[:, span, None],
-                )
-                if gap is not None:  # the sampled-token estimate of the full reverse KL
-                    kl_total += (gap * chunk_mask).sum().item() / normaliser
+            per_token, gap = loss(s_logits, t_logits, None if targets is None else targets[:, span, None])
+            if gap is not None:
+                kl_total += (gap * chunk_mask).sum().item() / normaliser
             chunk_loss = (per_token * chunk_mask).sum() / normaliser
             if grad_wanted:
                 chunk_loss.backward()
@@ -266,3 +243,40 @@ def chunked_topk_divergence(
     if grad_wanted:
         student_hidden.backward(leaf.grad)
     return ChunkedLoss(loss=loss_total, sampled_kl=kl_total, tokens=tokens)
+
+
+def chunked_topk_divergence(
+    student_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    student_head: Head,
+    teacher_head: Head,
+    targets: torch.Tensor | None = None,
+    divergence: Divergence = "reverse",
+    k: int = 256,
+    temperature: float = 1.0,
+    tail: Tail = "bucket",
+    chunk_size: int = 128,
+    backward: bool = True,
+) -> ChunkedLoss:
+    """`topk_divergence`'s token-mean in chunks (`chunked_token_loss`); `targets` (the response token ids) also
+    give the sampled-token KL estimate. With k >= vocabulary and `divergence="reverse"` it is the exact KL that
+    evaluation measures."""
+
+    def loss(s_logits, t_logits, chunk_targets):
+        return topk_divergence(
+            s_logits, t_logits, divergence=divergence, k=k, temperature=temperature, tail=tail, targets=chunk_targets
+        )
+
+    return chunked_token_loss(
+        student_hidden,
+        teacher_hidden,
+        mask,
+        student_head=student_head,
+        teacher_head=teacher_head,
+        loss=loss,
+        targets=targets,
+        chunk_size=chunk_size,
+        backward=backward,
+    )

@@ -21,11 +21,12 @@ evaluation and saving. Its parts live beside it, one job each:
 Choice mode (the agent acts by choosing among admissible actions): a step given one action set per prompt
 distils the policy the agent acts with, the distribution over the set, instead of free text: the student's
 and the teacher's sequence log-probabilities of every action come from one packed forward each
-(`modelkit.choice`) and the divergence is exact over the set, so nothing is sampled. The objectives map
-over: `opcd` reverse KL, `off_policy` forward KL, `sft` cross-entropy on an action drawn from the teacher.
+(`modelkit.choice`) and the divergence is exact over the set, so nothing is sampled (but what a loss draws).
 
-Baselines share the loop (`config.objective`): `off_policy` (the teacher samples with the context, forward KL on
-its top-k), `sft` (cross-entropy on its samples). System-prompt distillation is OPCD with a fixed context.
+Baselines share the loop (`config.objective`): the step looks the objective up by name
+(`distill.opcd.objectives`), samples from the policy it names and calls its token or choice loss; `off_policy`
+(the teacher samples with the context, forward KL), `sft` (cross-entropy on its samples). System-prompt
+distillation is OPCD with a fixed context.
 
 Data parallel (`OPCDConfig.processes`, `distill.opcd.job`): in a `torch.distributed` group every method below is a
 collective all ranks call in one order; `batch_size` is the global prompts per step, each rank takes its share, the
@@ -34,6 +35,7 @@ loss and gradient are combined by tokens (`distill.opcd.collectives`); rank 0 al
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
@@ -56,7 +58,8 @@ from distill.opcd.batches import (
 )
 from distill.opcd.collectives import average_gradients, global_loss, world
 from distill.opcd.config import OPCDConfig
-from distill.opcd.losses import ChunkedLoss, chunked_topk_divergence
+from distill.opcd.losses import ChunkedLoss, chunked_token_loss, chunked_topk_divergence
+from distill.opcd.objectives import Objective, get_objective
 from distill.opcd.policies import Policies, PromptContexts, with_context
 from distill.opcd.scoring import pad_responses, response_hidden
 from modelkit.chat_tokens import Chat, encode_chat
@@ -195,16 +198,16 @@ class OPCDTrainer:
         choices = choices[share] if choices is not None else None
         result, sampled, scored = None, started, started
         counted = dict(self.tokens)
-        divergence = {"opcd": "reverse", "off_policy": "forward", "sft": "cross_entropy"}[cfg.objective]
+        objective = get_objective(cfg.objective)
         if prompts and choices is not None:
-            result = self._choice_loss(prompts, contexts, choices, divergence)
+            result = self._choice_loss(prompts, contexts, choices, objective)
             sampled = scored = time.perf_counter()
         elif prompts:  # a rank gets no prompts only when the global batch is smaller than the number of ranks
             student_ids = [self.render(p) for p in prompts]
             teacher_ids = [self.render(with_context(p, c)) for p, c in zip(prompts, contexts)]
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(cfg.seed * 1_000_003 + self.steps_done + (self.rank << 40))
-                if cfg.objective == "opcd":
+                if objective.on_policy:
                     responses = self._sample_student(student_ids)
                 else:
                     responses = self._sample_teacher(teacher_ids)
@@ -218,17 +221,14 @@ class OPCDTrainer:
             self.model.train()
             student_lm = self._student_lm
             hidden = response_hidden(student_lm, student_ids, responses, pad_id=self._pad_id, shared_prefix=common)
-            result = chunked_topk_divergence(
+            result = chunked_token_loss(
                 hidden,
                 teacher_hidden,
                 mask,
                 student_head=self.policies.fit_head(lm_parts(student_lm)[1]),
-                teacher_head=teacher_head,
+                teacher_head=teacher_head if objective.reads_teacher_logits else None,
+                loss=functools.partial(objective.token_loss, k=cfg.k, temperature=cfg.temperature, tail=cfg.tail),
                 targets=targets,
-                divergence=divergence,
-                k=cfg.k,
-                temperature=1.0 if divergence == "cross_entropy" else cfg.temperature,
-                tail=cfg.tail,
                 chunk_size=cfg.chunk_size,
             )
             del hidden, teacher_hidden
@@ -254,7 +254,7 @@ class OPCDTrainer:
             "objective": cfg.objective,
             "loss": loss,
             "lr": lr,
-            "kl_estimate": sampled_kl if cfg.objective == "opcd" else float("nan"),
+            "kl_estimate": sampled_kl if objective.on_policy else float("nan"),
             "tokens": tokens,
             "grad_norm": grad_norm,
             "seconds": finished - started,
@@ -339,10 +339,10 @@ class OPCDTrainer:
         return groups
 
     def _choice_loss(
-        self, prompts: list[Chat], contexts: list[str], choices: list[list[str]], divergence: str
+        self, prompts: list[Chat], contexts: list[str], choices: list[list[str]], objective: Objective
     ) -> ChunkedLoss:
-        """The choice-policy divergence of the batch (mean over its prompts), back-propagated micro-batch by
-        micro-batch (`micro_batch_size` prompts per forward); `tokens` counts decisions."""
+        """The objective's choice-policy loss of the batch (mean over its prompts), back-propagated micro-batch
+        by micro-batch (`micro_batch_size` prompts per forward); `tokens` counts decisions."""
         cfg = self.config
         generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.steps_done + (self.rank << 40))
         total, loss_sum, kl_sum = len(prompts), 0.0, 0.0
@@ -350,19 +350,8 @@ class OPCDTrainer:
             student, teacher = self._choice_scores(
                 [prompts[i] for i in part], [contexts[i] for i in part], [choices[i] for i in part]
             )
-            picks = None
-            if divergence == "cross_entropy":  # SFT: one action drawn from the teacher's choice policy per prompt
-                picks = [
-                    int(torch.multinomial((t.float().cpu() / cfg.temperature).softmax(-1), 1, generator=generator))
-                    for t in teacher
-                ]
             share = len(student) / total
-            loss = (
-                choice_divergence(
-                    student, teacher, divergence=divergence, temperature=cfg.temperature, teacher_picks=picks
-                )
-                * share
-            )
+            loss = objective.choice_loss(student, teacher, temperature=cfg.temperature, generator=generator) * share
             loss.backward()
             with torch.no_grad():
                 kl_sum += (

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
-from distill.opcd.losses import chunked_topk_divergence, topk_forward_kl, topk_reverse_kl
+from distill.opcd.losses import chunked_token_loss, chunked_topk_divergence, topk_forward_kl, topk_reverse_kl
+from distill.opcd.objectives import get_objective
 
 
 def _direct(student, teacher, mask, k, tau, tail, divergence="reverse"):
@@ -191,18 +194,20 @@ def test_chunked_sampled_kl_and_cross_entropy():
         backward=False,
     )
     assert result.sampled_kl == pytest.approx(gap.mean().item(), rel=1e-10)
-    ce = chunked_topk_divergence(
+    sft = get_objective("sft")
+    ce = chunked_token_loss(
         hidden,
         teacher_hidden,
         mask,
         student_head=head,
-        teacher_head=teacher_head,
+        teacher_head=None,  # sft does not read the teacher
+        loss=functools.partial(sft.token_loss, k=5, temperature=0.5, tail="bucket"),  # at temperature 1 regardless
         targets=targets,
-        divergence="cross_entropy",
         chunk_size=4,
         backward=False,
     )
     assert ce.loss == pytest.approx(-ls.gather(-1, targets[..., None]).mean().item(), rel=1e-10)
+    assert not sft.reads_teacher_logits and ce.sampled_kl == 0.0
 
 
 def test_the_sampled_kl_reuses_each_chunks_log_normalisers():
