@@ -1,8 +1,8 @@
 """The TALES protocol: the suite's TextWorld Express and ScienceWorld games, one held-out game each, 100
 steps, TALES' metric (highest score over the maximum, averaged per framework), beside the leaderboard's rows.
 
-Plays configs/tales.yaml's model and agent settings on every game of agent_runtime/evaluation/tales.py through the
-runtime's `evaluate` (the first game of each framework's test fold), up to `--batch` games side by side (games with
+Plays configs/tales.yaml's model and agent settings on every game of the suite (agent_runtime/evaluation/tales.py:
+the built-ins `tales/<name>` and `scienceworld/<task>`) through the runtime's `evaluate` (the first game of each framework's test fold), up to `--batch` games side by side (games with
 different environment ids; the model's calls are batched, greedy). Each round's results are written to
 `<workdir>/results.json` as it finishes: a rerun prints the table, a killed run resumes at the next round.
 

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from environments.science_world import TASKS as _SCIENCEWORLD_TASKS
 from environments.twx import DESCRIPTIONS as _TWX_DESCRIPTIONS
+from environments.twx import TALES_GAMES as _TALES_GAMES
 
 
 class Builtin(NamedTuple):
@@ -73,6 +74,14 @@ _builtin(
 _TWX = "environments.twx"
 for _game in _TWX_DESCRIPTIONS:  # the modules import no game library until an environment is made
     _builtin(f"twx/{_game}", f"{_TWX}:TwxEnv", description=_TWX_DESCRIPTIONS[_game], game=_game)
+for _name, (_game, _extra) in _TALES_GAMES.items():  # TALES' variants, one id each
+    _builtin(
+        f"tales/{_name}",
+        f"{_TWX}:TwxEnv",
+        description=f"TALES' {_name}: twx/{_game} with {_extra or 'its TALES parameters'}",
+        game=_game,
+        **({"params": _extra} if _extra else {}),
+    )
 
 for _task, _what in _SCIENCEWORLD_TASKS.items():
     _builtin(

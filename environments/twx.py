@@ -10,6 +10,8 @@ steps a second (`environments/java.py` runs the JVM). This adapter plays them th
 - **Parameters**: TALES' settings per game (`GAMES`, from the suite's `twx_data.py`); `params={...}` overrides
   any of them (`params={"numLocations": 3}`). TALES' SimonSays variants are `simonsays` with `gameLength` 10, 50
   or 100, `memorization` 0 or 1 and `verbose` 0 or 1.
+- **TALES' games**: each of the suite's sixteen (`TALES_GAMES`) is also a built-in of its own, `tales/<name>`
+  (`tales/TWXSimonSaysWithMemory50`: `twx/simonsays` with those parameters), for configs that play several.
 - **What the agent sees**: the observation is the game's; the goal is its task description (`info["goal"]`);
   admissible actions are TWX's `validActions`; `won` is its `tasksuccess`, and the episode ends on success or on
   `taskfailure`. `info["score"]` is TWX's score (normalised by the game to at most 1; `info["max_score"]` is 1),
@@ -62,6 +64,31 @@ DESCRIPTIONS = {
     "sorting": "TextWorld Express Sorting: put the objects in the box from smallest quantity to largest",
     "simonsays": "TextWorld Express Simon Says: do exactly what Simon says",
     "peckingorder": "TextWorld Express Pecking Order: follow the instructions book, one step at a time",
+}
+# TALES' sixteen TWX games, each registered as `tales/<name>` (environments.builtin): name -> (game, its parameters
+# beyond GAMES'), so that the nine Simon Says variants of one game stand side by side in one config (a config names
+# an environment id once)
+_SIMON = {"gameLength": 10, "numDistractors": 4, "memorization": 0}
+TALES_GAMES: dict[str, tuple[str, dict[str, int]]] = {
+    "TWXCookingWorld": ("cookingworld", {}),
+    "TWXTextWorldCommonsense": ("twc", {}),
+    "TWXCoinCollector": ("coin", {}),
+    "TWXArithmetic": ("arithmetic", {}),
+    "TWXMapReader": ("mapreader", {}),
+    "TWXSorting": ("sorting", {}),
+    **{f"TWXSimonSays{n}": ("simonsays", {**_SIMON, "gameLength": n}) for n in (10, 50, 100)},
+    **{
+        f"TWXSimonSaysWithMemory{n}": ("simonsays", {**_SIMON, "gameLength": n, "memorization": 1, "verbose": 0})
+        for n in (10, 50, 100)
+    },
+    **{
+        f"TWXSimonSaysWithMemory{n}Verbose": (
+            "simonsays",
+            {**_SIMON, "gameLength": n, "memorization": 1, "verbose": 1},
+        )
+        for n in (10, 50, 100)
+    },
+    "TWXPeckingOrder": ("peckingorder", {}),
 }
 MAX_STEPS = 100  # TALES' step limit per game
 _PARAM_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")

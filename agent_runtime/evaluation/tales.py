@@ -25,33 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from environments.science_world import TASKS as SCIENCEWORLD_TASKS
+from environments.twx import TALES_GAMES
 
 FRAMEWORKS = ("twx", "scienceworld")
 STEPS = 100  # TALES' step limit per game
-
-# TALES' TextWorld Express games: name -> (game, parameters beyond the game's TALES defaults)
-_SIMON = {"gameLength": 10, "numDistractors": 4, "memorization": 0}
-TWX_GAMES: dict[str, tuple[str, dict[str, int]]] = {
-    "TWXCookingWorld": ("cookingworld", {}),
-    "TWXTextWorldCommonsense": ("twc", {}),
-    "TWXCoinCollector": ("coin", {}),
-    "TWXArithmetic": ("arithmetic", {}),
-    "TWXMapReader": ("mapreader", {}),
-    "TWXSorting": ("sorting", {}),
-    **{f"TWXSimonSays{n}": ("simonsays", {**_SIMON, "gameLength": n}) for n in (10, 50, 100)},
-    **{
-        f"TWXSimonSaysWithMemory{n}": ("simonsays", {**_SIMON, "gameLength": n, "memorization": 1, "verbose": 0})
-        for n in (10, 50, 100)
-    },
-    **{
-        f"TWXSimonSaysWithMemory{n}Verbose": (
-            "simonsays",
-            {**_SIMON, "gameLength": n, "memorization": 1, "verbose": 1},
-        )
-        for n in (10, 50, 100)
-    },
-    "TWXPeckingOrder": ("peckingorder", {}),
-}
 
 # The leaderboard's rows for these two frameworks (TALES' website table, docs/website/_includes/table.md), in %
 LEADERBOARD: dict[str, tuple[float, float]] = {
@@ -71,27 +48,9 @@ class TalesGame:
     entry: dict[str, Any] = field(hash=False)  # {"id": ..., "max_steps": ..., "kwargs": {...}}
 
 
-def register_twx_variants() -> None:
-    """Register each of TALES' TextWorld Express games as `tales/<name>` (its game with its parameters as defaults),
-    so that the nine Simon Says variants, one TWX game, can stand side by side in one config (a config names an
-    environment id once). Idempotent; `environments.list_envs` shows them with the source "builtin" of this process."""
-    from environments import registry
-
-    known = {record.id for record in registry.list_envs()}
-    for name, (game, extra) in TWX_GAMES.items():
-        if f"tales/{name}" not in known:
-            registry.register(
-                f"tales/{name}",
-                "environments.twx:TwxEnv",
-                description=f"TALES' {name}: twx/{game} with {extra or 'its TALES parameters'}",
-                game=game,
-                **({"params": extra} if extra else {}),
-            )
-
-
 def suite(frameworks: tuple[str, ...] = FRAMEWORKS, *, mode: str = "free", steps: int = STEPS) -> list[TalesGame]:
     """The suite's games of `frameworks`, in TALES' order, as config entries for `mode` ("free" or "choice"). A TWX
-    entry names `tales/<name>` (`register_twx_variants` registers them)."""
+    entry names the built-in `tales/<name>` (its TWX game with TALES' parameters, `environments.twx.TALES_GAMES`)."""
     unknown = [f for f in frameworks if f not in FRAMEWORKS]
     if unknown:
         raise ValueError(f"unknown TALES framework(s) {unknown}; accepted: {', '.join(FRAMEWORKS)}")
@@ -99,8 +58,7 @@ def suite(frameworks: tuple[str, ...] = FRAMEWORKS, *, mode: str = "free", steps
         raise ValueError(f"mode must be 'free' (TALES' protocol) or 'choice' (ours), got {mode!r}")
     games = []
     if "twx" in frameworks:
-        register_twx_variants()
-        for name in TWX_GAMES:
+        for name in TALES_GAMES:
             games.append(TalesGame(name, "twx", {"id": f"tales/{name}", "max_steps": steps, "kwargs": {}}))
     if "scienceworld" in frameworks:
         for task in SCIENCEWORLD_TASKS:

@@ -58,10 +58,13 @@ def _kwargs(env_id: str, games_dir, problems_file, choice_files=None) -> dict:
     return {}
 
 
-# the games on the JVM (twx/*, scienceworld/*) are checked in tests/environments/test_env_java_games.py: every TWX game, and
-# ScienceWorld through representative tasks (its 30 share one adapter; a check costs 30-60 s of JVM time each)
+# the games on the JVM (twx/*, tales/*: TWX games with TALES' parameters, scienceworld/*) are checked in
+# tests/environments/test_env_java_games.py: every TWX game, and ScienceWorld through representative tasks (its 30 share
+# one adapter; a check costs 30-60 s of JVM time each)
 BUILTIN_IDS = sorted(
-    r.id for r in environments.list_envs() if r.source == "builtin" and not r.id.startswith(("twx/", "scienceworld/"))
+    r.id
+    for r in environments.list_envs()
+    if r.source == "builtin" and not r.id.startswith(("twx/", "tales/", "scienceworld/"))
 )
 
 
