@@ -4,7 +4,7 @@
 same model with the start-of-cycle adapter (or none) plus the context in its system message, or a separate
 model sharing the tokenizer (`TeacherSpec`: cross-size distillation, `distill.opcd.teacher`). The baselines
 (off-policy context distillation, SFT on teacher samples) are the same trainer with `OPCDConfig.objective`
-set to `off_policy` or `sft`. System-prompt distillation is OPCD with one fixed context string. `run_job`
+set to `off_policy` or `sft`, names in the registry of objectives (`distill.opcd.objectives`). System-prompt distillation is OPCD with one fixed context string. `run_job`
 runs one training job (KL before, training, KL after, adapter) in this process or data parallel.
 """
 
