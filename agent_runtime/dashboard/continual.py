@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from memory import ExperienceStore
 from memory.evaluation_metrics import curriculum_phases, evaluation_problem
-from memory.rates import wilson_interval
+from memory.intervals import wilson_interval
 from memory.rounds import PHASES, FamilyCourse, RoundRecord, family_course, fill_round
 
 WIDTH, HEIGHT, PAD = 520, 200, 30

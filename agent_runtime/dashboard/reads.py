@@ -5,7 +5,7 @@ What: paged and filtered episode lists (task, adapter, lesson-set version), an e
 success-rate series behind the overview charts, a lesson's provenance in both directions (the lessons
 an episode produced, the lesson-set versions that held a lesson), lesson-set diffs, adapter lineage,
 OPCD curves normalised for plotting, a step's choice distribution, and which embedder made the stored
-vectors (every success rate is shown with `memory.rates.wilson_interval`). The learning view's
+vectors (every success rate is shown with `memory.intervals.wilson_interval`). The learning view's
 reads (`learning.py`) build on these.
 
 Why here and not in `memory`: these are views for one screen, not part of the memory's contract; they

@@ -32,7 +32,7 @@ from memory import (
     StepRecord,
     StoreUnavailableError,
 )
-from memory.rates import wilson_interval
+from memory.intervals import wilson_interval
 from memory.testing import DEMO_ENVS, game_episode
 
 XSS = "<script>alert(1)</script>"
