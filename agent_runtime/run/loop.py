@@ -47,8 +47,8 @@ from agent_runtime.config import (
 from agent_runtime.episode.build import build_envs
 from agent_runtime.episode.examples import example_retriever
 from agent_runtime.episode.runner import TaskSampler
-from agent_runtime.evaluation.continual import assess
 from agent_runtime.evaluation.heldout import check_folds
+from agent_runtime.evaluation.matrix import assess
 from agent_runtime.evaluation.rounds import RoundClock, round_fields, round_line
 from agent_runtime.llm import LOCAL_WEIGHTS, PolicyBackend, check_capabilities, make_backend
 from agent_runtime.llm.base import BackendStats, activate

@@ -1,4 +1,4 @@
-"""The learning view's reads: does the agent get better over a run, and did each OPCD cycle work?
+"""The learning page's reads: does the agent get better over a run, and did each OPCD cycle work?
 
 What:
 - `learning_chart(store, run_id, window=20)`: the run's rolling success rate over its last `window`
