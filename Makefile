@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml requirements.lock agent_runtime/offline_packages.py
 	touch $(STAMP)
 
 bench: $(STAMP)
-	$(PY) bench/envs.py && $(PY) bench/memory.py && $(PY) bench/rollout.py
+	$(PY) bench/envs.py && $(PY) bench/memory_store.py && $(PY) bench/rollout.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -16,7 +16,7 @@ Each phase ends with its EXTRACT and CONSOLIDATE (they are due at a phase's end 
 `consolidate_every` say), then an assessment: every environment of the run on `eval_episodes` held-out games with
 fixed seeds, acting as the agent acts (its adapter, the live lessons in each environment's scope). Before the first
 phase the same assessment measures the agent as it starts. Those rows are the continual-learning matrix
-(`agent_runtime.evaluation.continual`): R[i][j], success on environment j after phase i.
+(`agent_runtime.evaluation.matrix`): R[i][j], success on environment j after phase i.
 
 Phase i owns draw indices [start_i, end_i): which environment a draw plays is a pure function of its index, as every
 draw is, so a run killed mid-phase resumes into the same phase with the same draws.

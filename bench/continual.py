@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent_runtime.config import config_from_dict
-from agent_runtime.evaluation.continual import load_matrix
+from agent_runtime.evaluation.matrix import load_matrix
 from agent_runtime.run.loop import AgentLoop
 from distill.lessons import live_lessons
 from distill.lessons.gate import mcnemar_p, paired_interval

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from agent_runtime.llm import make_backend
     from distill.evidence import trial_sight
     from distill.lessons.gate import mcnemar_p
-    from memory.rates import wilson_interval
+    from memory.intervals import wilson_interval
 
     config = load_config(args.config)
     entry = next((e for e in config.envs if args.env in (None, e.id)), None)

@@ -50,7 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from distill.lessons.gate import mcnemar_p
-from memory.rates import wilson_interval
+from memory.intervals import wilson_interval
 
 GIVEN = "Go through the exit. Look and inventory never help. When you see a coin, take coin."
 HARMFUL = "Always reply look."

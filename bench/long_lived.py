@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent_runtime.config import config_from_dict
-from agent_runtime.evaluation.continual import load_matrix
+from agent_runtime.evaluation.matrix import load_matrix
 from agent_runtime.evaluation.rounds import courses, courses_table, load_rounds
 from bench.continual import run_config
 from memory import ExperienceStore

@@ -49,7 +49,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script, bench/ is first on the path, and bench/memory.py is not `memory`
+sys.path.insert(0, str(ROOT))  # run as a script (bench/ first on the path): the root makes `bench` importable
 from bench.soak import INIT_STD, TAG, Settings, prepare, proc_fields, proc_kb, tagged_pids
 
 # anon_kb: the loop's RssAnon, its resident memory backed by no file (heap, tensors): a step in VmRSS that is not in

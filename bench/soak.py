@@ -45,7 +45,7 @@ from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script, bench/ is first on the path, and bench/memory.py is not `memory`
+sys.path.insert(0, str(ROOT))  # run as a script (bench/ first on the path): the root makes `bench` importable
 from bench.soak_checks import budget_violations, draw_violations, phase_record, phase_violations
 from bench.soak_report import append_results, db_table, phase_seconds, rates, rss_table, table
 from bench.soak_session import Session

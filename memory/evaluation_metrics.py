@@ -4,7 +4,7 @@ What: `evaluation_problem(num_episodes, metrics, phases) -> str | None` says wha
 ("metrics.continual.after_phase must be a phase of the run's curriculum (an integer from 0 to 3), got 2000000"), or
 None; `curriculum_phases(config)` is the number of phases of a stored run config's curriculum (None without one).
 `memory import` (`memory.transfer`) refuses a row with a problem, naming its line, id and field; the continual matrix
-(`agent_runtime.evaluation.continual.load_matrix`, `agent-runtime report`) and the dashboard's learning page answer
+(`agent_runtime.evaluation.matrix.load_matrix`, `agent-runtime report`) and the dashboard's learning page answer
 one already in a store with a `StoredRowError` naming the row, not a traceback.
 
 Why: the readers index with these fields. `metrics.continual.after_phase` is a row of the continual matrix (a row

@@ -3,7 +3,7 @@
 What: `VectorIndex` holds one FAISS index of (item id, unit vector) pairs for one kind of item and one
 embedder, searched by inner product (= cosine similarity for unit vectors). Up to `approx_threshold`
 vectors it is exact (`IndexFlatIP`); above, approximate (`IndexHNSWFlat`, M=32), which needs no
-training and takes incremental adds (see bench/memory.py for latency and recall@10). Its cost is
+training and takes incremental adds (see bench/memory_store.py for latency and recall@10). Its cost is
 construction, which grows with the number of vectors (bench/RESULTS.md has the times), paid once when
 an index crosses the threshold (or at `reindex`); later adds are incremental.
 

@@ -12,7 +12,7 @@ another type (`won_episode_ids: ["<script>..."]`, `trial.n: "<b>24</b>"`) is sho
 evidence that never was, or fails later with a traceback far from the file that carried it.
 
 The keys (who writes them):
-- `source` (a person's lesson: `distill.lessons.user`), `forgotten` (the reason, `lessons forget`): texts.
+- `source` (a person's lesson: `distill.lessons.user_lessons`), `forgotten` (the reason, `lessons forget`): texts.
 - `op` ("update") and `target` (an UPDATE of the extractor), `replaces` and `proposed_as` (a conflict's
   replacement), `merged_from`, `merged_texts` and `extraction_ids` (a merge: `distill.lessons.curate`): ids and
   texts.

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from memory.embeddings import HashEmbedder
+from memory.intervals import wilson_interval
 from memory.models import EVALUATION_GATE, EVALUATION_LESSON_UTILITY
-from memory.rates import wilson_interval
 from memory.records import EpisodeRecord, StepRecord
 from memory.store import ExperienceStore
 

@@ -76,9 +76,9 @@ def cmd_run(args) -> int:
         found = plan(config, Path(workdir), resume=args.resume)
         print(json.dumps(found, default=str) if args.json else format_plan(found, str(args.config)))
         return 2 if found["problems"] else 0
-    from agent_runtime.evaluation.continual import stored_matrix
+    from agent_runtime.evaluation.cycle_table import learning_table
     from agent_runtime.evaluation.heldout import decisions_line, decisions_on_reported
-    from agent_runtime.evaluation.report import learning_table
+    from agent_runtime.evaluation.matrix import stored_matrix
 
     with _library_progress(not args.no_progress):
         try:

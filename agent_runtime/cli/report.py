@@ -2,9 +2,9 @@
 
     agent-runtime report [--workdir DIR | --db URL] [--run ID] [--json]
 
-The matrix (`agent_runtime.evaluation.continual`) exists for a run with a `curriculum:` section: R[i][j], held-out
+The matrix (`agent_runtime.evaluation.matrix`) exists for a run with a `curriculum:` section: R[i][j], held-out
 success on every environment after each phase, with ACC, BWT and FWT and their intervals. The learning table is the
-newest OPCD cycle's (`agent_runtime.evaluation.report`). Nothing is played and no model is loaded.
+newest OPCD cycle's (`agent_runtime.evaluation.cycle_table`). Nothing is played and no model is loaded.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from agent_runtime.cli.common import UsageError, add_command, open_store, print_
 
 
 def cmd_report(args) -> int:
-    from agent_runtime.evaluation.continual import stored_matrix
+    from agent_runtime.evaluation.cycle_table import learning_table
     from agent_runtime.evaluation.heldout import decisions_line, decisions_on_reported
-    from agent_runtime.evaluation.report import learning_table
+    from agent_runtime.evaluation.matrix import stored_matrix
     from agent_runtime.evaluation.rounds import courses, courses_table, load_rounds
     from agent_runtime.terminal import shown
 

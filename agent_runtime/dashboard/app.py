@@ -47,7 +47,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agent_runtime.dashboard.learning import condition_label
+from agent_runtime.dashboard.learning_view import condition_label
 from agent_runtime.dashboard.reads import MAX_INT, finite
 from memory import ExperienceStore, NotFoundError
 

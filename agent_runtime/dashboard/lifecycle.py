@@ -12,7 +12,7 @@ weights the backend had loaded (the episode's) with the one of the files the tra
 
 Why a module of its own: the lesson page's question ("what did this lesson do to the agent, and is it gone?")
 joins five tables; `reads.py` holds the single-table views. Reads only `memory`, like the rest of the dashboard.
-A person's lesson is recognised by `metadata["source"] == memory.LESSON_SOURCE_USER` (what `distill.lessons.user`
+A person's lesson is recognised by `metadata["source"] == memory.LESSON_SOURCE_USER` (what `distill.lessons.user_lessons`
 writes); a person's lesson-set versions by `made_by == memory.MADE_BY_USER`.
 """
 

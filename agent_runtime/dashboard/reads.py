@@ -5,8 +5,8 @@ What: paged and filtered episode lists (task, adapter, lesson-set version), an e
 success-rate series behind the overview charts, a lesson's provenance in both directions (the lessons
 an episode produced, the lesson-set versions that held a lesson), lesson-set diffs, adapter lineage,
 OPCD curves normalised for plotting, a step's choice distribution, and which embedder made the stored
-vectors (every success rate is shown with `memory.rates.wilson_interval`). The learning view's
-reads (`learning.py`) build on these.
+vectors (every success rate is shown with `memory.intervals.wilson_interval`). The views'
+reads (`learning_view.py`, `lifecycle.py`) build on these.
 
 Why here and not in `memory`: these are views for one screen, not part of the memory's contract; they
 use only the store's engine, which the dashboard opens read-only at the driver, so nothing here can

@@ -29,12 +29,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from agent_runtime.dashboard import learning as learning_reads
-from agent_runtime.dashboard import lifecycle, reads
-from agent_runtime.dashboard.continual import HEIGHT as CURVE_HEIGHT
-from agent_runtime.dashboard.continual import WIDTH as CURVE_WIDTH
-from agent_runtime.dashboard.continual import continual_view
+from agent_runtime.dashboard import learning_view, lifecycle, reads
 from agent_runtime.dashboard.reads import MAX_INT
+from agent_runtime.dashboard.rounds_view import HEIGHT as CURVE_HEIGHT
+from agent_runtime.dashboard.rounds_view import WIDTH as CURVE_WIDTH
+from agent_runtime.dashboard.rounds_view import continual_view
 from memory import LESSON_SET_LIVE, MADE_BY_USER, ExperienceStore, MemoryStoreError, RunInfo
 from memory.embeddings import make_embedder
 from memory.models import EPISODE_OUTCOMES, LESSON_STATUSES
@@ -169,7 +168,7 @@ def learning(request: Request) -> HTMLResponse:
     runs = store.runs()
     run_id = _selected_run(request, runs)
     window = _window(request)
-    matrix = learning_reads.evaluation_matrix(store, run_id) if run_id is not None else None
+    matrix = learning_view.evaluation_matrix(store, run_id) if run_id is not None else None
     return _page(
         request,
         "learning.html",
@@ -178,8 +177,8 @@ def learning(request: Request) -> HTMLResponse:
         run=next((r for r in runs if r.id == run_id), None),
         window=window,
         matrix=matrix,
-        headline=learning_reads.headline(matrix) if matrix else None,
-        marks=learning_reads.live_marks(store, run_id) if run_id is not None else [],
+        headline=learning_view.headline(matrix) if matrix else None,
+        marks=learning_view.live_marks(store, run_id) if run_id is not None else [],
         continual=continual_view(store, run_id) if run_id is not None else None,
         size=(CURVE_WIDTH, CURVE_HEIGHT),
     )
@@ -189,9 +188,9 @@ def learning(request: Request) -> HTMLResponse:
 def learning_json(request: Request, run_id: RowId) -> JSONResponse:
     """The learning page's data: its chart, and the cycles' evaluation matrix and headline."""
     store = _known_run(request, run_id)
-    chart = learning_reads.learning_chart(store, run_id, window=_window(request))
-    matrix = learning_reads.evaluation_matrix(store, run_id)
-    top = learning_reads.headline(matrix)
+    chart = learning_view.learning_chart(store, run_id, window=_window(request))
+    matrix = learning_view.evaluation_matrix(store, run_id)
+    top = learning_view.headline(matrix)
     return JSONResponse(
         {"charts": [chart.as_json()], "matrix": matrix.as_json(), "headline": top.as_json() if top else None}
     )

@@ -44,7 +44,7 @@ from distill.lessons.scope import ScopedLesson, in_scope_lessons
 from environments.game_cache import run_games_dir
 from environments.registry import check_env_id
 from memory import EpisodeRecord
-from memory.rates import wilson_interval
+from memory.intervals import wilson_interval
 
 
 @dataclass

@@ -9,7 +9,7 @@ Each assessment stores, beside its matrix row, a round record (`metrics.continua
   peaks from round to round: nothing grows with the store), and the adapter that acted.
 A resumed run's first round counts only the time of the process that finished it.
 
-From the matrix (`agent_runtime.evaluation.continual.Matrix`), per family: its largest drop below its best so far at
+From the matrix (`agent_runtime.evaluation.matrix.Matrix`), per family: its largest drop below its best so far at
 any round and at the end, and its lowest rate below its base after the phase that first trained it.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import time
 
-from agent_runtime.evaluation.continual import Matrix, load_matrix
 from agent_runtime.evaluation.drift import drift
+from agent_runtime.evaluation.matrix import Matrix, load_matrix
 from distill.lessons import live_lessons
 from distill.lessons.curate import render_lessons
 from distill.lessons.scope import in_scope_lessons, scoped_lessons

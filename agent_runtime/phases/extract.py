@@ -10,7 +10,7 @@ live only if it does not lower success by more than `gate_margin`; either way th
 numbers.
 
 Lessons a person writes (`agent-runtime lessons add`, `lessons.seed` of a new run) enter through `add_lessons`, the
-one function both the CLI and the loop call (the logic is `distill.lessons.user`). With the gate on
+one function both the CLI and the loop call (the logic is `distill.lessons.user_lessons`). With the gate on
 (`lessons.user_lessons_gated`: `enabled` and `gate_episodes > 0`) their version is a candidate, which the loop gates
 before it next plays (`gate_user_lessons`; an EXTRACT phase that finds one still pending gates it first) -- the gate
 needs the policy and the environments, which the CLI does not load; with the gate off it is live at once. Outside the

@@ -6,7 +6,7 @@
 re-consolidation, even at the episode target: docs/architecture.md draws the whole machine.)
 
 The run row's `phase` is the cursor (EVALUATE and PROMOTE | ROLLBACK run inside CONSOLIDATE, whose cycle
-row is their cursor) and its `state` the counters (`agent_runtime.run.play.RunState`). During PLAY every
+row is their cursor) and its `state` the counters (`agent_runtime.state.RunState`). During PLAY every
 finished episode is written together with the run's new state (episodes done, the next draw index, the draws
 still in flight), so `kill -9` at any moment followed by `run --resume` loses at most the episodes that were
 in flight and re-plays exactly those draws: nothing is lost or duplicated. A phase that is due stops new
@@ -47,8 +47,8 @@ from agent_runtime.config import (
 from agent_runtime.episode.build import build_envs
 from agent_runtime.episode.examples import example_retriever
 from agent_runtime.episode.runner import TaskSampler
-from agent_runtime.evaluation.continual import assess
 from agent_runtime.evaluation.heldout import check_folds
+from agent_runtime.evaluation.matrix import assess
 from agent_runtime.evaluation.rounds import RoundClock, round_fields, round_line
 from agent_runtime.llm import LOCAL_WEIGHTS, PolicyBackend, check_capabilities, make_backend
 from agent_runtime.llm.base import BackendStats, activate
@@ -58,8 +58,8 @@ from agent_runtime.phases.lesson_contexts import LessonContexts
 from agent_runtime.phases.probe import check_backend, stored_reference, tolerance_for
 from agent_runtime.phases.promotion import decision_sights
 from agent_runtime.run.names import continues_existing
-from agent_runtime.run.play import Executor, LocalExecutor, PlaySession, RequestWatch, RunState, Schedule
-from agent_runtime.state import Run
+from agent_runtime.run.play import Executor, LocalExecutor, PlaySession, RequestWatch, Schedule
+from agent_runtime.state import Run, RunState
 from agent_runtime.state.cursor import CursorMove
 from agent_runtime.state.profile import Profile, memory_mb
 from agent_runtime.terminal import shown

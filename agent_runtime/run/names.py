@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from agent_runtime.config import ConfigError, RunConfig
-from agent_runtime.run.play import RunState
+from agent_runtime.state import RunState
 from memory import ExperienceStore
 
 log = logging.getLogger("agent_runtime.run.names")

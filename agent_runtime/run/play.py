@@ -1,10 +1,9 @@
-"""PLAY written once: the run's typed state, when the other phases are due, and the session every executor drives.
+"""PLAY written once: when the other phases are due, and the session every executor drives.
 
-`RunState` is what the run row's `state` column holds: counters, nothing derived, so `--resume` is exact
-without pickling anything. `Schedule` is the only place that says when EXTRACT and CONSOLIDATE are due and
-when the run stops. `PlaySession` is one PLAY phase's bookkeeping: it hands out draws (draws left open by an
-earlier session first, then new ones while no phase is due), tracks which draws are in flight, and commits
-each finished episode together with the state that includes it, in one transaction.
+`Schedule` reads the run's counters (`agent_runtime.state.RunState`, the run row's `state`) and is the only place
+that says when EXTRACT and CONSOLIDATE are due and when the run stops. `PlaySession` is one PLAY phase's bookkeeping:
+it hands out draws (draws left open by an earlier session first, then new ones while no phase is due), tracks which
+draws are in flight, and commits each finished episode together with the state that includes it, in one transaction.
 
 An executor decides only *where* episodes are played: `LocalExecutor` here (an `EpisodeRunner` in this
 process), `agent_runtime.run.ray_executor.RayExecutor` on Ray actors (with its fault handling). Both take draws
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
@@ -28,48 +26,13 @@ from agent_runtime.episode.build import build_prompt_builders, sampling_params
 from agent_runtime.episode.runner import Draw, EpisodeContext, EpisodeRunner, TaskSampler
 from agent_runtime.phases.consolidate import CycleReport, run_cycle
 from agent_runtime.phases.extract import ExtractReport, run_extract
-from agent_runtime.state import Run
+from agent_runtime.state import Run, RunState
 from agent_runtime.state.cursor import CursorMove
 from memory import EpisodeRecord, ExperienceStore
 
 if TYPE_CHECKING:
     from agent_runtime.episode.runner import EnvSlotSpec
     from agent_runtime.llm.base import PolicyBackend
-
-
-@dataclass
-class RunState:
-    """The run's persisted counters (the run row's `state`)."""
-
-    episodes: int = 0  # committed episodes
-    won: int = 0
-    errors: int = 0
-    next_draw: int = 0  # the first draw index never handed out
-    open_draws: list[int] = field(default_factory=list)  # handed out, not committed: replayed on resume
-    extractions: int = 0
-    last_extract_at: int = 0  # episodes committed when the last EXTRACT ran
-    cycles: int = 0
-    last_consolidate_at: int = 0
-    assessed: int = 0  # a curriculum's assessments done: the start's, then one per finished phase
-
-    @classmethod
-    def from_stored(cls, data: dict | None) -> RunState:
-        """The state as stored by this or an earlier version (missing counters start at 0)."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in (data or {}).items() if k in known})
-
-    def stored(self) -> dict:
-        return asdict(self)
-
-    def with_episode(self, record: EpisodeRecord, open_draws: list[int]) -> RunState:
-        """The state once `record` is committed."""
-        return replace(
-            self,
-            episodes=self.episodes + 1,
-            won=self.won + int(record.won),
-            errors=self.errors + int(record.outcome == "error"),
-            open_draws=sorted(open_draws),
-        )
 
 
 class RequestWatch:

@@ -1,7 +1,7 @@
 """Lessons: experience items extracted from trajectories, curated under a token budget, versioned, gated.
 
 The pieces (each module's docstring has the details):
-- `distill.lessons.extract`: the extraction prompt (single or contrastive), `parse_items`, `LessonExtractor`,
+- `distill.lessons.extractor`: the extraction prompt (single or contrastive), `parse_items`, `LessonExtractor`,
   `record_extraction`; `distill.lessons.render` shows episodes and lessons to it.
 - `distill.lessons.contrast`: `pick_partners`, a won/lost partner per episode for the contrastive prompt.
 - `distill.lessons.safety`: cleaning and rejecting items (control tokens, injections, secrets, length).
@@ -12,8 +12,8 @@ The pieces (each module's docstring has the details):
 - `distill.lessons.golive`: `gate_candidate`, where a candidate set's new lessons go live (per environment, alone and
   together); `distill.lessons.selection`: `induce_and_select`, which induced lessons go live. Both are given the
   games' outcomes as a function; the runtime plays them.
-- `distill.lessons.phase`: `extract_phase`, one EXTRACT phase end to end.
-- `distill.lessons.user`: lessons a person writes (`add_user_lessons`, `retire_lessons`), same doors.
+- `distill.lessons.extract_phase`: `extract_phase`, one EXTRACT phase end to end.
+- `distill.lessons.user_lessons`: lessons a person writes (`add_user_lessons`, `retire_lessons`), same doors.
 - `distill.lessons.stats`: `extraction_stats`, how many extracted items pass the screen and go live.
 - `distill.lessons.config`: `LessonsConfig`, every knob.
 
@@ -24,7 +24,8 @@ from distill.lessons.config import LessonsConfig
 from distill.lessons.contrast import pick_partners
 from distill.lessons.curate import Change, CurationResult, LessonCurator, render_lessons, restates
 from distill.lessons.errors import GateInputError, LessonsError, UnknownLessonError, UnknownVersionError
-from distill.lessons.extract import (
+from distill.lessons.extract_phase import PhaseResult, extract_phase
+from distill.lessons.extractor import (
     ExtractionOutcome,
     ExtractionRequest,
     LessonExtractor,
@@ -47,10 +48,9 @@ from distill.lessons.gate import (
     store_utilities,
 )
 from distill.lessons.induce import Finding, induce
-from distill.lessons.phase import PhaseResult, extract_phase
 from distill.lessons.safety import Rejection, mask_credentials, screen_item, screen_items, strip_control
 from distill.lessons.stats import ExtractionStats, extraction_stats
-from distill.lessons.user import (
+from distill.lessons.user_lessons import (
     RetireResult,
     UserAddResult,
     UserItem,

@@ -5,7 +5,7 @@ embeds as its `lessons:` section. Defaults suit the quickstart (a 135M model wit
 256-token lesson budget); the paper's settings are `budget_tokens: 8192` for games and `16384` for
 math, with `pools: 10`.
 
-`seed` is a list of lessons a person wrote (see `distill.lessons.user`); the integer that seeds each pool's
+`seed` is a list of lessons a person wrote (see `distill.lessons.user_lessons`); the integer that seeds each pool's
 episode order is `pool_seed` (an integer `seed`, its old name, is still read as `pool_seed`).
 
 A decision plays games of a split in `DECISION_SPLITS`, never the held-out eval split whose games `eval`, the cycle's

@@ -8,7 +8,7 @@ What:
 - `LessonCurator(store, run_id, *, count_tokens, embedder=None, budget_tokens=256, pools=1, seed=1,
   merge_threshold=0.9, conflict_threshold=0.75, utilities=None)`; `from_settings(...)` builds one from
   `LessonsConfig`. A round is `begin()` (working sets from the live version), any number of
-  `apply(proposals)` (from `distill.lessons.extract.record_extraction`), `working(pool)` (what the
+  `apply(proposals)` (from `distill.lessons.extractor.record_extraction`), `working(pool)` (what the
   extractor is shown), and `commit(candidate=...) -> CurationResult` (one new version, or none if
   nothing changed). `duplicate_of(text, pool)` says whether an item would merge into a working lesson
   (`agent-runtime lessons add` skips those). `live_lessons(pool)`, `restore(version)`,
@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from distill.lessons import versions
-from distill.lessons.extract import Proposal
+from distill.lessons.extractor import Proposal
 from distill.lessons.safety import prompt_lessons
 from distill.lessons.scope import GLOBAL, is_global
 

@@ -6,7 +6,7 @@ What:
   `lessons.gate_split`, never the held-out games the tables report) -- two mappings keyed by seed (or by
   (task, seed)), or two equally long sequences in the same seed order. The candidate is blocked when its success rate is lower than the current set's by more
   than `margin`; otherwise it is promoted. The decision carries its numbers: n, successes, rates, the
-  paired delta, 95% Wilson intervals for each rate (`memory.rates.wilson_interval`) and a 95% interval for
+  paired delta, 95% Wilson intervals for each rate (`memory.intervals.wilson_interval`) and a 95% interval for
   the paired delta.
 - `store_gate_decision(store, decision, run_id=, env_id=, current_version=, candidate_version=)`:
   kept as an evaluation row of kind `memory.EVALUATION_GATE` (the decision in `metrics`), so every
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from distill.lessons.errors import GateInputError
 from memory import EVALUATION_GATE, EVALUATION_LESSON_UTILITY
-from memory.rates import Z95, wilson_interval
+from memory.intervals import Z95, wilson_interval
 
 if TYPE_CHECKING:
     from memory import EpisodeInfo, ExperienceStore, LessonInfo

@@ -6,7 +6,7 @@ feedback), `describe_outcome(episode)` (one line: won / lost / not finished / er
 `distill.lessons.safety.prompt_lessons`, and one that fails is left out of the extractor's prompt).
 
 Why a module of its own: both the single-trajectory prompt and the contrastive (won vs lost) prompt in
-`distill.lessons.extract` render episodes the same way. Environment text is untrusted, so every piece is
+`distill.lessons.extractor` render episodes the same way. Environment text is untrusted, so every piece is
 cleaned of chat-template control tokens before it is shown, and long texts keep their head and tail.
 """
 

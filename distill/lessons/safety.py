@@ -10,8 +10,8 @@ not one this screen would have stored; `replace_lone_surrogates(text)` makes env
 `action_name_problem(action)` says why an environment's action name may not become lesson text by induction.
 The patterns themselves are `distill.lessons.screen_patterns`.
 
-Every door into the lessons goes through `screen_item`: extraction (`distill.lessons.extract`), a person's `lessons
-add` and `lessons.seed` (`distill.lessons.user`, `distill.lessons.config`), induced lessons
+Every door into the lessons goes through `screen_item`: extraction (`distill.lessons.extractor`), a person's `lessons
+add` and `lessons.seed` (`distill.lessons.user_lessons`, `distill.lessons.config`), induced lessons
 (`distill.lessons.induce`, whose action names pass `action_name_problem` first), `memory import`
 (`stored_lesson_problem`, all or nothing); merges keep a text that came through one of them. And whatever is stored
 is screened again when a prompt is rendered (`distill.lessons.curate.render_lessons`,

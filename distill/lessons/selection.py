@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from distill.lessons.config import LessonsConfig
 from distill.lessons.curate import LessonCurator
-from distill.lessons.extract import Proposal
+from distill.lessons.extractor import Proposal
 from distill.lessons.gate import decide_gate, store_gate_decision
 from distill.lessons.induce import induce
 from distill.lessons.scope import ScopedLesson, scoped_lessons

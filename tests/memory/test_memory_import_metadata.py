@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from agent_runtime.config import config_from_dict
 from agent_runtime.run.loop import AgentLoop
 from distill.lessons import LessonCurator, decide_gate
-from distill.lessons.extract import ExtractionOutcome, record_extraction
+from distill.lessons.extractor import ExtractionOutcome, record_extraction
 from distill.lessons.induce import KINDS
 from memory import ExperienceStore, ImportFormatError
 from memory.embeddings import HashEmbedder

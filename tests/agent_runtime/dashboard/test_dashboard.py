@@ -21,7 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from agent_runtime.dashboard import app as dashboard_app
-from agent_runtime.dashboard import create_app, learning, reads, serve
+from agent_runtime.dashboard import create_app, learning_view, reads, serve
 from memory import (
     EVALUATION_GATE,
     EVALUATION_LESSON_UTILITY,
@@ -32,7 +32,7 @@ from memory import (
     StepRecord,
     StoreUnavailableError,
 )
-from memory.rates import wilson_interval
+from memory.intervals import wilson_interval
 from memory.testing import DEMO_ENVS, game_episode
 
 XSS = "<script>alert(1)</script>"
@@ -756,7 +756,7 @@ def test_learning_view_of_an_empty_store(tmp_path: Path) -> None:
 
 
 def test_condition_names() -> None:
-    assert learning.condition_key("Student without-lessons") == "student_without_lessons"
-    assert learning.condition_label("teacher without lessons") == "base policy, no lessons"
-    assert learning.condition_label("validation parent", split="train") == "decision (train games): base policy"
-    assert learning.condition_label("a condition of its own") == "a condition of its own"
+    assert learning_view.condition_key("Student without-lessons") == "student_without_lessons"
+    assert learning_view.condition_label("teacher without lessons") == "base policy, no lessons"
+    assert learning_view.condition_label("validation parent", split="train") == "decision (train games): base policy"
+    assert learning_view.condition_label("a condition of its own") == "a condition of its own"

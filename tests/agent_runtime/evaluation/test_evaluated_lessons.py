@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent_runtime.curriculum import CurriculumConfig
-from agent_runtime.evaluation.continual import assess
+from agent_runtime.evaluation.matrix import assess
 from distill.lessons import live_lessons
 from distill.lessons.scope import scoped_lessons
 from tests.budgeted_lessons import LEFT, RIGHT, played_run

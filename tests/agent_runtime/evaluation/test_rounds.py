@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent_runtime.evaluation.continual import Matrix
 from agent_runtime.evaluation.drift import choice_kl
+from agent_runtime.evaluation.matrix import Matrix
 from agent_runtime.evaluation.rounds import RoundRecord, courses, courses_table
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_runtime.evaluation.report import learning_table
+from agent_runtime.evaluation.cycle_table import learning_table
 from agent_runtime.run.loop import AgentLoop
 from memory import ExperienceStore
 

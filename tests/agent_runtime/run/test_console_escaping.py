@@ -9,7 +9,7 @@ import yaml
 
 from agent_runtime.cli import main
 from agent_runtime.curriculum import CurriculumConfig
-from agent_runtime.evaluation.continual import matrix_shape
+from agent_runtime.evaluation.matrix import matrix_shape
 from tests.continual_envs import LEFT, RIGHT
 
 HOSTILE = "\x1b]0;pwned\x07\x1b[31mred"

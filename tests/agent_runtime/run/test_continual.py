@@ -11,7 +11,7 @@ import yaml
 
 from agent_runtime.cli import main
 from agent_runtime.config import ConfigError, config_from_dict
-from agent_runtime.evaluation.continual import Matrix, load_matrix
+from agent_runtime.evaluation.matrix import Matrix, load_matrix
 from agent_runtime.phases.cycle import Cycle
 from agent_runtime.phases.turn_prompts import Decision
 from agent_runtime.run.loop import AgentLoop

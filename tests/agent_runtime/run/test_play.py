@@ -1,4 +1,4 @@
-"""PLAY written once: the run's typed state, the schedule of phases and stops, and the play session's commits.
+"""PLAY written once: the schedule of phases and stops, and the play session's commits.
 
 A commit that fails leaves the state where it was and the draw open, so the counters never count an episode
 that is not stored and a resumed run replays exactly that draw (the local loop and the Ray executor share the
@@ -15,7 +15,8 @@ from agent_runtime.llm import backend_needs, make_backend
 from agent_runtime.llm.base import AdapterBackend, BackendError, ChoiceBackend, activate, require
 from agent_runtime.llm.scripted import ScriptedBackend
 from agent_runtime.run.loop import AgentLoop
-from agent_runtime.run.play import RunState, Schedule
+from agent_runtime.run.play import Schedule
+from agent_runtime.state import RunState
 from environments.base import EnvSpec, TextEnv
 from memory import ExperienceStore
 
@@ -50,13 +51,6 @@ def fail_commit(loop, n: int, exc: Exception) -> None:
         return add_episode(*args, **kwargs)
 
     loop.store.add_episode = wrapped
-
-
-def test_state_reads_what_earlier_versions_stored():
-    old = {"episodes": 3, "won": 1, "next_draw": 5, "open_draws": [3, 4]}
-    state = RunState.from_stored(old)
-    assert (state.episodes, state.won, state.next_draw, state.open_draws, state.cycles) == (3, 1, 5, [3, 4], 0)
-    assert RunState.from_stored(state.stored()) == state and RunState.from_stored(None) == RunState()
 
 
 def test_schedule_is_the_one_place_phases_fall_due(games_dir):

@@ -42,7 +42,7 @@ def test_a_lesson_whose_prompt_block_is_one_token_over_the_budget_is_not_shown(t
 def test_the_curator_keeps_a_scope_within_the_tokens_its_prompt_block_takes(tmp_path: Path) -> None:
     """A person's lesson whose block in the prompt is one token over the budget is refused; at the budget it is
     kept."""
-    from distill.lessons.extract import Proposal
+    from distill.lessons.extractor import Proposal
 
     builder = PromptBuilder("text", count_tokens=lambda chat: 0, context_window=4096)
     in_prompt = words(builder.system_message([LESSON])) - words(builder.system_message([]))

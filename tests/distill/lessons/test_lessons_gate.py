@@ -19,7 +19,7 @@ from distill.lessons import (
 from distill.lessons.curate import render_lessons
 from memory import EVALUATION_GATE, EVALUATION_LESSON_UTILITY, LESSON_SET_CANDIDATE, LESSON_SET_LIVE, ExperienceStore
 from memory.embeddings import HashEmbedder
-from memory.rates import wilson_interval
+from memory.intervals import wilson_interval
 from memory.testing import make_episode
 
 HELPS = "Avoid tiles marked H; they end the game."

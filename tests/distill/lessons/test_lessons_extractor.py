@@ -288,7 +288,7 @@ def test_contrastive_setting_in_the_loop_and_the_counts_a_study_reads(tmp_path) 
     config = config_from_dict(
         {
             "name": "c",
-            "envs": [{"id": "tests.distill.lessons.test_lessons_extract:AlternatingEnv"}],
+            "envs": [{"id": "tests.distill.lessons.test_lessons_extractor:AlternatingEnv"}],
             "model": {"name": "scripted", "backend": "scripted", "options": {"lesson_reply": reply}},
             "runtime": {"slots": 2, "episodes": 6},
             "lessons": {

@@ -15,7 +15,7 @@ The vectors are synthetic but shaped like sentence embeddings: a mixture of 2,00
 32-dimensional latent space, mapped linearly to 384 dimensions, plus small isotropic noise, then
 normalised (uniform random vectors would be unrealistically hard for any ANN index).
 
-Usage: `python bench/memory.py [--sizes 10000,100000,1000000] [--episodes 1000] [--pg-url URL]`.
+Usage: `python bench/memory_store.py [--sizes 10000,100000,1000000] [--episodes 1000] [--pg-url URL]`.
 PostgreSQL is measured when --pg-url or AGENT_RUNTIME_TEST_PG_URL points at a reachable server.
 The 1M row builds an HNSW index of a million vectors: expect several minutes on 2 cores.
 """

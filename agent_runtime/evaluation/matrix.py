@@ -32,7 +32,7 @@ from distill.lessons.scope import scoped_lessons
 from memory import AdapterInfo, ExperienceStore
 from memory.errors import StoredRowError
 from memory.evaluation_metrics import evaluation_problem
-from memory.rates import wilson_interval
+from memory.intervals import wilson_interval
 
 RESAMPLES = 2000
 Interval = tuple[float, float]

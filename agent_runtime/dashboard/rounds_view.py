@@ -1,6 +1,6 @@
-"""The continual-learning view: a curriculum run's matrix R[i][j] (held-out success on environment j after phase i)
-and each environment's curve over the phases, read from the assessment rows the loop stores (evaluation rows whose
-`metrics.continual.after_phase` names the row; `agent_runtime.evaluation.continual` writes them).
+"""The learning page's view of a curriculum run's rounds (`ContinualView`): its continual-learning matrix R[i][j]
+(held-out success on environment j after phase i) and each environment's curve over the phases, read from the assessment rows the loop stores (evaluation rows whose
+`metrics.continual.after_phase` names the row; `agent_runtime.evaluation.matrix` writes them).
 
 A row whose indexed fields break what `assess` writes (`memory.evaluation_metrics`: a phase beyond the run's
 curriculum, one that is not a number, games that are not games) gives a view holding only `problem`, the message
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from memory import ExperienceStore
 from memory.evaluation_metrics import curriculum_phases, evaluation_problem
-from memory.rates import wilson_interval
+from memory.intervals import wilson_interval
 from memory.rounds import PHASES, FamilyCourse, RoundRecord, family_course, fill_round
 
 WIDTH, HEIGHT, PAD = 520, 200, 30

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agent_runtime.config import config_from_dict
-from agent_runtime.evaluation.continual import load_matrix
+from agent_runtime.evaluation.matrix import load_matrix
 from memory import ExperienceStore, ImportFormatError
 from memory.errors import StoredRowError
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from distill.lessons.contrast import pick_partners
 from distill.lessons.curate import CurationResult, LessonCurator
-from distill.lessons.extract import (
+from distill.lessons.extractor import (
     ExtractionOutcome,
     ExtractionRequest,
     LessonExtractor,

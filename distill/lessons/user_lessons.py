@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from distill.lessons import versions
 from distill.lessons.curate import Change, LessonCurator, render_lessons
 from distill.lessons.errors import UnknownLessonError
-from distill.lessons.extract import Proposal, parse_operation
+from distill.lessons.extractor import Proposal, parse_operation
 from distill.lessons.safety import mask_credentials, replace_lone_surrogates, screen_item
 from distill.lessons.scope import GLOBAL
 from memory import LESSON_SOURCE_USER

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from distill.lessons.gate import mcnemar_p
 from memory import ExperienceStore
 from memory.conditions import REFERENCE, condition_labels
-from memory.rates import wilson_interval
+from memory.intervals import wilson_interval
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The learning view's reads: does the agent get better over a run, and did each OPCD cycle work?
+"""The learning page's reads: does the agent get better over a run, and did each OPCD cycle work?
 
 What:
 - `learning_chart(store, run_id, window=20)`: the run's rolling success rate over its last `window`
@@ -36,8 +36,8 @@ from agent_runtime.dashboard.reads import (
 )
 from memory import EVALUATION_EVAL, ExperienceStore
 from memory.conditions import condition_labels
+from memory.intervals import wilson_interval
 from memory.models import Adapter, Cycle, Episode, Evaluation
-from memory.rates import wilson_interval
 
 # The headline: what the agent could do before the cycle, with lessons in context, and after it without.
 HEADLINE = (
